@@ -1,0 +1,141 @@
+"""The ``sidequest`` command: serve, api, worker, migrate, ask, archive."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+from service.config import Settings, SettingsError, load_settings
+
+log = logging.getLogger("sidequest")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@contextmanager
+def database_url(settings: Settings) -> Iterator[str]:
+    """Yield the database URL: the configured one, or an embedded server's (stopped on exit)."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    from service.embedded import start_embedded
+
+    embedded = start_embedded(settings.data_dir)
+    try:
+        yield embedded.url
+    finally:
+        embedded.stop()
+
+
+def _migrate(url: str) -> None:
+    from service.store.db import upgrade_to_head
+
+    upgrade_to_head(url)
+    log.info("database migrated to head")
+
+
+def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool) -> int:
+    if api and not settings.api_tokens and not _is_loopback(host):
+        print(
+            f"refusing to bind {host}: SIDEQUEST_API_TOKENS is unset, so the API has no auth; "
+            "bind 127.0.0.1 or configure tokens",
+            file=sys.stderr,
+        )
+        return 2
+    import uvicorn
+
+    with database_url(settings) as url:
+        _migrate(url)
+        if api:
+            from service.api.app import create_app
+
+            app = create_app(settings, url, run_worker=worker)
+            uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+        else:
+            from service.worker import run_worker_forever
+
+            run_worker_forever(settings, url)
+    return 0
+
+
+def _cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
+    with database_url(settings) as url:
+        _migrate(url)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sidequest", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("serve", "API and worker in one process (migrates first)"),
+        ("api", "the HTTP API alone (migrates first)"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=8080)
+    sub.add_parser("worker", help="the worker alone (migrates first)")
+    sub.add_parser("migrate", help="alembic upgrade head")
+
+    ask = sub.add_parser("ask", help="post a side question and render its stream")
+    ask.add_argument("parent_id")
+    ask.add_argument("question")
+    ask.add_argument("--snapshot", help="a snapshot JSON file to send inline")
+    ask.add_argument("--snapshot-id", help="a snapshot already stored with PUT")
+    ask.add_argument(
+        "--url", default=None, help="server URL (default $SIDEQUEST_URL or http://127.0.0.1:8080)"
+    )
+    ask.add_argument("--token", default=None, help="bearer token (default $SIDEQUEST_TOKEN)")
+
+    archive = sub.add_parser("archive", help="export or import a session archive")
+    archive_sub = archive.add_subparsers(dest="archive_command", required=True)
+    export = archive_sub.add_parser("export")
+    export.add_argument("parent_id")
+    export.add_argument("--version", type=int, default=3, choices=(1, 2, 3))
+    export.add_argument("--output", "-o", default="-")
+    export.add_argument("--url", default=None)
+    export.add_argument("--token", default=None)
+    imp = archive_sub.add_parser("import")
+    imp.add_argument("file")
+    imp.add_argument("--parent-id", default=None, help="restore into this parent id (default: the archive's)")
+    imp.add_argument("--replace", action="store_true", help="replace existing history")
+    imp.add_argument("--url", default=None)
+    imp.add_argument("--token", default=None)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command in ("ask", "archive"):
+        from service import client
+
+        return client.main(args)
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"sidequest: {exc}", file=sys.stderr)
+        return 2
+    commands: dict[str, Callable[[], int]] = {
+        "serve": lambda: _serve(settings, args.host, args.port, api=True, worker=True),
+        "api": lambda: _serve(settings, args.host, args.port, api=True, worker=False),
+        "worker": lambda: _serve(settings, "127.0.0.1", 0, api=False, worker=True),
+        "migrate": lambda: _cmd_migrate(settings, args),
+    }
+    return commands[args.command]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

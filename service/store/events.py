@@ -1,0 +1,115 @@
+"""The event log: append (with NOTIFY) and read-after, for request and session streams.
+
+Ordering guarantees that make ``Last-Event-ID`` resumption gap-free:
+
+- ``seq`` is per request, taken with ``UPDATE … SET event_seq = event_seq + 1 RETURNING`` so the
+  request row lock orders appends of one request;
+- the global ``id`` is allocated while holding a transaction-level advisory lock on the session, so the
+  events of one session commit in ``id`` order and a reader that saw id N never later finds an
+  uncommitted id < N of the same session appear.
+
+Callers keep the transaction that appends an event short (never across a model call).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.store.models import EventRow, RequestRow
+
+NOTIFY_CHANNEL = "sidequest_events"
+
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+TERMINAL_EVENT_TYPES = frozenset({"done", "error"})
+
+
+def utc_iso(moment: datetime | None = None) -> str:
+    """ISO 8601 UTC with microseconds, e.g. ``2026-11-29T10:00:00.123456Z``."""
+    moment = moment or datetime.now(UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One stored event as streams send it."""
+
+    id: int
+    request_id: uuid.UUID
+    session_id: uuid.UUID
+    seq: int
+    type: str
+    data: dict[str, Any]
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.type in TERMINAL_EVENT_TYPES
+
+
+def _event(row: EventRow) -> Event:
+    return Event(row.id, row.request_id, row.session_id, row.seq, row.type, row.data)
+
+
+async def append_event(
+    session: AsyncSession,
+    request_id: uuid.UUID,
+    event_type: str,
+    fields: dict[str, Any],
+) -> Event:
+    """Append one event inside the caller's transaction and NOTIFY listeners (delivered at commit).
+
+    ``data`` gets ``request_id``, ``ordinal``, ``seq`` and ``at`` added to ``fields``.
+    """
+    bumped = (
+        await session.execute(
+            update(RequestRow)
+            .where(RequestRow.id == request_id)
+            .values(event_seq=RequestRow.event_seq + 1)
+            .returning(RequestRow.event_seq, RequestRow.session_id, RequestRow.ordinal)
+        )
+    ).one()
+    seq, session_id, ordinal = bumped
+    await session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 7))"), {"key": str(session_id)}
+    )
+    data = {"request_id": str(request_id), "ordinal": ordinal, "seq": seq, "at": utc_iso(), **fields}
+    row = EventRow(request_id=request_id, session_id=session_id, seq=seq, type=event_type, data=data)
+    session.add(row)
+    await session.flush()
+    payload = json.dumps({"id": row.id, "request_id": str(request_id), "session_id": str(session_id)})
+    await session.execute(
+        text("SELECT pg_notify(:channel, :payload)"), {"channel": NOTIFY_CHANNEL, "payload": payload}
+    )
+    return _event(row)
+
+
+async def request_events_after(
+    session: AsyncSession, request_id: uuid.UUID, after_seq: int, limit: int = 500
+) -> list[Event]:
+    """Events of one request with ``seq > after_seq``, in order."""
+    rows = await session.scalars(
+        select(EventRow)
+        .where(EventRow.request_id == request_id, EventRow.seq > after_seq)
+        .order_by(EventRow.seq)
+        .limit(limit)
+    )
+    return [_event(r) for r in rows]
+
+
+async def session_events_after(
+    session: AsyncSession, session_id: uuid.UUID, after_id: int, limit: int = 500
+) -> list[Event]:
+    """Events of every request of a session with global ``id > after_id``, in order."""
+    rows = await session.scalars(
+        select(EventRow)
+        .where(EventRow.session_id == session_id, EventRow.id > after_id)
+        .order_by(EventRow.id)
+        .limit(limit)
+    )
+    return [_event(r) for r in rows]

@@ -1,0 +1,105 @@
+"""One LISTEN connection per process, fanned out in memory to any number of subscribers.
+
+Channels:
+- ``sidequest_events`` — an event row was committed (payload: ``{"id", "request_id", "session_id"}``);
+- ``sidequest_queue`` — a request was admitted or a slot was freed (payload: session id);
+- ``sidequest_cancel`` — a request was cancelled or its session cleared (payload: request id).
+
+A notification is only a wake-up call: readers always read the rows themselves, so a lost
+notification (reconnect) costs latency, never data. Subscribers get an unbounded-free queue of size
+1 semantics through :class:`asyncio.Event`, so a slow subscriber never blocks the listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+EVENTS_CHANNEL = "sidequest_events"
+QUEUE_CHANNEL = "sidequest_queue"
+CANCEL_CHANNEL = "sidequest_cancel"
+ALL_CHANNELS = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL)
+
+Callback = Callable[[str, str], None]  # (channel, payload); must not block
+
+
+def asyncpg_dsn(sqlalchemy_url: str) -> str:
+    """``postgresql+asyncpg://…`` → a DSN asyncpg accepts."""
+    return sqlalchemy_url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+class Listener:
+    """Holds the LISTEN connection, reconnects when it drops, and calls subscribers' callbacks."""
+
+    def __init__(self, database_url: str, channels: tuple[str, ...] = ALL_CHANNELS) -> None:
+        self._dsn = asyncpg_dsn(database_url)
+        self._channels = channels
+        self._subscribers: dict[str, set[Callback]] = defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._stopping = False
+
+    def subscribe(self, channel: str, callback: Callback) -> Callable[[], None]:
+        """Register ``callback`` for ``channel``; returns the function that unsubscribes it."""
+        self._subscribers[channel].add(callback)
+        return lambda: self._subscribers[channel].discard(callback)
+
+    def subscriber_count(self, channel: str) -> int:
+        return len(self._subscribers[channel])
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="sidequest-listener")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._connected.wait(), timeout=10)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    def _dispatch(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
+        for callback in list(self._subscribers.get(channel, ())):
+            try:
+                callback(channel, payload)
+            except Exception:  # one broken subscriber must not starve the others
+                log.exception("listener callback failed")
+
+    def _wake_all(self) -> None:
+        """After a reconnect, wake everyone: they re-read rows and catch anything missed."""
+        for channel in self._channels:
+            self._dispatch(None, 0, channel, "")
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        while not self._stopping:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(self._dsn)
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c: lost.set())
+                for channel in self._channels:
+                    await conn.add_listener(channel, self._dispatch)
+                self._connected.set()
+                self._wake_all()
+                backoff = 0.2
+                await lost.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("LISTEN connection lost (%s); reconnecting", exc)
+            finally:
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            self._connected.clear()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)

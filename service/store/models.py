@@ -1,0 +1,191 @@
+"""ORM models: the tables of SPEC §2, typed with SQLAlchemy 2.
+
+Every timestamp is ``timestamptz`` and set by PostgreSQL (``now()``) or by the store in UTC.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Stable constraint names so that Alembic autogenerate and downgrade agree.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+EMPTY_MEMORY: dict[str, Any] = {"qa_summary": None, "context_summaries": []}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class SessionRow(Base):
+    """One side-question session per (tenant, parent_id)."""
+
+    __tablename__ = "side_question_sessions"
+    __table_args__ = (UniqueConstraint("tenant", "parent_id", name="uq_sessions_tenant_parent"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    tenant: Mapped[str] = mapped_column(String(200), nullable=False)
+    parent_id: Mapped[str] = mapped_column(String(500), nullable=False)
+    clear_version: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    next_ordinal: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("1"))
+    memory: Mapped[dict[str, Any]] = mapped_column(
+        JSONB,
+        nullable=False,
+        server_default=text("""'{"qa_summary": null, "context_summaries": []}'::jsonb"""),
+    )
+    # Round-robin fairness (SPEC §9): the session that last started a request longest ago goes first.
+    last_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+
+class RequestRow(Base):
+    """One side question and everything that happened to it."""
+
+    __tablename__ = "side_question_requests"
+    __table_args__ = (
+        UniqueConstraint("session_id", "ordinal", name="uq_requests_session_ordinal"),
+        # The queue: oldest queued first; partial so it stays small.
+        Index(
+            "ix_requests_queued",
+            "session_id",
+            "ordinal",
+            postgresql_where=text("status = 'queued' AND deleted_at IS NULL"),
+        ),
+        Index("ix_requests_running_lease", "lease_expires_at", postgresql_where=text("status = 'running'")),
+        Index(
+            "uq_requests_idempotency",
+            "session_id",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL AND deleted_at IS NULL"),
+        ),
+        Index("ix_requests_deleted", "deleted_at", postgresql_where=text("deleted_at IS NOT NULL")),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    session_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True),
+        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
+        nullable=False,
+    )
+    ordinal: Mapped[int] = mapped_column(Integer, nullable=False)
+    question: Mapped[str] = mapped_column(Text, nullable=False)
+    snapshot_id: Mapped[str | None] = mapped_column(String(500))
+    status: Mapped[str] = mapped_column(String(20), nullable=False, server_default=text("'queued'"))
+    stage: Mapped[str | None] = mapped_column(String(40))
+    answer: Mapped[str | None] = mapped_column(Text)
+    truncated: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    stop_reason: Mapped[str | None] = mapped_column(String(60))
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    usage: Mapped[dict[str, Any]] = mapped_column(
+        JSONB,
+        nullable=False,
+        server_default=text(
+            """'{"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, """
+            """"cached_tokens": 0, "calls": []}'::jsonb"""
+        ),
+    )
+    context_info: Mapped[dict[str, Any]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'{}'::jsonb")
+    )
+    # The options the request was admitted with (model, context_window, max_output_tokens, …).
+    options: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    clear_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    model: Mapped[str | None] = mapped_column(String(200))
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    # The last event seq handed out; bumped with UPDATE … RETURNING so seqs never collide.
+    event_seq: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    idempotency_key: Mapped[str | None] = mapped_column(String(300))
+    body_hash: Mapped[str | None] = mapped_column(String(64))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A clear hides requests at once (404) and a sweep purges them later, so that streams
+    # already open can still read their final `cancelled` events (docs/architecture.md).
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class EventRow(Base):
+    """One event of one request; ``id`` is global and increasing, ``seq`` per request."""
+
+    __tablename__ = "side_question_events"
+    __table_args__ = (
+        UniqueConstraint("request_id", "seq", name="uq_events_request_seq"),
+        Index("ix_events_session_id", "session_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    request_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True),
+        ForeignKey("side_question_requests.id", ondelete="CASCADE"),
+        nullable=False,
+    )
+    session_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True),
+        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
+        nullable=False,
+    )
+    seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    type: Mapped[str] = mapped_column(String(20), nullable=False)
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+
+class SnapshotRow(Base):
+    """An immutable main-session snapshot. ``content`` keeps the JSON exactly as posted (key order too)."""
+
+    __tablename__ = "main_snapshots"
+
+    session_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True),
+        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
+        primary_key=True,
+    )
+    snapshot_id: Mapped[str] = mapped_column(String(500), primary_key=True)
+    content: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
+    content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    token_estimate: Mapped[int] = mapped_column(Integer, nullable=False)
+    size_bytes: Mapped[int] = mapped_column(Integer, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )

@@ -1,0 +1,46 @@
+"""Turning rows into the records of SPEC §3 (one place, used by the API, the worker and archives)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from service.store.events import utc_iso
+from service.store.models import RequestRow
+
+EMPTY_USAGE: dict[str, Any] = {
+    "input_tokens": 0,
+    "output_tokens": 0,
+    "reasoning_tokens": 0,
+    "cached_tokens": 0,
+    "calls": [],
+}
+
+
+def iso_or_none(moment: datetime | None) -> str | None:
+    return utc_iso(moment) if moment is not None else None
+
+
+def request_record(row: RequestRow, parent_id: str) -> dict[str, Any]:
+    """The public record of one request, with exactly SPEC's field names (plus ``clear_version``)."""
+    return {
+        "id": str(row.id),
+        "parent_id": parent_id,
+        "ordinal": row.ordinal,
+        "question": row.question,
+        "status": row.status,
+        "stage": row.stage,
+        "answer": row.answer,
+        "truncated": row.truncated,
+        "stop_reason": row.stop_reason,
+        "error": row.error,
+        "usage": row.usage or dict(EMPTY_USAGE),
+        "context_info": row.context_info or {},
+        "model": row.model,
+        "snapshot_id": row.snapshot_id,
+        "attempt": row.attempt,
+        "clear_version": row.clear_version,
+        "created_at": iso_or_none(row.created_at),
+        "started_at": iso_or_none(row.started_at),
+        "finished_at": iso_or_none(row.finished_at),
+    }

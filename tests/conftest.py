@@ -1,0 +1,75 @@
+"""Shared fixtures: one PostgreSQL database per test run, migrated to head, emptied between tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from sqlalchemy import text
+
+from service.config import Settings
+from service.store.db import Database, connect, upgrade_to_head
+from tests import pg
+
+TABLES = ("side_question_events", "side_question_requests", "main_snapshots", "side_question_sessions")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pg.Server]:
+    server = pg.find_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_server: pg.Server) -> Iterator[str]:
+    """A fresh database for this run (random name), at the head migration, dropped at the end."""
+    url = asyncio.run(pg.create_database(pg_server.admin_url))
+    try:
+        upgrade_to_head(url)
+        yield url
+    finally:
+        asyncio.run(pg.drop_database(pg_server.admin_url, url))
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[Database]:
+    """A connected Database on empty tables (TRUNCATE is cheap isolation between tests)."""
+    database = connect(database_url, pool_size=5)
+    async with database.engine.begin() as conn:
+        await conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    try:
+        yield database
+    finally:
+        await database.dispose()
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    """Settings for tests: the run's database, fast leases and polls, offline provider."""
+    return Settings(
+        database_url=database_url,
+        provider="offline",
+        lease_s=3.0,
+        heartbeat_s=0.5,
+        poll_s=0.2,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _reset_sse_app_status() -> Iterator[None]:
+    """sse-starlette keeps a process-global exit flag; a previous server's shutdown must not leak."""
+    from sse_starlette.sse import AppStatus
+
+    AppStatus.should_exit = False
+    yield
+    AppStatus.should_exit = False
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    chosen = os.environ.get("SIDEQUEST_TEST_DATABASE_URL") or "auto (local → docker → embedded)"
+    return f"sidequest test database: {chosen}"
