@@ -85,7 +85,7 @@ class Listener:
             try:
                 conn = await asyncpg.connect(self._dsn)
                 lost = asyncio.Event()
-                conn.add_termination_listener(lambda _c: lost.set())
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 for channel in self._channels:
                     await conn.add_listener(channel, self._dispatch)
                 self._connected.set()
