@@ -1,0 +1,106 @@
+"""The usage ledger and the request's live metadata (``context_info``).
+
+Each provider call's usage is appended the moment the call ends (ok, failed or cancelled) in one
+``UPDATE`` that also recomputes the totals from the per-call list, so the totals can never disagree with
+the calls and a worker crash right after a call loses nothing. Totals come only from reported usage: a
+call the provider sent no usage for is recorded with zeros and ``reported: false``.
+
+Usage is recorded even after the request left ``running`` (a call cancelled by a clear still cost
+tokens); only events are guarded by the lease (see :mod:`service.store.queue`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+USAGE_FIELDS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
+
+# The totals are computed from ``r.usage`` inside the SET expression (not a FROM subquery): when a
+# concurrent append holds the row, PostgreSQL re-evaluates SET against the row version it committed, so
+# no call is lost (a FROM subquery would keep its stale snapshot).
+_APPEND_CALL = text(
+    """
+    UPDATE side_question_requests r
+    SET usage = (
+        SELECT jsonb_build_object(
+            'input_tokens', coalesce(sum((c->>'input_tokens')::bigint), 0),
+            'output_tokens', coalesce(sum((c->>'output_tokens')::bigint), 0),
+            'reasoning_tokens', coalesce(sum((c->>'reasoning_tokens')::bigint), 0),
+            'cached_tokens', coalesce(sum((c->>'cached_tokens')::bigint), 0),
+            'calls', coalesce(jsonb_agg(c ORDER BY n), '[]'::jsonb)
+        )
+        FROM jsonb_array_elements(coalesce(r.usage->'calls', '[]'::jsonb) || CAST(:call AS jsonb))
+            WITH ORDINALITY AS e(c, n)
+    )
+    WHERE r.id = :id
+    RETURNING r.usage
+    """
+)
+
+
+@dataclass(frozen=True)
+class CallEntry:
+    """One provider call as the ledger stores it (SPEC §3 ``usage.calls[]``)."""
+
+    purpose: str
+    model: str
+    status: str  # ok | failed | cancelled
+    reported: bool
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "purpose": self.purpose,
+            "model": self.model,
+            "status": self.status,
+            "reported": self.reported,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+
+
+async def append_call(session: AsyncSession, request_id: uuid.UUID, entry: CallEntry) -> dict[str, Any]:
+    """Append one call to the request's usage and recompute its totals, atomically; commits.
+
+    The row lock taken by the ``UPDATE`` serialises concurrent appends. Returns the new usage object.
+    """
+    async with session.begin():
+        usage = await session.scalar(_APPEND_CALL, {"id": request_id, "call": json.dumps([entry.as_json()])})
+    if usage is None:
+        raise LookupError(f"request {request_id} does not exist")
+    return dict(usage)
+
+
+async def merge_context_info(session: AsyncSession, request_id: uuid.UUID, fields: dict[str, Any]) -> None:
+    """Merge ``fields`` into the request's ``context_info`` (top-level keys replaced); commits.
+
+    Not lease-guarded: context_info is metadata about what was done, and keeping it current after a
+    cancel is harmless and useful (it shows how far the request got).
+    """
+    async with session.begin():
+        await session.execute(
+            text(
+                "UPDATE side_question_requests SET context_info = context_info || CAST(:info AS jsonb) "
+                "WHERE id = :id"
+            ),
+            {"id": request_id, "info": json.dumps(fields, ensure_ascii=False)},
+        )
+
+
+async def read_usage(session: AsyncSession, request_id: uuid.UUID) -> dict[str, Any]:
+    """The request's current usage object."""
+    usage = await session.scalar(
+        text("SELECT usage FROM side_question_requests WHERE id = :id"), {"id": request_id}
+    )
+    return dict(usage or {})

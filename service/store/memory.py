@@ -1,0 +1,122 @@
+"""The session's memory (rolling Q&A summary, context-summary cache): reads and the ONE guarded write.
+
+SPEC §6.5: a summary is saved only while its request is still ``running`` and the session's
+``clear_version`` still equals the request's. The guard and the write are one ``UPDATE`` of the session
+row joined to the request row, so a clear (which bumps ``clear_version`` and empties the memory on the
+same session row) and a late summary write are ordered by that row's lock, which the write takes
+before it checks anything:
+
+- the clear commits first → the write's re-check sees the new ``clear_version`` (or the cancelled
+  request) and writes nothing;
+- the write commits first → the clear then empties what it wrote.
+
+Either way nothing survives a clear. Values are merged in SQL (``jsonb_set``) so the write never
+replaces parts of the memory it did not mean to touch.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.store.models import EMPTY_MEMORY
+
+# Newest context summaries kept per session: a cache, not history; old snapshots' prefixes age out.
+MAX_CONTEXT_SUMMARIES = 16
+
+_GUARDED_WRITE = text(
+    """
+    UPDATE side_question_sessions s
+    SET memory = (
+            WITH base AS (
+                SELECT CASE WHEN CAST(:set_qa AS boolean)
+                            THEN jsonb_set(s.memory, '{qa_summary}', CAST(:qa AS jsonb), true)
+                            ELSE s.memory END AS m
+            ),
+            kept AS (
+                SELECT e.c, e.n FROM base,
+                    jsonb_array_elements(coalesce(base.m->'context_summaries', '[]'::jsonb))
+                        WITH ORDINALITY AS e(c, n)
+                WHERE CAST(:ctx AS jsonb) IS NULL OR e.c->>'key' IS DISTINCT FROM CAST(:ctx AS jsonb)->>'key'
+                UNION ALL
+                SELECT CAST(:ctx AS jsonb), 1000000 WHERE CAST(:ctx AS jsonb) IS NOT NULL
+            ),
+            newest AS (
+                SELECT c, n FROM kept ORDER BY n DESC LIMIT :max_ctx
+            )
+            SELECT jsonb_set(
+                base.m, '{context_summaries}',
+                coalesce((SELECT jsonb_agg(c ORDER BY n) FROM newest), '[]'::jsonb), true)
+            FROM base
+        ),
+        updated_at = now()
+    FROM side_question_requests r
+    WHERE r.id = :request_id
+      AND s.id = r.session_id
+      AND r.status = 'running'
+      AND r.deleted_at IS NULL
+      AND s.clear_version = r.clear_version
+      AND (CAST(:owner AS text) IS NULL OR r.lease_owner = CAST(:owner AS text))
+    RETURNING s.id
+    """
+)
+
+
+async def save_memory(
+    session: AsyncSession,
+    request_id: uuid.UUID,
+    *,
+    owner: str | None,
+    qa_summary: dict[str, Any] | None = None,
+    context_summary: dict[str, Any] | None = None,
+) -> bool:
+    """Save a rolling Q&A summary and/or one context summary for ``request_id``'s session; commits.
+
+    ``qa_summary`` (when given) replaces the session's rolling summary; ``context_summary`` (a dict with
+    a ``key``) replaces the cache entry with the same key or is appended, keeping the newest
+    :data:`MAX_CONTEXT_SUMMARIES`. ``owner`` additionally requires the request's lease to be held by
+    that worker (None skips that part). Returns whether anything was written: False means the request
+    stopped running or the session was cleared, and the summary must be dropped, not retried.
+    """
+    if qa_summary is None and context_summary is None:
+        raise ValueError("save_memory needs a qa_summary or a context_summary")
+    if context_summary is not None and "key" not in context_summary:
+        raise ValueError("a context summary needs its cache key")
+    async with session.begin():
+        # Lock the session row first and only then read the request: the guard below then runs on a
+        # snapshot taken after every earlier clear/cancel committed (READ COMMITTED, new statement), and
+        # a single row lock can never deadlock with the API's multi-row clear.
+        session_id = await session.scalar(
+            text("SELECT session_id FROM side_question_requests WHERE id = :id"), {"id": request_id}
+        )
+        if session_id is None:
+            return False
+        await session.execute(
+            text("SELECT id FROM side_question_sessions WHERE id = :id FOR UPDATE"), {"id": session_id}
+        )
+        written = await session.scalar(
+            _GUARDED_WRITE,
+            {
+                "request_id": request_id,
+                "owner": owner,
+                "set_qa": qa_summary is not None,
+                "qa": json.dumps(qa_summary, ensure_ascii=False),
+                "ctx": None if context_summary is None else json.dumps(context_summary, ensure_ascii=False),
+                "max_ctx": MAX_CONTEXT_SUMMARIES,
+            },
+        )
+    return written is not None
+
+
+async def load_memory(session: AsyncSession, session_id: uuid.UUID) -> dict[str, Any]:
+    """The session's memory (``{qa_summary, context_summaries}``), empty if never written."""
+    memory = await session.scalar(
+        text("SELECT memory FROM side_question_sessions WHERE id = :id"), {"id": session_id}
+    )
+    result = dict(EMPTY_MEMORY)
+    result.update(memory or {})
+    return result

@@ -1,0 +1,158 @@
+"""Test data written straight through the ORM, the way admission would write it.
+
+Used by the store, pipeline and worker tests so they do not depend on the HTTP API:
+
+- :func:`make_session` — a session row for (tenant, parent_id);
+- :func:`add_snapshot` — an immutable main snapshot;
+- :func:`admit` — a queued request with the next ordinal, the session's ``clear_version`` and its
+  ``queued`` status event, then a NOTIFY on ``sidequest_queue`` (as admission does);
+- :func:`add_history` — succeeded earlier Q&A (for replay / rolling-summary tests), no events.
+
+The API's admission code may replace :func:`admit` later; keep the row shapes identical to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+from sqlalchemy import select, text, update
+
+from service.store.db import Database
+from service.store.events import append_event
+from service.store.listener import QUEUE_CHANNEL
+from service.store.models import RequestRow, SessionRow, SnapshotRow
+
+
+async def make_session(db: Database, parent_id: str = "parent-1", tenant: str = "default") -> uuid.UUID:
+    """Create a session and return its id."""
+    async with db.sessions() as session, session.begin():
+        row = SessionRow(tenant=tenant, parent_id=parent_id)
+        session.add(row)
+        await session.flush()
+        return row.id
+
+
+async def add_snapshot(
+    db: Database, session_id: uuid.UUID, snapshot_id: str, content: dict[str, Any]
+) -> None:
+    """Store a main snapshot (content kept as given)."""
+    raw = json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+    async with db.sessions() as session, session.begin():
+        session.add(
+            SnapshotRow(
+                session_id=session_id,
+                snapshot_id=snapshot_id,
+                content=content,
+                content_hash=hashlib.sha256(raw.encode()).hexdigest(),
+                token_estimate=len(raw.encode()) // 3,
+                size_bytes=len(raw.encode()),
+            )
+        )
+
+
+async def admit(
+    db: Database,
+    session_id: uuid.UUID,
+    question: str,
+    *,
+    snapshot_id: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> uuid.UUID:
+    """Admit one question: next ordinal, ``queued`` row and event, NOTIFY. Returns the request id."""
+    async with db.sessions() as session, session.begin():
+        ordinal, clear_version = (
+            await session.execute(
+                update(SessionRow)
+                .where(SessionRow.id == session_id)
+                .values(next_ordinal=SessionRow.next_ordinal + 1)
+                .returning(SessionRow.next_ordinal - 1, SessionRow.clear_version)
+            )
+        ).one()
+        row = RequestRow(
+            session_id=session_id,
+            ordinal=ordinal,
+            question=question,
+            snapshot_id=snapshot_id,
+            clear_version=clear_version,
+            options=options or {},
+        )
+        session.add(row)
+        await session.flush()
+        await append_event(session, row.id, "status", {"status": "queued", "stage": None})
+        await session.execute(text("SELECT pg_notify(:c, :p)"), {"c": QUEUE_CHANNEL, "p": str(session_id)})
+        return row.id
+
+
+async def add_history(db: Database, session_id: uuid.UUID, pairs: list[tuple[str, str]]) -> list[uuid.UUID]:
+    """Add succeeded earlier Q&A (question, answer) with the next ordinals; returns their ids."""
+    ids: list[uuid.UUID] = []
+    async with db.sessions() as session, session.begin():
+        session_row = (await session.scalars(select(SessionRow).where(SessionRow.id == session_id))).one()
+        for question, answer in pairs:
+            ordinal = session_row.next_ordinal
+            session_row.next_ordinal = ordinal + 1
+            row = RequestRow(
+                session_id=session_id,
+                ordinal=ordinal,
+                question=question,
+                answer=answer,
+                status="succeeded",
+                stage="answering",
+                clear_version=session_row.clear_version,
+            )
+            session.add(row)
+            await session.flush()
+            ids.append(row.id)
+    return ids
+
+
+async def clear_session_sql(db: Database, session_id: uuid.UUID) -> None:
+    """What the API's clear does to the store, in one transaction (used until the API exists in tests):
+    cancel queued/running requests with their terminal events, hide every request, empty the memory,
+    bump ``clear_version``."""
+    async with db.sessions() as session, session.begin():
+        active = (
+            await session.scalars(
+                select(RequestRow.id)
+                .where(RequestRow.session_id == session_id, RequestRow.status.in_(("queued", "running")))
+                .with_for_update()
+            )
+        ).all()
+        for request_id in active:
+            stage = await session.scalar(select(RequestRow.stage).where(RequestRow.id == request_id))
+            await session.execute(
+                update(RequestRow)
+                .where(RequestRow.id == request_id)
+                .values(
+                    status="cancelled",
+                    error={"code": "cancelled", "message": "session cleared", "detail": {}},
+                    lease_owner=None,
+                    lease_expires_at=None,
+                )
+            )
+            await append_event(session, request_id, "status", {"status": "cancelled", "stage": stage})
+            await append_event(
+                session,
+                request_id,
+                "error",
+                {"code": "cancelled", "message": "session cleared", "detail": {}},
+            )
+        await session.execute(
+            text(
+                "UPDATE side_question_requests SET deleted_at = now() "
+                "WHERE session_id = :s AND deleted_at IS NULL"
+            ),
+            {"s": session_id},
+        )
+        await session.execute(
+            text(
+                "UPDATE side_question_sessions SET clear_version = clear_version + 1, "
+                """memory = '{"qa_summary": null, "context_summaries": []}'::jsonb WHERE id = :s"""
+            ),
+            {"s": session_id},
+        )
+        for request_id in active:
+            await session.execute(text("SELECT pg_notify('sidequest_cancel', :p)"), {"p": str(request_id)})

@@ -1,0 +1,76 @@
+"""The usage ledger: every call appended with totals recomputed atomically, none lost under concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+
+from service.store import ledger
+from service.store.db import Database
+from tests.factories import admit, make_session
+
+
+def _entry(i: int, *, reported: bool = True, status: str = "ok") -> ledger.CallEntry:
+    return ledger.CallEntry(
+        purpose="answer",
+        model="m",
+        status=status,
+        reported=reported,
+        input_tokens=10 * i if reported else 0,
+        output_tokens=i if reported else 0,
+        reasoning_tokens=1 if reported else 0,
+        cached_tokens=2 * i if reported else 0,
+    )
+
+
+async def test_append_call_keeps_calls_in_order_and_totals_equal_their_sum(db: Database) -> None:
+    rid = await admit(db, await make_session(db), "q")
+    async with db.sessions() as session:
+        await ledger.append_call(session, rid, _entry(1))
+    async with db.sessions() as session:
+        await ledger.append_call(session, rid, _entry(0, reported=False, status="failed"))
+    async with db.sessions() as session:
+        usage = await ledger.append_call(session, rid, _entry(3, status="cancelled"))
+    assert [c["status"] for c in usage["calls"]] == ["ok", "failed", "cancelled"]
+    assert usage["calls"][1]["reported"] is False and usage["calls"][1]["input_tokens"] == 0
+    assert (
+        usage["input_tokens"],
+        usage["output_tokens"],
+        usage["reasoning_tokens"],
+        usage["cached_tokens"],
+    ) == (
+        40,
+        4,
+        2,
+        8,
+    )
+    async with db.sessions() as session:
+        assert await ledger.read_usage(session, rid) == usage
+
+
+async def test_concurrent_appends_lose_no_call(db: Database) -> None:
+    rid = await admit(db, await make_session(db), "q")
+
+    async def one(i: int) -> None:
+        async with db.sessions() as session:
+            await ledger.append_call(session, rid, _entry(i))
+
+    await asyncio.gather(*(one(i) for i in range(1, 21)))
+    async with db.sessions() as session:
+        usage = await ledger.read_usage(session, rid)
+    assert len(usage["calls"]) == 20
+    assert usage["input_tokens"] == 10 * sum(range(1, 21))
+    assert usage["output_tokens"] == sum(range(1, 21))
+
+
+async def test_merge_context_info_replaces_top_level_keys_only(db: Database) -> None:
+    rid = await admit(db, await make_session(db), "q")
+    async with db.sessions() as session:
+        await ledger.merge_context_info(session, rid, {"stage": "preparing", "window": 1000})
+    async with db.sessions() as session:
+        await ledger.merge_context_info(session, rid, {"stage": "answering"})
+    from service.store.models import RequestRow
+
+    async with db.sessions() as session:
+        row = await session.get(RequestRow, rid)
+        assert row is not None
+        assert row.context_info == {"stage": "answering", "window": 1000}
