@@ -1,0 +1,122 @@
+"""Archive routes (SPEC §10): ``GET`` exports a session's history, ``POST`` restores one.
+
+Thin on purpose: validation and every SQL statement live in :mod:`service.store.archive`; this module
+maps its refusals onto the one error body and documents the routes for ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from service.api.deps import DbSession, Tenant, settings_of
+from service.api.errors import ApiError
+from service.api.schemas import ErrorBody
+from service.store.archive import (
+    ArchiveError,
+    export_archive,
+    load_archive_json,
+    parse_archive,
+    restore_archive,
+)
+
+router = APIRouter(prefix="/v1", tags=["archives"])
+
+_ARCHIVE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A side-question archive, version 1, 2 or 3 (JSON Schemas in docs/archive/).",
+    "required": ["version", "parent_id", "questions"],
+    "properties": {
+        "version": {"type": "integer", "enum": [1, 2, 3]},
+        "parent_id": {"type": "string"},
+        "exported_at": {"type": "string", "format": "date-time"},
+        "session": {"type": "object"},
+        "questions": {"type": "array", "items": {"type": "object"}},
+    },
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text}
+    for status, text in (
+        (400, "not JSON, not an object, or an unsupported version"),
+        (404, "no such session for this tenant"),
+        (409, "the session already has history (use mode=replace), or has requests in flight"),
+        (413, "the archive is larger than the snapshot size limit"),
+        (422, "an archive that breaks its version's format; detail.errors lists every problem"),
+    )
+}
+
+
+class ArchiveRestored(BaseModel):
+    """What a restore did."""
+
+    parent_id: str
+    version: int = Field(description="the version of the archive that was restored")
+    restored: int = Field(description="requests written")
+    replaced: int = Field(description="requests of the session's previous history hidden (mode=replace)")
+    next_ordinal: int = Field(description="the ordinal the next question of the session gets")
+    clear_version: int = Field(description="the session's clear_version; restored requests carry it")
+
+
+def _api_error(exc: ArchiveError) -> ApiError:
+    return ApiError(exc.status, exc.code, exc.message, exc.detail)
+
+
+@router.get(
+    "/sessions/{parent_id}/archive",
+    responses={
+        200: {
+            "description": "the archive document",
+            "content": {"application/json": {"schema": _ARCHIVE_SCHEMA}},
+        },
+        404: _ERRORS[404],
+    },
+)
+async def export_session_archive(
+    parent_id: str,
+    tenant: Tenant,
+    db: DbSession,
+    version: Annotated[int, Query(ge=1, le=3, description="archive version to write")] = 3,
+) -> JSONResponse:
+    """Export the session's finished side questions (and, in v3, its memory) as an archive."""
+    try:
+        document = await export_archive(db, tenant, parent_id, version)
+    except ArchiveError as exc:
+        raise _api_error(exc) from None
+    return JSONResponse(document)
+
+
+@router.post(
+    "/sessions/{parent_id}/archive",
+    response_model=ArchiveRestored,
+    responses={status: _ERRORS[status] for status in (400, 409, 413, 422)},
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ARCHIVE_SCHEMA}}}
+    },
+)
+async def restore_session_archive(
+    parent_id: str,
+    request: Request,
+    tenant: Tenant,
+    db: DbSession,
+    mode: Annotated[
+        Literal["replace"] | None,
+        Query(description="`replace` discards the session's existing history first"),
+    ] = None,
+) -> ArchiveRestored:
+    """Restore an archive of any version into this session; nothing is written unless all of it is."""
+    limit = settings_of(request).max_snapshot_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, "payload_too_large", f"an archive may be at most {limit} bytes", {"limit": limit})
+    body = await request.body()
+    if len(body) > limit:
+        raise ApiError(413, "payload_too_large", f"an archive may be at most {limit} bytes", {"limit": limit})
+    try:
+        archive = parse_archive(load_archive_json(body))
+        result = await restore_archive(db, tenant, parent_id, archive, replace=mode == "replace")
+    except ArchiveError as exc:
+        raise _api_error(exc) from None
+    return ArchiveRestored(**result.as_json())

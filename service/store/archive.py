@@ -1,0 +1,725 @@
+"""Side-question archives (SPEC §10): export a session's history and restore it elsewhere.
+
+Three formats, one codec each way:
+
+- ``version: 1`` — ``{version, parent_id, exported_at, questions}``, each question
+  ``{ordinal, question, answer, created_at}``;
+- ``version: 2`` — adds per request ``status, error, usage, model, started_at, finished_at, snapshot_id``
+  (and ``truncated``, ``stop_reason``, which a record carries too);
+- ``version: 3`` — adds ``session.memory`` (``qa_summary``, ``context_summaries``) and per request
+  ``context_info``.
+
+Decisions (docs/archive.md explains them to users):
+
+- An archive is *history*: only terminal requests (``succeeded``, ``failed``, ``cancelled``) are
+  exported, and only they can be restored. Queued and running requests are work in flight, not
+  history; a restored ``queued`` request would make a worker answer it in a session that may not
+  hold its snapshot. A v1 archive holds only succeeded requests, because v1 restores as succeeded.
+- Cleared requests (``deleted_at`` set) are gone for users, so they are never exported.
+- Export emits only what restore reproduces, so export → restore → export is the identity apart
+  from ``parent_id`` and ``exported_at``.
+- Restore validates the whole document before writing anything, then writes in one transaction:
+  the archive's ordinals are kept, ``next_ordinal`` continues after the highest, restored requests
+  get fresh ids, the archive's status and the session's ``clear_version``. Every restored request
+  also gets its terminal ``status`` event and its ``done``/``error`` event, so that its event stream
+  replays and closes like any finished request's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlalchemy import delete, func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.store.events import NOTIFY_CHANNEL, TERMINAL_STATUSES, utc_iso
+from service.store.models import EMPTY_MEMORY, EventRow, RequestRow, SessionRow
+from service.store.records import EMPTY_USAGE, iso_or_none, request_record
+from service.store.sessions import find_session, lock_or_create_session
+
+ARCHIVE_VERSIONS: Final = (1, 2, 3)
+LATEST_VERSION: Final = 3
+
+# Column limits of the schema: a longer value must be a 422, never a database error (500).
+_MAX_ORDINAL: Final = 2_147_483_646  # int4, and next_ordinal = highest + 1 must fit too
+_MAX_PARENT_ID: Final = 500
+_MAX_SNAPSHOT_ID: Final = 500
+_MAX_MODEL: Final = 200
+_MAX_STOP_REASON: Final = 60
+# A malformed archive may have thousands of problems; the first ones are enough to fix it.
+_MAX_REPORTED_ERRORS: Final = 50
+
+_V1_QUESTION_KEYS: Final = frozenset({"ordinal", "question", "answer", "created_at"})
+_V2_QUESTION_KEYS: Final = _V1_QUESTION_KEYS | {
+    "status",
+    "error",
+    "usage",
+    "model",
+    "started_at",
+    "finished_at",
+    "snapshot_id",
+    "truncated",
+    "stop_reason",
+}
+_V3_QUESTION_KEYS: Final = _V2_QUESTION_KEYS | {"context_info"}
+_QUESTION_KEYS: Final = {1: _V1_QUESTION_KEYS, 2: _V2_QUESTION_KEYS, 3: _V3_QUESTION_KEYS}
+_TOP_KEYS: Final = {
+    1: frozenset({"version", "parent_id", "exported_at", "questions"}),
+    2: frozenset({"version", "parent_id", "exported_at", "questions"}),
+    3: frozenset({"version", "parent_id", "exported_at", "session", "questions"}),
+}
+_USAGE_COUNTERS: Final = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
+
+
+# --------------------------------------------------------------------------------------------
+# Errors: one type per refusal, each carrying the HTTP status and SPEC error code it maps to.
+
+
+class ArchiveError(Exception):
+    """A refused export or restore; ``status``/``code``/``message``/``detail`` form the API error."""
+
+    status: int = 400
+    code: str = "invalid_archive"
+
+    def __init__(self, message: str, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail: dict[str, Any] = detail or {}
+
+
+class ArchiveUnreadable(ArchiveError):
+    """The body is not a JSON object with a supported ``version`` (400)."""
+
+    status = 400
+    code = "invalid_archive"
+
+
+class ArchiveInvalid(ArchiveError):
+    """An archive of a known version that breaks its format (422); ``detail.errors`` lists where."""
+
+    status = 422
+    code = "invalid_archive"
+
+
+class SessionNotFound(ArchiveError):
+    """No session with this parent id for this tenant (404, also for another tenant's session)."""
+
+    status = 404
+    code = "not_found"
+
+
+class SessionHasHistory(ArchiveError):
+    """Restoring would mix two histories; ``mode=replace`` is the explicit way to discard one (409)."""
+
+    status = 409
+    code = "session_has_history"
+
+
+class SessionBusy(ArchiveError):
+    """Replace refused while requests are queued or running: their workers would write into it (409)."""
+
+    status = 409
+    code = "session_busy"
+
+
+# --------------------------------------------------------------------------------------------
+# The parsed archive: plain values, validated, ready to write.
+
+
+@dataclass(frozen=True)
+class ArchivedRequest:
+    """One request as an archive carries it (defaults are what an older version implies)."""
+
+    ordinal: int
+    question: str
+    answer: str | None
+    created_at: datetime
+    status: str = "succeeded"
+    error: dict[str, Any] | None = None
+    usage: dict[str, Any] = field(default_factory=lambda: json.loads(json.dumps(EMPTY_USAGE)))
+    model: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    snapshot_id: str | None = None
+    truncated: bool = False
+    stop_reason: str | None = None
+    context_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A validated archive of any version, requests sorted by ordinal."""
+
+    version: int
+    parent_id: str
+    memory: dict[str, Any]
+    requests: tuple[ArchivedRequest, ...]
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What a restore did; the API returns it as JSON."""
+
+    parent_id: str
+    version: int
+    restored: int
+    replaced: int
+    next_ordinal: int
+    clear_version: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "parent_id": self.parent_id,
+            "version": self.version,
+            "restored": self.restored,
+            "replaced": self.replaced,
+            "next_ordinal": self.next_ordinal,
+            "clear_version": self.clear_version,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing and validation (pure).
+
+
+def load_archive_json(body: bytes | str) -> object:
+    """Decode an archive body; anything that is not JSON is a 400 with the parser's reason."""
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise ArchiveUnreadable(f"the archive is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ArchiveUnreadable("the archive is nested too deeply to be an archive") from None
+
+
+class _Checker:
+    """Collects every problem of a document with its location, so one reply shows them all."""
+
+    def __init__(self) -> None:
+        self.errors: list[dict[str, str]] = []
+
+    def fail(self, loc: str, message: str) -> None:
+        if len(self.errors) < _MAX_REPORTED_ERRORS:
+            self.errors.append({"loc": loc, "message": message})
+
+    def text(self, value: object, loc: str, *, max_len: int | None = None, nullable: bool = False) -> bool:
+        if value is None and nullable:
+            return True
+        if not isinstance(value, str):
+            self.fail(loc, "must be a string" + (" or null" if nullable else ""))
+            return False
+        if max_len is not None and len(value) > max_len:
+            self.fail(loc, f"must be at most {max_len} characters")
+            return False
+        return self.storable(value, loc)
+
+    def storable(self, value: object, loc: str, depth: int = 0) -> bool:
+        """PostgreSQL refuses NUL characters, lone surrogates and non-finite numbers: say so here."""
+        if depth > 64:
+            self.fail(loc, "is nested too deeply")
+            return False
+        if isinstance(value, str):
+            if "\x00" in value:
+                self.fail(loc, "contains a NUL character, which cannot be stored")
+                return False
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                self.fail(loc, "contains an unpaired surrogate, which is not valid UTF-8")
+                return False
+            return True
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(loc, "contains a non-finite number (NaN or Infinity)")
+            return False
+        if isinstance(value, dict):
+            ok = True
+            for key, item in value.items():
+                ok = self.storable(key, f"{loc}.{key}", depth + 1) and ok
+                ok = self.storable(item, f"{loc}.{key}", depth + 1) and ok
+            return ok
+        if isinstance(value, list):
+            ok = True
+            for index, item in enumerate(value):
+                ok = self.storable(item, f"{loc}[{index}]", depth + 1) and ok
+            return ok
+        return True
+
+    def timestamp(self, value: object, loc: str, *, nullable: bool = False) -> datetime | None:
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str):
+            self.fail(loc, "must be an ISO 8601 timestamp string" + (" or null" if nullable else ""))
+            return None
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            self.fail(loc, f"is not an ISO 8601 timestamp: {value[:40]!r}")
+            return None
+        if moment.tzinfo is None:
+            self.fail(loc, "must carry a time zone (e.g. a trailing Z)")
+            return None
+        return moment.astimezone(UTC)
+
+    def json_object(self, value: object, loc: str) -> dict[str, Any] | None:
+        if not isinstance(value, dict):
+            self.fail(loc, "must be an object")
+            return None
+        return value if self.storable(value, loc) else None
+
+
+def _is_int(value: object) -> bool:
+    # JSON true/false decode to bool, which Python counts as int; an ordinal of `true` is wrong.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_usage(check: _Checker, value: object, loc: str) -> dict[str, Any] | None:
+    usage = check.json_object(value, loc)
+    if usage is None:
+        return None
+    ok = True
+    for name in _USAGE_COUNTERS:
+        if name in usage and not (_is_int(usage[name]) and usage[name] >= 0):
+            check.fail(f"{loc}.{name}", "must be a non-negative integer")
+            ok = False
+    calls = usage.get("calls", [])
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        check.fail(f"{loc}.calls", "must be a list of objects")
+        ok = False
+    return usage if ok else None
+
+
+def _check_error(check: _Checker, value: object, loc: str) -> dict[str, Any] | None:
+    error = check.json_object(value, loc)
+    if error is None:
+        return None
+    ok = check.text(error.get("code"), f"{loc}.code") and check.text(error.get("message"), f"{loc}.message")
+    if "detail" in error and error["detail"] is not None and not isinstance(error["detail"], dict):
+        check.fail(f"{loc}.detail", "must be an object or null")
+        ok = False
+    return error if ok else None
+
+
+def _check_memory(check: _Checker, value: object, loc: str) -> dict[str, Any] | None:
+    memory = check.json_object(value, loc)
+    if memory is None:
+        return None
+    ok = True
+    qa_summary = memory.get("qa_summary")
+    if qa_summary is not None and not isinstance(qa_summary, dict):
+        check.fail(f"{loc}.qa_summary", "must be an object or null")
+        ok = False
+    summaries = memory.get("context_summaries", [])
+    if not isinstance(summaries, list):
+        check.fail(f"{loc}.context_summaries", "must be a list")
+        return None
+    for index, item in enumerate(summaries):
+        item_loc = f"{loc}.context_summaries[{index}]"
+        if not isinstance(item, dict):
+            check.fail(item_loc, "must be an object")
+            ok = False
+        elif not (isinstance(item.get("key"), str) and item["key"]):
+            # The cache is looked up by this key (the content hash of the summarised prefix).
+            check.fail(f"{item_loc}.key", "must be a non-empty string")
+            ok = False
+    if not ok:
+        return None
+    # Missing parts of the memory are empty, as in a fresh session; extra keys are kept verbatim.
+    return {**EMPTY_MEMORY, **memory, "context_summaries": summaries, "qa_summary": qa_summary}
+
+
+def _check_request(check: _Checker, item: object, loc: str, version: int) -> ArchivedRequest | None:
+    if not isinstance(item, dict):
+        check.fail(loc, "must be an object")
+        return None
+    errors_before = len(check.errors)
+    unknown = sorted(set(item) - _QUESTION_KEYS[version])
+    for key in unknown:
+        check.fail(f"{loc}.{key}", f"is not a field of a version {version} archive")
+    for key in sorted(_V1_QUESTION_KEYS - set(item)):
+        check.fail(f"{loc}.{key}", "is required")
+
+    ordinal = item.get("ordinal")
+    if "ordinal" in item and not (_is_int(ordinal) and 1 <= ordinal <= _MAX_ORDINAL):  # type: ignore[operator]
+        check.fail(f"{loc}.ordinal", f"must be an integer from 1 to {_MAX_ORDINAL}")
+    if "question" in item:
+        check.text(item["question"], f"{loc}.question")
+    created_at = (
+        check.timestamp(item.get("created_at"), f"{loc}.created_at") if "created_at" in item else None
+    )
+
+    status = "succeeded"
+    if version >= 2 and "status" in item:
+        status = item["status"]
+        if status not in TERMINAL_STATUSES:
+            check.fail(
+                f"{loc}.status",
+                "must be one of succeeded, failed, cancelled (archives hold finished requests only)",
+            )
+    answer = item.get("answer")
+    if "answer" in item:
+        # A succeeded request always has its answer; a failed or cancelled one may have none.
+        check.text(answer, f"{loc}.answer", nullable=status != "succeeded")
+
+    extras: dict[str, Any] = {}
+    if version >= 2:
+        if item.get("error") is not None:
+            extras["error"] = _check_error(check, item["error"], f"{loc}.error")
+        if "usage" in item:
+            extras["usage"] = _check_usage(check, item["usage"], f"{loc}.usage")
+        for key, max_len in (("model", _MAX_MODEL), ("snapshot_id", _MAX_SNAPSHOT_ID)):
+            if key in item:
+                check.text(item[key], f"{loc}.{key}", max_len=max_len, nullable=True)
+                extras[key] = item[key]
+        if "stop_reason" in item:
+            check.text(item["stop_reason"], f"{loc}.stop_reason", max_len=_MAX_STOP_REASON, nullable=True)
+            extras["stop_reason"] = item["stop_reason"]
+        if "truncated" in item:
+            if not isinstance(item["truncated"], bool):
+                check.fail(f"{loc}.truncated", "must be true or false")
+            extras["truncated"] = item["truncated"]
+        for key in ("started_at", "finished_at"):
+            if key in item:
+                extras[key] = check.timestamp(item[key], f"{loc}.{key}", nullable=True)
+    if version >= 3 and "context_info" in item:
+        extras["context_info"] = check.json_object(item["context_info"], f"{loc}.context_info")
+
+    if len(check.errors) != errors_before or created_at is None:
+        return None
+    return ArchivedRequest(
+        ordinal=ordinal,  # type: ignore[arg-type]
+        question=item["question"],
+        answer=answer,
+        created_at=created_at,
+        status=status,
+        **{k: v for k, v in extras.items() if v is not None},
+    )
+
+
+def parse_archive(document: object) -> Archive:
+    """Validate an archive of any version and return it as plain values.
+
+    Raises :class:`ArchiveUnreadable` (400) when ``document`` is not an object with a supported
+    ``version``, and :class:`ArchiveInvalid` (422) listing every problem otherwise.
+    """
+    if not isinstance(document, dict):
+        raise ArchiveUnreadable("an archive is a JSON object with a version, a parent_id and questions")
+    version = document.get("version")
+    if not _is_int(version) or version not in ARCHIVE_VERSIONS:
+        raise ArchiveUnreadable(
+            f"unsupported archive version {version!r}: supported versions are 1, 2 and 3",
+            {"version": version if _is_int(version) or isinstance(version, str) else None},
+        )
+    assert isinstance(version, int)
+    check = _Checker()
+    for key in sorted(set(document) - _TOP_KEYS[version]):
+        check.fail(key, f"is not a field of a version {version} archive")
+    parent_id = document.get("parent_id")
+    if "parent_id" not in document:
+        check.fail("parent_id", "is required")
+    elif check.text(parent_id, "parent_id", max_len=_MAX_PARENT_ID) and not parent_id:
+        check.fail("parent_id", "must not be empty")
+    if "exported_at" in document:
+        check.timestamp(document["exported_at"], "exported_at", nullable=True)
+
+    memory: dict[str, Any] | None = dict(EMPTY_MEMORY)
+    if version >= 3 and "session" in document:
+        session = document["session"]
+        if not isinstance(session, dict):
+            check.fail("session", "must be an object")
+        else:
+            for key in sorted(set(session) - {"memory"}):
+                check.fail(f"session.{key}", "is not a field of a version 3 archive")
+            if "memory" in session:
+                memory = _check_memory(check, session["memory"], "session.memory")
+
+    questions = document.get("questions")
+    requests: list[ArchivedRequest] = []
+    if not isinstance(questions, list):
+        check.fail("questions", "is required and must be a list")
+    else:
+        seen: dict[int, int] = {}
+        for index, item in enumerate(questions):
+            parsed = _check_request(check, item, f"questions[{index}]", version)
+            if parsed is None:
+                continue
+            if parsed.ordinal in seen:
+                check.fail(
+                    f"questions[{index}].ordinal",
+                    f"ordinal {parsed.ordinal} repeats questions[{seen[parsed.ordinal]}]",
+                )
+                continue
+            seen[parsed.ordinal] = index
+            requests.append(parsed)
+
+    if check.errors:
+        first = check.errors[0]
+        more = f" (and {len(check.errors) - 1} more)" if len(check.errors) > 1 else ""
+        raise ArchiveInvalid(
+            f"invalid version {version} archive: {first['loc']} {first['message']}{more}",
+            {"errors": check.errors},
+        )
+    assert isinstance(parent_id, str) and memory is not None
+    return Archive(
+        version=version,
+        parent_id=parent_id,
+        memory=memory,
+        requests=tuple(sorted(requests, key=lambda r: r.ordinal)),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding (pure): rows → the document of one version.
+
+
+def encode_request(row: RequestRow, version: int) -> dict[str, Any]:
+    """One request in the given archive version; no request id (ordinals identify requests)."""
+    item: dict[str, Any] = {
+        "ordinal": row.ordinal,
+        "question": row.question,
+        "answer": row.answer,
+        "created_at": iso_or_none(row.created_at),
+    }
+    if version >= 2:
+        item.update(
+            status=row.status,
+            error=row.error,
+            usage=row.usage or json.loads(json.dumps(EMPTY_USAGE)),
+            model=row.model,
+            started_at=iso_or_none(row.started_at),
+            finished_at=iso_or_none(row.finished_at),
+            snapshot_id=row.snapshot_id,
+            truncated=row.truncated,
+            stop_reason=row.stop_reason,
+        )
+    if version >= 3:
+        item["context_info"] = row.context_info or {}
+    return item
+
+
+def encode_archive(
+    version: int,
+    parent_id: str,
+    memory: dict[str, Any] | None,
+    rows: Sequence[RequestRow],
+    exported_at: datetime | None = None,
+) -> dict[str, Any]:
+    """The archive document; ``rows`` must already be the exportable requests in ordinal order."""
+    if version not in ARCHIVE_VERSIONS:
+        raise ArchiveUnreadable(f"unsupported archive version {version!r}: supported versions are 1, 2 and 3")
+    document: dict[str, Any] = {
+        "version": version,
+        "parent_id": parent_id,
+        "exported_at": utc_iso(exported_at),
+    }
+    if version >= 3:
+        document["session"] = {"memory": {**EMPTY_MEMORY, **(memory or {})}}
+    document["questions"] = [encode_request(row, version) for row in rows]
+    return document
+
+
+# --------------------------------------------------------------------------------------------
+# SQL: export and restore.
+
+
+async def export_archive(session: AsyncSession, tenant: str, parent_id: str, version: int) -> dict[str, Any]:
+    """Export the session's finished history as a version ``version`` archive.
+
+    Raises :class:`SessionNotFound` when the tenant has no such session. The memory is read before
+    the requests: memory is written while a request runs, so the requests read after it are at least
+    as new as anything the memory covers.
+    """
+    if version not in ARCHIVE_VERSIONS:
+        raise ArchiveUnreadable(f"unsupported archive version {version!r}: supported versions are 1, 2 and 3")
+    row = await find_session(session, tenant, parent_id)
+    if row is None:
+        raise SessionNotFound(f"no session {parent_id!r}")
+    exportable = ("succeeded",) if version == 1 else tuple(sorted(TERMINAL_STATUSES))
+    rows = (
+        await session.scalars(
+            select(RequestRow)
+            .where(
+                RequestRow.session_id == row.id,
+                RequestRow.deleted_at.is_(None),
+                RequestRow.status.in_(exportable),
+            )
+            .order_by(RequestRow.ordinal)
+        )
+    ).all()
+    return encode_archive(version, parent_id, row.memory, rows)
+
+
+def _terminal_events(row: RequestRow, parent_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """The two events a finished request ends its stream with: its terminal status, then done/error."""
+    events: list[tuple[str, dict[str, Any]]] = [("status", {"status": row.status, "stage": row.stage})]
+    if row.status == "succeeded":
+        events.append(("done", {"record": request_record(row, parent_id)}))
+    else:
+        error = row.error or {}
+        events.append(
+            (
+                "error",
+                {
+                    "code": error.get("code", row.status),
+                    "message": error.get("message", f"the request was {row.status}"),
+                    "detail": error.get("detail") or {},
+                },
+            )
+        )
+    return events
+
+
+async def restore_archive(
+    session: AsyncSession,
+    tenant: str,
+    parent_id: str,
+    archive: Archive,
+    *,
+    replace: bool = False,
+) -> RestoreResult:
+    """Write ``archive`` into the session (tenant, parent_id), creating it if needed, and commit.
+
+    Everything happens in the caller's session's one transaction, committed at the end and rolled
+    back on any failure, so a refused restore writes nothing. Raises :class:`SessionHasHistory`
+    when the session has history and ``replace`` is false, :class:`SessionBusy` when ``replace`` is
+    asked while requests are queued or running.
+    """
+    try:
+        result = await _restore(session, tenant, parent_id, archive, replace=replace)
+    except BaseException:
+        await session.rollback()
+        raise
+    await session.commit()
+    return result
+
+
+async def _restore(
+    session: AsyncSession, tenant: str, parent_id: str, archive: Archive, *, replace: bool
+) -> RestoreResult:
+    target = await lock_or_create_session(session, tenant, parent_id)
+    live = (
+        await session.execute(
+            select(RequestRow.status, func.count())
+            .where(RequestRow.session_id == target.id, RequestRow.deleted_at.is_(None))
+            .group_by(RequestRow.status)
+        )
+    ).all()
+    counts = {status: count for status, count in live}
+    existing = sum(counts.values())
+    in_flight = sum(n for status, n in counts.items() if status not in TERMINAL_STATUSES)
+    if existing and not replace:
+        raise SessionHasHistory(
+            f"session {parent_id!r} already has {existing} requests; "
+            "restore with mode=replace to discard them, or restore under another parent id",
+            {"requests": existing},
+        )
+    if in_flight:
+        raise SessionBusy(
+            f"session {parent_id!r} has {in_flight} queued or running requests; "
+            "cancel them or clear the session before replacing its history",
+            {"in_flight": in_flight},
+        )
+
+    clear_version = target.clear_version
+    if replace and existing:
+        # Replacing is a clear followed by a restore: bump clear_version like a clear does, so no
+        # summary computed for the old history can ever be written over the restored memory.
+        clear_version += 1
+        # The old requests are hidden like a clear hides them (their finished streams stay readable
+        # until the sweep purges them), unless the archive reuses their ordinal (purged below).
+        await session.execute(
+            update(RequestRow)
+            .where(RequestRow.session_id == target.id, RequestRow.deleted_at.is_(None))
+            .values(deleted_at=func.now())
+            .execution_options(synchronize_session=False)
+        )
+    ordinals = [r.ordinal for r in archive.requests]
+    if ordinals:
+        # Cleared requests still occupy their ordinals until the sweep purges them; the archive's
+        # ordinals win (they are already invisible, 404, to every client).
+        await session.execute(
+            delete(RequestRow)
+            .where(
+                RequestRow.session_id == target.id,
+                RequestRow.deleted_at.is_not(None),
+                RequestRow.ordinal.in_(ordinals),
+            )
+            .execution_options(synchronize_session=False)
+        )
+    next_ordinal = max([target.next_ordinal, *(o + 1 for o in ordinals)])
+    await session.execute(
+        update(SessionRow)
+        .where(SessionRow.id == target.id)
+        .values(
+            memory=archive.memory,
+            clear_version=clear_version,
+            next_ordinal=next_ordinal,
+            updated_at=func.now(),
+        )
+    )
+
+    rows = [
+        RequestRow(
+            id=uuid.uuid4(),
+            session_id=target.id,
+            ordinal=item.ordinal,
+            question=item.question,
+            snapshot_id=item.snapshot_id,
+            status=item.status,
+            stage=None,
+            answer=item.answer,
+            truncated=item.truncated,
+            stop_reason=item.stop_reason,
+            error=item.error,
+            usage=item.usage,
+            context_info=item.context_info,
+            options={},
+            clear_version=clear_version,
+            model=item.model,
+            attempt=0,
+            event_seq=2,
+            created_at=item.created_at,
+            started_at=item.started_at,
+            finished_at=item.finished_at,
+        )
+        for item in archive.requests
+    ]
+    session.add_all(rows)
+    await session.flush()
+
+    if rows:
+        # Same ordering rule as append_event: global event ids of a session are allocated under
+        # its advisory lock. One NOTIFY is enough: it is a wake-up call, readers read the rows.
+        await session.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 7))"), {"key": str(target.id)}
+        )
+        at = utc_iso()
+        events = []
+        for row in rows:
+            for seq, (event_type, fields) in enumerate(_terminal_events(row, parent_id), start=1):
+                data = {"request_id": str(row.id), "ordinal": row.ordinal, "seq": seq, "at": at, **fields}
+                events.append(
+                    EventRow(request_id=row.id, session_id=target.id, seq=seq, type=event_type, data=data)
+                )
+        session.add_all(events)
+        await session.flush()
+        payload = json.dumps(
+            {"id": events[-1].id, "request_id": str(rows[-1].id), "session_id": str(target.id)}
+        )
+        await session.execute(
+            text("SELECT pg_notify(:channel, :payload)"), {"channel": NOTIFY_CHANNEL, "payload": payload}
+        )
+
+    return RestoreResult(
+        parent_id=parent_id,
+        version=archive.version,
+        restored=len(rows),
+        replaced=existing if replace else 0,
+        next_ordinal=next_ordinal,
+        clear_version=clear_version,
+    )

@@ -1,0 +1,465 @@
+"""Archive codecs against PostgreSQL: fixtures of every version restore, round trips are exact,
+refusals write nothing, ordinals are kept and continue."""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from sqlalchemy import func, select
+
+from service.store import archive as archive_store
+from service.store.admission import Admission, admit, clear_session
+from service.store.archive import (
+    ArchiveInvalid,
+    ArchiveUnreadable,
+    SessionBusy,
+    SessionHasHistory,
+    SessionNotFound,
+    export_archive,
+    load_archive_json,
+    parse_archive,
+    restore_archive,
+)
+from service.store.db import Database
+from service.store.models import EMPTY_MEMORY, EventRow, RequestRow, SessionRow
+from service.store.records import EMPTY_USAGE
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "archives"
+SCHEMAS = ROOT / "docs" / "archive"
+TENANT = "acme"
+
+
+def fixture(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+    return data
+
+
+def schema(version: int) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((SCHEMAS / f"v{version}.schema.json").read_text(encoding="utf-8"))
+    return data
+
+
+def without_envelope(document: dict[str, Any]) -> dict[str, Any]:
+    """The parts a round trip must keep: everything but parent_id and exported_at."""
+    return {k: v for k, v in document.items() if k not in ("parent_id", "exported_at")}
+
+
+async def restore(
+    db: Database, parent_id: str, document: object, *, tenant: str = TENANT, replace: bool = False
+) -> archive_store.RestoreResult:
+    async with db.sessions() as session:
+        return await restore_archive(session, tenant, parent_id, parse_archive(document), replace=replace)
+
+
+async def export(db: Database, parent_id: str, version: int = 3, *, tenant: str = TENANT) -> dict[str, Any]:
+    async with db.sessions() as session:
+        return await export_archive(session, tenant, parent_id, version)
+
+
+async def requests_of(db: Database, parent_id: str, *, tenant: str = TENANT) -> list[RequestRow]:
+    async with db.sessions() as session:
+        rows = await session.scalars(
+            select(RequestRow)
+            .join(SessionRow, SessionRow.id == RequestRow.session_id)
+            .where(SessionRow.tenant == tenant, SessionRow.parent_id == parent_id)
+            .order_by(RequestRow.ordinal)
+        )
+        return list(rows)
+
+
+async def session_row(db: Database, parent_id: str, *, tenant: str = TENANT) -> SessionRow | None:
+    async with db.sessions() as session:
+        return await session.scalar(
+            select(SessionRow).where(SessionRow.tenant == tenant, SessionRow.parent_id == parent_id)
+        )
+
+
+async def table_counts(db: Database) -> tuple[int, int, int]:
+    async with db.sessions() as session:
+        sessions = await session.scalar(select(func.count()).select_from(SessionRow))
+        requests = await session.scalar(select(func.count()).select_from(RequestRow))
+        events = await session.scalar(select(func.count()).select_from(EventRow))
+    return int(sessions or 0), int(requests or 0), int(events or 0)
+
+
+async def live_session(db: Database, parent_id: str) -> None:
+    """A session as the worker leaves it: finished requests of every kind, memory, plus work in
+    flight and a cleared request, which an archive must leave out."""
+    base = datetime(2026, 11, 29, 8, 0, 0, 123456, tzinfo=UTC)
+    async with db.sessions() as session, session.begin():
+        owner = SessionRow(
+            id=uuid.uuid4(),
+            tenant=TENANT,
+            parent_id=parent_id,
+            clear_version=2,
+            next_ordinal=9,
+            memory={
+                "qa_summary": {"covered_through_ordinal": 3, "tokens": 80, "document": {"objective": "ö"}},
+                "context_summaries": [
+                    {"key": "abc", "snapshot_id": "s1", "covered_messages": 5, "tokens": 9}
+                ],
+            },
+        )
+        session.add(owner)
+        await session.flush()
+        rows: list[dict[str, Any]] = [
+            {"ordinal": 2, "status": "cancelled", "deleted_at": base},  # cleared: invisible
+            {
+                "ordinal": 3,
+                "status": "succeeded",
+                "answer": "three",
+                "truncated": True,
+                "stop_reason": "length",
+            },
+            {"ordinal": 4, "status": "failed", "error": {"code": "timeout", "message": "t", "detail": {}}},
+            {
+                "ordinal": 5,
+                "status": "cancelled",
+                "error": {"code": "cancelled", "message": "c", "detail": {}},
+            },
+            {"ordinal": 6, "status": "succeeded", "answer": "six ✓", "model": "m1", "snapshot_id": "s1"},
+            {"ordinal": 7, "status": "running"},
+            {"ordinal": 8, "status": "queued"},
+        ]
+        for spec in rows:
+            n = spec["ordinal"]
+            terminal = spec["status"] in ("succeeded", "failed", "cancelled")
+            session.add(
+                RequestRow(
+                    id=uuid.uuid4(),
+                    session_id=owner.id,
+                    question=f"question {n}",
+                    clear_version=2,
+                    usage={**EMPTY_USAGE, "input_tokens": 10 * n, "calls": [{"purpose": "answer", "n": n}]},
+                    context_info={"window": 1000 + n, "drift": 0.5, "replayed_ordinals": [1, n]},
+                    created_at=base + timedelta(minutes=n),
+                    started_at=base + timedelta(minutes=n, seconds=1) if spec["status"] != "queued" else None,
+                    finished_at=base + timedelta(minutes=n, seconds=9) if terminal else None,
+                    **spec,
+                )
+            )
+
+
+# ------------------------------------------------------------------ fixtures of every version
+
+
+@pytest.mark.parametrize("name", ["v1.json", "v2.json", "v3.json"])
+async def test_fixture_restores_and_exports_back_to_itself(db: Database, name: str) -> None:
+    document = fixture(name)
+    version = document["version"]
+    jsonschema.validate(document, schema(version))
+    result = await restore(db, "restored", document)
+    assert result.restored == len(document["questions"])
+    exported = await export(db, "restored", version)
+    jsonschema.validate(exported, schema(version))
+    assert exported["parent_id"] == "restored"
+    assert without_envelope(exported) == without_envelope(document)
+
+
+async def test_v1_restores_as_succeeded_history_with_empty_outcome(db: Database) -> None:
+    result = await restore(db, "p1", fixture("v1.json"))
+    rows = await requests_of(db, "p1")
+    assert [r.ordinal for r in rows] == [1, 2, 4]
+    assert {r.status for r in rows} == {"succeeded"}
+    assert rows[2].answer == "Zwei: billing/invoice.py und billing/tests/test_invoice.py."
+    assert rows[0].usage == EMPTY_USAGE and rows[0].context_info == {} and rows[0].error is None
+    assert rows[0].created_at == datetime(2026, 11, 20, 8, 1, 12, 250000, tzinfo=UTC)
+    owner = await session_row(db, "p1")
+    assert owner is not None and owner.memory == EMPTY_MEMORY
+    assert result.next_ordinal == owner.next_ordinal == 5
+
+
+async def test_v2_restores_status_error_usage_and_timings(db: Database) -> None:
+    document = fixture("v2.json")
+    await restore(db, "p2", document)
+    rows = await requests_of(db, "p2")
+    assert [(r.ordinal, r.status) for r in rows] == [(1, "succeeded"), (2, "failed"), (3, "cancelled")]
+    assert rows[1].error == document["questions"][1]["error"]
+    assert rows[0].usage == document["questions"][0]["usage"]
+    assert rows[0].model == "gpt-4.1-mini" and rows[0].snapshot_id == "s-1" and rows[0].stop_reason == "stop"
+    assert rows[2].started_at is None
+    assert rows[0].context_info == {}
+
+
+async def test_v3_restores_memory_and_context_info(db: Database) -> None:
+    document = fixture("v3.json")
+    await restore(db, "p3", document)
+    owner = await session_row(db, "p3")
+    assert owner is not None and owner.memory == document["session"]["memory"]
+    rows = await requests_of(db, "p3")
+    assert rows[1].context_info == document["questions"][1]["context_info"]
+    assert rows[1].truncated is True and rows[1].stop_reason == "length"
+
+
+async def test_v3_missing_newer_fields_restores_with_empty_objects(db: Database) -> None:
+    document = fixture("v3-minimal.json")
+    jsonschema.validate(document, schema(3))
+    await restore(db, "p", document)
+    owner = await session_row(db, "p")
+    assert owner is not None and owner.memory == EMPTY_MEMORY and owner.next_ordinal == 8
+    (row,) = await requests_of(db, "p")
+    assert row.context_info == {} and row.usage == EMPTY_USAGE and row.error is None
+    exported = await export(db, "p")
+    assert exported["session"] == {"memory": EMPTY_MEMORY}
+    assert exported["questions"][0]["context_info"] == {}
+    assert exported["questions"][0]["created_at"] == "2026-11-28T12:00:00.000000Z"
+
+
+# ------------------------------------------------------------------ round trips from live sessions
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+async def test_export_restore_export_is_identical_apart_from_parent_and_time(
+    db: Database, version: int
+) -> None:
+    await live_session(db, "origin")
+    first = await export(db, "origin", version)
+    jsonschema.validate(first, schema(version))
+    await restore(db, "copy", json.loads(json.dumps(first)))
+    second = await export(db, "copy", version)
+    assert second["parent_id"] == "copy"
+    assert without_envelope(second) == without_envelope(first)
+
+
+async def test_export_holds_finished_visible_requests_without_ids(db: Database) -> None:
+    await live_session(db, "origin")
+    v3 = await export(db, "origin", 3)
+    assert [q["ordinal"] for q in v3["questions"]] == [3, 4, 5, 6]
+    assert all("id" not in q for q in v3["questions"])
+    assert v3["session"]["memory"]["qa_summary"]["document"] == {"objective": "ö"}
+    v1 = await export(db, "origin", 1)
+    # v1 restores as succeeded history, so it may only hold succeeded requests.
+    assert [q["ordinal"] for q in v1["questions"]] == [3, 6]
+    assert set(v1["questions"][0]) == {"ordinal", "question", "answer", "created_at"}
+
+
+async def test_restored_requests_get_fresh_ids_session_clear_version_and_terminal_events(
+    db: Database,
+) -> None:
+    await live_session(db, "origin")
+    origin_ids = {r.id for r in await requests_of(db, "origin")}
+    await restore(db, "copy", await export(db, "origin"))
+    rows = await requests_of(db, "copy")
+    assert not origin_ids & {r.id for r in rows}
+    owner = await session_row(db, "copy")
+    assert owner is not None and {r.clear_version for r in rows} == {owner.clear_version} == {0}
+    async with db.sessions() as session:
+        events = list(
+            await session.scalars(
+                select(EventRow).where(EventRow.session_id == owner.id).order_by(EventRow.id)
+            )
+        )
+    by_request: dict[uuid.UUID, list[tuple[int, str]]] = {}
+    for event in events:
+        by_request.setdefault(event.request_id, []).append((event.seq, event.type))
+    expected = {"succeeded": "done", "failed": "error", "cancelled": "error"}
+    for row in rows:
+        assert by_request[row.id] == [(1, "status"), (2, expected[row.status])]
+        assert row.event_seq == 2
+    done = next(e for e in events if e.type == "done")
+    assert done.data["record"]["answer"] == "three" and done.data["record"]["parent_id"] == "copy"
+    failed = next(e for e in events if e.type == "error" and e.data["code"] == "timeout")
+    assert failed.data["seq"] == 2 and failed.data["ordinal"] == 4
+
+
+# ------------------------------------------------------------------ ordinals
+
+
+async def test_next_question_continues_after_the_highest_restored_ordinal(db: Database) -> None:
+    await restore(db, "p", fixture("v1.json"))
+    async with db.sessions() as session:
+        admitted = await admit(session, TENANT, "p", Admission(question="next?"), max_queued=20)
+    assert admitted.record["ordinal"] == 5
+
+
+async def test_restore_into_a_cleared_session_keeps_archive_ordinals_and_never_lowers_next(
+    db: Database,
+) -> None:
+    async with db.sessions() as session:
+        for i in range(6):
+            await admit(session, TENANT, "p", Admission(question=f"q{i}"), max_queued=20)
+    async with db.sessions() as session:
+        await clear_session(session, TENANT, "p")
+    result = await restore(db, "p", fixture("v1.json"))
+    assert [r.ordinal for r in await requests_of(db, "p") if r.deleted_at is None] == [1, 2, 4]
+    # Ordinals 1..6 were handed out before the clear; new questions keep counting after them.
+    assert result.next_ordinal == 7
+    assert result.clear_version == 1
+
+
+# ------------------------------------------------------------------ refusals write nothing
+
+
+async def test_restore_into_a_session_with_history_is_refused_without_replace(db: Database) -> None:
+    await restore(db, "p", fixture("v3.json"))
+    before = await export(db, "p")
+    counts = await table_counts(db)
+    with pytest.raises(SessionHasHistory) as refused:
+        await restore(db, "p", fixture("v2.json"))
+    assert refused.value.status == 409 and "mode=replace" in refused.value.message
+    assert await table_counts(db) == counts
+    assert without_envelope(await export(db, "p")) == without_envelope(before)
+
+
+async def test_replace_discards_old_history_and_bumps_clear_version(db: Database) -> None:
+    await restore(db, "p", fixture("v3.json"))
+    result = await restore(db, "p", fixture("v1.json"), replace=True)
+    assert result.replaced == 2 and result.restored == 3 and result.clear_version == 1
+    exported = await export(db, "p", 3)
+    assert [q["ordinal"] for q in exported["questions"]] == [1, 2, 4]
+    assert exported["session"]["memory"] == EMPTY_MEMORY
+    rows = [r for r in await requests_of(db, "p") if r.deleted_at is None]
+    assert {r.clear_version for r in rows} == {1}
+    # The highest ordinal the session ever handed out was 2 (v3 fixture); the archive's is 4.
+    assert result.next_ordinal == 5
+
+
+async def test_replace_is_refused_while_requests_are_in_flight(db: Database) -> None:
+    async with db.sessions() as session:
+        await admit(session, TENANT, "p", Admission(question="running?"), max_queued=20)
+    counts = await table_counts(db)
+    with pytest.raises(SessionBusy):
+        await restore(db, "p", fixture("v1.json"), replace=True)
+    assert await table_counts(db) == counts
+
+
+async def test_a_failure_after_the_first_writes_rolls_everything_back(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_args: object) -> list[tuple[str, dict[str, Any]]]:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(archive_store, "_terminal_events", broken)
+    with pytest.raises(RuntimeError):
+        await restore(db, "p", fixture("v3.json"))
+    assert await table_counts(db) == (0, 0, 0)
+
+
+async def test_other_tenants_session_is_not_found_and_their_own_is_separate(db: Database) -> None:
+    await restore(db, "p", fixture("v1.json"))
+    with pytest.raises(SessionNotFound):
+        await export(db, "p", tenant="other")
+    await restore(db, "p", fixture("v2.json"), tenant="other")
+    assert len((await export(db, "p", 2, tenant="other"))["questions"]) == 3
+    assert len((await export(db, "p", 2))["questions"]) == 3
+
+
+def _broken(mutate: Any) -> dict[str, Any]:
+    document = copy.deepcopy(fixture("v3.json"))
+    mutate(document)
+    return document
+
+
+MALFORMED: list[tuple[str, object, type[Exception], str]] = [
+    ("not an object", [1, 2], ArchiveUnreadable, "JSON object"),
+    ("no version", {"parent_id": "p", "questions": []}, ArchiveUnreadable, "unsupported archive version"),
+    ("future version", {"version": 4, "parent_id": "p", "questions": []}, ArchiveUnreadable, "1, 2 and 3"),
+    ("bool version", {"version": True, "parent_id": "p", "questions": []}, ArchiveUnreadable, "version"),
+    ("questions not a list", {"version": 1, "parent_id": "p", "questions": {}}, ArchiveInvalid, "questions"),
+    ("no parent_id", {"version": 1, "questions": []}, ArchiveInvalid, "parent_id is required"),
+    ("unknown top key", _broken(lambda d: d.update(extra=1)), ArchiveInvalid, "extra"),
+    ("v3 field in v1", {**fixture("v1.json"), "session": {}}, ArchiveInvalid, "session"),
+    (
+        "duplicate ordinal",
+        _broken(lambda d: d["questions"][1].update(ordinal=1)),
+        ArchiveInvalid,
+        "ordinal 1 repeats",
+    ),
+    ("zero ordinal", _broken(lambda d: d["questions"][0].update(ordinal=0)), ArchiveInvalid, "ordinal"),
+    ("string ordinal", _broken(lambda d: d["questions"][0].update(ordinal="1")), ArchiveInvalid, "ordinal"),
+    ("huge ordinal", _broken(lambda d: d["questions"][0].update(ordinal=2**31)), ArchiveInvalid, "ordinal"),
+    ("missing question", _broken(lambda d: d["questions"][0].pop("question")), ArchiveInvalid, "required"),
+    ("queued status", _broken(lambda d: d["questions"][0].update(status="queued")), ArchiveInvalid, "status"),
+    (
+        "succeeded without answer",
+        _broken(lambda d: d["questions"][0].update(answer=None)),
+        ArchiveInvalid,
+        "answer",
+    ),
+    (
+        "naive time",
+        _broken(lambda d: d["questions"][0].update(created_at="2026-11-29T10:00:00")),
+        ArchiveInvalid,
+        "zone",
+    ),
+    (
+        "bad time",
+        _broken(lambda d: d["questions"][0].update(created_at="yesterday")),
+        ArchiveInvalid,
+        "ISO 8601",
+    ),
+    ("NUL in text", _broken(lambda d: d["questions"][0].update(question="a\x00b")), ArchiveInvalid, "NUL"),
+    (
+        "surrogate in usage",
+        _broken(lambda d: d["questions"][0]["usage"]["calls"][0].update(model="\ud800")),
+        ArchiveInvalid,
+        "surrogate",
+    ),
+    (
+        "NaN in context_info",
+        _broken(lambda d: d["questions"][0]["context_info"].update(drift=float("nan"))),
+        ArchiveInvalid,
+        "non-finite",
+    ),
+    (
+        "negative tokens",
+        _broken(lambda d: d["questions"][0]["usage"].update(input_tokens=-1)),
+        ArchiveInvalid,
+        "non-negative",
+    ),
+    (
+        "error without code",
+        _broken(lambda d: d["questions"][1].update(error={"message": "x"})),
+        ArchiveInvalid,
+        "code",
+    ),
+    (
+        "memory not object",
+        _broken(lambda d: d["session"].update(memory=[])),
+        ArchiveInvalid,
+        "session.memory",
+    ),
+    (
+        "summary without key",
+        _broken(lambda d: d["session"]["memory"]["context_summaries"][0].pop("key")),
+        ArchiveInvalid,
+        "key",
+    ),
+    ("long model", _broken(lambda d: d["questions"][0].update(model="m" * 201)), ArchiveInvalid, "200"),
+]
+
+
+@pytest.mark.parametrize(("case", "document", "error", "needle"), MALFORMED, ids=[m[0] for m in MALFORMED])
+async def test_malformed_archives_are_rejected_with_a_clear_message_and_nothing_written(
+    db: Database, case: str, document: object, error: type[Exception], needle: str
+) -> None:
+    with pytest.raises(error) as refused:
+        await restore(db, "p", document)
+    assert isinstance(refused.value, archive_store.ArchiveError)
+    text = refused.value.message + json.dumps(refused.value.detail)
+    assert needle in text, f"{case}: {text}"
+    assert await table_counts(db) == (0, 0, 0)
+
+
+def test_invalid_archives_report_every_problem_with_its_location() -> None:
+    document = _broken(lambda d: d["questions"][0].update(ordinal=-1, question=3))
+    with pytest.raises(ArchiveInvalid) as refused:
+        parse_archive(document)
+    locs = [e["loc"] for e in refused.value.detail["errors"]]
+    assert locs == ["questions[0].ordinal", "questions[0].question"]
+    assert refused.value.status == 422
+
+
+@pytest.mark.parametrize("body", [b"{", b"\xff\xfe", b"[" * 100_000])
+def test_a_body_that_is_not_json_is_unreadable(body: bytes) -> None:
+    with pytest.raises(ArchiveUnreadable) as refused:
+        load_archive_json(body)
+    assert refused.value.status == 400
