@@ -2,17 +2,101 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api import routes_questions, routes_sessions
+from service.api.errors import error_body, install_error_handlers
+from service.api.metrics import Metrics
+from service.api.sse import EventHub
+from service.api.stream_tokens import StreamTokens, stream_secret
 from service.config import Settings
 from service.store.db import Database, connect, current_revision, head_revision
+from service.store.listener import Listener
 
 log = logging.getLogger(__name__)
+
+# Slack above the snapshot + question limits for the JSON around them; the precise per-field
+# limits (413 with the field's own message) are checked by the routes.
+BODY_SLACK_BYTES = 1024 * 1024
+
+
+class BodyLimit:
+    """Refuse (413) a request body beyond ``limit`` bytes before reading it all into memory."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except BodyTooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = JSONResponse(
+            error_body(
+                "payload_too_large",
+                f"the request body exceeds {self.limit} bytes",
+                {"limit_bytes": self.limit},
+            ),
+            status_code=413,
+            headers={"Connection": "close"},
+        )
+        await response(scope, receive, send)
+
+
+class BodyTooLarge(Exception):
+    """Raised from inside ``receive`` when a streamed body passes the limit."""
+
+
+class RedactStreamTokens(logging.Filter):
+    """Defence in depth: if an access log is ever enabled, ``?token=`` values never reach it."""
+
+    _pattern = re.compile(r"(token=)[^&\s\"]+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args:
+            record.args = tuple(
+                self._pattern.sub(r"\1[redacted]", a) if isinstance(a, str) else a
+                for a in (record.args if isinstance(record.args, tuple) else (record.args,))
+            )
+        if isinstance(record.msg, str) and "token=" in record.msg:
+            record.msg = self._pattern.sub(r"\1[redacted]", record.msg)
+        return True
+
+
+def _install_log_redaction() -> None:
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactStreamTokens) for f in access.filters):
+        access.addFilter(RedactStreamTokens())
 
 
 def create_app(settings: Settings, database_url: str, *, run_worker: bool = False) -> FastAPI:
@@ -22,10 +106,14 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = connect(database_url)
         app.state.db = db
-        app.state.settings = settings
+        listener = Listener(database_url)
+        app.state.listener = listener
+        hub: EventHub = app.state.hub
+        hub.attach(listener)
+        await listener.start()
         worker = None
         if run_worker:
-            from service.worker import start_worker
+            from service.worker import start_worker  # type: ignore[attr-defined,unused-ignore]
 
             worker = await start_worker(settings, db)
         try:
@@ -33,16 +121,51 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
         finally:
             if worker is not None:
                 await worker.stop()
+            await listener.stop()
             await db.dispose()
 
-    app = FastAPI(title="Sidequest", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(
+        title="Sidequest",
+        version="0.1.0",
+        description="Side questions beside a running agent task (see docs/api.md).",
+        lifespan=lifespan,
+    )
+    # Built here rather than in the lifespan so that they exist for any request path.
+    hub = EventHub()
+    app.state.settings = settings
+    app.state.hub = hub
+    app.state.stream_tokens = StreamTokens(stream_secret(settings))
+    app.state.metrics = Metrics(hub.subscriber_count)
+    install_error_handlers(app)
+    _install_log_redaction()
+
+    app.include_router(routes_sessions.router)
+    app.include_router(routes_questions.router)
+    if importlib.util.find_spec("service.api.routes_archive") is not None:
+        from service.api.routes_archive import router as archive_router
+
+        app.include_router(archive_router)
+
+    app.add_middleware(
+        BodyLimit, limit=settings.max_snapshot_bytes + settings.max_question_bytes + BODY_SLACK_BYTES
+    )
+    origins = settings.cors_origin_list()
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "PUT", "DELETE", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
+            expose_headers=["Location"],
+            max_age=600,
+        )
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get("/readyz", tags=["health"], responses={503: {"description": "Not ready"}})
     async def readyz() -> JSONResponse:
         """Readiness: the database answers and its schema is at the head revision."""
         db: Database = app.state.db
@@ -60,5 +183,19 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
                 status_code=503,
             )
         return JSONResponse({"status": "ok", "schema": current})
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        response_class=Response,
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus"}
+        },
+    )
+    async def metrics(request: Request) -> Response:
+        """Prometheus metrics (no tenant data)."""
+        exporter: Metrics = request.app.state.metrics
+        body = await exporter.render(request.app.state.db)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

@@ -1,0 +1,91 @@
+"""FastAPI dependencies: the tenant behind a bearer token, and a database session per request."""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.api.errors import ApiError, not_found
+from service.config import Settings
+from service.store.db import Database
+
+DEFAULT_TENANT = "default"
+
+bearer_scheme = HTTPBearer(
+    auto_error=False,
+    description="`Authorization: Bearer <token>`; tokens map to tenants (SIDEQUEST_API_TOKENS). "
+    "Not required when no tokens are configured.",
+)
+
+
+def unauthorized(message: str = "a valid bearer token is required") -> ApiError:
+    """401 with the challenge header."""
+    return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
+
+
+def tenant_for_token(settings: Settings, token: str | None) -> str | None:
+    """The tenant of ``token`` (constant-time compare), DEFAULT_TENANT when auth is off, else None."""
+    tokens = settings.tenant_tokens()
+    if not tokens:
+        return DEFAULT_TENANT
+    if not token:
+        return None
+    found = None
+    for known, tenant in tokens.items():
+        if hmac.compare_digest(known.encode(), token.encode()):
+            found = tenant
+    return found
+
+
+def bearer_tenant(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> str | None:
+    """The tenant of the bearer token if one is sent and valid, else None (the caller decides)."""
+    settings: Settings = request.app.state.settings
+    return tenant_for_token(settings, credentials.credentials if credentials is not None else None)
+
+
+def require_tenant(tenant: Annotated[str | None, Depends(bearer_tenant)]) -> str:
+    """The caller's tenant; 401 when tokens are configured and none valid was sent."""
+    if tenant is None:
+        raise unauthorized()
+    return tenant
+
+
+Tenant = Annotated[str, Depends(require_tenant)]
+
+
+def database(request: Request) -> Database:
+    """The process's Database."""
+    db: Database = request.app.state.db
+    return db
+
+
+async def db_session(request: Request) -> AsyncIterator[AsyncSession]:
+    """One AsyncSession for the request, closed (and rolled back if uncommitted) afterwards."""
+    async with database(request).sessions() as session:
+        yield session
+
+
+DbSession = Annotated[AsyncSession, Depends(db_session)]
+
+
+def parse_request_id(value: str) -> uuid.UUID:
+    """A request id from a path; anything that is not a UUID cannot exist → 404."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise not_found("question") from None
+
+
+def settings_of(request: Request) -> Settings:
+    """The app's settings."""
+    settings: Settings = request.app.state.settings
+    return settings

@@ -1,0 +1,145 @@
+"""One error type and one set of handlers: every failure leaves as SPEC's error body.
+
+``{"error": {"code": "…", "message": "…", "detail": {…}}}`` — for our own errors, request validation
+(422, or 400 for a body that is not JSON / not UTF-8), unknown routes and methods, and, as a last
+resort that should never fire, unexpected exceptions (500 without internals).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.store.admission import IdempotencyConflict, QueueFull, SnapshotMissing
+from service.store.sessions import InvalidSnapshot, SnapshotConflict
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """An error the API answers with: HTTP status, stable code, clear message, detail object."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        detail: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail or {}
+        self.headers = headers
+
+
+def not_found(what: str) -> ApiError:
+    """The one 404 for anything missing, cleared, or another tenant's (never tells them apart)."""
+    return ApiError(404, "not_found", f"{what} not found")
+
+
+def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
+    """SPEC's error body."""
+    return {"error": {"code": code, "message": message, "detail": detail or {}}}
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    """The JSON response of an :class:`ApiError`."""
+    return JSONResponse(
+        error_body(error.code, error.message, error.detail), status_code=error.status, headers=error.headers
+    )
+
+
+def from_store_error(exc: Exception) -> ApiError | None:
+    """Map the store's domain refusals onto HTTP."""
+    if isinstance(exc, QueueFull):
+        return ApiError(429, "queue_full", str(exc), {"max_queued": exc.limit})
+    if isinstance(exc, SnapshotMissing):
+        return ApiError(404, "snapshot_missing", str(exc), {"snapshot_id": exc.snapshot_id})
+    if isinstance(exc, SnapshotConflict):
+        return ApiError(409, "snapshot_conflict", str(exc), {"snapshot_id": exc.snapshot_id})
+    if isinstance(exc, IdempotencyConflict):
+        return ApiError(409, "idempotency_conflict", str(exc), {})
+    if isinstance(exc, InvalidSnapshot):
+        return ApiError(422, "invalid_snapshot", str(exc), {})
+    return None
+
+
+def _clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
+    """Pydantic errors without the offending input (it may be a 32 MiB snapshot, or a secret)."""
+    cleaned = []
+    for err in errors:
+        cleaned.append(
+            {
+                "loc": [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())],
+                "msg": str(err.get("msg", "")),
+                "type": str(err.get("type", "")),
+            }
+        )
+    return cleaned
+
+
+async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = _clean_validation_errors(exc.errors())
+    if any(e["type"] == "json_invalid" for e in errors):
+        return error_response(ApiError(400, "malformed_json", "the request body is not valid JSON"))
+    summary = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
+    return error_response(
+        ApiError(422, "validation_error", f"invalid request: {summary}", {"errors": errors})
+    )
+
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+}
+
+
+async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _STATUS_CODES.get(exc.status_code, "http_error")
+    message = exc.detail if isinstance(exc.detail, str) else "request refused"
+    if exc.status_code == 404:
+        message = "not found"
+    if code == "bad_request" and "parsing the body" in message:
+        # FastAPI's answer to a body it cannot decode (e.g. invalid UTF-8).
+        code, message = "malformed_body", "the request body is not valid UTF-8 JSON"
+    return error_response(ApiError(exc.status_code, code, message, headers=getattr(exc, "headers", None)))
+
+
+async def _store_error(_request: Request, exc: Exception) -> JSONResponse:
+    mapped = from_store_error(exc)
+    assert mapped is not None
+    return error_response(mapped)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Log the route, never the query string (it may carry a stream token).
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(ApiError(500, "internal_error", "internal error"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register every handler on ``app``."""
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    for exc_type in (QueueFull, SnapshotMissing, SnapshotConflict, IdempotencyConflict, InvalidSnapshot):
+        app.add_exception_handler(exc_type, _store_error)
+    app.add_exception_handler(Exception, _unexpected)

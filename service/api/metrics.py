@@ -1,0 +1,168 @@
+"""``/metrics`` (Prometheus text format). No tenant data: no parent ids, no tenant labels.
+
+Two kinds of numbers:
+
+- this process's: requests admitted (counter), open SSE subscribers (gauge);
+- the deployment's, read from PostgreSQL at scrape time so every API process reports the same
+  truth whichever worker process did the work: requests by status, terminal requests by status and
+  error code, provider calls by purpose and status, summary calls, and provider latency (a
+  histogram over the per-call ``latency_ms`` the worker records in ``usage.calls``, when present).
+  Cleared requests are excluded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import text
+
+from service.store.db import Database
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+SCRAPE_TIMEOUT_S = 5.0
+
+_STATUS_SQL = text(
+    """
+    SELECT status, COALESCE(error->>'code', '') AS code, count(*) AS n
+    FROM side_question_requests WHERE deleted_at IS NULL GROUP BY 1, 2
+    """
+)
+
+_CALLS_SQL = text(
+    """
+    SELECT COALESCE(c->>'purpose', '') AS purpose, COALESCE(c->>'status', '') AS status, count(*) AS n
+    FROM side_question_requests r, jsonb_array_elements(COALESCE(r.usage->'calls', '[]'::jsonb)) c
+    WHERE r.deleted_at IS NULL AND jsonb_typeof(c) = 'object'
+    GROUP BY 1, 2
+    """
+)
+
+_LATENCY_SQL = text(
+    """
+    SELECT COALESCE(c->>'purpose', '') AS purpose, (c->>'latency_ms')::float8 / 1000.0 AS seconds
+    FROM side_question_requests r, jsonb_array_elements(COALESCE(r.usage->'calls', '[]'::jsonb)) c
+    WHERE r.deleted_at IS NULL AND jsonb_typeof(c) = 'object'
+      AND jsonb_typeof(c->'latency_ms') = 'number'
+    """
+)
+
+
+class DatabaseSnapshot:
+    """The numbers read from PostgreSQL for one scrape."""
+
+    def __init__(self) -> None:
+        self.by_status: list[tuple[str, str, int]] = []
+        self.calls: list[tuple[str, str, int]] = []
+        self.latencies: list[tuple[str, float]] = []
+        self.ok = False
+
+
+async def read_database(db: Database) -> DatabaseSnapshot:
+    """Run the scrape queries (bounded by SCRAPE_TIMEOUT_S); ``ok`` False when they failed."""
+    snap = DatabaseSnapshot()
+    try:
+        async with asyncio.timeout(SCRAPE_TIMEOUT_S), db.sessions() as session:
+            snap.by_status = [(r.status, r.code, int(r.n)) for r in await session.execute(_STATUS_SQL)]
+            snap.calls = [(r.purpose, r.status, int(r.n)) for r in await session.execute(_CALLS_SQL)]
+            snap.latencies = [(r.purpose, float(r.seconds)) for r in await session.execute(_LATENCY_SQL)]
+        snap.ok = True
+    except Exception as exc:  # metrics must answer even while the database does not
+        log.warning("metrics: database read failed: %s", type(exc).__name__)
+    return snap
+
+
+class _SnapshotCollector(Collector):
+    """Turns the last DatabaseSnapshot (set just before generate_latest) into metric families."""
+
+    def __init__(self, subscribers: Callable[[], int]) -> None:
+        self.snapshot = DatabaseSnapshot()
+        self._subscribers = subscribers
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self.snapshot
+        up = GaugeMetricFamily("sidequest_database_up", "1 when the scrape could read PostgreSQL")
+        up.add_metric([], 1.0 if snap.ok else 0.0)
+        yield up
+        subs = GaugeMetricFamily("sidequest_sse_subscribers", "Open SSE streams in this API process")
+        subs.add_metric([], float(self._subscribers()))
+        yield subs
+
+        statuses: dict[str, int] = dict.fromkeys(("queued", "running", "succeeded", "failed", "cancelled"), 0)
+        terminal: dict[tuple[str, str], int] = {}
+        for status, code, n in snap.by_status:
+            statuses[status] = statuses.get(status, 0) + n
+            if status in ("succeeded", "failed", "cancelled"):
+                terminal[(status, code)] = terminal.get((status, code), 0) + n
+        by_status = GaugeMetricFamily("sidequest_requests", "Stored requests by status", labels=["status"])
+        for status, n in statuses.items():
+            by_status.add_metric([status], float(n))
+        yield by_status
+        queued = GaugeMetricFamily("sidequest_requests_queued", "Requests waiting for a worker")
+        queued.add_metric([], float(statuses["queued"]))
+        yield queued
+        running = GaugeMetricFamily("sidequest_requests_running", "Requests running now (all workers)")
+        running.add_metric([], float(statuses["running"]))
+        yield running
+        term = GaugeMetricFamily(
+            "sidequest_requests_terminal",
+            "Stored terminal requests by status and error code (code empty on success)",
+            labels=["status", "code"],
+        )
+        for (status, code), n in sorted(terminal.items()):
+            term.add_metric([status, code], float(n))
+        yield term
+
+        calls = GaugeMetricFamily(
+            "sidequest_provider_calls", "Provider calls of stored requests", labels=["purpose", "status"]
+        )
+        summary_total = 0
+        for purpose, status, n in snap.calls:
+            calls.add_metric([purpose, status], float(n))
+            if purpose in ("qa_summary", "context_summary"):
+                summary_total += n
+        yield calls
+        summaries = GaugeMetricFamily("sidequest_summary_calls", "Summary calls of stored requests")
+        summaries.add_metric([], float(summary_total))
+        yield summaries
+
+        latency = HistogramMetricFamily(
+            "sidequest_provider_latency_seconds",
+            "Provider call latency of stored requests",
+            labels=["purpose"],
+        )
+        per_purpose: dict[str, list[float]] = {}
+        for purpose, seconds in snap.latencies:
+            per_purpose.setdefault(purpose, []).append(seconds)
+        for purpose, values in sorted(per_purpose.items()):
+            buckets: list[tuple[str, float]] = [
+                (str(b), float(sum(1 for v in values if v <= b))) for b in LATENCY_BUCKETS_S
+            ]
+            buckets.append(("+Inf", float(len(values))))
+            latency.add_metric([purpose], buckets, sum_value=sum(values))
+        yield latency
+
+
+class Metrics:
+    """One registry per app (no process-global state, so tests can build many apps)."""
+
+    def __init__(self, subscribers: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.admitted = Counter(
+            "sidequest_requests_admitted",
+            "Requests admitted by this API process",
+            registry=self.registry,
+        )
+        self._collector = _SnapshotCollector(subscribers)
+        self.registry.register(self._collector)
+
+    async def render(self, db: Database) -> bytes:
+        """The exposition text, with fresh database numbers."""
+        self._collector.snapshot = await read_database(db)
+        return generate_latest(self.registry)

@@ -1,0 +1,125 @@
+"""Pieces shared by the question and session routes: path parameters, error responses, SSE plumbing."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import Depends, Path, Query, Request
+from fastapi.responses import Response
+from sse_starlette.sse import EventSourceResponse
+
+from service.api.deps import bearer_tenant, unauthorized
+from service.api.errors import ApiError
+from service.api.schemas import ErrorBody, check_text
+from service.api.sse import PING_S, SEND_TIMEOUT_S, EventHub
+from service.api.stream_tokens import StreamTokens
+
+MAX_INT32 = 2**31 - 1
+MAX_INT64 = 2**63 - 1
+
+
+def _parent_id(parent_id: Annotated[str, Path(min_length=1, max_length=500)]) -> str:
+    try:
+        return check_text(parent_id)
+    except ValueError as exc:
+        raise ApiError(422, "validation_error", f"parent_id: {exc}") from None
+
+
+ParentId = Annotated[str, Depends(_parent_id)]
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for SPEC's error body."""
+    descriptions = {
+        400: "Malformed request (not JSON, not UTF-8, bad Last-Event-ID)",
+        401: "Missing or invalid bearer token",
+        404: "Not found (or another tenant's)",
+        409: "Conflict",
+        413: "Too large",
+        422: "Invalid input",
+        429: "Too many queued requests in this session",
+    }
+    return {s: {"model": ErrorBody, "description": descriptions.get(s, "Error")} for s in statuses}
+
+
+def canonical_body_hash(raw: bytes) -> str:
+    """Hash of a JSON body independent of key order and whitespace (for Idempotency-Key)."""
+    import hashlib
+
+    parsed = json.loads(raw)
+    text = json.dumps(parsed, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def compact_size(value: object) -> int:
+    """UTF-8 bytes of the compact JSON of ``value`` (how snapshot sizes are measured)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+
+
+def stream_tenant(request: Request, bearer: str | None, token: str | None, stream: str) -> str:
+    """The tenant of a stream request: a valid bearer token, or a ``?token=`` for this very stream."""
+    if bearer is not None:
+        return bearer
+    if token:
+        tokens: StreamTokens = request.app.state.stream_tokens
+        grant = tokens.check(token, stream)
+        if grant is not None:
+            return grant.tenant
+        raise unauthorized("the stream token is invalid, expired, or for another stream")
+    raise unauthorized()
+
+
+BearerTenant = Annotated[str | None, Depends(bearer_tenant)]
+StreamTokenParam = Annotated[
+    str | None,
+    Query(
+        description="A stream token from POST …/stream-token (for browsers; valid on this stream only).",
+        max_length=2000,
+    ),
+]
+AfterParam = Annotated[
+    int | None,
+    Query(ge=0, le=MAX_INT64, description="Resume after this event id (ignored when Last-Event-ID is sent)."),
+]
+
+
+def resume_point(request: Request, after: int | None) -> tuple[int, bool]:
+    """The cursor to resume after, and whether the client resumes (``Last-Event-ID`` wins)."""
+    header = request.headers.get("last-event-id")
+    if header is not None and header.strip() != "":
+        try:
+            value = int(header.strip())
+        except ValueError:
+            raise ApiError(400, "invalid_last_event_id", "Last-Event-ID must be an event id") from None
+        if value < 0 or value > MAX_INT64:
+            raise ApiError(400, "invalid_last_event_id", "Last-Event-ID is out of range")
+        return value, True
+    if after is not None:
+        return after, True
+    return 0, False
+
+
+def sse_response(request: Request, content: Any) -> Response:
+    """An EventSourceResponse with this app's ping interval."""
+    return EventSourceResponse(
+        content,
+        ping=getattr(request.app.state, "sse_ping_s", PING_S),
+        send_timeout=SEND_TIMEOUT_S,
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Server-Sent Events (SPEC §4): `id:`, `event:` (status, progress, delta, usage, "
+        "done, error), `data:` JSON.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+}
+
+
+def hub_of(request: Request) -> EventHub:
+    """The process's EventHub."""
+    hub: EventHub = request.app.state.hub
+    return hub

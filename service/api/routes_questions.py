@@ -1,0 +1,105 @@
+"""Question routes: one record, its event stream, cancel, stream token."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from service.api.deps import DbSession, Tenant, database, parse_request_id
+from service.api.errors import not_found
+from service.api.routes_common import (
+    SSE_RESPONSES,
+    AfterParam,
+    BearerTenant,
+    StreamTokenParam,
+    errors,
+    hub_of,
+    resume_point,
+    sse_response,
+    stream_tenant,
+)
+from service.api.schemas import RequestRecord, StreamToken
+from service.api.sse import request_stream, terminal_seq
+from service.api.stream_tokens import StreamTokens
+from service.api.stream_tokens import request_stream as request_stream_name
+from service.store.admission import cancel_request
+from service.store.events import utc_iso
+from service.store.sessions import find_request, request_record_for
+
+router = APIRouter(prefix="/v1/questions", tags=["questions"])
+
+
+@router.get("/{request_id}", response_model=RequestRecord, responses=errors(401, 404, 422))
+async def get_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
+    """One record: question, status, stage, answer, error, usage, context_info, timings."""
+    record = await request_record_for(session, tenant, parse_request_id(request_id))
+    if record is None:
+        raise not_found("question")
+    return JSONResponse(record)
+
+
+@router.post("/{request_id}/cancel", response_model=RequestRecord, responses=errors(401, 404, 422))
+async def cancel_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
+    """Cancel a queued or running request; idempotent; a terminal request is returned unchanged."""
+    record = await cancel_request(session, tenant, parse_request_id(request_id))
+    if record is None:
+        raise not_found("question")
+    return JSONResponse(record)
+
+
+@router.post("/{request_id}/stream-token", response_model=StreamToken, responses=errors(401, 404, 422))
+async def question_stream_token(
+    request: Request, request_id: str, tenant: Tenant, session: DbSession
+) -> JSONResponse:
+    """A 10-minute token for this request's event stream only (for EventSource, as `?token=`)."""
+    rid = parse_request_id(request_id)
+    if await find_request(session, tenant, rid) is None:
+        raise not_found("question")
+    tokens: StreamTokens = request.app.state.stream_tokens
+    token, expires = tokens.issue(tenant, request_stream_name(str(rid)))
+    url = str(request.url_for("question_events", request_id=str(rid)))
+    return JSONResponse(
+        {
+            "token": token,
+            "expires_at": utc_iso(datetime.fromtimestamp(expires, UTC)),
+            "url": f"{url}?token={token}",
+        },
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+@router.get(
+    "/{request_id}/events",
+    name="question_events",
+    response_class=Response,
+    responses={
+        **SSE_RESPONSES,
+        204: {"description": "Resumed at or after the terminal event: nothing more will come."},
+        **errors(400, 401, 404, 422),
+    },
+)
+async def question_events(
+    request: Request,
+    request_id: str,
+    bearer: BearerTenant,
+    token: StreamTokenParam = None,
+    after: AfterParam = None,
+) -> Response:
+    """SSE stream of one request: replays, then tails live; ends after the terminal event.
+
+    Resume with `Last-Event-ID` (wins) or `?after=` (a per-request `seq`).
+    """
+    rid = parse_request_id(request_id)
+    tenant = stream_tenant(request, bearer, token, request_stream_name(str(rid)))
+    db = database(request)
+    async with db.sessions() as session:
+        if await find_request(session, tenant, rid) is None:
+            raise not_found("question")
+    cursor, _resumed = resume_point(request, after)
+    if cursor > 0:
+        last = await terminal_seq(db, rid)
+        if last is not None and cursor >= last:
+            return Response(status_code=204)
+    return sse_response(request, request_stream(db, hub_of(request), rid, cursor))

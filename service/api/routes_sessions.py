@@ -1,0 +1,277 @@
+"""Session routes: admit a question, history, clear, snapshots, session overview, session stream."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from service.api.deps import DbSession, Tenant, database, settings_of
+from service.api.errors import ApiError, not_found
+from service.api.metrics import Metrics
+from service.api.routes_common import (
+    MAX_INT32,
+    SSE_RESPONSES,
+    AfterParam,
+    BearerTenant,
+    ParentId,
+    StreamTokenParam,
+    canonical_body_hash,
+    compact_size,
+    errors,
+    hub_of,
+    resume_point,
+    sse_response,
+    stream_tenant,
+)
+from service.api.schemas import (
+    Cleared,
+    HistoryPage,
+    QuestionIn,
+    RequestRecord,
+    SessionOut,
+    Snapshot,
+    SnapshotStored,
+    StreamToken,
+    check_text,
+)
+from service.api.sse import database_now, session_stream
+from service.api.stream_tokens import StreamTokens
+from service.api.stream_tokens import session_stream as session_stream_name
+from service.store.admission import Admission, admit, clear_session
+from service.store.events import utc_iso
+from service.store.sessions import (
+    find_session,
+    history_page,
+    lock_or_create_session,
+    session_overview,
+    store_snapshot,
+)
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=300,
+        description="Same key + same body → the original record (200); same key + other body → 409.",
+    ),
+]
+
+
+def _too_large(code: str, what: str, size: int, limit: int) -> ApiError:
+    return ApiError(
+        413,
+        code,
+        f"{what} is {size} bytes of UTF-8; the limit is {limit} bytes",
+        {"size_bytes": size, "limit_bytes": limit},
+    )
+
+
+def _raw_json(raw: bytes) -> Any:
+    # FastAPI already parsed the body successfully; this re-read keeps the client's key order.
+    return json.loads(raw)
+
+
+@router.post(
+    "/{parent_id}/questions",
+    status_code=202,
+    response_model=RequestRecord,
+    responses={
+        200: {"model": RequestRecord, "description": "Idempotent replay: the original record."},
+        **errors(400, 401, 404, 409, 413, 422, 429),
+    },
+)
+async def post_question(
+    request: Request,
+    parent_id: ParentId,
+    body: QuestionIn,
+    tenant: Tenant,
+    session: DbSession,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    """Admit a question → 202 with the record (`status: queued`). Never waits for a worker.
+
+    A `snapshot_id` the session does not have → 404 `snapshot_missing`.
+    """
+    settings = settings_of(request)
+    size = len(body.question.encode("utf-8"))
+    if size > settings.max_question_bytes:
+        raise _too_large("question_too_large", "the question", size, settings.max_question_bytes)
+    raw = await request.body()
+    if body.snapshot_id is not None and body.snapshot is not None:
+        raise ApiError(422, "validation_error", "send either snapshot_id or an inline snapshot, not both")
+    inline: dict[str, Any] | None = None
+    if body.snapshot is not None:
+        inline = _raw_json(raw)["snapshot"]
+        assert isinstance(inline, dict)
+        snap_size = compact_size(inline)
+        if snap_size > settings.max_snapshot_bytes:
+            raise _too_large("snapshot_too_large", "the snapshot", snap_size, settings.max_snapshot_bytes)
+        _check_snapshot_text(inline)
+    if idempotency_key is not None:
+        check_text(idempotency_key)
+    options = {
+        name: getattr(body, name)
+        for name in ("model", "context_window", "max_output_tokens", "main_max_output_tokens")
+        if getattr(body, name) is not None
+    }
+    admission = Admission(
+        question=body.question,
+        snapshot_id=body.snapshot_id,
+        snapshot=inline,
+        options=options,
+        idempotency_key=idempotency_key,
+        body_hash=canonical_body_hash(raw) if idempotency_key is not None else None,
+    )
+    admitted = await admit(session, tenant, parent_id, admission, max_queued=settings.max_queued_per_session)
+    if admitted.created:
+        metrics: Metrics = request.app.state.metrics
+        metrics.admitted.inc()
+    return JSONResponse(
+        admitted.record,
+        status_code=202 if admitted.created else 200,
+        headers={"Location": f"/v1/questions/{admitted.record['id']}"},
+    )
+
+
+def _check_snapshot_text(snapshot: dict[str, Any]) -> None:
+    """Refuse a snapshot PostgreSQL could not store or a worker could not send (NUL, lone surrogates)."""
+    text = json.dumps(snapshot, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(422, "invalid_snapshot", "the snapshot contains unpaired surrogates") from None
+    if "\\u0000" in text:
+        raise ApiError(422, "invalid_snapshot", "the snapshot contains NUL characters")
+
+
+@router.get("/{parent_id}/questions", response_model=HistoryPage, responses=errors(401, 404, 422))
+async def get_history(
+    parent_id: ParentId,
+    tenant: Tenant,
+    session: DbSession,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    before: Annotated[int | None, Query(ge=1, le=MAX_INT32, description="Only ordinals below this.")] = None,
+) -> JSONResponse:
+    """History page: the newest `limit` requests with ordinal < `before`, in ascending ordinal."""
+    page = await history_page(session, tenant, parent_id, limit=limit, before=before)
+    if page is None:
+        raise not_found("session")
+    return JSONResponse(page)
+
+
+@router.delete("/{parent_id}/questions", response_model=Cleared, responses=errors(401, 404, 422))
+async def clear_questions(parent_id: ParentId, tenant: Tenant, session: DbSession) -> JSONResponse:
+    """Clear: cancel queued/running requests, delete history and memory, bump `clear_version`."""
+    result = await clear_session(session, tenant, parent_id)
+    if result is None:
+        raise not_found("session")
+    return JSONResponse(result)
+
+
+def _snapshot_id(snapshot_id: Annotated[str, Path(min_length=1, max_length=500)]) -> str:
+    try:
+        return check_text(snapshot_id)
+    except ValueError as exc:
+        raise ApiError(422, "validation_error", f"snapshot_id: {exc}") from None
+
+
+@router.put(
+    "/{parent_id}/snapshots/{snapshot_id}",
+    response_model=SnapshotStored,
+    responses={
+        201: {"model": SnapshotStored, "description": "Stored."},
+        **errors(400, 401, 409, 413, 422),
+    },
+)
+async def put_snapshot(
+    request: Request,
+    parent_id: ParentId,
+    snapshot_id: Annotated[str, Depends(_snapshot_id)],
+    body: Snapshot,
+    tenant: Tenant,
+    session: DbSession,
+) -> JSONResponse:
+    """Store a main snapshot: 201 when stored, 200 when the same content was already there.
+
+    Immutable: the same id with other content → 409 `snapshot_conflict`. Content is compared by
+    its key-sorted JSON, so key order and whitespace do not matter.
+    """
+    del body  # validated; the stored content is the raw JSON as sent
+    settings = settings_of(request)
+    content = _raw_json(await request.body())
+    assert isinstance(content, dict)
+    size = compact_size(content)
+    if size > settings.max_snapshot_bytes:
+        raise _too_large("snapshot_too_large", "the snapshot", size, settings.max_snapshot_bytes)
+    _check_snapshot_text(content)
+    owner = await lock_or_create_session(session, tenant, parent_id)
+    stored = await store_snapshot(session, owner.id, snapshot_id, content)
+    await session.commit()
+    return JSONResponse(stored.public(), status_code=201 if stored.created else 200)
+
+
+@router.get("/{parent_id}", response_model=SessionOut, responses=errors(401, 404, 422))
+async def get_session(parent_id: ParentId, tenant: Tenant, session: DbSession) -> JSONResponse:
+    """Session: counts, `clear_version`, `next_ordinal`, memory overview."""
+    overview = await session_overview(session, tenant, parent_id)
+    if overview is None:
+        raise not_found("session")
+    return JSONResponse(overview)
+
+
+@router.post("/{parent_id}/stream-token", response_model=StreamToken, responses=errors(401, 404, 422))
+async def session_stream_token(
+    request: Request, parent_id: ParentId, tenant: Tenant, session: DbSession
+) -> JSONResponse:
+    """A 10-minute token for this session's event stream only (for EventSource, as `?token=`)."""
+    if await find_session(session, tenant, parent_id) is None:
+        raise not_found("session")
+    tokens: StreamTokens = request.app.state.stream_tokens
+    token, expires = tokens.issue(tenant, session_stream_name(parent_id))
+    url = str(request.url_for("session_events", parent_id=parent_id))
+    return JSONResponse(
+        {
+            "token": token,
+            "expires_at": utc_iso(datetime.fromtimestamp(expires, UTC)),
+            "url": f"{url}?token={token}",
+        },
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+@router.get(
+    "/{parent_id}/events",
+    name="session_events",
+    response_class=Response,
+    responses={**SSE_RESPONSES, **errors(400, 401, 404, 422)},
+)
+async def session_events(
+    request: Request,
+    parent_id: ParentId,
+    bearer: BearerTenant,
+    token: StreamTokenParam = None,
+    after: AfterParam = None,
+) -> Response:
+    """SSE stream of every request of the session (ids are global event ids); never ends by itself.
+
+    Resume with `Last-Event-ID` (wins) or `?after=`.
+    """
+    tenant = stream_tenant(request, bearer, token, session_stream_name(parent_id))
+    db = database(request)
+    async with db.sessions() as session:
+        owner = await find_session(session, tenant, parent_id)
+    if owner is None:
+        raise not_found("session")
+    cursor, resumed = resume_point(request, after)
+    opened_at = await database_now(db)
+    return sse_response(
+        request,
+        session_stream(db, hub_of(request), owner.id, cursor, resumed=resumed, opened_at=opened_at),
+    )

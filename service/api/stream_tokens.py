@@ -1,0 +1,100 @@
+"""Short-lived signed tokens that let a browser's EventSource open exactly one stream.
+
+A token is ``base64url(payload) "." base64url(HMAC-SHA256(secret, payload))`` where the payload
+names the tenant, the one stream (``q:<request id>`` or ``s:<parent id>``) and the expiry. It is
+only accepted as ``?token=`` on that stream's route, for that target.
+
+The secret (docs/api.md): ``SIDEQUEST_STREAM_TOKEN_SECRET`` when set; otherwise derived from
+``SIDEQUEST_API_TOKENS`` so that every API process of one deployment agrees without extra
+configuration (rotating the API tokens invalidates outstanding stream tokens, which live 10 minutes
+anyway). With neither (no auth at all) a random per-process secret is used: nothing needs a token
+then, since every stream is open.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+
+from service.config import Settings
+
+TOKEN_TTL_S = 600
+
+
+def stream_secret(settings: Settings) -> bytes:
+    """The signing key for this deployment (see the module docstring)."""
+    if settings.stream_token_secret:
+        return hashlib.sha256(b"sidequest-stream-token:" + settings.stream_token_secret.encode()).digest()
+    tokens = settings.tenant_tokens()
+    if tokens:
+        material = ",".join(f"{tenant}:{token}" for token, tenant in sorted(tokens.items()))
+        return hmac.new(b"sidequest-stream-token-derived", material.encode(), hashlib.sha256).digest()
+    return secrets.token_bytes(32)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+@dataclass(frozen=True)
+class StreamGrant:
+    """What a valid token grants: one tenant, one stream."""
+
+    tenant: str
+    stream: str
+    expires_at: int
+
+
+def request_stream(request_id: str) -> str:
+    """The stream name of a request's events."""
+    return f"q:{request_id}"
+
+
+def session_stream(parent_id: str) -> str:
+    """The stream name of a session's events."""
+    return f"s:{parent_id}"
+
+
+class StreamTokens:
+    """Issues and checks stream tokens with one secret."""
+
+    def __init__(self, secret: bytes, ttl_s: int = TOKEN_TTL_S) -> None:
+        self._secret = secret
+        self._ttl_s = ttl_s
+
+    def _sign(self, payload: bytes) -> bytes:
+        return hmac.new(self._secret, payload, hashlib.sha256).digest()
+
+    def issue(self, tenant: str, stream: str, now: float | None = None) -> tuple[str, int]:
+        """A token for ``stream`` of ``tenant`` and its expiry (unix seconds)."""
+        expires = int((now if now is not None else time.time()) + self._ttl_s)
+        payload = json.dumps({"t": tenant, "s": stream, "e": expires}, separators=(",", ":")).encode()
+        return f"{_b64(payload)}.{_b64(self._sign(payload))}", expires
+
+    def check(self, token: str, stream: str, now: float | None = None) -> StreamGrant | None:
+        """The grant when ``token`` is genuine, unexpired and for ``stream``; None otherwise."""
+        try:
+            payload_part, signature_part = token.split(".", 1)
+            payload = _unb64(payload_part)
+            signature = _unb64(signature_part)
+        except (ValueError, UnicodeError):
+            return None
+        if not hmac.compare_digest(signature, self._sign(payload)):
+            return None
+        try:
+            data = json.loads(payload)
+            grant = StreamGrant(tenant=str(data["t"]), stream=str(data["s"]), expires_at=int(data["e"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+        if grant.stream != stream or grant.expires_at < (now if now is not None else time.time()):
+            return None
+        return grant

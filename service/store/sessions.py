@@ -1,0 +1,298 @@
+"""Sessions, history pages, request lookups and main snapshots: the read side of the API.
+
+A session is keyed by (tenant, parent_id); every lookup here takes the tenant, so another tenant's
+session or request is simply "not found" (SPEC §3: 404, never 403). Requests hidden by a clear
+(``deleted_at`` set) are not found either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.budget.estimate import estimate_messages, estimate_system, estimate_tools
+from service.budget.messages import normalize_snapshot
+from service.store.events import utc_iso
+from service.store.models import RequestRow, SessionRow, SnapshotRow
+from service.store.records import iso_or_none, request_record
+
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+
+class SnapshotConflict(Exception):
+    """A snapshot id already holds other content (snapshots are immutable)."""
+
+    def __init__(self, snapshot_id: str) -> None:
+        super().__init__(f"snapshot {snapshot_id!r} already exists with other content")
+        self.snapshot_id = snapshot_id
+
+
+class InvalidSnapshot(Exception):
+    """The snapshot cannot be read as a main-session context (the pipeline could never use it)."""
+
+
+def canonical_json(value: object) -> str:
+    """Key-sorted compact JSON: equal documents give equal text whatever their key order."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def content_hash(value: object) -> str:
+    """SHA-256 of the canonical JSON of ``value`` (hex)."""
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+def snapshot_token_estimate(content: dict[str, Any]) -> int:
+    """The SPEC §5 estimate of a snapshot (system + tools + messages with envelopes).
+
+    Raises :class:`InvalidSnapshot` when the snapshot does not normalise (e.g. a tool that is not an
+    object): refusing it at admission is better than failing the request later in the worker.
+    """
+    try:
+        normal = normalize_snapshot(content)
+        return (
+            estimate_system(normal.system) + estimate_tools(normal.tools) + estimate_messages(normal.messages)
+        )
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise InvalidSnapshot(f"snapshot is not a valid main-session context: {exc}") from None
+
+
+async def find_session(session: AsyncSession, tenant: str, parent_id: str) -> SessionRow | None:
+    """The tenant's session for ``parent_id``, or None."""
+    return await session.scalar(
+        select(SessionRow).where(SessionRow.tenant == tenant, SessionRow.parent_id == parent_id)
+    )
+
+
+async def lock_or_create_session(session: AsyncSession, tenant: str, parent_id: str) -> SessionRow:
+    """Get-or-create the session and lock its row (``FOR UPDATE``) for the caller's transaction.
+
+    The lock serialises ordinal assignment, the queued-count check and idempotency lookups of one
+    session; callers keep that transaction short.
+    """
+    await session.execute(
+        pg_insert(SessionRow)
+        .values(id=uuid.uuid4(), tenant=tenant, parent_id=parent_id)
+        .on_conflict_do_nothing(constraint="uq_sessions_tenant_parent")
+    )
+    row = await session.scalar(
+        select(SessionRow)
+        .where(SessionRow.tenant == tenant, SessionRow.parent_id == parent_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    assert row is not None  # inserted or already there, and sessions are never deleted here
+    return row
+
+
+async def lock_session(session: AsyncSession, tenant: str, parent_id: str) -> SessionRow | None:
+    """Lock an existing session row (``FOR UPDATE``); None when the tenant has no such session."""
+    return await session.scalar(
+        select(SessionRow)
+        .where(SessionRow.tenant == tenant, SessionRow.parent_id == parent_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+
+
+async def find_request(
+    session: AsyncSession, tenant: str, request_id: uuid.UUID
+) -> tuple[RequestRow, SessionRow] | None:
+    """A visible (not cleared) request of the tenant, with its session; None otherwise."""
+    found = (
+        await session.execute(
+            select(RequestRow, SessionRow)
+            .join(SessionRow, SessionRow.id == RequestRow.session_id)
+            .where(
+                RequestRow.id == request_id,
+                RequestRow.deleted_at.is_(None),
+                SessionRow.tenant == tenant,
+            )
+            .execution_options(populate_existing=True)
+        )
+    ).first()
+    if found is None:
+        return None
+    return found[0], found[1]
+
+
+async def request_record_for(
+    session: AsyncSession, tenant: str, request_id: uuid.UUID
+) -> dict[str, Any] | None:
+    """The public record of a visible request of the tenant, or None."""
+    found = await find_request(session, tenant, request_id)
+    if found is None:
+        return None
+    row, owner = found
+    return request_record(row, owner.parent_id)
+
+
+async def status_counts(session: AsyncSession, session_id: uuid.UUID) -> dict[str, int]:
+    """Visible requests of a session by status (every status present, 0 when none)."""
+    rows = await session.execute(
+        select(RequestRow.status, func.count())
+        .where(RequestRow.session_id == session_id, RequestRow.deleted_at.is_(None))
+        .group_by(RequestRow.status)
+    )
+    counts = dict.fromkeys(STATUSES, 0)
+    for status, count in rows:
+        counts[status] = int(count)
+    return counts
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def memory_overview(memory: dict[str, Any] | None) -> dict[str, Any]:
+    """SPEC's memory overview from the memory JSONB: coverage and cache keys, never the documents."""
+    memory = memory or {}
+    qa = memory.get("qa_summary")
+    qa_view = None
+    if isinstance(qa, dict):
+        qa_view = {
+            "covered_through_ordinal": _int_or_none(qa.get("covered_through_ordinal")),
+            "tokens": _int_or_none(qa.get("tokens")),
+            "updated_at": _str_or_none(qa.get("updated_at")),
+        }
+    summaries = []
+    for item in memory.get("context_summaries") or []:
+        if not isinstance(item, dict):
+            continue
+        summaries.append(
+            {
+                "key": _str_or_none(item.get("key")),
+                "snapshot_id": _str_or_none(item.get("snapshot_id")),
+                "covered_messages": _int_or_none(item.get("covered_messages")),
+                "tokens": _int_or_none(item.get("tokens")),
+                "created_at": _str_or_none(item.get("created_at")),
+            }
+        )
+    return {"qa_summary": qa_view, "context_summaries": summaries}
+
+
+async def session_overview(session: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
+    """SPEC's session object, or None when the tenant has no session for ``parent_id``."""
+    row = await find_session(session, tenant, parent_id)
+    if row is None:
+        return None
+    return {
+        "parent_id": row.parent_id,
+        "clear_version": row.clear_version,
+        "next_ordinal": row.next_ordinal,
+        "counts": await status_counts(session, row.id),
+        "memory": memory_overview(row.memory),
+        "created_at": iso_or_none(row.created_at),
+        "updated_at": iso_or_none(row.updated_at),
+    }
+
+
+async def history_page(
+    session: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: int | None
+) -> dict[str, Any] | None:
+    """The newest ``limit`` visible requests with ordinal < ``before``, in ascending ordinal.
+
+    ``next_before`` is the smallest ordinal of the page when older requests remain (pass it as
+    ``before`` for the previous page), else None. None when the session does not exist.
+    """
+    owner = await find_session(session, tenant, parent_id)
+    if owner is None:
+        return None
+    query = select(RequestRow).where(RequestRow.session_id == owner.id, RequestRow.deleted_at.is_(None))
+    if before is not None:
+        query = query.where(RequestRow.ordinal < before)
+    rows = list(await session.scalars(query.order_by(RequestRow.ordinal.desc()).limit(limit + 1)))
+    has_more = len(rows) > limit
+    page = list(reversed(rows[:limit]))
+    return {
+        "items": [request_record(r, owner.parent_id) for r in page],
+        "has_more": has_more,
+        "next_before": page[0].ordinal if has_more and page else None,
+    }
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """What a snapshot write or read reports back (never the content itself)."""
+
+    snapshot_id: str
+    content_hash: str
+    token_estimate: int
+    size_bytes: int
+    created_at: str
+    created: bool
+
+    def public(self) -> dict[str, Any]:
+        """The API view of the snapshot."""
+        return {
+            "snapshot_id": self.snapshot_id,
+            "content_hash": self.content_hash,
+            "token_estimate": self.token_estimate,
+            "size_bytes": self.size_bytes,
+            "created_at": self.created_at,
+            "created": self.created,
+        }
+
+
+async def store_snapshot(
+    session: AsyncSession, session_id: uuid.UUID, snapshot_id: str | None, content: dict[str, Any]
+) -> StoredSnapshot:
+    """Store ``content`` under ``snapshot_id`` (or its content hash) in the caller's transaction.
+
+    Idempotent for identical content; raises :class:`SnapshotConflict` when the id already holds
+    other content and :class:`InvalidSnapshot` when the snapshot cannot be read.
+    """
+    digest = content_hash(content)
+    key = snapshot_id or digest
+    size = len(json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    tokens = snapshot_token_estimate(content)
+    inserted = await session.scalar(
+        pg_insert(SnapshotRow)
+        .values(
+            session_id=session_id,
+            snapshot_id=key,
+            content=content,
+            content_hash=digest,
+            token_estimate=tokens,
+            size_bytes=size,
+        )
+        .on_conflict_do_nothing(index_elements=["session_id", "snapshot_id"])
+        .returning(SnapshotRow.created_at)
+    )
+    if inserted is not None:
+        return StoredSnapshot(key, digest, tokens, size, utc_iso(inserted), created=True)
+    existing = (
+        await session.execute(
+            select(
+                SnapshotRow.content_hash,
+                SnapshotRow.token_estimate,
+                SnapshotRow.size_bytes,
+                SnapshotRow.created_at,
+            ).where(SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == key)
+        )
+    ).one()
+    if existing.content_hash != digest:
+        raise SnapshotConflict(key)
+    return StoredSnapshot(
+        key, digest, existing.token_estimate, existing.size_bytes, utc_iso(existing.created_at), created=False
+    )
+
+
+async def snapshot_exists(session: AsyncSession, session_id: uuid.UUID, snapshot_id: str) -> bool:
+    """Whether the session has a stored snapshot ``snapshot_id``."""
+    found = await session.scalar(
+        select(SnapshotRow.snapshot_id).where(
+            SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id
+        )
+    )
+    return found is not None

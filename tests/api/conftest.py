@@ -1,0 +1,97 @@
+"""A real uvicorn server per test (SSE needs real sockets: httpx's ASGITransport buffers bodies)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from service.api.app import create_app
+from service.config import Settings
+from service.store.db import Database
+
+
+@dataclass
+class Server:
+    """A running API: its base URL and app (for app.state in tests)."""
+
+    url: str
+    app: FastAPI
+
+    def client(self, token: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=10, **kwargs)
+
+
+@asynccontextmanager
+async def serve(app: FastAPI) -> AsyncIterator[str]:
+    """Run ``app`` under uvicorn on a free 127.0.0.1 port; stop it on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        for _ in range(500):
+            if server.started or task.done():
+                break
+            await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+        assert server.started, "uvicorn did not start"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+        sock.close()
+
+
+StartServer = Callable[..., Awaitable[Server]]
+
+
+@pytest.fixture
+async def start_server(db: Database, settings: Settings) -> AsyncIterator[StartServer]:
+    """Start servers with settings overrides (on the empty test database); all stop at teardown."""
+    stack: list[Any] = []
+
+    async def start(ping_s: float | None = None, **overrides: Any) -> Server:
+        chosen = settings.model_copy(update=overrides)
+        app = create_app(chosen, settings.database_url or "")
+        if ping_s is not None:
+            app.state.sse_ping_s = ping_s
+        context = serve(app)
+        url = await context.__aenter__()
+        stack.append(context)
+        return Server(url=url, app=app)
+
+    try:
+        yield start
+    finally:
+        for context in reversed(stack):
+            await context.__aexit__(None, None, None)
+
+
+@pytest.fixture
+async def server(start_server: StartServer) -> Server:
+    """A server without auth (tenant "default")."""
+    return await start_server()
+
+
+TOKENS = "acme:tok-acme,globex:tok-globex"
+
+
+@pytest.fixture
+async def auth_server(start_server: StartServer) -> Server:
+    """A server with two tenants: acme (tok-acme) and globex (tok-globex)."""
+    return await start_server(api_tokens=TOKENS)
