@@ -1,0 +1,229 @@
+"""Summary call capacity and UTF-8-safe chunking of summary material (SPEC §6.3).
+
+A chunk fits when ``estimate_text(chunk) <= capacity``, i.e. when its UTF-8 encoding has at most
+``3 × capacity`` bytes, so packing works on byte counts. Splits prefer, in order: piece (group)
+boundaries, line boundaries (after ``"\\n"``), grapheme-cluster boundaries, and only as a last
+resort code-point boundaries. A split never falls inside a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+from typing import Final
+
+from service.budget.estimate import BYTES_PER_TOKEN
+
+# Output cap of a summary call's first attempt and of its single retry.
+FIRST_OUTPUT_TOKENS: Final = 2048
+RETRY_OUTPUT_TOKENS: Final = 8192
+
+# The smallest capacity that can hold any code point: a 4-byte character (emoji, rare CJK) is
+# ceil(4 / 3) = 2 tokens, so a capacity of 1 could not be honoured without splitting a character.
+MIN_CHUNK_CAPACITY: Final = 2
+
+_ZWJ: Final = "\u200d"
+_ZWNJ: Final = "\u200c"
+
+
+def summary_capacity(
+    window: int, prompt_tokens: int, safety_margin: int, retry_output_tokens: int = RETRY_OUTPUT_TOKENS
+) -> int:
+    """Tokens of material one summary call may carry: window − margin − retry output − prompt.
+
+    Sized for the retry (output cap 8192, the larger of the two attempts) so that a retry from the
+    same material always fits; ``prompt_tokens`` is the larger of the two attempts' prompts without
+    the material. May be ≤ 0: the caller must then fail rather than chunk.
+    """
+    return window - safety_margin - retry_output_tokens - prompt_tokens
+
+
+def _is_regional_indicator(char: str) -> bool:
+    return "\U0001f1e6" <= char <= "\U0001f1ff"
+
+
+def _extends(char: str) -> bool:
+    """Whether ``char`` attaches to the character before it (no break before it)."""
+    if char in (_ZWJ, _ZWNJ):
+        return True
+    if "\ufe00" <= char <= "\ufe0f" or "\U000e0100" <= char <= "\U000e01ef":  # variation selectors
+        return True
+    if "\U0001f3fb" <= char <= "\U0001f3ff":  # emoji skin-tone modifiers
+        return True
+    if "\U000e0020" <= char <= "\U000e007f":  # tag characters (subdivision flags)
+        return True
+    return unicodedata.category(char) in ("Mn", "Me", "Mc")
+
+
+def _is_soft_boundary(text: str, index: int) -> bool:
+    """Whether ``text`` may be cut before ``text[index]`` without breaking a grapheme cluster.
+
+    A stdlib approximation of UAX #29: no break inside CR LF, before combining / spacing marks,
+    variation selectors, skin tones, tags or ZWJ, after ZWJ (emoji ZWJ sequences), nor inside a
+    regional-indicator pair (flags). Hangul jamo sequences are not recognised (precomposed
+    syllables, the common form, are single code points anyway).
+    """
+    before, after = text[index - 1], text[index]
+    if before == "\r" and after == "\n":
+        return False
+    if before == _ZWJ or _extends(after):
+        return False
+    if _is_regional_indicator(before) and _is_regional_indicator(after):
+        run = 0
+        position = index - 1
+        while position >= 0 and _is_regional_indicator(text[position]):
+            run += 1
+            position -= 1
+        return run % 2 == 0
+    return True
+
+
+def _cluster_cut(piece: str, tail: str) -> int:
+    """Largest ``cut`` in ``1..len(piece)`` with a grapheme boundary before ``(piece + tail)[cut]``;
+    0 when there is none (the whole piece is part of one cluster running on into ``tail``)."""
+    probe = piece + tail
+    cut = len(piece)
+    while cut > 0 and not _is_soft_boundary(probe, cut):
+        cut -= 1
+    return cut
+
+
+def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> list[str]:
+    """Split one line into parts of at most ``limit_bytes`` UTF-8 bytes (the first part at most
+    ``first_limit_bytes``, the room left in the chunk being filled).
+
+    Cuts fall at grapheme boundaries where possible and always at code-point boundaries. The first
+    part may be ``""`` when the room left cannot take the first cluster: a fresh chunk is better
+    than a broken cluster. Only a cluster larger than a whole chunk is cut between code points.
+    """
+    data = text.encode("utf-8")
+    parts: list[str] = []
+    start = 0  # byte offset of the part being cut
+    room = first_limit_bytes
+    while len(data) - start > room:
+        end = start + room
+        # data[end] is the first byte after the candidate part; back off over continuation bytes
+        # so the cut sits right before the first byte of a code point.
+        while end > start and (data[end] & 0xC0) == 0x80:
+            end -= 1
+        piece = data[start:end].decode("utf-8")
+        # The code point right after the cut decides whether the cut splits a cluster.
+        tail = data[end : end + 4].decode("utf-8", errors="ignore")[:1]
+        cut = _cluster_cut(piece, tail) if piece else 0
+        if cut == 0:
+            if room < limit_bytes:
+                parts.append("")  # no cluster fits the partial room: close that chunk
+                room = limit_bytes
+                continue
+            cut = len(piece)  # one cluster larger than a whole chunk: code points are all we have
+        part = piece[:cut]
+        parts.append(part)
+        start += len(part.encode("utf-8"))
+        room = limit_bytes
+    parts.append(data[start:].decode("utf-8"))
+    return parts
+
+
+class _Packer:
+    """Greedy chunk builder: fills the current chunk, opens a new one when a unit does not fit.
+
+    A unit larger than a whole chunk is taken apart (a piece into lines, a line into characters)
+    and its parts continue filling the current chunk, which keeps the number of chunks — and so
+    of summary calls — as small as greedy packing allows.
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self.chunks: list[str] = []
+        self.current: list[str] = []
+        self.current_bytes = 0
+
+    def _flush(self) -> None:
+        if self.current:
+            self.chunks.append("".join(self.current))
+        self.current = []
+        self.current_bytes = 0
+
+    def _append(self, unit: str, size: int) -> None:
+        if unit:
+            self.current.append(unit)
+            self.current_bytes += size
+
+    def add_piece(self, piece: str) -> None:
+        """Add a piece (a group): whole when it fits a chunk, else line by line."""
+        size = len(piece.encode("utf-8"))
+        if self._fits(piece, size):
+            return
+        for line in _lines(piece):
+            self.add_line(line)
+
+    def add_line(self, line: str) -> None:
+        """Add a line: whole when it fits a chunk, else cut between characters."""
+        size = len(line.encode("utf-8"))
+        if self._fits(line, size):
+            return
+        parts = _split_characters(line, self.limit, self.limit - self.current_bytes)
+        self._append(parts[0], len(parts[0].encode("utf-8")))
+        for part in parts[1:]:
+            self._flush()
+            self._append(part, len(part.encode("utf-8")))
+
+    def _fits(self, unit: str, size: int) -> bool:
+        """Place ``unit`` whole if it fits the current chunk or a fresh one; False if too large."""
+        if self.current_bytes + size <= self.limit:
+            self._append(unit, size)
+            return True
+        if size <= self.limit:
+            self._flush()
+            self._append(unit, size)
+            return True
+        return False
+
+    def result(self) -> list[str]:
+        """The chunks, the last one closed."""
+        self._flush()
+        return self.chunks
+
+
+def _lines(text: str) -> list[str]:
+    """``text`` cut after every ``"\\n"`` (only LF: other separators are ordinary characters)."""
+    lines = text.split("\n")
+    result = [line + "\n" for line in lines[:-1]]
+    if lines[-1]:
+        result.append(lines[-1])
+    return result
+
+
+def _limit_bytes(capacity_tokens: int) -> int:
+    if capacity_tokens < MIN_CHUNK_CAPACITY:
+        raise ValueError(
+            f"chunk capacity must be at least {MIN_CHUNK_CAPACITY} tokens (got {capacity_tokens}):"
+            " a smaller one cannot hold a 4-byte character"
+        )
+    return capacity_tokens * BYTES_PER_TOKEN
+
+
+def split_text(text: str, capacity_tokens: int) -> list[str]:
+    """Split one string into parts with ``estimate_text(part) <= capacity_tokens``.
+
+    Cuts after ``"\\n"`` where possible; an overlong line is cut at grapheme boundaries, or at
+    code-point boundaries when one cluster is itself too large. ``"".join(parts) == text``; an
+    empty text gives ``[]``. Raises ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`.
+    """
+    packer = _Packer(_limit_bytes(capacity_tokens))
+    packer.add_piece(text)
+    return packer.result()
+
+
+def chunk_pieces(pieces: Sequence[str], capacity_tokens: int) -> list[str]:
+    """Pack ``pieces`` (e.g. rendered message groups) greedily into chunks within capacity.
+
+    Pieces are only split when a single piece is larger than a whole chunk (then as
+    :func:`split_text`). ``"".join(chunks) == "".join(pieces)`` exactly and every chunk satisfies
+    ``estimate_text(chunk) <= capacity_tokens``. Raises ``ValueError`` below
+    :data:`MIN_CHUNK_CAPACITY`.
+    """
+    packer = _Packer(_limit_bytes(capacity_tokens))
+    for piece in pieces:
+        packer.add_piece(piece)
+    return packer.result()

@@ -1,0 +1,123 @@
+"""Cut planning for compacting the snapshot copy (SPEC §6.2 compacting_context).
+
+The copy is cut between message groups only: ``messages[:summarize_until]`` go into the context
+summary, the rest stays verbatim. When compaction cannot help, :func:`plan_cut` says why with a
+:class:`CutRefusal` whose ``reason`` is one of the distinct constants below — never a bare False,
+because "reporting success while doing nothing is worse than an error".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from service.budget.chunk import FIRST_OUTPUT_TOKENS
+from service.budget.messages import MessageGroup
+
+# The newest messages kept verbatim, as whole groups, up to this estimate.
+RECENT_BUDGET_TOKENS: Final = 8000
+# A summary may come back as long as the first attempt's output cap; summarising less than that
+# can make the copy longer instead of shorter, so by default such a cut is refused.
+MIN_SUMMARIZED_TOKENS: Final = FIRST_OUTPUT_TOKENS
+
+# Refusal reasons (CutRefusal.reason). Each means something different to the caller.
+NOTHING_TO_SUMMARIZE: Final = "nothing_to_summarize"
+"""The transcript has no messages: there is nothing to compact."""
+ALL_FIT_RECENT: Final = "all_fit_recent"
+"""Every group fits in the recent budget: no old message exists to summarise (the cut would be at
+message 0). Shrinking needs a smaller recent budget or another segment."""
+TOO_LITTLE_TO_SUMMARIZE: Final = "too_little_to_summarize"
+"""The old messages estimate below the minimum: a summary of them would not reliably be smaller."""
+
+CUT_REFUSAL_REASONS: Final = frozenset({NOTHING_TO_SUMMARIZE, ALL_FIT_RECENT, TOO_LITTLE_TO_SUMMARIZE})
+
+
+@dataclass(frozen=True)
+class CutPlan:
+    """Where to cut the snapshot copy and what that removes.
+
+    ``messages[:summarize_until]`` (``summarized_groups`` whole groups, ``summarized_messages``
+    messages) go into the summary; ``messages[summarize_until:]`` (``kept_groups``,
+    ``kept_messages``, estimate ``kept_tokens``) stay verbatim. ``gross_removed_tokens`` is the
+    estimate of the summarised messages, before the summary that replaces them is added back.
+    """
+
+    summarize_until: int
+    summarized_groups: int
+    kept_groups: int
+    summarized_messages: int
+    kept_messages: int
+    gross_removed_tokens: int
+    kept_tokens: int
+
+    def net_removed_tokens(self, summary_tokens: int) -> int:
+        """Tokens the cut saves once the summary (estimate ``summary_tokens``) replaces the old
+        messages; ≤ 0 means the compaction did not help."""
+        return self.gross_removed_tokens - summary_tokens
+
+
+@dataclass(frozen=True)
+class CutRefusal:
+    """Compaction cannot help: ``reason`` (one of :data:`CUT_REFUSAL_REASONS`) and why, in words."""
+
+    reason: str
+    explanation: str
+
+
+def _check_partition(groups: Sequence[MessageGroup]) -> None:
+    """Groups must tile ``messages[0:n]`` in order, as :func:`group_messages` produces them."""
+    expected = 0
+    for group in groups:
+        if group.start != expected or group.end <= group.start:
+            raise ValueError("groups must be contiguous, non-empty and start at message 0")
+        expected = group.end
+
+
+def plan_cut(
+    groups: Sequence[MessageGroup],
+    recent_budget: int = RECENT_BUDGET_TOKENS,
+    min_summarized_tokens: int = MIN_SUMMARIZED_TOKENS,
+) -> CutPlan | CutRefusal:
+    """Plan the cut: keep the newest whole groups whose estimates sum to at most ``recent_budget``.
+
+    Counting stops at the first group (from the newest) that does not fit, so the kept part is a
+    contiguous tail and a group is never split; a newest group larger than ``recent_budget`` goes
+    whole into the summary (nothing is kept). Overflow recovery compacts harder by passing a
+    smaller ``recent_budget`` (0 keeps nothing) or ``min_summarized_tokens=0``.
+    """
+    _check_partition(groups)
+    if not groups:
+        return CutRefusal(NOTHING_TO_SUMMARIZE, "the snapshot has no messages to summarise")
+    kept = 0
+    kept_tokens = 0
+    for group in reversed(groups):
+        if kept_tokens + group.tokens > recent_budget:
+            break
+        kept += 1
+        kept_tokens += group.tokens
+    if kept == len(groups):
+        return CutRefusal(
+            ALL_FIT_RECENT,
+            f"all {groups[-1].end} messages ({kept_tokens} tokens) fit the recent budget of"
+            f" {recent_budget} tokens: there are no old messages to summarise",
+        )
+    summarized = len(groups) - kept
+    summarize_until = groups[summarized - 1].end
+    gross = sum(group.tokens for group in groups[:summarized])
+    if gross < min_summarized_tokens:
+        return CutRefusal(
+            TOO_LITTLE_TO_SUMMARIZE,
+            f"only {gross} tokens in {summarize_until} old messages would be summarised, less than"
+            f" {min_summarized_tokens}: a summary would not reliably be smaller",
+        )
+    total_messages = groups[-1].end
+    return CutPlan(
+        summarize_until=summarize_until,
+        summarized_groups=summarized,
+        kept_groups=kept,
+        summarized_messages=summarize_until,
+        kept_messages=total_messages - summarize_until,
+        gross_removed_tokens=gross,
+        kept_tokens=kept_tokens,
+    )

@@ -1,0 +1,220 @@
+"""Token estimates without a tokenizer (SPEC §5).
+
+Every estimate is ``ceil(utf8_bytes / 3)``: the usual "4 bytes per token" rule of thumb with a 4/3
+safety margin on top (bytes / 4 × 4/3 = bytes / 3). Over-estimating costs a little window; under-
+estimating costs a failed provider call, so every rounding here goes up.
+
+The request JSON's character count is never used: JSON escapes (``\\u4e2d`` for one Chinese
+character) and key names would make the same text look several times larger or smaller.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Final
+
+# One token per 3 UTF-8 bytes (bytes / 4 × 4/3).
+BYTES_PER_TOKEN: Final = 3
+
+# Chat formats wrap every message in role and turn markers (OpenAI documents about 3 tokens per
+# message; Anthropic's turn markers are of the same size). 4 rounds that up, like everything here.
+MESSAGE_ENVELOPE_TOKENS: Final = 4
+
+# Calibration: a ratio from fewer samples is noise, and one outlier must not halve or triple the
+# budget, so the ratio is 1.0 until CALIBRATION_MIN_SAMPLES and always clamped.
+CALIBRATION_MIN_SAMPLES: Final = 5
+CALIBRATION_MIN_RATIO: Final = Fraction(1, 2)
+CALIBRATION_MAX_RATIO: Final = Fraction(2)
+
+
+def _ceil_tokens(byte_count: int) -> int:
+    """Tokens for ``byte_count`` UTF-8 bytes, rounded up."""
+    return -(-byte_count // BYTES_PER_TOKEN)
+
+
+# Shared, configured once: json.dumps with non-default options would build an encoder per call,
+# which dominates the cost of estimating thousands of small tool inputs. The encoder keeps no
+# state between calls.
+_COMPACT_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def compact_json(value: object) -> str:
+    """``value`` as compact JSON with non-ASCII kept as UTF-8 (what a provider would see).
+
+    Never raises: an unserialisable value (a cycle, a non-string key) is estimated from its
+    ``repr`` instead, because an estimate must not crash the pipeline over odd input.
+    """
+    try:
+        return _COMPACT_ENCODER.encode(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def estimate_text(text: str) -> int:
+    """Estimated tokens of ``text``: ``ceil(utf8_bytes / 3)``; 0 for ``""``."""
+    return -(-len(text.encode("utf-8")) // BYTES_PER_TOKEN)
+
+
+def _text_bytes(value: object) -> int:
+    """UTF-8 bytes of a string field, or of the compact JSON of anything else (None → 0)."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    return len(compact_json(value).encode("utf-8"))
+
+
+def estimate_block(block: object) -> int:
+    """Estimated tokens of one content block.
+
+    ``text`` counts its text; ``tool_use`` its id, name and compact JSON input; ``tool_result`` its
+    ``tool_use_id`` plus its content (a string or nested blocks). Any other block (image,
+    thinking, document, …) or a non-dict is estimated from its compact JSON.
+    """
+    # isinstance(dict) first: the Mapping ABC check is several times slower and rarely needed.
+    if isinstance(block, dict) or isinstance(block, Mapping):
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text")
+            if isinstance(text, str):
+                return -(-len(text.encode("utf-8")) // BYTES_PER_TOKEN)
+        elif kind == "tool_use":
+            return _ceil_tokens(
+                _text_bytes(block.get("id"))
+                + _text_bytes(block.get("name"))
+                + _text_bytes(block.get("input"))
+            )
+        elif kind == "tool_result":
+            return _ceil_tokens(_text_bytes(block.get("tool_use_id"))) + estimate_content(
+                block.get("content")
+            )
+        return estimate_text(compact_json(block))
+    if isinstance(block, str):
+        return estimate_text(block)
+    return estimate_text(compact_json(block))
+
+
+def estimate_content(content: object) -> int:
+    """Estimated tokens of a message's ``content``: a string, a list of blocks, or None (0)."""
+    if isinstance(content, str):
+        return -(-len(content.encode("utf-8")) // BYTES_PER_TOKEN)
+    if content is None:
+        return 0
+    if isinstance(content, (list, tuple)):
+        tokens = 0
+        for block in content:
+            tokens += estimate_block(block)
+        return tokens
+    return estimate_block(content)
+
+
+def estimate_message_content(message: Mapping[str, Any]) -> int:
+    """Estimated tokens of a message without its envelope.
+
+    Canonical messages only carry ``content``; OpenAI-style ``tool_calls`` / ``tool_call_id`` are
+    counted too when present, so a caller that forgot to normalise gets an estimate that is too
+    high rather than one that silently misses the tool calls.
+    """
+    tokens = estimate_content(message.get("content"))
+    if "tool_calls" in message:
+        tokens += estimate_text(compact_json(message["tool_calls"]))
+    if "tool_call_id" in message:
+        tokens += estimate_text(str(message["tool_call_id"]))
+    return tokens
+
+
+def estimate_message(message: Mapping[str, Any]) -> int:
+    """Estimated tokens of one message: its content plus :data:`MESSAGE_ENVELOPE_TOKENS`."""
+    return estimate_message_content(message) + MESSAGE_ENVELOPE_TOKENS
+
+
+def estimate_messages(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Estimated tokens of a message list, envelopes included."""
+    return sum(estimate_message(message) for message in messages)
+
+
+def envelope_tokens(message_count: int) -> int:
+    """The envelope segment for ``message_count`` messages."""
+    return max(0, message_count) * MESSAGE_ENVELOPE_TOKENS
+
+
+def estimate_system(system: str | None) -> int:
+    """Estimated tokens of the system prompt (0 when there is none)."""
+    if not system:
+        return 0
+    return estimate_text(system)
+
+
+def estimate_tools(tools: Sequence[Mapping[str, Any]]) -> int:
+    """Estimated tokens of the tool schemas: their compact JSON (0 when there are none)."""
+    if not tools:
+        return 0
+    return estimate_text(compact_json(list(tools)))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Running ratio of provider prompt tokens to our estimates, for optional scaling of a total.
+
+    Immutable: :meth:`observe` returns a new value. The ratio is only a hint applied to a whole
+    total by the caller; segment estimates are never rewritten from a provider's figure.
+    """
+
+    samples: int = 0
+    estimate_sum: int = 0
+    provider_sum: int = 0
+
+    @classmethod
+    def empty(cls) -> Calibration:
+        """A calibration with no samples (ratio 1.0)."""
+        return cls()
+
+    def observe(self, estimate: int, provider_prompt_tokens: int) -> Calibration:
+        """Add one (estimate, provider prompt tokens) pair.
+
+        A pair with a non-positive side carries no signal — notably a provider that did not report
+        usage is recorded as 0 (SPEC §7) — so it is ignored and ``self`` is returned.
+        """
+        if estimate <= 0 or provider_prompt_tokens <= 0:
+            return self
+        return Calibration(
+            samples=self.samples + 1,
+            estimate_sum=self.estimate_sum + estimate,
+            provider_sum=self.provider_sum + provider_prompt_tokens,
+        )
+
+    def _ratio(self) -> Fraction:
+        if self.samples < CALIBRATION_MIN_SAMPLES or self.estimate_sum <= 0:
+            return Fraction(1)
+        raw = Fraction(self.provider_sum, self.estimate_sum)
+        return min(CALIBRATION_MAX_RATIO, max(CALIBRATION_MIN_RATIO, raw))
+
+    @property
+    def ratio(self) -> float:
+        """Σ provider / Σ estimate clamped to [0.5, 2.0]; 1.0 below 5 samples."""
+        return float(self._ratio())
+
+    def apply(self, total: int) -> int:
+        """``total`` scaled by the ratio, rounded up (exact integer arithmetic)."""
+        ratio = self._ratio()
+        return -(-(total * ratio.numerator) // ratio.denominator)
+
+    def as_dict(self) -> dict[str, int]:
+        """The three counters, for persisting between requests."""
+        return {"samples": self.samples, "estimate_sum": self.estimate_sum, "provider_sum": self.provider_sum}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        """Inverse of :meth:`as_dict`; missing or invalid counters read as an empty calibration."""
+        try:
+            samples = int(data.get("samples", 0))
+            estimate_sum = int(data.get("estimate_sum", 0))
+            provider_sum = int(data.get("provider_sum", 0))
+        except (TypeError, ValueError):
+            return cls()
+        if samples < 0 or estimate_sum < 0 or provider_sum < 0:
+            return cls()
+        return cls(samples=samples, estimate_sum=estimate_sum, provider_sum=provider_sum)

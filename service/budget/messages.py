@@ -1,0 +1,330 @@
+"""Snapshot normalisation and message groups (SPEC §3 snapshot, §6.2 "cut only between groups").
+
+Canonical messages are Anthropic-style: ``{"role": "user" | "assistant", "content": str | [blocks]}``
+with ``text``, ``tool_use`` and ``tool_result`` blocks. OpenAI-style messages (assistant
+``tool_calls``, ``role: "tool"``, ``role: "system"``) are converted to that shape; canonical
+messages pass through as the very same objects (nothing here mutates its input, so sharing is safe
+as long as callers do not mutate either).
+
+Malformed but recognisable input never raises: a tool call without a result, or a result without
+its call, becomes a group of its own (see :func:`group_messages`). Only a message or tool that is
+not a mapping at all is refused (``ValueError``): the API validates snapshots, so that is a caller
+bug, and guessing a shape for it would send the model something the main session never had.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.budget.estimate import compact_json, estimate_message
+
+Message = dict[str, Any]
+
+# OpenAI puts instructions in messages; "developer" is its newer name for "system".
+_SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+@dataclass(frozen=True)
+class NormalizedSnapshot:
+    """A snapshot in canonical form: system text, Anthropic-style tools and messages.
+
+    ``context_window`` / ``max_output_tokens`` carry the snapshot's own numbers (None when absent
+    or not a positive integer) for :func:`service.budget.window.resolve_window` and the main cap.
+    """
+
+    system: str | None
+    tools: list[dict[str, Any]]
+    messages: list[Message]
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class MessageGroup:
+    """A run of messages that must stay together: ``messages[start:end]``.
+
+    An assistant message with tool calls and the messages carrying their results form one group;
+    every other message is a group of its own. ``tokens`` is the estimate of the run, envelopes
+    included. ``unanswered_calls`` counts tool calls no following message answered;
+    ``orphan_results`` counts tool results whose call is not in this group (both 0 when the
+    transcript is well formed).
+    """
+
+    start: int
+    end: int
+    tokens: int
+    has_tool_calls: bool
+    unanswered_calls: int = 0
+    orphan_results: int = field(default=0)
+
+    @property
+    def message_count(self) -> int:
+        """Number of messages in the group."""
+        return self.end - self.start
+
+
+def _text_of(content: object) -> str:
+    """Plain text of a system message's content (string, or text parts joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        texts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                texts.append(compact_json(part))
+        return "\n".join(texts)
+    return compact_json(content)
+
+
+def _content_blocks(content: object) -> list[Any]:
+    """OpenAI message content as a list of canonical blocks (empty text dropped)."""
+    if content is None or content == "":
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, (list, tuple)):
+        # OpenAI text parts are already {"type": "text", "text"}; other parts (images, audio) are
+        # kept as they came and estimated from their JSON.
+        return list(content)
+    return [content]
+
+
+def _tool_input(arguments: object) -> Any:
+    """An OpenAI ``arguments`` JSON string as a tool_use ``input`` object.
+
+    Anthropic inputs are objects; arguments that are not a JSON object are kept verbatim under
+    ``"_arguments"`` so that nothing the main session sent is lost or invented.
+    """
+    if isinstance(arguments, Mapping):
+        return dict(arguments)
+    if arguments is None or arguments == "":
+        return {}
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return {"_arguments": arguments}
+        if isinstance(parsed, dict):
+            return parsed
+        return {"_arguments": arguments}
+    return {"_arguments": arguments}
+
+
+def _tool_use_block(call: object) -> dict[str, Any]:
+    """One OpenAI ``tool_calls`` entry as a canonical ``tool_use`` block."""
+    if not isinstance(call, Mapping):
+        return {"type": "tool_use", "id": "", "name": "", "input": {"_arguments": call}}
+    function = call.get("function")
+    if not isinstance(function, Mapping):
+        function = {}
+    return {
+        "type": "tool_use",
+        "id": str(call.get("id") or ""),
+        "name": str(function.get("name") or ""),
+        "input": _tool_input(function.get("arguments")),
+    }
+
+
+def _tool_result_content(content: object) -> Any:
+    """A ``role: tool`` message's content as tool_result content (string or blocks)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return _content_blocks(content)
+
+
+def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tuple[str | None, list[Message]]:
+    """Canonical messages plus the text of any system messages found among them.
+
+    - ``role: system`` / ``developer`` messages are removed; their texts are joined by a blank line.
+    - An assistant message with ``tool_calls`` becomes text block(s) followed by ``tool_use`` blocks.
+    - Consecutive ``role: tool`` messages become ONE user message of ``tool_result`` blocks, in order.
+    - Any other message (canonical already, or an unknown role) is returned as the same object.
+    """
+    system_parts: list[str] = []
+    result: list[Message] = []
+    # The user message currently being filled by consecutive role:tool messages, if any.
+    open_results: list[Any] | None = None
+    for index, message in enumerate(messages):
+        if not (isinstance(message, dict) or isinstance(message, Mapping)):
+            raise ValueError(f"message {index} is not an object")
+        role = message.get("role")
+        if role == "tool":
+            block = {
+                "type": "tool_result",
+                "tool_use_id": str(message.get("tool_call_id") or ""),
+                "content": _tool_result_content(message.get("content")),
+            }
+            if open_results is None:
+                open_results = [block]
+                result.append({"role": "user", "content": open_results})
+            else:
+                open_results.append(block)
+            continue
+        open_results = None
+        if role in _SYSTEM_ROLES:
+            text = _text_of(message.get("content"))
+            if text:
+                system_parts.append(text)
+            continue
+        if role == "assistant" and "tool_calls" in message:
+            calls = message.get("tool_calls") or []
+            blocks = _content_blocks(message.get("content"))
+            if isinstance(calls, (list, tuple)):
+                blocks.extend(_tool_use_block(call) for call in calls)
+            result.append({"role": "assistant", "content": blocks})
+            continue
+        result.append(message if isinstance(message, dict) else dict(message))
+    system = "\n\n".join(system_parts) if system_parts else None
+    return system, result
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
+    """Messages in canonical Anthropic style; canonical input comes back equal (same objects).
+
+    System messages are dropped here; use :func:`normalize_snapshot` (or
+    :func:`normalize_messages_with_system`) to keep their text.
+    """
+    return normalize_messages_with_system(messages)[1]
+
+
+def _normalize_tool(tool: object) -> dict[str, Any]:
+    """An OpenAI function tool as ``{name, description, input_schema}``; others unchanged."""
+    if not isinstance(tool, Mapping):
+        raise ValueError("a tool schema is not an object")
+    function = tool.get("function")
+    if tool.get("type") == "function" and isinstance(function, Mapping):
+        converted: dict[str, Any] = {"name": str(function.get("name") or "")}
+        if function.get("description") is not None:
+            converted["description"] = function["description"]
+        parameters = function.get("parameters")
+        converted["input_schema"] = (
+            dict(parameters) if isinstance(parameters, Mapping) else {"type": "object", "properties": {}}
+        )
+        return converted
+    return tool if isinstance(tool, dict) else dict(tool)
+
+
+def _positive_int(value: object) -> int | None:
+    """``value`` if it is a positive int (bools excluded), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def normalize_snapshot(snapshot: Mapping[str, Any]) -> NormalizedSnapshot:
+    """A snapshot (either style) in canonical form.
+
+    The system text is the snapshot's ``system`` (a string, or text blocks joined) followed by the
+    text of any system messages, separated by a blank line; None when there is none.
+    """
+    parts: list[str] = []
+    top_system = _text_of(snapshot.get("system"))
+    if top_system:
+        parts.append(top_system)
+    inline_system, messages = normalize_messages_with_system(snapshot.get("messages") or [])
+    if inline_system:
+        parts.append(inline_system)
+    raw_tools = snapshot.get("tools") or []
+    tools = [_normalize_tool(tool) for tool in raw_tools] if isinstance(raw_tools, (list, tuple)) else []
+    return NormalizedSnapshot(
+        system="\n\n".join(parts) if parts else None,
+        tools=tools,
+        messages=messages,
+        context_window=_positive_int(snapshot.get("context_window")),
+        max_output_tokens=_positive_int(snapshot.get("max_output_tokens")),
+    )
+
+
+def tool_use_ids(message: Mapping[str, Any]) -> list[str]:
+    """Ids of the ``tool_use`` blocks of an assistant message (empty for anything else)."""
+    if message.get("role") != "assistant":
+        return []
+    return _block_ids(message.get("content"), "tool_use", "id")
+
+
+def tool_result_ids(message: Mapping[str, Any]) -> list[str]:
+    """``tool_use_id`` of every ``tool_result`` block of a message, in order."""
+    return _block_ids(message.get("content"), "tool_result", "tool_use_id")
+
+
+def _block_ids(content: object, kind: str, key: str) -> list[str]:
+    """``block[key]`` (as text, missing → "") of every block of type ``kind`` in ``content``."""
+    if not isinstance(content, list):
+        return []
+    ids: list[str] = []
+    for block in content:
+        if (isinstance(block, dict) or isinstance(block, Mapping)) and block.get("type") == kind:
+            value = block.get(key)
+            ids.append(value if isinstance(value, str) else str(value or ""))
+    return ids
+
+
+def group_messages(
+    messages: Sequence[Mapping[str, Any]], message_tokens: Sequence[int] | None = None
+) -> list[MessageGroup]:
+    """Partition canonical ``messages`` into contiguous groups that a cut must not split.
+
+    An assistant message with ``tool_use`` blocks and the directly following messages that carry
+    results for its calls (until every call is answered) form one group. Choices for broken
+    transcripts, so that nothing crashes and nothing is split that belongs together:
+
+    - a call that is never answered: the group ends at the first message carrying none of its
+      results (``unanswered_calls`` counts the missing ones);
+    - a result whose call is not in the group right before it: that message is a group of its own
+      (``orphan_results``), kept or summarised whole like any other message.
+
+    ``message_tokens`` (per-message estimates, envelopes included) may be passed to avoid estimating
+    twice; it must have one entry per message.
+    """
+    count = len(messages)
+    if message_tokens is None:
+        tokens_of = [estimate_message(message) for message in messages]
+    else:
+        if len(message_tokens) != count:
+            raise ValueError("message_tokens must have one entry per message")
+        tokens_of = list(message_tokens)
+    calls_of: list[list[str]] = []
+    results_of: list[list[str]] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            calls_of.append(
+                _block_ids(content, "tool_use", "id") if message.get("role") == "assistant" else []
+            )
+            results_of.append(_block_ids(content, "tool_result", "tool_use_id"))
+        else:  # string content carries no tool blocks: skip the scans (most messages)
+            calls_of.append([])
+            results_of.append([])
+    groups: list[MessageGroup] = []
+    index = 0
+    while index < count:
+        calls = calls_of[index]
+        if not calls:
+            groups.append(MessageGroup(index, index + 1, tokens_of[index], False, 0, len(results_of[index])))
+            index += 1
+            continue
+        pending = set(calls)
+        end = index + 1
+        orphans = 0
+        while end < count and pending:
+            results = results_of[end]
+            answered = [result for result in results if result in pending]
+            if not answered:
+                break
+            orphans += len(results) - len(answered)
+            pending.difference_update(answered)
+            end += 1
+        groups.append(MessageGroup(index, end, sum(tokens_of[index:end]), True, len(pending), orphans))
+        index = end
+    return groups

@@ -1,0 +1,107 @@
+"""Replay window and fold plan for the side Q&A history (SPEC §6.1 organizing_history)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+# At most this many of the newest Q&A groups are replayed verbatim.
+REPLAY_MAX_GROUPS: Final = 20
+# ... and their estimate stays within min(input budget / REPLAY_BUDGET_DIVISOR, REPLAY_MAX_TOKENS):
+# a quarter of the budget leaves the rest to the main context, 16000 keeps big windows focused.
+REPLAY_BUDGET_DIVISOR: Final = 4
+REPLAY_MAX_TOKENS: Final = 16_000
+# Groups are loaded and folded into the rolling summary in batches of at most this many.
+HISTORY_BATCH_SIZE: Final = 20
+
+
+@dataclass(frozen=True)
+class QAItem:
+    """One successful side Q&A group: its ordinal and estimated tokens as it would be replayed."""
+
+    ordinal: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """Which Q&A groups are replayed verbatim and which are folded into the rolling summary.
+
+    ``replay`` and ``fold`` are ascending ordinals; ``fold_batches`` is ``fold`` cut into
+    consecutive batches. ``replay_tokens`` is the replay window's estimate, ``replay_limit`` the
+    token limit it had to respect.
+    """
+
+    replay: tuple[int, ...]
+    fold: tuple[int, ...]
+    fold_batches: tuple[tuple[int, ...], ...]
+    replay_tokens: int = 0
+    replay_limit: int = 0
+
+    @property
+    def replayed_ordinals(self) -> tuple[int, int] | None:
+        """``(first, last)`` replayed ordinal, or None (SPEC ``context_info.replayed_ordinals``)."""
+        if not self.replay:
+            return None
+        return (self.replay[0], self.replay[-1])
+
+
+def replay_token_limit(input_budget: int, max_tokens: int = REPLAY_MAX_TOKENS) -> int:
+    """``min(input_budget // 4, max_tokens)``, never below 0 (floor: a budget share rounds down)."""
+    return max(0, min(input_budget // REPLAY_BUDGET_DIVISOR, max_tokens))
+
+
+def select_replay(
+    items: Sequence[QAItem],
+    covered_through_ordinal: int | None,
+    input_budget: int,
+    max_groups: int = REPLAY_MAX_GROUPS,
+    max_tokens: int = REPLAY_MAX_TOKENS,
+    batch_size: int = HISTORY_BATCH_SIZE,
+) -> ReplayPlan:
+    """Choose the verbatim replay window and the groups to fold into the rolling summary.
+
+    ``items`` are the successful Q&A groups in strictly ascending ordinal. The replay window is the
+    newest contiguous run of items not covered by the summary (ordinal > ``covered_through_ordinal``)
+    with at most ``max_groups`` items and an estimate of at most
+    ``min(input_budget // 4, max_tokens)``; it stops at the first item that does not fit, so it
+    never has holes. Every uncovered item older than the window is folded, in ascending batches of
+    at most ``batch_size``. Replay, fold and the covered items partition ``items``.
+
+    Overflow recovery folds harder by passing ``max_groups=0`` (replay nothing).
+    """
+    if max_groups < 0:
+        raise ValueError("max_groups must be >= 0")
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    previous: int | None = None
+    for item in items:
+        if previous is not None and item.ordinal <= previous:
+            raise ValueError("items must be in strictly ascending ordinal")
+        if item.tokens < 0:
+            raise ValueError("item tokens must be >= 0")
+        previous = item.ordinal
+
+    uncovered = [
+        item for item in items if covered_through_ordinal is None or item.ordinal > covered_through_ordinal
+    ]
+    limit = replay_token_limit(input_budget, max_tokens)
+    replay_count = 0
+    replay_tokens = 0
+    for item in reversed(uncovered):
+        if replay_count >= max_groups or replay_tokens + item.tokens > limit:
+            break
+        replay_count += 1
+        replay_tokens += item.tokens
+    split = len(uncovered) - replay_count
+    fold = tuple(item.ordinal for item in uncovered[:split])
+    replay = tuple(item.ordinal for item in uncovered[split:])
+    batches = tuple(fold[start : start + batch_size] for start in range(0, len(fold), batch_size))
+    return ReplayPlan(
+        replay=replay,
+        fold=fold,
+        fold_batches=batches,
+        replay_tokens=replay_tokens,
+        replay_limit=limit,
+    )

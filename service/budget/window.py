@@ -1,0 +1,86 @@
+"""Window, output cap, safety margin and input budget (SPEC §3 output cap, §5 window)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+# Model window when neither the request, the snapshot nor the configuration names one.
+DEFAULT_WINDOW: Final = 200_000
+# Side answer output cap when neither the request nor SIDEQUEST_MAX_OUTPUT_TOKENS sets one.
+DEFAULT_OUTPUT_CAP: Final = 8192
+
+# The safety margin absorbs estimate error: 5 % of the window, but never so little that a small
+# window has no slack, nor so much that a huge window wastes thousands of tokens.
+SAFETY_MARGIN_PERCENT: Final = 5
+SAFETY_MARGIN_MIN: Final = 128
+SAFETY_MARGIN_MAX: Final = 8192
+
+
+def _given(value: int | None) -> bool:
+    """A cap or window counts as given only when positive (0 / negative mean "not set")."""
+    return value is not None and value > 0
+
+
+def resolve_output_cap(request_cap: int | None, config_cap: int, main_cap: int | None) -> int:
+    """Side answer output cap: ``min(request_cap or config_cap, main_cap)``.
+
+    The request's cap wins over the configured one; the main session's own cap (request
+    ``main_max_output_tokens`` or the snapshot's ``max_output_tokens``) is never exceeded.
+    Non-positive values count as not given.
+    """
+    cap = request_cap if request_cap is not None and _given(request_cap) else config_cap
+    if main_cap is not None and _given(main_cap):
+        cap = min(cap, main_cap)
+    return cap
+
+
+def resolve_window(request_window: int | None, snapshot_window: int | None, config_window: int | None) -> int:
+    """Model window: request → snapshot → ``SIDEQUEST_CONTEXT_WINDOW`` → :data:`DEFAULT_WINDOW`."""
+    for window in (request_window, snapshot_window, config_window):
+        if window is not None and _given(window):
+            return window
+    return DEFAULT_WINDOW
+
+
+def safety_margin(window: int) -> int:
+    """``clamp(ceil(5 % of window), 128, 8192)``.
+
+    Rounded up: the margin exists to absorb under-estimates, so a fraction of a token goes to it.
+    """
+    five_percent = -(-window * SAFETY_MARGIN_PERCENT // 100)
+    return min(SAFETY_MARGIN_MAX, max(SAFETY_MARGIN_MIN, five_percent))
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """The numbers of one request's window (SPEC ``context_info`` fields of the same names)."""
+
+    window: int
+    max_output_tokens: int
+    safety_margin: int
+    input_budget: int
+
+    def as_dict(self) -> dict[str, int]:
+        """``{"window", "max_output_tokens", "safety_margin", "input_budget"}``."""
+        return {
+            "window": self.window,
+            "max_output_tokens": self.max_output_tokens,
+            "safety_margin": self.safety_margin,
+            "input_budget": self.input_budget,
+        }
+
+
+def plan_window(window: int, max_output_tokens: int) -> WindowPlan:
+    """Input budget = window − output cap − safety margin.
+
+    Never raises: a window no larger than the output cap gives a budget ≤ 0, which the meter
+    reports as ``critical`` and the pipeline as an overflow — visible, not an exception here.
+    """
+    margin = safety_margin(window)
+    return WindowPlan(
+        window=window,
+        max_output_tokens=max_output_tokens,
+        safety_margin=margin,
+        input_budget=window - max_output_tokens - margin,
+    )
