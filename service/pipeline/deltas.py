@@ -1,0 +1,71 @@
+"""Coalescing streamed answer text into ``delta`` events (SPEC §4: at most ~20 per second)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+# 50 ms between flushes → at most 20 delta events per second, whatever the model's token rate.
+FLUSH_INTERVAL_S = 0.05
+
+
+class DeltaCoalescer:
+    """Buffers text and writes it as one ``delta`` event per interval from a background flusher.
+
+    ``emit(text)`` writes one event and returns False when the request is no longer held (the
+    flusher then stops writing; the worker cancels the task on its own signal).
+    """
+
+    def __init__(self, emit: Callable[[str], Awaitable[bool]], interval_s: float = FLUSH_INTERVAL_S) -> None:
+        self._emit = emit
+        self._interval = interval_s
+        self._buffer: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
+        self._lost = False
+        self.streamed_chars = 0
+        self.events = 0
+
+    async def add(self, text: str) -> None:
+        """Take one text delta from the provider (never blocks on the database)."""
+        if not text:
+            return
+        self._buffer.append(text)
+        self.streamed_chars += len(text)
+        if self._task is None:
+            self._task = asyncio.create_task(self._flusher(), name="sidequest-delta-flusher")
+
+    async def _flush(self) -> None:
+        if not self._buffer or self._lost:
+            return
+        text = "".join(self._buffer)
+        self._buffer.clear()
+        if await self._emit(text):
+            self.events += 1
+        else:
+            self._lost = True
+
+    async def _flusher(self) -> None:
+        # Never cancelled mid-write by close(): it sets the flag and waits, so no text is dropped.
+        while not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self._interval)
+            await self._flush()
+
+    async def close(self) -> None:
+        """Stop the flusher and write what is left (before the terminal event)."""
+        self._closing.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        await self._flush()
+
+    async def abort(self) -> None:
+        """Stop the flusher without writing (the request was cancelled or lost)."""
+        self._buffer.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,49 @@
+"""The pipeline's call recorder: a ledger row first, then a ``usage`` event."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from service.providers.base import CallUsage
+from service.store import ledger, queue
+from service.store.db import Database
+
+
+class LedgerRecorder:
+    """Persists each provider call the moment it ends, then tells the streams (SPEC §4 ``usage``).
+
+    The ledger write is not lease-guarded (tokens were spent whatever happened to the request), the
+    event is: after a cancel or clear no event may follow the terminal one.
+    """
+
+    def __init__(self, db: Database, request_id: uuid.UUID, owner: str) -> None:
+        self._db = db
+        self._request_id = request_id
+        self._owner = owner
+        self.calls = 0
+
+    async def record_call(
+        self,
+        *,
+        purpose: str,
+        model: str,
+        status: Literal["ok", "failed", "cancelled"],
+        usage: CallUsage,
+    ) -> None:
+        """Append one call to the ledger and emit the cumulative usage object."""
+        entry = ledger.CallEntry(
+            purpose=purpose,
+            model=model,
+            status=status,
+            reported=usage.reported,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            cached_tokens=usage.cached_tokens,
+        )
+        async with self._db.sessions() as session:
+            totals = await ledger.append_call(session, self._request_id, entry)
+        self.calls += 1
+        async with self._db.sessions() as session:
+            await queue.emit_if_held(session, self._request_id, self._owner, "usage", {"usage": totals})

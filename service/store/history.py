@@ -1,0 +1,114 @@
+"""Reads the pipeline needs: the claimed request's inputs, its snapshot, and the session's Q&A history.
+
+Read-only and lock-free: each runs in its own short transaction and is never held across a model call.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from service.store.models import RequestRow, SnapshotRow
+
+# SPEC §6.1: earlier Q&A is loaded by increasing ordinal in batches of at most 20.
+HISTORY_BATCH = 20
+
+
+@dataclass(frozen=True)
+class RequestInput:
+    """What a claimed request asks for."""
+
+    id: uuid.UUID
+    session_id: uuid.UUID
+    ordinal: int
+    question: str
+    snapshot_id: str | None
+    options: dict[str, Any]
+    clear_version: int
+    model: str | None
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    """One earlier successful side Q&A of the session."""
+
+    ordinal: int
+    question: str
+    answer: str
+    created_at: datetime
+
+
+async def load_request_input(session: AsyncSession, request_id: uuid.UUID) -> RequestInput | None:
+    """The request's question, snapshot reference and options; None if it no longer exists."""
+    row = await session.get(RequestRow, request_id, populate_existing=True)
+    if row is None:
+        return None
+    return RequestInput(
+        id=row.id,
+        session_id=row.session_id,
+        ordinal=row.ordinal,
+        question=row.question,
+        snapshot_id=row.snapshot_id,
+        options=dict(row.options or {}),
+        clear_version=row.clear_version,
+        model=row.model,
+    )
+
+
+async def load_snapshot(
+    session: AsyncSession, session_id: uuid.UUID, snapshot_id: str
+) -> dict[str, Any] | None:
+    """The stored snapshot content (as posted), or None when it is not stored for this session."""
+    content = await session.scalar(
+        select(SnapshotRow.content).where(
+            SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id
+        )
+    )
+    return dict(content) if content is not None else None
+
+
+async def iter_history(
+    sessions: async_sessionmaker[AsyncSession],
+    session_id: uuid.UUID,
+    *,
+    before_ordinal: int,
+    clear_version: int,
+    after_ordinal: int = 0,
+    batch_size: int = HISTORY_BATCH,
+) -> AsyncIterator[list[HistoryItem]]:
+    """Yield the session's succeeded, visible Q&A in ``(after_ordinal, before_ordinal)`` in batches.
+
+    Only requests of the same ``clear_version`` count: history from before a clear is gone even if the
+    purge has not run yet. Each batch is its own short read (keyset pagination on the ordinal).
+    """
+    after = after_ordinal
+    while True:
+        async with sessions() as session:
+            rows = (
+                await session.execute(
+                    select(RequestRow.ordinal, RequestRow.question, RequestRow.answer, RequestRow.created_at)
+                    .where(
+                        RequestRow.session_id == session_id,
+                        RequestRow.status == "succeeded",
+                        RequestRow.deleted_at.is_(None),
+                        RequestRow.clear_version == clear_version,
+                        RequestRow.answer.is_not(None),
+                        RequestRow.ordinal > after,
+                        RequestRow.ordinal < before_ordinal,
+                    )
+                    .order_by(RequestRow.ordinal)
+                    .limit(batch_size)
+                )
+            ).all()
+        if not rows:
+            return
+        yield [HistoryItem(r.ordinal, r.question, r.answer or "", r.created_at) for r in rows]
+        if len(rows) < batch_size:
+            return
+        after = rows[-1].ordinal

@@ -1,0 +1,196 @@
+"""The pipeline end to end against the scripted server: stages, events, ledger, answer outcomes."""
+
+from __future__ import annotations
+
+import time
+
+from service.config import Settings
+from service.providers.base import Provider
+from service.store.db import Database
+from tests.factories import add_snapshot, admit, make_session
+from tests.pipeline.conftest import run_one
+from tests.scripted_provider import ScriptedServer, Step, Usage
+
+SNAPSHOT = {
+    "taken_at": "2026-11-29T10:00:00Z",
+    "system": "You are the main agent.",
+    "tools": [{"name": "grep", "description": "search", "input_schema": {"type": "object"}}],
+    "messages": [
+        {"role": "user", "content": "Fix the flaky test in tests/test_io.py"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "t1", "name": "grep", "input": {"q": "flaky"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "test_io.py:12"}],
+        },
+    ],
+    "context_window": 100000,
+    "max_output_tokens": 4000,
+}
+
+
+async def test_success_walks_the_stages_and_ends_with_done(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    sid = await make_session(db, "parent-ok")
+    await add_snapshot(db, sid, "s1", SNAPSHOT)
+    rid = await admit(db, sid, "Which file is flaky?", snapshot_id="s1")
+    server.script(
+        "answer", Step.text("It is tests/test_io.py.", chunks=4, usage=Usage(500, 7, cached_tokens=300))
+    )
+
+    ran = await run_one(db, model_settings, provider, rid)
+
+    assert ran.outcome.status == "succeeded"
+    assert ran.stages() == ["preparing", "organizing_history", "answering"]
+    assert ran.types()[-2:] == ["status", "done"]
+    assert ran.events[-2].data["status"] == "succeeded"
+    assert "".join(d["text"] for d in ran.of("delta")) == "It is tests/test_io.py."
+    record = ran.of("done")[0]["record"]
+    assert record["answer"] == "It is tests/test_io.py." and record["truncated"] is False
+    assert record["stop_reason"] == "stop" and record["parent_id"] == "parent-ok"
+    usage = ran.of("usage")[-1]["usage"]
+    assert usage["input_tokens"] == 500 and usage["cached_tokens"] == 300 and usage["output_tokens"] == 7
+    assert [(c["purpose"], c["status"], c["reported"]) for c in usage["calls"]] == [("answer", "ok", True)]
+    assert ran.row.usage == usage
+
+    info = ran.row.context_info
+    # window from the snapshot, output cap = min(config 8192, snapshot's 4000), 5 % margin.
+    assert (info["window"], info["max_output_tokens"], info["safety_margin"]) == (100000, 4000, 5000)
+    assert info["input_budget"] == 100000 - 4000 - 5000
+    assert set(info["estimate"]) == {
+        "system",
+        "tools",
+        "context",
+        "qa_summary",
+        "qa_raw",
+        "question",
+        "envelope",
+        "total",
+    }
+    assert info["pressure"] == "normal" and info["stage"] == "answering"
+    assert info["provider_prompt_tokens"] == 500
+    assert info["drift"] == 500 - info["estimate"]["total"]
+    assert info["context_summary"]["cache"] == "none" and info["overflow_retries"] == 0
+
+    sent = server.requests("answer")[0]
+    assert sent.headers["x-sidequest-request-id"] == str(rid)
+    assert sent.body["max_tokens"] == 4000 and sent.body["tool_choice"] == "none"
+    assert sent.body["messages"][0] == {"role": "system", "content": "You are the main agent."}
+    assert "Which file is flaky?" in str(sent.body["messages"][-1])
+
+
+async def test_truncated_answer_succeeds_with_truncated_and_stop_reason(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    rid = await admit(db, await make_session(db), "Explain everything")
+    server.script("answer", Step.truncated("A long answer that was cut", usage=Usage(50, 256)))
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.outcome.status == "succeeded"
+    assert ran.row.truncated is True and ran.row.stop_reason == "length"
+    assert ran.row.answer == "A long answer that was cut"
+
+
+async def test_answer_tool_call_fails_with_answer_tool_call(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    rid = await admit(db, await make_session(db), "q")
+    server.script("answer", Step.tool_call("grep", usage=Usage(40, 3)))
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.status == "failed"
+    assert ran.row.error is not None and ran.row.error["code"] == "answer_tool_call"
+    assert ran.row.error["detail"]["tool"] == "grep"
+    assert ran.types()[-2:] == ["status", "error"]
+    assert ran.row.usage["calls"][0]["status"] == "ok"
+
+
+async def test_missing_snapshot_fails_before_any_call(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    rid = await admit(db, await make_session(db), "q", snapshot_id="nope")
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "snapshot_missing"
+    assert ran.row.error["detail"] == {"snapshot_id": "nope"}
+    assert server.requests() == []
+
+
+async def test_rate_limit_retried_twice_then_rate_limited_with_every_call_recorded(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    rid = await admit(db, await make_session(db), "q")
+    server.script("answer", *(Step.rate_limited(retry_after="0") for _ in range(3)))
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "rate_limited"
+    assert ran.row.error["detail"] == {"status": 429, "attempts": 3}
+    assert [(c["status"], c["reported"]) for c in ran.row.usage["calls"]] == [("failed", False)] * 3
+    assert len(server.requests("answer")) == 3
+
+
+async def test_whole_request_deadline_fails_with_timeout_and_stage(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    settings = model_settings.model_copy(update={"request_timeout_s": 1.0})
+    rid = await admit(db, await make_session(db), "q")
+    server.script("answer", Step.hang(text="partial "))
+    started = time.monotonic()
+    ran = await run_one(db, settings, provider, rid)
+    assert time.monotonic() - started < 3.0
+    assert ran.row.error is not None and ran.row.error["code"] == "timeout"
+    assert ran.row.error["detail"] == {"timeout_s": 1.0, "stage": "answering"}
+    assert ran.row.usage["calls"][-1]["status"] == "failed"
+    # What streamed before the deadline was delivered, then the error ends the stream.
+    assert "".join(d["text"] for d in ran.of("delta")) == "partial "
+    assert ran.types()[-1] == "error"
+
+
+async def test_deltas_are_coalesced_to_at_most_about_20_per_second(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    text = "".join(f"w{i} " for i in range(200))
+    rid = await admit(db, await make_session(db), "q")
+    server.script("answer", Step.text(text, chunks=200, usage=Usage(10, 200)).with_delay(between_s=0.004))
+    started = time.monotonic()
+    ran = await run_one(db, model_settings, provider, rid)
+    elapsed = time.monotonic() - started
+    deltas = ran.of("delta")
+    assert "".join(d["text"] for d in deltas) == text == ran.row.answer
+    assert 2 <= len(deltas) <= elapsed * 20 + 2
+    stamps = [e.id for e in ran.events if e.type == "delta"]
+    assert stamps == sorted(stamps)
+
+
+async def test_provider_error_mid_stream_is_not_retried(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    rid = await admit(db, await make_session(db), "q")
+    server.script("answer", Step.error_after_partial("half an ans", usage=Usage(30, 2)))
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "provider_error"
+    assert len(server.requests("answer")) == 1
+    assert ran.row.usage["calls"] == [
+        {
+            "purpose": "answer",
+            "model": "scripted-model",
+            "status": "failed",
+            "reported": True,
+            "input_tokens": 30,
+            "output_tokens": 2,
+            "reasoning_tokens": 0,
+            "cached_tokens": 0,
+        }
+    ]
+
+
+async def test_model_unavailable(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    rid = await admit(db, await make_session(db), "q")
+    server.script("answer", Step.model_not_found())
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "model_unavailable"
+    assert ran.row.error["detail"]["status"] == 404
