@@ -91,8 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     ask = sub.add_parser("ask", help="post a side question and render its stream")
     ask.add_argument("parent_id")
     ask.add_argument("question")
-    ask.add_argument("--snapshot", help="a snapshot JSON file to send inline")
-    ask.add_argument("--snapshot-id", help="a snapshot already stored with PUT")
+    snapshot = ask.add_mutually_exclusive_group()
+    snapshot.add_argument(
+        "--snapshot", metavar="FILE", help="a snapshot JSON file to send inline (- for stdin)"
+    )
+    snapshot.add_argument("--snapshot-id", help="a snapshot already stored with PUT")
+    ask.add_argument("--model", default=None, help="model for this question (default: the server's)")
+    ask.add_argument("--max-output-tokens", type=int, default=None, help="side answer output cap (256-32768)")
     ask.add_argument(
         "--url", default=None, help="server URL (default $SIDEQUEST_URL or http://127.0.0.1:8080)"
     )
@@ -103,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = archive_sub.add_parser("export")
     export.add_argument("parent_id")
     export.add_argument("--version", type=int, default=3, choices=(1, 2, 3))
-    export.add_argument("--output", "-o", default="-")
+    export.add_argument("--output", "-o", default="-", help="file to write (default: stdout)")
     export.add_argument("--url", default=None)
     export.add_argument("--token", default=None)
     imp = archive_sub.add_parser("import")

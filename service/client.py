@@ -1,0 +1,539 @@
+"""The client half of the ``sidequest`` command: ``ask`` and ``archive export|import``, over HTTP.
+
+``ask`` posts a side question, then follows ``GET /v1/questions/{id}/events`` live: stage changes,
+progress (replayed groups, summary chunk i/n, cache hits, overflow retries) and usage go to stderr —
+as one live status line on a terminal, as plain timestamped lines otherwise — and the answer text goes
+to stdout as it streams, so ``sidequest ask … > answer.txt`` captures just the answer. A dropped stream
+is resumed with ``Last-Event-ID``, so nothing is shown twice or skipped.
+
+Exit codes (docs/quickstart.md): 0 the request succeeded; 1 it failed or was cancelled (the error
+code and message are printed); 2 the client could not do its job (bad arguments, unreadable file,
+server unreachable, or the server refused the call); 130 interrupted (the request is cancelled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import quote
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+EXIT_OK = 0
+EXIT_REQUEST_FAILED = 1
+EXIT_CLIENT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+# The server pings idle streams every 15 s; four missed pings mean the connection is dead.
+STREAM_READ_TIMEOUT_S = 60.0
+# Consecutive reconnects without a single new event before giving up.
+MAX_RECONNECTS = 8
+MAX_RETRY_WAIT_S = 5.0
+
+
+class ClientError(Exception):
+    """The command cannot continue; ``message`` is printed and the command exits with 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# ------------------------------------------------------------------------------------ SSE parsing
+
+
+@dataclass
+class SseMessage:
+    """One dispatched Server-Sent Event (the ``data`` lines joined by newlines)."""
+
+    event: str = "message"
+    data: str = ""
+    id: str | None = None
+    retry_ms: int | None = None
+
+
+def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
+    """Parse SSE lines (without line terminators) into messages, per the HTML living standard.
+
+    Comments (``:``) are skipped; a blank line dispatches the message being built; a message
+    without ``data`` is not dispatched, but its ``id``/``retry`` still count (returned as a
+    message with empty data and event ``""`` so a caller can track them).
+    """
+    event = ""
+    data: list[str] = []
+    last_id: str | None = None
+    retry: int | None = None
+    seen_field = False
+    for line in lines:
+        if line == "":
+            if data:
+                yield SseMessage(event or "message", "\n".join(data), last_id, retry)
+            elif seen_field:
+                yield SseMessage("", "", last_id, retry)
+            event, data, retry, seen_field = "", [], None, False
+            continue
+        if line.startswith(":"):
+            continue
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        seen_field = True
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+        elif name == "id":
+            if "\x00" not in value:
+                last_id = value
+        elif name == "retry":
+            if value.isdigit():
+                retry = int(value)
+    # A message cut off by the end of the stream is discarded, as the standard says.
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+def _tokens(usage: dict[str, Any]) -> str:
+    calls = usage.get("calls") or []
+    parts = [f"in {usage.get('input_tokens', 0)}"]
+    if usage.get("cached_tokens"):
+        parts[-1] += f" (cached {usage['cached_tokens']})"
+    parts.append(f"out {usage.get('output_tokens', 0)}")
+    if usage.get("reasoning_tokens"):
+        parts.append(f"reasoning {usage['reasoning_tokens']}")
+    parts.append(f"{len(calls)} call{'s' if len(calls) != 1 else ''}")
+    if calls and isinstance(calls[-1], dict):
+        last = calls[-1]
+        parts.append(f"last: {last.get('purpose', '?')} {last.get('status', '?')}")
+    return " · ".join(parts)
+
+
+_ENVELOPE = frozenset({"request_id", "ordinal", "seq", "at", "stage", "action", "message"})
+
+
+def describe_progress(data: dict[str, Any]) -> str:
+    """One human line for a ``progress`` event, whatever detail fields the pipeline sends."""
+    words: list[str] = []
+    action = data.get("action") or data.get("kind")
+    if isinstance(action, str):
+        words.append(action.replace("_", " "))
+    if isinstance(data.get("message"), str):
+        words.append(data["message"])
+    rest = {k: v for k, v in data.items() if k not in _ENVELOPE and k != "kind"}
+    chunk = rest.pop("chunk", None)
+    chunks = rest.pop("chunks", None)
+    if chunk is not None and chunks is not None:
+        words.append(f"chunk {chunk}/{chunks}")
+    for key in ("replayed_groups", "groups"):
+        if key in rest:
+            words.append(f"{rest.pop(key)} groups")
+    if "cache" in rest:
+        words.append(f"cache {rest.pop('cache')}")
+    words.extend(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in rest.items())
+    return " ".join(str(w) for w in words) or "working"
+
+
+@dataclass
+class Outcome:
+    """How the stream ended."""
+
+    status: str
+    record: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+
+@dataclass
+class Renderer:
+    """Turns events into output: status on ``err`` (live line on a TTY), answer text on ``out``."""
+
+    out: TextIO
+    err: TextIO
+    live: bool
+    started: float = field(default_factory=time.monotonic)
+    stage: str = "queued"
+    detail: str = ""
+    answer: str = ""
+    answering: bool = False
+    _live_line: bool = False
+    _frame: int = 0
+
+    def _elapsed(self) -> str:
+        return f"{time.monotonic() - self.started:6.1f}s"
+
+    def _clear_live(self) -> None:
+        if self._live_line:
+            self.err.write("\r\x1b[2K")
+            self._live_line = False
+
+    def note(self, text: str) -> None:
+        """A status line: rewritten in place on a TTY (until the answer streams), appended otherwise."""
+        if self.live and not self.answering:
+            self._frame = (self._frame + 1) % len(SPINNER)
+            self.err.write(f"\r\x1b[2K{SPINNER[self._frame]} {self._elapsed()} {text}")
+            self._live_line = True
+        elif self.live:
+            return  # the answer owns the terminal now; the summary line comes at the end
+        else:
+            self.err.write(f"[{self._elapsed()}] {text}\n")
+        self.err.flush()
+
+    def lasting(self, text: str) -> None:
+        """A line that stays, also on a TTY (stage changes, restarts, the final summary)."""
+        self._clear_live()
+        if self.answering and self.answer and not self.answer.endswith("\n"):
+            self.out.write("\n")
+            self.out.flush()
+        self.err.write(f"[{self._elapsed()}] {text}\n")
+        self.err.flush()
+
+    def handle(self, event: str, data: dict[str, Any]) -> Outcome | None:
+        """Render one event; returns the outcome on the terminal event."""
+        if event == "status":
+            status = data.get("status")
+            stage = data.get("stage")
+            self.stage = str(stage or status)
+            if status in ("succeeded", "failed", "cancelled"):
+                return None  # the done / error event right after it carries the result
+            label = f"{status}" if status in ("queued", "running") and not stage else f"stage {self.stage}"
+            if data.get("reason"):
+                label += f" ({data['reason']})"
+            if self.live:
+                self.note(label)
+            else:
+                self.lasting(label)
+        elif event == "progress":
+            if data.get("discard_streamed_text"):
+                # The request runs again from the start (worker lost): what streamed is void.
+                self.lasting("the worker was lost; the request runs again and the answer restarts")
+                self.answer, self.answering = "", False
+            self.note(f"{data.get('stage') or self.stage}: {describe_progress(data)}")
+        elif event == "usage" and isinstance(data.get("usage"), dict):
+            self.note(f"usage: {_tokens(data['usage'])}")
+        elif event == "delta":
+            text = str(data.get("text", ""))
+            if not self.answering:
+                self._clear_live()
+                self.answering = True
+            self.answer += text
+            self.out.write(text)
+            self.out.flush()
+        elif event == "done":
+            record = data.get("record") if isinstance(data.get("record"), dict) else {}
+            assert isinstance(record, dict)
+            self._finish_answer(record.get("answer"))
+            summary = "succeeded"
+            if record.get("truncated"):
+                summary += f" (answer truncated: stop reason {record.get('stop_reason')})"
+            if isinstance(record.get("usage"), dict):
+                summary += f" · {_tokens(record['usage'])}"
+            self.lasting(summary)
+            return Outcome("succeeded", record=record)
+        elif event == "error":
+            status = "cancelled" if data.get("code") == "cancelled" else "failed"
+            self.lasting(f"{status}: {format_error(data)}")
+            return Outcome(status, error=data)
+        return None
+
+    def _finish_answer(self, final: object) -> None:
+        """Print whatever part of the final answer did not stream (or all of it), then a newline."""
+        if isinstance(final, str):
+            if final.startswith(self.answer):
+                rest = final[len(self.answer) :]
+            else:  # streamed text diverged (should not happen): show the authoritative answer
+                rest = ("\n" if self.answer else "") + final
+            if rest:
+                self._clear_live()
+                self.out.write(rest)
+                self.answer += rest
+        if self.answer and not self.answer.endswith("\n"):
+            self.out.write("\n")
+        self.out.flush()
+        self.answering = False
+
+
+def format_error(error: dict[str, Any]) -> str:
+    """``code: message`` plus the detail fields, e.g. ``provider_error: … (status=500)``."""
+    code = error.get("code", "error")
+    text = f"{code}: {error.get('message', '')}".rstrip(": ")
+    detail = error.get("detail")
+    if isinstance(detail, dict) and detail:
+        text += " (" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in detail.items()) + ")"
+    return text
+
+
+# ------------------------------------------------------------------------------------ HTTP
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the server is and how to authenticate."""
+
+    base_url: str
+    token: str | None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Endpoint:
+        url = args.url or os.environ.get("SIDEQUEST_URL") or DEFAULT_URL
+        token = args.token or os.environ.get("SIDEQUEST_TOKEN") or None
+        return cls(url.rstrip("/"), token)
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        headers = {"User-Agent": "sidequest-cli", **extra}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.base_url,
+            headers=self.headers(),
+            timeout=httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S),
+            trust_env=False,  # a local service: never route through a proxy from the environment
+        )
+
+
+def _path_id(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _refused(response: httpx.Response, action: str) -> ClientError:
+    """The server's error body as one clear message."""
+    try:
+        body = response.json()
+        error = body.get("error") if isinstance(body, dict) else None
+    except ValueError:
+        error = None
+    if isinstance(error, dict):
+        message = f"{action} refused ({response.status_code}) {format_error(error)}"
+        problems = error.get("detail", {}).get("errors") if isinstance(error.get("detail"), dict) else None
+        if isinstance(problems, list) and problems:
+            message = f"{action} refused ({response.status_code}) {error.get('code')}: {error.get('message')}"
+            for problem in problems[:20]:
+                if isinstance(problem, dict):
+                    loc = problem.get("loc")
+                    loc = ".".join(str(p) for p in loc) if isinstance(loc, list) else loc
+                    message += f"\n  {loc}: {problem.get('message') or problem.get('msg')}"
+        return ClientError(message)
+    return ClientError(f"{action} refused: HTTP {response.status_code} {response.text[:200]}")
+
+
+def _read_json_file(name: str, what: str) -> tuple[bytes, Any]:
+    """The raw bytes and parsed JSON of a file (``-`` is stdin)."""
+    try:
+        raw = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+    except OSError as exc:
+        raise ClientError(f"cannot read {what} {name}: {exc.strerror or exc}") from None
+    try:
+        return raw, json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ClientError(f"{what} {name} is not valid JSON: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------ ask
+
+
+def _question_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {"question": args.question}
+    if getattr(args, "snapshot", None):
+        _raw, snapshot = _read_json_file(args.snapshot, "snapshot")
+        if not isinstance(snapshot, dict):
+            raise ClientError(f"snapshot {args.snapshot} must be a JSON object")
+        body["snapshot"] = snapshot
+    if getattr(args, "snapshot_id", None):
+        body["snapshot_id"] = args.snapshot_id
+    for name in ("model", "max_output_tokens"):
+        if getattr(args, name, None) is not None:
+            body[name] = getattr(args, name)
+    return body
+
+
+def follow(
+    client: httpx.Client,
+    request_id: str,
+    renderer: Renderer,
+    *,
+    max_reconnects: int = MAX_RECONNECTS,
+) -> Outcome:
+    """Follow the request's event stream to its terminal event, resuming with ``Last-Event-ID``."""
+    last_id: str | None = None
+    retry_s = 1.0
+    failures = 0
+    path = f"/v1/questions/{_path_id(request_id)}/events"
+    while True:
+        headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
+        if last_id is not None:
+            headers["Last-Event-ID"] = last_id
+        progressed = False
+        try:
+            with client.stream("GET", path, headers=headers) as response:
+                if response.status_code == 204:
+                    return _final_outcome(client, request_id, renderer)
+                if response.status_code != 200:
+                    response.read()
+                    raise _refused(response, "following the request")
+                for message in iter_sse(response.iter_lines()):
+                    if message.retry_ms is not None:
+                        retry_s = min(message.retry_ms / 1000, MAX_RETRY_WAIT_S)
+                    if message.id is not None:
+                        last_id = message.id
+                    if not message.event:
+                        continue
+                    progressed = True
+                    try:
+                        data = json.loads(message.data)
+                    except ValueError:
+                        continue  # not ours; never let one odd message end the stream
+                    outcome = renderer.handle(message.event, data if isinstance(data, dict) else {})
+                    if outcome is not None:
+                        return outcome
+            reason = "the stream ended before the request finished"
+        except httpx.TransportError as exc:
+            reason = f"the stream dropped ({type(exc).__name__})"
+        failures = 0 if progressed else failures + 1
+        if failures > max_reconnects:
+            raise ClientError(f"{reason}; gave up after {max_reconnects} reconnects")
+        renderer.note(f"{reason}; resuming after event {last_id or 0}")
+        time.sleep(retry_s * min(failures, 4) if failures else 0.05)
+
+
+def _final_outcome(client: httpx.Client, request_id: str, renderer: Renderer) -> Outcome:
+    """After a 204 (nothing after our cursor), the record tells how the request ended."""
+    response = client.get(f"/v1/questions/{_path_id(request_id)}")
+    if response.status_code != 200:
+        raise _refused(response, "reading the request")
+    record = response.json()
+    if record.get("status") == "succeeded":
+        outcome = renderer.handle("done", {"record": record})
+    else:
+        outcome = renderer.handle("error", record.get("error") or {"code": record.get("status")})
+    assert outcome is not None
+    return outcome
+
+
+def ask(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``sidequest ask``: post the question, render its stream, return the exit code."""
+    endpoint = Endpoint.from_args(args)
+    body = _question_body(args)
+    renderer = Renderer(out=out, err=err, live=err.isatty())
+    with endpoint.client() as client:
+        try:
+            response = client.post(f"/v1/sessions/{_path_id(args.parent_id)}/questions", json=body)
+        except httpx.TransportError as exc:
+            raise ClientError(f"cannot reach {endpoint.base_url}: {exc}") from None
+        if response.status_code not in (200, 202):
+            raise _refused(response, "the question was")
+        record = response.json()
+        request_id = str(record["id"])
+        renderer.lasting(f"question #{record.get('ordinal')} admitted ({request_id}) in {args.parent_id}")
+        try:
+            outcome = follow(client, request_id, renderer)
+        except KeyboardInterrupt:
+            renderer.lasting("interrupted: cancelling the request")
+            try:
+                client.post(f"/v1/questions/{_path_id(request_id)}/cancel", timeout=5.0)
+            except httpx.HTTPError:
+                err.write(f"could not cancel {request_id}; it keeps running on the server\n")
+            return EXIT_INTERRUPTED
+    return EXIT_OK if outcome.status == "succeeded" else EXIT_REQUEST_FAILED
+
+
+# ------------------------------------------------------------------------------------ archives
+
+
+def archive_export(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``sidequest archive export``: write the session's archive to a file or stdout."""
+    endpoint = Endpoint.from_args(args)
+    with endpoint.client() as client:
+        try:
+            response = client.get(
+                f"/v1/sessions/{_path_id(args.parent_id)}/archive", params={"version": args.version}
+            )
+        except httpx.TransportError as exc:
+            raise ClientError(f"cannot reach {endpoint.base_url}: {exc}") from None
+    if response.status_code != 200:
+        raise _refused(response, "the export was")
+    document = response.json()
+    text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
+    if args.output in (None, "-"):
+        out.write(text)
+        out.flush()
+    else:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise ClientError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+        err.write(
+            f"exported {len(document.get('questions', []))} requests of {args.parent_id} "
+            f"(archive version {document.get('version')}) to {args.output}\n"
+        )
+    return EXIT_OK
+
+
+def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``sidequest archive import``: restore an archive file into a session."""
+    raw, document = _read_json_file(args.file, "archive")
+    parent_id = args.parent_id or (document.get("parent_id") if isinstance(document, dict) else None)
+    if not isinstance(parent_id, str) or not parent_id:
+        raise ClientError("the archive names no parent_id; pass --parent-id")
+    endpoint = Endpoint.from_args(args)
+    params = {"mode": "replace"} if args.replace else {}
+    with endpoint.client() as client:
+        try:
+            response = client.post(
+                f"/v1/sessions/{_path_id(parent_id)}/archive",
+                content=raw,
+                params=params,
+                headers={"Content-Type": "application/json"},
+            )
+        except httpx.TransportError as exc:
+            raise ClientError(f"cannot reach {endpoint.base_url}: {exc}") from None
+    if response.status_code != 200:
+        raise _refused(response, "the import was")
+    result = response.json()
+    replaced = f", replacing {result['replaced']}" if result.get("replaced") else ""
+    out.write(
+        f"restored {result.get('restored')} requests into {parent_id} "
+        f"(archive version {result.get('version')}{replaced}); next ordinal {result.get('next_ordinal')}\n"
+    )
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------ entry
+
+
+def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run ``ask`` or ``archive``; returns the exit code (see the module docstring)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    # The CLI configures INFO logging for the server commands; a client's output is its rendering,
+    # not one log line per HTTP request.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        if args.command == "ask":
+            return ask(args, out, err)
+        if args.command == "archive" and args.archive_command == "export":
+            return archive_export(args, out, err)
+        if args.command == "archive" and args.archive_command == "import":
+            return archive_import(args, out, err)
+        raise ClientError(f"unknown command {args.command}")
+    except ClientError as exc:
+        err.write(f"sidequest: {exc.message}\n")
+        err.flush()
+        return EXIT_CLIENT_ERROR
+    except httpx.HTTPError as exc:
+        err.write(f"sidequest: HTTP error: {exc}\n")
+        return EXIT_CLIENT_ERROR
