@@ -118,29 +118,44 @@ def _tokens(usage: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-_ENVELOPE = frozenset({"request_id", "ordinal", "seq", "at", "stage", "action", "message"})
+_ENVELOPE = frozenset({"request_id", "ordinal", "seq", "at", "stage", "what", "action", "kind"})
+
+
+def _ordinal_range(value: object) -> str:
+    if isinstance(value, list) and len(value) == 2:
+        return f" (#{value[0]}–#{value[1]})" if value[0] != value[1] else f" (#{value[0]})"
+    return ""
 
 
 def describe_progress(data: dict[str, Any]) -> str:
-    """One human line for a ``progress`` event, whatever detail fields the pipeline sends."""
-    words: list[str] = []
-    action = data.get("action") or data.get("kind")
-    if isinstance(action, str):
-        words.append(action.replace("_", " "))
-    if isinstance(data.get("message"), str):
-        words.append(data["message"])
-    rest = {k: v for k, v in data.items() if k not in _ENVELOPE and k != "kind"}
-    chunk = rest.pop("chunk", None)
-    chunks = rest.pop("chunks", None)
-    if chunk is not None and chunks is not None:
-        words.append(f"chunk {chunk}/{chunks}")
-    for key in ("replayed_groups", "groups"):
-        if key in rest:
-            words.append(f"{rest.pop(key)} groups")
-    if "cache" in rest:
-        words.append(f"cache {rest.pop('cache')}")
-    words.extend(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in rest.items())
-    return " ".join(str(w) for w in words) or "working"
+    """One human line for a ``progress`` event: the pipeline's known steps in words, others as k=v."""
+    what = data.get("what") or data.get("action") or data.get("kind")
+    if what == "replay":
+        span = _ordinal_range(data.get("replayed_ordinals"))
+        text = f"replaying {data.get('replayed_groups', 0)} Q&A groups{span}"
+        if data.get("folded_groups"):
+            text += f", folding {data['folded_groups']} into the rolling summary"
+        return text
+    if what == "summary_chunk":
+        purpose = str(data.get("purpose") or "summary").replace("_", " ")
+        return f"{purpose} chunk {data.get('chunk')}/{data.get('chunks')}"
+    if what == "context_summary_cache":
+        text = f"context summary cache {data.get('cache')}"
+        if data.get("covered_messages") is not None:
+            text += f" ({data['covered_messages']} messages)"
+        return text
+    if what in ("compaction_skipped", "compaction_refused"):
+        reason = data.get("explanation") or data.get("reason") or ""
+        return f"{str(what).replace('_', ' ')}: {reason}".rstrip(": ")
+    if what == "overflow_retry":
+        if "estimate_after" in data:
+            return f"context overflow: retrying once with a smaller prompt (~{data['estimate_after']} tokens)"
+        return f"context overflow reported by the provider (prompt ~{data.get('estimate_before')} tokens)"
+    if what == "worker_lost_rerun":
+        return f"the worker was lost; running again (attempt {data.get('attempt', '?')})"
+    words = [str(what).replace("_", " ")] if isinstance(what, str) else []
+    words.extend(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in data.items() if k not in _ENVELOPE)
+    return " ".join(words) or "working"
 
 
 @dataclass

@@ -1,0 +1,208 @@
+"""The client's own logic without a server: SSE parsing, rendering, and resuming a dropped stream."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from service import client as cli_client
+from service.client import Renderer, SseMessage, describe_progress, follow, format_error, iter_sse
+
+
+def sse(event_id: int, event: str, **data: Any) -> bytes:
+    payload = json.dumps({"seq": event_id, **data})
+    return f"id: {event_id}\nevent: {event}\ndata: {payload}\n\n".encode()
+
+
+class Dropping(httpx.SyncByteStream):
+    """A response body that sends ``chunks`` and then, if told to, breaks like a reset connection."""
+
+    def __init__(self, chunks: list[bytes], *, drop: bool) -> None:
+        self.chunks = chunks
+        self.drop = drop
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self.chunks
+        if self.drop:
+            raise httpx.ReadError("connection reset by peer")
+
+
+def renderer() -> tuple[Renderer, io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    return Renderer(out=out, err=err, live=False), out, err
+
+
+def test_sse_parser_joins_data_lines_and_skips_comments() -> None:
+    lines = [
+        ": sidequest stream",
+        "retry: 3000",
+        "",
+        "id: 7",
+        "event: delta",
+        'data: {"text":',
+        'data:  "hi"}',
+        "",
+        ": ping",
+        "",
+        "data: no event name",
+        "",
+        "id: 9",
+        "event: half",
+        "data: cut off by the end of the stream",
+    ]
+    messages = list(iter_sse(lines))
+    assert messages == [
+        SseMessage(event="", data="", id=None, retry_ms=3000),
+        SseMessage(event="delta", data='{"text":\n "hi"}', id="7"),
+        SseMessage(event="message", data="no event name", id="7"),
+    ]
+
+
+def test_progress_lines_name_what_is_being_done() -> None:
+    chunk = {
+        "stage": "compacting_context",
+        "what": "summary_chunk",
+        "purpose": "context_summary",
+        "chunk": 2,
+        "chunks": 5,
+    }
+    assert describe_progress(chunk) == "context summary chunk 2/5"
+    replay = {
+        "what": "replay",
+        "replayed_groups": 3,
+        "replayed_ordinals": [4, 6],
+        "folded_groups": 2,
+        "seq": 4,
+    }
+    assert describe_progress(replay) == "replaying 3 Q&A groups (#4–#6), folding 2 into the rolling summary"
+    cache = {"what": "context_summary_cache", "cache": "hit", "key": "k", "covered_messages": 40}
+    assert describe_progress(cache) == "context summary cache hit (40 messages)"
+    assert describe_progress({"what": "overflow_retry", "estimate_after": 900, "retry": 1}).startswith(
+        "context overflow: retrying once"
+    )
+    assert describe_progress({"stage": "answering", "what": "something_new", "n": 2}) == "something new n=2"
+
+
+def test_errors_show_code_message_and_detail() -> None:
+    text = format_error(
+        {"code": "provider_error", "message": "the provider failed", "detail": {"status": 500}}
+    )
+    assert text == "provider_error: the provider failed (status=500)"
+
+
+def test_a_dropped_stream_resumes_after_the_last_event_without_repeating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cli_client.time, "sleep", lambda _s: None)
+    seen_headers: list[str | None] = []
+    record = {"id": "r1", "answer": "Hello, world", "status": "succeeded", "usage": {"input_tokens": 5}}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        last = request.headers.get("last-event-id")
+        seen_headers.append(last)
+        if last is None:
+            chunks = [
+                b"retry: 10\n\n",
+                sse(1, "status", status="running", stage="preparing"),
+                sse(2, "progress", stage="organizing_history", what="replay", replayed_groups=2),
+                sse(3, "delta", text="Hello"),
+                b'id: 4\nevent: delta\ndata: {"te',  # the connection breaks inside a message
+            ]
+            return httpx.Response(200, stream=Dropping(chunks, drop=True))
+        assert last == "3"
+        chunks = [
+            sse(4, "delta", text=", world"),
+            sse(5, "usage", usage={"input_tokens": 5, "output_tokens": 2, "calls": [{}]}),
+            sse(6, "status", status="succeeded", stage=None),
+            sse(7, "done", record=record),
+        ]
+        return httpx.Response(200, stream=Dropping(chunks, drop=False))
+
+    render, out, err = renderer()
+    with httpx.Client(transport=httpx.MockTransport(handler), base_url="http://sq") as client:
+        outcome = follow(client, "r1", render)
+    assert outcome.status == "succeeded"
+    assert seen_headers == [None, "3"]
+    assert out.getvalue() == "Hello, world\n"
+    log = err.getvalue()
+    assert "stage preparing" in log and "organizing_history: replaying 2 Q&A groups" in log
+    assert "resuming after event 3" in log
+    assert "usage: in 5 · out 2 · 1 call" in log
+    assert "succeeded" in log.splitlines()[-1]
+
+
+def test_a_failed_request_ends_with_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def handler(_request: httpx.Request) -> httpx.Response:
+        chunks = [
+            sse(1, "status", status="running", stage="answering"),
+            sse(2, "status", status="failed", stage="answering"),
+            sse(
+                3,
+                "error",
+                code="timeout",
+                message="deadline passed",
+                detail={"timeout_s": 1, "stage": "answering"},
+            ),
+        ]
+        return httpx.Response(200, stream=Dropping(chunks, drop=False))
+
+    render, out, err = renderer()
+    with httpx.Client(transport=httpx.MockTransport(handler), base_url="http://sq") as client:
+        outcome = follow(client, "r1", render)
+    assert outcome.status == "failed" and outcome.error is not None and outcome.error["code"] == "timeout"
+    assert 'failed: timeout: deadline passed (timeout_s=1, stage="answering")' in err.getvalue()
+    assert out.getvalue() == ""
+
+
+def test_a_stream_that_never_comes_back_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_client.time, "sleep", lambda _s: None)
+    calls = 0
+
+    def handler(_request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        raise httpx.ConnectError("connection refused")
+
+    render, _out, _err = renderer()
+    with httpx.Client(transport=httpx.MockTransport(handler), base_url="http://sq") as client:
+        with pytest.raises(cli_client.ClientError, match="gave up after 3 reconnects"):
+            follow(client, "r1", render, max_reconnects=3)
+    assert calls == 4
+
+
+def test_resuming_past_the_end_reads_the_final_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_client.time, "sleep", lambda _s: None)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            if request.headers.get("last-event-id") is None:
+                return httpx.Response(200, stream=Dropping([sse(1, "delta", text="Par")], drop=True))
+            return httpx.Response(204)
+        return httpx.Response(200, json={"id": "r1", "status": "succeeded", "answer": "Partial answer"})
+
+    render, out, _err = renderer()
+    with httpx.Client(transport=httpx.MockTransport(handler), base_url="http://sq") as client:
+        outcome = follow(client, "r1", render)
+    assert outcome.status == "succeeded"
+    assert out.getvalue() == "Partial answer\n"
+
+
+def test_a_worker_lost_rerun_discards_the_streamed_text() -> None:
+    render, out, err = renderer()
+    render.handle("delta", {"text": "first try"})
+    render.handle(
+        "progress", {"stage": "answering", "action": "worker_lost_rerun", "discard_streamed_text": True}
+    )
+    render.handle("delta", {"text": "second"})
+    outcome = render.handle(
+        "done", {"record": {"answer": "second try", "truncated": True, "stop_reason": "length"}}
+    )
+    assert outcome is not None and outcome.status == "succeeded"
+    assert out.getvalue() == "first try\nsecond try\n"
+    assert "answer restarts" in err.getvalue()
+    assert "answer truncated: stop reason length" in err.getvalue()
