@@ -1,0 +1,246 @@
+"""Replay window, rolling Q&A summary, context compaction with its cache, overflow recovery."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from service.config import Settings
+from service.providers.base import Provider
+from service.store import memory
+from service.store.db import Database
+from tests.factories import add_history, add_snapshot, admit, make_session
+from tests.pipeline.conftest import run_one
+from tests.scripted_provider import ScriptedServer, Step, Usage
+
+_ORDINAL = re.compile(r"Side question #(\d+)")
+
+
+def _ordinals(body: object) -> list[int]:
+    return sorted({int(m) for m in _ORDINAL.findall(json.dumps(body, ensure_ascii=False))})
+
+
+@pytest.mark.parametrize(
+    ("earlier", "replayed", "folded_calls"),
+    [(19, 19, 0), (20, 20, 0), (21, 20, 1), (50, 20, 2)],
+)
+async def test_replay_window_of_19_20_21_50_groups(
+    db: Database,
+    model_settings: Settings,
+    provider: Provider,
+    server: ScriptedServer,
+    earlier: int,
+    replayed: int,
+    folded_calls: int,
+) -> None:
+    sid = await make_session(db, f"replay-{earlier}")
+    await add_history(db, sid, [(f"question {i}?", f"answer {i}.") for i in range(1, earlier + 1)])
+    rid = await admit(db, sid, "and now?")
+
+    ran = await run_one(db, model_settings, provider, rid)
+
+    assert ran.outcome.status == "succeeded"
+    info = ran.row.context_info
+    first = earlier - replayed + 1
+    assert info["replayed_groups"] == replayed
+    assert info["replayed_ordinals"] == [first, earlier]
+    # What the model received: exactly the replayed groups verbatim, in the answer's last turn.
+    answer_body = server.requests("answer")[0].body
+    assert _ordinals(answer_body["messages"][-1]) == list(range(first, earlier + 1))
+    assert (
+        "question 1?" in json.dumps(answer_body)
+        if first == 1
+        else "question 1?" not in json.dumps(answer_body)
+    )
+    # The older groups went into the rolling summary, in batches of at most 20, in ordinal order.
+    summaries = server.requests("qa_summary")
+    assert len(summaries) == folded_calls
+    folded = [_ordinals(r.body) for r in summaries]
+    assert [o for batch in folded for o in batch] == list(range(1, first))
+    assert all(len(batch) <= 20 for batch in folded)
+    qa = info["qa_summary"]
+    if folded_calls:
+        assert qa == {
+            "used": True,
+            "covered_through_ordinal": first - 1,
+            "updated": True,
+            "calls": folded_calls,
+        }
+        assert info["summary_calls"] == folded_calls
+        assert "Summary of earlier side questions" in json.dumps(answer_body)
+        async with db.sessions() as session:
+            saved = (await memory.load_memory(session, sid))["qa_summary"]
+        assert saved["covered_through_ordinal"] == first - 1 and saved["first_ordinal"] == 1
+    else:
+        assert qa["used"] is False and qa["calls"] == 0
+    progress = [p for p in ran.of("progress") if p.get("what") == "replay"]
+    assert progress[0]["replayed_groups"] == replayed and progress[0]["folded_groups"] == first - 1
+
+
+async def test_rolling_summary_is_updated_not_rewritten_on_the_next_request(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_history(db, sid, [(f"q{i}", f"a{i}") for i in range(1, 22)])
+    first = await admit(db, sid, "first")
+    assert (await run_one(db, model_settings, provider, first)).outcome.status == "succeeded"
+    # 21 earlier + the first request's own answer = 22 succeeded; the next fold covers only #2.
+    second = await admit(db, sid, "second")
+    ran = await run_one(db, model_settings, provider, second)
+    assert ran.row.context_info["replayed_ordinals"] == [3, 22]
+    update = server.requests("qa_summary")[-1].body
+    assert _ordinals(update) == [2]
+    assert "Ship the scripted feature." in json.dumps(update)  # the previous summary is the base
+
+
+def _big_snapshot(messages: int, bytes_each: int) -> dict[str, object]:
+    out: list[dict[str, object]] = []
+    for i in range(messages):
+        role = "user" if i % 2 == 0 else "assistant"
+        out.append({"role": role, "content": f"message {i}: " + ("lorem ipsum " * (bytes_each // 12))})
+    return {"taken_at": "2026-11-29T09:00:00Z", "system": "main system", "messages": out}
+
+
+async def test_compaction_runs_only_when_over_budget_and_then_hits_its_cache(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    # ~40 messages × ~1000 tokens against a 32000-token window: the whole request cannot fit.
+    await add_snapshot(db, sid, "big", _big_snapshot(40, 3000))
+    options = {"context_window": 32000, "max_output_tokens": 1024}
+    first = await admit(db, sid, "what is the state?", snapshot_id="big", options=options)
+
+    ran = await run_one(db, model_settings, provider, first)
+
+    assert ran.outcome.status == "succeeded", ran.row.error
+    assert ran.stages() == ["preparing", "organizing_history", "compacting_context", "answering"]
+    ctx = ran.row.context_info["context_summary"]
+    assert ctx["used"] is True and ctx["cache"] == "miss" and ctx["calls"] >= 1
+    assert ctx["summarized_messages"] + ctx["kept_messages"] == 40
+    assert ran.row.context_info["estimate"]["total"] <= ran.row.context_info["input_budget"]
+    sent = server.requests("answer")[0].body["messages"]
+    assert "message 0:" not in json.dumps(sent)  # the old part went into the summary
+    assert "message 39:" in json.dumps(sent)  # the recent part is kept verbatim
+    calls_after_first = len(server.requests("context_summary"))
+
+    second = await admit(db, sid, "and the risks?", snapshot_id="big", options=options)
+    again = await run_one(db, model_settings, provider, second)
+    assert again.row.context_info["context_summary"]["cache"] == "hit"
+    assert again.row.context_info["context_summary"]["calls"] == 0
+    assert len(server.requests("context_summary")) == calls_after_first
+
+
+async def test_small_requests_never_compact(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_snapshot(db, sid, "small", _big_snapshot(6, 300))
+    rid = await admit(db, sid, "q", snapshot_id="small")
+    ran = await run_one(db, model_settings, provider, rid)
+    assert "compacting_context" not in ran.stages()
+    assert server.requests("context_summary") == []
+
+
+async def test_overflow_recovery_folds_the_replay_and_retries_once(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_history(db, sid, [(f"q{i}", f"a{i} " * 50) for i in range(1, 6)])
+    rid = await admit(db, sid, "q")
+    server.script("answer", Step.overflow(), Step.text("Fits now.", usage=Usage(100, 3)))
+
+    ran = await run_one(db, model_settings, provider, rid)
+
+    assert ran.outcome.status == "succeeded" and ran.row.answer == "Fits now."
+    info = ran.row.context_info
+    assert info["overflow_retries"] == 1 and info["replayed_groups"] == 0
+    assert info["qa_summary"]["covered_through_ordinal"] == 5
+    answers = server.requests("answer")
+    assert len(answers) == 2
+    assert _ordinals(answers[0].body["messages"][-1]) == [1, 2, 3, 4, 5]
+    assert _ordinals(answers[1].body["messages"][-1]) == []
+    assert [c["status"] for c in ran.row.usage["calls"] if c["purpose"] == "answer"] == ["failed", "ok"]
+    assert any(p.get("what") == "overflow_retry" for p in ran.of("progress"))
+
+
+async def test_overflow_with_nothing_to_shrink_stops_at_once(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    rid = await admit(db, await make_session(db), "q")
+    server.script("answer", Step.overflow())
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "context_overflow"
+    assert len(server.requests("answer")) == 1
+    assert ran.row.context_info["overflow_retries"] == 0
+
+
+async def test_overflow_after_streamed_text_is_not_retried(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    from tests.scripted_provider import STREAM_OVERFLOW_ERROR
+
+    sid = await make_session(db)
+    await add_history(db, sid, [("q1", "a1")])
+    rid = await admit(db, sid, "q")
+    server.script("answer", Step.error_after_partial("some text", error=STREAM_OVERFLOW_ERROR))
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "context_overflow"
+    assert len(server.requests("answer")) == 1
+    assert server.requests("qa_summary") == []
+
+
+async def test_a_second_overflow_fails(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_history(db, sid, [("q1", "a1 " * 400)])
+    rid = await admit(db, sid, "q")
+    server.script("answer", Step.overflow(), Step.overflow())
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "context_overflow"
+    assert len(server.requests("answer")) == 2
+    assert ran.row.context_info["overflow_retries"] == 1
+
+
+async def test_summary_failure_fails_the_request_with_its_code(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_history(db, sid, [(f"q{i}", f"a{i}") for i in range(1, 22)])
+    rid = await admit(db, sid, "q")
+    server.script("qa_summary", Step.invalid_summary(), Step.invalid_summary())
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "summary_invalid"
+    assert ran.types()[-2:] == ["status", "error"] and ran.events[-2].data["stage"] == "organizing_history"
+    assert server.requests("answer") == []
+    assert [c["purpose"] for c in ran.row.usage["calls"]] == ["qa_summary", "qa_summary"]
+    async with db.sessions() as session:
+        assert (await memory.load_memory(session, sid))["qa_summary"] is None
+
+
+async def test_summary_call_cap_fails_before_spending_calls(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    settings = model_settings.model_copy(update={"max_summary_calls": 1})
+    sid = await make_session(db)
+    await add_history(db, sid, [(f"q{i}", f"a{i}") for i in range(1, 51)])
+    rid = await admit(db, sid, "q")
+    ran = await run_one(db, settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "summary_call_cap"
+    assert server.requests() == []
+
+
+async def test_overflow_stops_when_shrinking_would_not_make_the_prompt_smaller(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    # One tiny replayed pair: its summary would be longer than the pair itself.
+    sid = await make_session(db)
+    await add_history(db, sid, [("q1", "a1")])
+    rid = await admit(db, sid, "q")
+    server.script("answer", Step.overflow())
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "context_overflow"
+    assert len(server.requests("answer")) == 1
+    assert ran.row.context_info["overflow_retries"] == 0
