@@ -1,0 +1,50 @@
+"""The worker: slots, claim loop, heartbeats, cancellation, recovery sweep (SPEC §9).
+
+``start_worker`` runs it inside another process's event loop (``sidequest serve``);
+``run_worker_forever`` is ``sidequest worker``: its own loop until SIGINT / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from service.config import Settings
+from service.store.db import Database, connect
+from service.worker.runner import Worker, worker_id
+
+log = logging.getLogger(__name__)
+
+
+async def start_worker(settings: Settings, db: Database) -> Worker:
+    """Start a worker on ``db`` in the running event loop; ``await handle.stop()`` to stop it."""
+    worker = Worker(settings, db)
+    await worker.start()
+    return worker
+
+
+async def _serve_until_signalled(settings: Settings, database_url: str) -> None:
+    db = connect(database_url, pool_size=max(5, settings.max_concurrency + 3))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # not on every platform
+            loop.add_signal_handler(signum, stop.set)
+    worker = Worker(settings, db, database_url=database_url)
+    try:
+        await worker.start()
+        await stop.wait()
+        log.info("signal received: stopping the worker")
+    finally:
+        await worker.stop()
+        await db.dispose()
+
+
+def run_worker_forever(settings: Settings, database_url: str) -> None:
+    """Run a worker process until SIGINT or SIGTERM (``sidequest worker``)."""
+    asyncio.run(_serve_until_signalled(settings, database_url))
+
+
+__all__ = ["Worker", "run_worker_forever", "start_worker", "worker_id"]
