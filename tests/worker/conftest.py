@@ -39,13 +39,13 @@ def worker_settings(database_url: str, server: ScriptedServer) -> Settings:
 
 
 async def wait_for(
-    check: Callable[[], Awaitable[bool]], *, timeout: float = 10.0, interval: float = 0.02
+    check: Callable[[], Awaitable[bool]], *, within: float = 10.0, interval: float = 0.02
 ) -> float:
     """Poll ``check`` until it is true; returns the seconds it took. Fails the test on timeout."""
     started = time.monotonic()
     while not await check():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
+        if time.monotonic() - started > within:
+            raise AssertionError(f"condition not met within {within}s")
         await asyncio.sleep(interval)
     return time.monotonic() - started
 

@@ -59,7 +59,7 @@ async def test_cancel_stops_a_running_answer_within_a_second_and_keeps_usage(
     async with db.sessions() as session:
         record = await cancel_request(session, "default", rid)
     assert record is not None and record["status"] == "cancelled"
-    await wait_for(lambda: _not_running_locally(worker, rid), timeout=1.0)
+    await wait_for(lambda: _not_running_locally(worker, rid), within=1.0)
     assert time.monotonic() - started < 1.0
 
     row = await row_of(db, rid)
@@ -90,7 +90,7 @@ async def test_a_cancel_without_notify_is_noticed_by_the_liveness_check(
         await session.execute(
             text("UPDATE side_question_requests SET status = 'cancelled' WHERE id = :id"), {"id": rid}
         )
-    took = await wait_for(lambda: _not_running_locally(worker, rid), timeout=2.0)
+    took = await wait_for(lambda: _not_running_locally(worker, rid), within=2.0)
     assert took <= 1.3
     row = await row_of(db, rid)
     assert row.usage["calls"][-1]["status"] == "cancelled"
