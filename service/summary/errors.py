@@ -1,0 +1,117 @@
+"""One exception type per way a summary can fail (SPEC §8).
+
+Every failure is a :class:`SummaryError` with the SPEC error ``code``, a human ``message`` and a JSON-able
+``detail`` dict, so the pipeline maps it to ``{"error": {"code", "message", "detail"}}`` without knowing
+which one it got. Provider errors (``service.providers.base.ProviderError`` and its subclasses, the
+deadline's timeout included) are *not* wrapped: they propagate unchanged, because their own codes
+(``provider_error``, ``rate_limited``, ``timeout`` …) are what the caller must report.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class SummaryError(Exception):
+    """Base of every summary failure; ``code`` is the SPEC §8 error code."""
+
+    code: ClassVar[str] = "summary_error"
+
+    def __init__(self, message: str, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail: dict[str, Any] = dict(detail or {})
+
+    def to_error(self) -> dict[str, Any]:
+        """The ``error`` object of a failed request record."""
+        return {"code": self.code, "message": self.message, "detail": dict(self.detail)}
+
+
+class SummaryTruncated(SummaryError):
+    """The reply hit its output cap (``length`` / ``max_tokens``) before the JSON was complete."""
+
+    code: ClassVar[str] = "summary_truncated"
+
+    def __init__(self, *, max_output_tokens: int, stop_reason: str) -> None:
+        super().__init__(
+            f"the summary was cut at its output cap of {max_output_tokens} tokens"
+            f" (stop reason {stop_reason})",
+            {"max_output_tokens": max_output_tokens, "stop_reason": stop_reason},
+        )
+        self.max_output_tokens = max_output_tokens
+        self.stop_reason = stop_reason
+
+
+class SummaryEmpty(SummaryError):
+    """The reply had no body text (nothing at all, or reasoning / thinking only)."""
+
+    code: ClassVar[str] = "summary_empty"
+
+    def __init__(self, *, thinking_only: bool = False) -> None:
+        what = "only thinking, no summary text" if thinking_only else "no text"
+        super().__init__(f"the summary reply was empty ({what})", {"thinking_only": thinking_only})
+        self.thinking_only = thinking_only
+
+
+class SummaryInvalid(SummaryError):
+    """The reply is not exactly one summary document (wrong JSON, keys, types or sizes)."""
+
+    code: ClassVar[str] = "summary_invalid"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the summary reply is not a valid summary document: {reason}", {"reason": reason})
+        self.reason = reason
+
+
+class SummaryToolCall(SummaryError):
+    """The model tried to call a tool during a summary call; never retried."""
+
+    code: ClassVar[str] = "summary_tool_call"
+
+    def __init__(self, *, tool_name: str) -> None:
+        super().__init__(
+            f"the model tried to call the tool {tool_name!r} while summarising; summaries use no tools",
+            {"tool_name": tool_name},
+        )
+        self.tool_name = tool_name
+
+
+class SummaryTooLong(SummaryError):
+    """The rendered summary body is estimated above the body limit."""
+
+    code: ClassVar[str] = "summary_too_long"
+
+    def __init__(self, *, body_tokens: int, limit: int) -> None:
+        super().__init__(
+            f"the summary body is about {body_tokens} tokens, over the limit of {limit}",
+            {"body_tokens": body_tokens, "limit": limit},
+        )
+        self.body_tokens = body_tokens
+        self.limit = limit
+
+
+class SummaryCallCap(SummaryError):
+    """The per-request summary call cap is (or would be) exceeded; no call beyond it is ever made."""
+
+    code: ClassVar[str] = "summary_call_cap"
+
+    def __init__(self, *, calls_made: int, calls_needed: int, max_calls: int) -> None:
+        super().__init__(
+            f"summaries need {calls_needed} more call(s) but {calls_made} of the {max_calls} allowed "
+            "summary calls of this request are already used",
+            {"calls_made": calls_made, "calls_needed": calls_needed, "max_calls": max_calls},
+        )
+        self.calls_made = calls_made
+        self.calls_needed = calls_needed
+        self.max_calls = max_calls
+
+
+__all__ = [
+    "SummaryCallCap",
+    "SummaryEmpty",
+    "SummaryError",
+    "SummaryInvalid",
+    "SummaryTooLong",
+    "SummaryToolCall",
+    "SummaryTruncated",
+]

@@ -1,0 +1,300 @@
+"""Prompts: the summary calls (first attempt, retry, update; Q&A folding vs context compaction) and the
+assembly of the side answer request (SPEC §7 layout).
+
+Changing any summary prompt text changes what a cached context summary means, so it must come with a
+new :data:`PROMPT_VERSION` (part of the context-summary cache key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from service.budget import (
+    SegmentEstimate,
+    envelope_tokens,
+    estimate_block,
+    estimate_messages,
+    estimate_system,
+    estimate_text,
+    estimate_tools,
+)
+from service.summary.document import BODY_TOKEN_LIMIT, RETRY_BODY_TOKENS
+from service.summary.material import QAPair, render_qa_pair
+
+PROMPT_VERSION = "summary-prompts-1"
+
+SummaryKind = Literal["qa", "context"]
+
+# What the first attempt asks for: comfortably below the 2200-token body limit.
+FIRST_BODY_TOKENS = 1500
+
+_SCHEMA = (
+    '{"objective": string, "state": string, "decisions": [string], "open_work": [string], "risks": [string]}'
+)
+
+_SYSTEM_COMMON = f"""You write working summaries for Sidequest, a service that answers side questions \
+asked beside a running agent task. You never call tools.
+
+Reply with exactly one JSON object and nothing else: no prose before or after it, at most one ```json fence. \
+The object has exactly these keys:
+{_SCHEMA}
+- objective: what the work is trying to achieve.
+- state: where it stands now.
+- decisions: conclusions reached, facts established, choices made (with the reason when known).
+- open_work: what is still to be done or answered.
+- risks: known problems, doubts, things that could go wrong.
+Each string at most 2 KiB, each list at most 32 items. Keep concrete facts: names, numbers, file paths, \
+identifiers, commands, error messages. Write in the language of the material."""
+
+_SYSTEM_QA = (
+    _SYSTEM_COMMON
+    + """
+
+The material is earlier side questions and their answers, asked beside a main agent task. Summarise what \
+was asked and what was concluded, so that later side questions can build on it. Those answers were given \
+from the main context as it was at the time: record them as earlier conclusions, not as new tool evidence."""
+)
+
+_SYSTEM_CONTEXT = (
+    _SYSTEM_COMMON
+    + """
+
+The material is the older part of a main agent's transcript (user messages, assistant messages, tool calls \
+and tool results). Summarise it so that a model that reads only your summary and the most recent messages \
+can answer questions about the task: goals, what was done and found, files and commands involved, decisions, \
+what is pending."""
+)
+
+
+def summary_system_prompt(kind: SummaryKind) -> str:
+    """The system prompt of a summary call of this kind."""
+    return _SYSTEM_QA if kind == "qa" else _SYSTEM_CONTEXT
+
+
+@dataclass(frozen=True)
+class SummaryPrompt:
+    """One summary call's prompt: system text and canonical messages."""
+
+    system: str
+    messages: list[dict[str, Any]]
+
+
+def build_summary_prompt(
+    kind: SummaryKind,
+    material: str,
+    *,
+    previous_body: str | None,
+    retry: bool,
+    chunk: int = 1,
+    chunks: int = 1,
+) -> SummaryPrompt:
+    """The prompt of one summary attempt over ``material``.
+
+    ``previous_body`` is the rendered body of the running (valid) summary: when given, the model is asked
+    to *update* it with the new material, keeping earlier conclusions. ``retry`` is the one retry after a
+    failed first attempt: same material, a firmer format reminder and a body under 600 tokens.
+    """
+    what = "side questions and answers" if kind == "qa" else "transcript"
+    parts: list[str] = []
+    if previous_body is not None:
+        parts.append(
+            "Here is the summary so far, covering earlier material:\n<previous_summary>\n"
+            + previous_body
+            + "\n</previous_summary>\n\n"
+            "Update it with the new material below. This is an update, not a rewrite: keep the earlier "
+            "conclusions, decisions and open points unless the new material explicitly settles or "
+            "replaces them, and merge new facts in."
+        )
+    else:
+        parts.append(f"Summarise the {what} below.")
+    if chunks > 1:
+        parts.append(f"This is part {chunk} of {chunks} of the material.")
+    parts.append(f"<material>\n{material}\n</material>")
+    if retry:
+        parts.append(
+            "Your previous reply to this could not be used (it was empty, cut off, not the required JSON "
+            f"object, or too long). Keep the whole summary under {RETRY_BODY_TOKENS} tokens: keep the most "
+            "important facts and drop detail. Reply with the JSON object only."
+        )
+    else:
+        parts.append(
+            f"Keep the whole summary under about {FIRST_BODY_TOKENS} tokens. Reply with the JSON object only."
+        )
+    return SummaryPrompt(
+        system=summary_system_prompt(kind),
+        messages=[{"role": "user", "content": "\n\n".join(parts)}],
+    )
+
+
+def summary_prompt_reserve(kind: SummaryKind) -> int:
+    """Tokens a summary prompt needs besides its material, in the worst case.
+
+    Worst case = the retry variant of an update of a chunk, with a previous summary at the body limit
+    (the running summary is shown as its rendered body, so its size is bounded by the same estimate).
+    Chunk sizes reserve this in advance, so the retry of any chunk fits as well as its first attempt.
+    """
+    skeleton = build_summary_prompt(kind, "", previous_body="", retry=True, chunk=999, chunks=999)
+    return estimate_system(skeleton.system) + estimate_messages(skeleton.messages) + BODY_TOKEN_LIMIT
+
+
+# --------------------------------------------------------------------------------------------------
+# The side answer request (SPEC §7).
+
+ANSWER_INSTRUCTIONS = """[Sidequest] The conversation above is the main agent's session, shown to you \
+read-only. The person running it asks a side question ("by the way…"); the main task keeps running and is \
+not affected by your answer.
+
+- Answer the side question below directly and concisely, from the context above.
+- Do not call any tools: none are available to you here, even if tools are listed.
+- Earlier side answers (the side Q&A summary and the recent side Q&A below) are earlier conclusions, \
+not new tool evidence; the latest main context wins wherever they disagree with it.
+- If the context does not contain the answer, say so instead of guessing."""
+
+# Used instead of ANSWER_INSTRUCTIONS when the question came without any snapshot (SPEC §3: it is then
+# answered from the side Q&A history alone), so the model is not told of a conversation that is not there.
+ANSWER_INSTRUCTIONS_NO_CONTEXT = """[Sidequest] A person running a main agent task asks a side question \
+("by the way…"). No snapshot of the main session came with it: answer from the earlier side questions and \
+answers below.
+
+- Answer the side question below directly and concisely.
+- Do not call any tools: none are available to you here.
+- Earlier side answers are earlier conclusions, not new tool evidence, and may be out of date.
+- If they do not contain the answer, say so instead of guessing."""
+
+CONTEXT_SUMMARY_ACK = (
+    "Understood. I have the summary of the earlier part of the session; the recent messages follow."
+)
+
+PENDING_TOOL_RESULT = "(no result yet: the main task was still running this tool when the snapshot was taken)"
+
+
+@dataclass(frozen=True)
+class AnswerRequest:
+    """The assembled answer call: what to send, and its estimate per segment."""
+
+    system: str | None
+    tools: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
+    estimate: SegmentEstimate
+
+
+def _text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _pending_tool_ids(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Tool calls of a trailing assistant message that no message answers (snapshot taken mid-tool)."""
+    if not messages or messages[-1].get("role") != "assistant":
+        return []
+    content = messages[-1].get("content")
+    if not isinstance(content, list):
+        return []
+    return [
+        str(block.get("id") or "")
+        for block in content
+        if isinstance(block, Mapping) and block.get("type") == "tool_use"
+    ]
+
+
+def build_answer_request(
+    *,
+    question: str,
+    system: str | None = None,
+    tools: Sequence[Mapping[str, Any]] = (),
+    messages: Sequence[Mapping[str, Any]] = (),
+    context_summary: str | None = None,
+    qa_summary: str | None = None,
+    replayed: Sequence[QAPair] = (),
+    context_time: str | None = None,
+) -> AnswerRequest:
+    """Assemble the side answer request in the SPEC §7 order, for the main session's prefix cache.
+
+    1. ``system`` and ``tools`` exactly as the snapshot had them.
+    2. The snapshot's canonical ``messages`` exactly as given — or, when compacted, a user turn carrying
+       ``context_summary`` and a short assistant acknowledgement (dropped if the kept messages start with
+       an assistant turn, so roles still alternate), then the kept ``messages`` unchanged.
+    3. ONE final user turn: Sidequest's instructions, the rendered Q&A summary, the replayed Q&A
+       (ordinal, question, answer) and the question, each a text block.
+
+    Keeping the list valid: if the last message is a user turn, the final turn's blocks are *appended to
+    it* (a copy; every earlier message stays byte-identical, so the cached prefix still matches), rather
+    than inventing an assistant turn the main model never said. If the last message is an assistant turn
+    with tool calls that have no result yet (snapshot taken mid-tool), the final user turn starts with a
+    ``tool_result`` for each, saying the result is pending — a call is never left without its result.
+    """
+    out: list[dict[str, Any]] = []
+    if context_summary is not None:
+        out.append({"role": "user", "content": [_text_block(context_summary)]})
+        if not messages or messages[0].get("role") != "assistant":
+            out.append({"role": "assistant", "content": [_text_block(CONTEXT_SUMMARY_ACK)]})
+    out.extend(dict(m) for m in messages)
+    context_tokens = estimate_messages(out) - envelope_tokens(len(out))
+
+    instructions = ANSWER_INSTRUCTIONS if out else ANSWER_INSTRUCTIONS_NO_CONTEXT
+    if context_time and out:
+        instructions += f"\n- The main context above was taken at {context_time}."
+    blocks: list[dict[str, Any]] = [
+        {"type": "tool_result", "tool_use_id": tool_id, "content": PENDING_TOOL_RESULT}
+        for tool_id in _pending_tool_ids(out)
+    ]
+    # The stand-in results complete the snapshot's own tool calls, so they count as context.
+    context_tokens += sum(estimate_block(block) for block in blocks)
+    blocks.append(_text_block(instructions))
+    # The meter's "question" segment is the final turn's own text: our instructions plus the question.
+    question_tokens = estimate_text(instructions)
+
+    qa_summary_tokens = 0
+    if qa_summary is not None:
+        text = "Summary of earlier side questions and answers:\n" + qa_summary
+        blocks.append(_text_block(text))
+        qa_summary_tokens = estimate_text(text)
+    qa_raw_tokens = 0
+    if replayed:
+        text = "Recent side questions and answers (oldest first):\n\n" + "\n".join(
+            render_qa_pair(pair) for pair in replayed
+        )
+        blocks.append(_text_block(text))
+        qa_raw_tokens = estimate_text(text)
+    question_text = "Side question:\n" + question
+    blocks.append(_text_block(question_text))
+    question_tokens += estimate_text(question_text)
+
+    if out and out[-1].get("role") == "user":
+        last = out[-1]
+        content = last.get("content")
+        existing: list[Any] = [_text_block(content)] if isinstance(content, str) else list(content or [])
+        out[-1] = {**last, "content": existing + blocks}
+    else:
+        out.append({"role": "user", "content": blocks})
+
+    estimate = SegmentEstimate(
+        system=estimate_system(system),
+        tools=estimate_tools(list(tools)),
+        context=context_tokens,
+        qa_summary=qa_summary_tokens,
+        qa_raw=qa_raw_tokens,
+        question=question_tokens,
+        envelope=envelope_tokens(len(out)),
+    )
+    return AnswerRequest(
+        system=system,
+        tools=[dict(t) for t in tools],
+        messages=out,
+        estimate=estimate,
+    )
+
+
+__all__ = [
+    "ANSWER_INSTRUCTIONS",
+    "ANSWER_INSTRUCTIONS_NO_CONTEXT",
+    "PROMPT_VERSION",
+    "AnswerRequest",
+    "SummaryKind",
+    "SummaryPrompt",
+    "build_answer_request",
+    "build_summary_prompt",
+    "summary_prompt_reserve",
+    "summary_system_prompt",
+]

@@ -1,0 +1,125 @@
+"""The rolling Q&A summary (SPEC §6.1): older side Q&A folded into one summary, by *updating* it.
+
+Each fold shows the model the previous summary and asks it to merge the new Q&A in, keeping earlier
+conclusions, so what group 1 established survives fold after fold instead of being rewritten away.
+The result carries our provenance (ordinal range, context time) and is returned for the store to save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from service.budget import estimate_text
+from service.summary.document import Provenance, SummaryDocument, render_summary
+from service.summary.material import QAPair, render_qa_pair
+from service.summary.policy import SummaryRunner
+
+
+@dataclass(frozen=True)
+class StoredQASummary:
+    """A validated rolling Q&A summary as kept in ``memory.qa_summary``.
+
+    ``tokens`` is the estimate of :meth:`rendered` — the text that goes into the answer prompt.
+    """
+
+    document: SummaryDocument
+    provenance: Provenance
+    first_ordinal: int
+    covered_through_ordinal: int
+    tokens: int
+
+    def rendered(self) -> str:
+        """The summary as prompt text (provenance header + body)."""
+        return render_summary(self.document, self.provenance)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form for the session memory (and v3 archives)."""
+        return {
+            "document": self.document.to_json(),
+            "provenance": self.provenance.to_json(),
+            "first_ordinal": self.first_ordinal,
+            "covered_through_ordinal": self.covered_through_ordinal,
+            "tokens": self.tokens,
+            "updated_at": self.provenance.created_at,
+        }
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> StoredQASummary:
+        """Inverse of :meth:`to_json`; the document is re-validated."""
+        return cls(
+            document=SummaryDocument.from_json(value["document"]),
+            provenance=Provenance.from_json(value["provenance"]),
+            first_ordinal=int(value["first_ordinal"]),
+            covered_through_ordinal=int(value["covered_through_ordinal"]),
+            tokens=int(value["tokens"]),
+        )
+
+
+def _new_pairs(previous: StoredQASummary | None, batches: Sequence[Sequence[QAPair]]) -> list[list[QAPair]]:
+    """Batches without pairs the previous summary already covers; ordinals must ascend throughout."""
+    covered = previous.covered_through_ordinal if previous is not None else None
+    last: int | None = covered
+    result: list[list[QAPair]] = []
+    for batch in batches:
+        kept: list[QAPair] = []
+        for pair in batch:
+            if covered is not None and pair.ordinal <= covered:
+                continue  # already folded: folding it twice would count its conclusions twice
+            if last is not None and pair.ordinal <= last:
+                raise ValueError("Q&A pairs must be in strictly ascending ordinal")
+            last = pair.ordinal
+            kept.append(pair)
+        if kept:
+            result.append(kept)
+    return result
+
+
+async def fold_qa(
+    runner: SummaryRunner,
+    previous: StoredQASummary | None,
+    batches: Sequence[Sequence[QAPair]],
+    context_time: str | None,
+) -> StoredQASummary | None:
+    """Fold ``batches`` of Q&A pairs (ascending ordinals) into ``previous``.
+
+    Each batch is one update of the running summary (more than one call only when a batch is larger
+    than one call's capacity). All chunks of all batches are planned first and the whole plan is checked
+    against the call cap before any call is made. Returns the new summary covering through the last
+    folded ordinal, ``previous`` unchanged when there is nothing new, or None when there is nothing at
+    all. Raises the summary / provider errors of :meth:`SummaryRunner.summarize`.
+    """
+    fresh = _new_pairs(previous, batches)
+    if not fresh:
+        return previous
+    plans = [runner.chunk("qa", [render_qa_pair(pair) for pair in batch]) for batch in fresh]
+    total = sum(len(chunks) for chunks in plans)
+    runner.budget.require(total)
+    document = previous.document if previous is not None else None
+    done = 0
+    for chunks in plans:
+        document = await runner.summarize(
+            "qa", chunks, document, check_cap=False, progress_offset=done, progress_total=total
+        )
+        done += len(chunks)
+    assert document is not None
+    first = previous.first_ordinal if previous is not None else fresh[0][0].ordinal
+    through = fresh[-1][-1].ordinal
+    provenance = Provenance.for_qa(
+        first_ordinal=first,
+        covered_through_ordinal=through,
+        model=runner.model,
+        created_at=runner.now(),
+        context_time=context_time,
+    )
+    return StoredQASummary(
+        document=document,
+        provenance=provenance,
+        first_ordinal=first,
+        covered_through_ordinal=through,
+        tokens=estimate_text(render_summary(document, provenance)),
+    )
+
+
+__all__ = ["QAPair", "StoredQASummary", "fold_qa"]
