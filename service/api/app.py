@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 # Slack above the snapshot + question limits for the JSON around them; the precise per-field
 # limits (413 with the field's own message) are checked by the routes.
 BODY_SLACK_BYTES = 1024 * 1024
+DRAIN_LIMIT_BYTES = 256 * 1024 * 1024
 
 
 class BodyLimit:
@@ -42,7 +43,7 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, receive, send)
+            await self._refuse(scope, receive, send, drain=True)
             return
         seen = 0
 
@@ -58,9 +59,19 @@ class BodyLimit:
         try:
             await self.app(scope, counting_receive, send)
         except BodyTooLarge:
-            await self._refuse(scope, receive, send)
+            await self._refuse(scope, receive, send, drain=True)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, *, drain: bool) -> None:
+        # Read and discard the rest (bounded) so the client gets the 413 instead of a connection
+        # reset while it is still sending.
+        drained = 0
+        while drain and drained < DRAIN_LIMIT_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            drained += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
         response = JSONResponse(
             error_body(
                 "payload_too_large",

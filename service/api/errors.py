@@ -119,7 +119,7 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
         message = "not found"
     if code == "bad_request" and "parsing the body" in message:
         # FastAPI's answer to a body it cannot decode (e.g. invalid UTF-8).
-        code, message = "malformed_body", "the request body is not valid UTF-8 JSON"
+        code, message = "malformed_json", "the request body is not valid UTF-8"
     return error_response(ApiError(exc.status_code, code, message, headers=getattr(exc, "headers", None)))
 
 

@@ -32,15 +32,22 @@ class Server:
 
 
 @asynccontextmanager
-async def serve(app: FastAPI) -> AsyncIterator[str]:
+async def serve(app: FastAPI, *, access_log: bool = False) -> AsyncIterator[str]:
     """Run ``app`` under uvicorn on a free 127.0.0.1 port; stop it on exit."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=1)
+    # log_config=None: keep the test's logging setup (uvicorn's dictConfig would replace handlers).
+    config = uvicorn.Config(
+        app,
+        log_level="info" if access_log else "warning",
+        log_config=None,
+        access_log=access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+    )
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         for _ in range(500):
@@ -65,12 +72,12 @@ async def start_server(db: Database, settings: Settings) -> AsyncIterator[StartS
     """Start servers with settings overrides (on the empty test database); all stop at teardown."""
     stack: list[Any] = []
 
-    async def start(ping_s: float | None = None, **overrides: Any) -> Server:
+    async def start(ping_s: float | None = None, access_log: bool = False, **overrides: Any) -> Server:
         chosen = settings.model_copy(update=overrides)
         app = create_app(chosen, settings.database_url or "")
         if ping_s is not None:
             app.state.sse_ping_s = ping_s
-        context = serve(app)
+        context = serve(app, access_log=access_log)
         url = await context.__aenter__()
         stack.append(context)
         return Server(url=url, app=app)

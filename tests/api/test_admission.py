@@ -1,0 +1,255 @@
+"""POST /v1/sessions/{parent_id}/questions: admission, snapshots, limits, bad input, idempotency."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+
+from service.store.db import Database
+from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
+from tests.api.conftest import Server, StartServer
+from tests.api.helpers import ask
+
+SNAPSHOT: dict[str, Any] = {
+    "taken_at": "2026-11-29T10:00:00Z",
+    "system": "You are the main agent.",
+    "tools": [{"name": "grep", "description": "search", "input_schema": {"type": "object"}}],
+    "messages": [
+        {"role": "user", "content": "Fix the bug."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Searching."},
+                {"type": "tool_use", "id": "t1", "name": "grep", "input": {"q": "bug"}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.py:3"}]},
+    ],
+    "context_window": 200000,
+    "max_output_tokens": 32000,
+}
+
+
+async def _row_counts(db: Database) -> tuple[int, int, int, int]:
+    async with db.sessions() as session:
+        counts = []
+        for table in (SessionRow, RequestRow, EventRow, SnapshotRow):
+            counts.append(int(await session.scalar(select(func.count()).select_from(table)) or 0))
+    return counts[0], counts[1], counts[2], counts[3]
+
+
+async def test_admission_answers_202_with_a_queued_record_and_its_queued_event(
+    server: Server, db: Database
+) -> None:
+    async with server.client() as client:
+        first = await ask(client, "p1", "what is x?", model="m-1", max_output_tokens=1024)
+        second = await ask(client, "p1", "and y?")
+        assert first["status"] == "queued" and first["stage"] is None
+        assert (first["ordinal"], second["ordinal"]) == (1, 2)
+        assert first["parent_id"] == "p1" and first["model"] == "m-1" and first["answer"] is None
+        expected = {
+            "id",
+            "parent_id",
+            "ordinal",
+            "question",
+            "status",
+            "stage",
+            "answer",
+            "truncated",
+            "stop_reason",
+            "error",
+            "usage",
+            "context_info",
+            "model",
+            "snapshot_id",
+            "attempt",
+            "created_at",
+            "started_at",
+            "finished_at",
+        }
+        assert expected <= set(first)
+    async with db.sessions() as session:
+        row = await session.scalar(select(RequestRow).where(RequestRow.ordinal == 1))
+        assert row is not None
+        assert row.options == {"model": "m-1", "max_output_tokens": 1024}
+        event = await session.scalar(select(EventRow).where(EventRow.request_id == row.id))
+        assert event is not None and event.type == "status"
+        assert event.data["status"] == "queued" and event.data["stage"] is None
+
+
+async def test_inline_snapshot_is_stored_under_its_id_or_content_hash(server: Server, db: Database) -> None:
+    async with server.client() as client:
+        named = await ask(client, "p-snap", snapshot={**SNAPSHOT, "snapshot_id": "s-42"})
+        assert named["snapshot_id"] == "s-42"
+        hashed = await ask(client, "p-snap", snapshot=SNAPSHOT)
+        assert len(hashed["snapshot_id"]) == 64
+        # The same content again (keys reordered) is the same snapshot; a reference works too.
+        again = await ask(client, "p-snap", snapshot=dict(reversed(list(SNAPSHOT.items()))))
+        assert again["snapshot_id"] == hashed["snapshot_id"]
+        by_ref = await ask(client, "p-snap", snapshot_id="s-42")
+        assert by_ref["snapshot_id"] == "s-42"
+        # Immutable: same id, other content.
+        other = {**SNAPSHOT, "snapshot_id": "s-42", "system": "changed"}
+        response = await client.post(
+            "/v1/sessions/p-snap/questions", json={"question": "q", "snapshot": other}
+        )
+        assert response.status_code == 409 and response.json()["error"]["code"] == "snapshot_conflict"
+    async with db.sessions() as session:
+        stored = await session.scalar(select(SnapshotRow).where(SnapshotRow.snapshot_id == "s-42"))
+        assert stored is not None and next(iter(stored.content)) == "taken_at"  # kept as posted
+        assert stored.token_estimate > 0
+
+
+async def test_put_snapshot_is_immutable(server: Server) -> None:
+    async with server.client() as client:
+        url = "/v1/sessions/p-put/snapshots/s-1"
+        created = await client.put(url, json=SNAPSHOT)
+        assert created.status_code == 201 and created.json()["created"] is True
+        same = await client.put(url, json=dict(reversed(list(SNAPSHOT.items()))))
+        assert same.status_code == 200 and same.json()["content_hash"] == created.json()["content_hash"]
+        conflict = await client.put(url, json={**SNAPSHOT, "messages": []})
+        assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "snapshot_conflict"
+        record = await ask(client, "p-put", snapshot_id="s-1")
+        assert record["snapshot_id"] == "s-1"
+
+
+async def test_unknown_snapshot_id_is_404_snapshot_missing_and_writes_nothing(
+    server: Server, db: Database
+) -> None:
+    async with server.client() as client:
+        response = await client.post(
+            "/v1/sessions/p-miss/questions", json={"question": "q", "snapshot_id": "nope"}
+        )
+        assert response.status_code == 404
+        body = response.json()["error"]
+        assert body["code"] == "snapshot_missing" and body["detail"] == {"snapshot_id": "nope"}
+    assert await _row_counts(db) == (0, 0, 0, 0)
+
+
+async def test_question_limit_is_65536_bytes_of_utf8(server: Server, db: Database) -> None:
+    async with server.client() as client:
+        exact = "é" * 32768  # 65536 bytes
+        assert (
+            await client.post("/v1/sessions/p-big/questions", json={"question": exact})
+        ).status_code == 202
+        over = "é" * 32768 + "a"
+        response = await client.post("/v1/sessions/p-big/questions", json={"question": over})
+        assert response.status_code == 413
+        error = response.json()["error"]
+        assert (
+            error["code"] == "question_too_large"
+            and "65537" in error["message"]
+            and "65536" in error["message"]
+        )
+    assert (await _row_counts(db))[1] == 1
+
+
+async def test_snapshot_limit_is_413(start_server: StartServer, db: Database) -> None:
+    server = await start_server(max_snapshot_bytes=2000)
+    big = {**SNAPSHOT, "system": "x" * 3000}
+    async with server.client() as client:
+        response = await client.post("/v1/sessions/p-s/questions", json={"question": "q", "snapshot": big})
+        assert response.status_code == 413 and response.json()["error"]["code"] == "snapshot_too_large"
+        put = await client.put("/v1/sessions/p-s/snapshots/s1", json=big)
+        assert put.status_code == 413 and put.json()["error"]["code"] == "snapshot_too_large"
+        # A body far beyond every limit is refused before it is read.
+        huge = b'{"question": "' + b"x" * 2_000_000 + b'"}'
+        refused = await client.post(
+            "/v1/sessions/p-s/questions", content=huge, headers={"Content-Type": "application/json"}
+        )
+        assert refused.status_code == 413 and refused.json()["error"]["code"] == "payload_too_large"
+    assert await _row_counts(db) == (0, 0, 0, 0)
+
+
+async def test_the_21st_queued_request_is_429_and_running_ones_do_not_count(
+    server: Server, db: Database
+) -> None:
+    async with server.client() as client:
+        records = [await ask(client, "p-q", f"q{i}") for i in range(20)]
+        response = await client.post("/v1/sessions/p-q/questions", json={"question": "one too many"})
+        assert response.status_code == 429
+        error = response.json()["error"]
+        assert error["code"] == "queue_full" and "20" in error["message"]
+        assert (await _row_counts(db))[1] == 20
+        # One starts running: a slot in the queue frees up.
+        async with db.sessions() as session:
+            row = await session.get(RequestRow, __import__("uuid").UUID(records[0]["id"]))
+            assert row is not None
+            row.status = "running"
+            await session.commit()
+        assert (await client.post("/v1/sessions/p-q/questions", json={"question": "fits"})).status_code == 202
+        # Other sessions are not affected.
+        assert (
+            await client.post("/v1/sessions/p-other/questions", json={"question": "q"})
+        ).status_code == 202
+
+
+async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Database) -> None:
+    url = "/v1/sessions/p-bad/questions"
+    cases: list[tuple[bytes, int, str]] = [
+        (b'{"question": "unterminated', 400, "malformed_json"),
+        (b'{"question": "\xff\xfe bad utf-8"}', 400, "malformed_json"),
+        (b'{"question": 42}', 422, "validation_error"),
+        (b'{"question": ""}', 422, "validation_error"),
+        (b"{}", 422, "validation_error"),
+        (b"[1, 2]", 422, "validation_error"),
+        (b'{"question": "q", "max_output_tokens": 100}', 422, "validation_error"),
+        (b'{"question": "q", "max_output_tokens": "lots"}', 422, "validation_error"),
+        (b'{"question": "q", "unknown_field": 1}', 422, "validation_error"),
+        (b'{"question": "nul \\u0000 inside"}', 422, "validation_error"),
+        (b'{"question": "lone \\ud800 surrogate"}', 422, "validation_error"),
+        (b'{"question": "q", "snapshot": {"messages": "not a list"}}', 422, "validation_error"),
+        (
+            b'{"question": "q", "snapshot": {"messages": [{"role": "user", "content": "\\u0000"}]}}',
+            422,
+            "invalid_snapshot",
+        ),
+        (b'{"question": "q", "snapshot_id": "a", "snapshot": {"messages": []}}', 422, "validation_error"),
+    ]
+    async with server.client() as client:
+        for body, status, code in cases:
+            response = await client.post(url, content=body, headers={"Content-Type": "application/json"})
+            assert response.status_code == status, (body, response.text)
+            error = response.json()["error"]
+            assert error["code"] == code, (body, error)
+            assert error["message"] and isinstance(error["detail"], dict)
+        long_parent = "p" * 501
+        response = await client.post(f"/v1/sessions/{long_parent}/questions", json={"question": "q"})
+        assert response.status_code == 422
+        nul_parent = await client.post("/v1/sessions/a%00b/questions", json={"question": "q"})
+        assert nul_parent.status_code == 422
+    assert await _row_counts(db) == (0, 0, 0, 0)
+
+
+async def test_idempotency_key_replays_the_original_or_conflicts(server: Server, db: Database) -> None:
+    url = "/v1/sessions/p-idem/questions"
+    async with server.client() as client:
+        first = await client.post(
+            url, json={"question": "q", "model": "m"}, headers={"Idempotency-Key": "k1"}
+        )
+        assert first.status_code == 202
+        # Same body (other key order and spacing): the original record, 200.
+        same = await client.post(
+            url,
+            content=b'{ "model": "m",   "question": "q" }',
+            headers={"Idempotency-Key": "k1", "Content-Type": "application/json"},
+        )
+        assert same.status_code == 200 and same.json()["id"] == first.json()["id"]
+        other = await client.post(url, json={"question": "other"}, headers={"Idempotency-Key": "k1"})
+        assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_conflict"
+        fresh = await client.post(
+            url, json={"question": "q", "model": "m"}, headers={"Idempotency-Key": "k2"}
+        )
+        assert fresh.status_code == 202 and fresh.json()["ordinal"] == 2
+    assert (await _row_counts(db))[1] == 2
+
+
+async def test_idempotent_replay_still_answers_when_the_queue_is_full(server: Server) -> None:
+    url = "/v1/sessions/p-idem-full/questions"
+    async with server.client() as client:
+        first = await client.post(url, json={"question": "q0"}, headers={"Idempotency-Key": "k"})
+        for i in range(19):
+            await ask(client, "p-idem-full", f"q{i + 1}")
+        replay = await client.post(url, json={"question": "q0"}, headers={"Idempotency-Key": "k"})
+        assert replay.status_code == 200 and replay.json()["id"] == first.json()["id"]

@@ -1,0 +1,67 @@
+"""/metrics: Prometheus text, deployment numbers from PostgreSQL, no tenant data."""
+
+from __future__ import annotations
+
+import uuid
+
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import update
+
+from service.store.db import Database
+from service.store.models import RequestRow
+from tests.api.conftest import Server
+from tests.api.helpers import ask
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+async def test_metrics_report_admissions_statuses_calls_latency_and_subscribers(
+    server: Server, db: Database
+) -> None:
+    async with server.client() as client:
+        first = await ask(client, "secret-parent-id")
+        await ask(client, "secret-parent-id")
+        usage = {
+            "input_tokens": 10,
+            "output_tokens": 5,
+            "reasoning_tokens": 0,
+            "cached_tokens": 0,
+            "calls": [
+                {"purpose": "qa_summary", "status": "ok", "latency_ms": 300},
+                {"purpose": "answer", "status": "failed", "latency_ms": 1500},
+            ],
+        }
+        async with db.sessions() as session:
+            await session.execute(
+                update(RequestRow)
+                .where(RequestRow.id == uuid.UUID(first["id"]))
+                .values(status="failed", error={"code": "timeout", "message": "m", "detail": {}}, usage=usage)
+            )
+            await session.commit()
+        async with client.stream("GET", "/v1/sessions/secret-parent-id/events") as stream:
+            assert stream.status_code == 200
+            text = (await client.get("/metrics")).text
+        values = _samples(text)
+        assert values[("sidequest_requests_admitted_total", ())] == 2
+        assert values[("sidequest_requests_queued", ())] == 1
+        assert values[("sidequest_requests_running", ())] == 0
+        assert values[("sidequest_requests_terminal", (("code", "timeout"), ("status", "failed")))] == 1
+        assert values[("sidequest_summary_calls", ())] == 1
+        assert values[("sidequest_provider_calls", (("purpose", "answer"), ("status", "failed")))] == 1
+        assert (
+            values[("sidequest_provider_latency_seconds_bucket", (("le", "0.5"), ("purpose", "qa_summary")))]
+            == 1
+        )
+        assert (
+            values[("sidequest_provider_latency_seconds_bucket", (("le", "1.0"), ("purpose", "answer")))] == 0
+        )
+        assert values[("sidequest_provider_latency_seconds_count", (("purpose", "answer"),))] == 1
+        assert values[("sidequest_sse_subscribers", ())] == 1
+        assert values[("sidequest_database_up", ())] == 1
+        assert "secret-parent-id" not in text and "default" not in text
