@@ -132,9 +132,11 @@ class Worker:
 
     def _cancel(self, request_id: uuid.UUID, reason: CancelReason) -> None:
         task = self._tasks.get(request_id)
-        if task is None or task.done():
+        if task is None or task.done() or request_id in self._cancel_reasons:
+            # Cancel once only: a second cancel (NOTIFY and heartbeat both noticing) would interrupt
+            # the cancelled task while it records its in-flight call's usage.
             return
-        self._cancel_reasons.setdefault(request_id, reason)
+        self._cancel_reasons[request_id] = reason
         task.cancel()
 
     # ------------------------------------------------------------------ loops
