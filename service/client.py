@@ -103,7 +103,11 @@ def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
 # ------------------------------------------------------------------------------------ rendering
 
 
-def _tokens(usage: dict[str, Any]) -> str:
+def _count(n: object, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _tokens(usage: dict[str, Any], *, last_call: bool = True) -> str:
     calls = usage.get("calls") or []
     parts = [f"in {usage.get('input_tokens', 0)}"]
     if usage.get("cached_tokens"):
@@ -111,8 +115,8 @@ def _tokens(usage: dict[str, Any]) -> str:
     parts.append(f"out {usage.get('output_tokens', 0)}")
     if usage.get("reasoning_tokens"):
         parts.append(f"reasoning {usage['reasoning_tokens']}")
-    parts.append(f"{len(calls)} call{'s' if len(calls) != 1 else ''}")
-    if calls and isinstance(calls[-1], dict):
+    parts.append(_count(len(calls), "call"))
+    if last_call and calls and isinstance(calls[-1], dict):
         last = calls[-1]
         parts.append(f"last: {last.get('purpose', '?')} {last.get('status', '?')}")
     return " · ".join(parts)
@@ -131,10 +135,12 @@ def describe_progress(data: dict[str, Any]) -> str:
     """One human line for a ``progress`` event: the pipeline's known steps in words, others as k=v."""
     what = data.get("what") or data.get("action") or data.get("kind")
     if what == "replay":
-        span = _ordinal_range(data.get("replayed_ordinals"))
-        text = f"replaying {data.get('replayed_groups', 0)} Q&A groups{span}"
-        if data.get("folded_groups"):
-            text += f", folding {data['folded_groups']} into the rolling summary"
+        replayed, folded = data.get("replayed_groups") or 0, data.get("folded_groups") or 0
+        if not replayed and not folded:
+            return "no earlier Q&A in this session"
+        text = f"replaying {_count(replayed, 'Q&A group')}{_ordinal_range(data.get('replayed_ordinals'))}"
+        if folded:
+            text += f", folding {folded} into the rolling summary"
         return text
     if what == "summary_chunk":
         purpose = str(data.get("purpose") or "summary").replace("_", " ")
@@ -253,7 +259,7 @@ class Renderer:
             if record.get("truncated"):
                 summary += f" (answer truncated: stop reason {record.get('stop_reason')})"
             if isinstance(record.get("usage"), dict):
-                summary += f" · {_tokens(record['usage'])}"
+                summary += f" · {_tokens(record['usage'], last_call=False)}"
             self.lasting(summary)
             return Outcome("succeeded", record=record)
         elif event == "error":
@@ -375,6 +381,11 @@ def _question_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
+def pause(seconds: float) -> None:
+    """Wait before reconnecting (a function of its own so tests can skip the wait)."""
+    time.sleep(seconds)
+
+
 def follow(
     client: httpx.Client,
     request_id: str,
@@ -421,7 +432,7 @@ def follow(
         if failures > max_reconnects:
             raise ClientError(f"{reason}; gave up after {max_reconnects} reconnects")
         renderer.note(f"{reason}; resuming after event {last_id or 0}")
-        time.sleep(retry_s * min(failures, 4) if failures else 0.05)
+        pause(retry_s * min(failures, 4) if failures else 0.05)
 
 
 def _final_outcome(client: httpx.Client, request_id: str, renderer: Renderer) -> Outcome:

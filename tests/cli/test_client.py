@@ -81,6 +81,12 @@ def test_progress_lines_name_what_is_being_done() -> None:
     }
     assert describe_progress(replay) == "replaying 3 Q&A groups (#4–#6), folding 2 into the rolling summary"
     cache = {"what": "context_summary_cache", "cache": "hit", "key": "k", "covered_messages": 40}
+    assert describe_progress({"what": "replay", "replayed_groups": 1, "replayed_ordinals": [3, 3]}) == (
+        "replaying 1 Q&A group (#3)"
+    )
+    assert describe_progress({"what": "replay", "replayed_groups": 0, "folded_groups": 0}) == (
+        "no earlier Q&A in this session"
+    )
     assert describe_progress(cache) == "context summary cache hit (40 messages)"
     assert describe_progress({"what": "overflow_retry", "estimate_after": 900, "retry": 1}).startswith(
         "context overflow: retrying once"
@@ -98,7 +104,7 @@ def test_errors_show_code_message_and_detail() -> None:
 def test_a_dropped_stream_resumes_after_the_last_event_without_repeating(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(cli_client.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(cli_client, "pause", lambda _s: None)
     seen_headers: list[str | None] = []
     record = {"id": "r1", "answer": "Hello, world", "status": "succeeded", "usage": {"input_tokens": 5}}
 
@@ -160,7 +166,7 @@ def test_a_failed_request_ends_with_its_error(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_a_stream_that_never_comes_back_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli_client.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(cli_client, "pause", lambda _s: None)
     calls = 0
 
     def handler(_request: httpx.Request) -> httpx.Response:
@@ -176,7 +182,7 @@ def test_a_stream_that_never_comes_back_gives_up(monkeypatch: pytest.MonkeyPatch
 
 
 def test_resuming_past_the_end_reads_the_final_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli_client.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(cli_client, "pause", lambda _s: None)
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/events"):
