@@ -502,7 +502,7 @@ def archive_export(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except OSError as exc:
             raise ClientError(f"cannot write {args.output}: {exc.strerror or exc}") from None
         err.write(
-            f"exported {len(document.get('questions', []))} requests of {args.parent_id} "
+            f"exported {_count(len(document.get('questions', [])), 'request')} of {args.parent_id} "
             f"(archive version {document.get('version')}) to {args.output}\n"
         )
     return EXIT_OK
@@ -531,7 +531,7 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     result = response.json()
     replaced = f", replacing {result['replaced']}" if result.get("replaced") else ""
     out.write(
-        f"restored {result.get('restored')} requests into {parent_id} "
+        f"restored {_count(result.get('restored'), 'request')} into {parent_id} "
         f"(archive version {result.get('version')}{replaced}); next ordinal {result.get('next_ordinal')}\n"
     )
     return EXIT_OK

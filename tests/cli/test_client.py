@@ -212,3 +212,21 @@ def test_a_worker_lost_rerun_discards_the_streamed_text() -> None:
     assert out.getvalue() == "first try\nsecond try\n"
     assert "answer restarts" in err.getvalue()
     assert "answer truncated: stop reason length" in err.getvalue()
+
+
+def test_on_a_terminal_the_status_is_one_live_line_and_the_answer_owns_the_screen() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    render = Renderer(out=out, err=err, live=True)
+    render.handle("status", {"status": "running", "stage": "preparing"})
+    render.handle(
+        "progress", {"stage": "compacting_context", "what": "summary_chunk", "chunk": 1, "chunks": 2}
+    )
+    assert "\n" not in err.getvalue() and err.getvalue().count("\r\x1b[2K") == 2
+    render.handle("delta", {"text": "Hello"})
+    render.handle("usage", {"usage": {"input_tokens": 3, "calls": [{}]}})  # not drawn over the answer
+    outcome = render.handle(
+        "done", {"record": {"answer": "Hello", "usage": {"input_tokens": 3, "calls": [{}]}}}
+    )
+    assert outcome is not None and out.getvalue() == "Hello\n"
+    assert "usage:" not in err.getvalue()
+    assert err.getvalue().endswith("succeeded · in 3 · out 0 · 1 call\n")
