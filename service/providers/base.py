@@ -77,6 +77,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class UsageReport:
+    """Usage reported so far in this call (cumulative: the last report is the call's usage)."""
+
     usage: CallUsage
 
 
@@ -125,7 +127,11 @@ class ModelUnavailable(ProviderError):
 
 
 class RateLimited(ProviderError):
-    """429 / 529 / a 413 that is a token-rate limit. ``quota_exhausted`` must not be retried."""
+    """429 / 529 / a 413 that is a token-rate limit. ``quota_exhausted`` must not be retried.
+
+    ``attempts`` is how many calls were made before giving up (set by the calling policy, which
+    retries rate limits; SPEC §3 reports it in the ``rate_limited`` error detail).
+    """
 
     code = "rate_limited"
 
@@ -137,10 +143,12 @@ class RateLimited(ProviderError):
         usage: CallUsage | None = None,
         retry_after_s: float | None = None,
         quota_exhausted: bool = False,
+        attempts: int = 1,
     ) -> None:
         super().__init__(message, status=status, usage=usage)
         self.retry_after_s = retry_after_s
         self.quota_exhausted = quota_exhausted
+        self.attempts = attempts
 
 
 class ProviderTimeout(ProviderError):

@@ -1,0 +1,235 @@
+"""Adapter for Anthropic's Messages API on the official ``anthropic`` SDK (an optional extra).
+
+The SDK is imported when the provider is built, so the service runs without it unless
+``SIDEQUEST_PROVIDER=anthropic``. Canonical messages already are Anthropic's shape; thinking blocks
+stream as reasoning, apart from the body. Usage arrives twice: input (with cache reads and writes) in
+``message_start`` and the output count in ``message_delta``; each :class:`UsageReport` carries the
+cumulative usage so far, so the last one is the call's usage and a call that fails or is cancelled
+midway still knows its input tokens.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx2
+
+from service.providers.base import (
+    CONTENT_FILTER,
+    LENGTH,
+    STOP,
+    TOOL_CALLS,
+    CallUsage,
+    Finish,
+    ProviderCall,
+    ProviderError,
+    ProviderEvent,
+    ProviderTimeout,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    UsageReport,
+)
+from service.providers.errors import classify_http_error, classify_stream_error
+
+DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
+
+_NO_KEY = "sidequest-no-api-key"
+
+_STOP_REASONS: dict[str, str] = {
+    "end_turn": STOP,
+    "stop_sequence": STOP,
+    "max_tokens": LENGTH,
+    # The reply ran into the context window: it is cut short exactly like a max_tokens stop.
+    "model_context_window_exceeded": LENGTH,
+    "tool_use": TOOL_CALLS,
+    "refusal": CONTENT_FILTER,
+}
+
+
+def normalise_stop_reason(raw: str) -> str:
+    """Map an Anthropic ``stop_reason`` to SPEC §3's stop reasons; unknown values pass through."""
+    return _STOP_REASONS.get(raw, raw)
+
+
+def _import_sdk() -> Any:
+    try:
+        return importlib.import_module("anthropic")
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise ValueError(
+            "SIDEQUEST_PROVIDER=anthropic needs the anthropic SDK: pip install 'sidequest[anthropic]'"
+        ) from exc
+
+
+class AnthropicProvider:
+    """Streams the Messages API through ``anthropic.AsyncAnthropic`` (SDK retries off)."""
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        base_url: str | None,
+        api_key: str | None,
+        default_model: str = DEFAULT_ANTHROPIC_MODEL,
+    ) -> None:
+        self._sdk = _import_sdk()
+        self.default_model = default_model
+        if api_key is None and base_url is not None:
+            api_key = _NO_KEY
+        self._client = self._sdk.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0)
+
+    async def aclose(self) -> None:
+        """Close the SDK's HTTP client."""
+        await self._client.close()
+
+    def build_request(self, call: ProviderCall) -> dict[str, Any]:
+        """The Messages API body for ``call`` (without headers and timeout)."""
+        body: dict[str, Any] = {
+            "model": call.model or self.default_model,
+            "max_tokens": call.max_output_tokens,
+            "messages": [dict(message) for message in call.messages],
+            "stream": True,
+        }
+        if call.system:
+            body["system"] = call.system
+        if call.tools:
+            body["tools"] = [to_anthropic_tool(tool) for tool in call.tools]
+            body["tool_choice"] = {"type": "none"}
+        return body
+
+    async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
+        """Stream one call; see :class:`service.providers.base.Provider`."""
+        sdk = self._sdk
+        headers = {"X-Sidequest-Purpose": call.purpose, "X-Sidequest-Request-Id": call.request_id}
+        try:
+            response = await self._client.messages.create(
+                **self.build_request(call), extra_headers=headers, timeout=call.timeout_s
+            )
+        except sdk.APIStatusError as exc:
+            raise _classify_status_error(exc, None) from exc
+        except sdk.APITimeoutError as exc:
+            raise ProviderTimeout(f"no response within {call.timeout_s:.1f}s") from exc
+        except sdk.APIConnectionError as exc:
+            raise ProviderError(f"could not reach the provider: {exc}") from exc
+
+        input_usage: dict[str, int] = {}
+        output_tokens = 0
+        usage: CallUsage | None = None
+        stop_raw: str | None = None
+        try:
+            async for event in response:
+                kind = getattr(event, "type", None)
+                if kind == "message_start":
+                    reported = getattr(getattr(event, "message", None), "usage", None)
+                    if reported is not None:
+                        input_usage = _input_usage(reported)
+                        output_tokens = _int(getattr(reported, "output_tokens", None))
+                        usage = _usage(input_usage, output_tokens)
+                        yield UsageReport(usage)
+                elif kind == "content_block_start":
+                    block = getattr(event, "content_block", None)
+                    block_type = getattr(block, "type", None)
+                    if block_type in ("tool_use", "server_tool_use"):
+                        yield ToolCall(name=str(getattr(block, "name", "")), id=getattr(block, "id", None))
+                    elif block_type == "text" and getattr(block, "text", ""):
+                        yield TextDelta(str(getattr(block, "text", "")))
+                    elif block_type == "thinking" and getattr(block, "thinking", ""):
+                        yield ReasoningDelta(str(getattr(block, "thinking", "")))
+                elif kind == "content_block_delta":
+                    delta = getattr(event, "delta", None)
+                    delta_type = getattr(delta, "type", None)
+                    if delta_type == "text_delta" and getattr(delta, "text", ""):
+                        yield TextDelta(str(getattr(delta, "text", "")))
+                    elif delta_type == "thinking_delta" and getattr(delta, "thinking", ""):
+                        yield ReasoningDelta(str(getattr(delta, "thinking", "")))
+                elif kind == "message_delta":
+                    stop_raw = getattr(getattr(event, "delta", None), "stop_reason", None) or stop_raw
+                    reported = getattr(event, "usage", None)
+                    if reported is not None:
+                        # Newer API versions repeat the (final) input counts here; keep what we have
+                        # from message_start when they are absent.
+                        updated = _input_usage(reported)
+                        input_usage.update({k: v for k, v in updated.items() if v})
+                        output_tokens = _int(getattr(reported, "output_tokens", None)) or output_tokens
+                        usage = _usage(input_usage, output_tokens)
+                        yield UsageReport(usage)
+        except sdk.APIStatusError as exc:
+            # An `event: error` inside the 200 stream arrives as a status error carrying status 200.
+            raise _classify_status_error(exc, usage) from exc
+        except sdk.APITimeoutError as exc:
+            raise ProviderTimeout("the stream stalled past the call's timeout", usage=usage) from exc
+        except sdk.APIConnectionError as exc:
+            raise ProviderError(f"the stream broke: {exc}", usage=usage) from exc
+        except sdk.APIError as exc:
+            raise classify_stream_error(exc.body, usage=usage) from exc
+        # Unlike the openai SDK, the anthropic one lets transport errors of a running stream through.
+        except httpx2.TimeoutException as exc:
+            raise ProviderTimeout("the stream stalled past the call's timeout", usage=usage) from exc
+        except httpx2.HTTPError as exc:
+            raise ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage) from exc
+        except ValueError as exc:
+            raise ProviderError(f"the stream sent invalid data: {exc}", usage=usage) from exc
+        finally:
+            await response.close()
+
+        if stop_raw is None:
+            raise ProviderError("the stream ended before the model finished", usage=usage)
+        yield Finish(stop_reason=normalise_stop_reason(stop_raw), raw_stop_reason=stop_raw)
+
+
+def to_anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool schema in Anthropic's shape (OpenAI function tools are converted)."""
+    if tool.get("type") == "function" and isinstance(tool.get("function"), Mapping):
+        function = tool["function"]
+        converted: dict[str, Any] = {
+            "name": function.get("name", ""),
+            "input_schema": function.get("parameters") or {"type": "object", "properties": {}},
+        }
+        if function.get("description"):
+            converted["description"] = function["description"]
+        return converted
+    converted = dict(tool)
+    converted.setdefault("input_schema", {"type": "object", "properties": {}})
+    return converted
+
+
+def _classify_status_error(exc: Any, usage: CallUsage | None) -> ProviderError:
+    status = getattr(exc, "status_code", None)
+    body = getattr(exc, "body", None)
+    response = getattr(exc, "response", None)
+    headers = dict(response.headers) if response is not None else None
+    if status is None or status < 400:
+        return classify_stream_error(body, usage=usage)
+    return classify_http_error(status, body, headers, usage=usage)
+
+
+def _input_usage(reported: Any) -> dict[str, int]:
+    return {
+        "input_tokens": _int(getattr(reported, "input_tokens", None)),
+        "cache_read_input_tokens": _int(getattr(reported, "cache_read_input_tokens", None)),
+        "cache_creation_input_tokens": _int(getattr(reported, "cache_creation_input_tokens", None)),
+    }
+
+
+def _usage(input_usage: Mapping[str, int], output_tokens: int) -> CallUsage:
+    """Anthropic's ``input_tokens`` excludes cache reads and writes; ours includes both."""
+    cache_read = input_usage.get("cache_read_input_tokens", 0)
+    total_input = (
+        input_usage.get("input_tokens", 0) + cache_read + input_usage.get("cache_creation_input_tokens", 0)
+    )
+    return CallUsage(
+        input_tokens=total_input,
+        output_tokens=output_tokens,
+        reasoning_tokens=0,
+        cached_tokens=cache_read,
+        reported=True,
+    )
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,205 @@
+"""The calling policy shared by summary calls and answers (SPEC §7, §8).
+
+:func:`run_call` drives one logical call through a provider: it collects the stream, forwards answer
+text as it arrives, waits and retries on rate limits (honouring ``Retry-After``, at most twice, never past
+the deadline, never on an exhausted quota) and records **every attempt** — succeeded, failed or
+cancelled — with the usage the provider reported for it. Everything else (overflow recovery, summary
+retries with a bigger cap) is the caller's business: this layer never retries anything but a rate limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from service.providers.base import (
+    CallUsage,
+    Finish,
+    Provider,
+    ProviderCall,
+    ProviderError,
+    ProviderTimeout,
+    RateLimited,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    UsageReport,
+)
+
+# Waits between rate-limit retries when the provider sends no Retry-After.
+DEFAULT_BACKOFF_S: tuple[float, ...] = (1.0, 2.0)
+
+CallStatus = Literal["ok", "failed", "cancelled"]
+
+
+@dataclass
+class CallResult:
+    """What one successful call produced."""
+
+    text: str
+    reasoning: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    stop_reason: str | None = None
+    raw_stop_reason: str | None = None
+    usage: CallUsage = field(default_factory=CallUsage)
+    # Provider calls made, rate-limit retries included.
+    attempts: int = 1
+
+
+class CallRecorder(Protocol):
+    """Receives one entry per provider call attempt (SPEC §3 ``usage.calls``)."""
+
+    async def record_call(
+        self,
+        *,
+        purpose: str,
+        model: str,
+        status: Literal["ok", "failed", "cancelled"],
+        usage: CallUsage,
+    ) -> None:
+        """Record one attempt with the usage the provider reported (zeros, ``reported=False``, if none)."""
+        ...
+
+
+@dataclass
+class _Attempt:
+    """The running state of one attempt, so a failure can still record the usage seen so far."""
+
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: CallUsage | None = None
+    finish: Finish | None = None
+
+
+async def run_call(
+    provider: Provider,
+    call: ProviderCall,
+    *,
+    recorder: CallRecorder,
+    deadline: float,
+    on_text: Callable[[str], Awaitable[None]] | None = None,
+    before_attempt: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    max_rate_limit_retries: int = 2,
+) -> CallResult:
+    """Run ``call`` on ``provider`` under the calling policy and return what it produced.
+
+    ``deadline`` is an absolute ``clock()`` value: each attempt gets the time left as its timeout and
+    the whole attempt is bounded by it (:class:`ProviderTimeout` when it runs out). ``before_attempt``
+    runs before every attempt and may raise to refuse it (the summary call cap). Text deltas go to
+    ``on_text`` as they arrive. A :class:`RateLimited` that is not a quota is retried after its
+    ``Retry-After`` (else 1 s, then 2 s) at most ``max_rate_limit_retries`` times and only if the wait
+    ends before the deadline; the final :class:`RateLimited` carries ``attempts``. Every other error is
+    recorded and re-raised as it came.
+    """
+    attempts = 0
+    retries = 0
+    while True:
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise ProviderTimeout(f"the deadline passed before {call.purpose} call attempt {attempts + 1}")
+        if before_attempt is not None:
+            before_attempt()
+        attempts += 1
+        try:
+            result = await _attempt(
+                provider,
+                dataclasses.replace(call, timeout_s=remaining),
+                recorder=recorder,
+                model=call.model or provider.default_model,
+                remaining=remaining,
+                on_text=on_text,
+            )
+        except RateLimited as exc:
+            exc.attempts = attempts
+            if exc.quota_exhausted or retries >= max_rate_limit_retries:
+                raise
+            wait = exc.retry_after_s
+            if wait is None:
+                wait = DEFAULT_BACKOFF_S[min(retries, len(DEFAULT_BACKOFF_S) - 1)]
+            if clock() + wait >= deadline:
+                raise  # waiting would use up the request's time: give up now, with the real cause
+            await sleep(wait)
+            retries += 1
+            continue
+        result.attempts = attempts
+        return result
+
+
+async def _attempt(
+    provider: Provider,
+    call: ProviderCall,
+    *,
+    recorder: CallRecorder,
+    model: str,
+    remaining: float,
+    on_text: Callable[[str], Awaitable[None]] | None,
+) -> CallResult:
+    """One provider call, recorded exactly once whatever happens to it."""
+    state = _Attempt()
+
+    async def record(status: CallStatus, usage: CallUsage | None) -> None:
+        await recorder.record_call(
+            purpose=call.purpose,
+            model=model,
+            status=status,
+            usage=usage if usage is not None else CallUsage(reported=False),
+        )
+
+    try:
+        async with asyncio.timeout(remaining):
+            events = provider.stream(call)
+            try:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        state.text.append(event.text)
+                        if on_text is not None:
+                            await on_text(event.text)
+                    elif isinstance(event, ReasoningDelta):
+                        state.reasoning.append(event.text)
+                    elif isinstance(event, ToolCall):
+                        state.tool_calls.append(event)
+                    elif isinstance(event, UsageReport):
+                        # Reports are cumulative: the last one is the call's usage.
+                        state.usage = event.usage
+                    elif isinstance(event, Finish):
+                        state.finish = event
+            finally:
+                # Close the stream (and its HTTP response) now, not whenever it is garbage-collected.
+                close = getattr(events, "aclose", None)
+                if close is not None:
+                    await close()
+    except TimeoutError as exc:
+        usage = state.usage
+        await record("failed", usage)
+        raise ProviderTimeout(
+            f"{call.purpose} call did not finish within {remaining:.1f}s", usage=usage
+        ) from exc
+    except asyncio.CancelledError:
+        await record("cancelled", state.usage)
+        raise
+    except ProviderError as exc:
+        if exc.usage is None and state.usage is not None:
+            exc.usage = state.usage
+        await record("failed", exc.usage)
+        raise
+    except Exception:
+        await record("failed", state.usage)
+        raise
+
+    usage = state.usage or CallUsage(reported=False)
+    await record("ok", usage)
+    return CallResult(
+        text="".join(state.text),
+        reasoning="".join(state.reasoning),
+        tool_calls=state.tool_calls,
+        stop_reason=state.finish.stop_reason if state.finish else None,
+        raw_stop_reason=state.finish.raw_stop_reason if state.finish else None,
+        usage=usage,
+    )

@@ -1,0 +1,353 @@
+"""Adapter for any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, llama.cpp server,
+LM Studio, DeepSeek, Groq, OpenRouter, …) on the official ``openai`` SDK.
+
+Always streams, with ``stream_options.include_usage`` so the final chunk (which has no choices) carries
+the usage. Reasoning text (``reasoning_content`` on vLLM / DeepSeek, ``reasoning`` on Ollama /
+OpenRouter) is kept apart from the answer body. The SDK's own retries are off: the calling policy
+(:mod:`service.providers.calling`) decides what is retried.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Literal
+
+import httpx2
+import openai
+
+from service.providers.base import (
+    CONTENT_FILTER,
+    LENGTH,
+    STOP,
+    TOOL_CALLS,
+    CallUsage,
+    Finish,
+    ProviderCall,
+    ProviderError,
+    ProviderEvent,
+    ProviderTimeout,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    UsageReport,
+)
+from service.providers.errors import classify_http_error, classify_stream_error
+
+DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+
+# Local servers need no key, but the SDK insists on one; this placeholder is never a real credential.
+_NO_KEY = "sidequest-no-api-key"
+
+_FINISH_REASONS: dict[str, str] = {
+    "stop": STOP,
+    "length": LENGTH,
+    "tool_calls": TOOL_CALLS,
+    "function_call": TOOL_CALLS,
+    "content_filter": CONTENT_FILTER,
+}
+
+OutputCapParam = Literal["max_tokens", "max_completion_tokens"]
+
+
+def normalise_finish_reason(raw: str) -> str:
+    """Map an OpenAI ``finish_reason`` to SPEC §3's stop reasons; unknown values pass through."""
+    return _FINISH_REASONS.get(raw, raw)
+
+
+class OpenAIProvider:
+    """Streams Chat Completions through ``openai.AsyncOpenAI``.
+
+    ``output_cap_param`` chooses how the output cap is sent: OpenAI itself wants
+    ``max_completion_tokens`` (its reasoning models refuse ``max_tokens``), while several compatible
+    servers (Ollama, older vLLM and llama.cpp) only read ``max_tokens``. The default follows the
+    endpoint: OpenAI's own API (no ``base_url``, or ``api.openai.com``) gets ``max_completion_tokens``,
+    anything else ``max_tokens``.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str | None,
+        api_key: str | None,
+        default_model: str = DEFAULT_OPENAI_MODEL,
+        *,
+        output_cap_param: OutputCapParam | None = None,
+    ) -> None:
+        self.default_model = default_model
+        if api_key is None and base_url is not None:
+            api_key = _NO_KEY
+        try:
+            self._client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
+        except openai.OpenAIError as exc:
+            raise ValueError(
+                "the openai provider needs an API key: set SIDEQUEST_API_KEY or OPENAI_API_KEY "
+                f"(or SIDEQUEST_BASE_URL for a local server) ({exc})"
+            ) from exc
+        if output_cap_param is None:
+            is_openai = base_url is None or "api.openai.com" in base_url
+            output_cap_param = "max_completion_tokens" if is_openai else "max_tokens"
+        self._output_cap_param: OutputCapParam = output_cap_param
+
+    async def aclose(self) -> None:
+        """Close the SDK's HTTP client."""
+        await self._client.close()
+
+    def build_request(self, call: ProviderCall) -> dict[str, Any]:
+        """The Chat Completions body for ``call`` (without headers and timeout)."""
+        body: dict[str, Any] = {
+            "model": call.model or self.default_model,
+            "messages": to_openai_messages(call.messages, call.system),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            self._output_cap_param: call.max_output_tokens,
+        }
+        if call.tools:
+            # Tool schemas keep the transcript's tool history valid; the model may not call them.
+            body["tools"] = [to_openai_tool(tool) for tool in call.tools]
+            body["tool_choice"] = "none"
+        return body
+
+    async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
+        """Stream one call; see :class:`service.providers.base.Provider`."""
+        headers = {"X-Sidequest-Purpose": call.purpose, "X-Sidequest-Request-Id": call.request_id}
+        try:
+            response = await self._client.chat.completions.create(
+                **self.build_request(call), extra_headers=headers, timeout=call.timeout_s
+            )
+        except openai.APIStatusError as exc:
+            raise _classify_status_error(exc) from exc
+        except openai.APITimeoutError as exc:
+            raise ProviderTimeout(f"no response within {call.timeout_s:.1f}s") from exc
+        except openai.APIConnectionError as exc:
+            raise ProviderError(f"could not reach the provider: {_cause(exc)}") from exc
+        except openai.APIError as exc:
+            raise classify_stream_error(exc.body if exc.body is not None else exc.message) from exc
+
+        usage: CallUsage | None = None
+        finish_raw: str | None = None
+        seen_tool_calls: set[int] = set()
+        try:
+            async for chunk in response:
+                if chunk.usage is not None:
+                    usage = usage_from_openai(chunk.usage)
+                    yield UsageReport(usage)
+                for choice in chunk.choices or []:
+                    if choice.index not in (0, None):
+                        continue  # we ask for one choice; ignore any others
+                    delta = choice.delta
+                    if delta is not None:
+                        reasoning = _reasoning_text(delta)
+                        if reasoning:
+                            yield ReasoningDelta(reasoning)
+                        if delta.content:
+                            yield TextDelta(delta.content)
+                        for tool_call in delta.tool_calls or []:
+                            index = tool_call.index if tool_call.index is not None else len(seen_tool_calls)
+                            if index in seen_tool_calls:
+                                continue  # a later delta of a call already reported (its arguments)
+                            seen_tool_calls.add(index)
+                            name = tool_call.function.name if tool_call.function is not None else None
+                            yield ToolCall(name=name or "", id=tool_call.id)
+                        if delta.function_call is not None and delta.function_call.name:
+                            yield ToolCall(name=delta.function_call.name)
+                    if choice.finish_reason:
+                        finish_raw = choice.finish_reason
+        except openai.APITimeoutError as exc:
+            raise ProviderTimeout("the stream stalled past the call's timeout", usage=usage) from exc
+        except openai.APIConnectionError as exc:
+            raise ProviderError(f"the stream broke: {_cause(exc)}", usage=usage) from exc
+        except openai.APIStatusError as exc:
+            raise _classify_status_error(exc, usage=usage) from exc
+        except openai.APIError as exc:
+            # An SSE data chunk carrying an "error" object: the SDK raises it with that object as body.
+            raise classify_stream_error(
+                exc.body if exc.body is not None else exc.message, usage=usage
+            ) from exc
+        # The SDK wraps transport errors of the stream today; keep that true whatever its version does.
+        except httpx2.TimeoutException as exc:
+            raise ProviderTimeout("the stream stalled past the call's timeout", usage=usage) from exc
+        except httpx2.HTTPError as exc:
+            raise ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage) from exc
+        except ValueError as exc:  # a chunk that is not JSON
+            raise ProviderError(f"the stream sent invalid data: {exc}", usage=usage) from exc
+        finally:
+            await response.close()
+
+        if finish_raw is None:
+            raise ProviderError("the stream ended before the model finished", usage=usage)
+        yield Finish(stop_reason=normalise_finish_reason(finish_raw), raw_stop_reason=finish_raw)
+
+
+def usage_from_openai(usage: Any) -> CallUsage:
+    """Our usage from an OpenAI ``usage`` object (``prompt_tokens`` already includes cached tokens)."""
+    prompt = _int(getattr(usage, "prompt_tokens", None))
+    completion = _int(getattr(usage, "completion_tokens", None))
+    prompt_details = getattr(usage, "prompt_tokens_details", None)
+    cached = _int(getattr(prompt_details, "cached_tokens", None))
+    if not cached:
+        # DeepSeek reports its context cache hits at the top level instead.
+        cached = _int(_extra(usage, "prompt_cache_hit_tokens"))
+    completion_details = getattr(usage, "completion_tokens_details", None)
+    reasoning = _int(getattr(completion_details, "reasoning_tokens", None))
+    return CallUsage(
+        input_tokens=prompt,
+        output_tokens=completion,
+        reasoning_tokens=reasoning,
+        cached_tokens=cached,
+        reported=True,
+    )
+
+
+def to_openai_messages(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+    """Canonical (Anthropic-style) messages → Chat Completions messages, system prompt first.
+
+    ``tool_use`` blocks become the assistant's ``tool_calls``; ``tool_result`` blocks become ``role:
+    tool`` messages placed right after it (before any text of the same user turn, as OpenAI requires);
+    thinking blocks are dropped. Messages already in OpenAI shape pass through.
+    """
+    out: list[dict[str, Any]] = []
+    if system:
+        out.append({"role": "system", "content": system})
+    for message in messages:
+        role = message.get("role")
+        content = message.get("content")
+        if role in ("system", "tool", "developer") or "tool_calls" in message or isinstance(content, str):
+            out.append(dict(message))
+            continue
+        blocks = content if isinstance(content, list) else []
+        if role == "assistant":
+            out.append(_assistant_message(blocks))
+        else:
+            out.extend(_user_messages(role or "user", blocks))
+    return out
+
+
+def to_openai_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A canonical tool schema (``name``, ``description``, ``input_schema``) as an OpenAI function."""
+    if tool.get("type") == "function" and "function" in tool:
+        return dict(tool)
+    function: dict[str, Any] = {
+        "name": tool.get("name", ""),
+        "parameters": tool.get("input_schema") or {"type": "object", "properties": {}},
+    }
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _assistant_message(blocks: list[Any]) -> dict[str, Any]:
+    texts: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    for block in blocks:
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "tool_use":
+            tool_calls.append(
+                {
+                    "id": str(block.get("id", "")),
+                    "type": "function",
+                    "function": {
+                        "name": str(block.get("name", "")),
+                        "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False),
+                    },
+                }
+            )
+    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    elif message["content"] is None:
+        message["content"] = ""
+    return message
+
+
+def _user_messages(role: str, blocks: list[Any]) -> list[dict[str, Any]]:
+    tool_messages: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    for block in blocks:
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if kind == "tool_result":
+            tool_messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(block.get("tool_use_id", "")),
+                    "content": _tool_result_text(block.get("content")),
+                }
+            )
+        elif kind == "text":
+            parts.append({"type": "text", "text": str(block.get("text", ""))})
+        elif kind == "image":
+            source = block.get("source") or {}
+            if source.get("type") == "base64":
+                url = f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
+                parts.append({"type": "image_url", "image_url": {"url": url}})
+            elif source.get("type") == "url":
+                parts.append({"type": "image_url", "image_url": {"url": source.get("url", "")}})
+    out = tool_messages
+    if parts:
+        if all(part["type"] == "text" for part in parts):
+            out.append({"role": role, "content": "\n".join(part["text"] for part in parts)})
+        else:
+            out.append({"role": role, "content": parts})
+    return out
+
+
+def _tool_result_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        pieces = []
+        for block in content:
+            if isinstance(block, Mapping) and block.get("type") == "text":
+                pieces.append(str(block.get("text", "")))
+            elif isinstance(block, Mapping):
+                pieces.append(f"[{block.get('type', 'content')} omitted]")
+            else:
+                pieces.append(str(block))
+        return "\n".join(pieces)
+    return json.dumps(content, ensure_ascii=False, default=str)
+
+
+def _reasoning_text(delta: Any) -> str | None:
+    for field in ("reasoning_content", "reasoning"):
+        value = getattr(delta, field, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _classify_status_error(exc: openai.APIStatusError, *, usage: CallUsage | None = None) -> ProviderError:
+    """Classify from the full response body (the SDK's ``exc.body`` drops the ``error`` envelope)."""
+    body: Any = exc.body
+    try:
+        text = exc.response.text
+    except Exception:  # the body may not be readable any more (closed stream)
+        text = ""
+    if text.strip():
+        body = text
+    return classify_http_error(exc.status_code, body, dict(exc.response.headers), usage=usage)
+
+
+def _cause(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    return f"{exc} ({type(cause).__name__}: {cause})" if cause is not None else str(exc)
+
+
+def _extra(model: Any, name: str) -> Any:
+    extra = getattr(model, "model_extra", None) or {}
+    return extra.get(name)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
