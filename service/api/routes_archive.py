@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from service.api.deps import DbSession, Tenant, settings_of
 from service.api.errors import ApiError
+from service.api.routes_common import ParentId
 from service.api.schemas import ErrorBody
 from service.store.archive import (
     ArchiveError,
@@ -41,10 +42,14 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text}
     for status, text in (
         (400, "not JSON, not an object, or an unsupported version"),
+        (401, "missing or invalid bearer token"),
         (404, "no such session for this tenant"),
         (409, "the session already has history (use mode=replace), or has requests in flight"),
         (413, "the archive is larger than the snapshot size limit"),
-        (422, "an archive that breaks its version's format; detail.errors lists every problem"),
+        (
+            422,
+            "an archive breaking its version's format (detail.errors lists every problem), or bad parameters",
+        ),
     )
 }
 
@@ -71,11 +76,11 @@ def _api_error(exc: ArchiveError) -> ApiError:
             "description": "the archive document",
             "content": {"application/json": {"schema": _ARCHIVE_SCHEMA}},
         },
-        404: _ERRORS[404],
+        **{status: _ERRORS[status] for status in (401, 404, 422)},
     },
 )
 async def export_session_archive(
-    parent_id: str,
+    parent_id: ParentId,
     tenant: Tenant,
     db: DbSession,
     version: Annotated[int, Query(ge=1, le=3, description="archive version to write")] = 3,
@@ -91,13 +96,13 @@ async def export_session_archive(
 @router.post(
     "/sessions/{parent_id}/archive",
     response_model=ArchiveRestored,
-    responses={status: _ERRORS[status] for status in (400, 409, 413, 422)},
+    responses={status: _ERRORS[status] for status in (400, 401, 409, 413, 422)},
     openapi_extra={
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ARCHIVE_SCHEMA}}}
     },
 )
 async def restore_session_archive(
-    parent_id: str,
+    parent_id: ParentId,
     request: Request,
     tenant: Tenant,
     db: DbSession,

@@ -110,6 +110,10 @@ async def test_malformed_archives_get_400_or_422_and_nothing_is_written(server: 
                 assert error["detail"]["errors"][0]["loc"].startswith("questions[")
         # Not even the session was created.
         assert (await client.get("/v1/sessions/p")).status_code == 404
+        # A parent id PostgreSQL cannot store is an input error too, never a 500.
+        nul = await post_archive(client, "a%00b", fixture_bytes("v1.json"))
+        assert nul.status_code == 422 and nul.json()["error"]["code"] == "validation_error"
+        assert (await client.get(f"/v1/sessions/{'x' * 501}/archive")).status_code == 422
 
 
 async def test_export_of_unknown_session_or_version_is_refused(server: Server) -> None:
