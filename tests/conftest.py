@@ -13,6 +13,8 @@ from service.config import Settings
 from service.store.db import Database, connect, upgrade_to_head
 from tests import pg
 
+pytest_plugins = ["tests.scripted_provider"]
+
 TABLES = ("side_question_events", "side_question_requests", "main_snapshots", "side_question_sessions")
 
 
