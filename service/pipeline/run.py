@@ -154,6 +154,7 @@ class _Run:
         await self.enter("organizing_history")
         await self.organize_history()
         answer = self.build_answer()
+        self.meter(answer)
         if answer.estimate.total > self.input_budget:
             await self.enter("compacting_context")
             if await self.compact(recent_budget=RECENT_BUDGET_TOKENS, min_summarized=None):

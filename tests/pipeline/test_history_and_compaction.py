@@ -244,3 +244,32 @@ async def test_overflow_stops_when_shrinking_would_not_make_the_prompt_smaller(
     assert ran.row.error is not None and ran.row.error["code"] == "context_overflow"
     assert len(server.requests("answer")) == 1
     assert ran.row.context_info["overflow_retries"] == 0
+
+
+async def test_overflow_recovery_compacts_harder_and_usage_events_are_cumulative(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_snapshot(db, sid, "big", _big_snapshot(40, 3000))
+    options = {"context_window": 32000, "max_output_tokens": 1024}
+    rid = await admit(db, sid, "q", snapshot_id="big", options=options)
+    server.script("answer", Step.overflow(), Step.text("Fits after compacting harder.", usage=Usage(100, 5)))
+
+    ran = await run_one(db, model_settings, provider, rid)
+
+    assert ran.outcome.status == "succeeded", ran.row.error
+    info = ran.row.context_info
+    assert info["overflow_retries"] == 1
+    first, second = (r.body["messages"] for r in server.requests("answer"))
+    assert len(json.dumps(second)) < len(json.dumps(first))
+    kept_first = set(re.findall(r"message (\d+):", json.dumps(first)))
+    kept_second = set(re.findall(r"message (\d+):", json.dumps(second)))
+    assert kept_second < kept_first  # harder: fewer recent messages kept verbatim
+    assert info["context_summary"]["kept_messages"] == len(kept_second)
+    assert info["context_summary"]["calls"] == len(server.requests("context_summary"))
+    # One usage event per provider call, each carrying the cumulative usage object so far.
+    usage_events = [u["usage"] for u in ran.of("usage")]
+    assert [len(u["calls"]) for u in usage_events] == list(range(1, len(ran.row.usage["calls"]) + 1))
+    assert usage_events[-1] == ran.row.usage
+    totals = [u["input_tokens"] for u in usage_events]
+    assert totals == sorted(totals)
