@@ -563,3 +563,6 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
     except httpx.HTTPError as exc:
         err.write(f"sidequest: HTTP error: {exc}\n")
         return EXIT_CLIENT_ERROR
+    except KeyboardInterrupt:  # before a request exists (while posting): nothing to cancel
+        err.write("sidequest: interrupted\n")
+        return EXIT_INTERRUPTED

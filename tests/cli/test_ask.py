@@ -8,8 +8,10 @@ import asyncio
 import io
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,8 +53,10 @@ def model() -> Iterator[ScriptedServer]:
         yield server
 
 
-@pytest.fixture
-async def stack(db: Database, settings: Settings, model: ScriptedServer) -> AsyncIterator[Stack]:
+@asynccontextmanager
+async def running_stack(
+    settings: Settings, model: ScriptedServer, **overrides: object
+) -> AsyncIterator[Stack]:
     chosen = settings.model_copy(
         update={
             "provider": "openai",
@@ -60,11 +64,18 @@ async def stack(db: Database, settings: Settings, model: ScriptedServer) -> Asyn
             "api_key": "sk-scripted",
             "model": "scripted-model",
             "request_timeout_s": 30.0,
+            **overrides,
         }
     )
     app = create_app(chosen, settings.database_url or "", run_worker=True)
     async with serve(app) as url:
         yield Stack(url=url, model=model)
+
+
+@pytest.fixture
+async def stack(db: Database, settings: Settings, model: ScriptedServer) -> AsyncIterator[Stack]:
+    async with running_stack(settings, model) as running:
+        yield running
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -237,6 +248,50 @@ async def test_a_cancelled_request_exits_1_and_says_cancelled(stack: Stack) -> N
     run = await task
     assert run.code == 1, run.err
     assert "cancelled: cancelled" in run.err.splitlines()[-1]
+
+
+async def test_ctrl_c_cancels_the_request_and_exits_130(stack: Stack) -> None:
+    stack.model.script("answer", Step.hang(text="Partial"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "service.cli",
+        "ask",
+        "task-int",
+        "Will you wait?",
+        "--url",
+        stack.url,
+        cwd=ROOT,
+        env=_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    # The answer started streaming: the request is running on the server.
+    assert await asyncio.wait_for(proc.stdout.read(7), CLI_TIMEOUT_S) == b"Partial"
+    proc.send_signal(signal.SIGINT)
+    _out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
+    assert proc.returncode == 130, err.decode()
+    assert "interrupted: cancelling the request" in err.decode()
+    async with httpx.AsyncClient(base_url=stack.url, timeout=10) as client:
+        (record,) = (await client.get("/v1/sessions/task-int/questions")).json()["items"]
+    assert record["status"] == "cancelled"
+
+
+async def test_the_token_comes_from_the_flag_or_the_environment(
+    db: Database, settings: Settings, model: ScriptedServer
+) -> None:
+    async with running_stack(settings, model, api_tokens="acme:tok-acme") as secured:
+        anonymous = await sidequest("ask", "task-auth", "Who am I?", "--url", secured.url)
+        assert anonymous.code == 2 and "unauthorized" in anonymous.err
+        by_env = await sidequest(
+            "ask", "task-auth", "Who am I?", env=_env(SIDEQUEST_URL=secured.url, SIDEQUEST_TOKEN="tok-acme")
+        )
+        assert by_env.code == 0, by_env.err
+        by_flag = await sidequest_in_process(
+            "ask", "task-auth", "Again?", "--url", secured.url, "--token", "tok-acme"
+        )
+        assert by_flag.code == 0 and "question #2 admitted" in by_flag.err
 
 
 async def test_a_refused_question_or_unreachable_server_exits_2(stack: Stack, tmp_path: Path) -> None:
