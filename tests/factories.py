@@ -6,7 +6,8 @@ Used by the store, pipeline and worker tests so they do not depend on the HTTP A
 - :func:`add_snapshot` — an immutable main snapshot;
 - :func:`admit` — a queued request with the next ordinal, the session's ``clear_version`` and its
   ``queued`` status event, then a NOTIFY on ``sidequest_queue`` (as admission does);
-- :func:`add_history` — succeeded earlier Q&A (for replay / rolling-summary tests), no events.
+- :func:`add_history` — succeeded earlier Q&A (for replay / rolling-summary tests), no events;
+- :func:`clear` — the API's own clear of a session (cancel, hide, empty memory, bump clear_version).
 
 The API's admission code may replace :func:`admit` later; keep the row shapes identical to it.
 """
@@ -109,50 +110,9 @@ async def add_history(db: Database, session_id: uuid.UUID, pairs: list[tuple[str
     return ids
 
 
-async def clear_session_sql(db: Database, session_id: uuid.UUID) -> None:
-    """What the API's clear does to the store, in one transaction (used until the API exists in tests):
-    cancel queued/running requests with their terminal events, hide every request, empty the memory,
-    bump ``clear_version``."""
-    async with db.sessions() as session, session.begin():
-        active = (
-            await session.scalars(
-                select(RequestRow.id)
-                .where(RequestRow.session_id == session_id, RequestRow.status.in_(("queued", "running")))
-                .with_for_update()
-            )
-        ).all()
-        for request_id in active:
-            stage = await session.scalar(select(RequestRow.stage).where(RequestRow.id == request_id))
-            await session.execute(
-                update(RequestRow)
-                .where(RequestRow.id == request_id)
-                .values(
-                    status="cancelled",
-                    error={"code": "cancelled", "message": "session cleared", "detail": {}},
-                    lease_owner=None,
-                    lease_expires_at=None,
-                )
-            )
-            await append_event(session, request_id, "status", {"status": "cancelled", "stage": stage})
-            await append_event(
-                session,
-                request_id,
-                "error",
-                {"code": "cancelled", "message": "session cleared", "detail": {}},
-            )
-        await session.execute(
-            text(
-                "UPDATE side_question_requests SET deleted_at = now() "
-                "WHERE session_id = :s AND deleted_at IS NULL"
-            ),
-            {"s": session_id},
-        )
-        await session.execute(
-            text(
-                "UPDATE side_question_sessions SET clear_version = clear_version + 1, "
-                """memory = '{"qa_summary": null, "context_summaries": []}'::jsonb WHERE id = :s"""
-            ),
-            {"s": session_id},
-        )
-        for request_id in active:
-            await session.execute(text("SELECT pg_notify('sidequest_cancel', :p)"), {"p": str(request_id)})
+async def clear(db: Database, parent_id: str, tenant: str = "default") -> None:
+    """Clear a session exactly as ``DELETE /v1/sessions/{parent_id}/questions`` does (API store code)."""
+    from service.store.admission import clear_session
+
+    async with db.sessions() as session:
+        assert await clear_session(session, tenant, parent_id) is not None

@@ -8,7 +8,7 @@ import uuid
 
 from service.store import memory, queue
 from service.store.db import Database
-from tests.factories import admit, clear_session_sql, make_session
+from tests.factories import admit, clear, make_session
 
 
 async def _running(db: Database, parent: str = "p") -> tuple[uuid.UUID, uuid.UUID]:
@@ -75,11 +75,11 @@ async def test_a_clear_racing_summary_writes_never_brings_data_back(db: Database
                     session, rid, owner="w1", qa_summary={"text": f"s{i}"}, context_summary={"key": f"k{i}"}
                 )
 
-        async def clear(sid: uuid.UUID = sid) -> None:
+        async def clear_it(parent: str = f"race-{round_no}") -> None:
             await asyncio.sleep(rng.random() * 0.01)
-            await clear_session_sql(db, sid)
+            await clear(db, parent)
 
-        await asyncio.gather(clear(), *(write(i) for i in range(6)))
+        await asyncio.gather(clear_it(), *(write(i) for i in range(6)))
         async with db.sessions() as session:
             mem = await memory.load_memory(session, sid)
         assert mem == {"qa_summary": None, "context_summaries": []}, f"round {round_no}: {mem}"

@@ -11,7 +11,7 @@ from service.store import queue
 from service.store.db import Database
 from service.store.events import request_events_after
 from service.store.models import RequestRow
-from tests.factories import admit, clear_session_sql, make_session
+from tests.factories import admit, clear, make_session
 
 
 async def _claim(
@@ -125,7 +125,7 @@ async def test_heartbeat_extends_lease_and_reports_lost_requests(db: Database) -
             text("SELECT lease_expires_at - now() > interval '50 seconds' FROM side_question_requests")
         )
         assert expires is True
-    await clear_session_sql(db, sid)
+    await clear(db, "parent-1")
     async with db.sessions() as session:
         assert await queue.heartbeat(session, owner="w1", request_ids=[claimed.id], lease_s=60.0) == set()
 
@@ -135,7 +135,7 @@ async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) ->
     rid = await admit(db, sid, "q")
     claimed = await _claim(db)
     assert claimed is not None
-    await clear_session_sql(db, sid)
+    await clear(db, "parent-1")
     async with db.sessions() as session:
         assert not await queue.emit_if_held(session, rid, "w1", "delta", {"text": "late"})
     async with db.sessions() as session:
