@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 
 from service import client
@@ -317,6 +318,10 @@ async def test_archive_export_and_import_round_trip_through_the_cli(stack: Stack
     assert run.code == 0, run.err
     document = json.loads(exported.read_text(encoding="utf-8"))
     assert document["version"] == 3 and [q["ordinal"] for q in document["questions"]] == [1, 2]
+    # What the real worker writes (usage, context_info, memory) fits the published schema.
+    schema = json.loads((ROOT / "docs" / "archive" / "v3.schema.json").read_text(encoding="utf-8"))
+    jsonschema.validate(document, schema)
+    assert document["questions"][1]["context_info"]["replayed_ordinals"] == [1, 1]
 
     imported = await sidequest_in_process(
         "archive", "import", str(exported), "--parent-id", "copy", "--url", stack.url
