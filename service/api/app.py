@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api import routes_questions, routes_sessions
 from service.api.errors import error_body, install_error_handlers
 from service.api.metrics import Metrics
+from service.api.routes_common import errors
 from service.api.sse import EventHub
 from service.api.stream_tokens import StreamTokens, stream_secret
 from service.config import Settings
@@ -155,7 +156,7 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
     if importlib.util.find_spec("service.api.routes_archive") is not None:
         from service.api.routes_archive import router as archive_router
 
-        app.include_router(archive_router)
+        app.include_router(archive_router, responses=errors(401, 404))
 
     app.add_middleware(
         BodyLimit, limit=settings.max_snapshot_bytes + settings.max_question_bytes + BODY_SLACK_BYTES

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from service.store.admission import IdempotencyConflict, QueueFull, SnapshotMissing
 from service.store.sessions import InvalidSnapshot, SnapshotConflict
@@ -111,16 +112,32 @@ _STATUS_CODES = {
 }
 
 
-async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette's own 405 names only the first route's)."""
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return sorted(allowed)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _STATUS_CODES.get(exc.status_code, "http_error")
+    headers = getattr(exc, "headers", None)
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
     message = exc.detail if isinstance(exc.detail, str) else "request refused"
     if exc.status_code == 404:
         message = "not found"
     if code == "bad_request" and "parsing the body" in message:
         # FastAPI's answer to a body it cannot decode (e.g. invalid UTF-8).
         code, message = "malformed_json", "the request body is not valid UTF-8"
-    return error_response(ApiError(exc.status_code, code, message, headers=getattr(exc, "headers", None)))
+    return error_response(ApiError(exc.status_code, code, message, headers=headers))
 
 
 async def _store_error(_request: Request, exc: Exception) -> JSONResponse:

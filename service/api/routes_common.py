@@ -11,7 +11,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from service.api.deps import bearer_tenant, unauthorized
 from service.api.errors import ApiError
-from service.api.schemas import ErrorBody, check_text
+from service.api.schemas import NO_NUL, ErrorBody, check_text
 from service.api.sse import PING_S, SEND_TIMEOUT_S, EventHub
 from service.api.stream_tokens import StreamTokens
 
@@ -19,7 +19,9 @@ MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
 
 
-def _parent_id(parent_id: Annotated[str, Path(min_length=1, max_length=500)]) -> str:
+def _parent_id(
+    parent_id: Annotated[str, Path(min_length=1, max_length=500, json_schema_extra=NO_NUL)],
+) -> str:
     try:
         return check_text(parent_id)
     except ValueError as exc:
@@ -110,11 +112,33 @@ def sse_response(request: Request, content: Any) -> Response:
     )
 
 
+EVENT_TYPES = ["status", "progress", "delta", "usage", "done", "error"]
+
+# One server-sent event, as parsed by a client (comments such as pings are not events).
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "id": {
+            "type": "string",
+            "pattern": "^[0-9]+$",
+            "description": "Per-request seq on a request stream, global event id on a session stream.",
+        },
+        "event": {"type": "string", "enum": EVENT_TYPES},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "JSON: request_id, ordinal, seq, at, and the fields of the event type (SPEC §4).",
+        },
+        "retry": {"type": "integer"},
+    },
+}
+
 SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "Server-Sent Events (SPEC §4): `id:`, `event:` (status, progress, delta, usage, "
-        "done, error), `data:` JSON.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "done, error), `data:` JSON; a `retry:` hint first and comment pings while idle.",
+        "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
     },
 }
 

@@ -28,6 +28,7 @@ from service.api.routes_common import (
     stream_tenant,
 )
 from service.api.schemas import (
+    NO_NUL,
     Cleared,
     HistoryPage,
     QuestionIn,
@@ -175,7 +176,9 @@ async def clear_questions(parent_id: ParentId, tenant: Tenant, session: DbSessio
     return JSONResponse(result)
 
 
-def _snapshot_id(snapshot_id: Annotated[str, Path(min_length=1, max_length=500)]) -> str:
+def _snapshot_id(
+    snapshot_id: Annotated[str, Path(min_length=1, max_length=500, json_schema_extra=NO_NUL)],
+) -> str:
     try:
         return check_text(snapshot_id)
     except ValueError as exc:

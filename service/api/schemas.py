@@ -18,6 +18,7 @@ Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 # PostgreSQL text cannot hold NUL, and a lone surrogate cannot be encoded as UTF-8: both would
 # otherwise fail deep in the driver, so they are refused as input errors up front.
 _FORBIDDEN = "NUL characters and unpaired surrogates are not allowed"
+NO_NUL = {"pattern": "^[^\\u0000]*$"}
 
 
 def check_text(value: str) -> str:
@@ -62,7 +63,7 @@ class Snapshot(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    snapshot_id: Annotated[str, Field(min_length=1, max_length=500)] | None = Field(
+    snapshot_id: Annotated[str, Field(min_length=1, max_length=500, json_schema_extra=NO_NUL)] | None = Field(
         default=None, description="Store the inline snapshot under this id (default: its content hash)."
     )
     taken_at: str | None = None
@@ -92,12 +93,23 @@ class SnapshotStored(BaseModel):
 class QuestionIn(BaseModel):
     """POST body: a question with a snapshot reference, an inline snapshot, or neither."""
 
-    model_config = ConfigDict(extra="forbid")
+    # snapshot_id and snapshot exclude each other (an inline snapshot names itself).
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "not": {
+                "required": ["snapshot_id", "snapshot"],
+                "properties": {"snapshot_id": {"type": "string"}, "snapshot": {"type": "object"}},
+            }
+        },
+    )
 
-    question: str = Field(min_length=1, description="At most 64 KiB of UTF-8 (65536 bytes).")
-    snapshot_id: Annotated[str, Field(min_length=1, max_length=500)] | None = None
+    question: str = Field(
+        min_length=1, description="At most 64 KiB of UTF-8 (65536 bytes).", json_schema_extra=NO_NUL
+    )
+    snapshot_id: Annotated[str, Field(min_length=1, max_length=500, json_schema_extra=NO_NUL)] | None = None
     snapshot: Snapshot | None = None
-    model: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    model: Annotated[str, Field(min_length=1, max_length=200, json_schema_extra=NO_NUL)] | None = None
     context_window: Annotated[int, Field(ge=1024, le=10_000_000)] | None = None
     max_output_tokens: Annotated[int, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = None
     main_max_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None

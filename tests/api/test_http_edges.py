@@ -1,0 +1,64 @@
+"""HTTP edges: CORS from settings, 405 with the full Allow list, OpenAPI covers every route."""
+
+from __future__ import annotations
+
+from tests.api.conftest import Server, StartServer
+
+
+async def test_cors_only_when_origins_are_configured(start_server: StartServer, server: Server) -> None:
+    cors = await start_server(cors_origins="https://ui.example, https://other.example")
+    preflight_headers = {
+        "Origin": "https://ui.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, idempotency-key",
+    }
+    async with cors.client() as client:
+        preflight = await client.options("/v1/sessions/p/questions", headers=preflight_headers)
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "https://ui.example"
+        simple = await client.get("/healthz", headers={"Origin": "https://other.example"})
+        assert simple.headers["access-control-allow-origin"] == "https://other.example"
+        stranger = await client.get("/healthz", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in stranger.headers
+    async with server.client() as client:
+        plain = await client.get("/healthz", headers={"Origin": "https://ui.example"})
+        assert "access-control-allow-origin" not in plain.headers
+
+
+async def test_wrong_method_is_405_listing_every_method_of_the_path(server: Server) -> None:
+    async with server.client() as client:
+        response = await client.patch("/v1/sessions/p/questions")
+        assert response.status_code == 405
+        assert response.headers["allow"] == "DELETE, GET, POST"
+        assert response.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_openapi_describes_every_v1_route(server: Server) -> None:
+    async with server.client() as client:
+        spec = (await client.get("/openapi.json")).json()
+    paths = spec["paths"]
+    expected = {
+        ("/v1/sessions/{parent_id}/questions", "post"),
+        ("/v1/sessions/{parent_id}/questions", "get"),
+        ("/v1/sessions/{parent_id}/questions", "delete"),
+        ("/v1/questions/{request_id}", "get"),
+        ("/v1/questions/{request_id}/events", "get"),
+        ("/v1/sessions/{parent_id}/events", "get"),
+        ("/v1/questions/{request_id}/cancel", "post"),
+        ("/v1/questions/{request_id}/stream-token", "post"),
+        ("/v1/sessions/{parent_id}/stream-token", "post"),
+        ("/v1/sessions/{parent_id}/snapshots/{snapshot_id}", "put"),
+        ("/v1/sessions/{parent_id}", "get"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+        ("/metrics", "get"),
+    }
+    assert {(p, m) for p, m in expected if m in paths.get(p, {})} == expected
+    post = paths["/v1/sessions/{parent_id}/questions"]["post"]
+    assert {"202", "200", "409", "413", "422", "429"} <= set(post["responses"])
+    record = spec["components"]["schemas"]["RequestRecord"]["properties"]
+    assert {"id", "ordinal", "truncated", "stop_reason", "context_info", "attempt"} <= set(record)
+    assert (
+        "text/event-stream"
+        in paths["/v1/questions/{request_id}/events"]["get"]["responses"]["200"]["content"]
+    )
