@@ -18,7 +18,7 @@ Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 # PostgreSQL text cannot hold NUL, and a lone surrogate cannot be encoded as UTF-8: both would
 # otherwise fail deep in the driver, so they are refused as input errors up front.
 _FORBIDDEN = "NUL characters and unpaired surrogates are not allowed"
-NO_NUL = {"pattern": "^[^\\u0000]*$"}
+NO_NUL: dict[str, Any] = {"pattern": "^[^\\u0000]*$"}
 
 
 def check_text(value: str) -> str:
