@@ -11,6 +11,9 @@ Invariants, and how each is kept:
   lock was granted.
 - **One running per session, ordinal order**: only the lowest queued ordinal of a session with nothing
   running is a candidate.
+- **Never waiting on the API**: the pick locks the request *and* its session row with ``SKIP LOCKED``;
+  a session whose row an admission or a clear holds right now is skipped this time (their commit
+  NOTIFYs the queue, so it is picked up at once after), and the claim never queues behind them.
 - **Round robin**: among candidates, the session whose ``last_started_at`` is oldest goes first (NULL —
   never started — first), ties broken by the oldest queued request. Claiming stamps
   ``last_started_at``.
@@ -59,7 +62,7 @@ _PICK_NEXT = text(
       )
     ORDER BY s.last_started_at ASC NULLS FIRST, r.created_at ASC, r.id ASC
     LIMIT 1
-    FOR UPDATE OF r SKIP LOCKED
+    FOR UPDATE OF r, s SKIP LOCKED
     """
 )
 

@@ -223,3 +223,18 @@ async def test_release_requeues_without_counting_an_attempt(db: Database) -> Non
         assert await queue.release(session, rid, "w1")
     claimed = await _claim(db)
     assert claimed is not None and claimed.id == rid and claimed.attempt == 1
+
+
+async def test_claim_skips_a_session_whose_row_an_admission_holds_instead_of_waiting(db: Database) -> None:
+    a, b = await make_session(db, "a"), await make_session(db, "b")
+    a1 = await admit(db, a, "a1")
+    b1 = await admit(db, b, "b1")
+    async with db.sessions() as holder, holder.begin():
+        # What admission does for the length of its transaction: lock the session row.
+        await holder.execute(
+            text("SELECT id FROM side_question_sessions WHERE id = :id FOR UPDATE"), {"id": a}
+        )
+        claimed = await asyncio.wait_for(_claim(db), timeout=2)
+        assert claimed is not None and claimed.id == b1
+    claimed = await _claim(db)
+    assert claimed is not None and claimed.id == a1
