@@ -124,7 +124,7 @@ async def test_two_processes_share_the_cap_in_order_and_round_robin(
             left = await session.scalar(
                 text("SELECT count(*) FROM side_question_requests WHERE status <> 'succeeded'")
             )
-        return left == 0
+        return bool(left == 0)
 
     try:
         await wait_for(all_succeeded, within=60)
