@@ -338,6 +338,9 @@ async def release(session: AsyncSession, request_id: uuid.UUID, owner: str) -> b
     async with session.begin():
         if not await lock_if_held(session, request_id, owner):
             return False
+        stage = await session.scalar(
+            text("SELECT stage FROM side_question_requests WHERE id = :id"), {"id": request_id}
+        )
         session_id = await session.scalar(
             text(
                 """
@@ -348,6 +351,12 @@ async def release(session: AsyncSession, request_id: uuid.UUID, owner: str) -> b
                 """
             ),
             {"id": request_id},
+        )
+        await append_event(
+            session,
+            request_id,
+            "progress",
+            {"stage": stage, "action": "worker_stopped_rerun", "discard_streamed_text": True},
         )
         await append_event(
             session, request_id, "status", {"status": "queued", "stage": None, "reason": "worker_stopped"}

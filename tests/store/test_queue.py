@@ -221,6 +221,12 @@ async def test_release_requeues_without_counting_an_attempt(db: Database) -> Non
     assert await _claim(db) is not None
     async with db.sessions() as session:
         assert await queue.release(session, rid, "w1")
+    async with db.sessions() as session:
+        events = await request_events_after(session, rid, 0)
+    assert [(e.type, e.data.get("status"), e.data.get("action")) for e in events][-2:] == [
+        ("progress", None, "worker_stopped_rerun"),
+        ("status", "queued", None),
+    ]
     claimed = await _claim(db)
     assert claimed is not None and claimed.id == rid and claimed.attempt == 1
 
