@@ -119,8 +119,8 @@ async def page_server() -> AsyncIterator[tuple[str, asyncio.Queue[dict[str, Any]
         yield url, reports
 
 
-async def _next(reports: asyncio.Queue[dict[str, Any]], kind: str, timeout: float = 20) -> dict[str, Any]:
-    async with asyncio.timeout(timeout):
+async def _next(reports: asyncio.Queue[dict[str, Any]], kind: str, within: float = 20) -> dict[str, Any]:
+    async with asyncio.timeout(within):
         while True:
             item = await reports.get()
             if item["kind"] == kind:
@@ -137,7 +137,7 @@ async def test_browser_event_source_resumes_through_a_dropped_connection(
         proxy = Proxy(int(api.url.rsplit(":", 1)[1]))
         await proxy.start()
         profile = tempfile.mkdtemp(prefix="sidequest-chromium-")
-        browser: subprocess.Popen[bytes] | None = None
+        browser: asyncio.subprocess.Process | None = None
         try:
             async with api.client("tok-acme") as client:
                 rid = (await ask(client, "p-browser", "Which file?"))["id"]
@@ -145,25 +145,23 @@ async def test_browser_event_source_resumes_through_a_dropped_connection(
             stream_url = f"http://127.0.0.1:{proxy.port}/v1/questions/{rid}/events?token={token['token']}"
             await mark_running(db, rid, "answering")
             await append(db, rid, "delta", {"text": "It is "})
-            browser = subprocess.Popen(
-                [
-                    chromium,
-                    "--headless",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-quic",
-                    "--no-first-run",
-                    "--disable-background-networking",
-                    "--disable-component-update",
-                    "--disable-sync",
-                    f"--user-data-dir={profile}",
-                    f"{page_url}/page.html?stream={stream_url.replace('&', '%26').replace('?', '%3F')}",
-                ],
+            browser = await asyncio.create_subprocess_exec(
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                f"{page_url}/page.html?stream={stream_url.replace('&', '%26').replace('?', '%3F')}",
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
             events: list[dict[str, Any]] = []
-            await _next(reports, "open", timeout=60)
+            await _next(reports, "open", within=60)
             async with asyncio.timeout(30):
                 while len(events) < 3:  # queued, running, first delta
                     item = await reports.get()
@@ -186,7 +184,7 @@ async def test_browser_event_source_resumes_through_a_dropped_connection(
         finally:
             if browser is not None:
                 browser.kill()
-                browser.wait(10)
+                await asyncio.wait_for(browser.wait(), 10)
             await proxy.stop()
             shutil.rmtree(profile, ignore_errors=True)
 
