@@ -104,27 +104,28 @@ def _tool_input(arguments: object) -> Any:
     Anthropic inputs are objects; arguments that are not a JSON object are kept verbatim under
     ``"_arguments"`` so that nothing the main session sent is lost or invented.
     """
-    if isinstance(arguments, Mapping):
-        return dict(arguments)
-    if arguments is None or arguments == "":
-        return {}
     if isinstance(arguments, str):
+        if not arguments:
+            return {}
         try:
             parsed = json.loads(arguments)
         except ValueError:
             return {"_arguments": arguments}
-        if isinstance(parsed, dict):
-            return parsed
-        return {"_arguments": arguments}
+        return parsed if isinstance(parsed, dict) else {"_arguments": arguments}
+    if arguments is None:
+        return {}
+    if isinstance(arguments, Mapping):
+        return dict(arguments)
     return {"_arguments": arguments}
 
 
 def _tool_use_block(call: object) -> dict[str, Any]:
     """One OpenAI ``tool_calls`` entry as a canonical ``tool_use`` block."""
-    if not isinstance(call, Mapping):
+    # isinstance(dict) first: the Mapping ABC check is slower and JSON input is always dicts.
+    if not (isinstance(call, dict) or isinstance(call, Mapping)):
         return {"type": "tool_use", "id": "", "name": "", "input": {"_arguments": call}}
     function = call.get("function")
-    if not isinstance(function, Mapping):
+    if not (isinstance(function, dict) or isinstance(function, Mapping)):
         function = {}
     return {
         "type": "tool_use",

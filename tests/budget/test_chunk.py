@@ -93,6 +93,9 @@ def test_combining_marks_stay_with_their_base() -> None:
 def test_flags_are_not_split_between_their_regional_indicators() -> None:
     text = "🇯🇵🇺🇸🇫🇷"  # three flags of 8 bytes
     assert split_text(text, 3) == ["🇯🇵", "🇺🇸", "🇫🇷"]
+    # A 9-byte cut of "xx🇯🇵" would fall between the flag's two indicators; it backs off before it.
+    assert split_text("xx🇯🇵", 3) == ["xx", "🇯🇵"]
+    assert split_text("🇯🇵🇺🇸x", 5) == ["🇯🇵", "🇺🇸x"]
 
 
 def test_skin_tone_and_variation_selector_stay_attached() -> None:
@@ -172,3 +175,24 @@ def test_pieces_that_fit_are_never_split(pieces: list[str], capacity: int) -> No
             position += 1
         assert joined == chunk
     assert position == len(fitting)
+
+
+CLUSTERS = ["e\u0301", "a\u0308\u0301", "中", "x", "👍🏽", "\n"]
+
+
+@given(
+    st.lists(
+        st.lists(st.sampled_from(CLUSTERS), max_size=40).map("".join),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(3, 30),
+)
+@settings(max_examples=100)
+def test_packing_into_a_partly_filled_chunk_keeps_clusters_whole(pieces: list[str], capacity: int) -> None:
+    # Clusters are at most 8 bytes and chunks at least 9, so no cluster ever needs cutting, even
+    # when an oversized piece starts filling the room left in a partly filled chunk.
+    chunks = chunk_pieces(pieces, capacity)
+    assert "".join(chunks) == "".join(pieces)
+    assert _clusters_cut(chunks) == 0
+    assert not any(chunk.startswith("\U0001f3fd") for chunk in chunks)  # skin tone never split off
