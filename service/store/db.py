@@ -62,7 +62,8 @@ async def current_revision(db: Database) -> str | None:
         exists = await conn.scalar(text("SELECT to_regclass('public.alembic_version') IS NOT NULL"))
         if not exists:
             return None
-        return await conn.scalar(text("SELECT version_num FROM alembic_version"))
+        revision = await conn.scalar(text("SELECT version_num FROM alembic_version"))
+        return str(revision) if revision is not None else None
 
 
 def upgrade_to_head(sync_url: str) -> None:
