@@ -24,6 +24,8 @@ class DeltaCoalescer:
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._lost = False
+        # One writer at a time, so text reaches the log in the order it streamed.
+        self._write_lock = asyncio.Lock()
         self.streamed_chars = 0
         self.events = 0
 
@@ -36,22 +38,24 @@ class DeltaCoalescer:
         if self._task is None:
             self._task = asyncio.create_task(self._flusher(), name="sidequest-delta-flusher")
 
-    async def _flush(self) -> None:
-        if not self._buffer or self._lost:
-            return
-        text = "".join(self._buffer)
-        self._buffer.clear()
-        if await self._emit(text):
-            self.events += 1
-        else:
-            self._lost = True
+    async def flush(self) -> None:
+        """Write buffered text now (e.g. before the call's ``usage`` event, so text comes first)."""
+        async with self._write_lock:
+            if not self._buffer or self._lost:
+                return
+            text = "".join(self._buffer)
+            self._buffer.clear()
+            if await self._emit(text):
+                self.events += 1
+            else:
+                self._lost = True
 
     async def _flusher(self) -> None:
         # Never cancelled mid-write by close(): it sets the flag and waits, so no text is dropped.
         while not self._closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), self._interval)
-            await self._flush()
+            await self.flush()
 
     async def close(self) -> None:
         """Stop the flusher and write what is left (before the terminal event)."""
@@ -59,7 +63,7 @@ class DeltaCoalescer:
         if self._task is not None:
             await self._task
             self._task = None
-        await self._flush()
+        await self.flush()
 
     async def abort(self) -> None:
         """Stop the flusher without writing (the request was cancelled or lost)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from service.providers.base import CallUsage
@@ -22,6 +23,8 @@ class LedgerRecorder:
         self._request_id = request_id
         self._owner = owner
         self.calls = 0
+        # Set while the answer streams: buffered delta text is written before the usage event.
+        self.before_usage: Callable[[], Awaitable[None]] | None = None
 
     async def record_call(
         self,
@@ -45,5 +48,7 @@ class LedgerRecorder:
         async with self._db.sessions() as session:
             totals = await ledger.append_call(session, self._request_id, entry)
         self.calls += 1
+        if self.before_usage is not None and status != "cancelled":
+            await self.before_usage()
         async with self._db.sessions() as session:
             await queue.emit_if_held(session, self._request_id, self._owner, "usage", {"usage": totals})

@@ -377,6 +377,7 @@ class _Run:
 
     async def answer(self, request: AnswerRequest) -> dict[str, Any] | None:
         deltas = DeltaCoalescer(self.emit_delta)
+        self.recorder.before_usage = deltas.flush
         try:
             try:
                 result = await self.call_answer(request, deltas)
@@ -407,6 +408,8 @@ class _Run:
         except BaseException:
             await deltas.abort() if _cancelled() else await deltas.close()
             raise
+        finally:
+            self.recorder.before_usage = None
         await deltas.close()
         return await self.finish(request, result)
 

@@ -51,6 +51,9 @@ async def test_success_walks_the_stages_and_ends_with_done(
     assert ran.types()[-2:] == ["status", "done"]
     assert ran.events[-2].data["status"] == "succeeded"
     assert "".join(d["text"] for d in ran.of("delta")) == "It is tests/test_io.py."
+    # The answer's text is all written before the usage event of its call.
+    types = ran.types()
+    assert max(i for i, t in enumerate(types) if t == "delta") < types.index("usage")
     record = ran.of("done")[0]["record"]
     assert record["answer"] == "It is tests/test_io.py." and record["truncated"] is False
     assert record["stop_reason"] == "stop" and record["parent_id"] == "parent-ok"
