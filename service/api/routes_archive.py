@@ -17,7 +17,9 @@ from service.api.errors import ApiError
 from service.api.routes_common import ParentId
 from service.api.schemas import ErrorBody
 from service.store.archive import (
+    ARCHIVE_VERSIONS,
     ArchiveError,
+    archive_json_schema,
     export_archive,
     load_archive_json,
     parse_archive,
@@ -27,16 +29,8 @@ from service.store.archive import (
 router = APIRouter(prefix="/v1", tags=["archives"])
 
 _ARCHIVE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "A side-question archive, version 1, 2 or 3 (JSON Schemas in docs/archive/).",
-    "required": ["version", "parent_id", "questions"],
-    "properties": {
-        "version": {"type": "integer", "enum": [1, 2, 3]},
-        "parent_id": {"type": "string"},
-        "exported_at": {"type": "string", "format": "date-time"},
-        "session": {"type": "object"},
-        "questions": {"type": "array", "items": {"type": "object"}},
-    },
+    "description": "A side-question archive of version 1, 2 or 3 (docs/archive.md).",
+    "oneOf": [archive_json_schema(version, standalone=False) for version in ARCHIVE_VERSIONS],
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text}

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from sqlalchemy import delete, func, select, text, update
@@ -40,7 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import NOTIFY_CHANNEL, TERMINAL_STATUSES, utc_iso
 from service.store.models import EMPTY_MEMORY, EventRow, RequestRow, SessionRow
-from service.store.records import EMPTY_USAGE, iso_or_none, request_record
+from service.store.records import EMPTY_USAGE, request_record
 from service.store.sessions import find_session, lock_or_create_session
 
 ARCHIVE_VERSIONS: Final = (1, 2, 3)
@@ -256,15 +257,18 @@ class _Checker:
         if not isinstance(value, str):
             self.fail(loc, "must be an ISO 8601 timestamp string" + (" or null" if nullable else ""))
             return None
+        moment = _parse_timestamp(value)
+        if moment is None:
+            if _RFC3339_NO_ZONE.fullmatch(value):
+                self.fail(loc, "must carry a time zone (e.g. a trailing Z)")
+            else:
+                self.fail(loc, f"is not an ISO 8601 timestamp like 2026-11-29T10:00:00Z: {value[:40]!r}")
+            return None
         try:
-            moment = datetime.fromisoformat(value)
-        except ValueError:
-            self.fail(loc, f"is not an ISO 8601 timestamp: {value[:40]!r}")
+            return moment.astimezone(UTC)
+        except OverflowError:  # e.g. 0001-01-01T00:00:00+12:00 is before year 1 in UTC
+            self.fail(loc, "is out of range once converted to UTC")
             return None
-        if moment.tzinfo is None:
-            self.fail(loc, "must carry a time zone (e.g. a trailing Z)")
-            return None
-        return moment.astimezone(UTC)
 
     def json_object(self, value: object, loc: str) -> dict[str, Any] | None:
         if not isinstance(value, dict):
@@ -273,24 +277,77 @@ class _Checker:
         return value if self.storable(value, loc) else None
 
 
+# RFC 3339 (JSON Schema's "date-time"): a full date and time with seconds and an offset.
+_RFC3339_NO_ZONE = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d(:\d\d(\.\d+)?)?")
+_RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:(\d\d)(\.\d+)?([Zz]|[+-]\d\d:\d\d)")
+
+
+def _parse_timestamp(text: str) -> datetime | None:
+    """An RFC 3339 timestamp; a leap second counts, as in PostgreSQL, as the next minute's first instant."""
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        return None
+    leap = match.group(1) == "60"
+    normalized = text.upper()
+    if leap:
+        normalized = normalized[: match.start(1)] + "59" + normalized[match.end(1) :]
+    try:
+        moment = datetime.fromisoformat(normalized)
+    except ValueError:
+        return None
+    return moment + timedelta(seconds=1) if leap else moment
+
+
+def _integral(value: object) -> int | None:
+    """A JSON integer as an int: ``5`` and ``5.0`` are one number (JSON Schema agrees); ``true`` is not."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 def _is_int(value: object) -> bool:
-    # JSON true/false decode to bool, which Python counts as int; an ordinal of `true` is wrong.
-    return isinstance(value, int) and not isinstance(value, bool)
+    return _integral(value) is not None
+
+
+def _check_counters(check: _Checker, owner: dict[str, Any], loc: str) -> bool:
+    ok = True
+    for name in _USAGE_COUNTERS:
+        count = _integral(owner.get(name, 0))
+        if count is None or count < 0:
+            check.fail(f"{loc}.{name}", "must be a non-negative integer")
+            ok = False
+    return ok
 
 
 def _check_usage(check: _Checker, value: object, loc: str) -> dict[str, Any] | None:
     usage = check.json_object(value, loc)
     if usage is None:
         return None
-    ok = True
-    for name in _USAGE_COUNTERS:
-        if name in usage and not (_is_int(usage[name]) and usage[name] >= 0):
-            check.fail(f"{loc}.{name}", "must be a non-negative integer")
-            ok = False
+    ok = _check_counters(check, usage, loc)
     calls = usage.get("calls", [])
-    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+    if not isinstance(calls, list):
         check.fail(f"{loc}.calls", "must be a list of objects")
-        ok = False
+        return None
+    for index, call in enumerate(calls):
+        call_loc = f"{loc}.calls[{index}]"
+        if not isinstance(call, dict):
+            check.fail(call_loc, "must be an object")
+            ok = False
+            continue
+        ok = _check_counters(check, call, call_loc) and ok
+        for key, kinds, wanted in (
+            ("purpose", (str,), "a string"),
+            ("status", (str,), "a string"),
+            ("model", (str, type(None)), "a string or null"),
+            ("reported", (bool,), "true or false"),
+        ):
+            if key in call and not isinstance(call[key], kinds):
+                check.fail(f"{call_loc}.{key}", f"must be {wanted}")
+                ok = False
     return usage if ok else None
 
 
@@ -344,8 +401,8 @@ def _check_request(check: _Checker, item: object, loc: str, version: int) -> Arc
     for key in sorted(_V1_QUESTION_KEYS - set(item)):
         check.fail(f"{loc}.{key}", "is required")
 
-    ordinal = item.get("ordinal")
-    if "ordinal" in item and not (_is_int(ordinal) and 1 <= ordinal <= _MAX_ORDINAL):  # type: ignore[operator]
+    ordinal = _integral(item.get("ordinal"))
+    if "ordinal" in item and not (ordinal is not None and 1 <= ordinal <= _MAX_ORDINAL):
         check.fail(f"{loc}.ordinal", f"must be an integer from 1 to {_MAX_ORDINAL}")
     if "question" in item:
         check.text(item["question"], f"{loc}.question")
@@ -356,7 +413,7 @@ def _check_request(check: _Checker, item: object, loc: str, version: int) -> Arc
     status = "succeeded"
     if version >= 2 and "status" in item:
         status = item["status"]
-        if status not in TERMINAL_STATUSES:
+        if not isinstance(status, str) or status not in TERMINAL_STATUSES:
             check.fail(
                 f"{loc}.status",
                 "must be one of succeeded, failed, cancelled (archives hold finished requests only)",
@@ -391,8 +448,9 @@ def _check_request(check: _Checker, item: object, loc: str, version: int) -> Arc
 
     if len(check.errors) != errors_before or created_at is None:
         return None
+    assert ordinal is not None
     return ArchivedRequest(
-        ordinal=ordinal,  # type: ignore[arg-type]
+        ordinal=ordinal,
         question=item["question"],
         answer=answer,
         created_at=created_at,
@@ -409,13 +467,14 @@ def parse_archive(document: object) -> Archive:
     """
     if not isinstance(document, dict):
         raise ArchiveUnreadable("an archive is a JSON object with a version, a parent_id and questions")
-    version = document.get("version")
-    if not _is_int(version) or version not in ARCHIVE_VERSIONS:
+    raw_version = document.get("version")
+    version = _integral(raw_version)
+    if version not in ARCHIVE_VERSIONS:
         raise ArchiveUnreadable(
-            f"unsupported archive version {version!r}: supported versions are 1, 2 and 3",
-            {"version": version if _is_int(version) or isinstance(version, str) else None},
+            f"unsupported archive version {raw_version!r}: supported versions are 1, 2 and 3",
+            {"version": raw_version if isinstance(raw_version, (int, float, str)) else None},
         )
-    assert isinstance(version, int)
+    assert version is not None
     check = _Checker()
     for key in sorted(set(document) - _TOP_KEYS[version]):
         check.fail(key, f"is not a field of a version {version} archive")
@@ -425,7 +484,7 @@ def parse_archive(document: object) -> Archive:
     elif check.text(parent_id, "parent_id", max_len=_MAX_PARENT_ID) and not parent_id:
         check.fail("parent_id", "must not be empty")
     if "exported_at" in document:
-        check.timestamp(document["exported_at"], "exported_at", nullable=True)
+        check.timestamp(document["exported_at"], "exported_at")
 
     memory: dict[str, Any] | None = dict(EMPTY_MEMORY)
     if version >= 3 and "session" in document:
@@ -474,7 +533,193 @@ def parse_archive(document: object) -> Archive:
 
 
 # --------------------------------------------------------------------------------------------
+# JSON Schemas (pure): the one source of docs/archive/v*.schema.json and of the OpenAPI body.
+
+_TIMESTAMP_NOTE: Final = (
+    "ISO 8601 / RFC 3339 with a time zone; exports write UTC with microseconds, "
+    "e.g. 2026-11-29T10:00:00.123456Z"
+)
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    kind = schema["type"]
+    return {**schema, "type": [kind, "null"]}
+
+
+def _question_schema(version: int) -> dict[str, Any]:
+    timestamp: dict[str, Any] = {"type": "string", "format": "date-time", "description": _TIMESTAMP_NOTE}
+    properties: dict[str, Any] = {
+        "ordinal": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": _MAX_ORDINAL,
+            "description": "identifies the request within its session; kept by restore; unique in an archive",
+        },
+        "question": {"type": "string"},
+        "answer": {"type": "string"},
+        "created_at": timestamp,
+    }
+    schema: dict[str, Any] = {
+        "type": "object",
+        "required": ["ordinal", "question", "answer", "created_at"],
+        "additionalProperties": False,
+        "properties": properties,
+    }
+    if version >= 2:
+        counters = {name: {"type": "integer", "minimum": 0} for name in _USAGE_COUNTERS}
+        call = {
+            "type": "object",
+            "properties": {
+                "purpose": {"type": "string"},
+                "model": {"type": ["string", "null"]},
+                "status": {"type": "string"},
+                "reported": {"type": "boolean"},
+                **counters,
+            },
+        }
+        properties.update(
+            answer={"type": ["string", "null"], "description": "required text when status is succeeded"},
+            status={
+                "enum": sorted(TERMINAL_STATUSES, reverse=True),
+                "default": "succeeded",
+                "description": "archives hold finished requests only",
+            },
+            error={
+                "type": ["object", "null"],
+                "required": ["code", "message"],
+                "properties": {
+                    "code": {"type": "string"},
+                    "message": {"type": "string"},
+                    "detail": {"type": ["object", "null"]},
+                },
+                "default": None,
+            },
+            usage={
+                "type": "object",
+                "description": "cumulative usage (SPEC §3); missing → zeros and no calls",
+                "properties": {**counters, "calls": {"type": "array", "items": call}},
+            },
+            model=_nullable({"type": "string", "maxLength": _MAX_MODEL}),
+            started_at=_nullable(timestamp),
+            finished_at=_nullable(timestamp),
+            snapshot_id=_nullable(
+                {
+                    "type": "string",
+                    "maxLength": _MAX_SNAPSHOT_ID,
+                    "description": "a reference only: archives carry no snapshot content",
+                }
+            ),
+            truncated={"type": "boolean", "default": False},
+            stop_reason=_nullable({"type": "string", "maxLength": _MAX_STOP_REASON}),
+        )
+        schema["allOf"] = [
+            {
+                "if": {"properties": {"status": {"const": "succeeded"}}},
+                "then": {"properties": {"answer": {"type": "string"}}},
+            }
+        ]
+    if version >= 3:
+        properties["context_info"] = {
+            "type": "object",
+            "default": {},
+            "description": "the request's budget report (SPEC §3 context_info); missing → {}",
+        }
+    return schema
+
+
+_DESCRIPTIONS: Final = {
+    1: "Questions and answers only; holds succeeded requests and restores as succeeded history.",
+    2: "Adds each request's outcome: status, error, usage, model, timings, snapshot reference "
+    "(and truncated, stop_reason).",
+    3: "Adds the session's memory (rolling Q&A summary, context-summary cache) and each request's "
+    "context_info.",
+}
+
+
+def archive_json_schema(version: int, *, standalone: bool = True) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a version ``version`` archive, self-contained (no ``$ref``).
+
+    ``standalone`` adds ``$schema``/``$id`` for the published files; an OpenAPI document embeds the
+    schema without them. What a schema cannot say is checked by :func:`parse_archive` (unique
+    ordinals, text PostgreSQL cannot store).
+    """
+    if version not in ARCHIVE_VERSIONS:
+        raise ValueError(f"no archive version {version}")
+    properties: dict[str, Any] = {
+        "version": {"const": version},
+        "parent_id": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": _MAX_PARENT_ID,
+            "description": "the session it was exported from; restore uses the parent id of its URL",
+        },
+        "exported_at": {
+            "type": "string",
+            "format": "date-time",
+            "description": "when the archive was written (informational; ignored by restore)",
+        },
+    }
+    if version >= 3:
+        properties["session"] = {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "missing → empty memory",
+            "properties": {
+                "memory": {
+                    "type": "object",
+                    "description": "the session's memory; missing parts are empty, other keys are kept",
+                    "properties": {
+                        "qa_summary": {
+                            "type": ["object", "null"],
+                            "default": None,
+                            "description": "the rolling Q&A summary (document and provenance)",
+                        },
+                        "context_summaries": {
+                            "type": "array",
+                            "default": [],
+                            "description": "the context-summary cache, keyed by the content hash of the "
+                            "summarised prefix",
+                            "items": {
+                                "type": "object",
+                                "required": ["key"],
+                                "properties": {"key": {"type": "string", "minLength": 1}},
+                            },
+                        },
+                    },
+                }
+            },
+        }
+    properties["questions"] = {
+        "type": "array",
+        "description": "finished requests in ascending ordinal",
+        "items": _question_schema(version),
+    }
+    schema: dict[str, Any] = {
+        "title": f"Sidequest side-question archive, version {version}",
+        "description": _DESCRIPTIONS[version],
+        "type": "object",
+        "required": ["version", "parent_id", "questions"],
+        "additionalProperties": False,
+        "properties": properties,
+    }
+    if standalone:
+        return {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"urn:sidequest:archive:v{version}",
+            **schema,
+        }
+    return schema
+
+
+# --------------------------------------------------------------------------------------------
 # Encoding (pure): rows → the document of one version.
+
+
+def archive_time(moment: datetime | None) -> str | None:
+    """UTC, microseconds, ``Z`` and a four-digit year (``strftime("%Y")`` drops the zeros of year 2)."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def encode_request(row: RequestRow, version: int) -> dict[str, Any]:
@@ -483,7 +728,7 @@ def encode_request(row: RequestRow, version: int) -> dict[str, Any]:
         "ordinal": row.ordinal,
         "question": row.question,
         "answer": row.answer,
-        "created_at": iso_or_none(row.created_at),
+        "created_at": archive_time(row.created_at),
     }
     if version >= 2:
         item.update(
@@ -491,8 +736,8 @@ def encode_request(row: RequestRow, version: int) -> dict[str, Any]:
             error=row.error,
             usage=row.usage or json.loads(json.dumps(EMPTY_USAGE)),
             model=row.model,
-            started_at=iso_or_none(row.started_at),
-            finished_at=iso_or_none(row.finished_at),
+            started_at=archive_time(row.started_at),
+            finished_at=archive_time(row.finished_at),
             snapshot_id=row.snapshot_id,
             truncated=row.truncated,
             stop_reason=row.stop_reason,
@@ -515,7 +760,7 @@ def encode_archive(
     document: dict[str, Any] = {
         "version": version,
         "parent_id": parent_id,
-        "exported_at": utc_iso(exported_at),
+        "exported_at": archive_time(exported_at or datetime.now(UTC)),
     }
     if version >= 3:
         document["session"] = {"memory": {**EMPTY_MEMORY, **(memory or {})}}

@@ -22,6 +22,7 @@ from service.store.archive import (
     SessionBusy,
     SessionHasHistory,
     SessionNotFound,
+    archive_json_schema,
     export_archive,
     load_archive_json,
     parse_archive,
@@ -149,6 +150,13 @@ async def live_session(db: Database, parent_id: str) -> None:
 
 
 # ------------------------------------------------------------------ fixtures of every version
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_published_schemas_are_the_ones_the_service_uses(version: int) -> None:
+    # docs/archive/ is generated from archive_json_schema; regenerate it when this fails.
+    assert schema(version) == archive_json_schema(version)
+    jsonschema.Draft202012Validator.check_schema(schema(version))
 
 
 @pytest.mark.parametrize("name", ["v1.json", "v2.json", "v3.json"])
@@ -433,6 +441,32 @@ MALFORMED: list[tuple[str, object, type[Exception], str]] = [
         ArchiveInvalid,
         "key",
     ),
+    (
+        "negative tokens in a call",
+        _broken(lambda d: d["questions"][0]["usage"]["calls"][0].update(cached_tokens=-1)),
+        ArchiveInvalid,
+        "calls[0].cached_tokens must be a non-negative integer",
+    ),
+    (
+        "reported not a bool",
+        _broken(lambda d: d["questions"][0]["usage"]["calls"][0].update(reported="yes")),
+        ArchiveInvalid,
+        "reported",
+    ),
+    ("null exported_at", _broken(lambda d: d.update(exported_at=None)), ArchiveInvalid, "exported_at"),
+    (
+        "time without seconds",
+        _broken(lambda d: d["questions"][0].update(created_at="2026-11-29T10:00Z")),
+        ArchiveInvalid,
+        "ISO 8601",
+    ),
+    ("status not a string", _broken(lambda d: d["questions"][0].update(status={})), ArchiveInvalid, "status"),
+    (
+        "before year 1 in UTC",
+        _broken(lambda d: d["questions"][0].update(created_at="0001-01-01T00:00:00+12:00")),
+        ArchiveInvalid,
+        "out of range",
+    ),
     ("long model", _broken(lambda d: d["questions"][0].update(model="m" * 201)), ArchiveInvalid, "200"),
 ]
 
@@ -463,3 +497,40 @@ def test_a_body_that_is_not_json_is_unreadable(body: bytes) -> None:
     with pytest.raises(ArchiveUnreadable) as refused:
         load_archive_json(body)
     assert refused.value.status == 400
+
+
+def test_rfc3339_spellings_are_accepted() -> None:
+    document = {
+        "version": 1,
+        "parent_id": "p",
+        "questions": [
+            {"ordinal": 1, "question": "q", "answer": "a", "created_at": "2016-12-31t23:59:60z"},
+            {"ordinal": 2, "question": "q", "answer": "a", "created_at": "2026-11-29T12:00:00.5+02:00"},
+        ],
+    }
+    first, second = parse_archive(document).requests
+    # A leap second is the first instant of the next minute, as PostgreSQL reads it.
+    assert first.created_at == datetime(2017, 1, 1, tzinfo=UTC)
+    assert second.created_at == datetime(2026, 11, 29, 10, 0, 0, 500000, tzinfo=UTC)
+
+
+def test_integral_numbers_count_as_integers_as_in_json_schema() -> None:
+    document = _broken(lambda d: d.update(version=3.0))
+    document["questions"][0]["ordinal"] = 5.0
+    archive = parse_archive(document)
+    assert archive.version == 3 and [r.ordinal for r in archive.requests] == [2, 5]
+    assert isinstance(archive.requests[1].ordinal, int)
+    with pytest.raises(ArchiveInvalid):
+        parse_archive(_broken(lambda d: d["questions"][0].update(ordinal=1.5)))
+
+
+async def test_early_years_export_with_four_digits(db: Database) -> None:
+    document = {
+        "version": 1,
+        "parent_id": "p",
+        "questions": [{"ordinal": 1, "question": "q", "answer": "a", "created_at": "0002-01-01T00:00:01Z"}],
+    }
+    await restore(db, "p", document)
+    exported = await export(db, "p", 1)
+    assert exported["questions"][0]["created_at"] == "0002-01-01T00:00:01.000000Z"
+    jsonschema.validate(exported, schema(1), format_checker=jsonschema.FormatChecker())
