@@ -185,7 +185,6 @@ class Renderer:
     live: bool
     started: float = field(default_factory=time.monotonic)
     stage: str = "queued"
-    detail: str = ""
     answer: str = ""
     answering: bool = False
     _live_line: bool = False
