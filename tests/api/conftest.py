@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -48,6 +49,10 @@ async def serve(app: FastAPI, *, access_log: bool = False) -> AsyncIterator[str]
         timeout_graceful_shutdown=1,
     )
     server = uvicorn.Server(config)
+    # No signal handlers: sse-starlette finds "the" uvicorn server through the SIGTERM handler and
+    # ends every stream of the thread when that server exits; with several servers in one test
+    # process a stopped one would otherwise end the streams of the others.
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         for _ in range(500):
@@ -89,16 +94,38 @@ async def start_server(db: Database, settings: Settings) -> AsyncIterator[StartS
             await context.__aexit__(None, None, None)
 
 
-@pytest.fixture
-async def server(start_server: StartServer) -> Server:
-    """A server without auth (tenant "default")."""
-    return await start_server()
-
-
 TOKENS = "acme:tok-acme,globex:tok-globex"
 
 
+@pytest.fixture(scope="session")
+async def _shared_servers(database_url: str) -> AsyncIterator[dict[str, Server]]:
+    """Two long-lived servers (no auth; two tenants), reused by tests that need nothing special.
+
+    Their state lives in PostgreSQL, which the ``db`` fixture empties before every test, so sharing
+    them only saves the start-up time.
+    """
+    base = Settings(database_url=database_url, provider="offline", lease_s=3.0, heartbeat_s=0.5, poll_s=0.2)
+    servers: dict[str, Server] = {}
+    contexts = []
+    for name, overrides in (("open", {}), ("auth", {"api_tokens": TOKENS})):
+        app = create_app(base.model_copy(update=overrides), database_url)
+        context = serve(app)
+        servers[name] = Server(url=await context.__aenter__(), app=app)
+        contexts.append(context)
+    try:
+        yield servers
+    finally:
+        for context in reversed(contexts):
+            await context.__aexit__(None, None, None)
+
+
 @pytest.fixture
-async def auth_server(start_server: StartServer) -> Server:
+async def server(_shared_servers: dict[str, Server], db: Database) -> Server:
+    """A server without auth (tenant "default")."""
+    return _shared_servers["open"]
+
+
+@pytest.fixture
+async def auth_server(_shared_servers: dict[str, Server], db: Database) -> Server:
     """A server with two tenants: acme (tok-acme) and globex (tok-globex)."""
-    return await start_server(api_tokens=TOKENS)
+    return _shared_servers["auth"]

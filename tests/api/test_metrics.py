@@ -9,7 +9,7 @@ from sqlalchemy import update
 
 from service.store.db import Database
 from service.store.models import RequestRow
-from tests.api.conftest import Server
+from tests.api.conftest import StartServer
 from tests.api.helpers import ask
 
 
@@ -22,8 +22,9 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 async def test_metrics_report_admissions_statuses_calls_latency_and_subscribers(
-    server: Server, db: Database
+    start_server: StartServer, db: Database
 ) -> None:
+    server = await start_server()  # its own: the subscriber count must see only this test's stream
     async with server.client() as client:
         first = await ask(client, "secret-parent-id")
         await ask(client, "secret-parent-id")
