@@ -32,8 +32,9 @@ TERMINAL_EVENT_TYPES = frozenset({"done", "error"})
 
 def utc_iso(moment: datetime | None = None) -> str:
     """ISO 8601 UTC with microseconds, e.g. ``2026-11-29T10:00:00.123456Z``."""
-    moment = moment or datetime.now(UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    moment = (moment or datetime.now(UTC)).astimezone(UTC)
+    # isoformat, not strftime: "%Y" drops leading zeros of years below 1000 on glibc.
+    return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 @dataclass(frozen=True)

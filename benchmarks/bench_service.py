@@ -1,0 +1,133 @@
+"""Service benchmarks: admission latency and throughput against the slot limit.
+
+Run: ``.venv/bin/python benchmarks/bench_service.py`` (needs a PostgreSQL found the same way as the
+tests: SIDEQUEST_TEST_DATABASE_URL → local server → embedded). It creates and drops its own database.
+
+1. Admission latency — POST /v1/sessions/{parent}/questions against a real uvicorn with no worker
+   running (so nothing else competes), N sequential posts plus N posts from 8 concurrent clients.
+2. Throughput — the same API with the worker in-process, the model a scripted OpenAI-compatible
+   server that answers each call after a fixed delay; 40 questions over 20 sessions with 4 slots.
+   The ideal is ceil(40 / 4) × delay; the overhead above it is what the queue costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from service.api.app import create_app
+from service.config import Settings
+from service.store.db import upgrade_to_head
+from tests import pg
+from tests.api.conftest import serve
+from tests.scripted_provider import ScriptedServer, Step
+
+SNAPSHOT = {
+    "system": "You are a coding agent.",
+    "messages": [
+        {"role": "user", "content": "Fix the flaky test in tests/test_io.py"},
+        {"role": "assistant", "content": "Looking at it now."},
+    ],
+}
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+async def admission(url: str, n: int = 200) -> dict[str, float]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        # Warm up connections and the session rows.
+        for i in range(5):
+            await client.post(f"/v1/sessions/warm-{i}/questions", json={"question": "warm"})
+        sequential = []
+        for i in range(n):
+            body = {"question": f"question {i}", "snapshot": SNAPSHOT}
+            start = time.perf_counter()
+            r = await client.post(f"/v1/sessions/seq-{i % 10}/questions", json=body)
+            sequential.append((time.perf_counter() - start) * 1000)
+            assert r.status_code == 202, r.text
+
+        concurrent: list[float] = []
+
+        async def one_client(c: int) -> None:
+            for i in range(n // 8):
+                start = time.perf_counter()
+                r = await client.post(f"/v1/sessions/conc-{c}-{i % 2}/questions", json={"question": f"q{i}"})
+                concurrent.append((time.perf_counter() - start) * 1000)
+                assert r.status_code in (202, 429), r.text
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one_client(c) for c in range(8)))
+        wall = time.perf_counter() - start
+    return {
+        "seq_p50_ms": statistics.median(sequential),
+        "seq_p95_ms": percentile(sequential, 95),
+        "conc_p50_ms": statistics.median(concurrent),
+        "conc_p95_ms": percentile(concurrent, 95),
+        "conc_rps": len(concurrent) / wall,
+    }
+
+
+async def throughput(url: str, delay_s: float, total: int = 40) -> dict[str, float]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        start = time.perf_counter()
+        ids = []
+        for i in range(total):
+            r = await client.post(f"/v1/sessions/tp-{i % 20}/questions", json={"question": f"q{i}"})
+            ids.append(r.json()["id"])
+        while True:
+            states = [(await client.get(f"/v1/questions/{rid}")).json()["status"] for rid in ids]
+            if all(s in ("succeeded", "failed", "cancelled") for s in states):
+                break
+            await asyncio.sleep(0.05)
+        wall = time.perf_counter() - start
+    ideal = -(-total // 4) * delay_s
+    return {
+        "wall_s": wall,
+        "ideal_s": ideal,
+        "overhead_pct": (wall / ideal - 1) * 100,
+        "succeeded": float(states.count("succeeded")),
+    }
+
+
+async def main() -> None:
+    server = await asyncio.to_thread(pg.find_server)
+    url = await pg.create_database(server.admin_url)
+    try:
+        await asyncio.to_thread(upgrade_to_head, url)
+        settings = Settings(database_url=url, provider="offline", poll_s=0.2)
+        async with serve(create_app(settings, url)) as base:
+            result = await admission(base)
+        print("admission (no worker):", {k: round(v, 2) for k, v in result.items()})
+
+        delay = 0.5
+        with ScriptedServer() as model:
+            model.set_default("answer", Step.text("ok", chunks=1).with_delay(before_s=delay))
+            worker_settings = Settings(
+                database_url=url,
+                provider="openai",
+                base_url=model.base_url,
+                api_key="x",
+                model="scripted-model",
+                max_concurrency=4,
+                poll_s=0.2,
+            )
+            async with serve(create_app(worker_settings, url, run_worker=True)) as base:
+                result = await throughput(base, delay)
+        print(f"throughput (4 slots, {delay}s per answer):", {k: round(v, 2) for k, v in result.items()})
+    finally:
+        await pg.drop_database(server.admin_url, url)
+        server.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
