@@ -133,6 +133,7 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
         finally:
             if worker is not None:
                 await worker.stop()
+            hub.detach()
             await listener.stop()
             await db.dispose()
 

@@ -17,7 +17,7 @@ import contextlib
 import json
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -41,11 +41,17 @@ class EventHub:
     def __init__(self) -> None:
         self._requests: dict[str, set[asyncio.Event]] = defaultdict(set)
         self._sessions: dict[str, set[asyncio.Event]] = defaultdict(set)
-        self._unsubscribe: list[object] = []
+        self._unsubscribe: list[Callable[[], None]] = []
 
     def attach(self, listener: Listener) -> None:
         """Receive the listener's event notifications."""
         self._unsubscribe.append(listener.subscribe(NOTIFY_CHANNEL, self.notify))
+
+    def detach(self) -> None:
+        """Stop receiving notifications (app shutdown)."""
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
 
     def notify(self, _channel: str, payload: str) -> None:
         """Wake the subscribers of the notified request and session (everyone on an empty payload).

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+import uuid
 from typing import Any
 
 from sqlalchemy import func, select
@@ -174,7 +177,7 @@ async def test_the_21st_queued_request_is_429_and_running_ones_do_not_count(
         assert (await _row_counts(db))[1] == 20
         # One starts running: a slot in the queue frees up.
         async with db.sessions() as session:
-            row = await session.get(RequestRow, __import__("uuid").UUID(records[0]["id"]))
+            row = await session.get(RequestRow, uuid.UUID(records[0]["id"]))
             assert row is not None
             row.status = "running"
             await session.commit()
@@ -253,3 +256,23 @@ async def test_idempotent_replay_still_answers_when_the_queue_is_full(server: Se
             await ask(client, "p-idem-full", f"q{i + 1}")
         replay = await client.post(url, json={"question": "q0"}, headers={"Idempotency-Key": "k"})
         assert replay.status_code == 200 and replay.json()["id"] == first.json()["id"]
+
+
+async def test_admission_does_not_wait_for_a_lock_a_worker_holds_on_a_running_request(
+    server: Server, db: Database
+) -> None:
+    async with server.client() as client:
+        running = await ask(client, "p-lock")
+        async with db.sessions() as worker_tx:
+            # A worker in the middle of a write on its running request (row locked, not committed).
+            await worker_tx.execute(
+                select(RequestRow).where(RequestRow.id == uuid.UUID(running["id"])).with_for_update()
+            )
+            started = time.perf_counter()
+            response = await asyncio.wait_for(
+                client.post("/v1/sessions/p-lock/questions", json={"question": "meanwhile"}), 5
+            )
+            elapsed = time.perf_counter() - started
+            await worker_tx.rollback()
+        assert response.status_code == 202 and response.json()["ordinal"] == 2
+        assert elapsed < 2.0
