@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from service.api.deps import DbSession, Tenant, database, parse_request_id
 from service.api.errors import not_found
 from service.api.routes_common import (
+    MAX_INT32,
     SSE_RESPONSES,
     AfterParam,
     BearerTenant,
@@ -98,6 +99,8 @@ async def question_events(
         if await find_request(session, tenant, rid) is None:
             raise not_found("question")
     cursor, _resumed = resume_point(request, after)
+    # seq is a 32-bit column: a larger cursor means "after everything" and must not reach SQL.
+    cursor = min(cursor, MAX_INT32)
     if cursor > 0:
         last = await terminal_seq(db, rid)
         if last is not None and cursor >= last:

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import httpx
+import pytest
 
 from service.config import Settings
 from service.store.db import Database
@@ -266,3 +267,28 @@ async def test_fresh_session_stream_hides_cleared_history_but_shows_new_requests
             first = await anext(events(response))
         assert first.json()["request_id"] == new and first.json()["ordinal"] == 2
         assert json.loads(first.data)["status"] == "queued"
+
+
+async def test_a_cursor_beyond_any_seq_is_answered_not_crashed(server: Server, db: Database) -> None:
+    async with server.client() as client:
+        rid = (await ask(client, "p-huge"))["id"]
+        await finish(db, rid)
+        huge = str(2**40)
+        assert (
+            await client.get(f"/v1/questions/{rid}/events", headers={"Last-Event-ID": huge})
+        ).status_code == 204
+        assert (await client.get(f"/v1/questions/{rid}/events?after={huge}")).status_code == 204
+        assert (await client.get(f"/v1/questions/{rid}/events?after={2**64}")).status_code == 422
+        assert (
+            await client.get(f"/v1/questions/{rid}/events", headers={"Last-Event-ID": str(2**64)})
+        ).status_code == 400
+        open_rid = (await ask(client, "p-huge"))["id"]
+        async with client.stream("GET", f"/v1/questions/{open_rid}/events?after={huge}") as response:
+            assert response.status_code == 200
+            stream = messages(response)
+            first = await anext(stream)
+            assert first.retry is not None
+            # Open and healthy, waiting for more (a failed query would have closed it).
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await anext(stream)
