@@ -54,11 +54,6 @@ def canonical_body_hash(raw: bytes) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def compact_size(value: object) -> int:
-    """UTF-8 bytes of the compact JSON of ``value`` (how snapshot sizes are measured)."""
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-
-
 def stream_tenant(request: Request, bearer: str | None, token: str | None, stream: str) -> str:
     """The tenant of a stream request: a valid bearer token, or a ``?token=`` for this very stream."""
     if bearer is not None:

@@ -20,7 +20,6 @@ from service.api.routes_common import (
     ParentId,
     StreamTokenParam,
     canonical_body_hash,
-    compact_size,
     errors,
     hub_of,
     resume_point,
@@ -74,9 +73,14 @@ def _too_large(code: str, what: str, size: int, limit: int) -> ApiError:
     )
 
 
+def _reject_constant(name: str) -> Any:
+    raise ApiError(400, "malformed_json", f"the request body is not valid JSON ({name} is not a JSON number)")
+
+
 def _raw_json(raw: bytes) -> Any:
-    # FastAPI already parsed the body successfully; this re-read keeps the client's key order.
-    return json.loads(raw)
+    """The body as sent (key order kept), strictly: Python's parser would accept NaN and Infinity,
+    which are not JSON and which PostgreSQL refuses to store."""
+    return json.loads(raw, parse_constant=_reject_constant)
 
 
 @router.post(
@@ -105,16 +109,16 @@ async def post_question(
     if size > settings.max_question_bytes:
         raise _too_large("question_too_large", "the question", size, settings.max_question_bytes)
     raw = await request.body()
+    parsed = _raw_json(raw)
     if body.snapshot_id is not None and body.snapshot is not None:
         raise ApiError(422, "validation_error", "send either snapshot_id or an inline snapshot, not both")
     inline: dict[str, Any] | None = None
     if body.snapshot is not None:
-        inline = _raw_json(raw)["snapshot"]
+        inline = parsed["snapshot"]
         assert isinstance(inline, dict)
-        snap_size = compact_size(inline)
+        snap_size = _snapshot_size(inline)
         if snap_size > settings.max_snapshot_bytes:
             raise _too_large("snapshot_too_large", "the snapshot", snap_size, settings.max_snapshot_bytes)
-        _check_snapshot_text(inline)
     if idempotency_key is not None:
         check_text(idempotency_key)
     options = {
@@ -141,15 +145,41 @@ async def post_question(
     )
 
 
-def _check_snapshot_text(snapshot: dict[str, Any]) -> None:
-    """Refuse a snapshot PostgreSQL could not store or a worker could not send (NUL, lone surrogates)."""
-    text = json.dumps(snapshot, ensure_ascii=False)
+MAX_SNAPSHOT_DEPTH = 128
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value, computed without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(item, dict):
+            stack.extend((child, level + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, level + 1) for child in item)
+    return deepest
+
+
+def _snapshot_size(snapshot: dict[str, Any]) -> int:
+    """UTF-8 bytes of the snapshot's compact JSON, refusing (422) what could not be stored or used.
+
+    NUL characters and unpaired surrogates cannot be stored by PostgreSQL or sent to a provider;
+    absurd nesting would only exhaust the pipeline's recursion later.
+    """
+    if _depth(snapshot) > MAX_SNAPSHOT_DEPTH:
+        raise ApiError(
+            422, "invalid_snapshot", f"the snapshot is nested deeper than {MAX_SNAPSHOT_DEPTH} levels"
+        )
+    text = json.dumps(snapshot, ensure_ascii=False, separators=(",", ":"))
     try:
-        text.encode("utf-8")
+        encoded = text.encode("utf-8")
     except UnicodeEncodeError:
         raise ApiError(422, "invalid_snapshot", "the snapshot contains unpaired surrogates") from None
     if "\\u0000" in text:
         raise ApiError(422, "invalid_snapshot", "the snapshot contains NUL characters")
+    return len(encoded)
 
 
 @router.get("/{parent_id}/questions", response_model=HistoryPage, responses=errors(401, 404, 422))
@@ -210,10 +240,9 @@ async def put_snapshot(
     settings = settings_of(request)
     content = _raw_json(await request.body())
     assert isinstance(content, dict)
-    size = compact_size(content)
+    size = _snapshot_size(content)
     if size > settings.max_snapshot_bytes:
         raise _too_large("snapshot_too_large", "the snapshot", size, settings.max_snapshot_bytes)
-    _check_snapshot_text(content)
     owner = await lock_or_create_session(session, tenant, parent_id)
     stored = await store_snapshot(session, owner.id, snapshot_id, content)
     await session.commit()

@@ -154,6 +154,12 @@ async def test_snapshot_limit_is_413(start_server: StartServer, db: Database) ->
     async with server.client() as client:
         response = await client.post("/v1/sessions/p-s/questions", json={"question": "q", "snapshot": big})
         assert response.status_code == 413 and response.json()["error"]["code"] == "snapshot_too_large"
+        nan = await client.put(
+            "/v1/sessions/p-s/snapshots/s1",
+            content=b'{"messages": [], "x": NaN}',
+            headers={"Content-Type": "application/json"},
+        )
+        assert nan.status_code == 400 and nan.json()["error"]["code"] == "malformed_json"
         put = await client.put("/v1/sessions/p-s/snapshots/s1", json=big)
         assert put.status_code == 413 and put.json()["error"]["code"] == "snapshot_too_large"
         # A body far beyond every limit is refused before it is read.
@@ -193,6 +199,8 @@ async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Da
     cases: list[tuple[bytes, int, str]] = [
         (b'{"question": "unterminated', 400, "malformed_json"),
         (b'{"question": "\xff\xfe bad utf-8"}', 400, "malformed_json"),
+        (b'{"question": "q", "snapshot": {"messages": [], "x": NaN}}', 400, "malformed_json"),
+        (b'{"question": "q", "snapshot": {"messages": [], "x": -Infinity}}', 400, "malformed_json"),
         (b'{"question": 42}', 422, "validation_error"),
         (b'{"question": ""}', 422, "validation_error"),
         (b"{}", 422, "validation_error"),
@@ -209,6 +217,17 @@ async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Da
             "invalid_snapshot",
         ),
         (b'{"question": "q", "snapshot_id": "a", "snapshot": {"messages": []}}', 422, "validation_error"),
+        (b'{"question": "q", "snapshot": {"messages": [], "x": "\\ud800"}}', 422, "invalid_snapshot"),
+        (
+            b'{"question": "q", "snapshot": {"messages": [], "x": ' + b"[" * 200 + b"]" * 200 + b"}}",
+            422,
+            "invalid_snapshot",
+        ),
+        (
+            b'{"question": "q", "snapshot": {"messages": [], "x": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
+            400,
+            "malformed_json",
+        ),
     ]
     async with server.client() as client:
         for body, status, code in cases:
