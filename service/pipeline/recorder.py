@@ -33,6 +33,7 @@ class LedgerRecorder:
         model: str,
         status: Literal["ok", "failed", "cancelled"],
         usage: CallUsage,
+        latency_ms: int = 0,
     ) -> None:
         """Append one call to the ledger and emit the cumulative usage object."""
         entry = ledger.CallEntry(
@@ -44,6 +45,7 @@ class LedgerRecorder:
             output_tokens=usage.output_tokens,
             reasoning_tokens=usage.reasoning_tokens,
             cached_tokens=usage.cached_tokens,
+            latency_ms=latency_ms,
         )
         async with self._db.sessions() as session:
             totals = await ledger.append_call(session, self._request_id, entry)

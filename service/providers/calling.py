@@ -60,8 +60,12 @@ class CallRecorder(Protocol):
         model: str,
         status: Literal["ok", "failed", "cancelled"],
         usage: CallUsage,
+        latency_ms: int = 0,
     ) -> None:
-        """Record one attempt with the usage the provider reported (zeros, ``reported=False``, if none)."""
+        """Record one attempt with the usage the provider reported (zeros, ``reported=False``, if none).
+
+        ``latency_ms`` is the attempt's wall time, from sending the request to its last event or error.
+        """
         ...
 
 
@@ -143,6 +147,7 @@ async def _attempt(
 ) -> CallResult:
     """One provider call, recorded exactly once whatever happens to it."""
     state = _Attempt()
+    started = time.monotonic()
 
     async def record(status: CallStatus, usage: CallUsage | None) -> None:
         await recorder.record_call(
@@ -150,6 +155,7 @@ async def _attempt(
             model=model,
             status=status,
             usage=usage if usage is not None else CallUsage(reported=False),
+            latency_ms=round((time.monotonic() - started) * 1000),
         )
 
     try:

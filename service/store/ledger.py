@@ -56,8 +56,11 @@ class CallEntry:
     output_tokens: int = 0
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    # Wall time of the call; not in SPEC's list, kept for the provider latency metric.
+    latency_ms: int | None = None
 
     def as_json(self) -> dict[str, Any]:
+        extra = {} if self.latency_ms is None else {"latency_ms": self.latency_ms}
         return {
             "purpose": self.purpose,
             "model": self.model,
@@ -67,6 +70,7 @@ class CallEntry:
             "output_tokens": self.output_tokens,
             "reasoning_tokens": self.reasoning_tokens,
             "cached_tokens": self.cached_tokens,
+            **extra,
         }
 
 

@@ -88,6 +88,16 @@ async def test_success_walks_the_stages_and_ends_with_done(
     assert "Which file is flaky?" in str(sent.body["messages"][-1])
 
 
+async def test_each_call_records_its_latency_for_the_metrics(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    rid = await admit(db, await make_session(db), "Slow model?")
+    server.script("answer", Step.text("yes", usage=Usage(5, 1)).with_delay(before_s=0.3))
+    ran = await run_one(db, model_settings, provider, rid)
+    [call] = ran.row.usage["calls"]
+    assert 300 <= call["latency_ms"] < 5000
+
+
 async def test_truncated_answer_succeeds_with_truncated_and_stop_reason(
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
@@ -175,7 +185,7 @@ async def test_provider_error_mid_stream_is_not_retried(
     ran = await run_one(db, model_settings, provider, rid)
     assert ran.row.error is not None and ran.row.error["code"] == "provider_error"
     assert len(server.requests("answer")) == 1
-    assert ran.row.usage["calls"] == [
+    assert [{k: v for k, v in c.items() if k != "latency_ms"} for c in ran.row.usage["calls"]] == [
         {
             "purpose": "answer",
             "model": "scripted-model",

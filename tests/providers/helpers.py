@@ -84,6 +84,7 @@ class RecordedCall:
     model: str
     status: Literal["ok", "failed", "cancelled"]
     usage: CallUsage
+    latency_ms: int = 0
 
 
 @dataclass
@@ -99,5 +100,6 @@ class ListRecorder:
         model: str,
         status: Literal["ok", "failed", "cancelled"],
         usage: CallUsage,
+        latency_ms: int = 0,
     ) -> None:
-        self.calls.append(RecordedCall(purpose, model, status, usage))
+        self.calls.append(RecordedCall(purpose, model, status, usage, latency_ms))

@@ -6,36 +6,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from service.providers.base import CallUsage
+from tests.providers.helpers import ListRecorder
 from tests.scripted_provider import RecordedRequest, ScriptedServer, Step
 
-
-@dataclass
-class RecordedCall:
-    purpose: str
-    model: str
-    status: str
-    usage: CallUsage
-
-
-@dataclass
-class MemoryRecorder:
-    """A :class:`service.providers.calling.CallRecorder` that keeps every attempt in a list."""
-
-    calls: list[RecordedCall] = field(default_factory=list)
-
-    async def record_call(
-        self,
-        *,
-        purpose: str,
-        model: str,
-        status: Literal["ok", "failed", "cancelled"],
-        usage: CallUsage,
-    ) -> None:
-        self.calls.append(RecordedCall(purpose, model, status, usage))
+# The summary tests record calls exactly like the provider tests do.
+MemoryRecorder = ListRecorder
 
 
 Responder = Callable[[RecordedRequest], Step]
