@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -13,7 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api import routes_questions, routes_sessions
+from service.api import routes_archive, routes_questions, routes_sessions
 from service.api.errors import error_body, install_error_handlers
 from service.api.metrics import Metrics
 from service.api.routes_common import errors
@@ -154,10 +153,7 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
 
     app.include_router(routes_sessions.router)
     app.include_router(routes_questions.router)
-    if importlib.util.find_spec("service.api.routes_archive") is not None:
-        from service.api.routes_archive import router as archive_router
-
-        app.include_router(archive_router, responses=errors(401, 404))
+    app.include_router(routes_archive.router, responses=errors(401, 404))
 
     app.add_middleware(
         BodyLimit, limit=settings.max_snapshot_bytes + settings.max_question_bytes + BODY_SLACK_BYTES
