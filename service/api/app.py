@@ -124,9 +124,10 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
         await listener.start()
         worker = None
         if run_worker:
-            from service.worker import start_worker  # type: ignore[attr-defined,unused-ignore]
+            from service.worker import start_worker
 
-            worker = await start_worker(settings, db)
+            worker = await start_worker(settings, db, listener=listener)
+        app.state.worker = worker
         try:
             yield
         finally:

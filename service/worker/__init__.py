@@ -13,14 +13,19 @@ import signal
 
 from service.config import Settings
 from service.store.db import Database, connect
+from service.store.listener import Listener
 from service.worker.runner import Worker, worker_id
 
 log = logging.getLogger(__name__)
 
 
-async def start_worker(settings: Settings, db: Database) -> Worker:
-    """Start a worker on ``db`` in the running event loop; ``await handle.stop()`` to stop it."""
-    worker = Worker(settings, db)
+async def start_worker(settings: Settings, db: Database, *, listener: Listener | None = None) -> Worker:
+    """Start a worker on ``db`` in the running event loop; ``await handle.stop()`` to stop it.
+
+    ``listener``: the process's LISTEN connection, when the API already holds one (``serve``), so
+    that one process keeps one listening connection.
+    """
+    worker = Worker(settings, db, listener=listener)
     await worker.start()
     return worker
 

@@ -64,6 +64,7 @@ class Worker:
         database_url: str | None = None,
         provider: Provider | None = None,
         owner: str | None = None,
+        listener: Listener | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -77,8 +78,15 @@ class Worker:
         self._wake = asyncio.Event()
         self._stopping = False
         self._loops: list[asyncio.Task[None]] = []
-        self._listener = Listener(self._database_url, channels=(QUEUE_CHANNEL, CANCEL_CHANNEL))
+        # A shared listener (the API's, in `serve`) is started and stopped by its owner.
+        self._own_listener = listener is None
+        self._listener = listener or Listener(self._database_url, channels=(QUEUE_CHANNEL, CANCEL_CHANNEL))
         self._unsubscribe: list[Callable[[], None]] = []
+
+    @property
+    def listener(self) -> Listener:
+        """The LISTEN connection this worker is woken through (its own, or the process's)."""
+        return self._listener
 
     @property
     def running(self) -> set[uuid.UUID]:
@@ -93,7 +101,8 @@ class Worker:
             self._listener.subscribe(QUEUE_CHANNEL, lambda _c, _p: self._wake.set()),
             self._listener.subscribe(CANCEL_CHANNEL, self._on_cancel_notify),
         ]
-        await self._listener.start()
+        if self._own_listener:
+            await self._listener.start()
         self._loops = [
             asyncio.create_task(self._claim_loop(), name="sidequest-claim"),
             asyncio.create_task(self._heartbeat_loop(), name="sidequest-heartbeat"),
@@ -115,7 +124,8 @@ class Worker:
         tasks = list(self._tasks.values())
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        await self._listener.stop()
+        if self._own_listener:
+            await self._listener.stop()
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         if self._own_provider and self._provider is not None:

@@ -107,3 +107,5 @@ async def test_serve_mode_runs_the_worker_in_process(settings: Settings, db: Dat
                 async with asyncio.timeout(60):
                     got = [m async for m in events(response)]
         assert got[-1].event == "done" and got[-2].json()["status"] == "succeeded"
+        # API and worker share the process's one LISTEN connection.
+        assert app.state.worker.listener is app.state.listener
