@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from service.api.deps import bearer_tenant, unauthorized
@@ -14,6 +15,7 @@ from service.api.errors import ApiError
 from service.api.schemas import NO_NUL, ErrorBody, check_text
 from service.api.sse import PING_S, SEND_TIMEOUT_S, EventHub
 from service.api.stream_tokens import StreamTokens
+from service.store.events import utc_iso
 
 MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
@@ -79,6 +81,20 @@ AfterParam = Annotated[
     int | None,
     Query(ge=0, le=MAX_INT64, description="Resume after this event id (ignored when Last-Event-ID is sent)."),
 ]
+
+
+def stream_token_response(request: Request, tenant: str, stream: str, url: str) -> JSONResponse:
+    """Issue a 10-minute token for one stream and answer ``{token, expires_at, url}`` (SPEC §4)."""
+    tokens: StreamTokens = request.app.state.stream_tokens
+    token, expires = tokens.issue(tenant, stream)
+    return JSONResponse(
+        {
+            "token": token,
+            "expires_at": utc_iso(datetime.fromtimestamp(expires, UTC)),
+            "url": f"{url}?token={token}",
+        },
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 def resume_point(request: Request, after: int | None) -> tuple[int, bool]:

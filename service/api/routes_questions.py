@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -20,13 +18,12 @@ from service.api.routes_common import (
     resume_point,
     sse_response,
     stream_tenant,
+    stream_token_response,
 )
 from service.api.schemas import RequestRecord, StreamToken
 from service.api.sse import request_stream, terminal_seq
-from service.api.stream_tokens import StreamTokens
 from service.api.stream_tokens import request_stream as request_stream_name
 from service.store.admission import cancel_request
-from service.store.events import utc_iso
 from service.store.sessions import find_request, request_record_for
 
 router = APIRouter(prefix="/v1/questions", tags=["questions"])
@@ -58,16 +55,11 @@ async def question_stream_token(
     rid = parse_request_id(request_id)
     if await find_request(session, tenant, rid) is None:
         raise not_found("question")
-    tokens: StreamTokens = request.app.state.stream_tokens
-    token, expires = tokens.issue(tenant, request_stream_name(str(rid)))
-    url = str(request.url_for("question_events", request_id=str(rid)))
-    return JSONResponse(
-        {
-            "token": token,
-            "expires_at": utc_iso(datetime.fromtimestamp(expires, UTC)),
-            "url": f"{url}?token={token}",
-        },
-        headers={"Cache-Control": "no-store"},
+    return stream_token_response(
+        request,
+        tenant,
+        request_stream_name(str(rid)),
+        str(request.url_for("question_events", request_id=str(rid))),
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
@@ -25,6 +24,7 @@ from service.api.routes_common import (
     resume_point,
     sse_response,
     stream_tenant,
+    stream_token_response,
 )
 from service.api.schemas import (
     NO_NUL,
@@ -39,10 +39,8 @@ from service.api.schemas import (
     check_text,
 )
 from service.api.sse import database_now, session_stream
-from service.api.stream_tokens import StreamTokens
 from service.api.stream_tokens import session_stream as session_stream_name
 from service.store.admission import Admission, admit, clear_session
-from service.store.events import utc_iso
 from service.store.sessions import (
     find_session,
     history_page,
@@ -265,16 +263,11 @@ async def session_stream_token(
     """A 10-minute token for this session's event stream only (for EventSource, as `?token=`)."""
     if await find_session(session, tenant, parent_id) is None:
         raise not_found("session")
-    tokens: StreamTokens = request.app.state.stream_tokens
-    token, expires = tokens.issue(tenant, session_stream_name(parent_id))
-    url = str(request.url_for("session_events", parent_id=parent_id))
-    return JSONResponse(
-        {
-            "token": token,
-            "expires_at": utc_iso(datetime.fromtimestamp(expires, UTC)),
-            "url": f"{url}?token={token}",
-        },
-        headers={"Cache-Control": "no-store"},
+    return stream_token_response(
+        request,
+        tenant,
+        session_stream_name(parent_id),
+        str(request.url_for("session_events", parent_id=parent_id)),
     )
 
 
