@@ -28,6 +28,7 @@ from service.config import Settings
 from service.store.db import upgrade_to_head
 from tests import pg
 from tests.api.conftest import serve
+from tests.factories import scripted_settings
 from tests.scripted_provider import ScriptedServer, Step
 
 SNAPSHOT = {
@@ -143,15 +144,7 @@ async def main() -> None:
             await asyncio.to_thread(upgrade_to_head, url)
             with ScriptedServer() as model:
                 model.set_default("answer", Step.text("ok", chunks=1).with_delay(before_s=delay))
-                worker_settings = Settings(
-                    database_url=url,
-                    provider="openai",
-                    base_url=model.base_url,
-                    api_key="x",
-                    model="scripted-model",
-                    max_concurrency=4,
-                    poll_s=0.2,
-                )
+                worker_settings = scripted_settings(url, model.base_url, max_concurrency=4)
                 async with serve(create_app(worker_settings, url, run_worker=True)) as base:
                     result = await throughput(base, delay)
             print(f"throughput (4 slots, {delay}s per answer):", {k: round(v, 2) for k, v in result.items()})

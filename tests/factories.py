@@ -21,10 +21,29 @@ from typing import Any
 
 from sqlalchemy import select, text, update
 
+from service.config import Settings
 from service.store.db import Database
 from service.store.events import append_event
 from service.store.listener import QUEUE_CHANNEL
 from service.store.models import RequestRow, SessionRow, SnapshotRow
+
+
+def scripted_settings(database_url: str, base_url: str, **overrides: Any) -> Settings:
+    """Settings whose model is the scripted OpenAI-compatible server at ``base_url``, with short
+    leases and polls so tests are quick; ``overrides`` change any field."""
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "provider": "openai",
+        "base_url": base_url,
+        "api_key": "test-key",
+        "model": "scripted-model",
+        "lease_s": 3.0,
+        "heartbeat_s": 0.5,
+        "poll_s": 0.2,
+        "request_timeout_s": 20.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
 
 
 async def make_session(db: Database, parent_id: str = "parent-1", tenant: str = "default") -> uuid.UUID:

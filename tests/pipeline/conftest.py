@@ -17,6 +17,7 @@ from service.store import queue
 from service.store.db import Database
 from service.store.events import Event, request_events_after
 from service.store.models import RequestRow
+from tests.factories import scripted_settings
 from tests.scripted_provider import ScriptedServer
 
 
@@ -28,17 +29,7 @@ def server() -> Iterator[ScriptedServer]:
 
 @pytest.fixture
 def model_settings(database_url: str, server: ScriptedServer) -> Settings:
-    return Settings(
-        database_url=database_url,
-        provider="openai",
-        base_url=server.base_url,
-        api_key="test-key",
-        model="scripted-model",
-        lease_s=3.0,
-        heartbeat_s=0.5,
-        poll_s=0.2,
-        request_timeout_s=20.0,
-    )
+    return scripted_settings(database_url, server.base_url)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from service.config import Settings
 from service.store.db import Database
 from service.store.events import Event, request_events_after
 from service.store.models import RequestRow
+from tests.factories import scripted_settings
 from tests.scripted_provider import ScriptedServer
 
 
@@ -25,16 +26,8 @@ def server() -> Iterator[ScriptedServer]:
 
 @pytest.fixture
 def worker_settings(database_url: str, server: ScriptedServer) -> Settings:
-    return Settings(
-        database_url=database_url,
-        provider="openai",
-        base_url=server.base_url,
-        api_key="test-key",
-        model="scripted-model",
-        lease_s=1.5,
-        heartbeat_s=0.3,
-        poll_s=0.2,
-        request_timeout_s=30.0,
+    return scripted_settings(
+        database_url, server.base_url, lease_s=1.5, heartbeat_s=0.3, request_timeout_s=30.0
     )
 
 
