@@ -3,19 +3,27 @@
 Run: ``.venv/bin/python benchmarks/bench_service.py`` (needs a PostgreSQL found the same way as the
 tests: SIDEQUEST_TEST_DATABASE_URL → local server → embedded). It creates and drops its own database.
 
-1. Admission latency — POST /v1/sessions/{parent}/questions against a real uvicorn with no worker
-   running (so nothing else competes), N sequential posts plus N posts from 8 concurrent clients.
-2. Throughput — the same API with the worker in-process, the model a scripted OpenAI-compatible
-   server that answers each call after a fixed delay; 40 questions over 20 sessions with 4 slots.
+1. Admission latency — POST /v1/sessions/{parent}/questions against `sidequest api` in its own
+   process (no worker, so nothing else competes), N sequential posts with an inline snapshot plus N
+   posts from 8 concurrent clients.
+2. Throughput — `sidequest serve` (API + worker), the model a scripted OpenAI-compatible server
+   that answers each call after a fixed delay; 40 questions over 20 sessions with 4 slots.
    The ideal is ceil(40 / 4) × delay; the overhead above it is what the queue costs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -23,12 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.api.app import create_app
-from service.config import Settings
-from service.store.db import upgrade_to_head
 from tests import pg
-from tests.api.conftest import serve
-from tests.factories import scripted_settings
 from tests.scripted_provider import ScriptedServer, Step
 
 SNAPSHOT = {
@@ -124,30 +127,68 @@ async def throughput(url: str, delay_s: float, total: int = 40, sessions: int = 
     }
 
 
+@asynccontextmanager
+async def service_process(command: str, env: dict[str, str]) -> AsyncIterator[str]:
+    """Run ``sidequest <command>`` as its own process, as deployed; yield its base URL once ready."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "service.cli",
+        command,
+        "--port",
+        str(port),
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as client:
+            for _ in range(300):
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(base + "/readyz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+
+
 async def main() -> None:
     server = await asyncio.to_thread(pg.find_server)
     try:
         # Each part gets its own database: admission leaves hundreds of queued requests behind.
         url = await pg.create_database(server.admin_url)
         try:
-            await asyncio.to_thread(upgrade_to_head, url)
-            settings = Settings(database_url=url, provider="offline", poll_s=0.2)
-            async with serve(create_app(settings, url)) as base:
+            async with service_process("api", {"SIDEQUEST_DATABASE_URL": url}) as base:
                 result = await admission(base)
-            print("admission (no worker):", {k: round(v, 2) for k, v in result.items()})
+            print("admission (api process, no worker):", {k: round(v, 2) for k, v in result.items()})
         finally:
             await pg.drop_database(server.admin_url, url)
 
         url = await pg.create_database(server.admin_url)
         delay = 0.5
         try:
-            await asyncio.to_thread(upgrade_to_head, url)
             with ScriptedServer() as model:
                 model.set_default("answer", Step.text("ok", chunks=1).with_delay(before_s=delay))
-                worker_settings = scripted_settings(url, model.base_url, max_concurrency=4)
-                async with serve(create_app(worker_settings, url, run_worker=True)) as base:
+                env = {
+                    "SIDEQUEST_DATABASE_URL": url,
+                    "SIDEQUEST_PROVIDER": "openai",
+                    "SIDEQUEST_BASE_URL": model.base_url,
+                    "SIDEQUEST_API_KEY": "x",
+                    "SIDEQUEST_MODEL": "scripted-model",
+                    "SIDEQUEST_MAX_CONCURRENCY": "4",
+                }
+                async with service_process("serve", env) as base:
                     result = await throughput(base, delay)
-            print(f"throughput (4 slots, {delay}s per answer):", {k: round(v, 2) for k, v in result.items()})
+            print(
+                f"throughput (serve, 4 slots, {delay}s per answer):",
+                {k: round(v, 2) for k, v in result.items()},
+            )
         finally:
             await pg.drop_database(server.admin_url, url)
     finally:
