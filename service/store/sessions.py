@@ -71,10 +71,14 @@ async def find_session(session: AsyncSession, tenant: str, parent_id: str) -> Se
 
 
 async def lock_or_create_session(session: AsyncSession, tenant: str, parent_id: str) -> SessionRow:
-    """Get-or-create the session and lock its row (``FOR UPDATE``) for the caller's transaction.
+    """Get-or-create the session and lock its row (``FOR NO KEY UPDATE``) for the caller's transaction.
 
     The lock serialises ordinal assignment, the queued-count check and idempotency lookups of one
-    session; callers keep that transaction short.
+    session; callers keep that transaction short. It is ``NO KEY UPDATE``, not ``UPDATE``: a worker
+    appending an event holds the session's event advisory lock and then inserts a row whose foreign
+    key takes ``KEY SHARE`` on this session row; ``FOR UPDATE`` would block that insert while this
+    transaction waits for the same advisory lock (events of its own), a deadlock PostgreSQL breaks
+    by failing one side (a 500 on admission).
     """
     await session.execute(
         pg_insert(SessionRow)
@@ -84,7 +88,7 @@ async def lock_or_create_session(session: AsyncSession, tenant: str, parent_id: 
     row = await session.scalar(
         select(SessionRow)
         .where(SessionRow.tenant == tenant, SessionRow.parent_id == parent_id)
-        .with_for_update()
+        .with_for_update(key_share=True)
         .execution_options(populate_existing=True)
     )
     assert row is not None  # inserted or already there, and sessions are never deleted here
@@ -92,11 +96,12 @@ async def lock_or_create_session(session: AsyncSession, tenant: str, parent_id: 
 
 
 async def lock_session(session: AsyncSession, tenant: str, parent_id: str) -> SessionRow | None:
-    """Lock an existing session row (``FOR UPDATE``); None when the tenant has no such session."""
+    """Lock an existing session row (``FOR NO KEY UPDATE``, see :func:`lock_or_create_session`); None
+    when the tenant has no such session."""
     return await session.scalar(
         select(SessionRow)
         .where(SessionRow.tenant == tenant, SessionRow.parent_id == parent_id)
-        .with_for_update()
+        .with_for_update(key_share=True)
         .execution_options(populate_existing=True)
     )
 
