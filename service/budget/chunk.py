@@ -12,7 +12,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Final
 
-from service.budget.estimate import BYTES_PER_TOKEN
+from service.budget.estimate import BYTES_PER_TOKEN, utf8_length
 
 # Output cap of a summary call's first attempt and of its single retry.
 FIRST_OUTPUT_TOKENS: Final = 2048
@@ -151,7 +151,12 @@ class _Packer:
 
     def add_piece(self, piece: str) -> None:
         """Add a piece (a group): whole when it fits a chunk, else line by line."""
-        size = len(piece.encode("utf-8"))
+        size = utf8_length(piece)
+        # The common case inline (same as _fits): a plan packs thousands of pieces.
+        if piece and self.current_bytes + size <= self.limit:
+            self.current.append(piece)
+            self.current_bytes += size
+            return
         if self._fits(piece, size):
             return
         for line in _lines(piece):
@@ -159,7 +164,7 @@ class _Packer:
 
     def add_line(self, line: str) -> None:
         """Add a line: whole when it fits a chunk, else cut between characters."""
-        size = len(line.encode("utf-8"))
+        size = utf8_length(line)
         if self._fits(line, size):
             return
         parts = _split_characters(line, self.limit, self.limit - self.current_bytes)

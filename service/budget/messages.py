@@ -15,9 +15,10 @@ bug, and guessing a shape for it would send the model something the main session
 from __future__ import annotations
 
 import json
+import json.scanner
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from service.budget.estimate import compact_json, estimate_message
 
@@ -42,7 +43,8 @@ class NormalizedSnapshot:
     max_output_tokens: int | None = None
 
 
-@dataclass(frozen=True)
+# slots: plans build thousands of groups, and slotted instances are smaller and quicker to make.
+@dataclass(frozen=True, slots=True)
 class MessageGroup:
     """A run of messages that must stay together: ``messages[start:end]``.
 
@@ -98,6 +100,24 @@ def _content_blocks(content: object) -> list[Any]:
     return [content]
 
 
+# The decoder json.loads uses, called directly: loads adds a BOM check, two whitespace regex scans
+# and an end check, which cost twice the parse itself for a small arguments object.
+# typeshed types make_scanner's argument as a scanner, but it reads the decoder's options (duck typed).
+_scan_json: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def _parse_json_object(text: str) -> Any | None:
+    """``json.loads(text)`` for text that is exactly one JSON object (``{`` … ``}``, no whitespace
+    around it), else None: the caller then runs json.loads, which decides (and words) the rest."""
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    try:
+        parsed, end = _scan_json(text, 0)
+    except (StopIteration, ValueError):
+        return None
+    return parsed if end == len(text) else None
+
+
 def _tool_input(arguments: object) -> Any:
     """An OpenAI ``arguments`` JSON string as a tool_use ``input`` object.
 
@@ -107,10 +127,12 @@ def _tool_input(arguments: object) -> Any:
     if isinstance(arguments, str):
         if not arguments:
             return {}
-        try:
-            parsed = json.loads(arguments)
-        except ValueError:
-            return {"_arguments": arguments}
+        parsed = _parse_json_object(arguments)
+        if parsed is None:
+            try:
+                parsed = json.loads(arguments)
+            except ValueError:
+                return {"_arguments": arguments}
         return parsed if isinstance(parsed, dict) else {"_arguments": arguments}
     if arguments is None:
         return {}
@@ -161,10 +183,12 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
             raise ValueError(f"message {index} is not an object")
         role = message.get("role")
         if role == "tool":
+            content = message.get("content")
             block = {
                 "type": "tool_result",
                 "tool_use_id": str(message.get("tool_call_id") or ""),
-                "content": _tool_result_content(message.get("content")),
+                # A string (the usual result) is taken as is without the call.
+                "content": content if isinstance(content, str) else _tool_result_content(content),
             }
             if open_results is None:
                 open_results = [block]
@@ -182,7 +206,8 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
             calls = message.get("tool_calls") or []
             blocks = _content_blocks(message.get("content"))
             if isinstance(calls, (list, tuple)):
-                blocks.extend(_tool_use_block(call) for call in calls)
+                for call in calls:  # a loop, not extend(genexpr): cheaper for the usual 1–3 calls
+                    blocks.append(_tool_use_block(call))
             result.append({"role": "assistant", "content": blocks})
             continue
         result.append(message if isinstance(message, dict) else dict(message))
@@ -271,6 +296,15 @@ def _block_ids(content: object, kind: str, key: str) -> list[str]:
     return ids
 
 
+def _count_blocks(content: list[Any], kind: str) -> int:
+    """Number of blocks of type ``kind`` in ``content`` (``len(_block_ids(...))`` without the ids)."""
+    count = 0
+    for block in content:
+        if (isinstance(block, dict) or isinstance(block, Mapping)) and block.get("type") == kind:
+            count += 1
+    return count
+
+
 def group_messages(
     messages: Sequence[Mapping[str, Any]], message_tokens: Sequence[int] | None = None
 ) -> list[MessageGroup]:
@@ -289,37 +323,35 @@ def group_messages(
     twice; it must have one entry per message.
     """
     count = len(messages)
+    tokens_of: Sequence[int]
     if message_tokens is None:
         tokens_of = [estimate_message(message) for message in messages]
     else:
         if len(message_tokens) != count:
             raise ValueError("message_tokens must have one entry per message")
-        tokens_of = list(message_tokens)
-    calls_of: list[list[str]] = []
-    results_of: list[list[str]] = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            calls_of.append(
-                _block_ids(content, "tool_use", "id") if message.get("role") == "assistant" else []
-            )
-            results_of.append(_block_ids(content, "tool_result", "tool_use_id"))
-        else:  # string content carries no tool blocks: skip the scans (most messages)
-            calls_of.append([])
-            results_of.append([])
+        tokens_of = message_tokens
+    # One pass, reading each message once: a plan groups thousands of messages, and most of them
+    # (string content) need no block scan at all.
     groups: list[MessageGroup] = []
     index = 0
     while index < count:
-        calls = calls_of[index]
+        message = messages[index]
+        content = message.get("content")
+        if not isinstance(content, list):  # string content carries no tool blocks
+            groups.append(MessageGroup(index, index + 1, tokens_of[index], False, 0, 0))
+            index += 1
+            continue
+        calls = _block_ids(content, "tool_use", "id") if message.get("role") == "assistant" else []
         if not calls:
-            groups.append(MessageGroup(index, index + 1, tokens_of[index], False, 0, len(results_of[index])))
+            orphans = _count_blocks(content, "tool_result")
+            groups.append(MessageGroup(index, index + 1, tokens_of[index], False, 0, orphans))
             index += 1
             continue
         pending = set(calls)
         end = index + 1
         orphans = 0
         while end < count and pending:
-            results = results_of[end]
+            results = _block_ids(messages[end].get("content"), "tool_result", "tool_use_id")
             answered = [result for result in results if result in pending]
             if not answered:
                 break

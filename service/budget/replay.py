@@ -16,7 +16,8 @@ REPLAY_MAX_TOKENS: Final = 16_000
 HISTORY_BATCH_SIZE: Final = 20
 
 
-@dataclass(frozen=True)
+# slots: a plan makes one per side Q&A group (thousands in a long session); slotted ones are quicker.
+@dataclass(frozen=True, slots=True)
 class QAItem:
     """One successful side Q&A group: its ordinal and estimated tokens as it would be replayed."""
 
