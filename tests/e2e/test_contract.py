@@ -22,6 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -210,6 +211,9 @@ def services(
             _wait_ready(service)
         yield started
     finally:
+        for service in started.values():
+            if service.proc.poll() is None:
+                service.proc.send_signal(signal.SIGTERM)
         for service in started.values():
             _stop(service)
 
@@ -1413,3 +1417,229 @@ async def test_deltas_are_coalesced_to_about_20_per_second(
     deltas = [m.json()["text"] for m in events_of(stream) if m.event == "delta"]
     assert "".join(deltas) == text
     assert len(deltas) <= elapsed * 20 + 2, (len(deltas), elapsed)
+
+
+async def test_at_most_20_groups_are_replayed_and_older_ones_fold_into_the_rolling_summary(
+    client: httpx.AsyncClient, scripted: ScriptedServer
+) -> None:
+    parent = new_parent()
+    # 1 running + 20 queued is within the limit; they run one at a time, in ordinal order.
+    records = [await ask(client, parent, f"Earlier question {n}?") for n in range(1, 22)]
+    for record in records:
+        assert (await wait_for(client, record["id"], within_s=30))["status"] == "succeeded"
+    last = await ask(client, parent, "And the 22nd?")
+    done = await wait_for(client, last["id"])
+    assert done["status"] == "succeeded", done["error"]
+    info = done["context_info"]
+    assert info["replayed_groups"] == 20 and info["replayed_ordinals"] == [2, 21]
+    assert info["qa_summary"]["used"] is True and info["qa_summary"]["covered_through_ordinal"] == 1
+    assert [r for r in scripted.requests("qa_summary") if r.request_id == last["id"]]
+    orders = [(await client.get(f"/v1/questions/{r['id']}")).json()["started_at"] for r in records]
+    assert orders == sorted(orders)
+
+
+def _serve_refuses(env_extra: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIDEQUEST_")}
+    env.update(env_extra)
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+async def test_serve_refuses_an_out_of_range_output_cap_and_a_public_bind_without_tokens(
+    database_url: str, tmp_path: Path
+) -> None:
+    for value, bound in (("255", "256"), ("32769", "32768")):
+        refused = await asyncio.to_thread(
+            _serve_refuses,
+            {"SIDEQUEST_DATABASE_URL": database_url, "SIDEQUEST_MAX_OUTPUT_TOKENS": value},
+            "--port",
+            str(_free_port()),
+            cwd=tmp_path,
+        )
+        assert refused.returncode != 0
+        assert "SIDEQUEST_MAX_OUTPUT_TOKENS" in refused.stderr and bound in refused.stderr
+    public = await asyncio.to_thread(
+        _serve_refuses,
+        {"SIDEQUEST_DATABASE_URL": database_url},
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(_free_port()),
+        cwd=tmp_path,
+    )
+    assert public.returncode != 0 and "SIDEQUEST_API_TOKENS" in public.stderr
+    assert not (tmp_path / ".sidequest").exists()
+
+
+async def test_every_error_status_uses_the_envelope(client: httpx.AsyncClient) -> None:
+    assert_error(await client.get("/v1/no-such-route"), 404)
+    assert_error(await client.get(f"/v1/sessions/{'p' * 501}"), 422)
+    too_long_key = {"Idempotency-Key": "k" * 301}
+    assert_error(
+        await client.post(
+            f"/v1/sessions/{new_parent()}/questions", json={"question": "x"}, headers=too_long_key
+        ),
+        422,
+    )
+    assert_error(
+        await client.post(
+            f"/v1/sessions/{new_parent()}/archive",
+            content=b"nope",
+            headers={"Content-Type": "application/json"},
+        ),
+        400,
+    )
+    assert_error(
+        await client.post(f"/v1/sessions/{new_parent()}/archive", json={"version": 9, "questions": []}), 400
+    )
+
+
+# ------------------------------------------------------------------------------------ isolated services
+# Settings that would disturb the shared services (a short deadline, a summary-call cap, another
+# provider, a killed process) get their own database, scripted server and process, so that no other
+# worker claims their requests.
+
+
+@dataclass
+class Isolated:
+    """A fresh database and scripted server; ``start`` runs ``sidequest serve`` on them."""
+
+    database_url: str
+    scripted: ScriptedServer
+    folder: Path
+    started: list[Service]
+
+    def start(self, **env: str) -> Service:
+        log = self.folder / f"isolated-{len(self.started)}.log"
+        service = _start(_environment(self.database_url, self.scripted, **env), log)
+        self.started.append(service)
+        _wait_ready(service)
+        return service
+
+
+@contextmanager
+def _isolated(admin_url: str, folder: Path) -> Iterator[Isolated]:
+    from tests import pg
+
+    url = asyncio.run(pg.create_database(admin_url))  # empty: serve migrates it itself
+    try:
+        with ScriptedServer() as server:
+            box = Isolated(url, server, folder, [])
+            try:
+                yield box
+            finally:
+                for service in box.started:
+                    _stop(service)
+    finally:
+        asyncio.run(pg.drop_database(admin_url, url))
+
+
+@dataclass
+class Limited:
+    """One process with the Anthropic provider, a 1.5 s deadline, one summary call per request and
+    1 s leases (the crash test replaces the process by a new one)."""
+
+    box: Isolated
+    service: Service
+
+    @property
+    def scripted(self) -> ScriptedServer:
+        return self.box.scripted
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.service.url, timeout=10)
+
+
+def limited_env(scripted: ScriptedServer) -> dict[str, str]:
+    return {
+        "SIDEQUEST_PROVIDER": "anthropic",
+        "SIDEQUEST_BASE_URL": scripted.root_url,
+        "SIDEQUEST_REQUEST_TIMEOUT_S": "1.5",
+        "SIDEQUEST_MAX_SUMMARY_CALLS": "1",
+        # Short leases, so that a killed process's request is taken over within a second.
+        "SIDEQUEST_LEASE_S": "1",
+        "SIDEQUEST_HEARTBEAT_S": "0.2",
+    }
+
+
+@pytest.fixture(scope="module")
+def _limited_service(pg_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Limited]:
+    with _isolated(pg_server.admin_url, tmp_path_factory.mktemp("limited")) as box:
+        yield Limited(box, box.start(**limited_env(box.scripted)))
+
+
+@pytest.fixture
+def limited(_limited_service: Limited) -> Limited:
+    _limited_service.scripted.reset()
+    return _limited_service
+
+
+async def test_a_request_past_its_deadline_fails_with_timeout_and_its_stage(limited: Limited) -> None:
+    limited.scripted.script("answer", Step.hang())
+    async with limited.client() as http:
+        record = await ask(http, new_parent())
+        done = await wait_for(http, record["id"])
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "timeout", done["error"]
+    assert done["error"]["detail"]["timeout_s"] == 1.5
+    assert done["error"]["detail"]["stage"] == "answering"
+
+
+async def test_a_summary_plan_beyond_the_call_cap_fails_before_spending_calls(limited: Limited) -> None:
+    big = dict(SNAPSHOT, messages=_long_transcript(60), context_window=None)
+    async with limited.client() as http:
+        record = await ask(http, new_parent(), "Too many chunks?", snapshot=big, context_window=24000)
+        done = await wait_for(http, record["id"])
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "summary_call_cap", done["error"]
+    detail = done["error"]["detail"]
+    assert detail["calls_made"] == 0 and detail["calls_needed"] > 1
+    assert not limited.scripted.requests("context_summary")
+    assert not limited.scripted.requests("answer")
+
+
+async def test_anthropic_provider_counts_cached_input_and_normalises_stop_reasons(limited: Limited) -> None:
+    limited.scripted.script(
+        "answer",
+        Step.text("Cached.", usage=Usage(1500, 40, cached_tokens=1024, cache_creation_tokens=100)),
+        Step.truncated("Cut", usage=Usage(200, 10)),
+    )
+    async with limited.client() as http:
+        parent = new_parent()
+        cached = await wait_for(http, (await ask(http, parent, snapshot=SNAPSHOT))["id"])
+        cut = await wait_for(http, (await ask(http, parent))["id"])
+    assert cached["status"] == "succeeded", cached["error"]
+    assert (cached["usage"]["input_tokens"], cached["usage"]["cached_tokens"]) == (1500, 1024)
+    assert cached["usage"]["output_tokens"] == 40
+    assert cached["stop_reason"] == "stop"
+    assert (cut["status"], cut["truncated"], cut["stop_reason"]) == ("succeeded", True, "length")
+    calls = limited.scripted.requests(path="/v1/messages")
+    assert calls and all(
+        c.purpose in ("answer", "qa_summary", "context_summary") and c.request_id for c in calls
+    )
+
+
+async def test_a_killed_process_loses_nothing_and_its_running_request_runs_again(limited: Limited) -> None:
+    parent = new_parent()
+    async with limited.client() as http:
+        running = await hang_and_wait_running(http, limited.scripted, parent)
+        queued = await ask(http, parent, "Admitted before the crash.")
+    limited.service.proc.kill()
+    limited.service.proc.wait(10)
+    limited.service = await asyncio.to_thread(limited.box.start, **limited_env(limited.scripted))
+    async with limited.client() as http:
+        rerun = await wait_for(http, running["id"])
+        after = await wait_for(http, queued["id"])
+        _, stream = await read_stream(http, f"/v1/questions/{running['id']}/events")
+    assert rerun["status"] == "succeeded", rerun["error"]
+    assert rerun["attempt"] == 2
+    assert after["status"] == "succeeded" and after["ordinal"] == 2
+    statuses = [m.json() for m in events_of(stream) if m.event == "status"]
+    assert [s.get("stage") for s in statuses if s["status"] == "running"].count("preparing") == 2
+    assert events_of(stream)[-1].event == "done"
