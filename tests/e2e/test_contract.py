@@ -1643,3 +1643,109 @@ async def test_a_killed_process_loses_nothing_and_its_running_request_runs_again
     statuses = [m.json() for m in events_of(stream) if m.event == "status"]
     assert [s.get("stage") for s in statuses if s["status"] == "running"].count("preparing") == 2
     assert events_of(stream)[-1].event == "done"
+
+
+_LONG_SUMMARY = {
+    "objective": "o",
+    "state": "s",
+    "decisions": ["A decision that goes on and on. " * 60] * 32,
+    "open_work": [],
+    "risks": [],
+}
+
+
+@pytest.mark.parametrize(
+    ("steps", "code"),
+    [
+        ((Step.tool_call("grep"),), "summary_tool_call"),
+        ((Step.empty(), Step.reasoning_only("thinking")), "summary_empty"),
+        ((Step.invalid_summary(), Step.invalid_summary()), "summary_invalid"),
+        ((Step.valid_summary(_LONG_SUMMARY), Step.valid_summary(_LONG_SUMMARY)), "summary_too_long"),
+        ((Step.server_error(500),), "provider_error"),
+    ],
+    ids=["tool_call", "empty", "invalid", "too_long", "provider_error"],
+)
+async def test_a_failing_context_summary_fails_the_request_with_its_code(
+    client: httpx.AsyncClient, scripted: ScriptedServer, steps: tuple[Step, ...], code: str
+) -> None:
+    scripted.script("context_summary", *steps)
+    big = dict(SNAPSHOT, messages=_long_transcript(60), context_window=None)
+    record = await ask(client, new_parent(), "Compaction fails?", snapshot=big, context_window=32000)
+    done = await wait_for(client, record["id"])
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == code, done["error"]
+    calls = [r for r in scripted.requests("context_summary") if r.request_id == record["id"]]
+    assert len(calls) == len(steps)  # a tool call or provider error fails at once; others retry once
+    if code == "summary_too_long":
+        assert done["error"]["detail"]["limit"] == 2200 and done["error"]["detail"]["body_tokens"] > 2200
+    assert not [r for r in scripted.requests("answer") if r.request_id == record["id"]]
+    memory = (await client.get(f"/v1/sessions/{record['parent_id']}")).json()["memory"]
+    assert memory["context_summaries"] == []  # nothing unvalidated is cached
+
+
+async def test_an_invalid_summary_is_retried_once_with_the_larger_cap_and_then_used(
+    client: httpx.AsyncClient, scripted: ScriptedServer
+) -> None:
+    scripted.script("context_summary", Step.invalid_summary(), Step.valid_summary())
+    big = dict(SNAPSHOT, messages=_long_transcript(60), context_window=None)
+    record = await ask(client, new_parent(), "Retried?", snapshot=big, context_window=32000)
+    done = await wait_for(client, record["id"])
+    assert done["status"] == "succeeded", done["error"]
+    caps = [
+        r.body["max_tokens"] for r in scripted.requests("context_summary") if r.request_id == record["id"]
+    ]
+    assert caps[:2] == [2048, 8192]
+    assert done["context_info"]["summary_calls"] == len(caps)
+    # Compacted layout: system, the context summary, then the kept messages unchanged, then the question.
+    kept = done["context_info"]["context_summary"]["kept_messages"]
+    assert kept > 0
+    body = [r for r in scripted.requests("answer") if r.request_id == record["id"]][-1].body
+    sent = body["messages"]
+    assert sent[0] == {"role": "system", "content": SNAPSHOT["system"]}
+    assert [m["content"] for m in sent[-1 - kept : -1]] == [m["content"] for m in big["messages"][-kept:]]
+    assert record["question"] in json.dumps(sent[-1])
+
+
+async def test_replayed_qa_is_capped_at_a_quarter_of_the_input_budget(
+    client: httpx.AsyncClient, scripted: ScriptedServer
+) -> None:
+    parent = new_parent()
+    scripted.set_default(
+        "answer", Step.text("A long earlier answer about invoices. " * 80, usage=Usage(100, 900))
+    )
+    for n in range(4):
+        await wait_for(client, (await ask(client, parent, f"Earlier {n}?"))["id"])
+    scripted.reset()
+    done = await wait_for(client, (await ask(client, parent, "Now?", context_window=20000))["id"])
+    assert done["status"] == "succeeded", done["error"]
+    info = done["context_info"]
+    limit = min(info["input_budget"] // 4, 16000)
+    assert info["estimate"]["qa_raw"] <= limit
+    assert 1 <= info["replayed_groups"] < 4
+    assert info["qa_summary"]["used"] is True
+    assert info["qa_summary"]["covered_through_ordinal"] == 4 - info["replayed_groups"]
+
+
+async def test_concurrent_admissions_while_workers_finish_get_distinct_ordinals_and_never_a_500(
+    client: httpx.AsyncClient,
+) -> None:
+    parent = new_parent()
+    path = f"/v1/sessions/{parent}/questions"
+    responses: list[httpx.Response] = []
+    for wave in range(3):  # later waves race the worker finishing (and appending events to) earlier ones
+        responses += await asyncio.gather(
+            *(client.post(path, json={"question": f"Wave {wave} #{n}?"}) for n in range(6))
+        )
+        await asyncio.sleep(0.15)
+    assert [r.status_code for r in responses] == [202] * 18, [
+        r.text for r in responses if r.status_code != 202
+    ]
+    assert sorted(r.json()["ordinal"] for r in responses) == list(range(1, 19))
+    key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
+    same = await asyncio.gather(
+        *(client.post(path, json={"question": "Once?"}, headers=key) for _ in range(5))
+    )
+    assert sorted(r.status_code for r in same) == [200, 200, 200, 200, 202]
+    assert len({r.json()["id"] for r in same}) == 1
+    for response in [*responses, same[0]]:
+        assert (await wait_for(client, response.json()["id"], within_s=30))["status"] == "succeeded"
