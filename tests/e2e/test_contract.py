@@ -1091,6 +1091,16 @@ async def test_every_provider_call_carries_purpose_and_request_id_headers(
         assert call.purpose in ("answer", "qa_summary", "context_summary")
         assert call.request_id == record["id"]
     assert len(done["usage"]["calls"]) == len(calls)
+    # One cumulative usage event per provider call; progress tells the chunks and the cache outcome.
+    _, stream = await read_stream(client, f"/v1/questions/{record['id']}/events")
+    usages = [m.json()["usage"] for m in events_of(stream) if m.event == "usage"]
+    assert [len(u["calls"]) for u in usages] == list(range(1, len(calls) + 1))
+    assert usages[-1] == done["usage"]
+    progress = [m.json() for m in events_of(stream) if m.event == "progress"]
+    assert any(p.get("what") == "summary_chunk" and p["stage"] == "compacting_context" for p in progress)
+    assert any(p.get("what") == "context_summary_cache" and p.get("cache") == "miss" for p in progress)
+    stages = [m.json()["stage"] for m in events_of(stream) if m.event == "status"][1:-1]
+    assert stages == ["preparing", "organizing_history", "compacting_context", "answering"]
 
 
 # ------------------------------------------------------------------------------------ the CLI
@@ -1542,8 +1552,8 @@ def _isolated(admin_url: str, folder: Path) -> Iterator[Isolated]:
 
 @dataclass
 class Limited:
-    """One process with the Anthropic provider, a 1.5 s deadline, one summary call per request and
-    1 s leases (the crash test replaces the process by a new one)."""
+    """One process with the Anthropic provider, a 1.5 s deadline, one summary call per request, CORS
+    for two origins and 1 s leases (the crash test replaces the process by a new one)."""
 
     box: Isolated
     service: Service
@@ -1562,6 +1572,7 @@ def limited_env(scripted: ScriptedServer) -> dict[str, str]:
         "SIDEQUEST_BASE_URL": scripted.root_url,
         "SIDEQUEST_REQUEST_TIMEOUT_S": "1.5",
         "SIDEQUEST_MAX_SUMMARY_CALLS": "1",
+        "SIDEQUEST_CORS_ORIGINS": "https://app.example,https://other.example",
         # Short leases, so that a killed process's request is taken over within a second.
         "SIDEQUEST_LEASE_S": "1",
         "SIDEQUEST_HEARTBEAT_S": "0.2",
@@ -1623,6 +1634,24 @@ async def test_anthropic_provider_counts_cached_input_and_normalises_stop_reason
     assert calls and all(
         c.purpose in ("answer", "qa_summary", "context_summary") and c.request_id for c in calls
     )
+
+
+async def test_cors_answers_configured_origins_only(limited: Limited) -> None:
+    async with limited.client() as http:
+        preflight = await http.options(
+            f"/v1/sessions/{new_parent()}/questions",
+            headers={
+                "Origin": "https://app.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type,idempotency-key",
+            },
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "https://app.example"
+        allowed = await http.get("/healthz", headers={"Origin": "https://other.example"})
+        assert allowed.headers["access-control-allow-origin"] == "https://other.example"
+        foreign = await http.get("/healthz", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in foreign.headers
 
 
 async def test_a_killed_process_loses_nothing_and_its_running_request_runs_again(limited: Limited) -> None:
@@ -1749,3 +1778,17 @@ async def test_concurrent_admissions_while_workers_finish_get_distinct_ordinals_
     assert len({r.json()["id"] for r in same}) == 1
     for response in [*responses, same[0]]:
         assert (await wait_for(client, response.json()["id"], within_s=30))["status"] == "succeeded"
+
+
+async def test_a_requested_model_is_used_for_the_call_and_recorded(
+    client: httpx.AsyncClient, scripted: ScriptedServer
+) -> None:
+    record = await ask(client, new_parent(), "Which model?", model="other-model")
+    assert record["model"] == "other-model"
+    done = await wait_for(client, record["id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert done["model"] == "other-model"
+    assert [c["model"] for c in done["usage"]["calls"]] == ["other-model"]
+    assert [r.body["model"] for r in scripted.requests("answer") if r.request_id == record["id"]] == [
+        "other-model"
+    ]
