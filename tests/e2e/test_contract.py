@@ -1138,6 +1138,11 @@ async def test_cli_ask_prints_the_answer_and_exits_0_or_names_the_error_code_and
     assert failed.returncode != 0
     assert "provider_error" in failed.stdout + failed.stderr
 
+    missing = await asyncio.to_thread(
+        _cli, "ask", parent, "Unknown snapshot?", "--snapshot-id", "nope", url=url, cwd=tmp_path
+    )
+    assert missing.returncode != 0 and "snapshot_missing" in missing.stderr
+
 
 async def test_cli_archive_export_then_import_round_trips(
     services: dict[str, Service], client: httpx.AsyncClient, tmp_path: Path
@@ -1165,6 +1170,7 @@ async def test_cli_archive_export_then_import_round_trips(
         _cli, "archive", "import", str(archive), "--parent-id", copy, url=url, cwd=tmp_path
     )
     assert refused.returncode != 0
+    assert "session_has_history" in refused.stderr
 
 
 # ------------------------------------------------------------------------------------ more of the contract
@@ -1792,3 +1798,18 @@ async def test_a_requested_model_is_used_for_the_call_and_recorded(
     assert [r.body["model"] for r in scripted.requests("answer") if r.request_id == record["id"]] == [
         "other-model"
     ]
+
+
+async def test_a_stream_token_is_not_a_bearer_token_and_archive_export_defaults_to_v3(
+    services: dict[str, Service], acme: httpx.AsyncClient
+) -> None:
+    parent = new_parent()
+    record = await ask(acme, parent)
+    await wait_for(acme, record["id"])
+    token = (await acme.post(f"/v1/questions/{record['id']}/stream-token")).json()["token"]
+    async with _tenant_client(services, token) as holder:
+        assert (await read_stream(holder, f"/v1/questions/{record['id']}/events"))[0] == 401
+        assert_error(await holder.get(f"/v1/questions/{record['id']}"), 401)
+    exported = (await acme.get(f"/v1/sessions/{parent}/archive")).json()
+    assert exported["version"] == 3 and "session" in exported
+    assert_error(await acme.get(f"/v1/sessions/{new_parent()}/archive"), 404)
