@@ -149,12 +149,14 @@ def _environment(database_url: str, scripted: ScriptedServer, **extra: str) -> d
     return env
 
 
-def _start(env: dict[str, str], log: Path) -> Service:
+def _start(env: dict[str, str], log: Path, command: str = "serve") -> Service:
+    """Start ``sidequest <command>`` (serve, api: on a free port; worker: no port)."""
     port = _free_port()
+    args = ["--port", str(port)] if command in ("serve", "api") else []
     # A file, not a pipe: nobody reads a pipe while the server runs, and a full one would block it.
     out: IO[bytes] = log.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "service.cli", command, *args],
         env=env,
         cwd=log.parent,
         stdout=out,
@@ -1531,11 +1533,12 @@ class Isolated:
     folder: Path
     started: list[Service]
 
-    def start(self, **env: str) -> Service:
-        log = self.folder / f"isolated-{len(self.started)}.log"
-        service = _start(_environment(self.database_url, self.scripted, **env), log)
+    def start(self, command: str = "serve", **env: str) -> Service:
+        log = self.folder / f"isolated-{len(self.started)}-{command}.log"
+        service = _start(_environment(self.database_url, self.scripted, **env), log, command)
         self.started.append(service)
-        _wait_ready(service)
+        if command != "worker":
+            _wait_ready(service)
         return service
 
 
@@ -1660,18 +1663,24 @@ async def test_cors_answers_configured_origins_only(limited: Limited) -> None:
         assert "access-control-allow-origin" not in foreign.headers
 
 
-async def test_a_killed_process_loses_nothing_and_its_running_request_runs_again(limited: Limited) -> None:
+async def test_a_killed_process_loses_nothing_and_separate_api_and_worker_processes_take_over(
+    limited: Limited,
+) -> None:
     parent = new_parent()
     async with limited.client() as http:
         running = await hang_and_wait_running(http, limited.scripted, parent)
         queued = await ask(http, parent, "Admitted before the crash.")
     limited.service.proc.kill()
     limited.service.proc.wait(10)
-    limited.service = await asyncio.to_thread(limited.box.start, **limited_env(limited.scripted))
+    # Restart as the two halves: the worker reruns the request, the API streams what it wrote.
+    env = limited_env(limited.scripted)
+    worker = limited.box.start("worker", **env)
+    limited.service = await asyncio.to_thread(limited.box.start, "api", **env)
     async with limited.client() as http:
         rerun = await wait_for(http, running["id"])
         after = await wait_for(http, queued["id"])
         _, stream = await read_stream(http, f"/v1/questions/{running['id']}/events")
+    assert worker.proc.poll() is None
     assert rerun["status"] == "succeeded", rerun["error"]
     assert rerun["attempt"] == 2
     assert after["status"] == "succeeded" and after["ordinal"] == 2
