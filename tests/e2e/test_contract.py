@@ -1822,3 +1822,15 @@ async def test_a_stream_token_is_not_a_bearer_token_and_archive_export_defaults_
     exported = (await acme.get(f"/v1/sessions/{parent}/archive")).json()
     assert exported["version"] == 3 and "session" in exported
     assert_error(await acme.get(f"/v1/sessions/{new_parent()}/archive"), 404)
+
+
+async def test_a_snapshot_over_32_mib_is_413(client: httpx.AsyncClient) -> None:
+    parent = new_parent()
+    base = {"system": "s", "messages": [{"role": "user", "content": ""}]}
+    overhead = len(json.dumps(base, separators=(",", ":")).encode())
+    over = dict(base, messages=[{"role": "user", "content": "x" * (32 * 1024 * 1024 - overhead + 1)}])
+    body = json.dumps(over, separators=(",", ":")).encode()
+    assert len(body) == 32 * 1024 * 1024 + 1
+    headers = {"Content-Type": "application/json"}
+    assert_error(await client.put(f"/v1/sessions/{parent}/snapshots/big", content=body, headers=headers), 413)
+    assert_error(await client.get(f"/v1/sessions/{parent}"), 404)  # nothing written
