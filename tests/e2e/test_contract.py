@@ -1834,3 +1834,83 @@ async def test_a_snapshot_over_32_mib_is_413(client: httpx.AsyncClient) -> None:
     headers = {"Content-Type": "application/json"}
     assert_error(await client.put(f"/v1/sessions/{parent}/snapshots/big", content=body, headers=headers), 413)
     assert_error(await client.get(f"/v1/sessions/{parent}"), 404)  # nothing written
+
+
+_TPM_TOO_LARGE = {
+    "error": {
+        "message": "Request too large for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, "
+        "Requested 45000. The input or output tokens must be reduced in order to run successfully.",
+        "type": "tokens",
+        "param": None,
+        "code": "rate_limit_exceeded",
+    }
+}
+_MAX_TOKENS_CAP = {
+    "error": {
+        "message": "max_tokens is too large: 50000. This model supports at most 16384 completion tokens, "
+        "whereas you provided 50000.",
+        "type": "invalid_request_error",
+        "param": "max_tokens",
+        "code": None,
+    }
+}
+_OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+
+@pytest.mark.parametrize(
+    ("steps", "code", "calls"),
+    [
+        ([Step.rate_limited(status=413, body=_TPM_TOO_LARGE, retry_after="0")] * 3, "rate_limited", 3),
+        ([Step.rate_limited(status=529, body=_OVERLOADED, retry_after="0")] * 3, "rate_limited", 3),
+        ([Step.http_error(400, _MAX_TOKENS_CAP)], "provider_error", 1),
+        ([Step.http_error(400, {"error": {"message": "The model `x` does not exist"}})],
+         "model_unavailable", 1),
+    ],
+    ids=["413_tpm_is_a_rate_limit", "529_is_a_rate_limit", "max_tokens_cap_is_a_provider_error", "model_400"],
+)  # fmt: skip
+async def test_overflow_look_alikes_are_classified_as_spec_says(
+    client: httpx.AsyncClient, scripted: ScriptedServer, steps: list[Step], code: str, calls: int
+) -> None:
+    scripted.script("answer", *steps)
+    record = await ask(client, new_parent(), snapshot=SNAPSHOT)
+    done = await wait_for(client, record["id"])
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == code, done["error"]
+    assert len([r for r in scripted.requests("answer") if r.request_id == record["id"]]) == calls
+    assert done["context_info"]["overflow_retries"] == 0
+
+
+async def test_openai_style_snapshots_are_accepted_and_sent_with_their_tools_and_tool_choice_none(
+    client: httpx.AsyncClient, scripted: ScriptedServer
+) -> None:
+    snapshot = {
+        "system": "You are a coding agent.",
+        "tools": [{"name": "grep", "description": "Search.", "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "Find the bug."},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "billing/invoice.py:12"},
+        ],
+    }
+    record = await ask(client, new_parent(), "Where?", snapshot=snapshot)
+    done = await wait_for(client, record["id"])
+    assert done["status"] == "succeeded", done["error"]
+    body = next(r.body for r in scripted.requests("answer") if r.request_id == record["id"])
+    assert body["tool_choice"] == "none"
+    assert [t["function"]["name"] for t in body["tools"]] == ["grep"]
+    sent = body["messages"]
+    assert sent[0] == {"role": "system", "content": "You are a coding agent."}
+    assert sent[2]["tool_calls"][0]["id"] == "c1"
+    assert sent[3] == {"role": "tool", "tool_call_id": "c1", "content": "billing/invoice.py:12"}
+    assert sent[-1]["role"] == "user" and "Where?" in json.dumps(sent[-1])
+
+    plain = await ask(client, new_parent(), "No snapshot at all?")
+    assert (await wait_for(client, plain["id"]))["status"] == "succeeded"
+    plain_body = next(r.body for r in scripted.requests("answer") if r.request_id == plain["id"])
+    assert "tools" not in plain_body
