@@ -33,7 +33,7 @@ import httpx
 import pytest
 
 from tests.api.sse_client import Message, messages
-from tests.scripted_provider import ScriptedServer, Step, Usage
+from tests.scripted_provider import STREAM_OVERFLOW_ERROR, STREAM_SERVER_ERROR, ScriptedServer, Step, Usage
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_WITHIN_S = 30.0
@@ -1914,3 +1914,34 @@ async def test_openai_style_snapshots_are_accepted_and_sent_with_their_tools_and
     assert (await wait_for(client, plain["id"]))["status"] == "succeeded"
     plain_body = next(r.body for r in scripted.requests("answer") if r.request_id == plain["id"])
     assert "tools" not in plain_body
+
+
+async def test_an_overflow_inside_the_stream_is_retried_but_a_partial_reply_never_is(
+    client: httpx.AsyncClient, scripted: ScriptedServer
+) -> None:
+    parent = new_parent()
+    scripted.script("answer", Step.text("A long earlier answer about invoices. " * 150))
+    await wait_for(client, (await ask(client, parent, "Earlier?", snapshot=SNAPSHOT))["id"])
+
+    scripted.script("answer", Step.overflow_in_stream())
+    retried = await ask(client, parent, "Overflow in the stream?", snapshot=SNAPSHOT)
+    done = await wait_for(client, retried["id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert done["context_info"]["overflow_retries"] == 1
+    assert len([r for r in scripted.requests("answer") if r.request_id == retried["id"]]) == 2
+
+    for step in (
+        Step.error_after_partial("Half an ans", error=STREAM_SERVER_ERROR),
+        Step.error_after_partial("Half"),
+    ):
+        scripted.script("answer", step)
+        broken = await ask(client, new_parent(), "Breaks midway?")
+        failed = await wait_for(client, broken["id"])
+        assert failed["status"] == "failed"
+        assert failed["error"]["code"] == "provider_error", failed["error"]
+        assert len([r for r in scripted.requests("answer") if r.request_id == broken["id"]]) == 1
+    scripted.script("answer", Step.error_after_partial("Half", error=STREAM_OVERFLOW_ERROR))
+    partial = await ask(client, new_parent(), "Overflow after some text?")
+    failed = await wait_for(client, partial["id"])
+    assert failed["status"] == "failed" and failed["context_info"]["overflow_retries"] == 0
+    assert len([r for r in scripted.requests("answer") if r.request_id == partial["id"]]) == 1
