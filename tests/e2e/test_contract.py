@@ -1945,3 +1945,29 @@ async def test_an_overflow_inside_the_stream_is_retried_but_a_partial_reply_neve
     failed = await wait_for(client, partial["id"])
     assert failed["status"] == "failed" and failed["context_info"]["overflow_retries"] == 0
     assert len([r for r in scripted.requests("answer") if r.request_id == partial["id"]]) == 1
+
+
+async def test_a_freed_slot_goes_to_the_session_that_never_ran_before_an_older_queued_one(
+    client: httpx.AsyncClient, scripted: ScriptedServer
+) -> None:
+    ran_before, never_ran = new_parent(), new_parent()
+    await wait_for(client, (await ask(client, ran_before, "Runs first."))["id"])
+    blockers = [new_parent() for _ in range(4)]
+    scripted.script("answer", *[Step.hang()] * 5)
+    try:
+        hanging = [await ask(client, parent, "Holds a slot.") for parent in blockers]
+        deadline = time.monotonic() + 10
+        while len(scripted.requests("answer")) < 4:
+            assert time.monotonic() < deadline, "the 4 slots did not fill"
+            await asyncio.sleep(0.02)
+        older = await ask(client, ran_before, "Queued first, but its session ran before.")
+        newer = await ask(client, never_ran, "Queued second, in a session that never ran.")
+        await asyncio.sleep(0.3)
+        assert (await client.get(f"/v1/questions/{older['id']}")).json()["status"] == "queued"
+        await client.post(f"/v1/questions/{hanging[0]['id']}/cancel")
+        assert (await wait_for(client, newer["id"], ("running", *TERMINAL)))["status"] == "running"
+        await asyncio.sleep(0.3)
+        assert (await client.get(f"/v1/questions/{older['id']}")).json()["status"] == "queued"
+    finally:
+        for parent in (*blockers, ran_before, never_ran):
+            await client.delete(f"/v1/sessions/{parent}/questions")
