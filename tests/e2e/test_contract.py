@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import quote
 
 import asyncpg
 import httpx
@@ -1971,3 +1972,17 @@ async def test_a_freed_slot_goes_to_the_session_that_never_ran_before_an_older_q
     finally:
         for parent in (*blockers, ran_before, never_ran):
             await client.delete(f"/v1/sessions/{parent}/questions")
+
+
+async def test_path_ids_may_hold_spaces_unicode_percent_and_question_marks(client: httpx.AsyncClient) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    for parent in (f"task 7 {suffix}", f"タスク-{suffix}", f"a%b-{suffix}", f"x?y#z-{suffix}"):
+        encoded = quote(parent, safe="")
+        record = (await client.post(f"/v1/sessions/{encoded}/questions", json={"question": "q"})).json()
+        assert record["parent_id"] == parent
+        assert (await client.get(f"/v1/sessions/{encoded}")).json()["parent_id"] == parent
+        put = await client.put(f"/v1/sessions/{encoded}/snapshots/{encoded}", json=SNAPSHOT)
+        assert put.status_code == 201 and put.json()["snapshot_id"] == parent
+        await wait_for(client, record["id"])
+    # docs/api.md, Decisions: a '/' cannot be part of an id, even percent-encoded.
+    assert_error(await client.post("/v1/sessions/org%2Ftask/questions", json={"question": "q"}), 404)
