@@ -1986,3 +1986,19 @@ async def test_path_ids_may_hold_spaces_unicode_percent_and_question_marks(clien
         await wait_for(client, record["id"])
     # docs/api.md, Decisions: a '/' cannot be part of an id, even percent-encoded.
     assert_error(await client.post("/v1/sessions/org%2Ftask/questions", json={"question": "q"}), 404)
+
+
+async def test_usage_the_provider_did_not_report_is_zero_and_reported_false(
+    client: httpx.AsyncClient, scripted: ScriptedServer
+) -> None:
+    scripted.script("answer", Step.text("No usage sent."))
+    done = await wait_for(client, (await ask(client, new_parent(), snapshot=SNAPSHOT))["id"])
+    assert done["status"] == "succeeded", done["error"]
+    (call,) = done["usage"]["calls"]
+    assert (call["status"], call["reported"]) == ("ok", False)
+    assert [call[k] for k in ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")] == [
+        0
+    ] * 4
+    assert done["usage"]["input_tokens"] == 0 and done["usage"]["output_tokens"] == 0
+    assert done["context_info"]["provider_prompt_tokens"] is None
+    assert done["context_info"]["estimate"]["total"] > 0  # the estimate stands on its own
