@@ -19,39 +19,14 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import text
 
 from service.store.db import Database
+from service.store.stats import read_request_stats
 
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 SCRAPE_TIMEOUT_S = 5.0
-
-_STATUS_SQL = text(
-    """
-    SELECT status, COALESCE(error->>'code', '') AS code, count(*) AS n
-    FROM side_question_requests WHERE deleted_at IS NULL GROUP BY 1, 2
-    """
-)
-
-_CALLS_SQL = text(
-    """
-    SELECT COALESCE(c->>'purpose', '') AS purpose, COALESCE(c->>'status', '') AS status, count(*) AS n
-    FROM side_question_requests r, jsonb_array_elements(COALESCE(r.usage->'calls', '[]'::jsonb)) c
-    WHERE r.deleted_at IS NULL AND jsonb_typeof(c) = 'object'
-    GROUP BY 1, 2
-    """
-)
-
-_LATENCY_SQL = text(
-    """
-    SELECT COALESCE(c->>'purpose', '') AS purpose, (c->>'latency_ms')::float8 / 1000.0 AS seconds
-    FROM side_question_requests r, jsonb_array_elements(COALESCE(r.usage->'calls', '[]'::jsonb)) c
-    WHERE r.deleted_at IS NULL AND jsonb_typeof(c) = 'object'
-      AND jsonb_typeof(c->'latency_ms') = 'number'
-    """
-)
 
 
 class DatabaseSnapshot:
@@ -69,9 +44,8 @@ async def read_database(db: Database) -> DatabaseSnapshot:
     snap = DatabaseSnapshot()
     try:
         async with asyncio.timeout(SCRAPE_TIMEOUT_S), db.sessions() as session:
-            snap.by_status = [(r.status, r.code, int(r.n)) for r in await session.execute(_STATUS_SQL)]
-            snap.calls = [(r.purpose, r.status, int(r.n)) for r in await session.execute(_CALLS_SQL)]
-            snap.latencies = [(r.purpose, float(r.seconds)) for r in await session.execute(_LATENCY_SQL)]
+            stats = await read_request_stats(session)
+        snap.by_status, snap.calls, snap.latencies = stats.by_status, stats.calls, stats.latencies
         snap.ok = True
     except Exception as exc:  # metrics must answer even while the database does not
         log.warning("metrics: database read failed: %s", type(exc).__name__)

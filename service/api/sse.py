@@ -20,13 +20,12 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 
-from sqlalchemy import func, select
 from sse_starlette.event import ServerSentEvent
 
+from service.store import events as events_store
 from service.store.db import Database
 from service.store.events import NOTIFY_CHANNEL, Event, request_events_after
 from service.store.listener import Listener
-from service.store.models import EventRow, RequestRow
 
 RETRY_MS = 3000
 PING_S = 15.0
@@ -120,16 +119,12 @@ async def _wait(wake: asyncio.Event, seconds: float) -> None:
 async def terminal_seq(db: Database, request_id: uuid.UUID) -> int | None:
     """The seq of the request's terminal event (``done`` / ``error``), or None while it runs."""
     async with db.sessions() as session:
-        return await session.scalar(
-            select(func.min(EventRow.seq)).where(
-                EventRow.request_id == request_id, EventRow.type.in_(("done", "error"))
-            )
-        )
+        return await events_store.terminal_seq(session, request_id)
 
 
 async def _request_exists(db: Database, request_id: uuid.UUID) -> bool:
     async with db.sessions() as session:
-        return await session.scalar(select(RequestRow.id).where(RequestRow.id == request_id)) is not None
+        return await events_store.request_exists(session, request_id)
 
 
 async def request_stream(
@@ -159,25 +154,13 @@ async def _session_events(
 ) -> list[tuple[Event, datetime | None]]:
     """Events of a session after ``after_id`` with their request's ``deleted_at``."""
     async with db.sessions() as session:
-        rows = await session.execute(
-            select(EventRow, RequestRow.deleted_at)
-            .join(RequestRow, RequestRow.id == EventRow.request_id)
-            .where(EventRow.session_id == session_id, EventRow.id > after_id)
-            .order_by(EventRow.id)
-            .limit(limit)
-        )
-        return [
-            (Event(r.id, r.request_id, r.session_id, r.seq, r.type, r.data), deleted_at)
-            for r, deleted_at in rows
-        ]
+        return await events_store.session_events_with_deletion(session, session_id, after_id, limit)
 
 
 async def database_now(db: Database) -> datetime:
     """PostgreSQL's clock (the one ``deleted_at`` is written with)."""
     async with db.sessions() as session:
-        moment: datetime | None = await session.scalar(select(func.clock_timestamp()))
-    assert moment is not None
-    return moment
+        return await events_store.database_now(session)
 
 
 async def session_stream(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.models import EventRow, RequestRow
@@ -114,3 +114,38 @@ async def session_events_after(
         .limit(limit)
     )
     return [_event(r) for r in rows]
+
+
+async def terminal_seq(session: AsyncSession, request_id: uuid.UUID) -> int | None:
+    """The seq of the request's terminal event (``done`` / ``error``), or None while it runs."""
+    return await session.scalar(
+        select(func.min(EventRow.seq)).where(
+            EventRow.request_id == request_id, EventRow.type.in_(tuple(TERMINAL_EVENT_TYPES))
+        )
+    )
+
+
+async def request_exists(session: AsyncSession, request_id: uuid.UUID) -> bool:
+    """Whether the request row is still there (cleared rows stay until the sweep purges them)."""
+    return await session.scalar(select(RequestRow.id).where(RequestRow.id == request_id)) is not None
+
+
+async def session_events_with_deletion(
+    session: AsyncSession, session_id: uuid.UUID, after_id: int, limit: int = 500
+) -> list[tuple[Event, datetime | None]]:
+    """Events of a session after ``after_id``, each with its request's ``deleted_at``."""
+    rows = await session.execute(
+        select(EventRow, RequestRow.deleted_at)
+        .join(RequestRow, RequestRow.id == EventRow.request_id)
+        .where(EventRow.session_id == session_id, EventRow.id > after_id)
+        .order_by(EventRow.id)
+        .limit(limit)
+    )
+    return [(_event(row), deleted_at) for row, deleted_at in rows]
+
+
+async def database_now(session: AsyncSession) -> datetime:
+    """PostgreSQL's clock (the one ``deleted_at`` is written with)."""
+    moment: datetime | None = await session.scalar(select(func.clock_timestamp()))
+    assert moment is not None
+    return moment
