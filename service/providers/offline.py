@@ -271,7 +271,19 @@ def _question(messages: list[dict[str, Any]]) -> str:
 
 def _words(text: str) -> set[str]:
     words = (match.group(0).lower() for match in _WORD.finditer(text))
-    return {word for word in words if len(word) > 2 and word not in _STOPWORDS}
+    return {_stem(word) for word in words if len(word) > 2 and word not in _STOPWORDS}
+
+
+_SUFFIXES = ("ing", "ed", "es", "s")
+
+
+def _stem(word: str) -> str:
+    """A crude English stem, so that "decide" meets "decided" and "rounding" meets "round"."""
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            break
+    return word[:-1] if word.endswith("e") and len(word) > 3 else word
 
 
 def _clip(text: str, limit: int = _SUMMARY_ITEM_CHARS) -> str:

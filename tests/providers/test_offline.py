@@ -194,3 +194,10 @@ async def test_answer_longer_than_the_output_cap_stops_with_length() -> None:
 
 def test_default_model_is_offline() -> None:
     assert OfflineProvider().default_model == "offline"
+
+
+def test_answer_matches_word_forms_not_only_identical_words() -> None:
+    messages = answer_messages("What did we decide about rounding?")
+    messages[1]["content"][0]["text"] += "\nWe decided to round invoices half up."
+    text = compose_answer(messages)
+    assert "> We decided to round invoices half up." in text
