@@ -199,9 +199,13 @@ def scripted() -> Iterator[ScriptedServer]:
 
 @pytest.fixture(scope="module")
 def services(
-    database_url: str, scripted: ScriptedServer, tmp_path_factory: pytest.TempPathFactory
+    database_url: str,
+    scripted: ScriptedServer,
+    _limited_box: Isolated,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Service]]:
-    """``open`` (no auth, tenant default) and ``auth`` (tenants acme and globex), both ready."""
+    """``open`` (no auth, tenant default) and ``auth`` (tenants acme and globex), both ready; and the
+    ``limited`` service of the isolated tests below, started at the same time to save a start-up."""
     asyncio.run(_empty_tables(database_url))
     folder = tmp_path_factory.mktemp("contract")
     started: dict[str, Service] = {}
@@ -210,6 +214,7 @@ def services(
         started["auth"] = _start(
             _environment(database_url, scripted, SIDEQUEST_API_TOKENS=TOKENS), folder / "auth.log"
         )
+        started["limited"] = _limited_box.launch(**limited_env(_limited_box.scripted))
         for service in started.values():
             _wait_ready(service)
         yield started
@@ -1534,10 +1539,16 @@ class Isolated:
     folder: Path
     started: list[Service]
 
-    def start(self, command: str = "serve", **env: str) -> Service:
+    def launch(self, command: str = "serve", **env: str) -> Service:
+        """Start ``sidequest <command>`` without waiting for it."""
         log = self.folder / f"isolated-{len(self.started)}-{command}.log"
         service = _start(_environment(self.database_url, self.scripted, **env), log, command)
         self.started.append(service)
+        return service
+
+    def start(self, command: str = "serve", **env: str) -> Service:
+        """Start ``sidequest <command>`` and wait until it is ready (a worker has no /readyz)."""
+        service = self.launch(command, **env)
         if command != "worker":
             _wait_ready(service)
         return service
@@ -1590,9 +1601,14 @@ def limited_env(scripted: ScriptedServer) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def _limited_service(pg_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Limited]:
+def _limited_box(pg_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Isolated]:
     with _isolated(pg_server.admin_url, tmp_path_factory.mktemp("limited")) as box:
-        yield Limited(box, box.start(**limited_env(box.scripted)))
+        yield box
+
+
+@pytest.fixture(scope="module")
+def _limited_service(services: dict[str, Service], _limited_box: Isolated) -> Limited:
+    return Limited(_limited_box, services["limited"])
 
 
 @pytest.fixture
