@@ -724,11 +724,20 @@ def _long_transcript(turns: int) -> list[dict[str, Any]]:
 
 
 async def test_archive_exports_v1_v2_v3_and_restore_round_trips_apart_from_parent_and_time(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient, scripted: ScriptedServer
 ) -> None:
     parent = new_parent()
-    for question in ("First?", "Second?"):
-        await wait_for(client, (await ask(client, parent, question, snapshot=SNAPSHOT))["id"])
+    # A long first answer that the second request folds into the rolling summary (small window), and
+    # a big snapshot it compacts: the session's memory then has both kinds of summary to carry.
+    scripted.script("answer", Step.text("A long earlier answer about invoices. " * 300))
+    await wait_for(client, (await ask(client, parent, "First?", snapshot=SNAPSHOT))["id"])
+    big = dict(SNAPSHOT, messages=_long_transcript(60), context_window=None)
+    second = await wait_for(
+        client, (await ask(client, parent, "Second?", snapshot=big, context_window=20000))["id"]
+    )
+    assert second["status"] == "succeeded", second["error"]
+    memory = (await client.get(f"/v1/sessions/{parent}")).json()["memory"]
+    assert memory["qa_summary"] is not None and memory["context_summaries"]
     exported: dict[int, dict[str, Any]] = {}
     for version in (1, 2, 3):
         response = await client.get(f"/v1/sessions/{parent}/archive", params={"version": version})
@@ -752,8 +761,8 @@ async def test_archive_exports_v1_v2_v3_and_restore_round_trips_apart_from_paren
                 } <= set(item)
             if version == 3:
                 assert "context_info" in item
-    assert "qa_summary" in exported[3]["session"]["memory"]
-    assert "context_summaries" in exported[3]["session"]["memory"]
+    assert exported[3]["session"]["memory"]["qa_summary"]
+    assert len(exported[3]["session"]["memory"]["context_summaries"]) == len(memory["context_summaries"])
     assert_error(await client.get(f"/v1/sessions/{parent}/archive", params={"version": 4}), 422)
 
     def comparable(doc: dict[str, Any]) -> dict[str, Any]:
@@ -770,6 +779,8 @@ async def test_archive_exports_v1_v2_v3_and_restore_round_trips_apart_from_paren
         assert replaced.status_code == 200, replaced.text
         again = (await client.get(f"/v1/sessions/{copy}/archive", params={"version": version})).json()
         assert comparable(again) == comparable(doc), version
+        if version == 3:
+            assert (await client.get(f"/v1/sessions/{copy}")).json()["memory"] == memory
     # A v1 archive restores as succeeded history.
     v1_copy = new_parent()
     assert (await client.post(f"/v1/sessions/{v1_copy}/archive", json=exported[1])).status_code == 200
