@@ -2029,3 +2029,19 @@ async def test_usage_the_provider_did_not_report_is_zero_and_reported_false(
     assert done["usage"]["input_tokens"] == 0 and done["usage"]["output_tokens"] == 0
     assert done["context_info"]["provider_prompt_tokens"] is None
     assert done["context_info"]["estimate"]["total"] > 0  # the estimate stands on its own
+
+
+async def test_a_session_stream_opened_before_any_question_tails_new_requests_live(
+    client: httpx.AsyncClient,
+) -> None:
+    parent = new_parent()
+    assert (await client.put(f"/v1/sessions/{parent}/snapshots/s-1", json=SNAPSHOT)).status_code == 201
+    live = asyncio.create_task(session_events_until(client, parent, 2))
+    await asyncio.sleep(0.3)
+    first = await ask(client, parent, "Live one?", snapshot_id="s-1")
+    second = await ask(client, parent, "Live two?")
+    events = await live
+    assert [m.json()["request_id"] for m in events if m.event == "done"] == [first["id"], second["id"]]
+    assert events[0].event == "status" and events[0].json()["status"] == "queued"
+    ids = [int(m.id or 0) for m in events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
