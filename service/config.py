@@ -83,6 +83,24 @@ class Settings(BaseSettings):
         return os.environ.get(env)
 
 
+def _accepted_range(field_name: str) -> str:
+    """``; accepted range 256–32768`` (or ``> 0 and ≤ 3600``) for a bounded setting, else ``""``."""
+    field = Settings.model_fields.get(field_name)
+    if field is None:
+        return ""
+    bounds = {
+        kind: getattr(constraint, kind)
+        for constraint in field.metadata
+        for kind in ("ge", "gt", "le")
+        if getattr(constraint, kind, None) is not None
+    }
+    if "ge" in bounds and "le" in bounds:
+        return f"; accepted range {bounds['ge']}–{bounds['le']}"
+    words = {"ge": "≥", "gt": ">", "le": "≤"}
+    described = " and ".join(f"{words[kind]} {value}" for kind, value in bounds.items())
+    return f"; accepted: {described}" if described else ""
+
+
 class SettingsError(Exception):
     """Settings are invalid; the message names each variable and its accepted range."""
 
@@ -96,7 +114,8 @@ def load_settings(**overrides: object) -> Settings:
         lines = []
         for err in exc.errors():
             name = "SIDEQUEST_" + "_".join(str(p) for p in err["loc"]).upper()
-            lines.append(f"{name}: {err['msg']} (got {err.get('input')!r})")
+            accepted = _accepted_range(str(err["loc"][0])) if err["loc"] else ""
+            lines.append(f"{name}: {err['msg']} (got {err.get('input')!r}){accepted}")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
     except ValueError as exc:
         raise SettingsError(f"invalid configuration: {exc}") from None

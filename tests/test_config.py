@@ -61,4 +61,4 @@ def test_cli_exits_non_zero_naming_the_variable_and_range() -> None:
     )
     assert proc.returncode != 0
     assert "SIDEQUEST_MAX_OUTPUT_TOKENS" in proc.stderr
-    assert "256" in proc.stderr
+    assert "accepted range 256–32768" in proc.stderr
