@@ -45,6 +45,7 @@ from service.budget.messages import (
     normalize_messages_with_system,
     normalize_snapshot,
     tool_result_ids,
+    tool_result_text,
     tool_use_ids,
 )
 from service.budget.meter import (
@@ -131,5 +132,6 @@ __all__ = [
     "split_text",
     "summary_capacity",
     "tool_result_ids",
+    "tool_result_text",
     "tool_use_ids",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import json.scanner
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -277,6 +277,34 @@ def tool_use_ids(message: Mapping[str, Any]) -> list[str]:
     if message.get("role") != "assistant":
         return []
     return _block_ids(message.get("content"), "tool_use", "id")
+
+
+def tool_result_text(
+    content: Any,
+    *,
+    other_block: Callable[[Mapping[str, Any]], str],
+    other_value: Callable[[Any], str],
+) -> str:
+    """A ``tool_result``'s content as plain text: strings as they are, text blocks joined by lines.
+
+    Callers say how a non-text block (an image, say) and a content of another type read for them:
+    the provider wire and the summary transcript label them differently.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        pieces: list[str] = []
+        for block in content:
+            if isinstance(block, Mapping) and block.get("type") == "text":
+                pieces.append(str(block.get("text", "")))
+            elif isinstance(block, Mapping):
+                pieces.append(other_block(block))
+            else:
+                pieces.append(str(block))
+        return "\n".join(pieces)
+    return other_value(content)
 
 
 def tool_result_ids(message: Mapping[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import httpx2
 import openai
 
+from service.budget.messages import tool_result_text
 from service.providers.base import (
     CONTENT_FILTER,
     LENGTH,
@@ -299,21 +300,11 @@ def _user_messages(role: str, blocks: list[Any]) -> list[dict[str, Any]]:
 
 
 def _tool_result_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        pieces = []
-        for block in content:
-            if isinstance(block, Mapping) and block.get("type") == "text":
-                pieces.append(str(block.get("text", "")))
-            elif isinstance(block, Mapping):
-                pieces.append(f"[{block.get('type', 'content')} omitted]")
-            else:
-                pieces.append(str(block))
-        return "\n".join(pieces)
-    return json.dumps(content, ensure_ascii=False, default=str)
+    return tool_result_text(
+        content,
+        other_block=lambda block: f"[{block.get('type', 'content')} omitted]",
+        other_value=lambda value: json.dumps(value, ensure_ascii=False, default=str),
+    )
 
 
 def _reasoning_text(delta: Any) -> str | None:

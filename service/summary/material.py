@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from service.budget import tool_result_text
+
 
 @dataclass(frozen=True)
 class QAPair:
@@ -34,21 +36,9 @@ def _json(value: Any) -> str:
 
 
 def _render_tool_result_content(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for block in content:
-            if isinstance(block, dict) and block.get("type") == "text":
-                parts.append(str(block.get("text", "")))
-            elif isinstance(block, dict):
-                parts.append(f"[{block.get('type', 'block')}]")
-            else:
-                parts.append(str(block))
-        return "\n".join(parts)
-    return _json(content)
+    return tool_result_text(
+        content, other_block=lambda block: f"[{block.get('type', 'block')}]", other_value=_json
+    )
 
 
 def render_message(index: int, message: dict[str, Any]) -> str:

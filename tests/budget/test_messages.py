@@ -226,3 +226,18 @@ def test_openai_transcripts_group_every_call_with_its_results(messages: list[dic
         results = {i for m in normalized[group.start : group.end] for i in tool_result_ids(m)}
         assert calls == results
         assert group.unanswered_calls == group.orphan_results == 0
+
+
+def test_tool_result_text_joins_text_blocks_and_lets_the_caller_label_the_rest() -> None:
+    from service.budget import tool_result_text
+
+    content = [
+        {"type": "text", "text": "line 1"},
+        {"type": "image"},
+        "raw",
+        {"type": "text", "text": "line 2"},
+    ]
+    text = tool_result_text(content, other_block=lambda b: f"<{b['type']}>", other_value=repr)
+    assert text == "line 1\n<image>\nraw\nline 2"
+    assert tool_result_text(None, other_block=str, other_value=repr) == ""
+    assert tool_result_text({"k": 1}, other_block=str, other_value=lambda v: "other") == "other"
