@@ -31,6 +31,13 @@ class Settings(BaseSettings):
     max_summary_calls: int = Field(default=12, ge=1, le=1000)
     api_tokens: str | None = None
     cors_origins: str | None = None
+    # Wave 2 (SPEC §1): background summaries (§6.6), parallel chunks (§6.3), calibration (§5.1).
+    background_summaries: Literal["on", "off"] = "on"
+    max_background_concurrency: int = Field(default=2, ge=1, le=1024)
+    background_timeout_s: float = Field(default=300.0, gt=0, le=3600)
+    summary_parallelism: int = Field(default=4, ge=1, le=64)
+    summary_model: str | None = None
+    calibration: Literal["on", "off"] = "on"
 
     # Not in SPEC's table but needed to run: documented in docs/operations.md.
     lease_s: float = Field(default=30.0, gt=0)
@@ -51,6 +58,16 @@ class Settings(BaseSettings):
             if value.startswith(prefix):
                 return "postgresql+asyncpg://" + value[len(prefix) :]
         return value
+
+    @property
+    def background_on(self) -> bool:
+        """Whether summaries are made ahead of time (``SIDEQUEST_BACKGROUND_SUMMARIES=on``)."""
+        return self.background_summaries == "on"
+
+    @property
+    def calibration_on(self) -> bool:
+        """Whether the estimator learns per-model ratios (``SIDEQUEST_CALIBRATION=on``)."""
+        return self.calibration == "on"
 
     def tenant_tokens(self) -> dict[str, str]:
         """Map token → tenant from ``tenant:token,tenant:token``."""

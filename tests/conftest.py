@@ -11,11 +11,13 @@ from sqlalchemy import text
 
 from service.config import Settings
 from service.store.db import Database, connect, upgrade_to_head
+from service.store.models import Base
 from tests import pg
 
 pytest_plugins = ["tests.scripted_provider"]
 
-TABLES = ("side_question_events", "side_question_requests", "main_snapshots", "side_question_sessions")
+# Every table of the schema (the models are the one list), emptied between tests.
+TABLES = tuple(table.name for table in Base.metadata.sorted_tables)
 
 
 @pytest.fixture(scope="session")

@@ -123,7 +123,7 @@ def sse_response(request: Request, content: Any) -> Response:
     )
 
 
-EVENT_TYPES = ["status", "progress", "delta", "usage", "done", "error"]
+EVENT_TYPES = ["status", "progress", "delta", "usage", "done", "error", "memory", "handoff"]
 
 # One server-sent event, as parsed by a client (comments such as pings are not events).
 SSE_EVENT_SCHEMA: dict[str, Any] = {

@@ -202,6 +202,7 @@ class RequestRecord(BaseModel):
     created_at: Timestamp
     started_at: Timestamp | None
     finished_at: Timestamp | None
+    pinned: bool = Field(default=False, description="Pinned for the next hand-off (SPEC §11.1).")
 
 
 class HistoryPage(BaseModel):

@@ -138,6 +138,7 @@ async def request_stream(
             async with db.sessions() as session:
                 events = await request_events_after(session, request_id, after)
             for event in events:
+                assert event.seq is not None  # a request's own events always have a seq
                 yield _message(event, event.seq)
                 after = event.seq
                 if event.is_terminal:
@@ -180,7 +181,7 @@ async def session_stream(
     is open, and a resumed stream delivers everything after its cursor.
     """
     yield retry_hint()
-    seen: set[uuid.UUID] = set()
+    seen: set[uuid.UUID | None] = set()
     with hub.subscribe(session_id=str(session_id)) as wake:
         while True:
             wake.clear()

@@ -39,12 +39,16 @@ def utc_iso(moment: datetime | None = None) -> str:
 
 @dataclass(frozen=True)
 class Event:
-    """One stored event as streams send it."""
+    """One stored event as streams send it.
+
+    ``request_id`` and ``seq`` are None for a session-level event (``memory``, ``handoff``), which
+    only session streams carry.
+    """
 
     id: int
-    request_id: uuid.UUID
+    request_id: uuid.UUID | None
     session_id: uuid.UUID
-    seq: int
+    seq: int | None
     type: str
     data: dict[str, Any]
 
@@ -84,6 +88,28 @@ async def append_event(
     session.add(row)
     await session.flush()
     payload = json.dumps({"id": row.id, "request_id": str(request_id), "session_id": str(session_id)})
+    await session.execute(
+        text("SELECT pg_notify(:channel, :payload)"), {"channel": NOTIFY_CHANNEL, "payload": payload}
+    )
+    return _event(row)
+
+
+async def append_session_event(
+    session: AsyncSession, session_id: uuid.UUID, event_type: str, fields: dict[str, Any]
+) -> Event:
+    """Append one session-level event (no request: ``memory``, ``handoff``) in the caller's transaction.
+
+    Same ordering rule as :func:`append_event` (the session's advisory lock around the id), so session
+    streams resume without gaps; ``data`` gets ``request_id``/``ordinal``/``seq`` null and ``at``.
+    """
+    await session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 7))"), {"key": str(session_id)}
+    )
+    data = {"request_id": None, "ordinal": None, "seq": None, "at": utc_iso(), **fields}
+    row = EventRow(request_id=None, session_id=session_id, seq=None, type=event_type, data=data)
+    session.add(row)
+    await session.flush()
+    payload = json.dumps({"id": row.id, "request_id": None, "session_id": str(session_id)})
     await session.execute(
         text("SELECT pg_notify(:channel, :payload)"), {"channel": NOTIFY_CHANNEL, "payload": payload}
     )
@@ -133,10 +159,13 @@ async def request_exists(session: AsyncSession, request_id: uuid.UUID) -> bool:
 async def session_events_with_deletion(
     session: AsyncSession, session_id: uuid.UUID, after_id: int, limit: int = 500
 ) -> list[tuple[Event, datetime | None]]:
-    """Events of a session after ``after_id``, each with its request's ``deleted_at``."""
+    """Events of a session after ``after_id``, each with its request's ``deleted_at``.
+
+    Session-level events (no request) come with ``deleted_at`` None.
+    """
     rows = await session.execute(
         select(EventRow, RequestRow.deleted_at)
-        .join(RequestRow, RequestRow.id == EventRow.request_id)
+        .outerjoin(RequestRow, RequestRow.id == EventRow.request_id)
         .where(EventRow.session_id == session_id, EventRow.id > after_id)
         .order_by(EventRow.id)
         .limit(limit)

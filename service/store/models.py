@@ -48,7 +48,11 @@ class SessionRow(Base):
     """One side-question session per (tenant, parent_id)."""
 
     __tablename__ = "side_question_sessions"
-    __table_args__ = (UniqueConstraint("tenant", "parent_id", name="uq_sessions_tenant_parent"),)
+    __table_args__ = (
+        UniqueConstraint("tenant", "parent_id", name="uq_sessions_tenant_parent"),
+        # GET /v1/sessions: the tenant's sessions, most recently active first (keyset pagination).
+        Index("ix_sessions_tenant_activity", "tenant", "updated_at", "id"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
     tenant: Mapped[str] = mapped_column(String(200), nullable=False)
@@ -60,6 +64,12 @@ class SessionRow(Base):
         nullable=False,
         server_default=text("""'{"qa_summary": null, "context_summaries": []}'::jsonb"""),
     )
+    # Per-session settings (SPEC §11.2): every field optional; unset fields are absent or null.
+    settings: Mapped[dict[str, Any]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'{}'::jsonb")
+    )
+    # Highest ordinal handed back to the main conversation (SPEC §11.1); never moves down, 0 after a clear.
+    handed_off_through: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     # Round-robin fairness (SPEC §9): the session that last started a request longest ago goes first.
     last_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(
@@ -130,6 +140,11 @@ class RequestRow(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(300))
     body_hash: Mapped[str | None] = mapped_column(String(64))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    # Pinned for the next hand-off (SPEC §11.1); only a succeeded request can be pinned.
+    pinned: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    # SPEC §5 estimate of this request's rendered Q&A group, stored when it succeeds, so that
+    # organizing_history never re-encodes the history (issue 12).
+    qa_tokens: Mapped[int | None] = mapped_column(Integer)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -144,7 +159,11 @@ class RequestRow(Base):
 
 
 class EventRow(Base):
-    """One event of one request; ``id`` is global and increasing, ``seq`` per request."""
+    """One event; ``id`` is global and increasing, ``seq`` per request.
+
+    Session-level events (``memory``, ``handoff``) have no request: ``request_id`` and ``seq`` are
+    NULL, and they appear only on the session stream.
+    """
 
     __tablename__ = "side_question_events"
     __table_args__ = (
@@ -153,17 +172,17 @@ class EventRow(Base):
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
-    request_id: Mapped[uuid.UUID] = mapped_column(
+    request_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True),
         ForeignKey("side_question_requests.id", ondelete="CASCADE"),
-        nullable=False,
+        nullable=True,
     )
     session_id: Mapped[uuid.UUID] = mapped_column(
         UUID(as_uuid=True),
         ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
         nullable=False,
     )
-    seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
     type: Mapped[str] = mapped_column(String(20), nullable=False)
     data: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
     created_at: Mapped[datetime] = mapped_column(
@@ -186,6 +205,114 @@ class SnapshotRow(Base):
     content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
     token_estimate: Mapped[int] = mapped_column(Integer, nullable=False)
     size_bytes: Mapped[int] = mapped_column(Integer, nullable=False)
+    # The snapshot prepared once when stored (issue 12): normalised messages, per-message estimates,
+    # groups. ``prepared_version`` names the format, so a change of the estimator can recompute it.
+    prepared: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    prepared_version: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+
+class JobRow(Base):
+    """A background summary job (SPEC §6.6): claimed like a request (SKIP LOCKED, lease, sweep).
+
+    ``kind`` is ``qa_fold`` or ``context_summary``; ``key`` says what it summarises (the prefix's content
+    hash; the ordinal range). At most one job per (session, kind, key) is not ended, enforced by the
+    partial unique index below.
+    """
+
+    __tablename__ = "side_question_jobs"
+    __table_args__ = (
+        Index(
+            "uq_jobs_active",
+            "session_id",
+            "kind",
+            "key",
+            unique=True,
+            postgresql_where=text("status IN ('queued', 'running')"),
+        ),
+        Index("ix_jobs_queued", "created_at", postgresql_where=text("status = 'queued'")),
+        Index("ix_jobs_running_lease", "lease_expires_at", postgresql_where=text("status = 'running'")),
+        Index("ix_jobs_session", "session_id", "created_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    session_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True),
+        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
+        nullable=False,
+    )
+    kind: Mapped[str] = mapped_column(String(40), nullable=False)
+    key: Mapped[str] = mapped_column(String(200), nullable=False)
+    # What the job needs to run (snapshot id, ordinal range, model, …).
+    params: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    status: Mapped[str] = mapped_column(String(20), nullable=False, server_default=text("'queued'"))
+    clear_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    calls: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    # What the finished job covers (e.g. {"covered_messages": n} or {"covered_through_ordinal": n}).
+    covered: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    usage: Mapped[dict[str, Any]] = mapped_column(
+        JSONB,
+        nullable=False,
+        server_default=text(
+            """'{"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, """
+            """"cached_tokens": 0, "calls": []}'::jsonb"""
+        ),
+    )
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class HandoffRow(Base):
+    """One hand-off of side findings back to the main conversation (SPEC §11.1)."""
+
+    __tablename__ = "side_question_handoffs"
+    __table_args__ = (
+        Index("ix_handoffs_session", "session_id", "created_at"),
+        Index(
+            "uq_handoffs_idempotency",
+            "session_id",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    session_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True),
+        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
+        nullable=False,
+    )
+    # The whole public hand-off object as returned by POST (SPEC §11.1), minus id/parent_id.
+    body: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    through_ordinal: Mapped[int | None] = mapped_column(Integer)
+    idempotency_key: Mapped[str | None] = mapped_column(String(300))
+    body_hash: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+
+class CalibrationRow(Base):
+    """Calibration counters per (provider, model), shared by every process and tenant (SPEC §5.1)."""
+
+    __tablename__ = "sidequest_calibration"
+
+    provider: Mapped[str] = mapped_column(String(40), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    samples: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
+    sum_estimate: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
+    sum_provider: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
+    updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )

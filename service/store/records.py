@@ -43,4 +43,5 @@ def request_record(row: RequestRow, parent_id: str) -> dict[str, Any]:
         "created_at": iso_or_none(row.created_at),
         "started_at": iso_or_none(row.started_at),
         "finished_at": iso_or_none(row.finished_at),
+        "pinned": row.pinned,
     }
