@@ -115,9 +115,27 @@ class ProviderError(Exception):
 
 
 class ContextOverflow(ProviderError):
-    """The prompt does not fit the model's context window."""
+    """The prompt does not fit the model's context window.
+
+    ``prompt_tokens`` is the prompt's real token count when the error body states it ("your request
+    has N input tokens"): a calibration sample, and what the overflow retry shrinks to (SPEC §5.1).
+    ``context_limit`` is the window the body names, when it names one.
+    """
 
     code = "context_overflow"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        usage: CallUsage | None = None,
+        prompt_tokens: int | None = None,
+        context_limit: int | None = None,
+    ) -> None:
+        super().__init__(message, status=status, usage=usage)
+        self.prompt_tokens = prompt_tokens
+        self.context_limit = context_limit
 
 
 class ModelUnavailable(ProviderError):
