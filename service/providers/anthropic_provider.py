@@ -102,7 +102,7 @@ class AnthropicProvider:
     async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
         """Stream one call; see :class:`service.providers.base.Provider`."""
         sdk = self._sdk
-        headers = {"X-Sidequest-Purpose": call.purpose, "X-Sidequest-Request-Id": call.request_id}
+        headers = call.headers()
         try:
             response = await self._client.messages.create(
                 **self.build_request(call), extra_headers=headers, timeout=call.timeout_s

@@ -53,6 +53,15 @@ class ProviderCall:
     tools: list[dict[str, Any]] = field(default_factory=list)
     # Seconds left before the side request's deadline; the adapter uses it as its HTTP timeout.
     timeout_s: float = 120.0
+    # Set for a background summary job's call (SPEC §6.6): sent as X-Sidequest-Job-Id *instead of*
+    # the request id header (``request_id`` is then the job id too, for logs).
+    job_id: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The Sidequest headers every provider call carries (SPEC §7, §6.6)."""
+        if self.job_id is not None:
+            return {"X-Sidequest-Purpose": self.purpose, "X-Sidequest-Job-Id": self.job_id}
+        return {"X-Sidequest-Purpose": self.purpose, "X-Sidequest-Request-Id": self.request_id}
 
 
 @dataclass(frozen=True)

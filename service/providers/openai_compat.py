@@ -112,7 +112,7 @@ class OpenAIProvider:
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
         """Stream one call; see :class:`service.providers.base.Provider`."""
-        headers = {"X-Sidequest-Purpose": call.purpose, "X-Sidequest-Request-Id": call.request_id}
+        headers = call.headers()
         try:
             response = await self._client.chat.completions.create(
                 **self.build_request(call), extra_headers=headers, timeout=call.timeout_s

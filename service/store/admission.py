@@ -17,6 +17,7 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_event
+from service.store.jobs import cancel_session_jobs
 from service.store.listener import CANCEL_CHANNEL, QUEUE_CHANNEL
 from service.store.models import EMPTY_MEMORY, RequestRow, SessionRow
 from service.store.records import request_record
@@ -242,6 +243,8 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
         .execution_options(synchronize_session=False)
     )
     removed = hidden.rowcount
+    # Background jobs of the session end too (SPEC §6.6); their late writes are refused anyway.
+    await cancel_session_jobs(session, owner.id)
     owner.memory = dict(EMPTY_MEMORY)
     owner.clear_version = owner.clear_version + 1
     owner.updated_at = func.now()

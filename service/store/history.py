@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
 from service.store.models import RequestRow, SnapshotRow
 
 # SPEC §6.1: earlier Q&A is loaded by increasing ordinal in batches of at most 20.
@@ -42,6 +43,8 @@ class HistoryItem:
     question: str
     answer: str
     created_at: datetime
+    # The estimate of the rendered Q&A group, stored when the request succeeded (None: older rows).
+    qa_tokens: int | None = None
 
 
 async def load_request_input(session: AsyncSession, request_id: uuid.UUID) -> RequestInput | None:
@@ -73,6 +76,38 @@ async def load_snapshot(
     return dict(content) if content is not None else None
 
 
+async def load_prepared_snapshot(
+    session: AsyncSession, session_id: uuid.UUID, snapshot_id: str
+) -> PreparedSnapshot | None:
+    """The snapshot as prepared when it was stored (issue 12), or None when it is not stored.
+
+    A snapshot stored before preparation existed, or prepared by another format version, is prepared
+    now from its content and the result written back (once: snapshots are immutable).
+    """
+    row = (
+        await session.execute(
+            select(SnapshotRow.prepared, SnapshotRow.prepared_version).where(
+                SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id
+            )
+        )
+    ).one_or_none()
+    if row is None:
+        return None
+    if row.prepared is not None and row.prepared_version == PREPARED_VERSION:
+        return PreparedSnapshot.from_json(row.prepared)
+    content = await load_snapshot(session, session_id, snapshot_id)
+    if content is None:
+        return None
+    prepared = prepare_snapshot(content)
+    await session.execute(
+        update(SnapshotRow)
+        .where(SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id)
+        .values(prepared=prepared.to_json(), prepared_version=PREPARED_VERSION)
+    )
+    await session.commit()
+    return prepared
+
+
 async def iter_history(
     sessions: async_sessionmaker[AsyncSession],
     session_id: uuid.UUID,
@@ -92,7 +127,13 @@ async def iter_history(
         async with sessions() as session:
             rows = (
                 await session.execute(
-                    select(RequestRow.ordinal, RequestRow.question, RequestRow.answer, RequestRow.created_at)
+                    select(
+                        RequestRow.ordinal,
+                        RequestRow.question,
+                        RequestRow.answer,
+                        RequestRow.created_at,
+                        RequestRow.qa_tokens,
+                    )
                     .where(
                         RequestRow.session_id == session_id,
                         RequestRow.status == "succeeded",
@@ -108,7 +149,7 @@ async def iter_history(
             ).all()
         if not rows:
             return
-        yield [HistoryItem(r.ordinal, r.question, r.answer or "", r.created_at) for r in rows]
+        yield [HistoryItem(r.ordinal, r.question, r.answer or "", r.created_at, r.qa_tokens) for r in rows]
         if len(rows) < batch_size:
             return
         after = rows[-1].ordinal

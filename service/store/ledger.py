@@ -24,9 +24,8 @@ USAGE_FIELDS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tok
 # The totals are computed from ``r.usage`` inside the SET expression (not a FROM subquery): when a
 # concurrent append holds the row, PostgreSQL re-evaluates SET against the row version it committed, so
 # no call is lost (a FROM subquery would keep its stale snapshot).
-_APPEND_CALL = text(
-    """
-    UPDATE side_question_requests r
+_APPEND_CALL_SQL = """
+    UPDATE {table} r
     SET usage = (
         SELECT jsonb_build_object(
             'input_tokens', coalesce(sum((c->>'input_tokens')::bigint), 0),
@@ -41,7 +40,9 @@ _APPEND_CALL = text(
     WHERE r.id = :id
     RETURNING r.usage
     """
-)
+# Requests and background jobs keep the same usage object (SPEC §3), each in its own table.
+_APPEND_CALL = text(_APPEND_CALL_SQL.format(table="side_question_requests"))
+_APPEND_JOB_CALL = text(_APPEND_CALL_SQL.format(table="side_question_jobs"))
 
 
 @dataclass(frozen=True)
@@ -74,15 +75,19 @@ class CallEntry:
         }
 
 
-async def append_call(session: AsyncSession, request_id: uuid.UUID, entry: CallEntry) -> dict[str, Any]:
-    """Append one call to the request's usage and recompute its totals, atomically; commits.
+async def append_call(
+    session: AsyncSession, request_id: uuid.UUID, entry: CallEntry, *, job: bool = False
+) -> dict[str, Any]:
+    """Append one call to the request's (or, with ``job``, the background job's) usage; commits.
 
-    The row lock taken by the ``UPDATE`` serialises concurrent appends. Returns the new usage object.
+    The totals are recomputed from the calls in the same statement, and the row lock taken by the
+    ``UPDATE`` serialises concurrent appends. Returns the new usage object.
     """
+    statement = _APPEND_JOB_CALL if job else _APPEND_CALL
     async with session.begin():
-        usage = await session.scalar(_APPEND_CALL, {"id": request_id, "call": json.dumps([entry.as_json()])})
+        usage = await session.scalar(statement, {"id": request_id, "call": json.dumps([entry.as_json()])})
     if usage is None:
-        raise LookupError(f"request {request_id} does not exist")
+        raise LookupError(f"{'job' if job else 'request'} {request_id} does not exist")
     return dict(usage)
 
 

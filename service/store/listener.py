@@ -3,7 +3,10 @@
 Channels:
 - ``sidequest_events`` — an event row was committed (payload: ``{"id", "request_id", "session_id"}``);
 - ``sidequest_queue`` — a request was admitted or a slot was freed (payload: session id);
-- ``sidequest_cancel`` — a request was cancelled or its session cleared (payload: request id).
+- ``sidequest_cancel`` — a request was cancelled or its session cleared (payload: request id; ``job:<id>``
+  for a background job);
+- ``sidequest_jobs`` — a background job was queued (payload ``queued``) or a background slot freed
+  (``freed``).
 
 A notification is only a wake-up call: readers always read the rows themselves, so a lost
 notification (reconnect) costs latency, never data. Subscribers get an unbounded-free queue of size
@@ -25,7 +28,9 @@ log = logging.getLogger(__name__)
 EVENTS_CHANNEL = "sidequest_events"
 QUEUE_CHANNEL = "sidequest_queue"
 CANCEL_CHANNEL = "sidequest_cancel"
-ALL_CHANNELS = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL)
+JOBS_CHANNEL = "sidequest_jobs"
+ALL_CHANNELS = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
+WORKER_CHANNELS = (QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
 
 Callback = Callable[[str, str], None]  # (channel, payload); must not block
 

@@ -28,9 +28,7 @@ from service.store.models import EMPTY_MEMORY
 # Newest context summaries kept per session: a cache, not history; old snapshots' prefixes age out.
 MAX_CONTEXT_SUMMARIES = 16
 
-_GUARDED_WRITE = text(
-    """
-    UPDATE side_question_sessions s
+_MEMORY_VALUE = """
     SET memory = (
             WITH base AS (
                 SELECT CASE WHEN CAST(:set_qa AS boolean)
@@ -54,13 +52,34 @@ _GUARDED_WRITE = text(
             FROM base
         ),
         updated_at = now()
+"""
+
+# The writer is a running request (its lease, when ``owner`` is given) …
+_GUARDED_WRITE = text(
+    "UPDATE side_question_sessions s"
+    + _MEMORY_VALUE
+    + """
     FROM side_question_requests r
-    WHERE r.id = :request_id
+    WHERE r.id = :writer_id
       AND s.id = r.session_id
       AND r.status = 'running'
       AND r.deleted_at IS NULL
       AND s.clear_version = r.clear_version
       AND (CAST(:owner AS text) IS NULL OR r.lease_owner = CAST(:owner AS text))
+    RETURNING s.id
+    """
+)
+# … or a running background job (SPEC §6.6: jobs obey §6.5 with their own clear_version).
+_GUARDED_JOB_WRITE = text(
+    "UPDATE side_question_sessions s"
+    + _MEMORY_VALUE
+    + """
+    FROM side_question_jobs j
+    WHERE j.id = :writer_id
+      AND s.id = j.session_id
+      AND j.status = 'running'
+      AND s.clear_version = j.clear_version
+      AND (CAST(:owner AS text) IS NULL OR j.lease_owner = CAST(:owner AS text))
     RETURNING s.id
     """
 )
@@ -73,25 +92,28 @@ async def save_memory(
     owner: str | None,
     qa_summary: dict[str, Any] | None = None,
     context_summary: dict[str, Any] | None = None,
+    job: bool = False,
 ) -> bool:
-    """Save a rolling Q&A summary and/or one context summary for ``request_id``'s session; commits.
+    """Save a rolling Q&A summary and/or one context summary for the writer's session; commits.
 
+    The writer is the request ``request_id`` — or, with ``job``, the background job of that id.
     ``qa_summary`` (when given) replaces the session's rolling summary; ``context_summary`` (a dict with
     a ``key``) replaces the cache entry with the same key or is appended, keeping the newest
-    :data:`MAX_CONTEXT_SUMMARIES`. ``owner`` additionally requires the request's lease to be held by
-    that worker (None skips that part). Returns whether anything was written: False means the request
+    :data:`MAX_CONTEXT_SUMMARIES`. ``owner`` additionally requires the writer's lease to be held by
+    that worker (None skips that part). Returns whether anything was written: False means the writer
     stopped running or the session was cleared, and the summary must be dropped, not retried.
     """
     if qa_summary is None and context_summary is None:
         raise ValueError("save_memory needs a qa_summary or a context_summary")
     if context_summary is not None and "key" not in context_summary:
         raise ValueError("a context summary needs its cache key")
+    table = "side_question_jobs" if job else "side_question_requests"
     async with session.begin():
-        # Lock the session row first and only then read the request: the guard below then runs on a
+        # Lock the session row first and only then read the writer: the guard below then runs on a
         # snapshot taken after every earlier clear/cancel committed (READ COMMITTED, new statement), and
         # a single row lock can never deadlock with the API's multi-row clear.
         session_id = await session.scalar(
-            text("SELECT session_id FROM side_question_requests WHERE id = :id"), {"id": request_id}
+            text(f"SELECT session_id FROM {table} WHERE id = :id"), {"id": request_id}
         )
         if session_id is None:
             return False
@@ -99,9 +121,9 @@ async def save_memory(
             text("SELECT id FROM side_question_sessions WHERE id = :id FOR UPDATE"), {"id": session_id}
         )
         written = await session.scalar(
-            _GUARDED_WRITE,
+            _GUARDED_JOB_WRITE if job else _GUARDED_WRITE,
             {
-                "request_id": request_id,
+                "writer_id": request_id,
                 "owner": owner,
                 "set_qa": qa_summary is not None,
                 "qa": json.dumps(qa_summary, ensure_ascii=False),

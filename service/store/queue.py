@@ -23,18 +23,26 @@ Invariants, and how each is kept:
   worker that lost it, and no event ever follows a terminal one.
 - **Recovery**: a running request whose lease expired is queued again once (``attempt`` 1 → the next
   claim makes it 2; usage kept) or, on its second loss, failed with ``worker_lost``.
+- **Background jobs** (:mod:`service.store.jobs`) share this machinery: one :func:`heartbeat` extends
+  the leases of a worker's requests *and* jobs, one :func:`sweep_expired` recovers both tables.
+- **One terminal transition**: every way a request ends — succeeded, failed, cancelled (by the
+  client, a clear or a newer question), swept — goes through :func:`finish_request`, which writes the
+  row, the terminal ``status`` event and the ``done`` / ``error`` event, and frees the slot.
+- **Slot NOTIFYs** say why: ``freed:<session id>`` when a slot frees (a worker whose cluster is full
+  only claims again on these), the bare session id when a request was admitted.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.store.events import append_event
+from service.store import jobs
+from service.store.events import append_event, utc_iso
 from service.store.listener import QUEUE_CHANNEL
 from service.store.models import RequestRow
 from service.store.records import request_record
@@ -69,7 +77,9 @@ _PICK_NEXT = text(
 
 @dataclass(frozen=True)
 class Claimed:
-    """A request this worker now holds: what the pipeline needs to start."""
+    """A request this worker now holds: what the pipeline needs to start, read by the claim itself
+    (one round trip instead of a claim and then loads of the request, the session's memory and
+    settings)."""
 
     id: uuid.UUID
     session_id: uuid.UUID
@@ -77,6 +87,13 @@ class Claimed:
     ordinal: int
     attempt: int
     clear_version: int
+    question: str = ""
+    snapshot_id: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    memory: dict[str, Any] = field(default_factory=dict)
+    session_settings: dict[str, Any] = field(default_factory=dict)
+    created_at: str | None = None
 
 
 async def count_running(session: AsyncSession) -> int:
@@ -88,18 +105,27 @@ async def count_running(session: AsyncSession) -> int:
 async def claim_next(
     session: AsyncSession, *, owner: str, lease_s: float, max_running: int
 ) -> Claimed | None:
-    """Claim the next request per SPEC §9, or None when the cap is reached or nothing is eligible.
+    """Claim the next request per SPEC §9, or None when the cap is reached or nothing is eligible."""
+    claimed, _full = await try_claim(session, owner=owner, lease_s=lease_s, max_running=max_running)
+    return claimed
+
+
+async def try_claim(
+    session: AsyncSession, *, owner: str, lease_s: float, max_running: int
+) -> tuple[Claimed | None, bool]:
+    """Claim the next request per SPEC §9; also says whether the cluster is at its cap (then None).
 
     Runs in (and commits) its own short transaction on ``session``: lock, count, pick, mark running with
-    stage ``preparing`` and a lease, stamp the session's ``last_started_at``, write the ``status`` event.
+    stage ``preparing`` and a lease, stamp the session's ``last_started_at``, write the ``status`` event
+    — and returns what the pipeline needs (the request, the session's memory and settings).
     """
     async with session.begin():
         await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK_KEY})
         if await count_running(session) >= max_running:
-            return None
+            return None, True
         picked = await session.scalar(_PICK_NEXT)
         if picked is None:
-            return None
+            return None, False
         row = (
             await session.execute(
                 text(
@@ -112,56 +138,97 @@ async def claim_next(
                         started_at = coalesce(started_at, now()),
                         context_info = jsonb_set(context_info, '{stage}', '"preparing"')
                     WHERE id = :id
-                    RETURNING id, session_id, ordinal, attempt, clear_version
+                    RETURNING id, session_id, ordinal, attempt, clear_version, question, snapshot_id,
+                              options, model, created_at
                     """
                 ),
                 {"id": picked, "owner": owner, "lease_s": lease_s},
             )
         ).one()
-        parent_id = await session.scalar(
-            text(
-                "UPDATE side_question_sessions SET last_started_at = clock_timestamp() "
-                "WHERE id = :sid RETURNING parent_id"
-            ),
-            {"sid": row.session_id},
-        )
+        owner_row = (
+            await session.execute(
+                text(
+                    "UPDATE side_question_sessions SET last_started_at = clock_timestamp() "
+                    "WHERE id = :sid RETURNING parent_id, memory, settings"
+                ),
+                {"sid": row.session_id},
+            )
+        ).one()
         await append_event(
             session, row.id, "status", {"status": "running", "stage": "preparing", "attempt": row.attempt}
         )
         return Claimed(
             id=row.id,
             session_id=row.session_id,
-            parent_id=str(parent_id),
+            parent_id=str(owner_row.parent_id),
             ordinal=row.ordinal,
             attempt=row.attempt,
             clear_version=row.clear_version,
-        )
+            question=row.question,
+            snapshot_id=row.snapshot_id,
+            options=dict(row.options or {}),
+            model=row.model,
+            memory=dict(owner_row.memory or {}),
+            session_settings=dict(owner_row.settings or {}),
+            created_at=utc_iso(row.created_at),
+        ), False
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a heartbeat found still held by this worker."""
+
+    requests: set[uuid.UUID]
+    jobs: set[uuid.UUID]
 
 
 async def heartbeat(
-    session: AsyncSession, *, owner: str, request_ids: list[uuid.UUID], lease_s: float
-) -> set[uuid.UUID]:
-    """Extend the leases of ``request_ids`` this worker still holds; returns the ids still held.
+    session: AsyncSession,
+    *,
+    owner: str,
+    request_ids: list[uuid.UUID],
+    lease_s: float,
+    job_ids: list[uuid.UUID] | None = None,
+) -> Held:
+    """Extend the leases of the requests and background jobs this worker holds, in one transaction.
 
     An id missing from the result was cancelled, cleared, finished or taken over: its task must stop.
     A request with ``cancel_requested`` set is treated as lost too.
     """
-    if not request_ids:
-        return set()
+    job_ids = job_ids or []
+    if not request_ids and not job_ids:
+        return Held(set(), set())
+    held_requests: set[uuid.UUID] = set()
+    held_jobs: set[uuid.UUID] = set()
     async with session.begin():
-        rows = await session.execute(
-            text(
-                """
-                UPDATE side_question_requests
-                SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
-                WHERE id = ANY(:ids) AND status = 'running' AND lease_owner = :owner
-                  AND deleted_at IS NULL
-                RETURNING id, cancel_requested
-                """
-            ),
-            {"ids": request_ids, "owner": owner, "lease_s": lease_s},
-        )
-        return {r.id for r in rows if not r.cancel_requested}
+        if request_ids:
+            rows = await session.execute(
+                text(
+                    """
+                    UPDATE side_question_requests
+                    SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
+                    WHERE id = ANY(:ids) AND status = 'running' AND lease_owner = :owner
+                      AND deleted_at IS NULL
+                    RETURNING id, cancel_requested
+                    """
+                ),
+                {"ids": request_ids, "owner": owner, "lease_s": lease_s},
+            )
+            held_requests = {r.id for r in rows if not r.cancel_requested}
+        if job_ids:
+            rows = await session.execute(
+                text(
+                    """
+                    UPDATE side_question_jobs
+                    SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
+                    WHERE id = ANY(:ids) AND status = 'running' AND lease_owner = :owner
+                    RETURNING id
+                    """
+                ),
+                {"ids": job_ids, "owner": owner, "lease_s": lease_s},
+            )
+            held_jobs = {r.id for r in rows}
+    return Held(held_requests, held_jobs)
 
 
 async def lock_if_held(session: AsyncSession, request_id: uuid.UUID, owner: str) -> bool:
@@ -234,8 +301,113 @@ async def _record_for(session: AsyncSession, request_id: uuid.UUID) -> dict[str,
 
 async def _notify_slot_freed(session: AsyncSession, session_id: uuid.UUID) -> None:
     await session.execute(
-        text("SELECT pg_notify(:channel, :payload)"), {"channel": QUEUE_CHANNEL, "payload": str(session_id)}
+        text("SELECT pg_notify(:channel, :payload)"),
+        {"channel": QUEUE_CHANNEL, "payload": f"freed:{session_id}"},
     )
+
+
+TerminalStatus = Literal["succeeded", "failed", "cancelled"]
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A request :func:`finish_request` ended: its session, the stage it ended in, its final record."""
+
+    session_id: uuid.UUID
+    stage: str | None
+    record: dict[str, Any] | None
+
+
+_FINISH = text(
+    """
+    UPDATE side_question_requests
+    SET status = CAST(:status AS text),
+        answer = CASE WHEN CAST(:status AS text) = 'succeeded' THEN CAST(:answer AS text) ELSE answer END,
+        truncated = CASE WHEN CAST(:status AS text) = 'succeeded' THEN CAST(:truncated AS boolean)
+                         ELSE truncated END,
+        stop_reason = CASE WHEN CAST(:status AS text) = 'succeeded' THEN CAST(:stop_reason AS text)
+                           ELSE stop_reason END,
+        model = coalesce(CAST(:model AS text), model),
+        qa_tokens = coalesce(CAST(:qa_tokens AS integer), qa_tokens),
+        error = CAST(:error AS jsonb),
+        context_info = context_info || CAST(:info AS jsonb),
+        cancel_requested = cancel_requested OR CAST(:status AS text) = 'cancelled',
+        finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = :id AND status = ANY(CAST(:from_statuses AS text[]))
+      AND (CAST(:owner AS text) IS NULL OR lease_owner = CAST(:owner AS text))
+    RETURNING session_id, stage
+    """
+)
+
+
+async def finish_request(
+    session: AsyncSession,
+    request_id: uuid.UUID,
+    *,
+    status: TerminalStatus,
+    owner: str | None,
+    from_statuses: tuple[str, ...] = ("running",),
+    answer: str | None = None,
+    truncated: bool = False,
+    stop_reason: str | None = None,
+    model: str | None = None,
+    qa_tokens: int | None = None,
+    error: dict[str, Any] | None = None,
+    context_info: dict[str, Any] | None = None,
+    with_record: bool = False,
+) -> Ended | None:
+    """THE terminal transition of a request, inside the caller's transaction.
+
+    Guarded by the status it leaves (``from_statuses``) and, when ``owner`` is given, the worker's
+    lease — so whichever terminal write lands first wins and every other is a no-op (None, nothing
+    written). Writes the row, the terminal ``status`` event, then ``done`` (with the final record) for
+    a success or ``error`` otherwise, and NOTIFYs the queue that a slot is free. Callers: the worker's
+    success and failure, its cancel settlement, the API's cancel / clear / interrupt, the sweep.
+    """
+    if owner is not None and not await lock_if_held(session, request_id, owner):
+        return None
+    if status == "succeeded":
+        error = None
+    elif error is None:
+        raise ValueError("a failed or cancelled request needs its error object")
+    ended = (
+        await session.execute(
+            _FINISH,
+            {
+                "status": status,
+                "answer": answer,
+                "truncated": truncated,
+                "stop_reason": stop_reason,
+                "model": model,
+                "qa_tokens": qa_tokens,
+                "error": None if error is None else _json(error),
+                "info": _json(context_info or {}),
+                "id": request_id,
+                "from_statuses": list(from_statuses),
+                "owner": owner,
+            },
+        )
+    ).one_or_none()
+    if ended is None:
+        return None
+    record = await _record_for(session, request_id) if with_record or status == "succeeded" else None
+    await append_event(session, request_id, "status", {"status": status, "stage": ended.stage})
+    if status == "succeeded":
+        await append_event(session, request_id, "done", {"record": record})
+    else:
+        assert error is not None
+        await append_event(session, request_id, "error", error)
+    await _notify_slot_freed(session, ended.session_id)
+    return Ended(session_id=ended.session_id, stage=ended.stage, record=record)
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """A background job to queue in the same transaction as a request's success (SPEC §6.6)."""
+
+    kind: jobs.JobKind
+    key: str
+    params: dict[str, Any]
 
 
 async def finish_succeeded(
@@ -248,89 +420,64 @@ async def finish_succeeded(
     stop_reason: str | None,
     model: str | None,
     context_info: dict[str, Any],
+    qa_tokens: int | None = None,
+    follow_ups: tuple[FollowUp, ...] = (),
 ) -> dict[str, Any] | None:
-    """Write the success terminal state and its ``status`` + ``done`` events; returns the final record.
-
-    None when the worker no longer holds the request (cancelled/cleared/taken over): nothing written.
-    """
+    """The worker's success (commits): the terminal state, ``status`` + ``done``, and its follow-up
+    background jobs, atomically. None when the worker no longer holds the request: nothing written."""
     async with session.begin():
-        if not await lock_if_held(session, request_id, owner):
-            return None
-        session_id = await session.scalar(
-            text(
-                """
-                UPDATE side_question_requests
-                SET status = 'succeeded', answer = :answer, truncated = :truncated,
-                    stop_reason = :stop_reason, model = coalesce(:model, model),
-                    context_info = context_info || CAST(:info AS jsonb), error = NULL,
-                    finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
-                WHERE id = :id
-                RETURNING session_id
-                """
-            ),
-            {
-                "answer": answer,
-                "truncated": truncated,
-                "stop_reason": stop_reason,
-                "model": model,
-                "info": _json(context_info),
-                "id": request_id,
-            },
+        ended = await finish_request(
+            session,
+            request_id,
+            status="succeeded",
+            owner=owner,
+            answer=answer,
+            truncated=truncated,
+            stop_reason=stop_reason,
+            model=model,
+            qa_tokens=qa_tokens,
+            context_info=context_info,
         )
-        record = await _record_for(session, request_id)
-        await append_event(session, request_id, "status", {"status": "succeeded", "stage": record["stage"]})
-        await append_event(session, request_id, "done", {"record": record})
-        assert session_id is not None
-        await _notify_slot_freed(session, session_id)
-        return record
+        if ended is None:
+            return None
+        assert ended.record is not None
+        for job in follow_ups:
+            await jobs.enqueue_job(
+                session,
+                ended.session_id,
+                kind=job.kind,
+                key=job.key,
+                params=job.params,
+                clear_version=int(ended.record["clear_version"]),
+            )
+        return ended.record
 
 
 async def finish_failed(
     session: AsyncSession,
     request_id: uuid.UUID,
-    owner: str | None,
+    owner: str,
     *,
     code: str,
     message: str,
     detail: dict[str, Any] | None = None,
-    status: str = "failed",
+    status: Literal["failed", "cancelled"] = "failed",
     context_info: dict[str, Any] | None = None,
 ) -> bool:
-    """Write a ``failed`` (or ``cancelled``) terminal state with its ``status`` + ``error`` events.
+    """The worker's failure or cancel settlement (commits): ``status`` + ``error`` events.
 
-    ``owner`` None skips the lease check (the recovery sweep, which has locked the row itself).
     Returns False, writing nothing, when the request is no longer running under ``owner``.
     """
     async with session.begin():
-        if owner is not None and not await lock_if_held(session, request_id, owner):
-            return False
-        error = {"code": code, "message": message, "detail": detail or {}}
-        updated = (
-            await session.execute(
-                text(
-                    """
-                    UPDATE side_question_requests
-                    SET status = :status, error = CAST(:error AS jsonb),
-                        context_info = context_info || CAST(:info AS jsonb),
-                        finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
-                    WHERE id = :id AND status = 'running'
-                    RETURNING session_id, stage
-                    """
-                ),
-                {
-                    "status": status,
-                    "error": _json(error),
-                    "info": _json(context_info or {}),
-                    "id": request_id,
-                },
-            )
-        ).one_or_none()
-        if updated is None:
-            return False
-        await append_event(session, request_id, "status", {"status": status, "stage": updated.stage})
-        await append_event(session, request_id, "error", error)
-        await _notify_slot_freed(session, updated.session_id)
-        return True
+        ended = await finish_request(
+            session,
+            request_id,
+            status=status,
+            owner=owner,
+            error={"code": code, "message": message, "detail": detail or {}},
+            context_info=context_info,
+        )
+        return ended is not None
 
 
 async def release(session: AsyncSession, request_id: uuid.UUID, owner: str) -> bool:
@@ -368,17 +515,29 @@ async def release(session: AsyncSession, request_id: uuid.UUID, owner: str) -> b
 
 @dataclass(frozen=True)
 class SweepResult:
-    """What one recovery sweep did."""
+    """What one recovery sweep did (requests and background jobs)."""
 
     requeued: list[uuid.UUID]
     failed: list[uuid.UUID]
+    jobs_requeued: list[uuid.UUID] = field(default_factory=list)
+    jobs_failed: list[uuid.UUID] = field(default_factory=list)
+
+
+def _worker_lost(attempts: int, stage: str | None, what: str) -> dict[str, Any]:
+    return {
+        "code": "worker_lost",
+        "message": f"the worker running this {what} stopped answering ({attempts} attempts)",
+        "detail": {"attempts": attempts, "stage": stage},
+    }
 
 
 async def sweep_expired(session: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -> SweepResult:
-    """Recover requests whose lease expired (their worker died): re-run once, else ``worker_lost``.
+    """Recover requests and background jobs whose lease expired (their worker died); commits.
 
-    Usage, context_info and events already recorded are kept. A re-run gets a ``status`` event back to
-    ``queued`` and a ``progress`` event telling clients to discard the text streamed so far.
+    A request is re-run once, else failed with ``worker_lost`` (usage, context_info and events already
+    recorded are kept; a re-run gets a ``status`` event back to ``queued`` and a ``progress`` event
+    telling clients to discard the text streamed so far). A background job is queued again once, else
+    failed; a request's expired single-flight registration just ends (the request is gone).
     """
     requeued: list[uuid.UUID] = []
     failed: list[uuid.UUID] = []
@@ -421,29 +580,47 @@ async def sweep_expired(session: AsyncSession, *, max_attempts: int = MAX_ATTEMP
                 await append_event(
                     session, row.id, "status", {"status": "queued", "stage": None, "reason": "worker_lost"}
                 )
+                await _notify_slot_freed(session, row.session_id)
                 requeued.append(row.id)
             else:
-                error = {
-                    "code": "worker_lost",
-                    "message": f"the worker running this request stopped answering ({row.attempt} attempts)",
-                    "detail": {"attempts": row.attempt, "stage": row.stage},
-                }
-                await session.execute(
-                    text(
-                        """
-                        UPDATE side_question_requests
-                        SET status = 'failed', error = CAST(:error AS jsonb), finished_at = now(),
-                            lease_owner = NULL, lease_expires_at = NULL
-                        WHERE id = :id
-                        """
-                    ),
-                    {"id": row.id, "error": _json(error)},
+                await finish_request(
+                    session,
+                    row.id,
+                    status="failed",
+                    owner=None,
+                    error=_worker_lost(row.attempt, row.stage, "request"),
                 )
-                await append_event(session, row.id, "status", {"status": "failed", "stage": row.stage})
-                await append_event(session, row.id, "error", error)
                 failed.append(row.id)
-            await _notify_slot_freed(session, row.session_id)
-    return SweepResult(requeued=requeued, failed=failed)
+        job_rows = (
+            await session.execute(
+                text(
+                    """
+                    SELECT id, attempt, calls, coalesce(params->>'made_by', 'background') AS made_by
+                    FROM side_question_jobs
+                    WHERE status = 'running' AND lease_expires_at < now()
+                    ORDER BY lease_expires_at
+                    FOR UPDATE SKIP LOCKED
+                    """
+                )
+            )
+        ).all()
+        jobs_requeued: list[uuid.UUID] = []
+        jobs_failed: list[uuid.UUID] = []
+        for job in job_rows:
+            if job.made_by == "background" and job.attempt < max_attempts:
+                await jobs.requeue_job(session, job.id)
+                jobs_requeued.append(job.id)
+            else:
+                await jobs.finish_job(
+                    session,
+                    job.id,
+                    None,
+                    status="failed",
+                    calls=job.calls,
+                    error=_worker_lost(job.attempt, None, "job"),
+                )
+                jobs_failed.append(job.id)
+    return SweepResult(requeued=requeued, failed=failed, jobs_requeued=jobs_requeued, jobs_failed=jobs_failed)
 
 
 def _json(value: Any) -> str:

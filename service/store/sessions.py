@@ -17,8 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.budget.estimate import estimate_messages, estimate_system, estimate_tools
-from service.budget.messages import normalize_snapshot
+from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
 from service.store.events import utc_iso
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import iso_or_none, request_record
@@ -48,19 +47,39 @@ def content_hash(value: object) -> str:
     return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 
 
-def snapshot_token_estimate(content: dict[str, Any]) -> int:
-    """The SPEC §5 estimate of a snapshot (system + tools + messages with envelopes).
+def prepare_or_refuse(content: dict[str, Any]) -> PreparedSnapshot:
+    """Prepare a snapshot once (normalise, estimate, group, hash: :mod:`service.budget.prepared`).
 
     Raises :class:`InvalidSnapshot` when the snapshot does not normalise (e.g. a tool that is not an
     object): refusing it at admission is better than failing the request later in the worker.
     """
     try:
-        normal = normalize_snapshot(content)
-        return (
-            estimate_system(normal.system) + estimate_tools(normal.tools) + estimate_messages(normal.messages)
-        )
+        return prepare_snapshot(content)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise InvalidSnapshot(f"snapshot is not a valid main-session context: {exc}") from None
+
+
+@dataclass(frozen=True)
+class JobSessionInputs:
+    """What a background job reads of its session before it starts."""
+
+    clear_version: int
+    memory: dict[str, Any]
+    settings: dict[str, Any]
+
+
+async def job_session_inputs(session: AsyncSession, session_id: uuid.UUID) -> JobSessionInputs | None:
+    """The session's clear_version, memory and settings (None when the session is gone)."""
+    row = (
+        await session.execute(
+            select(SessionRow.clear_version, SessionRow.memory, SessionRow.settings).where(
+                SessionRow.id == session_id
+            )
+        )
+    ).one_or_none()
+    if row is None:
+        return None
+    return JobSessionInputs(row.clear_version, dict(row.memory or {}), dict(row.settings or {}))
 
 
 async def find_session(session: AsyncSession, tenant: str, parent_id: str) -> SessionRow | None:
@@ -260,7 +279,8 @@ async def store_snapshot(
     digest = content_hash(content)
     key = snapshot_id or digest
     size = len(json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-    tokens = snapshot_token_estimate(content)
+    prepared = prepare_or_refuse(content)
+    tokens = prepared.total_tokens
     inserted = await session.scalar(
         pg_insert(SnapshotRow)
         .values(
@@ -270,6 +290,8 @@ async def store_snapshot(
             content_hash=digest,
             token_estimate=tokens,
             size_bytes=size,
+            prepared=prepared.to_json(),
+            prepared_version=PREPARED_VERSION,
         )
         .on_conflict_do_nothing(index_elements=["session_id", "snapshot_id"])
         .returning(SnapshotRow.created_at)

@@ -16,13 +16,12 @@ Saving is the store's job: this module only returns what to save, and only valid
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from service.budget import CutPlan, MessageGroup, estimate_text, group_messages
+from service.budget.prepared import prefix_digests, summary_cache_key
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import render_messages
 from service.summary.policy import SummaryRunner
@@ -31,30 +30,11 @@ from service.summary.prompts import PROMPT_VERSION
 CacheOutcome = Literal["hit", "prefix", "miss"]
 
 
-def _canonical(value: Any) -> bytes:
-    # Sorted keys and no whitespace: equal content gives equal bytes, however the JSON was written.
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str).encode()
-
-
-def _chain(messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
-    """``digests[k]`` = content digest of ``messages[:k]`` (k = 0..len)."""
-    state = hashlib.sha256(b"sidequest-context-prefix-v1").digest()
-    digests = [state]
-    for message in messages:
-        state = hashlib.sha256(state + hashlib.sha256(_canonical(message)).digest()).digest()
-        digests.append(state)
-    return digests
-
-
-def _key(digest: bytes, model: str, prompt_version: str) -> str:
-    return hashlib.sha256(digest + _canonical({"model": model, "prompt_version": prompt_version})).hexdigest()
-
-
 def prefix_key(
     messages_prefix: Sequence[Mapping[str, Any]], model: str, prompt_version: str = PROMPT_VERSION
 ) -> str:
     """Cache key of a summary of exactly ``messages_prefix`` by ``model`` with these prompts (hex sha256)."""
-    return _key(_chain(messages_prefix)[-1], model, prompt_version)
+    return summary_cache_key(prefix_digests(messages_prefix)[-1], model, prompt_version)
 
 
 @dataclass(frozen=True)
@@ -72,6 +52,8 @@ class CachedContextSummary:
     provenance: Provenance
     tokens: int
     created_at: str
+    # Who made it: a request, or a background job (SPEC §3 ``context_summary.made_by``).
+    made_by: str = "request"
 
     def rendered(self) -> str:
         """The summary as prompt text (provenance header + body)."""
@@ -87,6 +69,7 @@ class CachedContextSummary:
             "provenance": self.provenance.to_json(),
             "tokens": self.tokens,
             "created_at": self.created_at,
+            "made_by": self.made_by,
         }
 
     @classmethod
@@ -100,6 +83,7 @@ class CachedContextSummary:
             provenance=Provenance.from_json(dict(value["provenance"])),
             tokens=int(value["tokens"]),
             created_at=str(value["created_at"]),
+            made_by=str(value.get("made_by") or "request"),
         )
 
 
@@ -134,6 +118,7 @@ def find_reusable(
     *,
     model: str,
     prompt_version: str = PROMPT_VERSION,
+    digests: Sequence[bytes] | None = None,
 ) -> Reuse:
     """Find the best cached summary for ``messages[:cut_plan.summarize_until]``.
 
@@ -143,9 +128,10 @@ def find_reusable(
     summary and the new material) and be non-empty and shorter than the part to summarise.
     """
     until = cut_plan.summarize_until
-    digests = _chain(messages[:until])
+    if digests is None:  # a prepared snapshot passes its stored chain (issue 12)
+        digests = prefix_digests(messages[:until])
     keys_by_length = {
-        length: _key(digests[length], model, prompt_version)
+        length: summary_cache_key(digests[length], model, prompt_version)
         for length in {g.start for g in groups if 0 < g.start <= until} | {until}
     }
     by_key = {entry.key: entry for entry in cache_entries}
@@ -193,6 +179,29 @@ def _pieces(
     ]
 
 
+def longest_cached_prefix(
+    groups: Sequence[MessageGroup],
+    cache_entries: Sequence[CachedContextSummary],
+    digests: Sequence[bytes],
+    *,
+    model: str,
+    prompt_version: str = PROMPT_VERSION,
+) -> PrefixReuse | None:
+    """The cached summary covering the longest prefix of the transcript (ending on a group boundary,
+    shorter than the whole transcript), whatever the cut: SPEC §6.7's "grown snapshot" candidate."""
+    boundaries = {g.start for g in groups if g.start > 0}
+    best: PrefixReuse | None = None
+    for entry in cache_entries:
+        length = entry.covered_messages
+        if length not in boundaries or length >= len(digests) - 1:
+            continue
+        if summary_cache_key(digests[length], model, prompt_version) != entry.key:
+            continue
+        if best is None or length > best.covered_messages:
+            best = PrefixReuse(entry, length)
+    return best
+
+
 async def compact_context(
     runner: SummaryRunner,
     snapshot_id: str | None,
@@ -200,6 +209,9 @@ async def compact_context(
     cut_plan: CutPlan,
     cache_entries: Sequence[CachedContextSummary],
     context_time: str | None,
+    *,
+    groups: Sequence[MessageGroup] | None = None,
+    digests: Sequence[bytes] | None = None,
 ) -> ContextCompaction:
     """Summarise ``messages[:cut_plan.summarize_until]`` (canonical messages), reusing the cache.
 
@@ -209,8 +221,11 @@ async def compact_context(
     cap before the first call. Raises the summary / provider errors of the runner.
     """
     until = cut_plan.summarize_until
-    groups = group_messages(messages)
-    reuse = find_reusable(messages, groups, cut_plan, cache_entries, model=runner.model)
+    if groups is None:
+        groups = group_messages(messages)
+    if digests is None:
+        digests = prefix_digests(messages[:until])
+    reuse = find_reusable(messages, groups, cut_plan, cache_entries, model=runner.model, digests=digests)
     kept = len(messages) - until
 
     async def report(outcome: CacheOutcome, **extra: Any) -> None:
@@ -247,7 +262,7 @@ async def compact_context(
     chunks = runner.chunk("context", _pieces(messages, groups, start, until))
     calls_before = runner.attempts_made
     document = await runner.summarize("context", chunks, previous)
-    key = prefix_key(messages[:until], runner.model)
+    key = summary_cache_key(digests[until], runner.model, PROMPT_VERSION)
     created_at = runner.now()
     provenance = Provenance.for_context(
         prefix_hash=key,
@@ -291,5 +306,6 @@ __all__ = [
     "Reuse",
     "compact_context",
     "find_reusable",
+    "longest_cached_prefix",
     "prefix_key",
 ]

@@ -111,6 +111,8 @@ class SummaryRunner:
     window: int
     safety_margin: int
     on_progress: ProgressCallback | None = None
+    # A background job's id (SPEC §6.6): its calls carry X-Sidequest-Job-Id instead of a request id.
+    job_id: str | None = None
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     now: Callable[[], str] = utc_now_iso
@@ -223,6 +225,7 @@ class SummaryRunner:
             request_id=self.request_id,
             system=prompt.system,
             tools=[],
+            job_id=self.job_id,
         )
 
         def take() -> None:

@@ -204,6 +204,7 @@ def build_answer_request(
     system: str | None = None,
     tools: Sequence[Mapping[str, Any]] = (),
     messages: Sequence[Mapping[str, Any]] = (),
+    messages_tokens: int | None = None,
     context_summary: str | None = None,
     qa_summary: str | None = None,
     replayed: Sequence[QAPair] = (),
@@ -223,14 +224,19 @@ def build_answer_request(
     than inventing an assistant turn the main model never said. If the last message is an assistant turn
     with tool calls that have no result yet (snapshot taken mid-tool), the final user turn starts with a
     ``tool_result`` for each, saying the result is pending — a call is never left without its result.
+    ``messages_tokens`` is the estimate of ``messages`` when the caller has it (envelopes included).
     """
     out: list[dict[str, Any]] = []
     if context_summary is not None:
         out.append({"role": "user", "content": [_text_block(context_summary)]})
         if not messages or messages[0].get("role") != "assistant":
             out.append({"role": "assistant", "content": [_text_block(CONTEXT_SUMMARY_ACK)]})
+    summary_tokens = estimate_messages(out)
     out.extend(dict(m) for m in messages)
-    context_tokens = estimate_messages(out) - envelope_tokens(len(out))
+    # A prepared snapshot knows its messages' estimates already (``messages_tokens``, envelopes
+    # included): the same number, without encoding 1600 messages again.
+    kept_tokens = estimate_messages(messages) if messages_tokens is None else messages_tokens
+    context_tokens = summary_tokens + kept_tokens - envelope_tokens(len(out))
 
     instructions = ANSWER_INSTRUCTIONS if out else ANSWER_INSTRUCTIONS_NO_CONTEXT
     if context_time and out:

@@ -29,6 +29,8 @@ class StoredQASummary:
     first_ordinal: int
     covered_through_ordinal: int
     tokens: int
+    # Who made this version: a request, or a background job (SPEC §3 ``qa_summary.made_by``).
+    made_by: str = "request"
 
     def rendered(self) -> str:
         """The summary as prompt text (provenance header + body)."""
@@ -43,6 +45,7 @@ class StoredQASummary:
             "covered_through_ordinal": self.covered_through_ordinal,
             "tokens": self.tokens,
             "updated_at": self.provenance.created_at,
+            "made_by": self.made_by,
         }
 
     @classmethod
@@ -54,6 +57,7 @@ class StoredQASummary:
             first_ordinal=int(value["first_ordinal"]),
             covered_through_ordinal=int(value["covered_through_ordinal"]),
             tokens=int(value["tokens"]),
+            made_by=str(value.get("made_by") or "request"),
         )
 
 

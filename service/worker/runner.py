@@ -1,22 +1,22 @@
-"""The worker: slots, the claim loop, heartbeats, cancellation and the recovery sweep (SPEC §9).
+"""The worker: request slots and background-job slots, one heartbeat, one sweep (SPEC §6.6, §9).
 
-Any number of worker processes share one PostgreSQL; the global cap (``max_concurrency`` running
-requests across *all* of them) is enforced by the claim itself (:func:`service.store.queue.claim_next`),
-so each process simply tries to fill up to ``max_concurrency`` local slots and the database says no
-when the cluster is full. The loops:
+Any number of worker processes share one PostgreSQL; the global caps (``max_concurrency`` running
+requests, ``max_background_concurrency`` running background jobs, each across *all* processes) are
+enforced by the claims themselves (:mod:`service.store.queue`, :mod:`service.store.jobs`), so each
+process tries to fill its local slots and the database says no when the cluster is full. Background
+jobs never take a request slot: they have their own pool. The loops:
 
-- **claim** — woken by ``NOTIFY sidequest_queue`` (admission, a freed slot) with ``poll_s`` polling as
-  the fallback for lost notifications; claims until it has no free slot or nothing is eligible.
-- **heartbeat** — every ``min(heartbeat_s, 1 s)`` extends the leases of the requests it runs, in one
-  statement; a request no longer held (cancelled, cleared, taken over) has its task cancelled, so a
-  cancel whose NOTIFY was lost still stops the request within about a second.
-- **cancel** — ``NOTIFY sidequest_cancel`` with a request id cancels that task at once.
-- **sweep** — re-queues or fails (``worker_lost``) requests whose lease expired, and purges cleared
-  requests once their streams had time to read the final events.
-
-A cancelled task records its in-flight provider call as ``cancelled`` (the calling policy does that) and
-then, depending on why it was cancelled, writes ``cancelled`` (a no-op when the API already did), writes
-nothing (lost), or gives the request back to the queue (worker shutdown).
+- **claim** (one per pool) — woken at once, in-process, when a local task ends (the freed slot is
+  claimed again with no sleep or poll on that path), and by NOTIFY (``sidequest_queue`` /
+  ``sidequest_jobs``) for work admitted or freed elsewhere; ``poll_s`` polling is the fallback for
+  lost notifications. A pool whose slots are all busy does no database work on a NOTIFY, and one
+  whose last claim found the cluster at its cap ignores admissions until a slot frees somewhere.
+- **heartbeat** — every ``min(heartbeat_s, 1 s)`` extends the leases of everything this process runs
+  (requests and jobs) in one transaction; a task no longer held (cancelled, cleared, taken over) is
+  cancelled, so a cancel whose NOTIFY was lost still stops it within about a second.
+- **cancel** — ``NOTIFY sidequest_cancel`` with a request id (or ``job:<id>``) cancels that task.
+- **sweep** — re-queues or fails (``worker_lost``) requests and jobs whose lease expired, and purges
+  cleared requests once their streams had time to read the final events.
 """
 
 from __future__ import annotations
@@ -27,16 +27,18 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Awaitable, Callable
+from typing import Generic, Literal, Protocol, TypeVar
 
 from service.config import Settings
 from service.pipeline import PipelineDeps, run_request
+from service.pipeline.background import run_job
 from service.providers import build_provider
 from service.providers.base import Provider
-from service.store import queue
+from service.store import jobs, queue
+from service.store.admission import purge_cleared
 from service.store.db import Database
-from service.store.listener import CANCEL_CHANNEL, QUEUE_CHANNEL, Listener
+from service.store.listener import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, WORKER_CHANNELS, Listener
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +49,121 @@ PURGE_CLEARED_AFTER_S = 600.0
 # The liveness check never runs less often than this, whatever heartbeat_s says (cancel within ~1 s).
 MAX_CHECK_INTERVAL_S = 1.0
 
+class _Work(Protocol):
+    @property
+    def id(self) -> uuid.UUID: ...
+
+
+W = TypeVar("W", bound=_Work)
+
 
 def worker_id() -> str:
     """A lease owner name unique to this process: host, pid and a random suffix."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class SlotPool(Generic[W]):
+    """Local slots for one kind of work: claim while a slot is free, run, claim again at once.
+
+    ``claim`` returns the next unit of work or None (nothing eligible, or the cluster at its cap:
+    ``cluster_full`` tells which); ``run`` runs one to its end; ``settle`` handles a cancelled one.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        slots: int,
+        *,
+        claim: Callable[[], Awaitable[tuple[W | None, bool]]],
+        run: Callable[[W], Awaitable[None]],
+        settle: Callable[[W, CancelReason], Awaitable[None]],
+        poll_s: float,
+    ) -> None:
+        self.name = name
+        self.slots = slots
+        self._claim = claim
+        self._run = run
+        self._settle = settle
+        self._poll_s = poll_s
+        self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self._cancel_reasons: dict[uuid.UUID, CancelReason] = {}
+        self._wake = asyncio.Event()
+        self._cluster_full = False
+        self._stopping = False
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.tasks)
+
+    def wake(self, *, freed: bool) -> None:
+        """Work may be there: a slot freed somewhere (``freed``) or work was admitted / queued.
+
+        Costs no database work when every local slot is busy, nor for an admission while the last
+        claim found the whole cluster at its cap (only a freed slot can change that).
+        """
+        if self.free <= 0:
+            return
+        if self._cluster_full and not freed:
+            return
+        self._wake.set()
+
+    def cancel(self, work_id: uuid.UUID, reason: CancelReason) -> None:
+        task = self.tasks.get(work_id)
+        if task is None or task.done() or work_id in self._cancel_reasons:
+            # Cancel once only: a second cancel (NOTIFY and heartbeat both noticing) would interrupt
+            # the cancelled task while it records its in-flight call's usage.
+            return
+        self._cancel_reasons[work_id] = reason
+        task.cancel()
+
+    async def loop(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                while self.free > 0 and not self._stopping:
+                    work, cluster_full = await self._claim()
+                    self._cluster_full = cluster_full
+                    if work is None:
+                        break
+                    self._spawn(work)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s claim failed; retrying after the poll interval", self.name)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._poll_s)
+            if not self._wake.is_set():
+                self._cluster_full = False  # the poll fallback always tries again
+
+    def _spawn(self, work: W) -> None:
+        task = asyncio.create_task(self._guarded(work), name=f"sidequest-{self.name}-{work.id}")
+        self.tasks[work.id] = task
+
+    async def _guarded(self, work: W) -> None:
+        try:
+            await self._run(work)
+        except asyncio.CancelledError:
+            try:
+                await self._settle(work, self._cancel_reasons.get(work.id, "cancelled"))
+            except Exception:
+                log.exception("could not settle cancelled %s %s", self.name, work.id)
+        except Exception:
+            log.exception("%s %s crashed", self.name, work.id)
+        finally:
+            self.tasks.pop(work.id, None)
+            self._cancel_reasons.pop(work.id, None)
+            # Instant hand-off: the freed local slot is claimed again now, not at the next poll.
+            self._cluster_full = False
+            self._wake.set()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        for work_id in list(self.tasks):
+            self.cancel(work_id, "shutdown")
+        pending = list(self.tasks.values())
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
 
 class Worker:
@@ -69,19 +182,36 @@ class Worker:
         self.settings = settings
         self.db = db
         self.owner = owner or worker_id()
-        self.slots = settings.max_concurrency
         self._database_url = database_url or db.engine.url.render_as_string(hide_password=False)
         self._provider = provider
         self._own_provider = provider is None
-        self._tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
-        self._cancel_reasons: dict[uuid.UUID, CancelReason] = {}
-        self._wake = asyncio.Event()
-        self._stopping = False
+        self._deps: PipelineDeps | None = None
         self._loops: list[asyncio.Task[None]] = []
         # A shared listener (the API's, in `serve`) is started and stopped by its owner.
         self._own_listener = listener is None
-        self._listener = listener or Listener(self._database_url, channels=(QUEUE_CHANNEL, CANCEL_CHANNEL))
+        self._listener = listener or Listener(self._database_url, channels=WORKER_CHANNELS)
         self._unsubscribe: list[Callable[[], None]] = []
+        self.requests: SlotPool[queue.Claimed] = SlotPool(
+            "request",
+            settings.max_concurrency,
+            claim=self._claim_request,
+            run=self._run_request,
+            settle=self._settle_request,
+            poll_s=settings.poll_s,
+        )
+        self.jobs: SlotPool[jobs.ClaimedJob] = SlotPool(
+            "job",
+            settings.max_background_concurrency if settings.background_on else 0,
+            claim=self._claim_job,
+            run=self._run_job,
+            settle=self._settle_job,
+            poll_s=settings.poll_s,
+        )
+
+    @property
+    def slots(self) -> int:
+        """Request slots of this process."""
+        return self.requests.slots
 
     @property
     def listener(self) -> Listener:
@@ -91,39 +221,56 @@ class Worker:
     @property
     def running(self) -> set[uuid.UUID]:
         """Ids of the requests this process runs right now."""
-        return set(self._tasks)
+        return set(self.requests.tasks)
+
+    @property
+    def running_jobs(self) -> set[uuid.UUID]:
+        """Ids of the background jobs this process runs right now."""
+        return set(self.jobs.tasks)
+
+    def _deps_now(self) -> PipelineDeps:
+        assert self._deps is not None, "the worker is not started"
+        return self._deps
 
     async def start(self) -> None:
         """Connect the listener and start the loops; returns at once."""
         if self._provider is None:
             self._provider = build_provider(self.settings)
+        self._deps = PipelineDeps(
+            db=self.db, settings=self.settings, provider=self._provider, owner=self.owner
+        )
+        waiter = self._deps.waiter
         self._unsubscribe = [
-            self._listener.subscribe(QUEUE_CHANNEL, lambda _c, _p: self._wake.set()),
+            self._listener.subscribe(QUEUE_CHANNEL, self._on_queue_notify),
+            self._listener.subscribe(JOBS_CHANNEL, self._on_jobs_notify),
+            self._listener.subscribe(JOBS_CHANNEL, waiter.notify),
             self._listener.subscribe(CANCEL_CHANNEL, self._on_cancel_notify),
         ]
         if self._own_listener:
             await self._listener.start()
         self._loops = [
-            asyncio.create_task(self._claim_loop(), name="sidequest-claim"),
+            asyncio.create_task(self.requests.loop(), name="sidequest-claim"),
             asyncio.create_task(self._heartbeat_loop(), name="sidequest-heartbeat"),
             asyncio.create_task(self._sweep_loop(), name="sidequest-sweep"),
         ]
-        log.info("worker %s started with %d slots", self.owner, self.slots)
+        if self.jobs.slots > 0:
+            self._loops.append(asyncio.create_task(self.jobs.loop(), name="sidequest-claim-jobs"))
+        log.info(
+            "worker %s started with %d request slots and %d background slots",
+            self.owner,
+            self.requests.slots,
+            self.jobs.slots,
+        )
 
     async def stop(self) -> None:
         """Stop claiming, give running requests back to the queue, close everything."""
-        self._stopping = True
-        self._wake.set()
         for loop in self._loops:
             loop.cancel()
         for loop in self._loops:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await loop
-        for request_id in list(self._tasks):
-            self._cancel(request_id, "shutdown")
-        tasks = list(self._tasks.values())
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.requests.stop()
+        await self.jobs.stop()
         if self._own_listener:
             await self._listener.stop()
         for unsubscribe in self._unsubscribe:
@@ -132,105 +279,107 @@ class Worker:
             await self._provider.aclose()
         log.info("worker %s stopped", self.owner)
 
-    # ------------------------------------------------------------------ cancellation
+    # ------------------------------------------------------------------ notifications
+
+    def _on_queue_notify(self, _channel: str, payload: str) -> None:
+        # "freed:<session>" — a slot freed somewhere; a bare session id — a request was admitted;
+        # "" — the listener reconnected (anything may have been missed).
+        self.requests.wake(freed=payload.startswith("freed:") or not payload)
+
+    def _on_jobs_notify(self, _channel: str, payload: str) -> None:
+        self.jobs.wake(freed=payload != "queued")
 
     def _on_cancel_notify(self, _channel: str, payload: str) -> None:
         if not payload:
             return  # a reconnect wake-up: the heartbeat check catches anything missed
         with contextlib.suppress(ValueError):
-            self._cancel(uuid.UUID(payload), "cancelled")
+            if payload.startswith("job:"):
+                self.jobs.cancel(uuid.UUID(payload[4:]), "cancelled")
+            else:
+                self.requests.cancel(uuid.UUID(payload), "cancelled")
 
-    def _cancel(self, request_id: uuid.UUID, reason: CancelReason) -> None:
-        task = self._tasks.get(request_id)
-        if task is None or task.done() or request_id in self._cancel_reasons:
-            # Cancel once only: a second cancel (NOTIFY and heartbeat both noticing) would interrupt
-            # the cancelled task while it records its in-flight call's usage.
-            return
-        self._cancel_reasons[request_id] = reason
-        task.cancel()
+    # ------------------------------------------------------------------ requests
 
-    # ------------------------------------------------------------------ loops
+    async def _claim_request(self) -> tuple[queue.Claimed | None, bool]:
+        async with self.db.sessions() as session:
+            return await queue.try_claim(
+                session,
+                owner=self.owner,
+                lease_s=self.settings.lease_s,
+                max_running=self.settings.max_concurrency,
+            )
 
-    async def _claim_loop(self) -> None:
-        while not self._stopping:
-            self._wake.clear()
-            try:
-                while len(self._tasks) < self.slots and not self._stopping:
-                    async with self.db.sessions() as session:
-                        claimed = await queue.claim_next(
-                            session,
-                            owner=self.owner,
-                            lease_s=self.settings.lease_s,
-                            max_running=self.settings.max_concurrency,
-                        )
-                    if claimed is None:
-                        break
-                    self._spawn(claimed)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("claim failed; retrying after the poll interval")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_s)
+    async def _run_request(self, claimed: queue.Claimed) -> None:
+        outcome = await run_request(self._deps_now(), claimed)
+        log.info("request %s ended: %s", claimed.id, outcome.status)
 
-    def _spawn(self, claimed: queue.Claimed) -> None:
-        task = asyncio.create_task(self._run(claimed), name=f"sidequest-request-{claimed.id}")
-        self._tasks[claimed.id] = task
+    async def _settle_request(self, claimed: queue.Claimed, reason: CancelReason) -> None:
+        async with self.db.sessions() as session:
+            if reason == "shutdown":
+                await queue.release(session, claimed.id, self.owner)
+            elif reason == "cancelled":
+                # Normally the API wrote the terminal state already and this is a no-op.
+                await queue.finish_failed(
+                    session,
+                    claimed.id,
+                    self.owner,
+                    code="cancelled",
+                    message="the request was cancelled",
+                    status="cancelled",
+                )
 
-    async def _run(self, claimed: queue.Claimed) -> None:
-        assert self._provider is not None
-        deps = PipelineDeps(db=self.db, settings=self.settings, provider=self._provider, owner=self.owner)
-        try:
-            outcome = await run_request(deps, claimed)
-            log.info("request %s ended: %s", claimed.id, outcome.status)
-        except asyncio.CancelledError:
-            await self._after_cancel(claimed)
-        except Exception:
-            log.exception("request %s crashed", claimed.id)
-        finally:
-            self._tasks.pop(claimed.id, None)
-            self._cancel_reasons.pop(claimed.id, None)
-            self._wake.set()  # a local slot is free
+    # ------------------------------------------------------------------ background jobs
 
-    async def _after_cancel(self, claimed: queue.Claimed) -> None:
-        reason = self._cancel_reasons.get(claimed.id, "cancelled")
-        try:
-            async with self.db.sessions() as session:
-                if reason == "shutdown":
-                    await queue.release(session, claimed.id, self.owner)
-                elif reason == "cancelled":
-                    # Normally the API wrote the terminal state already and this is a no-op.
-                    await queue.finish_failed(
-                        session,
-                        claimed.id,
-                        self.owner,
-                        code="cancelled",
-                        message="the request was cancelled",
-                        status="cancelled",
-                    )
-        except Exception:
-            log.exception("could not settle cancelled request %s", claimed.id)
+    async def _claim_job(self) -> tuple[jobs.ClaimedJob | None, bool]:
+        async with self.db.sessions() as session:
+            job = await jobs.claim_job(
+                session,
+                owner=self.owner,
+                lease_s=self.settings.lease_s,
+                max_running=self.settings.max_background_concurrency,
+            )
+        return job, False
+
+    async def _run_job(self, job: jobs.ClaimedJob) -> None:
+        outcome = await run_job(self._deps_now(), job)
+        log.info("background job %s (%s) ended: %s", job.id, job.kind, outcome.status)
+
+    async def _settle_job(self, job: jobs.ClaimedJob, reason: CancelReason) -> None:
+        # A shutdown gives the job back (attempt not counted); a clear already ended it.
+        async with self.db.sessions() as session, session.begin():
+            if reason == "shutdown":
+                await jobs.release_job(session, job.id, self.owner)
+
+    # ------------------------------------------------------------------ liveness
 
     async def _heartbeat_loop(self) -> None:
         interval = min(self.settings.heartbeat_s, MAX_CHECK_INTERVAL_S)
         while True:
             await asyncio.sleep(interval)
-            ids = list(self._tasks)
-            if not ids:
+            request_ids = list(self.requests.tasks)
+            job_ids = list(self.jobs.tasks)
+            if not request_ids and not job_ids:
                 continue
             try:
                 async with self.db.sessions() as session:
                     held = await queue.heartbeat(
-                        session, owner=self.owner, request_ids=ids, lease_s=self.settings.lease_s
+                        session,
+                        owner=self.owner,
+                        request_ids=request_ids,
+                        job_ids=job_ids,
+                        lease_s=self.settings.lease_s,
                     )
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("heartbeat failed")
                 continue
-            for request_id in ids:
-                if request_id not in held:
-                    self._cancel(request_id, "lost")
+            for request_id in request_ids:
+                if request_id not in held.requests:
+                    self.requests.cancel(request_id, "lost")
+            for job_id in job_ids:
+                if job_id not in held.jobs:
+                    self.jobs.cancel(job_id, "lost")
 
     async def _sweep_loop(self) -> None:
         interval = max(self.settings.poll_s, min(self.settings.lease_s / 2, 10.0))
@@ -238,22 +387,20 @@ class Worker:
             try:
                 async with self.db.sessions() as session:
                     result = await queue.sweep_expired(session)
-                if result.requeued or result.failed:
+                if result.requeued or result.failed or result.jobs_requeued or result.jobs_failed:
                     log.warning(
-                        "recovered expired leases: re-queued %s, failed %s", result.requeued, result.failed
+                        "recovered expired leases: re-queued %s, failed %s; jobs re-queued %s, failed %s",
+                        result.requeued,
+                        result.failed,
+                        result.jobs_requeued,
+                        result.jobs_failed,
                     )
-                    self._wake.set()
-                await self._purge_cleared()
+                    self.requests.wake(freed=True)
+                    self.jobs.wake(freed=True)
+                async with self.db.sessions() as session, session.begin():
+                    await purge_cleared(session, PURGE_CLEARED_AFTER_S)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("recovery sweep failed")
             await asyncio.sleep(interval)
-
-    async def _purge_cleared(self) -> None:
-        try:
-            from service.store.admission import purge_cleared
-        except ImportError:  # the API's store module is optional for a bare worker
-            return
-        async with self.db.sessions() as session, session.begin():
-            await purge_cleared(session, PURGE_CLEARED_AFTER_S)

@@ -67,6 +67,8 @@ async def test_replay_window_of_19_20_21_50_groups(
             "covered_through_ordinal": first - 1,
             "updated": True,
             "calls": folded_calls,
+            "made_by": "request",
+            "waited_ms": 0,
         }
         assert info["summary_calls"] == folded_calls
         assert "Summary of earlier side questions" in json.dumps(answer_body)

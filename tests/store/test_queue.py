@@ -119,15 +119,19 @@ async def test_heartbeat_extends_lease_and_reports_lost_requests(db: Database) -
     assert claimed is not None
     async with db.sessions() as session:
         held = await queue.heartbeat(session, owner="w1", request_ids=[claimed.id], lease_s=60.0)
-        assert held == {claimed.id}
-        assert await queue.heartbeat(session, owner="other", request_ids=[claimed.id], lease_s=60.0) == set()
+        assert held.requests == {claimed.id}
+        assert (
+            await queue.heartbeat(session, owner="other", request_ids=[claimed.id], lease_s=60.0)
+        ).requests == set()
         expires = await session.scalar(
             text("SELECT lease_expires_at - now() > interval '50 seconds' FROM side_question_requests")
         )
         assert expires is True
     await clear(db, "parent-1")
     async with db.sessions() as session:
-        assert await queue.heartbeat(session, owner="w1", request_ids=[claimed.id], lease_s=60.0) == set()
+        assert (
+            await queue.heartbeat(session, owner="w1", request_ids=[claimed.id], lease_s=60.0)
+        ).requests == set()
 
 
 async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) -> None:

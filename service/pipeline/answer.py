@@ -1,0 +1,204 @@
+"""Stage ``answering`` (SPEC §7): the answer request's layout, the one streaming call, the overflow
+retry, and the success write with its follow-up background jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from service.budget import QAItem, pressure, prompt_drift
+from service.context_info import EstimateInfo
+from service.pipeline.compaction import ContextPlan, snapshot_job_key
+from service.pipeline.deltas import DeltaCoalescer
+from service.pipeline.failures import PipelineFailure, RequestLost
+from service.pipeline.history import HistoryPlan, next_fold, qa_group_tokens
+from service.pipeline.prepare import Prepared
+from service.pipeline.runtime import RequestRuntime, cancelled
+from service.providers.base import ContextOverflow, ProviderCall
+from service.providers.calling import CallResult, run_call
+from service.store import queue
+from service.summary.material import QAPair
+from service.summary.prompts import AnswerRequest, build_answer_request
+
+
+def build_answer(
+    prepared: Prepared,
+    history: HistoryPlan,
+    context: ContextPlan,
+    *,
+    summary_text: str | None = None,
+    kept: Sequence[dict[str, Any]] | None = None,
+    kept_tokens: int | None = None,
+) -> AnswerRequest:
+    """The answer request for these stage outputs (``summary_text``/``kept`` override the context plan,
+    to ask "would this fit?" without committing to it)."""
+    snap = prepared.snapshot
+    if kept is None:
+        kept = context.kept_messages(snap)
+        kept_tokens = context.kept_tokens(snap)
+        summary_text = context.summary.rendered() if context.summary is not None else None
+    return build_answer_request(
+        question=prepared.claimed.question,
+        system=snap.snapshot.system if snap else None,
+        tools=snap.snapshot.tools if snap else (),
+        messages=kept,
+        messages_tokens=kept_tokens,
+        context_summary=summary_text,
+        qa_summary=history.qa.rendered() if history.qa else None,
+        replayed=history.replayed,
+        context_time=prepared.context_time,
+    )
+
+
+def fits_budget(rt: RequestRuntime, prepared: Prepared, total: int) -> bool:
+    """THE fit decision (SPEC §5, §6.2): does a request of this estimate fit the input budget?"""
+    return total <= prepared.input_budget
+
+
+def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None:
+    """Record the answer request's estimate and pressure in context_info."""
+    rt.info.estimate = EstimateInfo(**answer.estimate.as_dict())
+    rt.info.pressure = pressure(answer.estimate.total, prepared.input_budget)  # type: ignore[assignment]
+
+
+Shrink = Callable[[AnswerRequest], Awaitable[AnswerRequest | None]]
+
+
+async def answer(
+    rt: RequestRuntime,
+    prepared: Prepared,
+    history: HistoryPlan,
+    context: ContextPlan,
+    request: AnswerRequest,
+    shrink: Shrink,
+) -> dict[str, Any]:
+    """Stream the answer; on a first-reply overflow shrink once and retry; write the success."""
+    deltas = DeltaCoalescer(rt.emit_delta)
+    rt.recorder.before_usage = deltas.flush
+    try:
+        try:
+            result = await _call(rt, prepared, request, deltas)
+        except ContextOverflow as exc:
+            if deltas.streamed_chars or rt.info.overflow_retries:
+                raise
+            await rt.progress({"what": "overflow_retry", "estimate_before": request.estimate.total})
+            shrunk = await shrink(request)
+            if shrunk is None:
+                raise PipelineFailure(
+                    "context_overflow",
+                    "the prompt does not fit the window and cannot be made smaller: " + exc.message,
+                    {
+                        "status": exc.status,
+                        "message": exc.message,
+                        "estimate": request.estimate.total,
+                        "input_budget": prepared.input_budget,
+                    },
+                ) from exc
+            rt.info.overflow_retries = 1
+            meter(rt, prepared, shrunk)
+            await rt.save_info()
+            await rt.progress({"what": "overflow_retry", "estimate_after": shrunk.estimate.total, "retry": 1})
+            request = shrunk
+            result = await _call(rt, prepared, request, deltas)
+    except BaseException:
+        await deltas.abort() if cancelled() else await deltas.close()
+        raise
+    finally:
+        rt.recorder.before_usage = None
+    await deltas.close()
+    return await _finish(rt, prepared, history, context, request, result)
+
+
+async def _call(
+    rt: RequestRuntime, prepared: Prepared, request: AnswerRequest, deltas: DeltaCoalescer
+) -> CallResult:
+    call = ProviderCall(
+        model=prepared.models.answer,
+        messages=request.messages,
+        max_output_tokens=prepared.plan.max_output_tokens,
+        purpose="answer",
+        request_id=rt.request_id,
+        system=request.system,
+        tools=request.tools,
+    )
+    return await run_call(
+        rt.deps.provider,
+        call,
+        recorder=rt.recorder,
+        deadline=rt.deadline,
+        on_text=deltas.add,
+        clock=rt.deps.clock,
+    )
+
+
+def follow_ups(
+    rt: RequestRuntime, prepared: Prepared, history: HistoryPlan, context: ContextPlan, own: QAItem
+) -> tuple[queue.FollowUp, ...]:
+    """Background jobs this success makes worthwhile (SPEC §6.6), when background summaries are on."""
+    if not rt.deps.settings.background_on:
+        return ()
+    jobs: list[queue.FollowUp] = []
+    fold = next_fold(history, own, prepared.input_budget)
+    if fold is not None:
+        jobs.append(
+            queue.FollowUp(
+                "qa_fold", fold.key, {"through_ordinal": fold.through, "ordinals": list(fold.ordinals)}
+            )
+        )
+    snapshot_id = prepared.claimed.snapshot_id
+    if context.extend_later and snapshot_id is not None:
+        jobs.append(
+            queue.FollowUp("context_summary", snapshot_job_key(snapshot_id), {"snapshot_id": snapshot_id})
+        )
+    return tuple(jobs)
+
+
+async def _finish(
+    rt: RequestRuntime,
+    prepared: Prepared,
+    history: HistoryPlan,
+    context: ContextPlan,
+    request: AnswerRequest,
+    result: CallResult,
+) -> dict[str, Any]:
+    prompt_tokens = result.usage.input_tokens if result.usage.reported else None
+    rt.info.provider_prompt_tokens = prompt_tokens
+    rt.info.drift = prompt_drift(request.estimate.total, prompt_tokens)
+    if result.tool_calls or result.stop_reason == "tool_calls":
+        name = result.tool_calls[0].name if result.tool_calls else None
+        raise PipelineFailure(
+            "answer_tool_call",
+            f"the model tried to call a tool ({name or 'unnamed'}) although side answers have none",
+            {"tool": name, "stop_reason": result.stop_reason},
+        )
+    truncated = result.stop_reason == "length" or result.raw_stop_reason in ("length", "max_tokens")
+    if not result.text and not truncated:
+        raise PipelineFailure(
+            "provider_error",
+            "the model returned an empty answer",
+            {"status": None, "message": "empty answer", "stop_reason": result.stop_reason},
+        )
+    claimed = rt.claimed
+    own = QAItem(
+        claimed.ordinal,
+        qa_group_tokens(QAPair(claimed.ordinal, claimed.question, result.text, claimed.created_at)),
+    )
+    async with rt.db.sessions() as session:
+        record = await queue.finish_succeeded(
+            session,
+            claimed.id,
+            rt.owner,
+            answer=result.text,
+            truncated=truncated,
+            stop_reason=result.stop_reason,
+            model=prepared.models.answer,
+            context_info=rt.info.to_json(),
+            qa_tokens=own.tokens,
+            follow_ups=follow_ups(rt, prepared, history, context, own),
+        )
+    if record is None:
+        raise RequestLost()
+    return record
+
+
+__all__ = ["answer", "build_answer", "fits_budget", "follow_ups", "meter"]

@@ -1,0 +1,235 @@
+"""Background summary jobs (SPEC §6.6): the same summaries as a request's stages, made before anyone asks.
+
+A job runs on its own slot with its own deadline (``SIDEQUEST_BACKGROUND_TIMEOUT_S``) and call cap
+(``SIDEQUEST_MAX_SUMMARY_CALLS``); its calls carry ``X-Sidequest-Job-Id`` and its usage is the job's
+(the session's ``background.usage``), never a request's. It writes memory only while it is running
+and the session's ``clear_version`` is still its own (§6.5), and it ends in exactly one of
+succeeded / failed / cancelled through :func:`service.store.jobs.finish_job`. A job's failure never
+fails a request: a waiting request makes the summary itself.
+
+- ``qa_fold``: fold the session's uncovered Q&A up to ``through_ordinal`` into the rolling summary.
+- ``context_summary``: summarise the snapshot ``snapshot_id`` as a question on it would compact it
+  (the 8000-token recent tail kept), reusing the longest cached prefix. It was queued before its
+  summary's cache key was known (``snapshot:<id>``); it takes that key when it starts, so a request
+  (or job) for the same content under another snapshot id waits for it instead of repeating it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any, Literal
+
+from service.budget import CutRefusal, plan_cut
+from service.pipeline.failures import error_object
+from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers
+from service.pipeline.runtime import PipelineDeps
+from service.providers.base import CallUsage
+from service.store import jobs, ledger, memory
+from service.store.events import utc_iso
+from service.store.history import iter_history, load_prepared_snapshot
+from service.store.sessions import job_session_inputs
+from service.summary.context import compact_context
+from service.summary.material import QAPair
+from service.summary.policy import SummaryCallBudget, SummaryRunner
+from service.summary.prompts import PROMPT_VERSION
+from service.summary.rolling import fold_qa
+
+log = logging.getLogger(__name__)
+
+
+class JobRecorder:
+    """Persists each call of a job the moment it ends (the job's usage; no request stream to tell)."""
+
+    def __init__(self, deps: PipelineDeps, job_id: Any) -> None:
+        self._deps = deps
+        self._job_id = job_id
+
+    async def record_call(
+        self,
+        *,
+        purpose: str,
+        model: str,
+        status: Literal["ok", "failed", "cancelled"],
+        usage: CallUsage,
+        latency_ms: int = 0,
+    ) -> None:
+        entry = ledger.CallEntry(
+            purpose=purpose,
+            model=model,
+            status=status,
+            reported=usage.reported,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            cached_tokens=usage.cached_tokens,
+            latency_ms=latency_ms,
+        )
+        async with self._deps.db.sessions() as session:
+            await ledger.append_call(session, self._job_id, entry, job=True)
+
+
+@dataclasses.dataclass
+class JobOutcome:
+    """How a job ended for this worker."""
+
+    status: str
+    calls: int = 0
+    covered: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class _JobLost(Exception):
+    """The job is no longer this worker's (cancelled by a clear, or swept): stop, write nothing."""
+
+
+async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
+    """Run one claimed background job to its end (cancellation propagates to the caller)."""
+    timeout = deps.settings.background_timeout_s
+    deadline = deps.clock() + timeout
+    budget = SummaryCallBudget(deps.settings.max_summary_calls)
+    try:
+        async with deps.db.sessions() as session:
+            inputs = await job_session_inputs(session, job.session_id)
+        if inputs is None or inputs.clear_version != job.clear_version:
+            return await _end(deps, job, JobOutcome("cancelled", error=_gone()))
+        models = choose_models(deps.settings, inputs.settings, None, deps.provider.default_model)
+
+        def runner(window: int, margin: int) -> SummaryRunner:
+            return SummaryRunner(
+                provider=deps.provider,
+                model=models.summary,
+                request_id=str(job.id),
+                recorder=JobRecorder(deps, job.id),
+                deadline=deadline,
+                budget=budget,
+                window=window,
+                safety_margin=margin,
+                job_id=str(job.id),
+                clock=deps.clock,
+            )
+
+        async with asyncio.timeout(timeout + 1.0):  # the calls' own deadline should always win
+            if job.kind == "qa_fold":
+                outcome = await _qa_fold(deps, job, inputs, runner)
+            else:
+                outcome = await _context_summary(deps, job, inputs, runner, models.summary)
+        outcome.calls = budget.calls_made
+        return await _end(deps, job, outcome)
+    except _JobLost:
+        return JobOutcome("lost", calls=budget.calls_made)
+    except Exception as exc:
+        if isinstance(exc, TimeoutError):
+            error = {
+                "code": "timeout",
+                "message": f"the background job did not finish within its {timeout:g}s deadline",
+                "detail": {"timeout_s": timeout, "stage": job.kind},
+            }
+        else:
+            error = error_object(exc, stage=job.kind, timeout_s=timeout)
+        log.info("background job %s (%s) failed: %s", job.id, job.kind, error["code"])
+        return await _end(deps, job, JobOutcome("failed", calls=budget.calls_made, error=error))
+
+
+def _gone() -> dict[str, Any]:
+    return {"code": "cancelled", "message": "the session was cleared", "detail": {}}
+
+
+async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) -> JobOutcome:
+    status: Literal["succeeded", "failed", "cancelled"]
+    status = outcome.status if outcome.status in ("succeeded", "failed", "cancelled") else "failed"  # type: ignore[assignment]
+    async with deps.db.sessions() as session:
+        written = await jobs.finish_job_committed(
+            session,
+            job.id,
+            deps.owner,
+            status=status,
+            calls=outcome.calls,
+            covered=outcome.covered,
+            error=outcome.error,
+        )
+    return outcome if written else JobOutcome("lost", calls=outcome.calls)
+
+
+async def _save(deps: PipelineDeps, job: jobs.ClaimedJob, **summary: dict[str, Any]) -> None:
+    async with deps.db.sessions() as session:
+        if not await memory.save_memory(session, job.id, owner=deps.owner, job=True, **summary):
+            raise _JobLost()
+
+
+async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner: Any) -> JobOutcome:
+    through = int(job.params.get("through_ordinal") or 0)
+    qa = parse_qa_summary(inputs.memory.get("qa_summary"))
+    covered = qa.covered_through_ordinal if qa else 0
+    if through <= covered:
+        return JobOutcome(
+            "succeeded", covered={"covered_through_ordinal": covered, "reason": "already_covered"}
+        )
+    pairs: list[QAPair] = []
+    async for batch in iter_history(
+        deps.db.sessions,
+        job.session_id,
+        before_ordinal=through + 1,
+        after_ordinal=covered,
+        clear_version=job.clear_version,
+    ):
+        pairs.extend(QAPair(r.ordinal, r.question, r.answer, utc_iso(r.created_at)) for r in batch)
+    if not pairs:
+        return JobOutcome(
+            "succeeded", covered={"covered_through_ordinal": covered, "reason": "nothing_to_fold"}
+        )
+    plan = plan_numbers(deps.settings, inputs.settings, {}, None)
+    batches = [pairs[i : i + 20] for i in range(0, len(pairs), 20)]
+    folded = await fold_qa(runner(plan.window, plan.safety_margin), qa, batches, None)
+    assert folded is not None
+    folded = dataclasses.replace(folded, made_by="background")
+    await _save(deps, job, qa_summary=folded.to_json())
+    return JobOutcome("succeeded", covered={"covered_through_ordinal": folded.covered_through_ordinal})
+
+
+async def _context_summary(
+    deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner: Any, model: str
+) -> JobOutcome:
+    snapshot_id = str(job.params.get("snapshot_id") or "")
+    async with deps.db.sessions() as session:
+        snapshot = await load_prepared_snapshot(session, job.session_id, snapshot_id)
+    if snapshot is None:
+        return JobOutcome(
+            "failed", error={"code": "snapshot_missing", "message": "snapshot gone", "detail": {}}
+        )
+    cut = plan_cut(snapshot.groups)
+    if isinstance(cut, CutRefusal):
+        return JobOutcome("succeeded", covered={"covered_messages": 0, "reason": cut.reason})
+    until = cut.summarize_until
+    key = snapshot.cache_key(until, model, PROMPT_VERSION)
+    cache = parse_cache(inputs.memory.get("context_summaries") or [])
+    if any(entry.key == key for entry in cache):
+        return JobOutcome("succeeded", covered={"covered_messages": until, "reason": "cached"})
+    async with deps.db.sessions() as session:
+        if not await jobs.take_key(session, job.id, key):
+            # A request (or a job for the same content under another id) is making it right now.
+            return JobOutcome("succeeded", covered={"covered_messages": until, "reason": "made_elsewhere"})
+    plan = plan_numbers(deps.settings, inputs.settings, {}, snapshot)
+    started = time.monotonic()
+    result = await compact_context(
+        runner(plan.window, plan.safety_margin),
+        snapshot_id,
+        snapshot.messages,
+        cut,
+        cache,
+        snapshot.taken_at,
+        groups=snapshot.groups,
+        digests=snapshot.digests,
+    )
+    if result.new_entry is not None:
+        entry = dataclasses.replace(result.new_entry, made_by="background")
+        await _save(deps, job, context_summary=entry.to_json())
+    log.info("background context summary for %s took %.1fs", snapshot_id, time.monotonic() - started)
+    return JobOutcome(
+        "succeeded", covered={"covered_messages": until, "cache": result.cache, "chunks": result.chunks}
+    )
+
+
+__all__ = ["JobOutcome", "run_job"]

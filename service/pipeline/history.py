@@ -1,0 +1,257 @@
+"""Stage ``organizing_history`` (SPEC §6.1, §6.6): replay window, rolling summary, background folds.
+
+Split in two so that a needed fold can run *while* the context is compacted (issue 11):
+
+- :func:`plan_history` — wait for a background ``qa_fold`` of the session that is queued or running
+  (its result is what this request needs), load the earlier Q&A after the summary's coverage (the
+  stored per-request estimates, never re-encoding the history), and choose the replay window;
+- :func:`fold_history` — fold what left the window into the rolling summary, registered for single
+  flight, and save it (guarded, SPEC §6.5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from service.budget import QAItem, ReplayPlan, estimate_text, select_replay
+from service.pipeline.failures import RequestLost
+from service.pipeline.prepare import Prepared, parse_qa_summary
+from service.pipeline.runtime import RequestRuntime
+from service.pipeline.waiting import registered, wait_for_job
+from service.store import jobs, memory
+from service.store.events import utc_iso
+from service.store.history import iter_history
+from service.summary.material import QAPair, render_qa_pair
+from service.summary.policy import SummaryRunner
+from service.summary.rolling import StoredQASummary, fold_qa
+
+
+def qa_group_tokens(pair: QAPair) -> int:
+    """The SPEC §5 estimate of one Q&A group as it is replayed (stored with the request on success)."""
+    return estimate_text(render_qa_pair(pair))
+
+
+def fold_key(ordinals: Sequence[int]) -> str:
+    """The single-flight key of a fold: the ordinal range it folds."""
+    return f"{ordinals[0]}-{ordinals[-1]}"
+
+
+@dataclass
+class HistoryPlan:
+    """What ``organizing_history`` found: the summary, the uncovered Q&A and the replay window."""
+
+    qa: StoredQASummary | None
+    pairs: dict[int, QAPair]
+    items: list[QAItem]
+    replay: ReplayPlan
+    waited_ms: int = 0
+    waited_for_job: bool = False
+    folded: bool = False
+    calls: int = 0
+
+    @property
+    def replayed(self) -> list[QAPair]:
+        """The replayed Q&A pairs, oldest first."""
+        return [self.pairs[o] for o in self.replay.replay]
+
+    @property
+    def fold_batches(self) -> list[list[QAPair]]:
+        """What must be folded into the summary before answering, in ascending batches."""
+        return [[self.pairs[o] for o in batch] for batch in self.replay.fold_batches]
+
+
+async def _reload_qa(rt: RequestRuntime) -> StoredQASummary | None:
+    async with rt.db.sessions() as session:
+        mem = await memory.load_memory(session, rt.claimed.session_id)
+    return parse_qa_summary(mem.get("qa_summary"))
+
+
+async def _wait_for_background_folds(rt: RequestRuntime) -> int | None:
+    """Wait for the session's active background folds; the total wait in ms, None if there was none."""
+    waited: int | None = None
+    async with rt.db.sessions() as session:
+        active = await jobs.active_jobs(session, rt.claimed.session_id, "qa_fold")
+    for job in active:
+        await rt.progress(
+            {"what": "waiting_for_background", "job_id": str(job.id), "kind": job.kind, "key": job.key}
+        )
+        _state, ms = await wait_for_job(
+            rt.db, rt.deps.waiter, job.id, remaining_s=rt.remaining_s, clock=rt.deps.clock
+        )
+        waited = (waited or 0) + ms
+    return waited
+
+
+async def _load_items(rt: RequestRuntime, covered: int | None) -> tuple[dict[int, QAPair], list[QAItem]]:
+    pairs: dict[int, QAPair] = {}
+    items: list[QAItem] = []
+    async for batch in iter_history(
+        rt.db.sessions,
+        rt.claimed.session_id,
+        before_ordinal=rt.claimed.ordinal,
+        after_ordinal=covered or 0,
+        clear_version=rt.claimed.clear_version,
+    ):
+        for row in batch:
+            pair = QAPair(row.ordinal, row.question, row.answer, utc_iso(row.created_at))
+            pairs[row.ordinal] = pair
+            tokens = row.qa_tokens if row.qa_tokens is not None else qa_group_tokens(pair)
+            items.append(QAItem(row.ordinal, tokens))
+    return pairs, items
+
+
+async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
+    """Wait for background folds (if any), load the uncovered history and choose the replay window."""
+    qa = prepared.qa
+    waited: int | None = None
+    if rt.deps.settings.background_on:
+        waited = await _wait_for_background_folds(rt)
+        if waited is not None:
+            qa = await _reload_qa(rt)
+    covered = qa.covered_through_ordinal if qa else None
+    pairs, items = await _load_items(rt, covered)
+    replay = select_replay(items, covered, prepared.input_budget)
+    plan = HistoryPlan(
+        qa=qa,
+        pairs=pairs,
+        items=items,
+        replay=replay,
+        waited_ms=waited or 0,
+        waited_for_job=waited is not None,
+    )
+    first_last = replay.replayed_ordinals
+    rt.info.replayed_groups = len(replay.replay)
+    rt.info.replayed_ordinals = list(first_last) if first_last else None
+    await rt.progress(
+        {
+            "what": "replay",
+            "replayed_groups": len(replay.replay),
+            "replayed_ordinals": rt.info.replayed_ordinals,
+            "folded_groups": len(replay.fold),
+        }
+    )
+    update_qa_info(rt, plan)
+    return plan
+
+
+async def fold_history(
+    rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runner: SummaryRunner
+) -> HistoryPlan:
+    """Fold ``plan``'s fold batches into the rolling summary (a no-op when there is nothing to fold).
+
+    Registered for single flight; if a background fold holds the range (queued meanwhile), wait for
+    it, use what it made and fold only the rest — once: a second refusal folds unregistered rather
+    than wait again.
+    """
+    for attempt in range(2):
+        batches = plan.fold_batches
+        if not batches:
+            return plan
+        ordinals = [pair.ordinal for batch in batches for pair in batch]
+        async with registered(
+            rt.db,
+            rt.claimed.session_id,
+            kind="qa_fold",
+            key=fold_key(ordinals),
+            request_id=rt.claimed.id,
+            owner=rt.owner,
+            clear_version=rt.claimed.clear_version,
+            lease_s=rt.remaining_s() + 30.0,
+        ) as mine:
+            if mine or attempt == 1:
+                await _fold(rt, prepared, plan, runner)
+                return plan
+        waited = await _wait_for_background_folds(rt) or 0
+        plan = await _replan(rt, prepared, plan, waited)
+    return plan
+
+
+async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runner: SummaryRunner) -> None:
+    before = runner.attempts_made
+    try:
+        folded = await fold_qa(runner, plan.qa, plan.fold_batches, prepared.context_time)
+    finally:
+        plan.calls += runner.attempts_made - before
+        rt.sync_calls()
+    if folded is not None and folded is not plan.qa:
+        async with rt.db.sessions() as session:
+            if not await memory.save_memory(
+                session, rt.claimed.id, owner=rt.owner, qa_summary=folded.to_json()
+            ):
+                raise RequestLost()
+        plan.qa = folded
+        plan.folded = True
+    plan.replay = dataclasses.replace(plan.replay, fold=(), fold_batches=())
+    update_qa_info(rt, plan)
+
+
+async def _replan(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, waited_ms: int) -> HistoryPlan:
+    """Re-plan after a background fold that took the range: use what it made, fold the rest."""
+    qa = await _reload_qa(rt)
+    covered = qa.covered_through_ordinal if qa else None
+    pairs, items = await _load_items(rt, covered)
+    replan = HistoryPlan(
+        qa=qa,
+        pairs=pairs,
+        items=items,
+        replay=select_replay(items, covered, prepared.input_budget),
+        waited_ms=plan.waited_ms + waited_ms,
+        waited_for_job=True,
+        calls=plan.calls,
+    )
+    update_qa_info(rt, replan)
+    return replan
+
+
+def update_qa_info(rt: RequestRuntime, plan: HistoryPlan) -> None:
+    """Mirror the history plan into ``context_info.qa_summary`` (SPEC §3)."""
+    info = rt.info.qa_summary
+    assert info is not None
+    info.used = plan.qa is not None
+    info.covered_through_ordinal = plan.qa.covered_through_ordinal if plan.qa else None
+    info.updated = plan.folded
+    info.calls = plan.calls
+    info.waited_ms = plan.waited_ms
+    if plan.qa is None:
+        info.made_by = None
+    elif plan.folded:
+        info.made_by = "request"
+    else:
+        info.made_by = "background" if plan.qa.made_by == "background" else "request"
+    rt.info.replayed_groups = len(plan.replay.replay)
+    first_last = plan.replay.replayed_ordinals
+    rt.info.replayed_ordinals = list(first_last) if first_last else None
+    rt.sync_calls()
+
+
+@dataclass(frozen=True)
+class NextFold:
+    """The background fold to queue after this request succeeds (SPEC §6.6 "after an answer")."""
+
+    key: str
+    through: int
+    ordinals: tuple[int, ...] = field(default=())
+
+
+def next_fold(plan: HistoryPlan, own: QAItem, input_budget: int) -> NextFold | None:
+    """Would the next question have to fold? Then which groups (they leave its replay window)."""
+    covered = plan.qa.covered_through_ordinal if plan.qa else None
+    items = [item for item in plan.items if item.ordinal in set(plan.replay.replay)] + [own]
+    nxt = select_replay(items, covered, input_budget)
+    if not nxt.fold:
+        return None
+    return NextFold(key=fold_key(nxt.fold), through=nxt.fold[-1], ordinals=nxt.fold)
+
+
+__all__ = [
+    "HistoryPlan",
+    "NextFold",
+    "fold_history",
+    "fold_key",
+    "next_fold",
+    "plan_history",
+    "qa_group_tokens",
+    "update_qa_info",
+]

@@ -1,0 +1,168 @@
+"""Stage ``preparing``: from a claimed request to everything the later stages need (SPEC §5, §11.2).
+
+The claim already read the request, the session's memory and its settings (one round trip); this
+stage adds the snapshot *as prepared when it was stored* (no re-normalising, re-estimating or
+re-hashing) and resolves the numbers and models of SPEC §5 / §11.2:
+
+- window: request → session settings → snapshot → ``SIDEQUEST_CONTEXT_WINDOW`` → 200000;
+- side output cap: ``min(request or session settings or SIDEQUEST_MAX_OUTPUT_TOKENS, main cap)``;
+- answer model: request → settings ``answer_model`` → ``SIDEQUEST_MODEL`` → the provider's default;
+- summary model: settings ``summary_model`` → ``SIDEQUEST_SUMMARY_MODEL`` → the request's answer model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from service.budget import WindowPlan, plan_window, resolve_output_cap, resolve_window
+from service.budget.prepared import PreparedSnapshot
+from service.config import Settings
+from service.pipeline.failures import PipelineFailure
+from service.pipeline.runtime import RequestRuntime
+from service.store import queue
+from service.store.history import load_prepared_snapshot
+from service.summary.context import CachedContextSummary
+from service.summary.rolling import StoredQASummary
+
+
+def positive_int(values: Mapping[str, Any], name: str) -> int | None:
+    """``values[name]`` when it is a positive integer (not a bool), else None."""
+    value = values.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _text(values: Mapping[str, Any], name: str) -> str | None:
+    value = values.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """Which model answers and which one summarises (SPEC §11.2)."""
+
+    answer: str
+    summary: str
+
+
+def choose_models(
+    settings: Settings, session_settings: Mapping[str, Any], request_model: str | None, provider_default: str
+) -> ModelChoice:
+    """SPEC §11.2's model order for a request (``request_model`` None: a background job's)."""
+    answer = request_model or _text(session_settings, "answer_model") or settings.model or provider_default
+    summary = _text(session_settings, "summary_model") or settings.summary_model or answer
+    return ModelChoice(answer=answer, summary=summary)
+
+
+def plan_numbers(
+    settings: Settings,
+    session_settings: Mapping[str, Any],
+    options: Mapping[str, Any],
+    snapshot: PreparedSnapshot | None,
+) -> WindowPlan:
+    """SPEC §5's window and output cap, request → session settings → snapshot → service."""
+    window = resolve_window(
+        positive_int(options, "context_window") or positive_int(session_settings, "context_window"),
+        snapshot.snapshot.context_window if snapshot else None,
+        settings.context_window,
+    )
+    main_cap = positive_int(options, "main_max_output_tokens") or (
+        snapshot.snapshot.max_output_tokens if snapshot else None
+    )
+    output_cap = resolve_output_cap(
+        positive_int(options, "max_output_tokens") or positive_int(session_settings, "max_output_tokens"),
+        settings.max_output_tokens,
+        main_cap,
+    )
+    return plan_window(window, output_cap)
+
+
+def parse_qa_summary(value: Any) -> StoredQASummary | None:
+    """The session's rolling Q&A summary; an unreadable one is as good as none (rebuilt from history)."""
+    if not value:
+        return None
+    try:
+        return StoredQASummary.from_json(value)
+    except Exception:
+        return None
+
+
+def parse_cache(values: Sequence[Any]) -> list[CachedContextSummary]:
+    """The session's context-summary cache; an unreadable entry is a cache miss."""
+    entries = []
+    for value in values:
+        with contextlib.suppress(Exception):
+            entries.append(CachedContextSummary.from_json(value))
+    return entries
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The output of ``preparing``: the request's inputs, resolved, plus what the session remembers."""
+
+    claimed: queue.Claimed
+    snapshot: PreparedSnapshot | None
+    plan: WindowPlan
+    models: ModelChoice
+    qa: StoredQASummary | None
+    cache: tuple[CachedContextSummary, ...]
+    summary_instructions: str | None
+
+    @property
+    def context_time(self) -> str | None:
+        """When the main context was taken (the snapshot's ``taken_at``)."""
+        return self.snapshot.taken_at if self.snapshot else None
+
+    @property
+    def input_budget(self) -> int:
+        return self.plan.input_budget
+
+
+async def prepare(rt: RequestRuntime) -> Prepared:
+    """Stage ``preparing``; raises ``snapshot_missing`` when the named snapshot is not stored."""
+    claimed = rt.claimed
+    snapshot: PreparedSnapshot | None = None
+    if claimed.snapshot_id is not None:
+        async with rt.db.sessions() as session:
+            snapshot = await load_prepared_snapshot(session, claimed.session_id, claimed.snapshot_id)
+        if snapshot is None:
+            raise PipelineFailure(
+                "snapshot_missing",
+                f"snapshot {claimed.snapshot_id!r} is not stored for this session",
+                {"snapshot_id": claimed.snapshot_id},
+            )
+    settings = rt.deps.settings
+    session_settings = claimed.session_settings
+    models = choose_models(
+        settings,
+        session_settings,
+        _text(claimed.options, "model") or claimed.model,
+        rt.deps.provider.default_model,
+    )
+    plan = plan_numbers(settings, session_settings, claimed.options, snapshot)
+    for name, value in plan.as_dict().items():
+        setattr(rt.info, name, value)
+    memory = claimed.memory
+    return Prepared(
+        claimed=claimed,
+        snapshot=snapshot,
+        plan=plan,
+        models=models,
+        qa=parse_qa_summary(memory.get("qa_summary")),
+        cache=tuple(parse_cache(memory.get("context_summaries") or [])),
+        summary_instructions=_text(session_settings, "summary_instructions"),
+    )
+
+
+__all__ = [
+    "ModelChoice",
+    "Prepared",
+    "choose_models",
+    "parse_cache",
+    "parse_qa_summary",
+    "plan_numbers",
+    "positive_int",
+    "prepare",
+]

@@ -1,0 +1,105 @@
+"""What one running side request carries through its stages: its I/O, never its decisions.
+
+:class:`RequestRuntime` is the imperative shell around the stage functions (``prepare`` →
+``organize_history`` → ``compact`` → ``answer``): the lease-guarded event writes, the usage ledger, the
+summary call budget, the deadline and the typed :class:`~service.context_info.ContextInfo`. The stages
+take it plus explicit inputs and return explicit outputs; none of them keeps state of its own.
+
+No transaction is open across a model call: each database step is its own short transaction through
+the store, and every write a client can see is guarded by the lease, so a cancelled, cleared or
+taken-over request is never written again (the write raises :class:`RequestLost`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.config import Settings
+from service.context_info import ContextInfo
+from service.pipeline.failures import RequestLost
+from service.pipeline.recorder import LedgerRecorder
+from service.pipeline.waiting import JobWaiter
+from service.providers.base import Provider
+from service.store import queue
+from service.store.db import Database
+from service.store.ledger import merge_context_info
+from service.summary.policy import SummaryCallBudget
+
+
+@dataclass
+class PipelineDeps:
+    """What one worker process gives every request (and background job) it runs."""
+
+    db: Database
+    settings: Settings
+    provider: Provider
+    owner: str
+    clock: Callable[[], float] = time.monotonic
+    # Wakes requests waiting for a background job (the worker feeds it from NOTIFY sidequest_jobs).
+    waiter: JobWaiter = field(default_factory=JobWaiter)
+
+
+class RequestRuntime:
+    """The I/O of one claimed request: events, stage, context_info, ledger, call budget, deadline."""
+
+    def __init__(self, deps: PipelineDeps, claimed: queue.Claimed) -> None:
+        self.deps = deps
+        self.claimed = claimed
+        self.db = deps.db
+        self.owner = deps.owner
+        self.timeout_s = deps.settings.request_timeout_s
+        self.deadline = deps.clock() + self.timeout_s
+        self.stage = "preparing"
+        self.info = ContextInfo.starting(claimed.attempt)
+        self.recorder = LedgerRecorder(deps.db, claimed.id, deps.owner)
+        self.budget = SummaryCallBudget(deps.settings.max_summary_calls)
+
+    @property
+    def request_id(self) -> str:
+        """The request id as providers' headers carry it."""
+        return str(self.claimed.id)
+
+    def remaining_s(self) -> float:
+        """Seconds left before the request's deadline (never negative)."""
+        return max(0.0, self.deadline - self.deps.clock())
+
+    async def progress(self, fields: dict[str, Any]) -> None:
+        """One ``progress`` event (lease-guarded)."""
+        data = {"stage": self.stage, **fields}
+        async with self.db.sessions() as session:
+            if not await queue.emit_if_held(session, self.claimed.id, self.owner, "progress", data):
+                raise RequestLost()
+
+    async def enter(self, stage: str) -> None:
+        """Move to ``stage``: its ``status`` event and the context_info so far, in one transaction."""
+        self.stage = stage
+        self.info.stage = stage
+        async with self.db.sessions() as session:
+            if not await queue.set_stage(
+                session, self.claimed.id, self.owner, stage, context_info=self.info.to_json()
+            ):
+                raise RequestLost()
+
+    async def save_info(self) -> None:
+        """Store context_info as it stands (not lease-guarded: it is metadata of what was done)."""
+        async with self.db.sessions() as session:
+            await merge_context_info(session, self.claimed.id, self.info.to_json())
+
+    async def emit_delta(self, text: str) -> bool:
+        """One ``delta`` event; False when the request is no longer held."""
+        async with self.db.sessions() as session:
+            return await queue.emit_if_held(session, self.claimed.id, self.owner, "delta", {"text": text})
+
+    def sync_calls(self) -> None:
+        """Mirror the call budget into context_info (``summary_calls``)."""
+        self.info.summary_calls = self.budget.calls_made
+
+
+def cancelled() -> bool:
+    """Whether the current task is being cancelled (versus failing)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -1,0 +1,27 @@
+"""The summary runner of a request: one per concurrent summary (a fold and a compaction may run at
+once), all sharing the request's call budget, ledger, deadline and window numbers."""
+
+from __future__ import annotations
+
+from service.pipeline.prepare import Prepared
+from service.pipeline.runtime import RequestRuntime
+from service.summary.policy import SummaryRunner
+
+
+def summary_runner(rt: RequestRuntime, prepared: Prepared) -> SummaryRunner:
+    """A fresh runner (its own ``attempts_made``) on the request's shared budget and recorder."""
+    return SummaryRunner(
+        provider=rt.deps.provider,
+        model=prepared.models.summary,
+        request_id=rt.request_id,
+        recorder=rt.recorder,
+        deadline=rt.deadline,
+        budget=rt.budget,
+        window=prepared.plan.window,
+        safety_margin=prepared.plan.safety_margin,
+        on_progress=rt.progress,
+        clock=rt.deps.clock,
+    )
+
+
+__all__ = ["summary_runner"]

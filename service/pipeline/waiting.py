@@ -1,0 +1,121 @@
+"""Waiting for a background job, and registering a summary a request makes itself (single flight).
+
+SPEC §6.6: "the same summary is never made twice: a request that needs what a queued or running job
+will produce waits for it … and uses it; if that job fails or is cancelled, the request makes the
+summary itself". The database holds the registry (``side_question_jobs``, one active row per
+(session, kind, key)); this module is the request's side of it:
+
+- :class:`JobWaiter` wakes waiters when any job ends (the worker feeds it from
+  ``NOTIFY sidequest_jobs``), with a short poll as the fallback for a lost notification;
+- :func:`wait_for_job` waits (within the request's own deadline) until a job is no longer active;
+- :func:`registered` wraps a summary the request makes itself in a registration, so no job for the
+  same key is queued meanwhile, and ends it whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+
+from service.store import jobs
+from service.store.db import Database
+
+# Re-read a waited-for job at least this often even without a notification.
+FALLBACK_POLL_S = 0.5
+
+
+class JobWaiter:
+    """Wakes every waiter when a job ends (any job: each re-reads its own; ends are rare)."""
+
+    def __init__(self) -> None:
+        self._waiters: set[asyncio.Event] = set()
+
+    def notify(self, _channel: str = "", _payload: str = "") -> None:
+        """A job queued, ended or freed a slot (listener callback: never blocks)."""
+        for wake in list(self._waiters):
+            wake.set()
+
+    @contextlib.contextmanager
+    def subscribe(self) -> Iterator[asyncio.Event]:
+        """A wake-up event for one waiter, removed on exit."""
+        wake = asyncio.Event()
+        self._waiters.add(wake)
+        try:
+            yield wake
+        finally:
+            self._waiters.discard(wake)
+
+
+async def wait_for_job(
+    db: Database,
+    waiter: JobWaiter,
+    job_id: uuid.UUID,
+    *,
+    remaining_s: Callable[[], float],
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[jobs.JobState | None, int]:
+    """Wait until ``job_id`` is no longer queued or running; returns its final state and the wait in ms.
+
+    Raises ``TimeoutError`` when the request's deadline passes first (the request then fails with
+    ``timeout``, as any stage that overruns it).
+    """
+    started = clock()
+    with waiter.subscribe() as wake:
+        while True:
+            wake.clear()
+            async with db.sessions() as session:
+                state = await jobs.job_state(session, job_id)
+            if state is None or state.status not in ("queued", "running"):
+                return state, int((clock() - started) * 1000)
+            left = remaining_s()
+            if left <= 0:
+                raise TimeoutError("deadline passed while waiting for a background summary")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=min(FALLBACK_POLL_S, left))
+
+
+@contextlib.asynccontextmanager
+async def registered(
+    db: Database,
+    session_id: uuid.UUID,
+    *,
+    kind: jobs.JobKind,
+    key: str,
+    request_id: uuid.UUID,
+    owner: str,
+    clear_version: int,
+    lease_s: float,
+) -> AsyncIterator[bool]:
+    """Register that this request makes (kind, key) itself; yields False when someone else holds it.
+
+    The registration ends when the block does (made or not): the key is free again, and a failed
+    attempt never blocks the next one.
+    """
+    async with db.sessions() as session:
+        registration = await jobs.register_inline(
+            session,
+            session_id,
+            kind=kind,
+            key=key,
+            request_id=request_id,
+            owner=owner,
+            clear_version=clear_version,
+            lease_s=lease_s,
+        )
+    if registration is None:
+        yield False
+        return
+    ok = False
+    try:
+        yield True
+        ok = True
+    finally:
+        with contextlib.suppress(Exception):  # best effort: an unended registration expires by lease
+            async with db.sessions() as session:
+                await jobs.end_inline(session, registration, ok=ok)
+
+
+__all__ = ["JobWaiter", "registered", "wait_for_job"]

@@ -1,0 +1,537 @@
+"""Background summary jobs (SPEC §6.6): enqueue, claim, finish, and the single-flight registry.
+
+Jobs are rows claimed exactly like requests — ``FOR UPDATE SKIP LOCKED`` under a claim advisory lock
+that enforces a global cap (``SIDEQUEST_MAX_BACKGROUND_CONCURRENCY``), a lease extended by the worker's
+one heartbeat and recovered by the one sweep (:mod:`service.store.queue`, which owns the lease
+statements of both tables). What differs is only what a job is:
+
+- ``kind`` is ``qa_fold`` or ``context_summary``; ``key`` says what it summarises — the ordinal range of
+  a fold, the context-summary cache key (content hash of the prefix, model, prompt version) of a
+  compaction — and the partial unique index ``uq_jobs_active`` lets at most one job per
+  (session, kind, key) be queued or running. The database, not a process, enforces single flight.
+- A request that makes a summary itself first *registers* it here: a row with ``made_by = 'request'``
+  in ``params``, inserted directly as ``running`` (so no background job for the same key can be
+  enqueued while the request works on it). Registry rows are not background jobs: they are never
+  claimed, count toward no background slot, emit no ``memory`` event and are not in
+  ``session.background``. Their lease is the request's deadline (plus a grace), so a lost worker's
+  registration expires on its own.
+- Every transition of a background job appends a session-level ``memory`` event
+  ``{job_id, kind, status, calls, covered}`` and NOTIFYs ``sidequest_jobs`` (a slot freed, or work to do).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.store.events import append_session_event
+from service.store.listener import CANCEL_CHANNEL, JOBS_CHANNEL
+
+JobKind = Literal["qa_fold", "context_summary"]
+JOB_KINDS: tuple[JobKind, ...] = ("qa_fold", "context_summary")
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+# Key of the advisory lock that serialises job claims (requests have their own).
+JOB_CLAIM_LOCK_KEY = 0x5EDE_0002
+
+# Marks a single-flight registration made by a request (not a background job).
+_BACKGROUND = "coalesce(params->>'made_by', 'background') = 'background'"
+
+_PICK_JOB = text(
+    f"""
+    SELECT j.id FROM side_question_jobs j
+    WHERE j.status = 'queued' AND {_BACKGROUND}
+      AND NOT EXISTS (
+          SELECT 1 FROM side_question_jobs x
+          WHERE x.session_id = j.session_id AND x.kind = j.kind AND x.status = 'running'
+      )
+    ORDER BY j.created_at, j.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+    """
+)
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A background job this worker now holds."""
+
+    id: uuid.UUID
+    session_id: uuid.UUID
+    kind: JobKind
+    key: str
+    params: dict[str, Any]
+    clear_version: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A job as a waiting request sees it."""
+
+    id: uuid.UUID
+    kind: str
+    key: str
+    status: str
+    made_by: str
+    error: dict[str, Any] | None
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+async def _memory_event(
+    session: AsyncSession,
+    session_id: uuid.UUID,
+    job_id: uuid.UUID,
+    kind: str,
+    status: str,
+    calls: int,
+    covered: dict[str, Any] | None,
+) -> None:
+    await append_session_event(
+        session,
+        session_id,
+        "memory",
+        {"job_id": str(job_id), "kind": kind, "status": status, "calls": calls, "covered": covered},
+    )
+
+
+async def _notify_jobs(session: AsyncSession, payload: str) -> None:
+    await session.execute(text("SELECT pg_notify(:c, :p)"), {"c": JOBS_CHANNEL, "p": payload})
+
+
+async def enqueue_job(
+    session: AsyncSession,
+    session_id: uuid.UUID,
+    *,
+    kind: JobKind,
+    key: str,
+    params: dict[str, Any],
+    clear_version: int,
+) -> uuid.UUID | None:
+    """Queue a background job inside the caller's transaction; None when it is not needed.
+
+    Not needed: the same (session, kind, key) is already queued or running (a job or a request's
+    registration), or the session was cleared since ``clear_version`` was read.
+    """
+    job_id: uuid.UUID | None = await session.scalar(
+        text(
+            """
+            INSERT INTO side_question_jobs (id, session_id, kind, key, params, clear_version)
+            SELECT :id, s.id, :kind, :key, CAST(:params AS jsonb), s.clear_version
+            FROM side_question_sessions s WHERE s.id = :sid AND s.clear_version = :cv
+            ON CONFLICT (session_id, kind, key) WHERE status IN ('queued', 'running') DO NOTHING
+            RETURNING id
+            """
+        ),
+        {
+            "id": uuid.uuid4(),
+            "sid": session_id,
+            "kind": kind,
+            "key": key,
+            "params": _json({**params, "made_by": "background"}),
+            "cv": clear_version,
+        },
+    )
+    if job_id is None:
+        return None
+    await _memory_event(session, session_id, job_id, kind, "queued", 0, None)
+    await _notify_jobs(session, "queued")
+    return job_id
+
+
+async def register_inline(
+    session: AsyncSession,
+    session_id: uuid.UUID,
+    *,
+    kind: JobKind,
+    key: str,
+    request_id: uuid.UUID,
+    owner: str,
+    clear_version: int,
+    lease_s: float,
+) -> uuid.UUID | None:
+    """Register that a request makes this summary itself (single flight); commits.
+
+    Returns the registration's id, or None when a job (or another registration) already holds the
+    key — the caller then waits for that one instead.
+    """
+    async with session.begin():
+        registration: uuid.UUID | None = await session.scalar(
+            text(
+                """
+                INSERT INTO side_question_jobs (id, session_id, kind, key, params, clear_version, status,
+                                                attempt, lease_owner, lease_expires_at, heartbeat_at,
+                                                started_at)
+                VALUES (:id, :sid, :kind, :key, CAST(:params AS jsonb), :cv, 'running', 1, :owner,
+                        now() + make_interval(secs => :lease_s), now(), now())
+                ON CONFLICT (session_id, kind, key) WHERE status IN ('queued', 'running') DO NOTHING
+                RETURNING id
+                """
+            ),
+            {
+                "id": uuid.uuid4(),
+                "sid": session_id,
+                "kind": kind,
+                "key": key,
+                "params": _json({"made_by": "request", "request_id": str(request_id)}),
+                "cv": clear_version,
+                "owner": owner,
+                "lease_s": lease_s,
+            },
+        )
+        return registration
+
+
+async def end_inline(session: AsyncSession, registration_id: uuid.UUID, *, ok: bool) -> None:
+    """End a request's registration (made or not): the key is free again; commits."""
+    async with session.begin():
+        await session.execute(
+            text(
+                """
+                UPDATE side_question_jobs
+                SET status = :status, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
+                WHERE id = :id AND status = 'running'
+                """
+            ),
+            {"id": registration_id, "status": "succeeded" if ok else "failed"},
+        )
+
+
+async def claim_job(
+    session: AsyncSession, *, owner: str, lease_s: float, max_running: int
+) -> ClaimedJob | None:
+    """Claim the oldest queued background job under the global background cap; commits.
+
+    One running job per (session, kind): folds of one session build on each other, and so do
+    extensions of one session's context summary.
+    """
+    async with session.begin():
+        await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": JOB_CLAIM_LOCK_KEY})
+        running = await session.scalar(
+            text(f"SELECT count(*) FROM side_question_jobs WHERE status = 'running' AND {_BACKGROUND}")
+        )
+        if int(running or 0) >= max_running:
+            return None
+        picked = await session.scalar(_PICK_JOB)
+        if picked is None:
+            return None
+        row = (
+            await session.execute(
+                text(
+                    """
+                    UPDATE side_question_jobs
+                    SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
+                        lease_expires_at = now() + make_interval(secs => :lease_s),
+                        heartbeat_at = now(), started_at = coalesce(started_at, now())
+                    WHERE id = :id
+                    RETURNING id, session_id, kind, key, params, clear_version, attempt, calls
+                    """
+                ),
+                {"id": picked, "owner": owner, "lease_s": lease_s},
+            )
+        ).one()
+        await _memory_event(session, row.session_id, row.id, row.kind, "running", row.calls, None)
+        return ClaimedJob(
+            id=row.id,
+            session_id=row.session_id,
+            kind=row.kind,
+            key=row.key,
+            params=dict(row.params or {}),
+            clear_version=row.clear_version,
+            attempt=row.attempt,
+        )
+
+
+async def finish_job(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    owner: str | None,
+    *,
+    status: Literal["succeeded", "failed", "cancelled"],
+    calls: int,
+    covered: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+) -> bool:
+    """The one terminal transition of a background job, in the caller's transaction.
+
+    Guarded by ``status = 'running'`` and, when ``owner`` is given, the lease: a job cancelled by a
+    clear or taken over by the sweep is not written again. Appends the ``memory`` event and NOTIFYs
+    the job queue (a background slot is free). Returns whether it wrote.
+    """
+    row = (
+        await session.execute(
+            text(
+                """
+                UPDATE side_question_jobs
+                SET status = :status, calls = :calls, covered = CAST(:covered AS jsonb),
+                    error = CAST(:error AS jsonb), finished_at = now(),
+                    lease_owner = NULL, lease_expires_at = NULL
+                WHERE id = :id AND status = 'running'
+                  AND (CAST(:owner AS text) IS NULL OR lease_owner = CAST(:owner AS text))
+                RETURNING session_id, kind, coalesce(params->>'made_by', 'background') AS made_by
+                """
+            ),
+            {
+                "id": job_id,
+                "status": status,
+                "calls": calls,
+                "covered": None if covered is None else _json(covered),
+                "error": None if error is None else _json(error),
+                "owner": owner,
+            },
+        )
+    ).one_or_none()
+    if row is None:
+        return False
+    if row.made_by == "background":
+        await _memory_event(session, row.session_id, job_id, row.kind, status, calls, covered)
+        await _notify_jobs(session, "freed")
+    return True
+
+
+async def release_job(session: AsyncSession, job_id: uuid.UUID, owner: str) -> None:
+    """Give a held job back to the queue (graceful worker stop; the attempt does not count)."""
+    row = (
+        await session.execute(
+            text(
+                """
+                UPDATE side_question_jobs
+                SET status = 'queued', attempt = greatest(attempt - 1, 0),
+                    lease_owner = NULL, lease_expires_at = NULL
+                WHERE id = :id AND status = 'running' AND lease_owner = :owner
+                RETURNING session_id, kind, calls
+                """
+            ),
+            {"id": job_id, "owner": owner},
+        )
+    ).one_or_none()
+    if row is not None:
+        await _memory_event(session, row.session_id, job_id, row.kind, "queued", row.calls, None)
+        await _notify_jobs(session, "queued")
+
+
+async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
+    """Put a job whose worker died back in the queue (the sweep), in the caller's transaction."""
+    row = (
+        await session.execute(
+            text(
+                """
+                UPDATE side_question_jobs
+                SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL
+                WHERE id = :id AND status = 'running'
+                RETURNING session_id, kind, calls
+                """
+            ),
+            {"id": job_id},
+        )
+    ).one_or_none()
+    if row is not None:
+        await _memory_event(session, row.session_id, job_id, row.kind, "queued", row.calls, None)
+        await _notify_jobs(session, "queued")
+
+
+async def finish_job_committed(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    owner: str | None,
+    *,
+    status: Literal["succeeded", "failed", "cancelled"],
+    calls: int,
+    covered: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+) -> bool:
+    """:func:`finish_job` in its own transaction."""
+    async with session.begin():
+        return await finish_job(
+            session, job_id, owner, status=status, calls=calls, covered=covered, error=error
+        )
+
+
+async def take_key(session: AsyncSession, job_id: uuid.UUID, key: str) -> bool:
+    """Re-key a running job to the summary's real cache key, unless someone holds that key; commits.
+
+    False: another active job or a request's registration holds it — the summary is being made.
+    """
+    async with session.begin():
+        taken = await session.scalar(
+            text(
+                """
+                UPDATE side_question_jobs j SET key = :key
+                WHERE j.id = :id AND j.status = 'running'
+                  AND NOT EXISTS (
+                      SELECT 1 FROM side_question_jobs o
+                      WHERE o.session_id = j.session_id AND o.kind = j.kind AND o.key = :key
+                        AND o.status IN ('queued', 'running') AND o.id <> j.id
+                  )
+                RETURNING j.id
+                """
+            ),
+            {"id": job_id, "key": key},
+        )
+    return taken is not None
+
+
+async def cancel_session_jobs(session: AsyncSession, session_id: uuid.UUID) -> list[uuid.UUID]:
+    """Cancel the session's queued and running jobs (a clear), in the caller's transaction.
+
+    Running ones are told through ``NOTIFY sidequest_cancel`` (payload ``job:<id>``); their late
+    summary writes are refused anyway by the bumped ``clear_version`` (SPEC §6.5).
+    """
+    rows = (
+        await session.execute(
+            text(
+                """
+                UPDATE side_question_jobs
+                SET status = 'cancelled', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+                    error = '{"code": "cancelled", "message": "the session was cleared", "detail": {}}'::jsonb
+                WHERE session_id = :sid AND status IN ('queued', 'running')
+                RETURNING id, kind, calls, params->>'made_by' AS made_by
+                """
+            ),
+            {"sid": session_id},
+        )
+    ).all()
+    for row in rows:
+        await session.execute(text("SELECT pg_notify(:c, :p)"), {"c": CANCEL_CHANNEL, "p": f"job:{row.id}"})
+        if row.made_by != "request":
+            await _memory_event(session, session_id, row.id, row.kind, "cancelled", row.calls, None)
+    return [row.id for row in rows]
+
+
+async def active_jobs(session: AsyncSession, session_id: uuid.UUID, kind: JobKind) -> list[JobState]:
+    """The session's queued or running jobs (and registrations) of ``kind``, oldest first."""
+    rows = await session.execute(
+        text(
+            """
+            SELECT id, kind, key, status, coalesce(params->>'made_by', 'background') AS made_by, error
+            FROM side_question_jobs
+            WHERE session_id = :sid AND kind = :kind AND status IN ('queued', 'running')
+            ORDER BY created_at, id
+            """
+        ),
+        {"sid": session_id, "kind": kind},
+    )
+    return [JobState(r.id, r.kind, r.key, r.status, r.made_by, r.error) for r in rows]
+
+
+async def job_state(session: AsyncSession, job_id: uuid.UUID) -> JobState | None:
+    """One job's current state, or None when it is gone (purged with its session)."""
+    row = (
+        await session.execute(
+            text(
+                """
+                SELECT id, kind, key, status, coalesce(params->>'made_by', 'background') AS made_by, error
+                FROM side_question_jobs WHERE id = :id
+                """
+            ),
+            {"id": job_id},
+        )
+    ).one_or_none()
+    return None if row is None else JobState(row.id, row.kind, row.key, row.status, row.made_by, row.error)
+
+
+_BACKGROUND_OVERVIEW = text(
+    f"""
+    WITH jobs AS (
+        SELECT status, usage, created_at, id FROM side_question_jobs
+        WHERE session_id = :sid AND {_BACKGROUND}
+    ),
+    calls AS (
+        SELECT c FROM jobs, jsonb_array_elements(coalesce(jobs.usage->'calls', '[]'::jsonb))
+            WITH ORDINALITY AS e(c, n)
+        ORDER BY jobs.created_at, jobs.id, e.n
+    )
+    SELECT
+        (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb)
+           FROM (SELECT status, count(*) AS n FROM jobs GROUP BY status) counts) AS counts,
+        (SELECT coalesce(jsonb_agg(c), '[]'::jsonb) FROM calls) AS calls
+    """
+)
+
+_USAGE_TOTALS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
+
+
+async def background_overview(session: AsyncSession, session_id: uuid.UUID) -> dict[str, Any]:
+    """SPEC §3 ``session.background``: jobs by status and the usage of every background call."""
+    row = (await session.execute(_BACKGROUND_OVERVIEW, {"sid": session_id})).one()
+    counts = {status: int((row.counts or {}).get(status, 0)) for status in JOB_STATUSES}
+    calls = list(row.calls or [])
+    usage: dict[str, Any] = {
+        name: sum(int(call.get(name) or 0) for call in calls if isinstance(call, dict))
+        for name in _USAGE_TOTALS
+    }
+    usage["calls"] = calls
+    return {"jobs": counts, "usage": usage}
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """``/metrics``: background jobs by kind and outcome, their calls and tokens."""
+
+    by_outcome: list[tuple[str, str, int]]
+    calls: list[tuple[str, str, int]]
+    tokens: list[tuple[str, str, int]]
+
+
+async def read_job_stats(session: AsyncSession) -> JobStats:
+    """The scrape queries for background jobs (no tenant data)."""
+    outcomes = await session.execute(
+        text(f"SELECT kind, status, count(*) AS n FROM side_question_jobs WHERE {_BACKGROUND} GROUP BY 1, 2")
+    )
+    calls = await session.execute(
+        text(
+            f"""
+            SELECT j.kind, coalesce(c->>'status', '') AS status, count(*) AS n
+            FROM side_question_jobs j, jsonb_array_elements(coalesce(j.usage->'calls', '[]'::jsonb)) c
+            WHERE {_BACKGROUND.replace("params", "j.params")} AND jsonb_typeof(c) = 'object'
+            GROUP BY 1, 2
+            """
+        )
+    )
+    tokens = await session.execute(
+        text(
+            f"""
+            SELECT kind, 'input' AS direction, coalesce(sum((usage->>'input_tokens')::bigint), 0) AS n
+            FROM side_question_jobs WHERE {_BACKGROUND} GROUP BY 1
+            UNION ALL
+            SELECT kind, 'output', coalesce(sum((usage->>'output_tokens')::bigint), 0)
+            FROM side_question_jobs WHERE {_BACKGROUND} GROUP BY 1
+            """
+        )
+    )
+    return JobStats(
+        by_outcome=[(r.kind, r.status, int(r.n)) for r in outcomes],
+        calls=[(r.kind, r.status, int(r.n)) for r in calls],
+        tokens=[(r.kind, r.direction, int(r.n)) for r in tokens],
+    )
+
+
+__all__ = [
+    "JOB_KINDS",
+    "ClaimedJob",
+    "JobKind",
+    "JobState",
+    "JobStats",
+    "active_jobs",
+    "background_overview",
+    "cancel_session_jobs",
+    "claim_job",
+    "end_inline",
+    "enqueue_job",
+    "finish_job",
+    "finish_job_committed",
+    "job_state",
+    "read_job_stats",
+    "register_inline",
+    "release_job",
+    "requeue_job",
+    "take_key",
+]
