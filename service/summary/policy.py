@@ -12,8 +12,18 @@ One *summary* over some material is one or more chunks; each chunk is one call w
 Every provider attempt — rate-limit retries inside ``run_call`` included, because ``run_call`` calls
 ``budget.take`` before each — counts toward the request's :class:`SummaryCallBudget`, so the call after
 the last allowed one is refused before it is made. Every attempt runs under the request deadline.
-Chunks are updates of the running summary, which is always the last *valid* document: a failure raises,
-so a failed partial summary can never become the input of the next call.
+
+Two modes (``SummaryRunner.parallelism``, ``SIDEQUEST_SUMMARY_PARALLELISM``):
+
+- *ordered* (parallelism 1, or a single chunk): chunks are updates of the running summary, which is
+  always the last *valid* document;
+- *parallel*: the chunks are summarised at once, each on its own (the previous summary goes with the
+  first), at most ``parallelism`` calls in flight, then merge calls — summary calls like any other, with
+  the same retry, cap and validation — fold the documents, in order, into one, in rounds when they do
+  not fit one call (:mod:`service.summary.merge`). The first failure cancels the calls in flight.
+
+Either way a failure raises, so a failed partial summary can never become the input of the next call.
+The whole plan (chunks + planned merge calls) is reserved in the budget before the first call.
 """
 
 from __future__ import annotations
@@ -281,9 +291,10 @@ class SummaryRunner:
 
     def _plan_of(self, kind: SummaryKind, chunks: int, *, parallel: bool) -> SummaryPlan:
         """The plan of the given mode, whether or not it fits the budget."""
-        if not parallel or chunks < 2 or self.parallelism == 1:
+        worst, capacity = worst_piece_tokens(chunks), self.capacity(kind)
+        if not parallel or chunks < 2 or self.parallelism == 1 or not can_merge(worst, capacity):
             return SummaryPlan(chunks=chunks, parallel=False)
-        merges = planned_merge_calls(chunks, worst_piece_tokens(chunks), self.capacity(kind))
+        merges = planned_merge_calls(chunks, worst, capacity)
         return SummaryPlan(chunks=chunks, parallel=True, merge_calls=merges)
 
     async def summarize(
