@@ -109,6 +109,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 safety_margin=margin,
                 job_id=str(job.id),
                 clock=deps.clock,
+                parallelism=deps.settings.summary_parallelism,
             )
 
         async with asyncio.timeout(timeout + 1.0):  # the calls' own deadline should always win

@@ -21,6 +21,7 @@ def summary_runner(rt: RequestRuntime, prepared: Prepared) -> SummaryRunner:
         safety_margin=prepared.plan.safety_margin,
         on_progress=rt.progress,
         clock=rt.deps.clock,
+        parallelism=rt.deps.settings.summary_parallelism,
     )
 
 

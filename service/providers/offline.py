@@ -6,7 +6,8 @@ It exists so that ``sidequest serve`` works on a fresh machine, not as a test do
   (SPEC §6.4) built from lines of the material — the first user ask as the objective, the last lines as
   the state, lines about decisions, open work and risks. The material is what the summary prompt wraps
   in ``<material>`` tags (all message text when there are none); ``call.system`` holds instructions and
-  is never quoted. A ``<previous_summary>`` is updated, not rewritten.
+  is never quoted. A ``<previous_summary>`` is updated, not rewritten; the documents of a merge prompt
+  (``<partial_summaries>``, parallel mode) are merged in order: earlier parts' items first.
 * **Answers** quote the context lines that share the most words with the question and say plainly that
   they come from the offline provider.
 
@@ -53,6 +54,8 @@ _QUESTION_LABEL = re.compile(r"^(?:side[ _-]?)?question\s*:\s*(?P<rest>.*)$", re
 # The answer request's question block ("Side question:\n…"): the question itself, not context.
 _SIDE_QUESTION_BLOCK = re.compile(r"^side question\s*:", re.IGNORECASE)
 _TAGGED = r"<{tag}>\n?(?P<body>.*?)\n?</{tag}>"
+# One document of a merge prompt (service.summary.prompts.merge_piece).
+_MERGE_PART = re.compile(r'<summary part="\d+">\n(?P<body>.*?)\n</summary>', re.DOTALL)
 # Sidequest's own instructions in the answer request (service.summary.prompts) are not context.
 _INSTRUCTIONS_MARK = "[Sidequest]"
 _PREVIOUS_SECTIONS = {"decisions": "decisions", "open work": "open_work", "risks": "risks"}
@@ -101,10 +104,15 @@ def summarise(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
     The material is what the summary prompt wraps in ``<material>`` tags (all the text when there are
     none). A ``<previous_summary>`` is *updated*: its objective and items are kept, new ones added.
+    A merge prompt's documents are merged in order (see :func:`_merge`).
     """
     text = "\n".join(_all_texts(messages))
-    previous = _previous_summary(text)
     material = _tagged(text, "material")
+    # A merge prompt has no <material>: a transcript that merely quotes the merge tags is still material.
+    parts = _merge_parts(text) if material is None else []
+    if parts:
+        return _fit(_merge(parts))
+    previous = _previous_summary(text)
     if material is None:
         material = re.sub(_TAGGED.format(tag="previous_summary"), "", text, flags=re.DOTALL)
     lines = [line.strip() for line in material.splitlines() if line.strip()]
@@ -123,7 +131,31 @@ def summarise(messages: list[dict[str, Any]]) -> dict[str, Any]:
             if pattern.search(line) and clipped not in items:
                 items.append(clipped)
         document[key] = items[:_SUMMARY_LIST_ITEMS]
-    # Keep the body small: drop the longest list's last item until it fits.
+    return _fit(document)
+
+
+def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Parts in material order into one document: the first objective, the last state, every list
+    item once in order (earlier parts' items first, so earlier conclusions are kept)."""
+    objective = next((str(part["objective"]) for part in parts if part.get("objective")), "")
+    state = next((str(part["state"]) for part in reversed(parts) if part.get("state")), "")
+    document: dict[str, Any] = {
+        "objective": _clip(objective) or "(no material to summarise)",
+        "state": _clip(state) or "(no material to summarise)",
+    }
+    for key in ("decisions", "open_work", "risks"):
+        items: list[str] = []
+        for part in parts:
+            for item in part.get(key, []):
+                clipped = _clip(item)
+                if clipped not in items:
+                    items.append(clipped)
+        document[key] = items[:_SUMMARY_LIST_ITEMS]
+    return document
+
+
+def _fit(document: dict[str, Any]) -> dict[str, Any]:
+    """Keep the body small: drop the longest list's last item until it fits."""
     while len(json.dumps(document, ensure_ascii=False).encode("utf-8")) > _SUMMARY_MAX_BYTES:
         longest = max(("decisions", "open_work", "risks"), key=lambda key: len(document[key]))
         if not document[longest]:
@@ -209,11 +241,24 @@ def _tagged(text: str, tag: str) -> str | None:
     return "\n".join(bodies) if bodies else None
 
 
+def _merge_parts(text: str) -> list[dict[str, Any]]:
+    """The documents of a merge prompt (``<summary part="N">`` bodies inside ``<partial_summaries>``)."""
+    block = _tagged(text, "partial_summaries")
+    if block is None:
+        return []
+    return [_parse_body(match.group("body")) for match in _MERGE_PART.finditer(block)]
+
+
 def _previous_summary(text: str) -> dict[str, Any]:
-    """The rendered body of service.summary.document.render_body, read back into its fields."""
+    """The ``<previous_summary>`` of an update prompt, read back into its fields ({} when none)."""
     body = _tagged(text, "previous_summary")
     if body is None:
         return {}
+    return _parse_body(body)
+
+
+def _parse_body(body: str) -> dict[str, Any]:
+    """The rendered body of service.summary.document.render_body, read back into its fields."""
     found: dict[str, Any] = {"decisions": [], "open_work": [], "risks": []}
     section: str | None = None
     for raw in body.splitlines():

@@ -24,7 +24,7 @@ from service.budget import CutPlan, MessageGroup, estimate_text, group_messages
 from service.budget.prepared import prefix_digests, summary_cache_key
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import render_messages
-from service.summary.policy import SummaryRunner
+from service.summary.policy import CallTally, SummaryRunner
 from service.summary.prompts import PROMPT_VERSION
 
 CacheOutcome = Literal["hit", "prefix", "miss"]
@@ -153,7 +153,8 @@ class ContextCompaction:
     """What compaction produced: the summary to put in front of the kept messages, and what to cache.
 
     ``new_entry`` is None on a hit (already cached); otherwise the store saves it (guarded by
-    ``clear_version``). ``calls`` counts provider attempts made here, ``chunks`` the chunks summarised.
+    ``clear_version``). ``calls`` counts provider attempts made here (chunks, merges, retries and
+    rate-limit attempts), ``chunks`` the chunks of material summarised (a merge call is not a chunk).
     """
 
     document: SummaryDocument
@@ -217,8 +218,9 @@ async def compact_context(
 
     Hit: no call. Prefix: only the messages after the cached prefix are summarised, as an update of the
     cached document. Miss: everything before the cut is summarised. Material larger than one call is
-    chunked (each chunk an update of the running summary); the whole plan is checked against the call
-    cap before the first call. Raises the summary / provider errors of the runner.
+    chunked (ordered: each chunk an update of the running summary; parallel: chunks at once, then
+    merged); the whole plan is checked against the call cap before the first call.
+    Raises the summary / provider errors of the runner.
     """
     until = cut_plan.summarize_until
     if groups is None:
@@ -260,8 +262,9 @@ async def compact_context(
         await report("miss", new_messages=until)
 
     chunks = runner.chunk("context", _pieces(messages, groups, start, until))
-    calls_before = runner.attempts_made
-    document = await runner.summarize("context", chunks, previous)
+    # Its own tally: a Q&A fold may be running on the same runner at the same time.
+    tally = CallTally()
+    document = await runner.summarize("context", chunks, previous, tally=tally)
     key = summary_cache_key(digests[until], runner.model, PROMPT_VERSION)
     created_at = runner.now()
     provenance = Provenance.for_context(
@@ -280,7 +283,7 @@ async def compact_context(
         rendered_text=rendered,
         tokens=tokens,
         cache=outcome,
-        calls=runner.attempts_made - calls_before,
+        calls=tally.calls,
         chunks=len(chunks),
         summarized_messages=until,
         kept_messages=kept,

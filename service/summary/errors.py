@@ -95,15 +95,27 @@ class SummaryCallCap(SummaryError):
 
     code: ClassVar[str] = "summary_call_cap"
 
-    def __init__(self, *, calls_made: int, calls_needed: int, max_calls: int) -> None:
-        super().__init__(
+    def __init__(
+        self, *, calls_made: int, calls_needed: int, max_calls: int, calls_reserved: int = 0
+    ) -> None:
+        message = (
             f"summaries need {calls_needed} more call(s) but {calls_made} of the {max_calls} allowed "
-            "summary calls of this request are already used",
-            {"calls_made": calls_made, "calls_needed": calls_needed, "max_calls": max_calls},
+            "summary calls of this request are already used"
         )
+        detail: dict[str, int] = {
+            "calls_made": calls_made,
+            "calls_needed": calls_needed,
+            "max_calls": max_calls,
+        }
+        if calls_reserved:
+            # Only when another summary plan of the same request, running at the same time, holds them.
+            message += f" and {calls_reserved} more are promised to another summary running beside it"
+            detail["calls_reserved"] = calls_reserved
+        super().__init__(message, detail)
         self.calls_made = calls_made
         self.calls_needed = calls_needed
         self.max_calls = max_calls
+        self.calls_reserved = calls_reserved
 
 
 __all__ = [

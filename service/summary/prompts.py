@@ -1,4 +1,4 @@
-"""Prompts: the summary calls (first attempt, retry, update; Q&A folding vs context compaction) and the
+"""Prompts: the summary calls (first attempt, retry, update, merge; Q&A folding vs context compaction) and the
 assembly of the side answer request (SPEC §7 layout).
 
 Changing any summary prompt text changes what a cached context summary means, so it must come with a
@@ -112,31 +112,83 @@ def build_summary_prompt(
     if chunks > 1:
         parts.append(f"This is part {chunk} of {chunks} of the material.")
     parts.append(f"<material>\n{material}\n</material>")
-    if retry:
-        parts.append(
-            "Your previous reply to this could not be used (it was empty, cut off, not the required JSON "
-            f"object, or too long). Keep the whole summary under {RETRY_BODY_TOKENS} tokens: keep the most "
-            "important facts and drop detail. Reply with the JSON object only."
-        )
-    else:
-        parts.append(
-            f"Keep the whole summary under about {FIRST_BODY_TOKENS} tokens. Reply with the JSON object only."
-        )
+    parts.append(_closing(retry))
     return SummaryPrompt(
         system=summary_system_prompt(kind),
         messages=[{"role": "user", "content": "\n\n".join(parts)}],
     )
 
 
+def _closing(retry: bool) -> str:
+    """The last paragraph of every summary prompt: the size asked for, and the format reminder."""
+    if retry:
+        return (
+            "Your previous reply to this could not be used (it was empty, cut off, not the required JSON "
+            f"object, or too long). Keep the whole summary under {RETRY_BODY_TOKENS} tokens: keep the most "
+            "important facts and drop detail. Reply with the JSON object only."
+        )
+    return f"Keep the whole summary under about {FIRST_BODY_TOKENS} tokens. Reply with the JSON object only."
+
+
+# The merge prompt (SPEC §6.3, parallel mode): N documents, in material order, into one. Each document
+# is one ``merge_piece``; the pieces are joined with nothing in between, so a merge prompt's size is
+# exactly its skeleton (no documents) plus the sum of its pieces, which is what merge grouping counts.
+MERGE_OPEN = "<partial_summaries>\n"
+MERGE_CLOSE = "</partial_summaries>"
+
+
+def merge_piece(part: int, body: str) -> str:
+    """One document of a merge prompt: the rendered body of the ``part``-th summary, tagged."""
+    return f'<summary part="{part}">\n{body}\n</summary>\n'
+
+
+def _merge_prompt(kind: SummaryKind, pieces: str, count: int, *, retry: bool) -> SummaryPrompt:
+    what = "side questions and answers" if kind == "qa" else "transcript"
+    parts = [
+        f"Below are {count} partial summaries of consecutive parts of the {what}, in order: part 1 "
+        f"summarises the oldest material, part {count} the newest. Merge them into one summary in the "
+        "same format. This is a merge, not a rewrite: keep the conclusions, decisions and open points of "
+        "every part unless a later part explicitly settles or replaces them; where parts disagree, the "
+        "later part describes the newer state. Say each fact once.",
+        MERGE_OPEN + pieces + MERGE_CLOSE,
+        _closing(retry),
+    ]
+    return SummaryPrompt(
+        system=summary_system_prompt(kind),
+        messages=[{"role": "user", "content": "\n\n".join(parts)}],
+    )
+
+
+def build_merge_prompt(kind: SummaryKind, bodies: Sequence[str], *, retry: bool) -> SummaryPrompt:
+    """The prompt of one merge attempt: ``bodies`` (rendered valid documents, in material order) → one.
+
+    ``retry`` is the one retry after a failed first attempt, from the same documents, exactly as for a
+    chunk. Needs at least two documents: merging one would be a rewrite for nothing.
+    """
+    if len(bodies) < 2:
+        raise ValueError("a merge needs at least two documents")
+    pieces = "".join(merge_piece(part, body) for part, body in enumerate(bodies, start=1))
+    return _merge_prompt(kind, pieces, len(bodies), retry=retry)
+
+
+def merge_prompt_reserve(kind: SummaryKind) -> int:
+    """Tokens a merge prompt needs besides its documents (the retry variant, up to 999 parts)."""
+    skeleton = _merge_prompt(kind, "", 999, retry=True)
+    return estimate_system(skeleton.system) + estimate_messages(skeleton.messages)
+
+
 def summary_prompt_reserve(kind: SummaryKind) -> int:
     """Tokens a summary prompt needs besides its material, in the worst case.
 
     Worst case = the retry variant of an update of a chunk, with a previous summary at the body limit
-    (the running summary is shown as its rendered body, so its size is bounded by the same estimate).
-    Chunk sizes reserve this in advance, so the retry of any chunk fits as well as its first attempt.
+    (the running summary is shown as its rendered body, so its size is bounded by the same estimate),
+    or the retry variant of a merge prompt without its documents, whichever is larger. Chunk sizes and
+    merge groups reserve this in advance, so the retry of any chunk or merge fits as well as its first
+    attempt.
     """
     skeleton = build_summary_prompt(kind, "", previous_body="", retry=True, chunk=999, chunks=999)
-    return estimate_system(skeleton.system) + estimate_messages(skeleton.messages) + BODY_TOKEN_LIMIT
+    update = estimate_system(skeleton.system) + estimate_messages(skeleton.messages) + BODY_TOKEN_LIMIT
+    return max(update, merge_prompt_reserve(kind))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -300,7 +352,10 @@ __all__ = [
     "SummaryKind",
     "SummaryPrompt",
     "build_answer_request",
+    "build_merge_prompt",
     "build_summary_prompt",
+    "merge_piece",
+    "merge_prompt_reserve",
     "summary_prompt_reserve",
     "summary_system_prompt",
 ]

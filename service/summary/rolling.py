@@ -1,7 +1,9 @@
 """The rolling Q&A summary (SPEC §6.1): older side Q&A folded into one summary, by *updating* it.
 
 Each fold shows the model the previous summary and asks it to merge the new Q&A in, keeping earlier
-conclusions, so what group 1 established survives fold after fold instead of being rewritten away.
+conclusions, so what group 1 established survives fold after fold instead of being rewritten away (in
+parallel mode the previous summary goes with the first chunk, and the merge prompt keeps the earlier
+parts' conclusions the same way).
 The result carries our provenance (ordinal range, context time) and is returned for the store to save.
 """
 
@@ -14,7 +16,7 @@ from typing import Any
 from service.budget import estimate_text
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import QAPair, render_qa_pair
-from service.summary.policy import SummaryRunner
+from service.summary.policy import CallTally, SummaryRunner
 
 
 @dataclass(frozen=True)
@@ -85,28 +87,55 @@ async def fold_qa(
     previous: StoredQASummary | None,
     batches: Sequence[Sequence[QAPair]],
     context_time: str | None,
+    *,
+    tally: CallTally | None = None,
 ) -> StoredQASummary | None:
     """Fold ``batches`` of Q&A pairs (ascending ordinals) into ``previous``.
 
-    Each batch is one update of the running summary (more than one call only when a batch is larger
-    than one call's capacity). All chunks of all batches are planned first and the whole plan is checked
-    against the call cap before any call is made. Returns the new summary covering through the last
-    folded ordinal, ``previous`` unchanged when there is nothing new, or None when there is nothing at
-    all. Raises the summary / provider errors of :meth:`SummaryRunner.summarize`.
+    All chunks of all batches are planned first and the whole plan (chunks, plus merge calls in
+    parallel mode) is reserved against the call cap before any call is made. Ordered mode: each batch
+    is one update of the running summary (more than one call only when a batch is larger than one
+    call's capacity). Parallel mode (``runner.parallelism`` > 1, two or more chunks in all): the
+    chunks of every batch are summarised at once and merged, in order, into one update of
+    ``previous``. Returns the new summary covering through the last folded ordinal, ``previous``
+    unchanged when there is nothing new, or None when there is nothing at all. ``tally`` counts the
+    attempts made here (the runner's ``attempts_made`` also counts a compaction running beside it).
+    Raises the summary / provider errors of :meth:`SummaryRunner.summarize`.
     """
     fresh = _new_pairs(previous, batches)
     if not fresh:
         return previous
     plans = [runner.chunk("qa", [render_qa_pair(pair) for pair in batch]) for batch in fresh]
     total = sum(len(chunks) for chunks in plans)
-    runner.budget.require(total)
+    plan = runner.plan("qa", total)
     document = previous.document if previous is not None else None
-    done = 0
-    for chunks in plans:
-        document = await runner.summarize(
-            "qa", chunks, document, check_cap=False, progress_offset=done, progress_total=total
-        )
-        done += len(chunks)
+    with runner.budget.reserve(plan.calls) as reservation:
+        if plan.parallel:
+            # Batches are only a loading unit: summarising all their chunks at once needs one merge.
+            document = await runner.summarize(
+                "qa",
+                [chunk for chunks in plans for chunk in chunks],
+                document,
+                check_cap=False,
+                parallel=True,
+                reservation=reservation,
+                tally=tally,
+            )
+        else:
+            done = 0
+            for chunks in plans:
+                document = await runner.summarize(
+                    "qa",
+                    chunks,
+                    document,
+                    check_cap=False,
+                    progress_offset=done,
+                    progress_total=total,
+                    parallel=False,
+                    reservation=reservation,
+                    tally=tally,
+                )
+                done += len(chunks)
     assert document is not None
     first = previous.first_ordinal if previous is not None else fresh[0][0].ordinal
     through = fresh[-1][-1].ordinal

@@ -49,6 +49,7 @@ PURGE_CLEARED_AFTER_S = 600.0
 # The liveness check never runs less often than this, whatever heartbeat_s says (cancel within ~1 s).
 MAX_CHECK_INTERVAL_S = 1.0
 
+
 class _Work(Protocol):
     @property
     def id(self) -> uuid.UUID: ...

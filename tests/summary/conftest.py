@@ -45,7 +45,8 @@ RunnerFactory = Callable[..., SummaryRunner]
 
 @pytest.fixture
 def make_runner(provider: OpenAIProvider, recorder: MemoryRecorder) -> RunnerFactory:
-    """Build a runner: ``make_runner(max_calls=12, window=200_000, timeout_s=30, progress=list)``."""
+    """Build a runner: ``make_runner(max_calls=12, window=200_000, timeout_s=30, progress=list,
+    parallelism=1, budget=None)`` (``budget``: share one SummaryCallBudget between runners)."""
 
     def build(
         *,
@@ -53,6 +54,8 @@ def make_runner(provider: OpenAIProvider, recorder: MemoryRecorder) -> RunnerFac
         window: int = 200_000,
         timeout_s: float = 30.0,
         progress: list[dict[str, Any]] | None = None,
+        parallelism: int = 1,
+        budget: SummaryCallBudget | None = None,
     ) -> SummaryRunner:
         async def on_progress(event: dict[str, Any]) -> None:
             if progress is not None:
@@ -65,10 +68,11 @@ def make_runner(provider: OpenAIProvider, recorder: MemoryRecorder) -> RunnerFac
             request_id="7d1c1e0e-0000-4000-8000-000000000001",
             recorder=recorder,
             deadline=time.monotonic() + timeout_s,
-            budget=SummaryCallBudget(max_calls),
+            budget=budget if budget is not None else SummaryCallBudget(max_calls),
             window=window,
             safety_margin=safety_margin(window),
             on_progress=on_progress,
+            parallelism=parallelism,
             now=lambda: next(clock_values),
         )
 
