@@ -44,6 +44,8 @@ def scripted_settings(database_url: str, base_url: str, **overrides: Any) -> Set
         # The 6.1–6.3 tests describe the in-request path, which is also the fallback when background
         # summaries are on (issue 11): they run with background summaries off unless they opt in.
         "background_summaries": "off",
+        # …and in strict order (SPEC 6.3 parallelism 1); the parallel mode has tests of its own.
+        "summary_parallelism": 1,
     }
     values.update(overrides)
     return Settings(**values)
