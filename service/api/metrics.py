@@ -6,8 +6,8 @@ Two kinds of numbers:
 - the deployment's, read from PostgreSQL at scrape time so every API process reports the same
   truth whichever worker process did the work: requests by status, terminal requests by status and
   error code, provider calls by purpose and status, summary calls, and provider latency (a
-  histogram over the per-call ``latency_ms`` the worker records in ``usage.calls``, when present).
-  Cleared requests are excluded.
+  histogram over the per-call ``latency_ms`` the worker records in ``usage.calls``, when present),
+  background jobs by kind and status with their calls and tokens. Cleared requests are excluded.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector
 
 from service.store.db import Database
+from service.store.jobs import JobStats, read_job_stats
 from service.store.stats import read_request_stats
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class DatabaseSnapshot:
         self.by_status: list[tuple[str, str, int]] = []
         self.calls: list[tuple[str, str, int]] = []
         self.latencies: list[tuple[str, float]] = []
+        self.jobs = JobStats([], [], [])
         self.ok = False
 
 
@@ -45,6 +47,7 @@ async def read_database(db: Database) -> DatabaseSnapshot:
     try:
         async with asyncio.timeout(SCRAPE_TIMEOUT_S), db.sessions() as session:
             stats = await read_request_stats(session)
+            snap.jobs = await read_job_stats(session)
         snap.by_status, snap.calls, snap.latencies = stats.by_status, stats.calls, stats.latencies
         snap.ok = True
     except Exception as exc:  # metrics must answer even while the database does not
@@ -121,6 +124,32 @@ class _SnapshotCollector(Collector):
             buckets.append(("+Inf", float(len(values))))
             latency.add_metric([purpose], buckets, sum_value=sum(values))
         yield latency
+
+        # Background summary jobs (SPEC §6.6): by kind and outcome, their calls and tokens.
+        jobs = GaugeMetricFamily(
+            "sidequest_background_jobs",
+            "Background summary jobs by kind and status",
+            labels=["kind", "status"],
+        )
+        for kind, status, n in snap.jobs.by_outcome:
+            jobs.add_metric([kind, status], float(n))
+        yield jobs
+        job_calls = GaugeMetricFamily(
+            "sidequest_background_calls",
+            "Provider calls of background jobs by kind and call status",
+            labels=["kind", "status"],
+        )
+        for kind, status, n in snap.jobs.calls:
+            job_calls.add_metric([kind, status], float(n))
+        yield job_calls
+        job_tokens = GaugeMetricFamily(
+            "sidequest_background_tokens",
+            "Tokens reported for background jobs' calls by kind and direction",
+            labels=["kind", "direction"],
+        )
+        for kind, direction, n in snap.jobs.tokens:
+            job_tokens.add_metric([kind, direction], float(n))
+        yield job_tokens
 
 
 class Metrics:

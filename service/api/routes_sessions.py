@@ -40,8 +40,10 @@ from service.api.schemas import (
 )
 from service.api.sse import database_now, session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
+from service.config import Settings
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (
+    SnapshotJobPolicy,
     find_session,
     history_page,
     lock_or_create_session,
@@ -68,6 +70,15 @@ def _too_large(code: str, what: str, size: int, limit: int) -> ApiError:
         code,
         f"{what} is {size} bytes of UTF-8; the limit is {limit} bytes",
         {"size_bytes": size, "limit_bytes": limit},
+    )
+
+
+def snapshot_job_policy(settings: Settings) -> SnapshotJobPolicy:
+    """The service's part of SPEC §6.6's snapshot trigger (the session's settings come from its row)."""
+    return SnapshotJobPolicy(
+        enabled=settings.background_on,
+        context_window=settings.context_window,
+        max_output_tokens=settings.max_output_tokens,
     )
 
 
@@ -131,6 +142,7 @@ async def post_question(
         options=options,
         idempotency_key=idempotency_key,
         body_hash=canonical_body_hash(raw) if idempotency_key is not None else None,
+        snapshot_jobs=snapshot_job_policy(settings),
     )
     admitted = await admit(session, tenant, parent_id, admission, max_queued=settings.max_queued_per_session)
     if admitted.created:
@@ -242,7 +254,9 @@ async def put_snapshot(
     if size > settings.max_snapshot_bytes:
         raise _too_large("snapshot_too_large", "the snapshot", size, settings.max_snapshot_bytes)
     owner = await lock_or_create_session(session, tenant, parent_id)
-    stored = await store_snapshot(session, owner.id, snapshot_id, content)
+    stored = await store_snapshot(
+        session, owner.id, snapshot_id, content, owner=owner, jobs=snapshot_job_policy(settings)
+    )
     await session.commit()
     return JSONResponse(stored.public(), status_code=201 if stored.created else 200)
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.config import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
+from service.context_info import ContextInfo
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
@@ -155,28 +156,6 @@ class Usage(BaseModel):
     calls: list[UsageCall] = Field(default_factory=list)
 
 
-class ContextInfo(BaseModel):
-    """Budget metadata of a request (SPEC §3); empty until a worker prepares it."""
-
-    model_config = ConfigDict(extra="allow")
-
-    stage: str | None = None
-    window: int | None = None
-    max_output_tokens: int | None = None
-    safety_margin: int | None = None
-    input_budget: int | None = None
-    estimate: dict[str, Any] | None = None
-    pressure: str | None = Field(default=None, description="normal | tight | critical")
-    replayed_groups: int | None = None
-    replayed_ordinals: list[int] | None = None
-    qa_summary: dict[str, Any] | None = None
-    context_summary: dict[str, Any] | None = None
-    summary_calls: int | None = None
-    overflow_retries: int | None = None
-    provider_prompt_tokens: int | None = None
-    drift: int | float | None = None
-
-
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
@@ -251,6 +230,13 @@ class MemoryOverview(BaseModel):
     context_summaries: list[ContextSummaryOverview]
 
 
+class BackgroundOverview(BaseModel):
+    """Background summary jobs of the session (SPEC §6.6) and the usage of all their calls."""
+
+    jobs: Counts
+    usage: Usage
+
+
 class SessionOut(BaseModel):
     """A session."""
 
@@ -258,6 +244,7 @@ class SessionOut(BaseModel):
     clear_version: int
     next_ordinal: int
     counts: Counts
+    background: BackgroundOverview
     memory: MemoryOverview
     created_at: Timestamp
     updated_at: Timestamp

@@ -25,6 +25,10 @@ from service.store.db import Database
 
 # Re-read a waited-for job at least this often even without a notification.
 FALLBACK_POLL_S = 0.5
+# A *queued* job is waited for this long to start; if no background slot took it by then, the
+# request takes it over (cancels it and makes the summary itself) rather than wait behind a queue
+# that may be long — or have no worker at all (docs/summaries.md).
+QUEUED_GRACE_S = 1.0
 
 
 class JobWaiter:
@@ -59,22 +63,33 @@ async def wait_for_job(
 ) -> tuple[jobs.JobState | None, int]:
     """Wait until ``job_id`` is no longer queued or running; returns its final state and the wait in ms.
 
-    Raises ``TimeoutError`` when the request's deadline passes first (the request then fails with
-    ``timeout``, as any stage that overruns it).
+    A job still queued after :data:`QUEUED_GRACE_S` is taken over (cancelled, so the caller makes the
+    summary itself). Raises ``TimeoutError`` when the request's deadline passes first (the request
+    then fails with ``timeout``, as any stage that overruns it).
     """
     started = clock()
+    queued_since: float | None = None
     with waiter.subscribe() as wake:
         while True:
             wake.clear()
             async with db.sessions() as session:
                 state = await jobs.job_state(session, job_id)
+            if state is not None and state.status == "queued":
+                queued_since = clock() if queued_since is None else queued_since
+                if clock() - queued_since >= QUEUED_GRACE_S:
+                    async with db.sessions() as session:
+                        if await jobs.take_over(session, job_id):
+                            state = await jobs.job_state(session, job_id)
+            else:
+                queued_since = None
             if state is None or state.status not in ("queued", "running"):
                 return state, int((clock() - started) * 1000)
             left = remaining_s()
             if left <= 0:
                 raise TimeoutError("deadline passed while waiting for a background summary")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=min(FALLBACK_POLL_S, left))
+                poll = QUEUED_GRACE_S / 4 if queued_since is not None else FALLBACK_POLL_S
+                await asyncio.wait_for(wake.wait(), timeout=min(poll, left))
 
 
 @contextlib.asynccontextmanager

@@ -22,6 +22,7 @@ from service.store.listener import CANCEL_CHANNEL, QUEUE_CHANNEL
 from service.store.models import EMPTY_MEMORY, RequestRow, SessionRow
 from service.store.records import request_record
 from service.store.sessions import (
+    SnapshotJobPolicy,
     lock_or_create_session,
     lock_session,
     snapshot_exists,
@@ -66,6 +67,8 @@ class Admission:
     options: dict[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
     body_hash: str | None = None
+    # When storing an inline snapshot may queue its background context summary (SPEC §6.6).
+    snapshot_jobs: SnapshotJobPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,12 @@ async def admit(
     if admission.snapshot is not None:
         own_id = admission.snapshot.get("snapshot_id")
         stored = await store_snapshot(
-            session, owner.id, own_id if isinstance(own_id, str) and own_id else None, admission.snapshot
+            session,
+            owner.id,
+            own_id if isinstance(own_id, str) and own_id else None,
+            admission.snapshot,
+            owner=owner,
+            jobs=admission.snapshot_jobs,
         )
         snapshot_id = stored.snapshot_id
     elif snapshot_id is not None and not await snapshot_exists(session, owner.id, snapshot_id):

@@ -355,6 +355,31 @@ async def finish_job_committed(
         )
 
 
+async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
+    """A waiting request takes a still-queued job over: the job ends ``cancelled`` (code
+    ``taken_over``) and the request makes the summary itself; commits. False if it started meanwhile."""
+    async with session.begin():
+        row = (
+            await session.execute(
+                text(
+                    """
+                    UPDATE side_question_jobs
+                    SET status = 'cancelled', finished_at = now(),
+                        error = '{"code": "taken_over", "message": "a request that needed it made it itself",
+                                  "detail": {}}'::jsonb
+                    WHERE id = :id AND status = 'queued'
+                    RETURNING session_id, kind, calls
+                    """
+                ),
+                {"id": job_id},
+            )
+        ).one_or_none()
+        if row is None:
+            return False
+        await _memory_event(session, row.session_id, job_id, row.kind, "cancelled", row.calls, None)
+    return True
+
+
 async def take_key(session: AsyncSession, job_id: uuid.UUID, key: str) -> bool:
     """Re-key a running job to the summary's real cache key, unless someone holds that key; commits.
 
@@ -534,4 +559,5 @@ __all__ = [
     "release_job",
     "requeue_job",
     "take_key",
+    "take_over",
 ]

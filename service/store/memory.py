@@ -118,7 +118,7 @@ async def save_memory(
         if session_id is None:
             return False
         await session.execute(
-            text("SELECT id FROM side_question_sessions WHERE id = :id FOR UPDATE"), {"id": session_id}
+            text("SELECT id FROM side_question_sessions WHERE id = :id FOR NO KEY UPDATE"), {"id": session_id}
         )
         written = await session.scalar(
             _GUARDED_JOB_WRITE if job else _GUARDED_WRITE,

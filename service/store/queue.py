@@ -11,7 +11,10 @@ Invariants, and how each is kept:
   lock was granted.
 - **One running per session, ordinal order**: only the lowest queued ordinal of a session with nothing
   running is a candidate.
-- **Never waiting on the API**: the pick locks the request *and* its session row with ``SKIP LOCKED``;
+- **Never waiting on the API**: the pick locks the request *and* its session row with ``SKIP LOCKED``
+  (``FOR NO KEY UPDATE``, like every session-row lock: an event insert's foreign key takes ``KEY
+  SHARE`` on that row while holding the session's event lock, and ``FOR UPDATE`` would deadlock
+  with it — e.g. a background job's ``memory`` event during a claim);
   a session whose row an admission or a clear holds right now is skipped this time (their commit
   NOTIFYs the queue, so it is picked up at once after), and the claim never queues behind them.
 - **Round robin**: among candidates, the session whose ``last_started_at`` is oldest goes first (NULL —
@@ -70,7 +73,7 @@ _PICK_NEXT = text(
       )
     ORDER BY s.last_started_at ASC NULLS FIRST, r.created_at ASC, r.id ASC
     LIMIT 1
-    FOR UPDATE OF r, s SKIP LOCKED
+    FOR NO KEY UPDATE OF r, s SKIP LOCKED
     """
 )
 

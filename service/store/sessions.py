@@ -17,8 +17,10 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.budget import plan_window, resolve_output_cap, resolve_window
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
 from service.store.events import utc_iso
+from service.store.jobs import background_overview, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import iso_or_none, request_record
 
@@ -215,6 +217,7 @@ async def session_overview(session: AsyncSession, tenant: str, parent_id: str) -
         "clear_version": row.clear_version,
         "next_ordinal": row.next_ordinal,
         "counts": await status_counts(session, row.id),
+        "background": await background_overview(session, row.id),
         "memory": memory_overview(row.memory),
         "created_at": iso_or_none(row.created_at),
         "updated_at": iso_or_none(row.updated_at),
@@ -246,6 +249,67 @@ async def history_page(
 
 
 @dataclass(frozen=True)
+class SnapshotJobPolicy:
+    """When storing a snapshot queues a background context summary (SPEC §6.6, second trigger).
+
+    ``enabled`` is ``SIDEQUEST_BACKGROUND_SUMMARIES=on``; the window and cap are the service's
+    defaults, used after the session's settings and the snapshot's own numbers (SPEC §5 order).
+    """
+
+    enabled: bool
+    context_window: int | None
+    max_output_tokens: int
+
+
+def needs_compaction(
+    prepared: PreparedSnapshot, policy: SnapshotJobPolicy, session_settings: dict[str, Any]
+) -> bool:
+    """Would a question on this snapshot need compaction, with the session's defaults?
+
+    The snapshot alone already over the input budget is the test: the question and the side Q&A
+    only add to it, and a job that turns out not to be needed ends with no call.
+    """
+    window = resolve_window(
+        _positive(session_settings.get("context_window")),
+        prepared.snapshot.context_window,
+        policy.context_window,
+    )
+    cap = resolve_output_cap(
+        _positive(session_settings.get("max_output_tokens")),
+        policy.max_output_tokens,
+        prepared.snapshot.max_output_tokens,
+    )
+    return prepared.total_tokens > plan_window(window, cap).input_budget
+
+
+def _positive(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+async def maybe_queue_snapshot_job(
+    session: AsyncSession,
+    owner: SessionRow,
+    snapshot_id: str,
+    prepared: PreparedSnapshot,
+    policy: SnapshotJobPolicy | None,
+) -> uuid.UUID | None:
+    """Queue the snapshot's background context summary when SPEC §6.6 says so (caller's transaction):
+    background summaries on, the session asked before, and a question on it would need compaction."""
+    if policy is None or not policy.enabled or owner.next_ordinal <= 1:
+        return None
+    if not needs_compaction(prepared, policy, dict(owner.settings or {})):
+        return None
+    return await enqueue_job(
+        session,
+        owner.id,
+        kind="context_summary",
+        key=f"snapshot:{snapshot_id}",
+        params={"snapshot_id": snapshot_id},
+        clear_version=owner.clear_version,
+    )
+
+
+@dataclass(frozen=True)
 class StoredSnapshot:
     """What a snapshot write or read reports back (never the content itself)."""
 
@@ -269,12 +333,20 @@ class StoredSnapshot:
 
 
 async def store_snapshot(
-    session: AsyncSession, session_id: uuid.UUID, snapshot_id: str | None, content: dict[str, Any]
+    session: AsyncSession,
+    session_id: uuid.UUID,
+    snapshot_id: str | None,
+    content: dict[str, Any],
+    *,
+    owner: SessionRow | None = None,
+    jobs: SnapshotJobPolicy | None = None,
 ) -> StoredSnapshot:
     """Store ``content`` under ``snapshot_id`` (or its content hash) in the caller's transaction.
 
     Idempotent for identical content; raises :class:`SnapshotConflict` when the id already holds
-    other content and :class:`InvalidSnapshot` when the snapshot cannot be read.
+    other content and :class:`InvalidSnapshot` when the snapshot cannot be read. A newly stored
+    snapshot is prepared once (:mod:`service.budget.prepared`) and, given the session row ``owner``
+    and a ``jobs`` policy, may queue its background context summary (SPEC §6.6).
     """
     digest = content_hash(content)
     key = snapshot_id or digest
@@ -297,6 +369,8 @@ async def store_snapshot(
         .returning(SnapshotRow.created_at)
     )
     if inserted is not None:
+        if owner is not None:
+            await maybe_queue_snapshot_job(session, owner, key, prepared, jobs)
         return StoredSnapshot(key, digest, tokens, size, utc_iso(inserted), created=True)
     existing = (
         await session.execute(

@@ -1,0 +1,457 @@
+"""Background summary jobs (SPEC §6.6, §6.7) on real PostgreSQL, with a real in-process worker and the
+scripted model server at the wire. A summary step's delay makes "the job is still running" a fact the
+test waits for (the job's row is ``running``), not a race."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+
+from service.config import Settings
+from service.store import jobs, memory, queue
+from service.store.admission import clear_session
+from service.store.db import Database
+from service.store.events import session_events_after
+from service.store.models import JobRow, RequestRow
+from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, session_overview, store_snapshot
+from service.worker import Worker, start_worker
+from tests.factories import add_history, admit, make_session, scripted_settings
+from tests.scripted_provider import ScriptedServer, Step
+from tests.worker.conftest import row_of, wait_for
+
+
+@pytest.fixture
+def server() -> Any:
+    with ScriptedServer() as scripted:
+        yield scripted
+
+
+def _settings(database_url: str, server: ScriptedServer, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "lease_s": 1.5,
+        "heartbeat_s": 0.3,
+        "request_timeout_s": 30.0,
+        "background_summaries": "on",
+        "summary_parallelism": 1,
+    }
+    values.update(overrides)
+    return scripted_settings(database_url, server.base_url, **values)
+
+
+@pytest.fixture
+def bg_settings(database_url: str, server: ScriptedServer) -> Settings:
+    return _settings(database_url, server)
+
+
+@pytest.fixture
+async def worker(bg_settings: Settings, db: Database) -> AsyncIterator[Worker]:
+    handle = await start_worker(bg_settings, db)
+    try:
+        yield handle
+    finally:
+        await handle.stop()
+
+
+async def _jobs(db: Database, sid: uuid.UUID) -> list[JobRow]:
+    async with db.sessions() as session:
+        rows = await session.scalars(
+            select(JobRow).where(JobRow.session_id == sid).order_by(JobRow.created_at, JobRow.id)
+        )
+        return list(rows)
+
+
+async def _background(db: Database, sid: uuid.UUID) -> list[JobRow]:
+    return [j for j in await _jobs(db, sid) if (j.params or {}).get("made_by") == "background"]
+
+
+async def _status(db: Database, rid: uuid.UUID) -> str:
+    return (await row_of(db, rid)).status
+
+
+async def _done(db: Database, rid: uuid.UUID) -> bool:
+    return await _status(db, rid) in ("succeeded", "failed", "cancelled")
+
+
+async def _job_is(db: Database, job_id: uuid.UUID, *statuses: str) -> bool:
+    async with db.sessions() as session:
+        state = await jobs.job_state(session, job_id)
+    return state is not None and state.status in statuses
+
+
+async def _enqueue(
+    db: Database, sid: uuid.UUID, kind: jobs.JobKind, key: str, params: dict[str, Any]
+) -> uuid.UUID:
+    async with db.sessions() as session, session.begin():
+        cv = await session.scalar(
+            text("SELECT clear_version FROM side_question_sessions WHERE id = :s"), {"s": sid}
+        )
+        job_id = await jobs.enqueue_job(
+            session, sid, kind=kind, key=key, params=params, clear_version=int(cv)
+        )
+    assert job_id is not None
+    return job_id
+
+
+def _history(n: int) -> list[tuple[str, str]]:
+    return [(f"question {i}?", f"answer {i}.") for i in range(1, n + 1)]
+
+
+async def _memory_events(db: Database, sid: uuid.UUID) -> list[dict[str, Any]]:
+    async with db.sessions() as session:
+        events = await session_events_after(session, sid, 0, limit=10_000)
+    return [e.data for e in events if e.type == "memory"]
+
+
+# ------------------------------------------------------------------------------------ qa_fold
+
+
+async def test_an_answer_queues_a_fold_and_the_next_question_finds_the_summary_current(
+    worker: Worker, db: Database, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_history(db, sid, _history(20))
+    first = await admit(db, sid, "question 21?")
+    await wait_for(lambda: _done(db, first), within=20)
+    assert await _status(db, first) == "succeeded"
+    # The next question would replay 21 groups: one leaves the window, so a job folds it now.
+    await wait_for(lambda: _all_jobs_ended(db, sid), within=20)
+    [job] = await _background(db, sid)
+    assert (job.kind, job.key, job.status) == ("qa_fold", "1-1", "succeeded")
+    assert job.covered == {"covered_through_ordinal": 1}
+    summary_calls = server.requests("qa_summary")
+    assert len(summary_calls) == 1
+    headers = summary_calls[0].headers
+    assert headers["x-sidequest-job-id"] == str(job.id) and "x-sidequest-request-id" not in headers
+
+    second = await admit(db, sid, "question 22?")
+    await wait_for(lambda: _done(db, second), within=20)
+    row = await row_of(db, second)
+    assert row.status == "succeeded"
+    qa = row.context_info["qa_summary"]
+    assert qa["used"] is True and qa["made_by"] == "background" and qa["calls"] == 0
+    assert qa["covered_through_ordinal"] == 1 and qa["waited_ms"] == 0
+    assert [c["purpose"] for c in row.usage["calls"]] == ["answer"]  # no summary call of its own
+    assert len(server.requests("qa_summary")) == 1
+
+    # The job's usage is the session's, never a request's; memory events on the session stream.
+    async with db.sessions() as session:
+        overview = await session_overview(session, "default", "parent-1")
+    assert overview is not None
+    background = overview["background"]
+    assert background["jobs"]["succeeded"] >= 1
+    assert [c["purpose"] for c in background["usage"]["calls"]][:1] == ["qa_summary"]
+    statuses = [e["status"] for e in await _memory_events(db, sid) if e["job_id"] == str(job.id)]
+    assert statuses == ["queued", "running", "succeeded"]
+
+
+async def _all_jobs_ended(db: Database, sid: uuid.UUID) -> bool:
+    rows = await _background(db, sid)
+    return bool(rows) and all(j.status not in ("queued", "running") for j in rows)
+
+
+async def test_a_request_waits_for_a_running_fold_instead_of_making_it_again(
+    worker: Worker, db: Database, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_history(db, sid, _history(21))
+    server.script("qa_summary", Step.valid_summary().with_delay(before_s=1.5))
+    job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
+    await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
+    # Two requests race the job for the same summary: one set of calls in all.
+    first = await admit(db, sid, "question 22?")
+    second = await admit(db, sid, "question 23?")
+    await wait_for(lambda: _done(db, second), within=30)
+    # Every summary call was a job's (each answer queues the next fold), one call per job: no
+    # request made a summary a job was making.
+    calls = server.requests("qa_summary")
+    job_ids = [r.headers.get("x-sidequest-job-id") for r in calls]
+    assert None not in job_ids and len(set(job_ids)) == len(job_ids)
+    assert job_ids[0] == str(job_id)
+    row = await row_of(db, first)
+    assert row.status == "succeeded"
+    qa = row.context_info["qa_summary"]
+    assert qa["made_by"] == "background" and qa["waited_ms"] > 0 and qa["calls"] == 0
+    async with db.sessions() as session:
+        progress = [
+            e.data
+            for e in await queue_events(session, first)
+            if e.type == "progress" and e.data.get("what") == "waiting_for_background"
+        ]
+    assert progress and progress[0]["job_id"] == str(job_id)
+    assert (await row_of(db, second)).status == "succeeded"
+
+
+async def queue_events(session: Any, rid: uuid.UUID) -> list[Any]:
+    from service.store.events import request_events_after
+
+    return await request_events_after(session, rid, 0, limit=10_000)
+
+
+async def test_a_failed_job_is_made_by_the_request_itself_and_never_fails_it(
+    worker: Worker, db: Database, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_history(db, sid, _history(21))
+    server.script("qa_summary", Step.server_error().with_delay(before_s=1.5), Step.valid_summary())
+    job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
+    await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
+    rid = await admit(db, sid, "question 22?")
+    await wait_for(lambda: _done(db, rid), within=30)
+    row = await row_of(db, rid)
+    assert row.status == "succeeded"
+    assert await _job_is(db, job_id, "failed")
+    qa = row.context_info["qa_summary"]
+    assert qa["made_by"] == "request" and qa["calls"] == 1 and qa["covered_through_ordinal"] == 1
+    assert [c["purpose"] for c in row.usage["calls"]] == ["qa_summary", "answer"]
+
+
+async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
+    worker: Worker, db: Database, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_history(db, sid, _history(21))
+    server.script("qa_summary", Step.valid_summary().with_delay(before_s=1.5))
+    job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
+    await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
+    async with db.sessions() as session:
+        assert await clear_session(session, "default", "parent-1") is not None
+    assert await _job_is(db, job_id, "cancelled")
+    await asyncio.sleep(2.0)  # past the call's delay: a late write would land now
+    async with db.sessions() as session:
+        mem = await memory.load_memory(session, sid)
+    assert mem["qa_summary"] is None
+    assert await _job_is(db, job_id, "cancelled")
+    assert job_id not in worker.running_jobs
+    statuses = [e["status"] for e in await _memory_events(db, sid) if e["job_id"] == str(job_id)]
+    assert statuses == ["queued", "running", "cancelled"]
+
+
+async def test_a_job_whose_worker_died_runs_again_and_requests_are_unaffected(
+    worker: Worker, db: Database, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_history(db, sid, _history(21))
+    await worker.jobs.stop()  # this process runs no jobs until the dead one's lease expired
+    job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
+    async with db.sessions() as session:
+        dead = await jobs.claim_job(session, owner="dead-worker", lease_s=0.5, max_running=10)
+    assert dead is not None and dead.id == job_id
+    rid = await admit(db, sid, "question 22?")
+    # The request waits for the (dead) job until the sweep puts the job back; then it folds itself
+    # or uses the rerun — either way it succeeds and the job does not stay running.
+    await wait_for(lambda: _done(db, rid), within=30)
+    row = await row_of(db, rid)
+    assert row.status == "succeeded", row.error
+    await wait_for(lambda: _job_is(db, job_id, "queued", "succeeded", "failed", "cancelled"), within=10)
+    async with db.sessions() as session:
+        attempt = await session.scalar(select(JobRow.attempt).where(JobRow.id == job_id))
+    assert attempt == 1
+
+
+async def test_the_sweep_reruns_a_lost_job_once_then_fails_it(db: Database) -> None:
+    sid = await make_session(db)
+    job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
+    for attempt in (1, 2):
+        async with db.sessions() as session:
+            claimed = await jobs.claim_job(session, owner=f"dead-{attempt}", lease_s=0.01, max_running=10)
+        assert claimed is not None and claimed.attempt == attempt
+        await asyncio.sleep(0.05)
+        async with db.sessions() as session:
+            swept = await queue.sweep_expired(session)
+        if attempt == 1:
+            assert swept.jobs_requeued == [job_id] and await _job_is(db, job_id, "queued")
+        else:
+            assert swept.jobs_failed == [job_id] and await _job_is(db, job_id, "failed")
+    async with db.sessions() as session:
+        state = await jobs.job_state(session, job_id)
+    assert state is not None and state.error is not None and state.error["code"] == "worker_lost"
+
+
+async def test_one_job_per_session_kind_and_key_is_enforced_by_the_database(db: Database) -> None:
+    sid = await make_session(db)
+    await _enqueue(db, sid, "qa_fold", "1-5", {"through_ordinal": 5})
+    async with db.sessions() as session, session.begin():
+        again = await jobs.enqueue_job(session, sid, kind="qa_fold", key="1-5", params={}, clear_version=0)
+        other = await jobs.enqueue_job(session, sid, kind="qa_fold", key="6-9", params={}, clear_version=0)
+        stale = await jobs.enqueue_job(session, sid, kind="qa_fold", key="10-11", params={}, clear_version=7)
+    assert again is None and other is not None and stale is None
+
+
+async def test_two_workers_never_run_the_same_job(
+    db: Database, server: ScriptedServer, database_url: str
+) -> None:
+    settings = _settings(database_url, server, max_background_concurrency=4)
+    server.set_default("qa_summary", Step.valid_summary().with_delay(before_s=0.3))
+    sessions = [await make_session(db, f"parent-{i}") for i in range(6)]
+    for sid in sessions:
+        await add_history(db, sid, _history(3))
+    a = Worker(settings, db, owner="worker-a")
+    b = Worker(settings, db, owner="worker-b")
+    await a.start()
+    await b.start()
+    try:
+        ids = [await _enqueue(db, sid, "qa_fold", "1-3", {"through_ordinal": 3}) for sid in sessions]
+        for job_id in ids:
+            await wait_for(lambda job_id=job_id: _job_is(db, job_id, "succeeded"), within=30)
+    finally:
+        await a.stop()
+        await b.stop()
+    calls = server.requests("qa_summary")
+    assert sorted(r.headers["x-sidequest-job-id"] for r in calls) == sorted(str(i) for i in ids)
+    async with db.sessions() as session:
+        attempts = list(await session.scalars(select(JobRow.attempt).where(JobRow.id.in_(ids))))
+    assert attempts == [1] * 6
+
+
+async def test_background_off_makes_no_jobs(db: Database, server: ScriptedServer, database_url: str) -> None:
+    settings = _settings(database_url, server, background_summaries="off")
+    handle = await start_worker(settings, db)
+    try:
+        sid = await make_session(db)
+        await add_history(db, sid, _history(20))
+        rid = await admit(db, sid, "question 21?")
+        await wait_for(lambda: _done(db, rid), within=20)
+        rid2 = await admit(db, sid, "question 22?")
+        await wait_for(lambda: _done(db, rid2), within=20)
+    finally:
+        await handle.stop()
+    assert await _background(db, sid) == []
+    row = await row_of(db, rid2)
+    assert row.context_info["qa_summary"]["made_by"] == "request"
+    assert [c["purpose"] for c in row.usage["calls"]] == ["qa_summary", "answer"]
+
+
+# ------------------------------------------------------------------------------------ context
+
+
+def _snapshot(messages: int, *, start: int = 0) -> dict[str, Any]:
+    """A snapshot of ``messages`` messages of ~1000 tokens each (3000 bytes of text)."""
+    body = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}: " + "x" * 3000}
+        for i in range(start, start + messages)
+    ]
+    return {"system": "You are the main agent.", "messages": body}
+
+
+async def _store(
+    db: Database, sid: uuid.UUID, snapshot_id: str, content: dict[str, Any], settings: Settings
+) -> None:
+    policy = SnapshotJobPolicy(
+        enabled=settings.background_on,
+        context_window=settings.context_window,
+        max_output_tokens=settings.max_output_tokens,
+    )
+    async with db.sessions() as session:
+        owner = await lock_or_create_session(session, "default", "parent-1")
+        await store_snapshot(session, sid, snapshot_id, content, owner=owner, jobs=policy)
+        await session.commit()
+
+
+async def test_a_stored_snapshot_is_summarised_before_the_question_comes(
+    db: Database, server: ScriptedServer, database_url: str
+) -> None:
+    settings = _settings(database_url, server, context_window=64000)
+    handle = await start_worker(settings, db)
+    try:
+        sid = await make_session(db)
+        await add_history(db, sid, _history(1))  # the session has asked before
+        await _store(db, sid, "s1", _snapshot(60), settings)
+        [job] = await _background(db, sid)
+        assert (job.kind, job.key) == ("context_summary", "snapshot:s1")
+        await wait_for(lambda: _job_is(db, job.id, "succeeded"), within=30)
+        made = len(server.requests("context_summary"))
+        assert made >= 1
+        rid = await admit(db, sid, "what now?", snapshot_id="s1")
+        await wait_for(lambda: _done(db, rid), within=30)
+    finally:
+        await handle.stop()
+    row = await row_of(db, rid)
+    assert row.status == "succeeded"
+    ctx = row.context_info["context_summary"]
+    assert ctx["cache"] == "hit" and ctx["made_by"] == "background" and ctx["calls"] == 0
+    assert len(server.requests("context_summary")) == made  # the request made none
+    [done] = await _background(db, sid)
+    assert done.key != "snapshot:s1"  # it took its summary's cache key when it started
+
+
+async def test_a_snapshot_of_a_session_that_never_asked_queues_nothing(
+    db: Database, server: ScriptedServer, database_url: str
+) -> None:
+    settings = _settings(database_url, server, context_window=64000)
+    sid = await make_session(db)
+    await _store(db, sid, "s1", _snapshot(60), settings)
+    await _store(db, sid, "small", _snapshot(2), settings)
+    assert await _background(db, sid) == []
+
+
+async def test_a_grown_snapshot_is_answered_at_once_from_the_cached_prefix_then_extended(
+    db: Database, server: ScriptedServer, database_url: str
+) -> None:
+    settings = _settings(database_url, server)
+    handle = await start_worker(settings, db)
+    options = {"context_window": 64000}
+    try:
+        sid = await make_session(db)
+        first_snapshot = _snapshot(60)
+        await _store(db, sid, "s1", first_snapshot, settings)  # never asked: no job
+        first = await admit(db, sid, "what is going on?", snapshot_id="s1", options=options)
+        await wait_for(lambda: _done(db, first), within=30)
+        row = await row_of(db, first)
+        assert row.status == "succeeded" and row.context_info["context_summary"]["cache"] == "miss"
+        recent_kept = row.context_info["context_summary"]["kept_messages"]  # the 8000-token tail
+        before = len(server.requests("context_summary"))
+        server.set_default("context_summary", Step.valid_summary().with_delay(before_s=1.0))
+
+        grown = {
+            **first_snapshot,
+            "messages": first_snapshot["messages"] + _snapshot(10, start=60)["messages"],
+        }
+        # Stored inline-style without the trigger, so that only the 6.7 follow-up can queue a job.
+        await _store(
+            db, sid, "s2", grown, Settings(**{**settings.model_dump(), "background_summaries": "off"})
+        )
+        second = await admit(db, sid, "and now?", snapshot_id="s2", options=options)
+        await wait_for(lambda: _done(db, second), within=30)
+        row = await row_of(db, second)
+        assert row.status == "succeeded"
+        ctx = row.context_info["context_summary"]
+        assert ctx["cache"] == "prefix" and ctx["calls"] == 0 and ctx["waited_ms"] == 0
+        assert ctx["kept_messages"] == recent_kept + 10  # every message after the cached prefix, verbatim
+        assert [c["purpose"] for c in row.usage["calls"]] == ["answer"]
+        # …and a job then extends the summary so the next question's tail is back near 8000 tokens.
+        await wait_for(lambda: _all_jobs_ended(db, sid), within=30)
+        [job] = await _background(db, sid)
+        assert job.kind == "context_summary" and job.status == "succeeded"
+        assert len(server.requests("context_summary")) == before + 1  # one call: the new messages
+
+        third = await admit(db, sid, "once more?", snapshot_id="s2", options=options)
+        await wait_for(lambda: _done(db, third), within=30)
+    finally:
+        await handle.stop()
+    row = await row_of(db, third)
+    ctx = row.context_info["context_summary"]
+    assert ctx["cache"] == "hit" and ctx["made_by"] == "background"
+    assert ctx["kept_messages"] == recent_kept  # back to the 8000-token tail
+
+
+async def test_request_records_carry_the_stored_qa_estimate(
+    worker: Worker, db: Database, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    rid = await admit(db, sid, "how big is this?")
+    await wait_for(lambda: _done(db, rid), within=20)
+    async with db.sessions() as session:
+        tokens = await session.scalar(select(RequestRow.qa_tokens).where(RequestRow.id == rid))
+    from service.pipeline.history import qa_group_tokens
+    from service.store.events import utc_iso
+    from service.summary.material import QAPair
+
+    row = await row_of(db, rid)
+    assert tokens == qa_group_tokens(
+        QAPair(row.ordinal, row.question, row.answer or "", utc_iso(row.created_at))
+    )
