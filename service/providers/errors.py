@@ -12,8 +12,10 @@ and tabled in ``docs/providers.md``:
    exist or cannot be served to this key ("not a valid model ID", "Unable to access non-serverless
    model", "Invalid model name passed in model=", "The API deployment for this resource does not
    exist"), whatever the status.
-2. **Quota exhausted** — ``insufficient_quota``, HTTP 402, or "Insufficient Balance" / "requires more
-   credits": rate limited, never retried (waiting does not refill a balance).
+2. **Quota exhausted** — ``insufficient_quota``, HTTP 402, "Insufficient Balance" / "requires more
+   credits", or OpenAI's "You exceeded your current quota" once a gateway has dropped its code (but not
+   Gemini's per-minute ``RESOURCE_EXHAUSTED`` in the same words): rate limited, never retried (waiting
+   does not refill a balance).
 3. **Rate limited** — 429, 529, Anthropic ``rate_limit_error`` / ``overloaded_error``, OpenAI/Groq
    ``rate_limit_exceeded`` / type ``tokens``, LiteLLM's ``throttling_error``, Mistral's
    ``rate_limited``, Gemini's ``RESOURCE_EXHAUSTED``, or a 413 (or status-less stream error) that speaks
@@ -217,6 +219,11 @@ _QUOTA = re.compile(
     r"insufficient[_ ]balance|insufficient[_ ]quota|requires more credits|credit balance is too low",
     re.IGNORECASE,
 )
+# OpenAI's insufficient_quota message, which survives when a gateway (LiteLLM) drops the code. Gemini says
+# the same words for a per-minute quota, with RESOURCE_EXHAUSTED and a retry delay: that one is a rate limit.
+_OPENAI_QUOTA_WORDING = re.compile(
+    r"exceeded your current quota, please check your plan and billing details", re.IGNORECASE
+)
 _RATE_LIMIT_TYPES = frozenset(
     {"rate_limit_error", "overloaded_error", "tokens", "requests", "throttling_error", "rate_limited"}
 )
@@ -351,10 +358,15 @@ def parse_retry_after(
     message: str | None = None,
     now: float | None = None,
 ) -> float | None:
-    """Seconds to wait before retrying, from ``retry-after-ms``, ``retry-after`` (seconds or HTTP date)
-    or, failing both, a hint in the provider's message: "try again in 6s" / "in 250ms", Azure's "Please
-    retry after 60 seconds", Gemini's "Please retry in 20.04s" or its ``"retryDelay": "26s"``."""
+    """Seconds to wait before retrying, from ``retry-after-ms``, ``retry-after`` (seconds or HTTP date;
+    also under LiteLLM's ``llm_provider-`` prefix) or, failing both, a hint in the provider's message:
+    "try again in 6s" / "in 250ms", Azure's "Please retry after 60 seconds", Gemini's "Please retry in
+    20.04s" or its ``"retryDelay": "26s"``."""
     lowered = {k.lower(): v for k, v in (headers or {}).items()}
+    for name in ("retry-after-ms", "retry-after"):
+        # LiteLLM's proxy passes the upstream's headers on under an ``llm_provider-`` prefix.
+        if name not in lowered and f"llm_provider-{name}" in lowered:
+            lowered[name] = lowered[f"llm_provider-{name}"]
     raw_ms = lowered.get("retry-after-ms")
     if raw_ms is not None:
         try:
@@ -480,7 +492,9 @@ def _is_quota_exhausted(status: int | None, info: _ErrorInfo) -> bool:
     if "insufficient_quota" in (info.type, info.code):
         return True
     # 402 Payment Required: DeepSeek's "Insufficient Balance", OpenRouter's "requires more credits".
-    return status == 402 or bool(_QUOTA.search(info.message))
+    if status == 402 or _QUOTA.search(info.message):
+        return True
+    return bool(_OPENAI_QUOTA_WORDING.search(info.message)) and "RESOURCE_EXHAUSTED" not in info.text
 
 
 def _is_rate_limit(status: int | None, info: _ErrorInfo) -> bool:
