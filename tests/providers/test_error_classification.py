@@ -300,6 +300,8 @@ def test_413_without_rate_wording_is_an_overflow_but_with_it_a_rate_limit() -> N
         ({"retry-after": "Wed, 21 Oct 2026 07:28:10 GMT"}, None, 10.0),
         ({"retry-after": "Wed, 21 Oct 2026 07:27:00 GMT"}, None, 0.0),  # already passed
         ({"retry-after": "soon"}, None, None),
+        ({"llm_provider-retry-after": "3"}, "Please try again in 600ms.", 3.0),  # LiteLLM's proxy
+        ({"llm_provider-retry-after": "3", "retry-after": "5"}, None, 5.0),
         ({}, "Please try again in 6s.", 6.0),
         ({}, "Please try again in 820ms.", 0.82),
         ({}, "Please retry after 9 seconds. Please go here: https://aka.ms/oai/quotaincrease", 9.0),
