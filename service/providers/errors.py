@@ -2,19 +2,34 @@
 
 Every adapter funnels its failures through :func:`classify_http_error` (an HTTP error status with its
 body and headers) or :func:`classify_stream_error` (an error object that arrived *inside* a 200 stream).
-The rules, in order, with the real bodies they were written against kept as test fixtures under
-``tests/fixtures/provider_errors/`` and summarised in ``docs/providers.md``:
+Classification goes by what the body **says**, whatever the HTTP status: gateways (LiteLLM's proxy,
+OpenRouter, nginx) re-wrap upstream errors under 400, 413, 422, 500 or 503. The rules, in order, with
+the real bodies they were written against kept as test fixtures under ``tests/fixtures/provider_errors/``
+and tabled in ``docs/providers.md``:
 
-1. **Model unavailable** — HTTP 404, or the code ``model_not_found`` (any status), or a 400 whose message
-   says the model does not exist.
-2. **Quota exhausted** — ``insufficient_quota`` (OpenAI sends it as a 429): rate limited, never retried.
+1. **Model unavailable** — HTTP 404, a model-not-found code (``model_not_found``, Together's
+   ``model_not_available``, Azure's ``DeploymentNotFound``), or a message that says the model does not
+   exist or cannot be served to this key ("not a valid model ID", "Unable to access non-serverless
+   model", "Invalid model name passed in model=", "The API deployment for this resource does not
+   exist"), whatever the status.
+2. **Quota exhausted** — ``insufficient_quota``, HTTP 402, "Insufficient Balance" / "requires more
+   credits", or OpenAI's "You exceeded your current quota" once a gateway has dropped its code (but not
+   Gemini's per-minute ``RESOURCE_EXHAUSTED`` in the same words): rate limited, never retried (waiting
+   does not refill a balance).
 3. **Rate limited** — 429, 529, Anthropic ``rate_limit_error`` / ``overloaded_error``, OpenAI/Groq
-   ``rate_limit_exceeded`` / type ``tokens``, or a 413 that speaks of tokens per minute. These win over
-   everything below: "Request too large … tokens per min … reduce" is a *rate* limit, not an overflow.
-4. **Context overflow** — only in 400 / 413 / 422 responses, stream errors, and llama.cpp's own 500
-   wording, and only when the message matches one of the known overflow phrasings. When the message
-   carries the numbers (window, requested output), an output cap that alone fills the window is a
-   parameter error: shrinking the prompt could never help, so it is not reported as an overflow.
+   ``rate_limit_exceeded`` / type ``tokens``, LiteLLM's ``throttling_error``, Mistral's
+   ``rate_limited``, Gemini's ``RESOURCE_EXHAUSTED``, or a 413 (or status-less stream error) that speaks
+   of tokens per minute or throttling. These win over everything below: "Request too large … tokens per
+   min … reduce" is a *rate* limit, not an overflow.
+4. **Context overflow** — a message in one of the known overflow phrasings, in any status (a 500 from a
+   gateway that quotes "prompt is too long" is an overflow too); the bare "Payload Too Large" family
+   only in a 413. When the message carries the window and the requested output, an output cap that
+   alone fills the window is a parameter error (no prompt, however short, would fit), while a prompt
+   plus output that together overflow *is* an overflow, even when the message names ``max_tokens``
+   (vLLM's "'max_tokens' … is too large: 4096. This model's maximum context length is 8192 tokens and
+   your request has 5000 input tokens").
+   Where the body states the prompt's token count or the window, they are parsed into
+   :attr:`ContextOverflow.prompt_tokens` / :attr:`ContextOverflow.context_limit` (SPEC §5.1).
 5. **Parameter caps** — ``max_tokens`` too large and friends: a plain provider error.
 6. **Timeout** — 408.
 7. Everything else: :class:`ProviderError` with the status and the provider's own message.
@@ -42,68 +57,89 @@ from service.providers.base import (
 # A provider message is kept for the request's error detail; a whole HTML error page is not useful.
 _MAX_MESSAGE_CHARS = 2000
 
-# Statuses in which a context overflow is reported by the servers we know. 422 is TGI's validation status.
-_OVERFLOW_STATUSES = frozenset({400, 413, 422})
 
-# Known overflow phrasings, each with the provider it was taken from (see docs/providers.md).
-_OVERFLOW_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"context_length_exceeded",  # OpenAI, Groq, DeepSeek (error.code)
-        r"maximum context length is \d+",  # OpenAI, vLLM, DeepSeek, OpenRouter, SGLang
-        r"exceeds the context window",  # OpenAI (newer wording)
-        r"prompt is too long",  # Anthropic
-        r"exceed context limit",  # Anthropic (input + max_tokens)
-        r"exceed_context_size_error",  # llama.cpp server (error.type)
-        r"exceeds the available context size",  # llama.cpp server
-        r"context size has been exceeded",  # llama.cpp server (500 / in-stream)
-        r"prompt too long; exceeded (?:max )?context length",  # Ollama
-        r"input length exceeds the context length",  # Ollama
-        r"`inputs` tokens \+ `max_new_tokens` must be <=",  # TGI
-        r"`inputs` must have less than \d+ tokens",  # TGI
-        r"too large for model with \d+ maximum context length",  # Mistral
-        r"reduce the length of the messages",  # Groq, OpenAI legacy
-        r"is longer than the model'?s context length",  # Together
-        r"exceeds the maximum number of tokens allowed",  # Gemini (OpenAI-compatible endpoint)
-        r"maximum prompt length is \d+",  # xAI
-        r"greater than the context length",  # LM Studio
-        r"request_too_large",  # Anthropic 413 (request bytes)
-        r"request entity too large|payload too large",  # proxies' 413
-    )
+def _compile(*patterns: str) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p, re.IGNORECASE) for p in patterns)
+
+
+# Known overflow phrasings, each with the server it was taken from (see docs/providers.md). Trusted in
+# any status: they name the context window, so no gateway re-wrapping makes them mean something else.
+_OVERFLOW_PATTERNS = _compile(
+    r"context_length_exceeded",  # OpenAI, Groq, Azure (error.code)
+    r"maximum context length is \d+",  # OpenAI, vLLM, DeepSeek, OpenRouter
+    r"exceeds the context window",  # OpenAI (newer wording)
+    r"prompt is too long",  # Anthropic, Bedrock (Claude), Fireworks
+    r"exceed context limit",  # Anthropic (input + max_tokens)
+    r"exceed_context_size_error",  # llama.cpp server (error.type)
+    r"exceeds the available context size",  # llama.cpp server
+    r"context size has been exceeded",  # llama.cpp server (500 / in-stream)
+    r"prompt too long; exceeded (?:max )?context length",  # Ollama
+    r"input length exceeds the context length",  # Ollama
+    r"`inputs` tokens \+ `max_new_tokens` must be <=",  # TGI, Together (TGI-style validation)
+    r"`inputs` must have less than \d+ tokens",  # TGI
+    r"too large for model with \d+ maximum context length",  # Mistral
+    r"reduce the length of the messages",  # Groq, OpenAI legacy
+    r"is longer than the model'?s context length",  # SGLang, Together
+    r"exceeds the model'?s maximum context length",  # SGLang (input + completion)
+    r"is longer than the maximum model length",  # vLLM input processor
+    r"model'?s context length is only \d+ tokens",  # vLLM ≥ 0.10 ("You passed N input tokens …")
+    r"exceeds the maximum number of tokens allowed",  # Gemini / Vertex AI
+    r"input is too long for requested model",  # Bedrock
+    r"input tokens exceed the configured limit",  # Azure OpenAI / OpenAI (Responses)
+    r"maximum prompt length is \d+",  # xAI
+    r"greater than the context length",  # LM Studio
+    r"when context the overflows|when context overflows",  # LM Studio ("Trying to keep the first N …")
+    r"ContextWindowExceededError",  # LiteLLM (SDK and proxy)
+    r"request_too_large",  # Anthropic 413 (request bytes)
 )
+# A proxy's body-size refusal says nothing about tokens: trusted only with the status that means it.
+_OVERFLOW_413_PATTERNS = _compile(r"request entity too large|payload too large")
 
 # Output-cap parameter errors: the requested output alone is refused; shrinking the prompt cannot help.
-_PARAMETER_CAP_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"max_tokens is too large",  # OpenAI
-        r"max_tokens: \d+ > \d+, which is the maximum allowed",  # Anthropic
-        r"max_(?:completion_)?tokens must be less than or equal to",  # Groq
-        r"(?<!\+ )`max_new_tokens` must be <= \d+",  # TGI (the cap alone, not inputs + max_new_tokens)
-        r"max_(?:completion_)?tokens.{0,40}(?:above maximum value|exceeds the maximum)",  # OpenAI-compatible
-    )
+_PARAMETER_CAP_PATTERNS = _compile(
+    r"max_tokens is too large",  # OpenAI
+    r"max_tokens: \d+ > \d+, which is the maximum allowed",  # Anthropic
+    r"max_(?:completion_)?tokens must be less than or equal to",  # Groq
+    r"(?<!\+ )`max_new_tokens` must be <= \d+",  # TGI (the cap alone, not inputs + max_new_tokens)
+    r"max_(?:completion_)?tokens.{0,40}(?:above maximum value|exceeds the maximum)",  # OpenAI-compatible
 )
 _PARAMETER_CAP_PARAMS = frozenset(
     {"max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens"}
 )
 
-# Messages that carry both the window and the requested output: (pattern, window group, output group).
-_WINDOW_AND_OUTPUT: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
-    (re.compile(p, re.IGNORECASE | re.DOTALL), "window", "output")
+# Messages that carry both the window and the requested output (and usually the prompt): the
+# arithmetic decides between an overflow and a parameter cap. Groups: window, output, input, tool.
+_WINDOW_AND_OUTPUT: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p, re.IGNORECASE | re.DOTALL)
     for p in (
         # OpenAI legacy / vLLM / DeepSeek: "… is 4097 tokens. However, you requested 4120 tokens
         # (3120 in the messages, 1000 in the completion)".
-        r"maximum context length is (?P<window>\d+) tokens.*?(?P<input>\d+) in the messages, "
+        r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in the messages, "
         r"(?P<output>\d+) in the completion",
         # OpenAI completions legacy: "(3975 in your prompt; 256 for the completion)".
-        r"maximum context length is (?P<window>\d+) tokens.*?(?P<input>\d+) in your prompt; "
+        r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in your prompt[;,] "
         r"(?P<output>\d+) for the completion",
         # vLLM ≥ 0.8: "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum
         # context length is 4096 tokens and your request has 2778 input tokens".
-        r"is too large: (?P<output>\d+)\. This model's maximum context length is (?P<window>\d+) tokens",
+        r"is too large: (?P<output>\d+)\. This model's maximum context length is (?P<window>\d+) tokens"
+        r"(?: and your request has (?P<input>\d+) input tokens)?",
         # vLLM (newer): "… maximum context length is 262144 tokens. However, you requested 64000 output
         # tokens and your prompt contains at least 198145 input tokens".
-        r"maximum context length is (?P<window>\d+) tokens\. However, you requested (?P<output>\d+) output",
+        r"maximum context length is (?P<window>\d+) tokens\. However, you requested (?P<output>\d+) "
+        r"output tokens(?: and your prompt contains at least (?P<input>\d+) input tokens)?",
+        # vLLM ≥ 0.10: "You passed 31745 input tokens and requested 1024 output tokens. However, the
+        # model's context length is only 32768 tokens".
+        r"You passed (?P<input>\d+) input tokens and requested (?P<output>\d+) output tokens\. "
+        r"However, the model'?s context length is only (?P<window>\d+) tokens",
+        # SGLang: "Requested token count exceeds the model's maximum context length of 4096 tokens. You
+        # requested a total of 4200 tokens: 3200 tokens from the input messages and 1000 tokens for the
+        # completion."
+        r"maximum context length of (?P<window>\d+) tokens\. You requested a total of \d+ tokens: "
+        r"(?P<input>\d+) tokens from the input messages and (?P<output>\d+) tokens for the completion",
+        # OpenRouter: "This endpoint's maximum context length is 65536 tokens. However, you requested
+        # about 92208 tokens (60833 of text input, 10042 of tool input, 21333 in the output)".
+        r"maximum context length is (?P<window>\d+) tokens\. However, you requested about \d+ tokens "
+        r"\((?P<input>\d+) of text input(?:, (?P<tool>\d+) of tool input)?, (?P<output>\d+) in the output",
         # Anthropic: "input length and `max_tokens` exceed context limit: 178959 + 64000 > 200000".
         r"exceed context limit: (?P<input>\d+) \+ (?P<output>\d+) > (?P<window>\d+)",
         # TGI: "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and
@@ -113,15 +149,94 @@ _WINDOW_AND_OUTPUT: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
     )
 )
 
+# Where an overflow message states the prompt's token count and / or the window: (pattern, group of
+# the prompt or None, group of the window or None). Tried in order; the first hit for each number wins.
+_COUNTS: tuple[tuple[re.Pattern[str], str | None, str | None], ...] = tuple(
+    (re.compile(p, re.IGNORECASE), prompt, limit)
+    for p, prompt, limit in (
+        (r"prompt is too long: (?P<p>\d+) tokens > (?P<l>\d+) maximum", "p", "l"),  # Anthropic
+        (r"request \((?P<p>\d+) tokens\) exceeds the available context size \((?P<l>\d+)", "p", "l"),
+        (
+            r"The input \((?P<p>\d+) tokens\) is longer than the model'?s context length \((?P<l>\d+)",
+            "p",
+            "l",
+        ),
+        (
+            r"The decoder prompt \(length (?P<p>\d+)\) is longer than the maximum model length of (?P<l>\d+)",
+            "p",
+            "l",
+        ),
+        (r"Prompt contains (?P<p>\d+) tokens, too large for model with (?P<l>\d+)", "p", "l"),  # Mistral
+        (
+            r"input token count \((?P<p>\d+)\) exceeds the maximum number of tokens allowed \((?P<l>\d+)",
+            "p",
+            "l",
+        ),  # Gemini
+        (r"maximum number of tokens allowed \((?P<l>\d+)", None, "l"),  # Gemini 2.5 (no count)
+        (r"The prompt is too long: (?P<p>\d+), model maximum context length: (?P<l>\d+)", "p", "l"),
+        (r"configured limit of (?P<l>\d+) tokens\. Your messages resulted in (?P<p>\d+) tokens", "p", "l"),
+        (r"`inputs` must have less than (?P<l>\d+) tokens\. Given: (?P<p>\d+)", "p", "l"),  # TGI
+        (r"your request has (?P<p>\d+) input tokens", "p", None),  # vLLM
+        (r"You passed (?P<p>\d+) input tokens", "p", None),  # vLLM ≥ 0.10
+        (r"your prompt contains at least (?P<p>\d+) input tokens", "p", None),  # vLLM (newer)
+        (r"messages resulted in (?P<p>\d+) tokens", "p", None),  # OpenAI, Azure
+        (r"(?P<p>\d+) tokens from the input messages", "p", None),  # SGLang
+        (r"about \d+ tokens \((?P<p>\d+) of text input\)", "p", None),  # OpenRouter (text only)
+        (r"(?P<p>\d+) in the messages", "p", None),  # OpenAI legacy, DeepSeek, vLLM
+        (r"(?P<p>\d+) in your prompt", "p", None),  # OpenAI completions legacy
+        (r"exceed context limit: (?P<p>\d+) \+ \d+ > (?P<l>\d+)", "p", "l"),  # Anthropic
+        (r"Given: (?P<p>\d+) `inputs` tokens", "p", None),  # TGI
+        (r"maximum context length is (?P<l>\d+)", None, "l"),  # OpenAI, vLLM, DeepSeek, OpenRouter
+        (r"maximum context length of (?P<l>\d+)", None, "l"),  # SGLang
+        (r"context length is only (?P<l>\d+)", None, "l"),  # vLLM ≥ 0.10
+        (r"context length of only (?P<l>\d+)", None, "l"),  # LM Studio
+        (r"`inputs` tokens \+ `max_new_tokens` must be <= (?P<l>\d+)", None, "l"),  # TGI
+        (r"exceeds the available context size \((?P<l>\d+)", None, "l"),  # llama.cpp
+    )
+)
+
+# "The model … does not exist" and friends: trusted in a 4xx or a stream error, where the server speaks of
+# the request's own model (a 5xx "model server is not available" is an outage, not a missing model).
 _MODEL_MISSING = re.compile(
     r"\bmodel\b[^\n]{0,120}?\b(?:not found|does not exist|not exist|is not available|unknown model)"
     r"|\bunknown model\b|\bno such model\b|\binvalid model\b",
     re.IGNORECASE,
 )
-_TOKENS_PER_MINUTE = re.compile(
-    r"tokens per min|\(TPM\)|per-minute rate limit|rate[ _-]?limit", re.IGNORECASE
+# Wordings that only ever mean "this model cannot be served to this key": trusted in any status, since
+# gateways re-wrap them.
+_MODEL_UNSERVABLE = re.compile(
+    r"is not a valid model id"  # OpenRouter
+    r"|unable to access non-serverless model"  # Together
+    r"|dedicated endpoint for \S+ is not running"  # Together
+    r"|invalid model name passed in model="  # LiteLLM proxy
+    r"|the api deployment for this resource does not exist",  # Azure OpenAI (DeploymentNotFound)
+    re.IGNORECASE,
 )
-_TRY_AGAIN_IN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+_MODEL_MISSING_CODES = frozenset(
+    {"model_not_found", "model_not_available", "DeploymentNotFound", "dedicated_endpoint_not_running"}
+)
+_QUOTA = re.compile(
+    r"insufficient[_ ]balance|insufficient[_ ]quota|requires more credits|credit balance is too low",
+    re.IGNORECASE,
+)
+# OpenAI's insufficient_quota message, which survives when a gateway (LiteLLM) drops the code. Gemini says
+# the same words for a per-minute quota, with RESOURCE_EXHAUSTED and a retry delay: that one is a rate limit.
+_OPENAI_QUOTA_WORDING = re.compile(
+    r"exceeded your current quota, please check your plan and billing details", re.IGNORECASE
+)
+_RATE_LIMIT_TYPES = frozenset(
+    {"rate_limit_error", "overloaded_error", "tokens", "requests", "throttling_error", "rate_limited"}
+)
+_RATE_LIMIT_WORDING = re.compile(
+    r"tokens per min|\(TPM\)|per-minute rate limit|rate[ _-]?limit|ThrottlingException"
+    r"|too many (?:requests|tokens), please wait|RESOURCE_EXHAUSTED",
+    re.IGNORECASE,
+)
+_TRY_AGAIN_IN = re.compile(
+    r"(?:try again|retry) (?:in|after) (\d+(?:\.\d+)?)\s*(ms|s|seconds?)\b", re.IGNORECASE
+)
+# Gemini / Vertex put the wait in a google.rpc.RetryInfo detail: "retryDelay": "26s".
+_RETRY_DELAY = re.compile(r"\"retryDelay\"\s*:\s*\"(\d+(?:\.\d+)?)s\"")
 
 
 @dataclass(frozen=True)
@@ -134,6 +249,7 @@ class _ErrorInfo:
     param: str | None
     status_hint: int | None  # an HTTP-like status some servers put in error.code (vLLM, llama.cpp)
     text: str  # everything searchable, for phrase matching
+    fields: Mapping[str, Any]  # the inner error object's own fields (llama.cpp's n_prompt_tokens)
 
 
 def classify_http_error(
@@ -158,7 +274,7 @@ def classify_http_error(
     if _is_model_missing(effective, info):
         return ModelUnavailable(message, status=effective, usage=usage)
 
-    if "insufficient_quota" in (info.type, info.code):
+    if _is_quota_exhausted(effective, info):
         return RateLimited(
             message,
             status=effective,
@@ -172,21 +288,21 @@ def classify_http_error(
             message,
             status=effective,
             usage=usage,
-            retry_after_s=parse_retry_after(headers, message=info.message, now=now),
+            retry_after_s=parse_retry_after(headers, message=info.message + "\n" + info.text, now=now),
         )
 
-    overflow_possible = (
-        effective is None
-        or effective in _OVERFLOW_STATUSES
-        # llama.cpp answers 500 "Context size has been exceeded." when the window fills mid-request.
-        or (effective >= 500 and "context size has been exceeded" in info.text.lower())
-    )
-    if overflow_possible:
-        verdict = _overflow_verdict(info)
-        if verdict == "overflow":
-            return ContextOverflow(message, status=effective, usage=usage)
-        if verdict == "parameter":
-            return ProviderError(message, status=effective, usage=usage)
+    verdict = _overflow_verdict(effective, info)
+    if verdict == "overflow":
+        prompt_tokens, context_limit = overflow_counts(info.message + "\n" + info.text, info.fields)
+        return ContextOverflow(
+            message,
+            status=effective,
+            usage=usage,
+            prompt_tokens=prompt_tokens,
+            context_limit=context_limit,
+        )
+    if verdict == "parameter":
+        return ProviderError(message, status=effective, usage=usage)
 
     if effective == 408:
         return ProviderTimeout(message, status=effective, usage=usage)
@@ -197,10 +313,43 @@ def classify_stream_error(error: Any, *, usage: CallUsage | None = None) -> Prov
     """Classify an error object that arrived inside a streamed (HTTP 200) reply.
 
     ``error`` is what the server sent: an ``{"error": {...}}`` chunk, the bare inner error object, or
-    text. An overflow reported this way is still a :class:`ContextOverflow`; anything unrecognised is a
-    :class:`ProviderError` without a status.
+    text. An overflow reported this way is still a :class:`ContextOverflow` (with the counts its message
+    states); anything unrecognised is a :class:`ProviderError` without a status.
     """
     return classify_http_error(None, error, None, usage=usage)
+
+
+def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple[int | None, int | None]:
+    """``(prompt_tokens, context_limit)`` as an overflow message (or the error's own fields) states them.
+
+    Either is None when the body does not say it. Only real counts are taken: Ollama's "exceeded max
+    context length by 4 tokens" and LM Studio's "Trying to keep the first N tokens" (a part of the
+    prompt) give no prompt count.
+    """
+    prompt: int | None = None
+    limit: int | None = None
+    if fields:
+        # llama.cpp puts both numbers in the error object itself.
+        prompt = _positive(fields.get("n_prompt_tokens"))
+        limit = _positive(fields.get("n_ctx"))
+    for pattern, prompt_group, limit_group in _COUNTS:
+        if prompt is not None and limit is not None:
+            break
+        match = pattern.search(text)
+        if match is None:
+            continue
+        if prompt is None and prompt_group is not None:
+            prompt = _positive(match.group(prompt_group))
+        if limit is None and limit_group is not None:
+            limit = _positive(match.group(limit_group))
+    if prompt is None:
+        # OpenRouter splits the prompt into text and tool input.
+        for pattern in _WINDOW_AND_OUTPUT:
+            match = pattern.search(text)
+            if match and "tool" in pattern.groupindex and match.group("input"):
+                prompt = int(match.group("input")) + int(match.group("tool") or 0)
+                break
+    return prompt, limit
 
 
 def parse_retry_after(
@@ -209,9 +358,15 @@ def parse_retry_after(
     message: str | None = None,
     now: float | None = None,
 ) -> float | None:
-    """Seconds to wait before retrying, from ``retry-after-ms``, ``retry-after`` (seconds or HTTP date)
-    or, failing both, a "try again in 6s" / "in 250ms" hint in the provider's message."""
+    """Seconds to wait before retrying, from ``retry-after-ms``, ``retry-after`` (seconds or HTTP date;
+    also under LiteLLM's ``llm_provider-`` prefix) or, failing both, a hint in the provider's message:
+    "try again in 6s" / "in 250ms", Azure's "Please retry after 60 seconds", Gemini's "Please retry in
+    20.04s" or its ``"retryDelay": "26s"``."""
     lowered = {k.lower(): v for k, v in (headers or {}).items()}
+    for name in ("retry-after-ms", "retry-after"):
+        # LiteLLM's proxy passes the upstream's headers on under an ``llm_provider-`` prefix.
+        if name not in lowered and f"llm_provider-{name}" in lowered:
+            lowered[name] = lowered[f"llm_provider-{name}"]
     raw_ms = lowered.get("retry-after-ms")
     if raw_ms is not None:
         try:
@@ -237,6 +392,9 @@ def parse_retry_after(
         if match:
             value = float(match.group(1))
             return value / 1000.0 if match.group(2).lower() == "ms" else value
+        match = _RETRY_DELAY.search(message)
+        if match:
+            return float(match.group(1))
     return None
 
 
@@ -249,25 +407,32 @@ def _parse_body(body: Any) -> _ErrorInfo:
         try:
             body = json.loads(stripped) if stripped else None
         except ValueError:
-            return _ErrorInfo(stripped, None, None, None, None, stripped)
+            return _ErrorInfo(stripped, None, None, None, None, stripped, {})
+    if isinstance(body, list) and len(body) == 1:
+        body = body[0]  # Gemini's streaming endpoint wraps the error in a one-element array
     if not isinstance(body, Mapping):
         text = "" if body is None else str(body)
-        return _ErrorInfo(text, None, None, None, None, text)
+        return _ErrorInfo(text, None, None, None, None, text, {})
 
     inner: Any = body.get("error", body)
+    fields: Mapping[str, Any] = {}
     if isinstance(inner, str):
-        # TGI ({"error": "...", "error_type": "validation"}) and Ollama's native API.
+        # TGI ({"error": "...", "error_type": "validation"}), LM Studio and Ollama's native API.
         message = inner
         etype = _text_or_none(body.get("error_type") or body.get("type"))
         code_value: Any = body.get("code")
         param = None
     elif isinstance(inner, Mapping):
+        fields = inner
         message = _text_or_none(inner.get("message") or inner.get("detail") or inner.get("msg")) or ""
         etype = _text_or_none(inner.get("type"))
         code_value = inner.get("code")
         param = _text_or_none(inner.get("param"))
         if not message and inner is body and isinstance(body.get("detail"), str):
             message = str(body["detail"])
+        # Gemini / Vertex: {"error": {"code": 429, "message": …, "status": "RESOURCE_EXHAUSTED"}}.
+        if etype is None and isinstance(inner.get("status"), str):
+            etype = str(inner["status"])
     else:
         message, etype, code_value, param = str(inner), None, None, None
 
@@ -284,13 +449,21 @@ def _parse_body(body: Any) -> _ErrorInfo:
         whole = json.dumps(body, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         whole = str(body)
-    return _ErrorInfo(message, etype, code, param, status_hint, whole)
+    return _ErrorInfo(message, etype, code, param, status_hint, whole, fields)
 
 
 def _text_or_none(value: Any) -> str | None:
     if value is None:
         return None
     return str(value)
+
+
+def _positive(value: Any) -> int | None:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 else None
 
 
 def _describe(status: int | None, info: _ErrorInfo) -> str:
@@ -304,32 +477,46 @@ def _describe(status: int | None, info: _ErrorInfo) -> str:
 
 
 def _is_model_missing(status: int | None, info: _ErrorInfo) -> bool:
-    if info.code == "model_not_found" or status == 404:
+    if status == 404 or info.code in _MODEL_MISSING_CODES:
         return True
-    # Some servers answer an unknown model with 400 (LM Studio, some proxies): only trust the wording
-    # when it is about the model.
-    return status == 400 and bool(_MODEL_MISSING.search(info.message))
+    if status in (429, 529):
+        return False  # a rate limit may name its model ("Rate limit reached for model …")
+    # Servers answer an unknown model with 400 too (OpenRouter, Together, LiteLLM's proxy, LM Studio),
+    # and gateways re-wrap it in a 500: only trust the wording when it is about the model.
+    if _MODEL_UNSERVABLE.search(info.message):
+        return True
+    return (status is None or status < 500) and bool(_MODEL_MISSING.search(info.message))
+
+
+def _is_quota_exhausted(status: int | None, info: _ErrorInfo) -> bool:
+    if "insufficient_quota" in (info.type, info.code):
+        return True
+    # 402 Payment Required: DeepSeek's "Insufficient Balance", OpenRouter's "requires more credits".
+    if status == 402 or _QUOTA.search(info.message):
+        return True
+    return bool(_OPENAI_QUOTA_WORDING.search(info.message)) and "RESOURCE_EXHAUSTED" not in info.text
 
 
 def _is_rate_limit(status: int | None, info: _ErrorInfo) -> bool:
     if status in (429, 529):
         return True
-    if info.type in ("rate_limit_error", "overloaded_error", "tokens", "requests"):
+    if info.type in _RATE_LIMIT_TYPES or info.type == "RESOURCE_EXHAUSTED":
         return True
     if info.code == "rate_limit_exceeded":
         return True
-    # A 413 that talks about tokens per minute is Groq's TPM limit, not a too-long prompt.
-    return status == 413 and bool(_TOKENS_PER_MINUTE.search(info.message))
+    # A 413 that talks about tokens per minute is Groq's TPM limit, not a too-long prompt; an error
+    # inside a stream has no status, so its wording is all there is.
+    return status in (413, None) and bool(_RATE_LIMIT_WORDING.search(info.message))
 
 
-def _overflow_verdict(info: _ErrorInfo) -> str | None:
+def _overflow_verdict(status: int | None, info: _ErrorInfo) -> str | None:
     """``"overflow"``, ``"parameter"`` (an output-cap error) or None (neither)."""
     text = info.message + "\n" + info.text
-    for pattern, window_group, output_group in _WINDOW_AND_OUTPUT:
+    for pattern in _WINDOW_AND_OUTPUT:
         match = pattern.search(text)
         if match:
-            window = int(match.group(window_group))
-            output = int(match.group(output_group))
+            window = int(match.group("window"))
+            output = int(match.group("output"))
             # The requested output alone fills the window: no prompt, however short, would fit.
             return "parameter" if output >= window else "overflow"
     if info.param in _PARAMETER_CAP_PARAMS:
@@ -340,5 +527,7 @@ def _overflow_verdict(info: _ErrorInfo) -> str | None:
         # OpenAI's byte cap on one field: an overflow only when the field is the messages.
         return "overflow" if (info.param or "").startswith("messages") else None
     if any(p.search(text) for p in _OVERFLOW_PATTERNS):
+        return "overflow"
+    if status == 413 and any(p.search(text) for p in _OVERFLOW_413_PATTERNS):
         return "overflow"
     return None

@@ -154,6 +154,11 @@ async def test_overflow_before_output_is_a_context_overflow(
         await collect(provider, make_call())
 
     assert caught.value.status == 400
+    expected = fixture(name)["expected"]
+    assert (caught.value.prompt_tokens, caught.value.context_limit) == (
+        expected["prompt_tokens"],
+        expected["context_limit"],
+    )
 
 
 async def test_request_too_large_413_is_an_overflow(
@@ -186,6 +191,8 @@ async def test_overflow_sent_as_a_stream_error_is_a_context_overflow(
 
     assert caught.value.status is None
     assert caught.value.usage is not None and caught.value.usage.input_tokens == 200_000
+    # "prompt is too long: 213462 tokens > 200000 maximum", read from the stream's error event.
+    assert (caught.value.prompt_tokens, caught.value.context_limit) == (213462, 200000)
 
 
 async def test_rate_limit_and_overload_are_rate_limited(

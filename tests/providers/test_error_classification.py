@@ -16,10 +16,17 @@ from service.providers.base import (
     ProviderTimeout,
     RateLimited,
 )
-from service.providers.errors import classify_http_error, classify_stream_error, parse_retry_after
+from service.providers.errors import (
+    classify_http_error,
+    classify_stream_error,
+    overflow_counts,
+    parse_retry_after,
+)
+from tests.providers import error_table
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "provider_errors"
 FIXTURE_FILES = sorted(FIXTURES.glob("*.json"))
+COUNT_KEYS = ("prompt_tokens", "context_limit")
 
 CLASSES: dict[str, type[ProviderError]] = {
     "context_overflow": ContextOverflow,
@@ -45,7 +52,7 @@ def _classify(fixture: dict[str, Any]) -> ProviderError:
 
 
 def test_fixtures_exist_and_name_their_source() -> None:
-    assert len(FIXTURE_FILES) >= 40
+    assert len(FIXTURE_FILES) >= 80
     for path in FIXTURE_FILES:
         fixture = _load(path)
         assert fixture["source"].startswith("https://"), path.name
@@ -68,31 +75,169 @@ def test_real_error_body_is_classified_as_recorded(path: Path) -> None:
     if "quota_exhausted" in expected:
         assert isinstance(error, RateLimited)
         assert error.quota_exhausted is expected["quota_exhausted"]
+    if isinstance(error, ContextOverflow):
+        # Exactly the counts the body states (absent from the fixture = the body does not state it).
+        assert (error.prompt_tokens, error.context_limit) == (
+            expected.get("prompt_tokens"),
+            expected.get("context_limit"),
+        ), path.name
+    else:
+        assert not any(key in expected for key in COUNT_KEYS), path.name
 
 
-def test_the_docs_table_lists_every_fixture() -> None:
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "providers.md").read_text(encoding="utf-8")
-    missing = [p.stem for p in FIXTURE_FILES if f"[`{p.stem}`]" not in docs]
+def test_the_docs_table_is_generated_from_the_fixtures() -> None:
+    """docs/providers.md shows exactly the fixtures and their classification (regenerate with
+    ``python -m tests.providers.error_table --write``)."""
+    documented = error_table.documented_table(error_table.DOC.read_text(encoding="utf-8"))
+    assert documented == error_table.render_table()
+    missing = [p.stem for p in FIXTURE_FILES if f"[`{p.stem}`]" not in documented]
     assert missing == []
 
 
-def test_every_provider_named_in_the_issue_has_an_overflow_fixture() -> None:
-    overflow_providers = {
-        _load(p)["provider"].split(" (")[0]
-        for p in FIXTURE_FILES
-        if _load(p)["expected"]["error"] == "context_overflow"
-    }
-    for provider in (
+# Every server SPEC §7 names, as the fixtures spell them.
+SPEC_SERVERS = (
+    "OpenAI",
+    "Anthropic",
+    "vLLM",
+    "SGLang",
+    "llama.cpp server",
+    "Ollama",
+    "LM Studio",
+    "Hugging Face TGI",
+    "LiteLLM proxy",
+    "OpenRouter",
+    "Together AI",
+    "Groq",
+    "Fireworks AI",
+    "DeepSeek",
+    "Mistral",
+    "Azure OpenAI",
+    "Amazon Bedrock",
+    "Gemini",
+)
+
+
+def _servers_with(kind: str, **expected: Any) -> set[str]:
+    servers = set()
+    for path in FIXTURE_FILES:
+        fixture = _load(path)
+        wanted = fixture["expected"]
+        if wanted["error"] == kind and all(wanted.get(k) == v for k, v in expected.items()):
+            servers.add(error_table.server_of(fixture))
+    return servers
+
+
+def test_every_server_spec_names_has_an_overflow_fixture() -> None:
+    assert set(SPEC_SERVERS) - _servers_with("context_overflow") == set()
+
+
+def test_rate_limit_quota_and_model_unavailable_bodies_are_collected_across_servers() -> None:
+    assert {
+        "OpenAI",
+        "Anthropic",
+        "Groq",
+        "LiteLLM proxy",
+        "OpenRouter",
+        "Mistral",
+        "Azure OpenAI",
+        "Amazon Bedrock",
+        "Gemini",
+    } <= _servers_with("rate_limited", quota_exhausted=False) | _servers_with("rate_limited")
+    assert {"OpenAI", "OpenRouter", "DeepSeek"} <= _servers_with("rate_limited", quota_exhausted=True)
+    assert {
         "OpenAI",
         "Anthropic",
         "vLLM",
-        "llama.cpp server",
         "Ollama",
-        "Hugging Face TGI",
-        "Mistral",
-        "Groq",
-    ):
-        assert provider in overflow_providers
+        "LiteLLM proxy",
+        "OpenRouter",
+        "Together AI",
+        "Azure OpenAI",
+        "Gemini",
+    } <= _servers_with("model_unavailable")
+    # Parameter-cap look-alikes that must stay plain provider errors.
+    assert {"OpenAI", "Anthropic", "vLLM", "Groq", "Hugging Face TGI", "OpenRouter"} <= _servers_with(
+        "provider_error"
+    )
+
+
+def test_the_issue_phrasings_are_overflows_with_their_counts() -> None:
+    """The phrasings the issue lists, each through the classifier with a 400."""
+    cases = [
+        (
+            "'max_tokens' or 'max_completion_tokens' is too large: 4096. This model's maximum context "
+            "length is 8192 tokens and your request has 5000 input tokens (4096 > 8192 - 5000).",
+            5000,
+            8192,
+        ),
+        (
+            "The decoder prompt (length 9000) is longer than the maximum model length of 8192. Make sure "
+            "that `max_model_len` is no smaller than the number of text tokens.",
+            9000,
+            8192,
+        ),
+        (
+            "You passed 31745 input tokens and requested 1024 output tokens. However, the model's context "
+            "length is only 32768 tokens, resulting in a maximum input length of 31744 tokens.",
+            31745,
+            32768,
+        ),
+        ("The input (85050 tokens) is longer than the model's context length (32768 tokens).", 85050, 32768),
+        ("Requested token count exceeds the model's maximum context length of 131072 tokens.", None, 131072),
+        (
+            "Trying to keep the first 6547 tokens when context the overflows. However, the model is loaded "
+            "with context length of only 4096 tokens, which is not enough.",
+            None,
+            4096,
+        ),
+        (
+            "litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: "
+            "OpenAIException - This model's maximum context length is 4096 tokens. However, your request "
+            "has 5120 input tokens.",
+            5120,
+            4096,
+        ),
+    ]
+    for message, prompt, limit in cases:
+        error = classify_http_error(400, {"error": {"message": message}}, {})
+        assert type(error) is ContextOverflow, message
+        assert (error.prompt_tokens, error.context_limit) == (prompt, limit), message
+
+
+def test_model_not_found_variants_are_model_unavailable_whatever_the_status() -> None:
+    for status, message in [
+        (400, "anthropic/claude-sonnet-4-6 is not a valid model ID"),
+        (400, "Unable to access non-serverless model Qwen/Qwen3-32B. Please visit https://api.together.ai"),
+        (500, "Unable to access non-serverless model Qwen/Qwen3-32B."),  # re-wrapped by a gateway
+        (400, "/chat/completions: Invalid model name passed in model=gpt-x. Call `/v1/models` to view"),
+        (422, "The model `llama-9` does not exist."),
+        (None, "model 'qwen3' not found"),
+    ]:
+        error = classify_http_error(status, {"error": {"message": message}}, {})
+        assert type(error) is ModelUnavailable, (status, message)
+
+
+def test_an_outage_that_names_the_model_is_not_a_missing_model() -> None:
+    error = classify_http_error(
+        503, {"error": {"message": "The model server is not available right now"}}, {}
+    )
+    assert type(error) is ProviderError
+
+
+def test_a_rate_limit_that_names_its_model_is_still_a_rate_limit() -> None:
+    body = {"error": {"message": "Rate limit reached for model `x` … model not found in cache", "code": None}}
+    assert type(classify_http_error(429, body, {})) is RateLimited
+
+
+def test_overflow_counts_come_from_the_error_fields_when_the_message_has_none() -> None:
+    assert overflow_counts(
+        "the request exceeds the available context size", {"n_prompt_tokens": 9, "n_ctx": 8}
+    ) == (
+        9,
+        8,
+    )
+    assert overflow_counts("prompt too long; exceeded max context length by 4 tokens") == (None, None)
+    assert overflow_counts("This model's maximum context length is 0 tokens") == (None, None)
 
 
 def test_overflow_inside_a_stream_is_still_an_overflow_without_a_status() -> None:
@@ -121,10 +266,18 @@ def test_an_ordinary_400_is_not_an_overflow() -> None:
     assert error.status == 400
 
 
-def test_overflow_wording_in_a_500_is_not_an_overflow_unless_llama_cpp_says_so() -> None:
-    # Only llama.cpp's own wording is trusted in a 5xx; a generic server error quoting a prompt is not.
-    error = classify_http_error(502, {"error": {"message": "upstream said: prompt is too long"}}, {})
-    assert type(error) is ProviderError
+def test_overflow_wording_in_a_gateway_5xx_is_an_overflow_but_a_plain_5xx_is_not() -> None:
+    # SPEC §7: an overflow is an overflow whatever the status, a gateway's 500/502 included.
+    error = classify_http_error(
+        502, {"error": {"message": "upstream said: prompt is too long: 9 tokens > 8 maximum"}}, {}
+    )
+    assert type(error) is ContextOverflow
+    assert (error.status, error.prompt_tokens, error.context_limit) == (502, 9, 8)
+    assert (
+        type(classify_http_error(500, {"error": {"message": "Internal Server Error"}}, {})) is ProviderError
+    )
+    # A bare "Payload Too Large" means a body-size limit only with the status that says so.
+    assert type(classify_http_error(500, "Payload Too Large", {})) is ProviderError
 
 
 def test_request_timeout_status_is_a_timeout() -> None:
@@ -147,8 +300,13 @@ def test_413_without_rate_wording_is_an_overflow_but_with_it_a_rate_limit() -> N
         ({"retry-after": "Wed, 21 Oct 2026 07:28:10 GMT"}, None, 10.0),
         ({"retry-after": "Wed, 21 Oct 2026 07:27:00 GMT"}, None, 0.0),  # already passed
         ({"retry-after": "soon"}, None, None),
+        ({"llm_provider-retry-after": "3"}, "Please try again in 600ms.", 3.0),  # LiteLLM's proxy
+        ({"llm_provider-retry-after": "3", "retry-after": "5"}, None, 5.0),
         ({}, "Please try again in 6s.", 6.0),
         ({}, "Please try again in 820ms.", 0.82),
+        ({}, "Please retry after 9 seconds. Please go here: https://aka.ms/oai/quotaincrease", 9.0),
+        ({}, "Please retry in 20.04466179s.", 20.04466179),
+        ({}, '{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"}', 26.0),
         ({}, "no hint", None),
         (None, None, None),
     ],

@@ -31,6 +31,11 @@ def fixture_body(name: str) -> Any:
     return json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))["body"]
 
 
+def fixture_expected(name: str) -> dict[str, Any]:
+    expected: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))["expected"]
+    return expected
+
+
 @pytest.fixture(scope="module")
 async def provider(module_server: ScriptedServer) -> AsyncIterator[OpenAIProvider]:
     adapter = OpenAIProvider(module_server.base_url, "test-key", "scripted-model")
@@ -175,6 +180,17 @@ async def test_summary_replies_arrive_verbatim(server: ScriptedServer, provider:
         ("groq_context_length", 400),
         ("deepseek_context_length", 400),
         ("tgi_inputs_plus_max_new_tokens", 422),
+        ("vllm_max_tokens_plus_input_overflow", 400),
+        ("vllm_you_passed_input_tokens", 400),
+        ("vllm_decoder_prompt_via_xinference_500", 500),
+        ("sglang_input_longer_than_context", 400),
+        ("sglang_requested_token_count", 400),
+        ("lmstudio_keep_first_tokens", 400),
+        ("litellm_proxy_context_window_exceeded", 400),
+        ("openrouter_context_length_text_and_tools", 400),
+        ("together_inputs_plus_max_new_tokens", 400),
+        ("fireworks_prompt_too_long", 400),
+        ("azure_input_tokens_exceed_configured_limit", 400),
     ],
 )
 async def test_overflow_before_output_is_a_context_overflow(
@@ -187,6 +203,12 @@ async def test_overflow_before_output_is_a_context_overflow(
 
     assert caught.value.status == status
     assert caught.value.usage is None
+    # The counts the body states survive the SDK and the adapter (SPEC §5.1).
+    expected = fixture_expected(fixture)
+    assert (caught.value.prompt_tokens, caught.value.context_limit) == (
+        expected.get("prompt_tokens"),
+        expected.get("context_limit"),
+    )
 
 
 @pytest.mark.parametrize(
@@ -196,6 +218,10 @@ async def test_overflow_before_output_is_a_context_overflow(
         ("openai_max_tokens_too_large", 400, ProviderError),
         ("vllm_max_tokens_too_large", 400, ProviderError),
         ("openai_invalid_temperature", 400, ProviderError),
+        ("openrouter_requires_more_credits_402", 402, RateLimited),
+        ("together_non_serverless_model", 400, ModelUnavailable),
+        ("openrouter_invalid_model_id", 400, ModelUnavailable),
+        ("litellm_proxy_invalid_model_name", 400, ModelUnavailable),
     ],
 )
 async def test_overflow_look_alikes_are_not_overflows(
@@ -222,6 +248,7 @@ async def test_overflow_inside_the_stream_is_a_context_overflow(
         await collect(provider, make_call())
 
     assert caught.value.status == 400  # vLLM puts the status in error.code
+    assert (caught.value.prompt_tokens, caught.value.context_limit) == (5120, 4096)
 
 
 async def test_llama_cpp_overflow_sent_after_a_200_is_a_context_overflow(
@@ -229,8 +256,10 @@ async def test_llama_cpp_overflow_sent_after_a_200_is_a_context_overflow(
 ) -> None:
     server.script("answer", Step.overflow_in_stream(fixture_body("llamacpp_overflow_in_stream")))
 
-    with pytest.raises(ContextOverflow):
+    with pytest.raises(ContextOverflow) as caught:
         await collect(provider, make_call())
+
+    assert (caught.value.prompt_tokens, caught.value.context_limit) == (4476, 4096)  # n_prompt_tokens, n_ctx
 
 
 async def test_broken_stream_after_partial_output_keeps_the_usage_seen(
