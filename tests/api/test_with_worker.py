@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from service.api.app import create_app
 from service.config import Settings
+from service.serve import create_serving_app
 from service.store.db import Database
 from tests.api.conftest import Server, serve
 from tests.api.helpers import ask
@@ -97,8 +97,8 @@ async def test_session_stream_fed_by_a_worker_in_a_second_process(
 
 
 async def test_serve_mode_runs_the_worker_in_process(settings: Settings, db: Database) -> None:
-    # The app's own lifespan starts the worker (what `sidequest serve` does).
-    app = create_app(settings, settings.database_url or "", run_worker=True)
+    # The entry point's app: the worker runs in the app's lifespan (what `sidequest serve` runs).
+    app = create_serving_app(settings, settings.database_url or "")
     async with serve(app) as base:
         server = Server(url=base, app=app)
         async with server.client() as client:
