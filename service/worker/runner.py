@@ -35,6 +35,7 @@ from service.pipeline import PipelineDeps, run_request
 from service.providers import build_provider
 from service.providers.base import Provider
 from service.store import queue
+from service.store.admission import purge_cleared
 from service.store.db import Database
 from service.store.listener import CANCEL_CHANNEL, QUEUE_CHANNEL, Listener
 
@@ -251,9 +252,5 @@ class Worker:
             await asyncio.sleep(interval)
 
     async def _purge_cleared(self) -> None:
-        try:
-            from service.store.admission import purge_cleared
-        except ImportError:  # the API's store module is optional for a bare worker
-            return
         async with self.db.sessions() as session, session.begin():
             await purge_cleared(session, PURGE_CLEARED_AFTER_S)
