@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from service.client import SseMessage
 from service.config import Settings
 from service.serve import create_serving_app
 from service.store.db import Database
 from tests.api.conftest import Server, serve
 from tests.api.helpers import ask
-from tests.api.sse_client import Message, events
+from tests.api.sse_client import events
 
 SNAPSHOT = {
     "system": "You are the main agent.",
@@ -53,8 +54,8 @@ async def worker_process(settings: Settings, db: Database) -> AsyncIterator[asyn
                 await proc.wait()
 
 
-async def _until_done(server: Server, parent: str, count: int) -> list[Message]:
-    got: list[Message] = []
+async def _until_done(server: Server, parent: str, count: int) -> list[SseMessage]:
+    got: list[SseMessage] = []
     done = 0
     async with server.client() as client, client.stream("GET", f"/v1/sessions/{parent}/events") as response:
         async with asyncio.timeout(60):

@@ -22,8 +22,9 @@ from typing import IO, Any
 import asyncpg
 import httpx
 
+from service.client import SseMessage
 from service.store.models import Base
-from tests.api.sse_client import Message, messages
+from tests.api.sse_client import messages
 from tests.scripted_provider import ScriptedServer, Step
 
 READY_WITHIN_S = 30.0
@@ -188,7 +189,7 @@ async def read_stream(
     headers: Mapping[str, str] | None = None,
     params: Mapping[str, Any] | None = None,
     within_s: float = 15.0,
-) -> tuple[int, list[Message]]:
+) -> tuple[int, list[SseMessage]]:
     """Status and every message (retry hint and comments included) of a stream that ends by itself."""
     async with asyncio.timeout(within_s):
         async with http.stream("GET", path, headers=headers, params=params) as response:
@@ -198,7 +199,7 @@ async def read_stream(
             return 200, [m async for m in messages(response)]
 
 
-def events_of(stream: list[Message]) -> list[Message]:
+def events_of(stream: list[SseMessage]) -> list[SseMessage]:
     return [m for m in stream if m.event is not None]
 
 

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 import httpx
 
-from tests.api.sse_client import Message, messages
+from service.client import SseMessage
+from tests.api.sse_client import messages
 from tests.e2e.contract.helpers import (
     SNAPSHOT,
     ask,
@@ -30,9 +31,9 @@ STAGES = ("preparing", "organizing_history", "compacting_context", "answering")
 
 async def session_events_until(
     http: httpx.AsyncClient, parent: str, done: int, *, headers: Mapping[str, str] | None = None
-) -> list[Message]:
+) -> list[SseMessage]:
     """Session stream events until ``done`` terminal events (done / error) were seen (it never ends)."""
-    seen: list[Message] = []
+    seen: list[SseMessage] = []
     async with asyncio.timeout(15):
         async with http.stream("GET", f"/v1/sessions/{parent}/events", headers=headers) as response:
             assert response.status_code == 200
@@ -52,7 +53,7 @@ async def test_request_stream_ids_are_seq_with_spec_data_and_status_order(
     record = await ask(client, new_parent(), "Which file?", snapshot=SNAPSHOT)
     status, stream = await read_stream(client, f"/v1/questions/{record['id']}/events")
     assert status == 200
-    assert any(m.retry is not None and m.retry > 0 for m in stream), "no retry: hint"
+    assert any(m.retry_ms is not None and m.retry_ms > 0 for m in stream), "no retry: hint"
     events = events_of(stream)
     assert [int(m.id or 0) for m in events] == list(range(1, len(events) + 1))
     for message in events:
@@ -111,7 +112,7 @@ async def test_live_request_stream_resumed_mid_request_has_no_gap_and_no_duplica
     scripted.script("answer", Step.text("one two three four", chunks=4, delay_between_s=0.1))
     record = await ask(client, new_parent())
     path = f"/v1/questions/{record['id']}/events"
-    first: list[Message] = []
+    first: list[SseMessage] = []
     async with client.stream("GET", path) as response:
         async for message in messages(response):
             if message.event is not None:
@@ -132,7 +133,7 @@ async def test_session_stream_ids_are_global_event_ids_across_requests(client: h
     session_events = await session_events_until(client, parent, 2)
     ids = [int(m.id or 0) for m in session_events]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
-    by_request: dict[str, list[Message]] = {}
+    by_request: dict[str, list[SseMessage]] = {}
     for message in session_events:
         by_request.setdefault(message.json()["request_id"], []).append(message)
     assert set(by_request) == {first["id"], second["id"]}
