@@ -1,9 +1,8 @@
-"""Alembic environment: async engine on asyncpg, URL from the config or SIDEQUEST_DATABASE_URL."""
+"""Alembic environment: async engine on asyncpg, URL from ``sqlalchemy.url`` or the service settings."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from logging.config import fileConfig
 
 from alembic import context
@@ -11,6 +10,7 @@ from sqlalchemy import pool
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from service.config import SettingsError, asyncpg_url, load_settings
 from service.store.models import Base
 
 config = context.config
@@ -21,12 +21,18 @@ target_metadata = Base.metadata
 
 
 def _url() -> str:
-    url = config.get_main_option("sqlalchemy.url") or os.environ.get("SIDEQUEST_DATABASE_URL", "")
+    """``sqlalchemy.url`` (set by ``upgrade_to_head``), else the settings' ``SIDEQUEST_DATABASE_URL``.
+
+    Both go through ``service.config``: one place reads the environment, one rewrites the URL.
+    """
+    url = asyncpg_url(config.get_main_option("sqlalchemy.url"))
+    if url is None:
+        try:
+            url = load_settings().database_url
+        except SettingsError as exc:
+            raise RuntimeError(str(exc)) from None
     if not url:
         raise RuntimeError("set SIDEQUEST_DATABASE_URL (postgresql+asyncpg://…) to run migrations")
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            url = "postgresql+asyncpg://" + url[len(prefix) :]
     return url
 
 

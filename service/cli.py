@@ -73,8 +73,11 @@ def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool)
             _migrate(url)
             if api:
                 from service.api.app import create_app
+                from service.serve import with_worker
 
-                app = create_app(settings, url, run_worker=worker)
+                app = create_app(settings, url)
+                if worker:
+                    app = with_worker(app, settings)
                 uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
             else:
                 from service.worker import run_worker_forever

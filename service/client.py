@@ -53,51 +53,86 @@ class ClientError(Exception):
 
 @dataclass
 class SseMessage:
-    """One dispatched Server-Sent Event (the ``data`` lines joined by newlines)."""
+    """One block of a Server-Sent Events stream (the ``data`` lines joined by newlines).
 
-    event: str = "message"
+    ``event`` is ``None`` for a block that dispatches no event (only comments, an ``id`` or a
+    ``retry``); such a block is returned all the same, so that a caller sees the cursor, the retry hint
+    and the keep-alive comments. ``id`` is the last event id seen so far (the standard's buffer).
+    """
+
+    event: str | None = "message"
     data: str = ""
     id: str | None = None
     retry_ms: int | None = None
+    comments: tuple[str, ...] = ()
+
+    def json(self) -> Any:
+        """The ``data`` parsed as JSON."""
+        return json.loads(self.data)
 
 
-def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
-    """Parse SSE lines (without line terminators) into messages, per the HTML living standard.
+class SseParser:
+    """Parse SSE lines (without line terminators) one at a time, per the HTML living standard.
 
-    Comments (``:``) are skipped; a blank line dispatches the message being built; a message
-    without ``data`` is not dispatched, but its ``id``/``retry`` still count (returned as a
-    message with empty data and event ``""`` so a caller can track them).
+    The one SSE parser of the project: ``iter_sse`` runs it over a sync stream, the tests over async ones.
+    A blank line dispatches the block being built; a block without ``data`` is not an event (see
+    :class:`SseMessage`); a block cut off by the end of the stream is never dispatched.
     """
-    event = ""
-    data: list[str] = []
-    last_id: str | None = None
-    retry: int | None = None
-    seen_field = False
-    for line in lines:
+
+    def __init__(self) -> None:
+        self._last_id: str | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+        self._retry: int | None = None
+        self._comments: list[str] = []
+        self._seen_field = False
+
+    def feed(self, line: str) -> SseMessage | None:
+        """Take one line; return the block it completes (a blank line), else ``None``."""
         if line == "":
-            if data:
-                yield SseMessage(event or "message", "\n".join(data), last_id, retry)
-            elif seen_field:
-                yield SseMessage("", "", last_id, retry)
-            event, data, retry, seen_field = "", [], None, False
-            continue
+            message = None
+            if self._data:
+                message = SseMessage(
+                    self._event or "message",
+                    "\n".join(self._data),
+                    self._last_id,
+                    self._retry,
+                    tuple(self._comments),
+                )
+            elif self._seen_field or self._comments:
+                message = SseMessage(None, "", self._last_id, self._retry, tuple(self._comments))
+            self._reset()
+            return message
         if line.startswith(":"):
-            continue
+            self._comments.append(line[1:].strip())
+            return None
         name, sep, value = line.partition(":")
         if sep and value.startswith(" "):
             value = value[1:]
-        seen_field = True
+        self._seen_field = True
         if name == "event":
-            event = value
+            self._event = value
         elif name == "data":
-            data.append(value)
+            self._data.append(value)
         elif name == "id":
             if "\x00" not in value:
-                last_id = value
+                self._last_id = value
         elif name == "retry":
             if value.isdigit():
-                retry = int(value)
-    # A message cut off by the end of the stream is discarded, as the standard says.
+                self._retry = int(value)
+        return None
+
+
+def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
+    """Parse SSE lines (without line terminators) into messages (see :class:`SseParser`)."""
+    parser = SseParser()
+    for line in lines:
+        message = parser.feed(line)
+        if message is not None:
+            yield message
 
 
 # ------------------------------------------------------------------------------------ rendering

@@ -13,6 +13,19 @@ OUTPUT_CAP_MIN = 256
 OUTPUT_CAP_MAX = 32768
 
 
+def asyncpg_url(value: str | None) -> str | None:
+    """Accept plain ``postgresql://`` URLs too, and use asyncpg for them (``None`` for unset or empty).
+
+    The one home of this rewrite: the settings and the Alembic environment both use it.
+    """
+    if value is None or value == "":
+        return None
+    for prefix in ("postgresql://", "postgres://"):
+        if value.startswith(prefix):
+            return "postgresql+asyncpg://" + value[len(prefix) :]
+    return value
+
+
 class Settings(BaseSettings):
     """Service settings. Read once at start by the CLI and passed down; never global."""
 
@@ -51,13 +64,7 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _asyncpg_url(cls, value: str | None) -> str | None:
-        """Accept plain ``postgresql://`` URLs too, and use asyncpg for them."""
-        if value is None or value == "":
-            return None
-        for prefix in ("postgresql://", "postgres://"):
-            if value.startswith(prefix):
-                return "postgresql+asyncpg://" + value[len(prefix) :]
-        return value
+        return asyncpg_url(value)
 
     @property
     def background_on(self) -> bool:

@@ -110,8 +110,8 @@ def _install_log_redaction() -> None:
         access.addFilter(RedactStreamTokens())
 
 
-def create_app(settings: Settings, database_url: str, *, run_worker: bool = False) -> FastAPI:
-    """Build the app. ``run_worker`` also runs the worker inside this process (``sidequest serve``)."""
+def create_app(settings: Settings, database_url: str) -> FastAPI:
+    """Build the app. The worker is not part of it: ``sidequest serve`` adds one (``service.serve``)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -122,17 +122,9 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
         hub: EventHub = app.state.hub
         hub.attach(listener)
         await listener.start()
-        worker = None
-        if run_worker:
-            from service.worker import start_worker
-
-            worker = await start_worker(settings, db, listener=listener)
-        app.state.worker = worker
         try:
             yield
         finally:
-            if worker is not None:
-                await worker.stop()
             hub.detach()
             await listener.stop()
             await db.dispose()

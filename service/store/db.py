@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
-ROOT = Path(__file__).resolve().parents[2]
+
+def _alembic_home() -> Path:
+    """Where ``alembic.ini`` and ``migrations/`` are: the source tree (a checkout, an editable install),
+    else the wheel's data files under ``<prefix>/share/sidequest`` (``pip install .``, the Docker image)."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "alembic.ini").is_file():
+        return checkout
+    return Path(sysconfig.get_path("data")) / "share" / "sidequest"
+
+
+ROOT = _alembic_home()
 ALEMBIC_INI = ROOT / "alembic.ini"
 MIGRATIONS_DIR = ROOT / "migrations"
 

@@ -105,11 +105,3 @@ async def merge_context_info(session: AsyncSession, request_id: uuid.UUID, field
             ),
             {"id": request_id, "info": json.dumps(fields, ensure_ascii=False)},
         )
-
-
-async def read_usage(session: AsyncSession, request_id: uuid.UUID) -> dict[str, Any]:
-    """The request's current usage object."""
-    usage = await session.scalar(
-        text("SELECT usage FROM side_question_requests WHERE id = :id"), {"id": request_id}
-    )
-    return dict(usage or {})

@@ -28,8 +28,8 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from service.api.app import create_app
 from service.config import Settings
+from service.serve import create_serving_app
 from service.store.db import upgrade_to_head
 from tests import pg
 
@@ -46,7 +46,7 @@ def _start_server(database_url: str) -> tuple[uvicorn.Server, threading.Thread, 
         heartbeat_s=0.5,
         lease_s=5.0,
     )
-    app = create_app(settings, database_url, run_worker=True)
+    app = create_serving_app(settings, database_url)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

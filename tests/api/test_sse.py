@@ -11,16 +11,17 @@ import textwrap
 import httpx
 import pytest
 
+from service.client import SseMessage
 from service.config import Settings
 from service.store.db import Database
 from tests.api.conftest import Server, StartServer
 from tests.api.helpers import append, ask, finish, mark_running
-from tests.api.sse_client import Message, events, messages
+from tests.api.sse_client import events, messages
 
 
 async def _collect(
     client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None = None
-) -> list[Message]:
+) -> list[SseMessage]:
     async with client.stream("GET", url, headers=headers) as response:
         assert response.status_code == 200, await response.aread()
         return [m async for m in events(response)]
@@ -32,7 +33,7 @@ async def test_client_dropping_mid_answer_resumes_with_last_event_id_exactly_onc
     async with server.client() as client:
         rid = (await ask(client, "p-drop"))["id"]
         await mark_running(db, rid, "answering")
-        seen: list[Message] = []
+        seen: list[SseMessage] = []
         async with client.stream("GET", f"/v1/questions/{rid}/events") as response:
             assert response.headers["content-type"].startswith("text/event-stream")
             stream = events(response)
@@ -49,7 +50,7 @@ async def test_client_dropping_mid_answer_resumes_with_last_event_id_exactly_onc
         last_id = seen[-1].id
         assert last_id is not None
 
-        resumed: list[Message] = []
+        resumed: list[SseMessage] = []
         async with client.stream(
             "GET", f"/v1/questions/{rid}/events", headers={"Last-Event-ID": last_id}
         ) as response:
@@ -111,14 +112,14 @@ async def test_streams_send_a_retry_hint_and_comment_pings(start_server: StartSe
     server = await start_server(ping_s=0.2)
     async with server.client() as client:
         rid = (await ask(client, "p-ping"))["id"]
-        got: list[Message] = []
+        got: list[SseMessage] = []
         async with client.stream("GET", f"/v1/questions/{rid}/events") as response:
             async for message in messages(response):
                 got.append(message)
-                if sum(1 for m in got if m.event is None and m.retry is None) >= 2:
+                if sum(1 for m in got if m.event is None and m.retry_ms is None) >= 2:
                     break
-        assert got[0].retry is not None and got[0].retry > 0
-        pings = [m for m in got if m.event is None and m.retry is None]
+        assert got[0].retry_ms is not None and got[0].retry_ms > 0
+        pings = [m for m in got if m.event is None and m.retry_ms is None]
         assert len(pings) >= 2 and all(m.comments for m in pings)
         assert any(m.event == "status" for m in got)
 
@@ -171,7 +172,7 @@ async def test_session_stream_is_fed_by_a_second_process(server: Server, setting
         first = (await ask(client, "p-cross"))["id"]
         second = (await ask(client, "p-cross"))["id"]
         other = (await ask(client, "p-elsewhere"))["id"]  # another session's events must not appear
-        got: list[Message] = []
+        got: list[SseMessage] = []
         async with client.stream("GET", "/v1/sessions/p-cross/events") as response:
             writer: asyncio.Task[None] | None = None
             async for message in events(response):
@@ -205,7 +206,7 @@ async def test_request_stream_is_fed_by_a_second_process(
 ) -> None:
     async with server.client() as client:
         rid = (await ask(client, "p-cross-req"))["id"]
-        got: list[Message] = []
+        got: list[SseMessage] = []
         async with client.stream("GET", f"/v1/questions/{rid}/events") as response:
             writer = asyncio.create_task(_run_second_process(settings, rid))
             async for message in events(response):
@@ -243,7 +244,7 @@ async def test_clear_ends_open_streams_with_cancelled(server: Server, db: Databa
     async with server.client() as client:
         rid = (await ask(client, "p-clear-stream"))["id"]
         await mark_running(db, rid, "answering")
-        got: list[Message] = []
+        got: list[SseMessage] = []
         async with client.stream("GET", f"/v1/questions/{rid}/events") as response:
             async for message in events(response):
                 got.append(message)
@@ -287,7 +288,7 @@ async def test_a_cursor_beyond_any_seq_is_answered_not_crashed(server: Server, d
             assert response.status_code == 200
             stream = messages(response)
             first = await anext(stream)
-            assert first.retry is not None
+            assert first.retry_ms is not None
             # Open and healthy, waiting for more (a failed query would have closed it).
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(1.0):

@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from service.api.app import create_app
+from service.client import SseMessage
 from service.config import Settings
+from service.serve import create_serving_app
 from service.store.db import Database
 from tests.api.conftest import Server, serve
 from tests.api.helpers import ask
-from tests.api.sse_client import Message, events
+from tests.api.sse_client import events
 
 SNAPSHOT = {
     "system": "You are the main agent.",
@@ -53,8 +54,8 @@ async def worker_process(settings: Settings, db: Database) -> AsyncIterator[asyn
                 await proc.wait()
 
 
-async def _until_done(server: Server, parent: str, count: int) -> list[Message]:
-    got: list[Message] = []
+async def _until_done(server: Server, parent: str, count: int) -> list[SseMessage]:
+    got: list[SseMessage] = []
     done = 0
     async with server.client() as client, client.stream("GET", f"/v1/sessions/{parent}/events") as response:
         async with asyncio.timeout(60):
@@ -97,8 +98,8 @@ async def test_session_stream_fed_by_a_worker_in_a_second_process(
 
 
 async def test_serve_mode_runs_the_worker_in_process(settings: Settings, db: Database) -> None:
-    # The app's own lifespan starts the worker (what `sidequest serve` does).
-    app = create_app(settings, settings.database_url or "", run_worker=True)
+    # The entry point's app: the worker runs in the app's lifespan (what `sidequest serve` runs).
+    app = create_serving_app(settings, settings.database_url or "")
     async with serve(app) as base:
         server = Server(url=base, app=app)
         async with server.client() as client:

@@ -20,9 +20,9 @@ import jsonschema
 import pytest
 
 from service import client
-from service.api.app import create_app
 from service.cli import build_parser
 from service.config import Settings
+from service.serve import create_serving_app
 from service.store.db import Database
 from tests.api.conftest import serve
 from tests.scripted_provider import ScriptedServer, Step, Usage
@@ -68,7 +68,7 @@ async def running_stack(
             **overrides,
         }
     )
-    app = create_app(chosen, settings.database_url or "", run_worker=True)
+    app = create_serving_app(chosen, settings.database_url or "")
     async with serve(app) as url:
         yield Stack(url=url, model=model)
 

@@ -37,7 +37,7 @@ def renderer() -> tuple[Renderer, io.StringIO, io.StringIO]:
     return Renderer(out=out, err=err, live=False), out, err
 
 
-def test_sse_parser_joins_data_lines_and_skips_comments() -> None:
+def test_sse_parser_joins_data_lines_and_returns_comment_blocks_as_non_events() -> None:
     lines = [
         ": sidequest stream",
         "retry: 3000",
@@ -57,8 +57,9 @@ def test_sse_parser_joins_data_lines_and_skips_comments() -> None:
     ]
     messages = list(iter_sse(lines))
     assert messages == [
-        SseMessage(event="", data="", id=None, retry_ms=3000),
+        SseMessage(event=None, data="", id=None, retry_ms=3000, comments=("sidequest stream",)),
         SseMessage(event="delta", data='{"text":\n "hi"}', id="7"),
+        SseMessage(event=None, data="", id="7", comments=("ping",)),
         SseMessage(event="message", data="no event name", id="7"),
     ]
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.api.sse_client import Message, events
+from service.client import SseMessage
+from tests.api.sse_client import events
 from tests.e2e.test_serve import free_port
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
@@ -97,7 +98,7 @@ async def test_mixed_load_keeps_the_cap_ends_every_request_and_streams_have_no_g
     watched = parents[0]
     peak = 0
     done = asyncio.Event()
-    live: list[Message] = []
+    live: list[SseMessage] = []
 
     async with httpx.AsyncClient(base_url=deployment, timeout=30) as client:
 
@@ -165,7 +166,7 @@ async def test_mixed_load_keeps_the_cap_ends_every_request_and_streams_have_no_g
         assert visible >= (SESSIONS - 2) * QUESTIONS_PER_SESSION * 0.8
 
         async with client.stream("GET", f"/v1/sessions/{watched}/events") as response:
-            replay: list[Message] = []
+            replay: list[SseMessage] = []
             async for message in events(response):
                 replay.append(message)
                 if len(replay) == len(live):

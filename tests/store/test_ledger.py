@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
+from typing import Any
 
 from service.store import ledger
 from service.store.db import Database
+from service.store.models import RequestRow
 from tests.factories import admit, make_session
+
+
+async def _stored_usage(db: Database, rid: uuid.UUID) -> dict[str, Any]:
+    """The usage object as the request row holds it."""
+    async with db.sessions() as session:
+        row = await session.get(RequestRow, rid)
+        assert row is not None
+        return dict(row.usage)
 
 
 def _entry(i: int, *, reported: bool = True, status: str = "ok") -> ledger.CallEntry:
@@ -43,8 +54,7 @@ async def test_append_call_keeps_calls_in_order_and_totals_equal_their_sum(db: D
         2,
         8,
     )
-    async with db.sessions() as session:
-        assert await ledger.read_usage(session, rid) == usage
+    assert await _stored_usage(db, rid) == usage
 
 
 async def test_concurrent_appends_lose_no_call(db: Database) -> None:
@@ -55,8 +65,7 @@ async def test_concurrent_appends_lose_no_call(db: Database) -> None:
             await ledger.append_call(session, rid, _entry(i))
 
     await asyncio.gather(*(one(i) for i in range(1, 21)))
-    async with db.sessions() as session:
-        usage = await ledger.read_usage(session, rid)
+    usage = await _stored_usage(db, rid)
     assert len(usage["calls"]) == 20
     assert usage["input_tokens"] == 10 * sum(range(1, 21))
     assert usage["output_tokens"] == sum(range(1, 21))
@@ -68,8 +77,6 @@ async def test_merge_context_info_replaces_top_level_keys_only(db: Database) -> 
         await ledger.merge_context_info(session, rid, {"stage": "preparing", "window": 1000})
     async with db.sessions() as session:
         await ledger.merge_context_info(session, rid, {"stage": "answering"})
-    from service.store.models import RequestRow
-
     async with db.sessions() as session:
         row = await session.get(RequestRow, rid)
         assert row is not None

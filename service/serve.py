@@ -1,0 +1,42 @@
+"""``sidequest serve``: the API app with a worker in its lifespan, both in one process.
+
+DESIGN's layer table says the API never imports the worker; the entry point composes the two. The
+worker is started after the app's own lifespan has connected, and shares its ``Database`` and its
+``Listener`` (``app.state.db`` / ``app.state.listener``), so one process keeps one pool and one LISTEN
+connection. It is stopped before the app's lifespan closes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from service.api.app import create_app
+from service.config import Settings
+from service.worker import start_worker
+
+
+def with_worker(app: FastAPI, settings: Settings) -> FastAPI:
+    """Wrap ``app``'s lifespan so that a worker runs inside it (``app.state.worker`` while it runs)."""
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(running: FastAPI) -> AsyncIterator[Any]:
+        async with inner(running) as state:
+            worker = await start_worker(settings, running.state.db, listener=running.state.listener)
+            running.state.worker = worker
+            try:
+                yield state
+            finally:
+                await worker.stop()
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+def create_serving_app(settings: Settings, database_url: str) -> FastAPI:
+    """The app ``sidequest serve`` runs: :func:`create_app` with the worker in its lifespan."""
+    return with_worker(create_app(settings, database_url), settings)
