@@ -207,7 +207,8 @@ class SnapshotRow(Base):
     size_bytes: Mapped[int] = mapped_column(Integer, nullable=False)
     # The snapshot prepared once when stored (issue 12): normalised messages, per-message estimates,
     # groups. ``prepared_version`` names the format, so a change of the estimator can recompute it.
-    prepared: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # JSON (text), not JSONB: it is only ever read whole, and text costs PostgreSQL no parsing.
+    prepared: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     prepared_version: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()

@@ -37,8 +37,10 @@ class WorkerProcesses:
             "SIDEQUEST_API_KEY": "test-key",
             "SIDEQUEST_MODEL": "scripted-model",
             "SIDEQUEST_MAX_CONCURRENCY": "4",
-            "SIDEQUEST_LEASE_S": "1.0",
-            "SIDEQUEST_HEARTBEAT_S": "0.2",
+            # Leases long enough that a starved process on a loaded 2-core machine is not taken for
+            # a dead one (the cap and fairness are what these tests check; the kill test waits it out).
+            "SIDEQUEST_LEASE_S": "3.0",
+            "SIDEQUEST_HEARTBEAT_S": "0.3",
             "SIDEQUEST_POLL_S": "0.1",
             "SIDEQUEST_REQUEST_TIMEOUT_S": "30",
         }

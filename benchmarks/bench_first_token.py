@@ -1,0 +1,329 @@
+"""Time to first token on a long, live session, beside an empty session's (issue 11; SPEC 6.3, 6.6, 6.7).
+
+Run: ``.venv/bin/python benchmarks/bench_first_token.py [--runs 3]`` (a PostgreSQL is found the same way
+as the tests'; the script creates and drops its own database).
+
+The service runs as deployed: ``sidequest serve`` in its own process (background summaries on, summary
+parallelism 4 — the defaults), its model the scripted OpenAI-compatible server of ``tests/`` with a
+real model's latency: every summary call takes 2 s, an answer's first byte comes after 0.3 s. Time to
+first token = from sending the POST to the first ``delta`` event on the request's stream (opened
+right after the 202; a request stream replays from its start, so nothing is missed).
+
+The session (per run): 24 earlier side questions, then a main snapshot of ~160k tokens (1600 messages:
+user turns, tool calls, tool results, assistant replies) asked with ``context_window`` 64000, then
+grown by 40 messages at a time as a running agent's context grows. Cases:
+
+1. floor — an empty session, a tiny inline snapshot;
+2. first question, the long snapshot inline;
+3. next question, the snapshot grown by 40 messages, inline;
+4. another question on the same snapshot;
+5. the snapshot grown again and PUT 8 s before the question;
+6. a new long snapshot PUT 8 s before its first question.
+
+A person reads an answer before asking the next "by the way" question: each question comes
+``--gap`` seconds (default 3) after the previous answer ended. Targets: every case ≤ 1.3× the floor,
+except case 2 ≤ floor + 2 summary-call latencies (4 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from service.client import SseParser
+from tests import pg
+from tests.scripted_provider import ScriptedServer, Step
+
+SUMMARY_DELAY_S = 2.0
+ANSWER_DELAY_S = 0.3
+WINDOW = 64000
+CASES = (
+    "floor: empty session, tiny snapshot",
+    "first question, long snapshot inline",
+    "next question, grown by 40, inline",
+    "another question, same snapshot",
+    "grown again, PUT 8 s before",
+    "new long snapshot, PUT 8 s before",
+)
+
+
+def unit(i: int) -> list[dict[str, Any]]:
+    """Four messages of a coding agent's loop: ask, tool call, tool result, reply (~400 tokens)."""
+    return [
+        {"role": "user", "content": f"Step {i}: look at module_{i}.py and tell me what calls parse_{i}()."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": f"Searching for callers of parse_{i}."},
+                {"type": "tool_use", "id": f"t{i}", "name": "grep", "input": {"pattern": f"parse_{i}("}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": f"t{i}",
+                    "content": "\n".join(
+                        f"src/pkg_{i % 7}/file_{j}.py:{10 + j}: value = parse_{i}(raw)" for j in range(18)
+                    ),
+                }
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": f"parse_{i}() is called from 18 places in pkg_{i % 7}; " + "details " * 20,
+        },
+    ]
+
+
+def snapshot(units: int, *, seed: int = 0) -> dict[str, Any]:
+    messages = [m for i in range(seed, seed + units) for m in unit(i)]
+    return {
+        "taken_at": "2026-12-01T10:00:00Z",
+        "system": "You are a coding agent working in a large Python repository.",
+        "tools": [{"name": "grep", "description": "search files", "input_schema": {"type": "object"}}],
+        "messages": messages,
+        "max_output_tokens": 32000,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+EXPLAIN = False
+
+
+async def first_token(client: httpx.AsyncClient, parent: str, body: dict[str, Any]) -> tuple[float, str]:
+    """POST, open the stream, return (seconds to the first delta, request id); drains to the end."""
+    started = time.perf_counter()
+    timeline: list[str] = []
+    r = await client.post(f"/v1/sessions/{parent}/questions", json=body)
+    assert r.status_code == 202, r.text
+    rid = r.json()["id"]
+    ttft: float | None = None
+    parser = SseParser()
+    async with client.stream("GET", f"/v1/questions/{rid}/events") as stream:
+        async for line in stream.aiter_lines():
+            message = parser.feed(line.rstrip("\r"))
+            if message is None or message.event is None:
+                continue
+            if message.event == "delta" and ttft is None:
+                ttft = time.perf_counter() - started
+            if EXPLAIN and message.event in ("status", "progress"):
+                data = json.loads(message.data)
+                what = data.get("status") if message.event == "status" else data.get("what")
+                timeline.append(
+                    f"{time.perf_counter() - started:5.2f} {message.event}:{what}:{data.get('stage')}"
+                )
+            if message.event in ("done", "error"):
+                if message.event == "error":
+                    raise AssertionError(f"{parent}: {message.data}")
+                break
+    assert ttft is not None, "no delta"
+    if EXPLAIN:
+        info = (await client.get(f"/v1/questions/{rid}")).json()["context_info"]
+        print(f"  {parent} ttft {ttft:.2f}: qa={info.get('qa_summary')} ctx={info.get('context_summary')}")
+        print("    " + " | ".join(timeline))
+    return ttft, rid
+
+
+async def settle(client: httpx.AsyncClient, parent: str, within: float = 60.0) -> None:
+    """Wait until the session has no queued or running request or background job."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        s = (await client.get(f"/v1/sessions/{parent}")).json()
+        busy = s["counts"]["queued"] + s["counts"]["running"]
+        busy += s["background"]["jobs"]["queued"] + s["background"]["jobs"]["running"]
+        if busy == 0:
+            return
+        await asyncio.sleep(0.2)
+
+
+async def one_run(client: httpx.AsyncClient, server: ScriptedServer, run: int, gap: float) -> list[float]:
+    parent = f"bench-{run}"
+    # Setup at full speed: 24 earlier side questions (their folds made by background jobs).
+    fast(server)
+    for i in range(24):
+        await first_token(client, parent, {"question": f"earlier side question {i}: what is step {i} doing?"})
+    await settle(client, parent)
+    slow(server)
+    results: list[float] = []
+    floor, _ = await first_token(
+        client, f"floor-{run}", {"question": "what is the agent doing?", "snapshot": snapshot(1)}
+    )
+    results.append(floor)
+    await asyncio.sleep(gap)
+
+    long = snapshot(400, seed=run * 10_000)
+    ttft, _ = await first_token(
+        client,
+        parent,
+        {"question": "which module calls parse_7()?", "snapshot": long, "context_window": WINDOW},
+    )
+    results.append(ttft)
+    await asyncio.sleep(gap)
+
+    grown = {
+        **long,
+        "messages": long["messages"] + [m for i in range(400, 410) for m in unit(run * 10_000 + i)],
+    }
+    ttft, rid = await first_token(
+        client,
+        parent,
+        {"question": "and what about parse_405()?", "snapshot": grown, "context_window": WINDOW},
+    )
+    results.append(ttft)
+    snapshot_id = (await client.get(f"/v1/questions/{rid}")).json()["snapshot_id"]
+    await asyncio.sleep(gap)
+
+    ttft, _ = await first_token(
+        client,
+        parent,
+        {"question": "is parse_12 still used?", "snapshot_id": snapshot_id, "context_window": WINDOW},
+    )
+    results.append(ttft)
+    await asyncio.sleep(gap)
+
+    grown2 = {
+        **grown,
+        "messages": grown["messages"] + [m for i in range(410, 420) for m in unit(run * 10_000 + i)],
+    }
+    r = await client.put(f"/v1/sessions/{parent}/snapshots/grown2-{run}", json=grown2)
+    assert r.status_code in (200, 201), r.text
+    await asyncio.sleep(8.0)
+    ttft, _ = await first_token(
+        client,
+        parent,
+        {"question": "what changed?", "snapshot_id": f"grown2-{run}", "context_window": WINDOW},
+    )
+    results.append(ttft)
+    await asyncio.sleep(gap)
+
+    fresh = snapshot(400, seed=run * 10_000 + 5_000)
+    r = await client.put(f"/v1/sessions/{parent}/snapshots/fresh-{run}", json=fresh)
+    assert r.status_code in (200, 201), r.text
+    await asyncio.sleep(8.0)
+    ttft, _ = await first_token(
+        client,
+        parent,
+        {"question": "summarise the new task", "snapshot_id": f"fresh-{run}", "context_window": WINDOW},
+    )
+    results.append(ttft)
+    await settle(client, parent)
+    return results
+
+
+def fast(server: ScriptedServer) -> None:
+    for purpose in ("qa_summary", "context_summary"):
+        server.set_default(purpose, Step.valid_summary())
+    server.set_default("answer", Step.text("An earlier answer.", chunks=2))
+
+
+def slow(server: ScriptedServer) -> None:
+    for purpose in ("qa_summary", "context_summary"):
+        server.set_default(purpose, Step.valid_summary().with_delay(before_s=SUMMARY_DELAY_S))
+    server.set_default(
+        "answer",
+        Step.text("The side answer, streamed in parts.", chunks=5).with_delay(before_s=ANSWER_DELAY_S),
+    )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--gap", type=float, default=3.0, help="seconds between an answer and the next question"
+    )
+    parser.add_argument("--explain", action="store_true", help="print each request's stages and summaries")
+    args = parser.parse_args()
+    global EXPLAIN
+    EXPLAIN = args.explain
+
+    estimate = json.dumps(snapshot(400)).encode()
+    print(f"long snapshot: 1600 messages, {len(estimate)} bytes of JSON")
+    server_pg = await asyncio.to_thread(pg.find_server)
+    url = await pg.create_database(server_pg.admin_url)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with ScriptedServer() as scripted, tempfile.TemporaryDirectory() as tmp:
+            port = free_port()
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SIDEQUEST_", "OPENAI_"))}
+            env.update(
+                SIDEQUEST_DATABASE_URL=url,
+                SIDEQUEST_PROVIDER="openai",
+                SIDEQUEST_BASE_URL=scripted.base_url,
+                SIDEQUEST_API_KEY="sk-bench",
+                SIDEQUEST_MODEL="scripted-model",
+                NO_PROXY="127.0.0.1,localhost",
+            )
+            log = Path(tmp) / "serve.log"
+            with log.open("wb") as out:
+                proc = subprocess.Popen(  # noqa: ASYNC220 (started once, before any measurement)
+                    [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            base = f"http://127.0.0.1:{port}"
+            async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+                for _ in range(300):
+                    try:
+                        if (await client.get("/readyz")).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    await asyncio.sleep(0.1)
+                else:
+                    raise SystemExit(f"service did not start:\n{log.read_text()}")
+                print(f"sidequest serve pid {proc.pid}; load average {os.getloadavg()[0]:.1f}")
+                table: list[list[float]] = [[] for _ in CASES]
+                for run in range(args.runs):
+                    for case, value in enumerate(await one_run(client, scripted, run, args.gap)):
+                        table[case].append(value)
+                    print(f"run {run + 1}: " + ", ".join(f"{v:.2f}" for v in (t[-1] for t in table)))
+            floor = statistics.median(table[0])
+            print(f"\ntime to first token, {args.runs} runs (summary call {SUMMARY_DELAY_S} s, answer 0.3 s)")
+            print(f"{'case':42} {'runs (s)':28} {'median':>7} {'× floor':>8}  target")
+            for case, values in enumerate(table):
+                median = statistics.median(values)
+                if case == 1:
+                    target = f"≤ floor + {2 * SUMMARY_DELAY_S:g} s = {floor + 2 * SUMMARY_DELAY_S:.2f} s"
+                    ok = median <= floor + 2 * SUMMARY_DELAY_S
+                else:
+                    target, ok = "≤ 1.3×", median <= 1.3 * floor
+                runs = ", ".join(f"{v:.2f}" for v in values)
+                verdict = "ok" if ok else "MISSED"
+                print(f"{CASES[case]:42} {runs:28} {median:7.2f} {median / floor:8.2f}  {target} {verdict}")
+            print(f"load average after: {os.getloadavg()[0]:.1f}")
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        await pg.drop_database(server_pg.admin_url, url)
+        server_pg.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
