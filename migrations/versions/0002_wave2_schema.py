@@ -120,7 +120,7 @@ def upgrade() -> None:
         postgresql_where=sa.text("status IN ('queued', 'running')"),
     )
     op.add_column(
-        "main_snapshots", sa.Column("prepared", postgresql.JSONB(astext_type=sa.Text()), nullable=True)
+        "main_snapshots", sa.Column("prepared", sa.JSON(), nullable=True)
     )
     op.add_column("main_snapshots", sa.Column("prepared_version", sa.Integer(), nullable=True))
     op.alter_column("side_question_events", "request_id", existing_type=sa.UUID(), nullable=True)
