@@ -40,6 +40,7 @@ from service.budget import (
     select_replay,
 )
 from service.config import Settings
+from service.pipeline.choices import answer_model, summary_model
 from service.pipeline.deltas import DeltaCoalescer
 from service.pipeline.failures import PipelineFailure, RequestLost, error_object
 from service.pipeline.recorder import LedgerRecorder
@@ -50,6 +51,7 @@ from service.store.db import Database
 from service.store.events import utc_iso
 from service.store.history import RequestInput, iter_history, load_request_input, load_snapshot
 from service.store.ledger import merge_context_info
+from service.store.settings import load_session_settings
 from service.summary.context import CachedContextSummary, ContextCompaction, compact_context
 from service.summary.material import QAPair, render_qa_pair
 from service.summary.policy import SummaryCallBudget, SummaryRunner
@@ -184,19 +186,27 @@ class _Run:
             taken_at = raw.get("taken_at")
             self.context_time = taken_at if isinstance(taken_at, str) else None
         settings = self.deps.settings
-        self.model = (
-            options.get("model") or request.model or settings.model or self.deps.provider.default_model
+        # SPEC §11.2: the session's settings sit between the request's own values and the service's.
+        async with self.db.sessions() as session:
+            chosen = await load_session_settings(session, request.session_id)
+        default_model = self.deps.provider.default_model
+        self.model = answer_model(
+            options.get("model") or request.model, chosen.answer_model, settings.model, default_model
         )
         window = resolve_window(
             _int_option(options, "context_window"),
             self.snapshot.context_window if self.snapshot else None,
             settings.context_window,
+            session_window=chosen.context_window,
         )
         main_cap = _int_option(options, "main_max_output_tokens") or (
             self.snapshot.max_output_tokens if self.snapshot else None
         )
         self.output_cap = resolve_output_cap(
-            _int_option(options, "max_output_tokens"), settings.max_output_tokens, main_cap
+            _int_option(options, "max_output_tokens"),
+            settings.max_output_tokens,
+            main_cap,
+            session_cap=chosen.max_output_tokens,
         )
         plan = plan_window(window, self.output_cap)
         self.input_budget = plan.input_budget
@@ -208,7 +218,10 @@ class _Run:
         self.cache_entries = _parse_cache(mem.get("context_summaries") or [])
         self.runner = SummaryRunner(
             provider=self.deps.provider,
-            model=self.model,
+            model=summary_model(
+                chosen.summary_model, settings.summary_model, self.model, settings.model, default_model
+            ),
+            instructions=chosen.summary_instructions,
             request_id=str(self.claimed.id),
             recorder=self.recorder,
             deadline=self.deadline,

@@ -24,6 +24,15 @@ from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import iso_or_none, request_record
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+# SPEC §11.2 (rules in service.store.settings, which imports this module; the names live here).
+SETTINGS_FIELDS = (
+    "summary_instructions",
+    "summary_model",
+    "answer_model",
+    "context_window",
+    "max_output_tokens",
+    "on_busy",
+)
 
 
 class SnapshotConflict(Exception):
@@ -195,6 +204,8 @@ async def session_overview(session: AsyncSession, tenant: str, parent_id: str) -
         "parent_id": row.parent_id,
         "clear_version": row.clear_version,
         "next_ordinal": row.next_ordinal,
+        "handed_off_through": row.handed_off_through,
+        "settings": {name: (row.settings or {}).get(name) for name in SETTINGS_FIELDS},
         "counts": await status_counts(session, row.id),
         "memory": memory_overview(row.memory),
         "created_at": iso_or_none(row.created_at),

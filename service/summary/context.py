@@ -210,7 +210,9 @@ async def compact_context(
     """
     until = cut_plan.summarize_until
     groups = group_messages(messages)
-    reuse = find_reusable(messages, groups, cut_plan, cache_entries, model=runner.model)
+    reuse = find_reusable(
+        messages, groups, cut_plan, cache_entries, model=runner.model, prompt_version=runner.prompt_version
+    )
     kept = len(messages) - until
 
     async def report(outcome: CacheOutcome, **extra: Any) -> None:
@@ -247,7 +249,7 @@ async def compact_context(
     chunks = runner.chunk("context", _pieces(messages, groups, start, until))
     calls_before = runner.attempts_made
     document = await runner.summarize("context", chunks, previous)
-    key = prefix_key(messages[:until], runner.model)
+    key = prefix_key(messages[:until], runner.model, runner.prompt_version)
     created_at = runner.now()
     provenance = Provenance.for_context(
         prefix_hash=key,

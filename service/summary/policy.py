@@ -42,7 +42,7 @@ from service.summary.errors import (
     SummaryToolCall,
     SummaryTruncated,
 )
-from service.summary.prompts import SummaryKind, build_summary_prompt, summary_prompt_reserve
+from service.summary.prompts import SummaryKind, build_summary_prompt, prompt_version, summary_prompt_reserve
 
 # Stop reasons that mean "cut at the output cap" (normalised, plus Anthropic's raw value).
 _TRUNCATED = frozenset({"length", "max_tokens"})
@@ -99,7 +99,8 @@ class SummaryRunner:
 
     ``deadline`` is an absolute ``clock()`` value (the request's deadline, as for ``run_call``).
     ``window`` / ``safety_margin`` are the summariser model's window numbers; chunk capacity is derived
-    from them. ``on_progress`` receives one event dict per chunk.
+    from them. ``on_progress`` receives one event dict per chunk. ``model`` is the *summary* model
+    (SPEC §11.2 choice); ``instructions`` the session's summary instructions, in every prompt.
     """
 
     provider: Provider
@@ -114,14 +115,24 @@ class SummaryRunner:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     now: Callable[[], str] = utc_now_iso
+    # The session's summary instructions (SPEC §11.2): sent with every summary call, after the built-in ones.
+    instructions: str | None = None
     # Attempts made through this runner (for context_info "calls"); the budget counts the same.
     attempts_made: int = field(default=0, init=False)
 
     def capacity(self, kind: SummaryKind) -> int:
         """Material tokens one call may carry, reserving the retry's output (8192) and prompt."""
         return summary_capacity(
-            self.window, summary_prompt_reserve(kind), self.safety_margin, RETRY_OUTPUT_TOKENS
+            self.window,
+            summary_prompt_reserve(kind, self.instructions),
+            self.safety_margin,
+            RETRY_OUTPUT_TOKENS,
         )
+
+    @property
+    def prompt_version(self) -> str:
+        """The prompt version of this runner's calls (instructions included), for cache keys."""
+        return prompt_version(self.instructions)
 
     def chunk(self, kind: SummaryKind, pieces: Sequence[str]) -> list[str]:
         """Pack material ``pieces`` (one per group) into chunks that each fit one call.
@@ -212,7 +223,13 @@ class SummaryRunner:
         chunks: int,
     ) -> SummaryDocument:
         prompt = build_summary_prompt(
-            kind, material, previous_body=previous_body, retry=retry, chunk=chunk, chunks=chunks
+            kind,
+            material,
+            previous_body=previous_body,
+            retry=retry,
+            chunk=chunk,
+            chunks=chunks,
+            instructions=self.instructions,
         )
         cap = RETRY_OUTPUT_TOKENS if retry else FIRST_OUTPUT_TOKENS
         call = ProviderCall(

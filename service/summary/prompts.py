@@ -7,6 +7,7 @@ new :data:`PROMPT_VERSION` (part of the context-summary cache key).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -68,9 +69,36 @@ what is pending."""
 )
 
 
-def summary_system_prompt(kind: SummaryKind) -> str:
-    """The system prompt of a summary call of this kind."""
-    return _SYSTEM_QA if kind == "qa" else _SYSTEM_CONTEXT
+SESSION_INSTRUCTIONS_HEADER = (
+    "Additional instructions for this session. They add to the rules above and never change the reply "
+    "format: still exactly one JSON object with the five keys."
+)
+
+
+def summary_system_prompt(kind: SummaryKind, instructions: str | None = None) -> str:
+    """The system prompt of a summary call of this kind.
+
+    ``instructions`` (a session's ``summary_instructions``, SPEC §11.2) come *after* the built-in
+    instructions, which stay whole: they add to the prompt and can never replace the document format.
+    """
+    base = _SYSTEM_QA if kind == "qa" else _SYSTEM_CONTEXT
+    if instructions is None or not instructions.strip():
+        return base
+    return (
+        f"{base}\n\n{SESSION_INSTRUCTIONS_HEADER}\n"
+        f"<session_instructions>\n{instructions.strip()}\n</session_instructions>"
+    )
+
+
+def prompt_version(instructions: str | None = None) -> str:
+    """:data:`PROMPT_VERSION`, extended by a hash of the session's summary instructions when it has any.
+
+    Part of the context-summary cache key: a summary made under other instructions is not reused.
+    """
+    if instructions is None or not instructions.strip():
+        return PROMPT_VERSION
+    digest = hashlib.sha256(instructions.strip().encode("utf-8")).hexdigest()[:16]
+    return f"{PROMPT_VERSION}+instructions-{digest}"
 
 
 @dataclass(frozen=True)
@@ -89,8 +117,12 @@ def build_summary_prompt(
     retry: bool,
     chunk: int = 1,
     chunks: int = 1,
+    instructions: str | None = None,
 ) -> SummaryPrompt:
     """The prompt of one summary attempt over ``material``.
+
+    ``instructions`` are the session's summary instructions (SPEC §11.2), appended to the built-in
+    system prompt (see :func:`summary_system_prompt`).
 
     ``previous_body`` is the rendered body of the running (valid) summary: when given, the model is asked
     to *update* it with the new material, keeping earlier conclusions. ``retry`` is the one retry after a
@@ -123,19 +155,23 @@ def build_summary_prompt(
             f"Keep the whole summary under about {FIRST_BODY_TOKENS} tokens. Reply with the JSON object only."
         )
     return SummaryPrompt(
-        system=summary_system_prompt(kind),
+        system=summary_system_prompt(kind, instructions),
         messages=[{"role": "user", "content": "\n\n".join(parts)}],
     )
 
 
-def summary_prompt_reserve(kind: SummaryKind) -> int:
+def summary_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
     """Tokens a summary prompt needs besides its material, in the worst case.
+
+    The session's summary instructions (up to 4 KiB) are part of every prompt, so they are reserved too.
 
     Worst case = the retry variant of an update of a chunk, with a previous summary at the body limit
     (the running summary is shown as its rendered body, so its size is bounded by the same estimate).
     Chunk sizes reserve this in advance, so the retry of any chunk fits as well as its first attempt.
     """
-    skeleton = build_summary_prompt(kind, "", previous_body="", retry=True, chunk=999, chunks=999)
+    skeleton = build_summary_prompt(
+        kind, "", previous_body="", retry=True, chunk=999, chunks=999, instructions=instructions
+    )
     return estimate_system(skeleton.system) + estimate_messages(skeleton.messages) + BODY_TOKEN_LIMIT
 
 
@@ -295,6 +331,7 @@ __all__ = [
     "SummaryPrompt",
     "build_answer_request",
     "build_summary_prompt",
+    "prompt_version",
     "summary_prompt_reserve",
     "summary_system_prompt",
 ]
