@@ -191,3 +191,41 @@ async def test_clear_deletes_handoffs_and_resets_the_mark(server: Server, db: Da
         assert (await client.get("/v1/sessions/p")).json()["handed_off_through"] == 0
         after = await answered(client, db, "p")
         assert (await client.post("/v1/sessions/p/handoffs")).json()["ordinals"] == [after["ordinal"]]
+
+
+async def test_openapi_describes_handoffs_pins_and_settings(server: Server) -> None:
+    async with server.client() as client:
+        spec = (await client.get("/openapi.json")).json()
+    paths, schemas = spec["paths"], spec["components"]["schemas"]
+    for path, methods in (
+        ("/v1/sessions/{parent_id}/handoffs", {"post", "get"}),
+        ("/v1/sessions/{parent_id}/settings", {"put", "get"}),
+        ("/v1/questions/{request_id}/pin", {"post", "delete"}),
+    ):
+        assert methods <= set(paths[path])
+    assert {"201", "200", "404", "409", "422"} <= set(
+        paths["/v1/sessions/{parent_id}/handoffs"]["post"]["responses"]
+    )
+    assert {
+        "id",
+        "parent_id",
+        "created_at",
+        "format",
+        "ordinals",
+        "from_ordinal",
+        "through_ordinal",
+        "estimate_tokens",
+        "summarized_ordinals",
+        "truncated",
+        "message",
+        "text",
+    } <= set(schemas["Handoff"]["properties"])
+    assert {"handed_off_through", "settings"} <= set(schemas["SessionOut"]["properties"])
+    assert set(schemas["SessionSettingsIn"]["properties"]) == {
+        "summary_instructions",
+        "summary_model",
+        "answer_model",
+        "context_window",
+        "max_output_tokens",
+        "on_busy",
+    }
