@@ -13,7 +13,7 @@ from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import JSONResponse
 
 from service.api.deps import DbSession, Tenant
-from service.api.errors import ApiError, not_found
+from service.api.errors import not_found
 from service.api.routes_common import ParentId, canonical_body_hash, errors
 from service.api.routes_sessions import IdempotencyKey
 from service.api.schemas import (
@@ -109,7 +109,8 @@ async def get_handoffs(
         try:
             cursor = uuid.UUID(before)
         except ValueError:
-            raise ApiError(422, "validation_error", "before must be a hand-off id (next_before)") from None
+            # Not an id any hand-off has: like an unknown id, an empty page (the session still must exist).
+            cursor = uuid.UUID(int=0)
     page = await list_handoffs(session, tenant, parent_id, limit=limit, before=cursor)
     if page is None:
         raise not_found("session")

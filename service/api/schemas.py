@@ -227,6 +227,7 @@ class SessionSettingsIn(BaseModel):
 
     summary_instructions: str | None = Field(
         default=None,
+        max_length=MAX_SUMMARY_INSTRUCTIONS_BYTES,  # characters; the byte limit is checked below
         description="At most 4 KiB of UTF-8 (4096 bytes); added after the built-in summary instructions "
         "of every summary call of the session (never replacing them).",
         json_schema_extra=NO_NUL,

@@ -725,9 +725,13 @@ def _settings_schema() -> dict[str, Any]:
         "additionalProperties": False,
         "description": "the session's settings (SPEC §11.2); missing → the session keeps its own",
         "properties": {
-            "summary_instructions": {**nullable_text, "description": "at most 4096 bytes of UTF-8"},
-            "summary_model": {**nullable_text, "maxLength": 200},
-            "answer_model": {**nullable_text, "maxLength": 200},
+            "summary_instructions": {
+                **nullable_text,
+                "maxLength": 4096,
+                "description": "at most 4096 bytes of UTF-8",
+            },
+            "summary_model": {**nullable_text, "minLength": 1, "maxLength": 200},
+            "answer_model": {**nullable_text, "minLength": 1, "maxLength": 200},
             "context_window": {
                 "type": ["integer", "null"],
                 "minimum": 1024,

@@ -60,6 +60,14 @@ async def test_post_handoff_is_201_then_nothing_new_is_200_and_get_lists_newest_
         older = (await client.get("/v1/sessions/p/handoffs", params={"before": listed["next_before"]})).json()
         assert [h["id"] for h in older["items"]] == [body["id"]] and older["next_before"] is None
 
+        for unknown in ("not-an-id", "00000000-0000-0000-0000-000000000000"):
+            empty = await client.get("/v1/sessions/p/handoffs", params={"before": unknown})
+            assert empty.status_code == 200 and empty.json() == {
+                "items": [],
+                "has_more": False,
+                "next_before": None,
+            }
+
         session = (await client.get("/v1/sessions/p")).json()
         assert session["handed_off_through"] == 2
         everything = await client.post("/v1/sessions/p/handoffs", json={"include": "all", "format": "openai"})
