@@ -512,9 +512,18 @@ def _check_handoffs(check: _Checker, value: object, loc: str) -> list[ArchivedHa
                 check.fail(f"{item_loc}.{key}", "must be a list of integers")
         message = body.get("message")
         if message is not None and not (
-            isinstance(message, dict) and isinstance(message.get("content"), str)
+            isinstance(message, dict)
+            and message.get("role", "user") == "user"
+            and isinstance(message.get("content", ""), str)
         ):
-            check.fail(f"{item_loc}.message", "must be null or an object with a string content")
+            check.fail(f"{item_loc}.message", 'must be null or {"role": "user", "content": string}')
+        for key in ("from_ordinal", "through_ordinal"):
+            if body.get(key) is not None and not _is_int(body[key]):
+                check.fail(f"{item_loc}.{key}", "must be an integer or null")
+        if "estimate_tokens" in body and not _is_int(body["estimate_tokens"]):
+            check.fail(f"{item_loc}.estimate_tokens", "must be an integer")
+        if "truncated" in body and not isinstance(body["truncated"], bool):
+            check.fail(f"{item_loc}.truncated", "must be true or false")
         if len(check.errors) == errors_before and created_at is not None:
             result.append(ArchivedHandoff(created_at=created_at, body=body))
     return result

@@ -113,6 +113,28 @@ async def test_older_archives_restore_with_no_handoffs_mark_0_and_the_settings_k
             ]
         },
         {"handoffs": "none"},
+        {
+            "handoffs": [
+                {
+                    "created_at": "2026-11-29T10:00:00Z",
+                    "format": "openai",
+                    "ordinals": [1],
+                    "text": "t",
+                    "message": {"role": 7, "content": "t"},
+                }
+            ]
+        },
+        {
+            "handoffs": [
+                {
+                    "created_at": "2026-11-29T10:00:00Z",
+                    "format": "text",
+                    "ordinals": [1],
+                    "text": "t",
+                    "truncated": 1,
+                }
+            ]
+        },
     ],
 )
 def test_archive_extras_that_break_the_rules_are_refused_before_anything_is_written(
