@@ -1,4 +1,4 @@
-"""The ``sidequest`` command: serve, api, worker, migrate, ask, archive."""
+"""The ``sidequest`` command: serve, api, worker, migrate, ask, archive, handoff."""
 
 from __future__ import annotations
 
@@ -136,14 +136,45 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--replace", action="store_true", help="replace existing history")
     imp.add_argument("--url", default=None)
     imp.add_argument("--token", default=None)
+
+    hand = sub.add_parser(
+        "handoff", help="hand side findings back to the main conversation (prints the block)"
+    )
+    hand.add_argument("parent_id")
+    hand.add_argument(
+        "--format",
+        choices=("text", "anthropic", "openai"),
+        default="text",
+        help="text (default): the block as plain text; anthropic / openai: the user message as JSON",
+    )
+    hand.add_argument(
+        "--max-tokens",
+        type=_handoff_tokens,
+        default=None,
+        help="the block's token limit (256-32768; default 2000)",
+    )
+    hand.add_argument("--all", action="store_true", help="every succeeded side answer, not only the new ones")
+    hand.add_argument("--url", default=None)
+    hand.add_argument("--token", default=None)
     return parser
+
+
+def _handoff_tokens(value: str) -> int:
+    """``--max-tokens``: an integer in 256–32768, refused by argparse (exit 2) otherwise."""
+    try:
+        tokens = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if not 256 <= tokens <= 32768:
+        raise argparse.ArgumentTypeError(f"must be from 256 to 32768, not {tokens}")
+    return tokens
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in ("ask", "archive"):
+    if args.command in ("ask", "archive", "handoff"):
         from service import client
 
         return client.main(args)

@@ -1,4 +1,4 @@
-"""The client half of the ``sidequest`` command: ``ask`` and ``archive export|import``, over HTTP.
+"""The client half of the ``sidequest`` command: ``ask``, ``archive export|import``, ``handoff``, over HTTP.
 
 ``ask`` posts a side question, then follows ``GET /v1/questions/{id}/events`` live: stage changes,
 progress (replayed groups, summary chunk i/n, cache hits, overflow retries) and usage go to stderr —
@@ -571,11 +571,51 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------------ hand-off
+
+
+def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``sidequest handoff``: hand the session's side findings off and print the block to stdout.
+
+    The block is printed as it is (the text; for ``--format anthropic|openai`` the message JSON),
+    so ``sidequest handoff task-7 > block.txt`` captures exactly what to give the main agent. What was
+    carried goes to stderr. Nothing to hand off: nothing on stdout, a note on stderr, exit 0.
+    """
+    endpoint = Endpoint.from_args(args)
+    body: dict[str, Any] = {"format": args.format, "include": "all" if args.all else "new"}
+    if args.max_tokens is not None:
+        body["max_tokens"] = args.max_tokens
+    with endpoint.client() as client:
+        try:
+            response = client.post(f"/v1/sessions/{_path_id(args.parent_id)}/handoffs", json=body)
+        except httpx.TransportError as exc:
+            raise ClientError(f"cannot reach {endpoint.base_url}: {exc}") from None
+    if response.status_code not in (200, 201):
+        raise _refused(response, "the hand-off was")
+    result = response.json()
+    ordinals = result.get("ordinals") or []
+    if not ordinals:
+        err.write(f"nothing to hand off in {args.parent_id}\n")
+        return EXIT_OK
+    if result.get("message") is not None:
+        out.write(json.dumps(result["message"], ensure_ascii=False, indent=2) + "\n")
+    else:
+        out.write(str(result.get("text", "")) + "\n")
+    out.flush()
+    notes = [f"handed off {_count(len(ordinals), 'side answer')} (#{ordinals[0]}–#{ordinals[-1]})"]
+    if result.get("summarized_ordinals"):
+        notes.append(f"{len(result['summarized_ordinals'])} through the Q&A summary")
+    if result.get("truncated"):
+        notes.append("shortened to fit")
+    err.write(", ".join(notes) + f"; about {result.get('estimate_tokens')} tokens\n")
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------------------ entry
 
 
 def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run ``ask`` or ``archive``; returns the exit code (see the module docstring)."""
+    """Run ``ask``, ``archive`` or ``handoff``; returns the exit code (see the module docstring)."""
     out = out or sys.stdout
     err = err or sys.stderr
     # The CLI configures INFO logging for the server commands; a client's output is its rendering,
@@ -589,6 +629,8 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
             return archive_export(args, out, err)
         if args.command == "archive" and args.archive_command == "import":
             return archive_import(args, out, err)
+        if args.command == "handoff":
+            return handoff(args, out, err)
         raise ClientError(f"unknown command {args.command}")
     except ClientError as exc:
         err.write(f"sidequest: {exc.message}\n")

@@ -12,7 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api import routes_archive, routes_questions, routes_sessions
+from service.api import routes_archive, routes_handoffs, routes_questions, routes_sessions
 from service.api.errors import error_body, install_error_handlers
 from service.api.metrics import Metrics
 from service.api.routes_common import errors
@@ -146,6 +146,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
 
     app.include_router(routes_sessions.router)
     app.include_router(routes_questions.router)
+    app.include_router(routes_handoffs.router)
     app.include_router(routes_archive.router, responses=errors(401, 404))
 
     app.add_middleware(

@@ -17,7 +17,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from service.store.admission import IdempotencyConflict, QueueFull, SnapshotMissing
+from service.store.handoffs import HandoffIdempotencyConflict, NotPinnable, UnknownOrdinals
 from service.store.sessions import InvalidSnapshot, SnapshotConflict
+from service.store.settings import InvalidSettings
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,17 @@ def from_store_error(exc: Exception) -> ApiError | None:
         return ApiError(409, "idempotency_conflict", str(exc), {})
     if isinstance(exc, InvalidSnapshot):
         return ApiError(422, "invalid_snapshot", str(exc), {})
+    if isinstance(exc, UnknownOrdinals):
+        return ApiError(422, "unknown_ordinals", str(exc), {"ordinals": exc.ordinals})
+    if isinstance(exc, HandoffIdempotencyConflict):
+        return ApiError(409, "idempotency_conflict", str(exc), {})
+    if isinstance(exc, NotPinnable):
+        return ApiError(409, "not_pinnable", str(exc), {"status": exc.status})
+    if isinstance(exc, InvalidSettings):
+        errors = [
+            {"loc": ["body", name], "msg": message, "type": "value_error"} for name, message in exc.problems
+        ]
+        return ApiError(422, "validation_error", str(exc), {"errors": errors})
     return None
 
 
@@ -157,6 +170,16 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    for exc_type in (QueueFull, SnapshotMissing, SnapshotConflict, IdempotencyConflict, InvalidSnapshot):
+    for exc_type in (
+        QueueFull,
+        SnapshotMissing,
+        SnapshotConflict,
+        IdempotencyConflict,
+        InvalidSnapshot,
+        UnknownOrdinals,
+        HandoffIdempotencyConflict,
+        NotPinnable,
+        InvalidSettings,
+    ):
         app.add_exception_handler(exc_type, _store_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -24,6 +24,7 @@ from service.api.schemas import RequestRecord, StreamToken
 from service.api.sse import request_stream, terminal_seq
 from service.api.stream_tokens import request_stream as request_stream_name
 from service.store.admission import cancel_request
+from service.store.handoffs import set_pinned
 from service.store.sessions import find_request, request_record_for
 
 router = APIRouter(prefix="/v1/questions", tags=["questions"])
@@ -42,6 +43,24 @@ async def get_question(request_id: str, tenant: Tenant, session: DbSession) -> J
 async def cancel_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
     """Cancel a queued or running request; idempotent; a terminal request is returned unchanged."""
     record = await cancel_request(session, tenant, parse_request_id(request_id))
+    if record is None:
+        raise not_found("question")
+    return JSONResponse(record)
+
+
+@router.post("/{request_id}/pin", response_model=RequestRecord, responses=errors(401, 404, 409, 422))
+async def pin_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
+    """Pin a succeeded side answer for the next hand-off (SPEC §11.1); idempotent; else 409."""
+    record = await set_pinned(session, tenant, parse_request_id(request_id), True)
+    if record is None:
+        raise not_found("question")
+    return JSONResponse(record)
+
+
+@router.delete("/{request_id}/pin", response_model=RequestRecord, responses=errors(401, 404, 422))
+async def unpin_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
+    """Unpin a side answer; idempotent."""
+    record = await set_pinned(session, tenant, parse_request_id(request_id), False)
     if record is None:
         raise not_found("question")
     return JSONResponse(record)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.config import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 from service.context_info import ContextInfo
+from service.store.settings import MAX_SUMMARY_INSTRUCTIONS_BYTES
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
@@ -192,6 +193,127 @@ class HistoryPage(BaseModel):
     next_before: int | None = Field(description="Pass as `before` for the next (older) page; null when none.")
 
 
+# ---------------------------------------------------------------- settings and hand-offs (SPEC §11)
+
+ModelName = Annotated[str, Field(min_length=1, max_length=200, json_schema_extra=NO_NUL)]
+OnBusy = Literal["enqueue", "reject", "interrupt"]
+
+
+class SessionSettingsIn(BaseModel):
+    """PUT body: only the fields it names change; `null` clears a field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    summary_instructions: str | None = Field(
+        default=None,
+        max_length=MAX_SUMMARY_INSTRUCTIONS_BYTES,  # characters; the byte limit is checked below
+        description="At most 4 KiB of UTF-8 (4096 bytes); added after the built-in summary instructions "
+        "of every summary call of the session (never replacing them).",
+        json_schema_extra=NO_NUL,
+    )
+    summary_model: ModelName | None = Field(default=None, description="Model for summary calls.")
+    answer_model: ModelName | None = Field(
+        default=None, description="Model for answers (a request's own wins)."
+    )
+    context_window: Annotated[int, Field(ge=1024, le=10_000_000)] | None = Field(
+        default=None, description="Session default window, below a request's own value."
+    )
+    max_output_tokens: Annotated[int, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = Field(
+        default=None, description="Session default side output cap, below a request's own value."
+    )
+    on_busy: OnBusy | None = Field(
+        default=None, description="What a new question does while the session has queued or running ones."
+    )
+
+    _texts = field_validator("summary_instructions", "summary_model", "answer_model")(_check_optional_text)
+
+    @field_validator("summary_instructions")
+    @classmethod
+    def _instructions_size(cls, value: str | None) -> str | None:
+        size = len(value.encode("utf-8")) if value is not None else 0
+        if size > MAX_SUMMARY_INSTRUCTIONS_BYTES:
+            raise ValueError(
+                f"is {size} bytes of UTF-8; "
+                f"at most {MAX_SUMMARY_INSTRUCTIONS_BYTES} bytes (4 KiB) are allowed"
+            )
+        return value
+
+
+class SessionSettingsOut(BaseModel):
+    """The whole settings object; unset fields are null."""
+
+    summary_instructions: str | None
+    summary_model: str | None
+    answer_model: str | None
+    context_window: int | None
+    max_output_tokens: int | None
+    on_busy: OnBusy | None
+
+
+class HandoffIn(BaseModel):
+    """POST body of a hand-off; every field optional."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["anthropic", "openai", "text"] = Field(
+        default="anthropic",
+        description="`anthropic` / `openai`: `message` is set; `text`: `message` is null.",
+    )
+    max_tokens: Annotated[int, Field(ge=256, le=32768)] = Field(
+        default=2000, description="The block's SPEC §5 estimate stays within this."
+    )
+    include: Literal["new", "all"] = Field(
+        default="new",
+        description="`new`: succeeded Q&A above `handed_off_through` plus pinned ones; "
+        "`all`: every succeeded one.",
+    )
+    ordinals: (
+        Annotated[list[Annotated[int, Field(ge=1, le=2_147_483_647)]], Field(min_length=1, max_length=1000)]
+        | None
+    ) = Field(
+        default=None,
+        description="Exactly these (each a succeeded request of the session); wins over `include`.",
+    )
+
+
+class HandoffMessage(BaseModel):
+    """The block as one user message, ready to append to the main conversation."""
+
+    role: Literal["user"]
+    content: str
+
+
+class Handoff(BaseModel):
+    """A hand-off (SPEC §11.1). `id` is null when there was nothing to hand off (nothing recorded)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = Field(json_schema_extra={"format": "uuid"})
+    parent_id: str
+    created_at: Timestamp
+    format: Literal["anthropic", "openai", "text"]
+    ordinals: list[int] = Field(description="The Q&A the block carries, ascending.")
+    from_ordinal: int | None
+    through_ordinal: int | None
+    estimate_tokens: int
+    summarized_ordinals: list[int] = Field(description="Carried by the rolling Q&A summary, not verbatim.")
+    shortened_ordinals: list[int] = Field(default_factory=list, description="Question or answer cut to fit.")
+    omitted_ordinals: list[int] = Field(
+        default_factory=list, description="Left out entirely to fit (not carried, still pinned if they were)."
+    )
+    truncated: bool
+    message: HandoffMessage | None
+    text: str
+
+
+class HandoffPage(BaseModel):
+    """A page of hand-offs, newest first."""
+
+    items: list[Handoff]
+    has_more: bool
+    next_before: str | None = Field(description="Pass as `before` for the next (older) page; null when none.")
+
+
 # ---------------------------------------------------------------- sessions
 
 
@@ -243,6 +365,8 @@ class SessionOut(BaseModel):
     parent_id: str
     clear_version: int
     next_ordinal: int
+    handed_off_through: int = Field(description="Highest ordinal handed off (SPEC §11.1); 0 after a clear.")
+    settings: SessionSettingsOut
     counts: Counts
     background: BackgroundOverview
     memory: MemoryOverview

@@ -22,22 +22,34 @@ def _given(value: int | None) -> bool:
     return value is not None and value > 0
 
 
-def resolve_output_cap(request_cap: int | None, config_cap: int, main_cap: int | None) -> int:
-    """Side answer output cap: ``min(request_cap or config_cap, main_cap)``.
+def resolve_output_cap(
+    request_cap: int | None, config_cap: int, main_cap: int | None, *, session_cap: int | None = None
+) -> int:
+    """Side answer output cap: ``min(request_cap or session_cap or config_cap, main_cap)``.
 
-    The request's cap wins over the configured one; the main session's own cap (request
-    ``main_max_output_tokens`` or the snapshot's ``max_output_tokens``) is never exceeded.
-    Non-positive values count as not given.
+    The request's cap wins over the session's default (SPEC §11.2), which wins over the configured
+    one; the main session's own cap (request ``main_max_output_tokens`` or the snapshot's
+    ``max_output_tokens``) is never exceeded. Non-positive values count as not given.
     """
-    cap = request_cap if request_cap is not None and _given(request_cap) else config_cap
+    cap = config_cap
+    for given in (request_cap, session_cap):
+        if given is not None and _given(given):
+            cap = given
+            break
     if main_cap is not None and _given(main_cap):
         cap = min(cap, main_cap)
     return cap
 
 
-def resolve_window(request_window: int | None, snapshot_window: int | None, config_window: int | None) -> int:
-    """Model window: request → snapshot → ``SIDEQUEST_CONTEXT_WINDOW`` → :data:`DEFAULT_WINDOW`."""
-    for window in (request_window, snapshot_window, config_window):
+def resolve_window(
+    request_window: int | None,
+    snapshot_window: int | None,
+    config_window: int | None,
+    *,
+    session_window: int | None = None,
+) -> int:
+    """Model window: request → session settings → snapshot → ``SIDEQUEST_CONTEXT_WINDOW`` → 200000."""
+    for window in (request_window, session_window, snapshot_window, config_window):
         if window is not None and _given(window):
             return window
     return DEFAULT_WINDOW

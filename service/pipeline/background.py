@@ -34,7 +34,6 @@ from service.store.sessions import job_session_inputs
 from service.summary.context import compact_context
 from service.summary.material import QAPair
 from service.summary.policy import SummaryCallBudget, SummaryRunner
-from service.summary.prompts import PROMPT_VERSION
 from service.summary.rolling import fold_qa
 
 log = logging.getLogger(__name__)
@@ -110,6 +109,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 job_id=str(job.id),
                 clock=deps.clock,
                 parallelism=deps.settings.summary_parallelism,
+                instructions=_instructions(inputs.settings),
             )
 
         async with asyncio.timeout(timeout + 1.0):  # the calls' own deadline should always win
@@ -132,6 +132,11 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
             error = error_object(exc, stage=job.kind, timeout_s=timeout)
         log.info("background job %s (%s) failed: %s", job.id, job.kind, error["code"])
         return await _end(deps, job, JobOutcome("failed", calls=budget.calls_made, error=error))
+
+
+def _instructions(session_settings: dict[str, Any]) -> str | None:
+    value = session_settings.get("summary_instructions")
+    return value if isinstance(value, str) and value.strip() else None
 
 
 def _gone() -> dict[str, Any]:
@@ -204,7 +209,9 @@ async def _context_summary(
     if isinstance(cut, CutRefusal):
         return JobOutcome("succeeded", covered={"covered_messages": 0, "reason": cut.reason})
     until = cut.summarize_until
-    key = snapshot.cache_key(until, model, PROMPT_VERSION)
+    plan = plan_numbers(deps.settings, inputs.settings, {}, snapshot)
+    summarizer = runner(plan.window, plan.safety_margin)
+    key = snapshot.cache_key(until, model, summarizer.prompt_version)
     cache = parse_cache(inputs.memory.get("context_summaries") or [])
     if any(entry.key == key for entry in cache):
         return JobOutcome("succeeded", covered={"covered_messages": until, "reason": "cached"})
@@ -212,10 +219,9 @@ async def _context_summary(
         if not await jobs.take_key(session, job.id, key):
             # A request (or a job for the same content under another id) is making it right now.
             return JobOutcome("succeeded", covered={"covered_messages": until, "reason": "made_elsewhere"})
-    plan = plan_numbers(deps.settings, inputs.settings, {}, snapshot)
     started = time.monotonic()
     result = await compact_context(
-        runner(plan.window, plan.safety_margin),
+        summarizer,
         snapshot_id,
         snapshot.messages,
         cut,

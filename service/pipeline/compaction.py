@@ -35,7 +35,6 @@ from service.summary.context import (
     longest_cached_prefix,
 )
 from service.summary.policy import SummaryRunner
-from service.summary.prompts import PROMPT_VERSION
 
 # "Does it fit?" for a context made of this summary text and these kept messages (their estimate).
 FitCheck = Callable[[str | None, Sequence[dict[str, Any]], int], bool]
@@ -160,12 +159,19 @@ async def _plan(
     assert snapshot is not None
     until = cut.summarize_until
     model = runner.model
+    version = runner.prompt_version  # the session's summary instructions are part of the key
     cache = list(prepared.cache)
-    key = snapshot.cache_key(until, model, PROMPT_VERSION)
+    key = snapshot.cache_key(until, model, version)
 
     def find_hit(entries: Sequence[CachedContextSummary]) -> CachedContextSummary | None:
         reuse = find_reusable(
-            snapshot.messages, snapshot.groups, cut, entries, model=model, digests=snapshot.digests
+            snapshot.messages,
+            snapshot.groups,
+            cut,
+            entries,
+            model=model,
+            prompt_version=version,
+            digests=snapshot.digests,
         )
         return reuse.entry if isinstance(reuse, CacheHit) else None
 
@@ -177,7 +183,9 @@ async def _plan(
         return _hit(entry, until)
 
     if not retrying:
-        grown = longest_cached_prefix(snapshot.groups, cache, snapshot.digests, model=model)
+        grown = longest_cached_prefix(
+            snapshot.groups, cache, snapshot.digests, model=model, prompt_version=version
+        )
         if grown is not None and grown.covered_messages < until:
             tail = snapshot.tokens_of(grown.covered_messages)
             if tail > RECENT_BUDGET_TOKENS and fits(

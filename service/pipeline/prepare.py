@@ -6,8 +6,7 @@ re-hashing) and resolves the numbers and models of SPEC §5 / §11.2:
 
 - window: request → session settings → snapshot → ``SIDEQUEST_CONTEXT_WINDOW`` → 200000;
 - side output cap: ``min(request or session settings or SIDEQUEST_MAX_OUTPUT_TOKENS, main cap)``;
-- answer model: request → settings ``answer_model`` → ``SIDEQUEST_MODEL`` → the provider's default;
-- summary model: settings ``summary_model`` → ``SIDEQUEST_SUMMARY_MODEL`` → the request's answer model.
+- answer and summary models: :mod:`service.pipeline.choices` (SPEC §11.2's order).
 """
 
 from __future__ import annotations
@@ -64,17 +63,19 @@ def plan_numbers(
 ) -> WindowPlan:
     """SPEC §5's window and output cap, request → session settings → snapshot → service."""
     window = resolve_window(
-        positive_int(options, "context_window") or positive_int(session_settings, "context_window"),
+        positive_int(options, "context_window"),
         snapshot.snapshot.context_window if snapshot else None,
         settings.context_window,
+        session_window=positive_int(session_settings, "context_window"),
     )
     main_cap = positive_int(options, "main_max_output_tokens") or (
         snapshot.snapshot.max_output_tokens if snapshot else None
     )
     output_cap = resolve_output_cap(
-        positive_int(options, "max_output_tokens") or positive_int(session_settings, "max_output_tokens"),
+        positive_int(options, "max_output_tokens"),
         settings.max_output_tokens,
         main_cap,
+        session_cap=positive_int(session_settings, "max_output_tokens"),
     )
     return plan_window(window, output_cap)
 

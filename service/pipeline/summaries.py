@@ -22,6 +22,7 @@ def summary_runner(rt: RequestRuntime, prepared: Prepared) -> SummaryRunner:
         on_progress=rt.progress,
         clock=rt.deps.clock,
         parallelism=rt.deps.settings.summary_parallelism,
+        instructions=prepared.summary_instructions,
     )
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.store.events import append_event
 from service.store.jobs import cancel_session_jobs
 from service.store.listener import CANCEL_CHANNEL, QUEUE_CHANNEL
-from service.store.models import EMPTY_MEMORY, RequestRow, SessionRow
+from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
 from service.store.records import request_record
 from service.store.sessions import (
     SnapshotJobPolicy,
@@ -218,8 +218,9 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
 
     Cancels queued and running requests (their streams end with ``error`` code ``cancelled``),
     hides every request at once (``deleted_at``; a later sweep purges them), resets memory and
-    bumps ``clear_version`` so that no late summary write restores anything. Ordinals keep
-    counting and stored snapshots are kept.
+    bumps ``clear_version`` so that no late summary write restores anything; deletes the session's
+    hand-offs and resets ``handed_off_through`` to 0. Ordinals keep counting; stored snapshots and
+    the session's settings are kept.
     """
     owner = await lock_session(session, tenant, parent_id)
     if owner is None:
@@ -253,6 +254,9 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
     removed = hidden.rowcount
     # Background jobs of the session end too (SPEC §6.6); their late writes are refused anyway.
     await cancel_session_jobs(session, owner.id)
+    # SPEC §11.1: a clear deletes the hand-offs and resets the mark; settings are kept (§11.2).
+    await session.execute(delete(HandoffRow).where(HandoffRow.session_id == owner.id))
+    owner.handed_off_through = 0
     owner.memory = dict(EMPTY_MEMORY)
     owner.clear_version = owner.clear_version + 1
     owner.updated_at = func.now()

@@ -7,7 +7,10 @@ Three formats, one codec each way:
 - ``version: 2`` — adds per request ``status, error, usage, model, started_at, finished_at, snapshot_id``
   (and ``truncated``, ``stop_reason``, which a record carries too);
 - ``version: 3`` — adds ``session.memory`` (``qa_summary``, ``context_summaries``) and per request
-  ``context_info``.
+  ``context_info``; and, as SPEC §11's extra fields, ``session.handoffs`` (oldest first, without ids),
+  ``session.handed_off_through``, ``session.settings`` and per request ``pinned``. A v3 archive without
+  them restores with no hand-offs, ``handed_off_through`` 0, no pins, and the session's settings as
+  they were.
 
 Decisions (docs/archive.md explains them to users):
 
@@ -40,9 +43,10 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import NOTIFY_CHANNEL, TERMINAL_STATUSES, utc_iso
-from service.store.models import EMPTY_MEMORY, EventRow, RequestRow, SessionRow
+from service.store.models import EMPTY_MEMORY, EventRow, HandoffRow, RequestRow, SessionRow
 from service.store.records import EMPTY_USAGE, request_record
 from service.store.sessions import find_session, lock_or_create_session
+from service.store.settings import SETTINGS_FIELDS, public_settings, settings_problems
 
 ARCHIVE_VERSIONS: Final = (1, 2, 3)
 LATEST_VERSION: Final = 3
@@ -68,7 +72,10 @@ _V2_QUESTION_KEYS: Final = _V1_QUESTION_KEYS | {
     "truncated",
     "stop_reason",
 }
-_V3_QUESTION_KEYS: Final = _V2_QUESTION_KEYS | {"context_info"}
+_V3_QUESTION_KEYS: Final = _V2_QUESTION_KEYS | {"context_info", "pinned"}
+_V3_SESSION_KEYS: Final = frozenset({"memory", "handoffs", "handed_off_through", "settings"})
+_HANDOFF_FORMATS: Final = ("anthropic", "openai", "text")
+_HANDOFF_ORDINAL_LISTS: Final = ("ordinals", "summarized_ordinals", "shortened_ordinals", "omitted_ordinals")
 _QUESTION_KEYS: Final = {1: _V1_QUESTION_KEYS, 2: _V2_QUESTION_KEYS, 3: _V3_QUESTION_KEYS}
 _TOP_KEYS: Final = {
     1: frozenset({"version", "parent_id", "exported_at", "questions"}),
@@ -151,16 +158,31 @@ class ArchivedRequest:
     truncated: bool = False
     stop_reason: str | None = None
     context_info: dict[str, Any] = field(default_factory=dict)
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class ArchivedHandoff:
+    """One hand-off as an archive carries it: its public object without ``id`` / ``parent_id``."""
+
+    created_at: datetime
+    body: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Archive:
-    """A validated archive of any version, requests sorted by ordinal."""
+    """A validated archive of any version, requests sorted by ordinal.
+
+    ``settings`` is None when the archive carries none (the session's own are then kept).
+    """
 
     version: int
     parent_id: str
     memory: dict[str, Any]
     requests: tuple[ArchivedRequest, ...]
+    handoffs: tuple[ArchivedHandoff, ...] = ()
+    handed_off_through: int = 0
+    settings: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -445,6 +467,10 @@ def _check_request(check: _Checker, item: object, loc: str, version: int) -> Arc
                 extras[key] = check.timestamp(item[key], f"{loc}.{key}", nullable=True)
     if version >= 3 and "context_info" in item:
         extras["context_info"] = check.json_object(item["context_info"], f"{loc}.context_info")
+    if version >= 3 and "pinned" in item:
+        if not isinstance(item["pinned"], bool):
+            check.fail(f"{loc}.pinned", "must be true or false")
+        extras["pinned"] = item["pinned"]
 
     if len(check.errors) != errors_before or created_at is None:
         return None
@@ -457,6 +483,60 @@ def _check_request(check: _Checker, item: object, loc: str, version: int) -> Arc
         status=status,
         **{k: v for k, v in extras.items() if v is not None},
     )
+
+
+def _check_handoffs(check: _Checker, value: object, loc: str) -> list[ArchivedHandoff] | None:
+    if not isinstance(value, list):
+        check.fail(loc, "must be a list")
+        return None
+    result: list[ArchivedHandoff] = []
+    for index, item in enumerate(value):
+        item_loc = f"{loc}[{index}]"
+        body = check.json_object(item, item_loc)
+        if body is None:
+            continue
+        errors_before = len(check.errors)
+        for key in ("id", "parent_id"):
+            if key in body:
+                check.fail(f"{item_loc}.{key}", "is not archived (restore gives hand-offs fresh ids)")
+        created_at = check.timestamp(body.get("created_at"), f"{item_loc}.created_at")
+        if body.get("format") not in _HANDOFF_FORMATS:
+            check.fail(f"{item_loc}.format", "must be one of anthropic, openai, text")
+        check.text(body.get("text"), f"{item_loc}.text")
+        ordinals = body.get("ordinals")
+        if not (isinstance(ordinals, list) and ordinals and all(_is_int(o) for o in ordinals)):
+            check.fail(f"{item_loc}.ordinals", "must be a non-empty list of integers")
+        for key in _HANDOFF_ORDINAL_LISTS[1:]:
+            listed = body.get(key, [])
+            if not (isinstance(listed, list) and all(_is_int(o) for o in listed)):
+                check.fail(f"{item_loc}.{key}", "must be a list of integers")
+        message = body.get("message")
+        if message is not None and not (
+            isinstance(message, dict)
+            and message.get("role", "user") == "user"
+            and isinstance(message.get("content", ""), str)
+        ):
+            check.fail(f"{item_loc}.message", 'must be null or {"role": "user", "content": string}')
+        for key in ("from_ordinal", "through_ordinal"):
+            if body.get(key) is not None and not _is_int(body[key]):
+                check.fail(f"{item_loc}.{key}", "must be an integer or null")
+        if "estimate_tokens" in body and not _is_int(body["estimate_tokens"]):
+            check.fail(f"{item_loc}.estimate_tokens", "must be an integer")
+        if "truncated" in body and not isinstance(body["truncated"], bool):
+            check.fail(f"{item_loc}.truncated", "must be true or false")
+        if len(check.errors) == errors_before and created_at is not None:
+            result.append(ArchivedHandoff(created_at=created_at, body=body))
+    return result
+
+
+def _check_settings(check: _Checker, value: object, loc: str) -> dict[str, Any] | None:
+    settings = check.json_object(value, loc)
+    if settings is None:
+        return None
+    problems = settings_problems(settings)
+    for name, message in problems:
+        check.fail(f"{loc}.{name}", message)
+    return None if problems else public_settings(settings)
 
 
 def parse_archive(document: object) -> Archive:
@@ -487,15 +567,26 @@ def parse_archive(document: object) -> Archive:
         check.timestamp(document["exported_at"], "exported_at")
 
     memory: dict[str, Any] | None = dict(EMPTY_MEMORY)
+    handoffs: list[ArchivedHandoff] | None = []
+    handed_off_through: int | None = 0
+    settings: dict[str, Any] | None = None
     if version >= 3 and "session" in document:
         session = document["session"]
         if not isinstance(session, dict):
             check.fail("session", "must be an object")
         else:
-            for key in sorted(set(session) - {"memory"}):
+            for key in sorted(set(session) - _V3_SESSION_KEYS):
                 check.fail(f"session.{key}", "is not a field of a version 3 archive")
             if "memory" in session:
                 memory = _check_memory(check, session["memory"], "session.memory")
+            if "handoffs" in session:
+                handoffs = _check_handoffs(check, session["handoffs"], "session.handoffs")
+            if "handed_off_through" in session:
+                handed_off_through = _integral(session["handed_off_through"])
+                if handed_off_through is None or not 0 <= handed_off_through <= _MAX_ORDINAL:
+                    check.fail("session.handed_off_through", f"must be an integer from 0 to {_MAX_ORDINAL}")
+            if "settings" in session:
+                settings = _check_settings(check, session["settings"], "session.settings")
 
     questions = document.get("questions")
     requests: list[ArchivedRequest] = []
@@ -524,11 +615,15 @@ def parse_archive(document: object) -> Archive:
             {"errors": check.errors},
         )
     assert isinstance(parent_id, str) and memory is not None
+    assert handoffs is not None and handed_off_through is not None
     return Archive(
         version=version,
         parent_id=parent_id,
         memory=memory,
         requests=tuple(sorted(requests, key=lambda r: r.ordinal)),
+        handoffs=tuple(sorted(handoffs, key=lambda h: h.created_at)),
+        handed_off_through=handed_off_through,
+        settings=settings,
     )
 
 
@@ -624,7 +719,68 @@ def _question_schema(version: int) -> dict[str, Any]:
             "default": {},
             "description": "the request's budget report (SPEC §3 context_info); missing → {}",
         }
+        properties["pinned"] = {
+            "type": "boolean",
+            "default": False,
+            "description": "pinned for the next hand-off (SPEC §11.1); missing → false",
+        }
     return schema
+
+
+def _settings_schema() -> dict[str, Any]:
+    nullable_text = {"type": ["string", "null"], "default": None}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "the session's settings (SPEC §11.2); missing → the session keeps its own",
+        "properties": {
+            "summary_instructions": {
+                **nullable_text,
+                "maxLength": 4096,
+                "description": "at most 4096 bytes of UTF-8",
+            },
+            "summary_model": {**nullable_text, "minLength": 1, "maxLength": 200},
+            "answer_model": {**nullable_text, "minLength": 1, "maxLength": 200},
+            "context_window": {
+                "type": ["integer", "null"],
+                "minimum": 1024,
+                "maximum": 10_000_000,
+                "default": None,
+            },
+            "max_output_tokens": {
+                "type": ["integer", "null"],
+                "minimum": 256,
+                "maximum": 32768,
+                "default": None,
+            },
+            "on_busy": {"enum": ["enqueue", "reject", "interrupt", None], "default": None},
+        },
+    }
+
+
+def _handoff_schema() -> dict[str, Any]:
+    ordinals = {"type": "array", "items": {"type": "integer"}}
+    return {
+        "type": "object",
+        "required": ["created_at", "format", "ordinals", "text"],
+        "description": "a hand-off (SPEC §11.1) without its id and parent_id",
+        "properties": {
+            "created_at": {"type": "string", "format": "date-time"},
+            "format": {"enum": list(_HANDOFF_FORMATS)},
+            "ordinals": {**ordinals, "minItems": 1},
+            "from_ordinal": {"type": ["integer", "null"]},
+            "through_ordinal": {"type": ["integer", "null"]},
+            "estimate_tokens": {"type": "integer"},
+            **{key: ordinals for key in _HANDOFF_ORDINAL_LISTS[1:]},
+            "truncated": {"type": "boolean"},
+            "message": {
+                "type": ["object", "null"],
+                "properties": {"role": {"const": "user"}, "content": {"type": "string"}},
+            },
+            "text": {"type": "string"},
+        },
+        "not": {"anyOf": [{"required": ["id"]}, {"required": ["parent_id"]}]},
+    }
 
 
 _DESCRIPTIONS: Final = {
@@ -632,7 +788,7 @@ _DESCRIPTIONS: Final = {
     2: "Adds each request's outcome: status, error, usage, model, timings, snapshot reference "
     "(and truncated, stop_reason).",
     3: "Adds the session's memory (rolling Q&A summary, context-summary cache) and each request's "
-    "context_info.",
+    "context_info; and the session's hand-offs, handed_off_through and settings, and each request's pinned.",
 }
 
 
@@ -686,7 +842,21 @@ def archive_json_schema(version: int, *, standalone: bool = True) -> dict[str, A
                             },
                         },
                     },
-                }
+                },
+                "handoffs": {
+                    "type": "array",
+                    "default": [],
+                    "description": "the session's hand-offs, oldest first; missing → none",
+                    "items": _handoff_schema(),
+                },
+                "handed_off_through": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": _MAX_ORDINAL,
+                    "default": 0,
+                    "description": "highest ordinal handed off (SPEC §11.1); missing → 0",
+                },
+                "settings": _settings_schema(),
             },
         }
     properties["questions"] = {
@@ -744,6 +914,7 @@ def encode_request(row: RequestRow, version: int) -> dict[str, Any]:
         )
     if version >= 3:
         item["context_info"] = row.context_info or {}
+        item["pinned"] = row.pinned
     return item
 
 
@@ -753,8 +924,13 @@ def encode_archive(
     memory: dict[str, Any] | None,
     rows: Sequence[RequestRow],
     exported_at: datetime | None = None,
+    *,
+    handoffs: Sequence[dict[str, Any]] = (),
+    handed_off_through: int = 0,
+    settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The archive document; ``rows`` must already be the exportable requests in ordinal order."""
+    """The archive document; ``rows`` must already be the exportable requests in ordinal order and
+    ``handoffs`` the hand-off bodies oldest first (v3 only)."""
     if version not in ARCHIVE_VERSIONS:
         raise ArchiveUnreadable(f"unsupported archive version {version!r}: supported versions are 1, 2 and 3")
     document: dict[str, Any] = {
@@ -763,7 +939,12 @@ def encode_archive(
         "exported_at": archive_time(exported_at or datetime.now(UTC)),
     }
     if version >= 3:
-        document["session"] = {"memory": {**EMPTY_MEMORY, **(memory or {})}}
+        document["session"] = {
+            "memory": {**EMPTY_MEMORY, **(memory or {})},
+            "handoffs": [dict(body) for body in handoffs],
+            "handed_off_through": handed_off_through,
+            "settings": public_settings(settings),
+        }
     document["questions"] = [encode_request(row, version) for row in rows]
     return document
 
@@ -796,7 +977,22 @@ async def export_archive(session: AsyncSession, tenant: str, parent_id: str, ver
             .order_by(RequestRow.ordinal)
         )
     ).all()
-    return encode_archive(version, parent_id, row.memory, rows)
+    bodies = list(
+        await session.scalars(
+            select(HandoffRow.body)
+            .where(HandoffRow.session_id == row.id)
+            .order_by(HandoffRow.created_at, HandoffRow.id)
+        )
+    )
+    return encode_archive(
+        version,
+        parent_id,
+        row.memory,
+        rows,
+        handoffs=bodies,
+        handed_off_through=row.handed_off_through,
+        settings=row.settings,
+    )
 
 
 def _terminal_events(row: RequestRow, parent_id: str) -> list[tuple[str, dict[str, Any]]]:
@@ -897,15 +1093,30 @@ async def _restore(
             .execution_options(synchronize_session=False)
         )
     next_ordinal = max([target.next_ordinal, *(o + 1 for o in ordinals)])
-    await session.execute(
-        update(SessionRow)
-        .where(SessionRow.id == target.id)
-        .values(
-            memory=archive.memory,
-            clear_version=clear_version,
-            next_ordinal=next_ordinal,
-            updated_at=func.now(),
+    session_values: dict[str, Any] = {
+        "memory": archive.memory,
+        "clear_version": clear_version,
+        "next_ordinal": next_ordinal,
+        "handed_off_through": archive.handed_off_through,
+        "updated_at": func.now(),
+    }
+    if archive.settings is not None:
+        # Only set fields are stored (unset ones are absent, as after a PUT with null).
+        session_values["settings"] = {
+            k: v for k, v in archive.settings.items() if k in SETTINGS_FIELDS and v is not None
+        }
+    await session.execute(update(SessionRow).where(SessionRow.id == target.id).values(**session_values))
+    # The hand-offs belong to the history being restored: earlier ones of this session go with it.
+    await session.execute(delete(HandoffRow).where(HandoffRow.session_id == target.id))
+    session.add_all(
+        HandoffRow(
+            id=uuid.uuid4(),
+            session_id=target.id,
+            body=item.body,
+            through_ordinal=_integral(item.body.get("through_ordinal")),
+            created_at=item.created_at,
         )
+        for item in archive.handoffs
     )
 
     rows = [
@@ -928,6 +1139,7 @@ async def _restore(
             model=item.model,
             attempt=0,
             event_seq=2,
+            pinned=item.pinned and item.status == "succeeded",
             created_at=item.created_at,
             started_at=item.started_at,
             finished_at=item.finished_at,

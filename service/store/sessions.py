@@ -25,6 +25,15 @@ from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import iso_or_none, request_record
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+# SPEC §11.2 (rules in service.store.settings, which imports this module; the names live here).
+SETTINGS_FIELDS = (
+    "summary_instructions",
+    "summary_model",
+    "answer_model",
+    "context_window",
+    "max_output_tokens",
+    "on_busy",
+)
 
 
 class SnapshotConflict(Exception):
@@ -216,6 +225,8 @@ async def session_overview(session: AsyncSession, tenant: str, parent_id: str) -
         "parent_id": row.parent_id,
         "clear_version": row.clear_version,
         "next_ordinal": row.next_ordinal,
+        "handed_off_through": row.handed_off_through,
+        "settings": {name: (row.settings or {}).get(name) for name in SETTINGS_FIELDS},
         "counts": await status_counts(session, row.id),
         "background": await background_overview(session, row.id),
         "memory": memory_overview(row.memory),
@@ -270,14 +281,16 @@ def needs_compaction(
     only add to it, and a job that turns out not to be needed ends with no call.
     """
     window = resolve_window(
-        _positive(session_settings.get("context_window")),
+        None,
         prepared.snapshot.context_window,
         policy.context_window,
+        session_window=_positive(session_settings.get("context_window")),
     )
     cap = resolve_output_cap(
-        _positive(session_settings.get("max_output_tokens")),
+        None,
         policy.max_output_tokens,
         prepared.snapshot.max_output_tokens,
+        session_cap=_positive(session_settings.get("max_output_tokens")),
     )
     return prepared.total_tokens > plan_window(window, cap).input_budget
 

@@ -227,7 +227,15 @@ async def compact_context(
         groups = group_messages(messages)
     if digests is None:
         digests = prefix_digests(messages[:until])
-    reuse = find_reusable(messages, groups, cut_plan, cache_entries, model=runner.model, digests=digests)
+    reuse = find_reusable(
+        messages,
+        groups,
+        cut_plan,
+        cache_entries,
+        model=runner.model,
+        prompt_version=runner.prompt_version,
+        digests=digests,
+    )
     kept = len(messages) - until
 
     async def report(outcome: CacheOutcome, **extra: Any) -> None:
@@ -265,7 +273,7 @@ async def compact_context(
     # Its own tally: a Q&A fold may be running on the same runner at the same time.
     tally = CallTally()
     document = await runner.summarize("context", chunks, previous, tally=tally)
-    key = summary_cache_key(digests[until], runner.model, PROMPT_VERSION)
+    key = summary_cache_key(digests[until], runner.model, runner.prompt_version)
     created_at = runner.now()
     provenance = Provenance.for_context(
         prefix_hash=key,

@@ -66,6 +66,7 @@ from service.summary.prompts import (
     build_merge_prompt,
     build_summary_prompt,
     merge_piece,
+    prompt_version,
     summary_prompt_reserve,
 )
 
@@ -225,7 +226,9 @@ class SummaryRunner:
     ``window`` / ``safety_margin`` are the summariser model's window numbers; chunk capacity is derived
     from them. ``on_progress`` receives one event dict per chunk and per merge call. ``parallelism``
     is ``SIDEQUEST_SUMMARY_PARALLELISM``: above 1, two or more chunks are summarised at once (at most
-    that many calls in flight) and merged; 1 keeps the ordered rolling update.
+    that many calls in flight) and merged; 1 keeps the ordered rolling update. ``model`` is the
+    *summary* model (SPEC §11.2 choice); ``instructions`` the session's summary instructions, in every
+    prompt (merges included).
     """
 
     provider: Provider
@@ -244,6 +247,8 @@ class SummaryRunner:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     now: Callable[[], str] = utc_now_iso
+    # The session's summary instructions (SPEC §11.2): sent with every summary call, after the built-in ones.
+    instructions: str | None = None
     # Attempts made through this runner (for context_info "calls"); the budget counts the same.
     attempts_made: int = field(default=0, init=False)
 
@@ -257,8 +262,16 @@ class SummaryRunner:
         The same capacity bounds a merge call's documents: the prompt reserve covers both prompts.
         """
         return summary_capacity(
-            self.window, summary_prompt_reserve(kind), self.safety_margin, RETRY_OUTPUT_TOKENS
+            self.window,
+            summary_prompt_reserve(kind, self.instructions),
+            self.safety_margin,
+            RETRY_OUTPUT_TOKENS,
         )
+
+    @property
+    def prompt_version(self) -> str:
+        """The prompt version of this runner's calls (instructions included), for cache keys."""
+        return prompt_version(self.instructions)
 
     def chunk(self, kind: SummaryKind, pieces: Sequence[str]) -> list[str]:
         """Pack material ``pieces`` (one per group) into chunks that each fit one call.
@@ -496,7 +509,13 @@ class SummaryRunner:
 
         def prompt(retry: bool) -> SummaryPrompt:
             return build_summary_prompt(
-                kind, material, previous_body=previous_body, retry=retry, chunk=chunk_index, chunks=chunks
+                kind,
+                material,
+                previous_body=previous_body,
+                retry=retry,
+                chunk=chunk_index,
+                chunks=chunks,
+                instructions=self.instructions,
             )
 
         return await self._call_with_retry(kind, prompt, reservation=reservation, tally=tally)
@@ -514,7 +533,7 @@ class SummaryRunner:
         bodies = [render_body(document) for document in documents]
 
         def prompt(retry: bool) -> SummaryPrompt:
-            return build_merge_prompt(kind, bodies, retry=retry)
+            return build_merge_prompt(kind, bodies, retry=retry, instructions=self.instructions)
 
         return await self._call_with_retry(kind, prompt, reservation=reservation, tally=tally)
 

@@ -7,6 +7,7 @@ new :data:`PROMPT_VERSION` (part of the context-summary cache key).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -68,9 +69,36 @@ what is pending."""
 )
 
 
-def summary_system_prompt(kind: SummaryKind) -> str:
-    """The system prompt of a summary call of this kind."""
-    return _SYSTEM_QA if kind == "qa" else _SYSTEM_CONTEXT
+SESSION_INSTRUCTIONS_HEADER = (
+    "Additional instructions for this session. They add to the rules above and never change the reply "
+    "format: still exactly one JSON object with the five keys."
+)
+
+
+def summary_system_prompt(kind: SummaryKind, instructions: str | None = None) -> str:
+    """The system prompt of a summary call of this kind.
+
+    ``instructions`` (a session's ``summary_instructions``, SPEC §11.2) come *after* the built-in
+    instructions, which stay whole: they add to the prompt and can never replace the document format.
+    """
+    base = _SYSTEM_QA if kind == "qa" else _SYSTEM_CONTEXT
+    if instructions is None or not instructions.strip():
+        return base
+    return (
+        f"{base}\n\n{SESSION_INSTRUCTIONS_HEADER}\n"
+        f"<session_instructions>\n{instructions.strip()}\n</session_instructions>"
+    )
+
+
+def prompt_version(instructions: str | None = None) -> str:
+    """:data:`PROMPT_VERSION`, extended by a hash of the session's summary instructions when it has any.
+
+    Part of the context-summary cache key: a summary made under other instructions is not reused.
+    """
+    if instructions is None or not instructions.strip():
+        return PROMPT_VERSION
+    digest = hashlib.sha256(instructions.strip().encode("utf-8")).hexdigest()[:16]
+    return f"{PROMPT_VERSION}+instructions-{digest}"
 
 
 @dataclass(frozen=True)
@@ -89,8 +117,12 @@ def build_summary_prompt(
     retry: bool,
     chunk: int = 1,
     chunks: int = 1,
+    instructions: str | None = None,
 ) -> SummaryPrompt:
     """The prompt of one summary attempt over ``material``.
+
+    ``instructions`` are the session's summary instructions (SPEC §11.2), appended to the built-in
+    system prompt (see :func:`summary_system_prompt`).
 
     ``previous_body`` is the rendered body of the running (valid) summary: when given, the model is asked
     to *update* it with the new material, keeping earlier conclusions. ``retry`` is the one retry after a
@@ -114,7 +146,7 @@ def build_summary_prompt(
     parts.append(f"<material>\n{material}\n</material>")
     parts.append(_closing(retry))
     return SummaryPrompt(
-        system=summary_system_prompt(kind),
+        system=summary_system_prompt(kind, instructions),
         messages=[{"role": "user", "content": "\n\n".join(parts)}],
     )
 
@@ -142,7 +174,9 @@ def merge_piece(part: int, body: str) -> str:
     return f'<summary part="{part}">\n{body}\n</summary>\n'
 
 
-def _merge_prompt(kind: SummaryKind, pieces: str, count: int, *, retry: bool) -> SummaryPrompt:
+def _merge_prompt(
+    kind: SummaryKind, pieces: str, count: int, *, retry: bool, instructions: str | None = None
+) -> SummaryPrompt:
     what = "side questions and answers" if kind == "qa" else "transcript"
     parts = [
         f"Below are {count} partial summaries of consecutive parts of the {what}, in order: part 1 "
@@ -154,12 +188,14 @@ def _merge_prompt(kind: SummaryKind, pieces: str, count: int, *, retry: bool) ->
         _closing(retry),
     ]
     return SummaryPrompt(
-        system=summary_system_prompt(kind),
+        system=summary_system_prompt(kind, instructions),
         messages=[{"role": "user", "content": "\n\n".join(parts)}],
     )
 
 
-def build_merge_prompt(kind: SummaryKind, bodies: Sequence[str], *, retry: bool) -> SummaryPrompt:
+def build_merge_prompt(
+    kind: SummaryKind, bodies: Sequence[str], *, retry: bool, instructions: str | None = None
+) -> SummaryPrompt:
     """The prompt of one merge attempt: ``bodies`` (rendered valid documents, in material order) → one.
 
     ``retry`` is the one retry after a failed first attempt, from the same documents, exactly as for a
@@ -168,17 +204,19 @@ def build_merge_prompt(kind: SummaryKind, bodies: Sequence[str], *, retry: bool)
     if len(bodies) < 2:
         raise ValueError("a merge needs at least two documents")
     pieces = "".join(merge_piece(part, body) for part, body in enumerate(bodies, start=1))
-    return _merge_prompt(kind, pieces, len(bodies), retry=retry)
+    return _merge_prompt(kind, pieces, len(bodies), retry=retry, instructions=instructions)
 
 
-def merge_prompt_reserve(kind: SummaryKind) -> int:
+def merge_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
     """Tokens a merge prompt needs besides its documents (the retry variant, up to 999 parts)."""
-    skeleton = _merge_prompt(kind, "", 999, retry=True)
+    skeleton = _merge_prompt(kind, "", 999, retry=True, instructions=instructions)
     return estimate_system(skeleton.system) + estimate_messages(skeleton.messages)
 
 
-def summary_prompt_reserve(kind: SummaryKind) -> int:
+def summary_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
     """Tokens a summary prompt needs besides its material, in the worst case.
+
+    The session's summary instructions (up to 4 KiB) are part of every prompt, so they are reserved too.
 
     Worst case = the retry variant of an update of a chunk, with a previous summary at the body limit
     (the running summary is shown as its rendered body, so its size is bounded by the same estimate),
@@ -186,9 +224,11 @@ def summary_prompt_reserve(kind: SummaryKind) -> int:
     merge groups reserve this in advance, so the retry of any chunk or merge fits as well as its first
     attempt.
     """
-    skeleton = build_summary_prompt(kind, "", previous_body="", retry=True, chunk=999, chunks=999)
+    skeleton = build_summary_prompt(
+        kind, "", previous_body="", retry=True, chunk=999, chunks=999, instructions=instructions
+    )
     update = estimate_system(skeleton.system) + estimate_messages(skeleton.messages) + BODY_TOKEN_LIMIT
-    return max(update, merge_prompt_reserve(kind))
+    return max(update, merge_prompt_reserve(kind, instructions))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -356,6 +396,7 @@ __all__ = [
     "build_summary_prompt",
     "merge_piece",
     "merge_prompt_reserve",
+    "prompt_version",
     "summary_prompt_reserve",
     "summary_system_prompt",
 ]

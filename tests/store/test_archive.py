@@ -216,7 +216,21 @@ async def test_v3_missing_newer_fields_restores_with_empty_objects(db: Database)
     (row,) = await requests_of(db, "p")
     assert row.context_info == {} and row.usage == EMPTY_USAGE and row.error is None
     exported = await export(db, "p")
-    assert exported["session"] == {"memory": EMPTY_MEMORY}
+    assert exported["session"] == {
+        "memory": EMPTY_MEMORY,
+        "handoffs": [],
+        "handed_off_through": 0,
+        "settings": dict.fromkeys(
+            (
+                "summary_instructions",
+                "summary_model",
+                "answer_model",
+                "context_window",
+                "max_output_tokens",
+                "on_busy",
+            )
+        ),
+    }
     assert exported["questions"][0]["context_info"] == {}
     assert exported["questions"][0]["created_at"] == "2026-11-28T12:00:00.000000Z"
 

@@ -1,0 +1,117 @@
+"""Session settings (SPEC §11.2) and hand-offs (SPEC §11.1): parse, call the store, map.
+
+Every rule lives in :mod:`service.store.settings`, :mod:`service.store.handoffs` and the pure
+:mod:`service.summary.handoff`; refusals are the store's exceptions, mapped in :mod:`service.api.errors`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Query, Request
+from fastapi.responses import JSONResponse
+
+from service.api.deps import DbSession, Tenant
+from service.api.errors import not_found
+from service.api.routes_common import ParentId, canonical_body_hash, errors
+from service.api.routes_sessions import IdempotencyKey
+from service.api.schemas import (
+    Handoff,
+    HandoffIn,
+    HandoffPage,
+    SessionSettingsIn,
+    SessionSettingsOut,
+    check_text,
+)
+from service.store.handoffs import HandoffAsk, create_handoff, list_handoffs
+from service.store.settings import read_settings, update_settings
+
+router = APIRouter(prefix="/v1/sessions", tags=["hand-offs and settings"])
+
+
+@router.put("/{parent_id}/settings", response_model=SessionSettingsOut, responses=errors(400, 401, 422))
+async def put_settings(
+    parent_id: ParentId, body: SessionSettingsIn, tenant: Tenant, session: DbSession
+) -> JSONResponse:
+    """Change the named settings (`null` clears one); creates the session if needed.
+
+    Returns the whole settings object, unset fields null. A refused PUT writes nothing.
+    """
+    changes = {name: getattr(body, name) for name in body.model_fields_set}
+    return JSONResponse(await update_settings(session, tenant, parent_id, changes))
+
+
+@router.get("/{parent_id}/settings", response_model=SessionSettingsOut, responses=errors(401, 404, 422))
+async def get_settings(parent_id: ParentId, tenant: Tenant, session: DbSession) -> JSONResponse:
+    """The session's settings (unset fields null)."""
+    settings = await read_settings(session, tenant, parent_id)
+    if settings is None:
+        raise not_found("session")
+    return JSONResponse(settings)
+
+
+@router.post(
+    "/{parent_id}/handoffs",
+    status_code=201,
+    response_model=Handoff,
+    responses={
+        200: {
+            "model": Handoff,
+            "description": "Nothing to hand off (`ordinals: []`, nothing recorded), or an idempotent replay.",
+        },
+        **errors(400, 401, 404, 409, 422),
+    },
+)
+async def post_handoff(
+    request: Request,
+    parent_id: ParentId,
+    tenant: Tenant,
+    session: DbSession,
+    idempotency_key: IdempotencyKey = None,
+    body: Annotated[HandoffIn | None, Body()] = None,
+) -> JSONResponse:
+    """Hand side findings back to the main conversation: one deterministic user message (201).
+
+    `Idempotency-Key`: same key + same body → the original hand-off (200); other body → 409.
+    """
+    body = body or HandoffIn()
+    if idempotency_key is not None:
+        check_text(idempotency_key)
+    raw = await request.body()
+    ask = HandoffAsk(
+        format=body.format,
+        max_tokens=body.max_tokens,
+        include=body.include,
+        ordinals=tuple(sorted(set(body.ordinals))) if body.ordinals is not None else None,
+        idempotency_key=idempotency_key,
+        body_hash=canonical_body_hash(raw if raw.strip() else b"{}") if idempotency_key is not None else None,
+    )
+    outcome = await create_handoff(session, tenant, parent_id, ask)
+    if outcome is None:
+        raise not_found("session")
+    return JSONResponse(outcome.handoff, status_code=201 if outcome.created else 200)
+
+
+@router.get("/{parent_id}/handoffs", response_model=HandoffPage, responses=errors(401, 404, 422))
+async def get_handoffs(
+    parent_id: ParentId,
+    tenant: Tenant,
+    session: DbSession,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    before: Annotated[
+        str | None, Query(max_length=36, description="`next_before` of the previous page (a hand-off id).")
+    ] = None,
+) -> JSONResponse:
+    """Earlier hand-offs, newest first, paginated like history."""
+    cursor = None
+    if before is not None:
+        try:
+            cursor = uuid.UUID(before)
+        except ValueError:
+            # Not an id any hand-off has: like an unknown id, an empty page (the session still must exist).
+            cursor = uuid.UUID(int=0)
+    page = await list_handoffs(session, tenant, parent_id, limit=limit, before=cursor)
+    if page is None:
+        raise not_found("session")
+    return JSONResponse(page)

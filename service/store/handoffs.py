@@ -1,0 +1,332 @@
+"""Hand-offs (SPEC §11.1) and pins: select the Q&A, record the block, move ``handed_off_through``.
+
+One hand-off is one short transaction on the locked session row (``FOR NO KEY UPDATE``, like
+admission), so two concurrent hand-offs of a session never carry the same new Q&A twice, and an
+idempotent replay sees the first one's record. The block itself is built by the pure
+:func:`service.summary.handoff.build_handoff`; this module only reads its inputs and writes its result.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from sqlalchemy import and_, delete, func, or_, select, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.store.events import append_session_event, utc_iso
+from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow
+from service.store.records import request_record
+from service.store.sessions import find_request, find_session, lock_session
+from service.summary.handoff import HandoffItem, HandoffSummary, build_handoff
+from service.summary.rolling import StoredQASummary
+
+HandoffFormat = Literal["anthropic", "openai", "text"]
+HANDOFF_FORMATS: Final = ("anthropic", "openai", "text")
+Include = Literal["new", "all"]
+
+
+class UnknownOrdinals(Exception):
+    """Some requested ordinals are not succeeded requests of the session (422)."""
+
+    def __init__(self, ordinals: Sequence[int]) -> None:
+        listed = ", ".join(str(o) for o in ordinals[:20])
+        super().__init__(
+            f"ordinals {listed} are not succeeded side questions of this session; "
+            "only succeeded answers can be handed off"
+        )
+        self.ordinals = list(ordinals)
+
+
+class HandoffIdempotencyConflict(Exception):
+    """The Idempotency-Key was used for another hand-off body (409)."""
+
+    def __init__(self) -> None:
+        super().__init__("this Idempotency-Key was already used with a different hand-off body")
+
+
+class NotPinnable(Exception):
+    """Only a succeeded request can be pinned (409)."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(f"only a succeeded side question can be pinned; this one is {status}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class HandoffAsk:
+    """A validated hand-off request."""
+
+    format: HandoffFormat = "anthropic"
+    max_tokens: int = 2000
+    include: Include = "new"
+    ordinals: tuple[int, ...] | None = None
+    idempotency_key: str | None = None
+    body_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class HandoffOutcome:
+    """The public hand-off object, and whether it was recorded now (False: a replay or nothing to do)."""
+
+    handoff: dict[str, Any]
+    created: bool
+
+
+def public_handoff(row: HandoffRow, parent_id: str) -> dict[str, Any]:
+    """The public object of a recorded hand-off (its stored body plus id and parent id)."""
+    return {"id": str(row.id), "parent_id": parent_id, **row.body}
+
+
+def _empty(parent_id: str, ask: HandoffAsk) -> dict[str, Any]:
+    return {
+        "id": None,
+        "parent_id": parent_id,
+        "created_at": utc_iso(),
+        "format": ask.format,
+        "ordinals": [],
+        "from_ordinal": None,
+        "through_ordinal": None,
+        "estimate_tokens": 0,
+        "summarized_ordinals": [],
+        "shortened_ordinals": [],
+        "omitted_ordinals": [],
+        "truncated": False,
+        "message": None,
+        "text": "",
+    }
+
+
+def _summary_of(memory: dict[str, Any] | None) -> HandoffSummary | None:
+    value = (memory or {}).get("qa_summary")
+    if not value:
+        return None
+    try:
+        stored = StoredQASummary.from_json(value)
+    except Exception:  # an unreadable summary is as good as none: the Q&A go verbatim or shortened
+        return None
+    return HandoffSummary(stored.rendered(), stored.first_ordinal, stored.covered_through_ordinal)
+
+
+async def _candidates(session: AsyncSession, owner: SessionRow, ask: HandoffAsk) -> list[RequestRow]:
+    visible = and_(
+        RequestRow.session_id == owner.id,
+        RequestRow.deleted_at.is_(None),
+        RequestRow.status == "succeeded",
+        RequestRow.answer.is_not(None),
+    )
+    query = select(RequestRow).where(visible)
+    if ask.ordinals is not None:
+        query = query.where(RequestRow.ordinal.in_(ask.ordinals))
+    elif ask.include == "new":
+        query = query.where(or_(RequestRow.ordinal > owner.handed_off_through, RequestRow.pinned.is_(True)))
+    rows = list(await session.scalars(query.order_by(RequestRow.ordinal)))
+    if ask.ordinals is not None:
+        found = {r.ordinal for r in rows}
+        missing = sorted(set(ask.ordinals) - found)
+        if missing:
+            raise UnknownOrdinals(missing)
+    return rows
+
+
+async def _snapshot_times(
+    session: AsyncSession, session_id: uuid.UUID, snapshot_ids: set[str]
+) -> dict[str, str]:
+    """``taken_at`` of each named snapshot that has one (read from the stored content)."""
+    if not snapshot_ids:
+        return {}
+    taken = SnapshotRow.content["taken_at"].as_string()
+    rows = await session.execute(
+        select(SnapshotRow.snapshot_id, taken).where(
+            SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id.in_(sorted(snapshot_ids))
+        )
+    )
+    return {snapshot_id: value for snapshot_id, value in rows if isinstance(value, str) and value}
+
+
+def _iso_seconds(row: RequestRow) -> str | None:
+    return utc_iso(row.created_at)[:19] + "Z" if row.created_at is not None else None
+
+
+async def create_handoff(
+    session: AsyncSession, tenant: str, parent_id: str, ask: HandoffAsk
+) -> HandoffOutcome | None:
+    """Build and record a hand-off in one transaction and commit; None when the session is unknown.
+
+    Raises :class:`UnknownOrdinals` (an asked ordinal is not a succeeded request) and
+    :class:`HandoffIdempotencyConflict`; both roll back, so a refusal writes nothing. Nothing to
+    hand off → an empty object (``ordinals: []``), nothing recorded.
+    """
+    owner = await lock_session(session, tenant, parent_id)
+    if owner is None:
+        return None
+    if ask.idempotency_key is not None:
+        earlier = await session.scalar(
+            select(HandoffRow).where(
+                HandoffRow.session_id == owner.id, HandoffRow.idempotency_key == ask.idempotency_key
+            )
+        )
+        if earlier is not None:
+            if earlier.body_hash != ask.body_hash:
+                raise HandoffIdempotencyConflict()
+            await session.commit()
+            return HandoffOutcome(public_handoff(earlier, owner.parent_id), created=False)
+    rows = await _candidates(session, owner, ask)
+    times = await _snapshot_times(session, owner.id, {r.snapshot_id for r in rows if r.snapshot_id})
+    items = [
+        HandoffItem(
+            ordinal=r.ordinal,
+            question=r.question,
+            answer=r.answer or "",
+            asked_at=_iso_seconds(r),
+            snapshot_id=r.snapshot_id,
+            snapshot_time=times.get(r.snapshot_id) if r.snapshot_id else None,
+            pinned=r.pinned,
+        )
+        for r in rows
+    ]
+    block = build_handoff(items, _summary_of(owner.memory), ask.max_tokens)
+    if block is None:
+        await session.commit()
+        return HandoffOutcome(_empty(owner.parent_id, ask), created=False)
+
+    handoff_id = uuid.uuid4()
+    created_at = await session.scalar(select(func.now()))
+    ordinals = list(block.ordinals)
+    body: dict[str, Any] = {
+        "created_at": utc_iso(created_at),
+        "format": ask.format,
+        "ordinals": ordinals,
+        "from_ordinal": ordinals[0],
+        "through_ordinal": ordinals[-1],
+        "estimate_tokens": block.estimate_tokens,
+        "summarized_ordinals": list(block.summarized_ordinals),
+        "shortened_ordinals": list(block.shortened_ordinals),
+        "omitted_ordinals": list(block.omitted_ordinals),
+        "truncated": block.truncated,
+        "message": None if ask.format == "text" else {"role": "user", "content": block.text},
+        "text": block.text,
+    }
+    row = HandoffRow(
+        id=handoff_id,
+        session_id=owner.id,
+        body=body,
+        through_ordinal=ordinals[-1],
+        idempotency_key=ask.idempotency_key,
+        body_hash=ask.body_hash,
+        created_at=created_at,
+    )
+    session.add(row)
+    # Never down: a hand-off of older pinned Q&A alone leaves the mark where it was.
+    owner.handed_off_through = max(owner.handed_off_through, ordinals[-1])
+    owner.updated_at = func.now()
+    await session.execute(
+        update(RequestRow)
+        .where(
+            RequestRow.session_id == owner.id,
+            RequestRow.ordinal.in_(ordinals),
+            RequestRow.pinned.is_(True),
+        )
+        .values(pinned=False)
+        .execution_options(synchronize_session=False)
+    )
+    await session.flush()
+    await append_session_event(
+        session,
+        owner.id,
+        "handoff",
+        {
+            "handoff": {
+                k: v for k, v in public_handoff(row, owner.parent_id).items() if k not in ("text", "message")
+            },
+            "handed_off_through": owner.handed_off_through,
+        },
+    )
+    result = public_handoff(row, owner.parent_id)
+    await session.commit()
+    return HandoffOutcome(result, created=True)
+
+
+async def list_handoffs(
+    session: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: uuid.UUID | None
+) -> dict[str, Any] | None:
+    """A page of the session's hand-offs, newest first: ``{items, has_more, next_before}``.
+
+    ``before`` is the id of the last hand-off of the previous page (``next_before``); an id that is not
+    one of this session's hand-offs gives an empty page. None when the session does not exist.
+    """
+    owner = await find_session(session, tenant, parent_id)
+    if owner is None:
+        return None
+    query = select(HandoffRow).where(HandoffRow.session_id == owner.id)
+    if before is not None:
+        cursor = (
+            await session.execute(
+                select(HandoffRow.created_at, HandoffRow.id).where(
+                    HandoffRow.session_id == owner.id, HandoffRow.id == before
+                )
+            )
+        ).first()
+        if cursor is None:
+            return {"items": [], "has_more": False, "next_before": None}
+        query = query.where(tuple_(HandoffRow.created_at, HandoffRow.id) < tuple_(cursor[0], cursor[1]))
+    rows = list(
+        await session.scalars(
+            query.order_by(HandoffRow.created_at.desc(), HandoffRow.id.desc()).limit(limit + 1)
+        )
+    )
+    has_more = len(rows) > limit
+    page = rows[:limit]
+    return {
+        "items": [public_handoff(r, owner.parent_id) for r in page],
+        "has_more": has_more,
+        "next_before": str(page[-1].id) if has_more and page else None,
+    }
+
+
+async def set_pinned(
+    session: AsyncSession, tenant: str, request_id: uuid.UUID, pinned: bool
+) -> dict[str, Any] | None:
+    """Pin (a succeeded request only, else :class:`NotPinnable`) or unpin; idempotent; commits.
+
+    None when the request is not the tenant's or was cleared.
+    """
+    found = await find_request(session, tenant, request_id)
+    if found is None:
+        return None
+    row, owner = found
+    if pinned and row.status != "succeeded":
+        raise NotPinnable(row.status)
+    if row.pinned != pinned:
+        row.pinned = pinned
+        await session.flush()
+    record = request_record(row, owner.parent_id)
+    await session.commit()
+    return record
+
+
+async def delete_handoffs(session: AsyncSession, session_id: uuid.UUID) -> int:
+    """Delete every hand-off of a session in the caller's transaction (a clear); returns how many."""
+    result: Any = await session.execute(
+        delete(HandoffRow)
+        .where(HandoffRow.session_id == session_id)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount or 0)
+
+
+__all__ = [
+    "HANDOFF_FORMATS",
+    "HandoffAsk",
+    "HandoffIdempotencyConflict",
+    "HandoffOutcome",
+    "NotPinnable",
+    "UnknownOrdinals",
+    "create_handoff",
+    "delete_handoffs",
+    "list_handoffs",
+    "public_handoff",
+    "set_pinned",
+]

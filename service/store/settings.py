@@ -1,0 +1,182 @@
+"""Per-session settings (SPEC §11.2): the rules of the object, its read, and its one write.
+
+The settings live in ``side_question_sessions.settings`` (JSONB). A field that is unset is simply
+absent there; the public object always names all six fields, with ``null`` for unset ones. A PUT
+changes only the fields it names, and ``null`` clears a field. Nothing but a PUT changes them: a clear
+keeps them, an archive restore brings the archive's (see :mod:`service.store.archive`).
+
+The field rules are plain values and one pure checker (:func:`settings_problems`), shared by the API's
+request model and the archive codec, so an archive cannot smuggle in what a PUT would refuse.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.store.models import SessionRow
+from service.store.sessions import SETTINGS_FIELDS, find_session, lock_or_create_session
+
+ON_BUSY_CHOICES: Final = ("enqueue", "reject", "interrupt")
+# SPEC §11.2: summary instructions are at most 4 KiB, measured in UTF-8 bytes (not characters).
+MAX_SUMMARY_INSTRUCTIONS_BYTES: Final = 4096
+# Same bounds as the request's own fields (schemas.QuestionIn) and SIDEQUEST_MAX_OUTPUT_TOKENS.
+MAX_MODEL_CHARS: Final = 200
+CONTEXT_WINDOW_MIN: Final = 1024
+CONTEXT_WINDOW_MAX: Final = 10_000_000
+OUTPUT_CAP_MIN: Final = 256
+OUTPUT_CAP_MAX: Final = 32768
+
+
+def _storable_text(value: str) -> str | None:
+    """Why ``value`` cannot be stored as text (NUL, lone surrogate), or None."""
+    if "\x00" in value:
+        return "must not contain NUL characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must not contain unpaired surrogates"
+    return None
+
+
+def _int_problem(value: object, low: int, high: int) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "must be an integer or null"
+    if not low <= value <= high:
+        return f"must be from {low} to {high}"
+    return None
+
+
+def field_problem(name: str, value: object) -> str | None:
+    """Why ``value`` is not acceptable for setting ``name`` (None: fine; ``None`` always clears)."""
+    if value is None:
+        return None
+    if name == "summary_instructions":
+        if not isinstance(value, str):
+            return "must be a string or null"
+        bad = _storable_text(value)
+        if bad:
+            return bad
+        size = len(value.encode("utf-8"))
+        if size > MAX_SUMMARY_INSTRUCTIONS_BYTES:
+            return f"is {size} bytes of UTF-8; at most {MAX_SUMMARY_INSTRUCTIONS_BYTES} bytes (4 KiB) allowed"
+        return None
+    if name in ("summary_model", "answer_model"):
+        if not isinstance(value, str) or not value:
+            return "must be a non-empty string or null"
+        if len(value) > MAX_MODEL_CHARS:
+            return f"must be at most {MAX_MODEL_CHARS} characters"
+        return _storable_text(value)
+    if name == "context_window":
+        return _int_problem(value, CONTEXT_WINDOW_MIN, CONTEXT_WINDOW_MAX)
+    if name == "max_output_tokens":
+        return _int_problem(value, OUTPUT_CAP_MIN, OUTPUT_CAP_MAX)
+    if name == "on_busy":
+        if value not in ON_BUSY_CHOICES:
+            return "must be one of enqueue, reject, interrupt (or null)"
+        return None
+    return "is not a session setting"
+
+
+def settings_problems(value: object) -> list[tuple[str, str]]:
+    """Every problem of a settings object as ``(field, message)``; empty when it is valid."""
+    if not isinstance(value, dict):
+        return [("", "must be an object")]
+    problems = []
+    for name, item in value.items():
+        problem = field_problem(str(name), item)
+        if problem is not None:
+            problems.append((str(name), problem))
+    return problems
+
+
+def public_settings(stored: dict[str, Any] | None) -> dict[str, Any]:
+    """The whole settings object: every field, ``null`` when unset (unknown stored keys are dropped)."""
+    stored = stored or {}
+    return {name: stored.get(name) for name in SETTINGS_FIELDS}
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """The settings as the pipeline and the worker use them (every field optional)."""
+
+    summary_instructions: str | None = None
+    summary_model: str | None = None
+    answer_model: str | None = None
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+    on_busy: str | None = None
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any] | None) -> SessionSettings:
+        """Read the JSONB leniently: a value that breaks the rules counts as unset, never as a crash."""
+        values = public_settings(stored)
+        clean = {name: (None if field_problem(name, v) else v) for name, v in values.items()}
+        return cls(**clean)
+
+
+class InvalidSettings(Exception):
+    """A settings change breaks the field rules (422); ``problems`` lists ``(field, message)``."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        first = problems[0]
+        super().__init__(f"invalid settings: {first[0]} {first[1]}")
+        self.problems = problems
+
+
+async def read_settings(session: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
+    """The tenant's session settings as the public object, or None when there is no such session."""
+    row = await find_session(session, tenant, parent_id)
+    if row is None:
+        return None
+    return public_settings(row.settings)
+
+
+async def update_settings(
+    session: AsyncSession, tenant: str, parent_id: str, changes: dict[str, Any]
+) -> dict[str, Any]:
+    """Apply a PUT (only the named fields; ``None`` clears one), creating the session if needed; commits.
+
+    Every change is checked before the first write, so a refused PUT writes nothing (not even the
+    session it would have created). Returns the whole settings object after the change.
+    """
+    problems = settings_problems(changes)
+    if problems:
+        raise InvalidSettings(problems)
+    owner = await lock_or_create_session(session, tenant, parent_id)
+    merged = {k: v for k, v in (owner.settings or {}).items() if k in SETTINGS_FIELDS}
+    for name, value in changes.items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = value
+    owner.settings = merged
+    owner.updated_at = func.now()
+    await session.flush()
+    await session.commit()
+    return public_settings(merged)
+
+
+async def load_session_settings(session: AsyncSession, session_id: uuid.UUID) -> SessionSettings:
+    """The settings of a session by id (for the pipeline and background jobs); empty when none."""
+    stored = await session.scalar(select(SessionRow.settings).where(SessionRow.id == session_id))
+    return SessionSettings.from_stored(stored)
+
+
+__all__ = [
+    "MAX_SUMMARY_INSTRUCTIONS_BYTES",
+    "ON_BUSY_CHOICES",
+    "SETTINGS_FIELDS",
+    "InvalidSettings",
+    "SessionSettings",
+    "field_problem",
+    "load_session_settings",
+    "public_settings",
+    "read_settings",
+    "settings_problems",
+    "update_settings",
+]

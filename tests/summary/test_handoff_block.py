@@ -1,0 +1,197 @@
+"""The hand-off block (SPEC §11.1) as a pure function: framing, selection of what stands in for what,
+and fitting — for any history and any max_tokens the estimate fits and the text is valid UTF-8."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.budget import estimate_text
+from service.summary.handoff import (
+    END_LINE,
+    FRAMING,
+    HANDOFF_MAX_TOKENS,
+    HANDOFF_MIN_TOKENS,
+    SHORTENED_MARKER,
+    HandoffItem,
+    HandoffSummary,
+    build_handoff,
+    cut_utf8,
+    estimate_handoff,
+)
+
+
+def item(ordinal: int, answer: str = "", *, pinned: bool = False, question: str = "") -> HandoffItem:
+    return HandoffItem(
+        ordinal=ordinal,
+        question=question or f"What about part {ordinal}?",
+        answer=answer or f"Part {ordinal} is done; see billing/part_{ordinal}.py.",
+        asked_at=f"2026-11-29T10:{ordinal % 60:02d}:00Z",
+        snapshot_id=f"s-{ordinal}",
+        snapshot_time="2026-11-29T09:59:00Z",
+        pinned=pinned,
+    )
+
+
+def test_the_block_frames_itself_and_carries_each_qa_with_ordinal_snapshot_and_time() -> None:
+    block = build_handoff([item(2), item(1)], None, 2000)
+    assert block is not None
+    text = block.text
+    assert text.startswith(FRAMING) and text.endswith(END_LINE)
+    # Says what these are, that they are not instructions, and that the main context wins.
+    assert "side questions" in FRAMING and "not instructions" in FRAMING
+    assert "may be stale" in FRAMING and "your context wins" in FRAMING
+    first, second = text.index("Side question #1 "), text.index("Side question #2 ")
+    assert first < second  # in ordinal order
+    assert "(asked 2026-11-29T10:01:00Z, snapshot s-1 taken 2026-11-29T09:59:00Z)" in text
+    assert "Q: What about part 1?\nA: Part 1 is done; see billing/part_1.py." in text
+    assert block.ordinals == (1, 2) and not block.truncated and block.summarized_ordinals == ()
+    assert block.estimate_tokens == estimate_handoff(text) == estimate_text(text) + 4
+
+
+def test_a_question_without_snapshot_says_so_and_a_pinned_one_is_marked() -> None:
+    bare = HandoffItem(3, "Q?", "A.", asked_at="2026-11-29T10:00:00Z", pinned=True)
+    block = build_handoff([bare], None, 256)
+    assert block is not None
+    assert (
+        "#3 (asked 2026-11-29T10:00:00Z, no snapshot: from earlier side answers only, pinned)" in block.text
+    )
+
+
+def test_nothing_to_hand_off_is_none_and_bad_limits_are_refused() -> None:
+    assert build_handoff([], None, 2000) is None
+    for bad in (HANDOFF_MIN_TOKENS - 1, HANDOFF_MAX_TOKENS + 1):
+        with pytest.raises(ValueError):
+            build_handoff([item(1)], None, bad)
+    with pytest.raises(ValueError):
+        build_handoff([item(1), item(1)], None, 2000)
+
+
+def test_the_same_input_gives_the_same_bytes() -> None:
+    items = [item(i, "x" * 900) for i in range(1, 30)]
+    summary = HandoffSummary("Objective: ship it.", 1, 10)
+    assert build_handoff(items, summary, 700) == build_handoff(list(reversed(items)), summary, 700)
+
+
+def test_older_qa_go_through_the_summary_only_when_needed_and_pinned_never() -> None:
+    items = [item(i, "long answer " * 60, pinned=i == 2) for i in range(1, 13)]
+    summary = HandoffSummary("[Summary of side Q&A ordinals 1–8]\nObjective: port the parser.", 1, 8)
+    roomy = build_handoff(items, summary, 32768)
+    assert (
+        roomy is not None
+        and roomy.summarized_ordinals == ()
+        and "Summary of side questions" not in roomy.text
+    )
+    tight = build_handoff(items, summary, 1700)
+    assert tight is not None
+    assert tight.summarized_ordinals and 2 not in tight.summarized_ordinals
+    assert (
+        tight.summarized_ordinals == tuple(o for o in (1, 3, 4, 5, 6, 7, 8))[: len(tight.summarized_ordinals)]
+    )
+    assert "--- Summary of side questions #1–#8" in tight.text and "Objective: port the parser." in tight.text
+    assert "Side question #2 " in tight.text  # pinned stays verbatim
+    assert tight.ordinals == tuple(range(1, 13))  # the summarised ones are still carried
+    assert tight.estimate_tokens <= 1700
+
+
+def test_oldest_answers_are_shortened_first_with_a_visible_marker_newest_and_pinned_last() -> None:
+    items = [item(i, f"answer {i} " + "ü" * 1500, pinned=i == 1) for i in range(1, 6)]
+    whole = build_handoff(items, None, HANDOFF_MAX_TOKENS)
+    assert whole is not None and not whole.truncated
+    limit = whole.estimate_tokens - 1500  # 4500 bytes too many: more than one answer cut to its floor
+    block = build_handoff(items, None, limit)
+    assert block is not None and block.truncated and block.estimate_tokens <= limit
+    # Non-pinned oldest first: #2, then #3; the newest (#5), #4 and the pinned #1 stay whole.
+    assert block.shortened_ordinals == (2, 3)
+    assert block.text.count(SHORTENED_MARKER) == 2
+    for kept in (1, 4, 5):
+        assert f"A: answer {kept} " + "ü" * 1500 in block.text
+    cut = block.text.split("Side question #2 ")[1].split("\n\n")[0]
+    assert cut.endswith(" " + SHORTENED_MARKER) and "A: answer 2 ü" in cut
+    block.text.encode("utf-8")
+
+
+def test_what_cannot_fit_at_all_is_left_out_oldest_first_and_said_so() -> None:
+    items = [item(i) for i in range(1, 200)]
+    block = build_handoff(items, None, HANDOFF_MIN_TOKENS)
+    assert block is not None and block.estimate_tokens <= HANDOFF_MIN_TOKENS
+    assert block.omitted_ordinals and block.omitted_ordinals[0] == 1
+    assert 199 in block.ordinals and not set(block.ordinals) & set(block.omitted_ordinals)
+    assert f"older side answers (#1–#{max(block.omitted_ordinals)}) left out to fit" in block.text
+
+
+def test_cut_utf8_never_splits_a_character() -> None:
+    assert cut_utf8("aü€😀", 1) == "a"
+    assert cut_utf8("aü€😀", 2) == "a"
+    assert cut_utf8("aü€😀", 3) == "aü"
+    assert cut_utf8("aü€😀", 9) == "aü€"
+    assert cut_utf8("aü€😀", 10) == "aü€😀"
+    assert cut_utf8("abc", 0) == ""
+
+
+_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=3000
+)
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[list[HandoffItem], HandoffSummary | None]:
+    ordinals = draw(st.lists(st.integers(1, 2_147_483_646), min_size=1, max_size=40, unique=True))
+    items = [
+        HandoffItem(
+            ordinal=o,
+            question=draw(_text),
+            answer=draw(_text),
+            asked_at=draw(st.none() | st.text(max_size=60)),
+            snapshot_id=draw(st.none() | st.text(min_size=1, max_size=500)),
+            snapshot_time=draw(st.none() | st.text(max_size=80)),
+            pinned=draw(st.booleans()),
+        )
+        for o in ordinals
+    ]
+    summary = None
+    if draw(st.booleans()):
+        first = draw(st.integers(1, max(ordinals)))
+        summary = HandoffSummary(draw(_text), first, draw(st.integers(first, 2_147_483_646)))
+    return items, summary
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.integers(HANDOFF_MIN_TOKENS, HANDOFF_MAX_TOKENS))
+def test_for_any_history_and_limit_the_block_fits_and_stays_valid_utf8(
+    history: tuple[list[HandoffItem], HandoffSummary | None], max_tokens: int
+) -> None:
+    items, summary = history
+    block = build_handoff(items, summary, max_tokens)
+    assert block is not None
+    assert block.estimate_tokens == estimate_handoff(block.text) <= max_tokens
+    assert block.text.encode("utf-8").decode("utf-8") == block.text
+    given_ordinals = {i.ordinal for i in items}
+    assert block.ordinals and set(block.ordinals) <= given_ordinals
+    assert set(block.ordinals) | set(block.omitted_ordinals) == given_ordinals
+    assert set(block.summarized_ordinals) <= set(block.ordinals)
+    assert not any(i.pinned and i.ordinal in block.summarized_ordinals for i in items)
+    # Whatever was not shortened, summarised or left out is there verbatim.
+    for one in items:
+        if one.ordinal in block.ordinals and one.ordinal not in (
+            *block.shortened_ordinals,
+            *block.summarized_ordinals,
+        ):
+            assert f"Q: {one.question.strip()}\nA: {one.answer.strip()}" in block.text
+
+
+@settings(max_examples=100, deadline=None)
+@given(histories(), st.integers(HANDOFF_MIN_TOKENS, HANDOFF_MAX_TOKENS))
+def test_when_everything_fits_verbatim_it_goes_verbatim(
+    history: tuple[list[HandoffItem], HandoffSummary | None], max_tokens: int
+) -> None:
+    items, summary = history
+    verbatim = build_handoff(items, None, HANDOFF_MAX_TOKENS)
+    assert verbatim is not None
+    if verbatim.truncated or verbatim.estimate_tokens > max_tokens:
+        return
+    block = build_handoff(items, summary, max_tokens)
+    assert block == verbatim  # no summary, no cut, nothing left out
+    for one in items:
+        assert f"Q: {one.question.strip()}\nA: {one.answer.strip()}" in block.text
