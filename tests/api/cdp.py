@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -57,6 +58,7 @@ class Browser:
         self.console_errors: list[str] = []
         self.console: list[str] = []
         self.requests: list[str] = []
+        self.request_headers: list[tuple[str, dict[str, str]]] = []
         self.events: list[dict[str, Any]] = []
         self._pump = asyncio.create_task(self._read_loop())
 
@@ -102,7 +104,10 @@ class Browser:
                     f"{entry.get('source')}: {entry.get('text')} {entry.get('url', '')}"
                 )
         elif method == "Network.requestWillBeSent":
-            self.requests.append(params.get("request", {}).get("url", ""))
+            request = params.get("request", {})
+            self.requests.append(request.get("url", ""))
+            headers = {k.lower(): v for k, v in (request.get("headers") or {}).items()}
+            self.request_headers.append((request.get("url", ""), headers))
 
     async def send(self, method: str, params: dict[str, Any] | None = None, *, page: bool = True) -> Any:
         """Send one command (to the attached page unless ``page=False``) and await its result."""
@@ -163,6 +168,35 @@ class Browser:
                 f"timed out waiting for {expression!r}; notice: {notice!r}; errors: {self.console_errors}"
             ) from None
 
+    async def type_text(self, selector: str, text: str) -> None:
+        """Focus the element and type ``text`` into it as keyboard input would."""
+        await self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
+        await self.send("Input.insertText", {"text": text})
+
+    async def press(self, key: str, code: int) -> None:
+        """Press and release one key (e.g. ``"Enter", 13``) on the focused element."""
+        for kind in ("keyDown", "keyUp"):
+            await self.send(
+                "Input.dispatchKeyEvent",
+                {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": code, "text": "\r"}
+                if kind == "keyDown" and key == "Enter"
+                else {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": code},
+            )
+
+    async def set_files(self, selector: str, *paths: Path) -> None:
+        """Choose files in an ``<input type=file>`` (what the file picker would do)."""
+        document = await self.send("DOM.getDocument", {"depth": 0})
+        node = await self.send(
+            "DOM.querySelector", {"nodeId": document["root"]["nodeId"], "selector": selector}
+        )
+        await self.send("DOM.setFileInputFiles", {"nodeId": node["nodeId"], "files": [str(p) for p in paths]})
+
+    async def allow_downloads(self, directory: Path) -> None:
+        """Save downloads into ``directory`` instead of asking."""
+        await self.send(
+            "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(directory)}, page=False
+        )
+
     async def screenshot(self, path: Path) -> None:
         """A PNG of the whole page (beyond the viewport when it scrolls) at ``path``."""
         metrics = await self.send("Page.getLayoutMetrics")
@@ -193,12 +227,16 @@ async def chromium() -> AsyncIterator[Browser]:
     to_browser_r, to_browser_w = os.pipe()
     from_browser_r, from_browser_w = os.pipe()
 
-    # The shell puts the pipe ends on descriptors 3 and 4 (where chromium expects them) and execs it.
-    redirect = f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w} {to_browser_r}<&- {from_browser_w}>&-'
+    def onto_3_and_4() -> None:
+        # In the child, before exec: chromium reads commands on fd 3 and writes on fd 4. Move both
+        # ends out of the way first so neither dup2 overwrites the other; dup2 makes them inheritable
+        # (close_fds=False below keeps them: Python's own descriptors are non-inheritable anyway).
+        reading = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10)
+        writing = fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
+        os.dup2(reading, 3)
+        os.dup2(writing, 4)
+
     proc = await asyncio.create_subprocess_exec(
-        "/bin/sh",
-        "-c",
-        redirect,
         binary,
         *CHROMIUM_FLAGS,
         f"--user-data-dir={profile}",
@@ -206,7 +244,8 @@ async def chromium() -> AsyncIterator[Browser]:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        pass_fds=(to_browser_r, from_browser_w),
+        close_fds=False,
+        preexec_fn=onto_3_and_4,
     )
     os.close(to_browser_r)
     os.close(from_browser_w)

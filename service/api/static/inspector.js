@@ -18,7 +18,7 @@
   const state = {
     parentId: null, sessionsBefore: null, historyBefore: null, history: new Map(),
     requestId: null, record: null, events: [], streamed: "", deltas: 0, source: null, lastEventId: null, terminal: false,
-    pollTimer: null, tickTimer: null, connected: false,
+    pollTimer: null, tickTimer: null, connected: false, known: new Set(), listComplete: false,
   };
 
   // ------------------------------------------------------------------ small helpers
@@ -143,8 +143,15 @@
     const page = await api("GET", `/v1/sessions?${params}`);
     state.connected = true;
     const list = $("session-list");
-    if (!more) list.replaceChildren();
-    for (const item of page.items) list.append(sessionEntry(item));
+    if (!more) {
+      list.replaceChildren();
+      state.known = new Set();
+    }
+    for (const item of page.items) {
+      list.append(sessionEntry(item));
+      state.known.add(item.parent_id);
+    }
+    state.listComplete = !page.has_more;
     state.sessionsBefore = page.next_before;
     $("sessions-more").hidden = !page.has_more;
     $("sessions-empty").hidden = list.children.length > 0;
@@ -182,10 +189,14 @@
   async function loadSession() {
     const parentId = state.parentId;
     let overview = null;
-    try {
-      overview = await api("GET", `/v1/sessions/${enc(parentId)}`);
-    } catch (err) {
-      if (err.status !== 404) throw err;
+    // A parent id missing from a complete list is a new session: nothing to fetch (and no 404).
+    const surelyNew = state.connected && state.listComplete && !state.known.has(parentId);
+    if (!surelyNew) {
+      try {
+        overview = await api("GET", `/v1/sessions/${enc(parentId)}`);
+      } catch (err) {
+        if (err.status !== 404) throw err;
+      }
     }
     if (parentId !== state.parentId) return;
     renderOverview(overview);
@@ -640,8 +651,8 @@
       const record = await api("POST", `/v1/sessions/${enc(state.parentId)}/questions`, body);
       $("question").value = "";
       notice(`question #${record.ordinal} admitted`);
-      await loadSession();
       await loadSessions(false);
+      await loadSession();
       await openRequest(record.id);
     } finally {
       $("ask").disabled = false;
