@@ -303,6 +303,12 @@
     const page = await api("GET", `/v1/sessions/${enc(parentId)}/questions?limit=20`);
     if (parentId !== state.parentId) return;
     for (const record of page.items) state.history.set(record.id, record);
+    // A hand-off unpins what it carried; show that on the open request too.
+    const open = state.record && page.items.find((r) => r.id === state.record.id);
+    if (open && TERMINAL.has(open.status) && Boolean(open.pinned) !== Boolean(state.record.pinned)) {
+      state.record.pinned = open.pinned;
+      renderRequest();
+    }
     if (state.historyBefore === null) {
       state.historyBefore = page.next_before;
       $("history-more").hidden = !page.has_more;
