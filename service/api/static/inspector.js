@@ -515,6 +515,7 @@
 
   function describeProgress(d) {
     const what = d.what || d.action || d.kind;
+    if (what === "replay" && !d.replayed_groups && !d.folded_groups) return "no earlier Q&A to replay";
     if (what === "replay") return `replaying ${fmt(d.replayed_groups || 0)} Q&A groups ${range(d.replayed_ordinals)}${d.folded_groups ? `, folding ${d.folded_groups}` : ""}`;
     if (what === "summary_chunk") return `${String(d.purpose || "summary").replace("_", " ")} chunk ${d.chunk}/${d.chunks}`;
     if (what === "context_summary_cache") return `context summary cache ${d.cache}`;
@@ -631,10 +632,16 @@
       box.append(el("p", { class: "hint", text: "No provider calls yet." }));
       return;
     }
-    box.append(table(
-      [{ label: "#" }, { label: "purpose" }, { label: "model" }, { label: "status" }, { label: "input", num: true }, { label: "cached", num: true }, { label: "output", num: true }, { label: "reasoning", num: true }],
-      calls.map((c, i) => ({ cells: [i + 1, c.purpose, c.model, `${c.status}${c.reported === false ? " (unreported)" : ""}`, c.input_tokens, c.cached_tokens, c.output_tokens, c.reasoning_tokens] })),
-      ["", "total", "", "", usage.input_tokens, usage.cached_tokens, usage.output_tokens, usage.reasoning_tokens]));
+    // One model for every call (the usual case): say it once instead of in a column.
+    const models = new Set(calls.map((c) => c.model));
+    const oneModel = models.size === 1;
+    const head = [{ label: "#" }, { label: "purpose" }, ...(oneModel ? [] : [{ label: "model" }]), { label: "status" },
+      { label: "input", num: true }, { label: "cached", num: true }, { label: "output", num: true }, { label: "reasoning", num: true }];
+    const rows = calls.map((c, i) => ({ cells: [i + 1, c.purpose, ...(oneModel ? [] : [c.model]), `${c.status}${c.reported === false ? " (unreported)" : ""}`,
+      c.input_tokens, c.cached_tokens, c.output_tokens, c.reasoning_tokens] }));
+    const foot = ["", "total", ...(oneModel ? [] : [""]), "", usage.input_tokens, usage.cached_tokens, usage.output_tokens, usage.reasoning_tokens];
+    if (oneModel) box.append(el("p", { class: "caption", text: `every call to ${[...models][0]}` }));
+    box.append(table(head, rows, foot));
   }
 
   // ------------------------------------------------------------------ actions
