@@ -18,6 +18,7 @@ import httpx
 
 from service.api.routes_inspector import inspector_page
 from tests.api.cdp import Browser
+from tests.api.conftest import Server
 from tests.api.helpers import ask
 from tests.api.inspector_support import (
     Stack,
@@ -126,6 +127,25 @@ async def test_lists_the_tenants_sessions_and_not_another_tenants(stack: Stack, 
     await browser.press("Enter", 13)
     await browser.wait_for("document.getElementById('session-title').textContent === 'globex-secret'")
     assert browser.console_errors == []
+
+
+async def test_a_wrong_token_is_told_and_a_server_without_auth_needs_none(
+    stack: Stack, server: Server, browser: Browser
+) -> None:
+    await browser.goto(f"{stack.url}/")
+    await browser.type_text("#token", "tok-wrong")
+    await browser.press("Enter", 13)  # submits the token form from the keyboard
+    await browser.wait_for("document.getElementById('notice').classList.contains('bad')")
+    notice = await browser.evaluate("document.getElementById('notice').textContent")
+    assert notice == "listing sessions failed: unauthorized: a valid bearer token is required"
+    async with server.client() as client:  # no auth configured: tenant "default"
+        await ask(client, "p-open", "anyone?")
+    await browser.goto(f"{server.url}/")
+    await browser.evaluate("document.getElementById('connect').click()")  # with an empty token
+    await browser.wait_for("document.querySelectorAll('#session-list button').length === 1")
+    assert await browser.evaluate("document.querySelector('#session-list .pid').textContent") == "p-open"
+    await browser.goto(f"{server.url}/")  # a reload reconnects without asking again
+    await browser.wait_for("document.querySelectorAll('#session-list button').length === 1")
 
 
 async def test_request_detail_draws_the_budget_bar_in_proportion_to_the_estimate(

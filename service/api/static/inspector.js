@@ -761,9 +761,8 @@
   $("token").value = token();
   on("token-form", "submit", (event) => {
     event.preventDefault();
-    const value = $("token").value.trim();
-    if (value) sessionStorage.setItem(TOKEN_KEY, value);
-    else sessionStorage.removeItem(TOKEN_KEY);
+    // An empty token is kept too: it means "this server has no auth", and a reload reconnects.
+    sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
     return connect();
   }, "listing sessions");
   on("forget", "click", () => {
@@ -794,7 +793,7 @@
   on("handoff-form", "submit", handoff, "the hand-off");
   on("archive", "click", downloadArchive, "the archive download");
 
-  // With a token from earlier in this tab, reconnect at once; without one, wait for Connect
-  // (a server without auth works with an empty token).
-  if (token()) connect().catch(failed("listing sessions"));
+  // Connected earlier in this tab (with a token, or with none for a server without auth):
+  // reconnect at once; otherwise wait for Connect.
+  if (sessionStorage.getItem(TOKEN_KEY) !== null) connect().catch(failed("listing sessions"));
 })();
