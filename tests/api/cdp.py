@@ -197,10 +197,14 @@ class Browser:
             "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(directory)}, page=False
         )
 
-    async def screenshot(self, path: Path) -> None:
-        """A PNG of the whole page (beyond the viewport when it scrolls) at ``path``."""
+    async def screenshot(self, path: Path, *, full_page: bool = True) -> None:
+        """A PNG of the whole page (beyond the viewport when it scrolls), or of what the viewport
+        shows, at ``path``."""
         metrics = await self.send("Page.getLayoutMetrics")
         size = metrics.get("cssContentSize") or metrics["contentSize"]
+        if not full_page:
+            view = metrics.get("cssLayoutViewport") or metrics["layoutViewport"]
+            size = {"width": view["clientWidth"], "height": view["clientHeight"]}
         shot = await self.send(
             "Page.captureScreenshot",
             {

@@ -323,4 +323,5 @@ async def test_screenshots_at_phone_and_desktop_sizes_without_horizontal_scrolli
         path = shots / f"inspector-{width}x{height}.png"
         await browser.screenshot(path)
         assert path.stat().st_size > 10_000
+        await browser.screenshot(shots / f"inspector-{width}x{height}-viewport.png", full_page=False)
     assert browser.console_errors == []
