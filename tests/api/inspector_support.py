@@ -17,6 +17,7 @@ import pytest
 from service.api.app import create_app
 from service.config import Settings
 from service.store.db import Database
+from service.worker import start_worker
 from tests.api.cdp import Browser, chromium
 from tests.api.conftest import TOKENS, serve
 from tests.factories import scripted_settings
@@ -76,12 +77,20 @@ class Stack:
 
 @pytest.fixture
 async def stack(db: Database, settings: Settings) -> AsyncIterator[Stack]:
-    """API and worker in one process (as ``sidequest serve``), tenants acme and globex."""
+    """API and worker in one process (as ``sidequest serve``), tenants acme and globex.
+
+    The worker is started here on the app's own pool and LISTEN connection, once the app is up (what
+    ``sidequest serve`` composes), and stopped before the app.
+    """
     with ScriptedServer() as model:
         chosen = scripted_settings(settings.database_url or "", model.base_url, api_tokens=TOKENS)
-        app = create_app(chosen, settings.database_url or "", run_worker=True)
+        app = create_app(chosen, settings.database_url or "")
         async with serve(app) as url:
-            yield Stack(url=url, model=model)
+            worker = await start_worker(chosen, app.state.db, listener=app.state.listener)
+            try:
+                yield Stack(url=url, model=model)
+            finally:
+                await worker.stop()
 
 
 @pytest.fixture
