@@ -9,7 +9,10 @@ directory (``$PYTEST_ARTIFACTS``, else ``tests/artifacts``).
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +72,12 @@ async def test_page_is_one_self_contained_document(stack: Stack) -> None:
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "") and "https://" not in html
     assert '<label for="token">API token</label>' in html and '<input id="token"' in html
     assert inspector_page().html == html
+    # The policy allows exactly the inline script and stylesheet that are there, by hash.
+    for tag, directive in (("script", "script-src"), ("style", "style-src")):
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.S)
+        assert len(blocks) == 1
+        digest = base64.b64encode(hashlib.sha256(blocks[0].encode()).digest()).decode()
+        assert f"{directive} 'sha256-{digest}'" in csp
 
 
 async def test_page_loads_with_no_external_request_and_no_console_error(
