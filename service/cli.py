@@ -1,4 +1,4 @@
-"""The ``sidequest`` command: serve, api, worker, migrate, ask, archive, handoff."""
+"""The ``sidequest`` command: serve, api, worker, migrate, ask, sessions, archive, handoff."""
 
 from __future__ import annotations
 
@@ -122,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ask.add_argument("--token", default=None, help="bearer token (default $SIDEQUEST_TOKEN)")
 
+    sessions = sub.add_parser("sessions", help="list the tenant's sessions, most recently active first")
+    sessions.add_argument("--limit", type=int, default=20, help="sessions per page (1-100)")
+    sessions.add_argument("--before", default=None, help="the cursor printed after the previous page")
+    sessions.add_argument("--all", action="store_true", help="follow every page")
+    sessions.add_argument("--json", action="store_true", help="one session object per line, as JSON")
+    sessions.add_argument("--url", default=None)
+    sessions.add_argument("--token", default=None)
+
     archive = sub.add_parser("archive", help="export or import a session archive")
     archive_sub = archive.add_subparsers(dest="archive_command", required=True)
     export = archive_sub.add_parser("export")
@@ -174,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in ("ask", "archive", "handoff"):
+    if args.command in ("ask", "archive", "handoff", "sessions"):
         from service import client
 
         return client.main(args)

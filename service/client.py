@@ -1,4 +1,5 @@
-"""The client half of the ``sidequest`` command: ``ask``, ``archive export|import``, ``handoff``, over HTTP.
+"""The client half of the ``sidequest`` command: ``ask``, ``sessions``, ``archive export|import``,
+``handoff``, over HTTP.
 
 ``ask`` posts a side question, then follows ``GET /v1/questions/{id}/events`` live: stage changes,
 progress (replayed groups, summary chunk i/n, cache hits, overflow retries) and usage go to stderr —
@@ -611,6 +612,56 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------------ sessions
+
+
+def _session_line(item: dict[str, Any]) -> str:
+    """One session as a table row: parent id, requests by status, clear version, last activity."""
+    counts = item.get("counts") if isinstance(item.get("counts"), dict) else {}
+    assert isinstance(counts, dict)
+    by_status = ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "no requests"
+    return (
+        f"{item.get('parent_id')}\t{by_status}\tclear {item.get('clear_version')}\t{item.get('updated_at')}"
+    )
+
+
+def list_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``sidequest sessions``: the tenant's sessions, most recently active first.
+
+    One tab-separated line per session (``--json``: each session object as a JSON line). Without
+    ``--all`` one page is printed and, when more remain, the ``--before`` cursor of the next page
+    goes to stderr.
+    """
+    endpoint = Endpoint.from_args(args)
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.before:
+        params["before"] = args.before
+    shown = 0
+    with endpoint.client() as client:
+        while True:
+            try:
+                response = client.get("/v1/sessions", params=params)
+            except httpx.TransportError as exc:
+                raise ClientError(f"cannot reach {endpoint.base_url}: {exc}") from None
+            if response.status_code != 200:
+                raise _refused(response, "listing sessions was")
+            page = response.json()
+            for item in page.get("items") or []:
+                out.write((json.dumps(item, ensure_ascii=False) if args.json else _session_line(item)) + "\n")
+                shown += 1
+            out.flush()
+            cursor = page.get("next_before")
+            if not page.get("has_more") or not cursor:
+                break
+            if not args.all:
+                err.write(f"more sessions: sidequest sessions --before {cursor}\n")
+                break
+            params = {"limit": args.limit, "before": cursor}
+    if shown == 0 and not args.json:
+        err.write("no sessions\n")
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------------------ entry
 
 
@@ -631,6 +682,8 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
             return archive_import(args, out, err)
         if args.command == "handoff":
             return handoff(args, out, err)
+        if args.command == "sessions":
+            return list_sessions(args, out, err)
         raise ClientError(f"unknown command {args.command}")
     except ClientError as exc:
         err.write(f"sidequest: {exc.message}\n")

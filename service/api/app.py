@@ -12,7 +12,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api import routes_archive, routes_handoffs, routes_questions, routes_sessions
+from service.api import (
+    routes_archive,
+    routes_handoffs,
+    routes_inspector,
+    routes_questions,
+    routes_session_list,
+    routes_sessions,
+)
 from service.api.errors import error_body, install_error_handlers
 from service.api.metrics import Metrics
 from service.api.routes_common import errors
@@ -144,10 +151,12 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     install_error_handlers(app)
     _install_log_redaction()
 
+    app.include_router(routes_session_list.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_questions.router)
     app.include_router(routes_handoffs.router)
     app.include_router(routes_archive.router, responses=errors(401, 404))
+    app.include_router(routes_inspector.router)
 
     app.add_middleware(
         BodyLimit, limit=settings.max_snapshot_bytes + settings.max_question_bytes + BODY_SLACK_BYTES

@@ -1,7 +1,7 @@
 """Session settings (SPEC §11.2) and hand-offs (SPEC §11.1): parse, call the store, map.
 
 Every rule lives in :mod:`service.store.settings`, :mod:`service.store.handoffs` and the pure
-:mod:`service.summary.handoff`; refusals are the store's exceptions, mapped in :mod:`service.api.errors`.
+:mod:`service.budget.handoff`; refusals are the store's exceptions, mapped in :mod:`service.api.errors`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 One hand-off is one short transaction on the locked session row (``FOR NO KEY UPDATE``, like
 admission), so two concurrent hand-offs of a session never carry the same new Q&A twice, and an
 idempotent replay sees the first one's record. The block itself is built by the pure
-:func:`service.summary.handoff.build_handoff`; this module only reads its inputs and writes its result.
+:func:`service.budget.handoff.build_handoff`; this module only reads its inputs and writes its result.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from typing import Any, Final, Literal
 from sqlalchemy import and_, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff
 from service.store.events import append_session_event, utc_iso
 from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
 from service.store.sessions import find_request, find_session, lock_session
-from service.summary.handoff import HandoffItem, HandoffSummary, build_handoff
-from service.summary.rolling import StoredQASummary
 
 HandoffFormat = Literal["anthropic", "openai", "text"]
 HANDOFF_FORMATS: Final = ("anthropic", "openai", "text")
@@ -100,14 +99,22 @@ def _empty(parent_id: str, ask: HandoffAsk) -> dict[str, Any]:
 
 
 def _summary_of(memory: dict[str, Any] | None) -> HandoffSummary | None:
+    """The rolling Q&A summary as stored with its rendered text (``StoredQASummary.to_json``).
+
+    A summary without one (written before it was kept) or unreadable is as good as none: the Q&A
+    then go verbatim or shortened.
+    """
     value = (memory or {}).get("qa_summary")
-    if not value:
+    if not isinstance(value, dict):
         return None
-    try:
-        stored = StoredQASummary.from_json(value)
-    except Exception:  # an unreadable summary is as good as none: the Q&A go verbatim or shortened
+    rendered, first, through = (
+        value.get("rendered"),
+        value.get("first_ordinal"),
+        value.get("covered_through_ordinal"),
+    )
+    if not isinstance(rendered, str) or not isinstance(first, int) or not isinstance(through, int):
         return None
-    return HandoffSummary(stored.rendered(), stored.first_ordinal, stored.covered_through_ordinal)
+    return HandoffSummary(rendered, first, through)
 
 
 async def _candidates(session: AsyncSession, owner: SessionRow, ask: HandoffAsk) -> list[RequestRow]:

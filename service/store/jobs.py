@@ -26,7 +26,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_session_event
@@ -463,38 +464,56 @@ async def job_state(session: AsyncSession, job_id: uuid.UUID) -> JobState | None
     return None if row is None else JobState(row.id, row.kind, row.key, row.status, row.made_by, row.error)
 
 
-_BACKGROUND_OVERVIEW = text(
+_BACKGROUND_OVERVIEWS = text(
     f"""
     WITH jobs AS (
-        SELECT status, usage, created_at, id FROM side_question_jobs
-        WHERE session_id = :sid AND {_BACKGROUND}
+        SELECT session_id, status, usage, created_at, id FROM side_question_jobs
+        WHERE session_id = ANY(:sids) AND {_BACKGROUND}
+    ),
+    counts AS (
+        SELECT session_id, jsonb_object_agg(status, n) AS counts
+        FROM (SELECT session_id, status, count(*) AS n FROM jobs GROUP BY 1, 2) c
+        GROUP BY 1
     ),
     calls AS (
-        SELECT c FROM jobs, jsonb_array_elements(coalesce(jobs.usage->'calls', '[]'::jsonb))
-            WITH ORDINALITY AS e(c, n)
-        ORDER BY jobs.created_at, jobs.id, e.n
+        SELECT jobs.session_id, jsonb_agg(e.c ORDER BY jobs.created_at, jobs.id, e.n) AS calls
+        FROM jobs, jsonb_array_elements(coalesce(jobs.usage->'calls', '[]'::jsonb)) WITH ORDINALITY AS e(c, n)
+        GROUP BY 1
     )
-    SELECT
-        (SELECT coalesce(jsonb_object_agg(status, n), '{{}}'::jsonb)
-           FROM (SELECT status, count(*) AS n FROM jobs GROUP BY status) counts) AS counts,
-        (SELECT coalesce(jsonb_agg(c), '[]'::jsonb) FROM calls) AS calls
+    SELECT s.sid AS session_id,
+           coalesce(counts.counts, '{{}}'::jsonb) AS counts,
+           coalesce(calls.calls, '[]'::jsonb) AS calls
+    FROM unnest(:sids) AS s(sid)
+    LEFT JOIN counts ON counts.session_id = s.sid
+    LEFT JOIN calls ON calls.session_id = s.sid
     """
-)
+).bindparams(bindparam("sids", type_=ARRAY(UUID(as_uuid=True))))
 
 _USAGE_TOTALS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
 
 
 async def background_overview(session: AsyncSession, session_id: uuid.UUID) -> dict[str, Any]:
     """SPEC §3 ``session.background``: jobs by status and the usage of every background call."""
-    row = (await session.execute(_BACKGROUND_OVERVIEW, {"sid": session_id})).one()
-    counts = {status: int((row.counts or {}).get(status, 0)) for status in JOB_STATUSES}
-    calls = list(row.calls or [])
-    usage: dict[str, Any] = {
-        name: sum(int(call.get(name) or 0) for call in calls if isinstance(call, dict))
-        for name in _USAGE_TOTALS
-    }
-    usage["calls"] = calls
-    return {"jobs": counts, "usage": usage}
+    return (await background_overviews(session, [session_id]))[session_id]
+
+
+async def background_overviews(
+    session: AsyncSession, session_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """:func:`background_overview` of several sessions in one query (every id in the result)."""
+    result: dict[uuid.UUID, dict[str, Any]] = {}
+    if not session_ids:
+        return result
+    for row in await session.execute(_BACKGROUND_OVERVIEWS, {"sids": list(session_ids)}):
+        counts = {status: int((row.counts or {}).get(status, 0)) for status in JOB_STATUSES}
+        calls = list(row.calls or [])
+        usage: dict[str, Any] = {
+            name: sum(int(call.get(name) or 0) for call in calls if isinstance(call, dict))
+            for name in _USAGE_TOTALS
+        }
+        usage["calls"] = calls
+        result[row.session_id] = {"jobs": counts, "usage": usage}
+    return result
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.budget import plan_window, resolve_output_cap, resolve_window
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
 from service.store.events import utc_iso
-from service.store.jobs import background_overview, enqueue_job
+from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import iso_or_none, request_record
 
@@ -170,15 +170,24 @@ async def request_record_for(
 
 async def status_counts(session: AsyncSession, session_id: uuid.UUID) -> dict[str, int]:
     """Visible requests of a session by status (every status present, 0 when none)."""
+    return (await status_counts_of(session, [session_id]))[session_id]
+
+
+async def status_counts_of(
+    session: AsyncSession, session_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, dict[str, int]]:
+    """:func:`status_counts` of several sessions in one query (every id present in the result)."""
+    result = {session_id: dict.fromkeys(STATUSES, 0) for session_id in session_ids}
+    if not session_ids:
+        return result
     rows = await session.execute(
-        select(RequestRow.status, func.count())
-        .where(RequestRow.session_id == session_id, RequestRow.deleted_at.is_(None))
-        .group_by(RequestRow.status)
+        select(RequestRow.session_id, RequestRow.status, func.count())
+        .where(RequestRow.session_id.in_(session_ids), RequestRow.deleted_at.is_(None))
+        .group_by(RequestRow.session_id, RequestRow.status)
     )
-    counts = dict.fromkeys(STATUSES, 0)
-    for status, count in rows:
-        counts[status] = int(count)
-    return counts
+    for session_id, status, count in rows:
+        result[session_id][status] = int(count)
+    return result
 
 
 def _int_or_none(value: object) -> int | None:
@@ -221,18 +230,34 @@ async def session_overview(session: AsyncSession, tenant: str, parent_id: str) -
     row = await find_session(session, tenant, parent_id)
     if row is None:
         return None
-    return {
-        "parent_id": row.parent_id,
-        "clear_version": row.clear_version,
-        "next_ordinal": row.next_ordinal,
-        "handed_off_through": row.handed_off_through,
-        "settings": {name: (row.settings or {}).get(name) for name in SETTINGS_FIELDS},
-        "counts": await status_counts(session, row.id),
-        "background": await background_overview(session, row.id),
-        "memory": memory_overview(row.memory),
-        "created_at": iso_or_none(row.created_at),
-        "updated_at": iso_or_none(row.updated_at),
-    }
+    return (await session_overviews(session, [row]))[0]
+
+
+async def session_overviews(session: AsyncSession, rows: list[SessionRow]) -> list[dict[str, Any]]:
+    """SPEC's session object for each of ``rows``, in their order, with one query per kind of data.
+
+    The one builder of the session object: ``GET /v1/sessions/{parent_id}`` and the list
+    ``GET /v1/sessions`` both come here, so a field added to the overview appears in both. Data
+    that needs another table is loaded for every row at once (never one query per session).
+    """
+    ids = [row.id for row in rows]
+    counts = await status_counts_of(session, ids)
+    background = await background_overviews(session, ids)
+    return [
+        {
+            "parent_id": row.parent_id,
+            "clear_version": row.clear_version,
+            "next_ordinal": row.next_ordinal,
+            "handed_off_through": row.handed_off_through,
+            "settings": {name: (row.settings or {}).get(name) for name in SETTINGS_FIELDS},
+            "counts": counts[row.id],
+            "background": background[row.id],
+            "memory": memory_overview(row.memory),
+            "created_at": iso_or_none(row.created_at),
+            "updated_at": iso_or_none(row.updated_at),
+        }
+        for row in rows
+    ]
 
 
 async def history_page(

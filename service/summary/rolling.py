@@ -48,6 +48,8 @@ class StoredQASummary:
             "tokens": self.tokens,
             "updated_at": self.provenance.created_at,
             "made_by": self.made_by,
+            # The prompt text too, so that the store can hand it off without the summary layer.
+            "rendered": self.rendered(),
         }
 
     @classmethod

@@ -14,10 +14,10 @@ import pytest
 
 from service import client
 from service.api.app import create_app
+from service.budget.handoff import FRAMING
 from service.cli import build_parser
 from service.config import Settings
 from service.store.db import Database
-from service.summary.handoff import FRAMING
 from tests.api.conftest import serve
 from tests.api.helpers import ask, finish, mark_running
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.budget import estimate_text
-from service.summary.handoff import (
+from service.budget.handoff import (
     END_LINE,
     FRAMING,
     HANDOFF_MAX_TOKENS,

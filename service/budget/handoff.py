@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from service.budget import MESSAGE_ENVELOPE_TOKENS, estimate_message
+from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS, estimate_message
 
 HANDOFF_MIN_TOKENS: Final = 256
 HANDOFF_MAX_TOKENS: Final = 32768

@@ -1,0 +1,84 @@
+"""``GET /``: the inspector page (SPEC §12), one self-contained HTML document.
+
+The page's HTML, CSS and JavaScript are separate files in the package (``service/api/static/``) so
+they stay readable; this route inlines the stylesheet and the script into the HTML once, at first
+use, so the browser loads exactly one document and nothing else (no external asset, no second
+request; the page also works saved to disk). A Content-Security-Policy allows only that inline
+script and stylesheet (by hash) and connections to this origin, so a page bug cannot make the
+browser fetch anything from elsewhere.
+
+The page holds no secret and needs none to be served: everything it shows comes from the ``/v1``
+routes, called by the browser with the token the user pastes (see docs/inspector.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse, Response
+
+router = APIRouter(tags=["inspector"])
+
+STYLE_SLOT = "/* inspector.css */"
+SCRIPT_SLOT = "/* inspector.js */"
+
+
+@dataclass(frozen=True)
+class Page:
+    """The assembled document and the policy that goes with it."""
+
+    html: str
+    csp: str
+
+
+def _sha256(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
+
+
+@cache
+def inspector_page() -> Page:
+    """The inspector document with its CSS and JS inlined, and its Content-Security-Policy."""
+    static = resources.files("service.api") / "static"
+    html = (static / "inspector.html").read_text(encoding="utf-8")
+    css = (static / "inspector.css").read_text(encoding="utf-8")
+    js = (static / "inspector.js").read_text(encoding="utf-8")
+    # An inline script or style ends at the first closing tag, wherever it is.
+    if "</script" in js.lower() or "</style" in css.lower():
+        raise RuntimeError("inspector assets must not contain closing script/style tags")
+    if STYLE_SLOT not in html or SCRIPT_SLOT not in html:
+        raise RuntimeError("inspector.html lost its style or script slot")
+    css_block, js_block = "\n" + css, "\n" + js
+    html = html.replace(STYLE_SLOT, css_block).replace(SCRIPT_SLOT, js_block)
+    csp = "; ".join(
+        [
+            "default-src 'none'",
+            f"script-src {_sha256(js_block)}",
+            f"style-src {_sha256(css_block)}",
+            "connect-src 'self'",  # fetch and EventSource to this origin's /v1 routes only
+            "img-src 'self' data:",
+            "base-uri 'none'",
+            "form-action 'none'",
+            "frame-ancestors 'none'",
+        ]
+    )
+    return Page(html=html, csp=csp)
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=True, summary="Inspector page")
+async def inspector() -> Response:
+    """The inspector page (SPEC §12): sessions, history, budgets, stages and live answers."""
+    page = inspector_page()
+    return HTMLResponse(
+        page.html,
+        headers={
+            "Content-Security-Policy": page.csp,
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+            "Cache-Control": "no-cache",
+        },
+    )
