@@ -1,0 +1,108 @@
+"""Shared harness of the benchmarks: a scratch database and ``sidequest serve`` in its own process.
+
+Every benchmark runs the service as deployed — its own process, talking HTTP to the scripted
+OpenAI-compatible model server of ``tests/`` — so the numbers include everything a client waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests import pg  # noqa: E402
+from tests.scripted_provider import ScriptedServer  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def parse_at(value: str) -> datetime:
+    """An ISO 8601 UTC timestamp of a record or event (``…Z``)."""
+    return datetime.fromisoformat(value.rstrip("Z"))
+
+
+@dataclass
+class Deployed:
+    """A running ``sidequest serve`` (or ``api``) and its scripted model."""
+
+    url: str
+    pid: int
+    scripted: ScriptedServer
+    database_url: str
+
+
+@asynccontextmanager
+async def deployed(command: str = "serve", **env_overrides: str) -> AsyncIterator[Deployed]:
+    """Start ``sidequest <command>`` on a fresh database with the scripted model; stop it after."""
+    server_pg = await asyncio.to_thread(pg.find_server)
+    url = await pg.create_database(server_pg.admin_url)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with ScriptedServer() as scripted, tempfile.TemporaryDirectory() as tmp:
+            port = free_port()
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SIDEQUEST_", "OPENAI_"))}
+            env.update(
+                SIDEQUEST_DATABASE_URL=url,
+                SIDEQUEST_PROVIDER="openai",
+                SIDEQUEST_BASE_URL=scripted.base_url,
+                SIDEQUEST_API_KEY="sk-bench",
+                SIDEQUEST_MODEL="scripted-model",
+                NO_PROXY="127.0.0.1,localhost",
+            )
+            env.update(env_overrides)
+            log = Path(tmp) / "serve.log"
+            with log.open("wb") as out:
+                proc = subprocess.Popen(  # noqa: ASYNC220 (started once, before any measurement)
+                    [sys.executable, "-m", "service.cli", command, "--port", str(port)],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                )
+            base = f"http://127.0.0.1:{port}"
+            async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+                for _ in range(600):
+                    try:
+                        if (await client.get("/readyz")).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    await asyncio.sleep(0.1)
+                else:
+                    raise SystemExit(f"service did not start:\n{log.read_text()}")
+            yield Deployed(base, proc.pid, scripted, url)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        await pg.drop_database(server_pg.admin_url, url)
+        server_pg.stop()
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+__all__ = ["Deployed", "deployed", "free_port", "parse_at", "percentile"]
