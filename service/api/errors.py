@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from service.store.admission import IdempotencyConflict, QueueFull, SnapshotMissing
+from service.store.admission import IdempotencyConflict, QueueFull, SessionBusy, SnapshotMissing
 from service.store.sessions import InvalidSnapshot, SnapshotConflict
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ def from_store_error(exc: Exception) -> ApiError | None:
         return ApiError(409, "idempotency_conflict", str(exc), {})
     if isinstance(exc, InvalidSnapshot):
         return ApiError(422, "invalid_snapshot", str(exc), {})
+    if isinstance(exc, SessionBusy):
+        return ApiError(409, "session_busy", str(exc), {"queued": exc.queued, "running": exc.running})
     return None
 
 
@@ -157,6 +159,13 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    for exc_type in (QueueFull, SnapshotMissing, SnapshotConflict, IdempotencyConflict, InvalidSnapshot):
+    for exc_type in (
+        QueueFull,
+        SnapshotMissing,
+        SnapshotConflict,
+        IdempotencyConflict,
+        InvalidSnapshot,
+        SessionBusy,
+    ):
         app.add_exception_handler(exc_type, _store_error)
     app.add_exception_handler(Exception, _unexpected)

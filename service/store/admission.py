@@ -1,31 +1,32 @@
 """Admission, cancel and clear: the API's writes, each one short transaction.
 
-None of these waits for a worker: admission locks only the session row (which workers never hold
-across a model call), cancel and clear write the terminal state themselves and tell a running worker
-through ``NOTIFY sidequest_cancel``. A worker's own terminal writes are guarded by
-``status = 'running'`` and its lease, so whichever terminal write lands first wins and the other is a
-no-op.
+Admission is one statement (``sidequest_admit()``, migration 0003_h12a) on a plain asyncpg
+connection: the hot path of the API, and the ORM's object graph cost about ten times the CPU of the
+work itself. None of these waits for a worker: admission locks only the session row (which workers
+never hold across a model call), cancel and clear write the terminal state themselves and tell a
+running worker through ``NOTIFY sidequest_cancel``. A worker's own terminal writes are guarded by
+``status = 'running'`` and its lease, so whichever terminal write lands first wins and the other is
+a no-op.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.store.db import Database
 from service.store.events import append_event
 from service.store.listener import CANCEL_CHANNEL, QUEUE_CHANNEL
 from service.store.models import EMPTY_MEMORY, RequestRow, SessionRow
 from service.store.records import request_record
-from service.store.sessions import (
-    lock_or_create_session,
-    lock_session,
-    snapshot_exists,
-    store_snapshot,
-)
+from service.store.sessions import lock_or_create_session, lock_session, store_snapshot
 
 CANCELLED_BY_CLIENT = "cancelled by the client"
 CANCELLED_BY_CLEAR = "cancelled because the session was cleared"
@@ -55,9 +56,28 @@ class IdempotencyConflict(Exception):
         self.key = key
 
 
+class SessionBusy(Exception):
+    """``on_busy: reject`` (SPEC 11.2) and the session has a queued or running request."""
+
+    def __init__(self, queued: int, running: int) -> None:
+        super().__init__(
+            f"the session is busy ({queued} queued, {running} running) and on_busy is 'reject'; "
+            "wait for them to finish, or send on_busy 'enqueue' or 'interrupt'"
+        )
+        self.queued = queued
+        self.running = running
+
+
+ON_BUSY = ("enqueue", "reject", "interrupt")
+SUPERSEDED_MESSAGE = "cancelled because a newer question of the session interrupted it"
+
+
 @dataclass(frozen=True)
 class Admission:
-    """A validated question, ready to be admitted."""
+    """A validated question, ready to be admitted.
+
+    ``on_busy`` None means the session's setting (``settings.on_busy``), else ``enqueue``.
+    """
 
     question: str
     snapshot_id: str | None = None
@@ -65,85 +85,162 @@ class Admission:
     options: dict[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
     body_hash: str | None = None
+    on_busy: str | None = None
 
 
 @dataclass(frozen=True)
 class Admitted:
-    """The request record, and whether this call created it (False: an idempotent replay)."""
+    """The request record, and whether this call created it (False: an idempotent replay).
+
+    ``superseded``: the requests an ``interrupt`` cancelled (ids, in ordinal order).
+    """
 
     record: dict[str, Any]
     created: bool
+    superseded: tuple[uuid.UUID, ...] = ()
 
 
 async def _notify(session: AsyncSession, channel: str, payload: str) -> None:
     await session.execute(text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
 
 
-async def admit(
-    session: AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
-) -> Admitted:
-    """Admit one question inside the caller's (fresh) transaction and commit it.
-
-    Order matters: an idempotent replay answers before any limit applies, and every check runs
-    before the first write, so a rejection (exception) rolls back and leaves nothing behind —
-    not even a session created for it.
-    """
-    owner = await lock_or_create_session(session, tenant, parent_id)
-    if admission.idempotency_key is not None:
-        earlier = await session.scalar(
-            select(RequestRow).where(
-                RequestRow.session_id == owner.id,
-                RequestRow.idempotency_key == admission.idempotency_key,
-                RequestRow.deleted_at.is_(None),
-            )
-        )
-        if earlier is not None:
-            if earlier.body_hash != admission.body_hash:
-                raise IdempotencyConflict(admission.idempotency_key)
-            await session.commit()
-            return Admitted(request_record(earlier, owner.parent_id), created=False)
-    queued = await session.scalar(
-        select(func.count()).where(
-            RequestRow.session_id == owner.id,
-            RequestRow.status == "queued",
-            RequestRow.deleted_at.is_(None),
-        )
+# sidequest_admit() is created by migration 0003_h12a; ``(a.req).*`` expands the request row into
+# its columns, whatever they are, so the record is built by records.request_record like any other.
+_ADMIT_CALL = (
+    "SELECT a.outcome, a.detail, a.superseded, (a.req).* FROM sidequest_admit("
+    "{tenant}, {parent_id}, {request_id}, {question}, {snapshot_id}, {snapshot_stored}, "
+    "({options})::jsonb, {model}, {idempotency_key}, {body_hash}, {max_queued}, {on_busy}, "
+    "{superseded_message}) a"
+)
+_PARAMS = (
+    "tenant",
+    "parent_id",
+    "request_id",
+    "question",
+    "snapshot_id",
+    "snapshot_stored",
+    "options",
+    "model",
+    "idempotency_key",
+    "body_hash",
+    "max_queued",
+    "on_busy",
+    "superseded_message",
+)
+# asyncpg's numbered parameters (text casts where the type would be ambiguous), and SQLAlchemy's named ones.
+_ADMIT_RAW = _ADMIT_CALL.format(
+    **{
+        name: f"${i}::text" if name in ("options", "on_busy", "snapshot_id", "model") else f"${i}"
+        for i, name in enumerate(_PARAMS, start=1)
+    }
+)
+_ADMIT_NAMED = text(
+    _ADMIT_CALL.format(
+        **{
+            name: f"CAST(:{name} AS text)"
+            if name in ("options", "on_busy", "snapshot_id", "model")
+            else f":{name}"
+            for name in _PARAMS
+        }
     )
-    if (queued or 0) >= max_queued:
-        raise QueueFull(max_queued)
-    snapshot_id = admission.snapshot_id
+)
+
+
+def _arguments(
+    tenant: str,
+    parent_id: str,
+    admission: Admission,
+    snapshot_id: str | None,
+    snapshot_stored: bool,
+    max_queued: int,
+) -> tuple[Any, ...]:
+    return (
+        tenant,
+        parent_id,
+        uuid.uuid4(),
+        admission.question,
+        snapshot_id,
+        snapshot_stored,
+        json.dumps(admission.options, ensure_ascii=False, separators=(",", ":")),
+        admission.options.get("model"),
+        admission.idempotency_key,
+        admission.body_hash,
+        max_queued,
+        admission.on_busy,
+        SUPERSEDED_MESSAGE,
+    )
+
+
+def _outcome(
+    row: Mapping[Any, Any], parent_id: str, admission: Admission, snapshot_id: str | None
+) -> Admitted:
+    """The call's result as an :class:`Admitted`, or the refusal it stands for, raised."""
+    outcome = row["outcome"]
+    if outcome in ("created", "replay"):
+        values = dict(row)
+        for name in ("outcome", "detail", "superseded"):
+            values.pop(name)
+        record = request_record(cast(RequestRow, SimpleNamespace(**values)), parent_id)
+        return Admitted(record, created=outcome == "created", superseded=tuple(row["superseded"] or ()))
+    detail = row["detail"] or {}
+    if outcome == "queue_full":
+        raise QueueFull(int(detail["max_queued"]))
+    if outcome == "session_busy":
+        raise SessionBusy(int(detail["queued"]), int(detail["running"]))
+    if outcome == "idempotency_conflict":
+        assert admission.idempotency_key is not None
+        raise IdempotencyConflict(admission.idempotency_key)
+    if outcome == "snapshot_missing":
+        assert snapshot_id is not None
+        raise SnapshotMissing(snapshot_id)
+    raise RuntimeError(f"sidequest_admit returned an unknown outcome {outcome!r}")
+
+
+async def admit(
+    db: Database, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
+) -> Admitted:
+    """Admit one question: one statement, one round trip, its own transaction.
+
+    ``sidequest_admit()`` (migration 0003_h12a) locks or creates the session, answers an idempotent
+    replay, applies on_busy (SPEC 11.2), the queue limit and the snapshot check, and only then writes:
+    the cancellations an ``interrupt`` makes, the ordinal, the request, its ``queued`` event and the
+    NOTIFYs. A refusal (raised here as QueueFull, SessionBusy, IdempotencyConflict, SnapshotMissing)
+    writes nothing, not even a session for a first request.
+
+    An inline snapshot is first stored through :func:`store_snapshot`, then the same call runs in that
+    transaction, which a refusal rolls back.
+    """
     if admission.snapshot is not None:
+        return await _admit_with_snapshot(db, tenant, parent_id, admission, max_queued=max_queued)
+    args = _arguments(tenant, parent_id, admission, admission.snapshot_id, False, max_queued)
+    pool = await db.raw_pool()
+    async with pool.acquire() as conn:
+        # No explicit transaction: the one statement is its own, committed when it returns.
+        row = await conn.fetchrow(_ADMIT_RAW, *args)
+    assert row is not None
+    return _outcome(row, parent_id, admission, admission.snapshot_id)
+
+
+async def _admit_with_snapshot(
+    db: Database, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
+) -> Admitted:
+    assert admission.snapshot is not None
+    async with db.sessions() as session:
+        owner = await lock_or_create_session(session, tenant, parent_id)
         own_id = admission.snapshot.get("snapshot_id")
         stored = await store_snapshot(
             session, owner.id, own_id if isinstance(own_id, str) and own_id else None, admission.snapshot
         )
-        snapshot_id = stored.snapshot_id
-    elif snapshot_id is not None and not await snapshot_exists(session, owner.id, snapshot_id):
-        raise SnapshotMissing(snapshot_id)
-    ordinal = owner.next_ordinal
-    owner.next_ordinal = ordinal + 1
-    owner.updated_at = func.now()
-    row = RequestRow(
-        id=uuid.uuid4(),
-        session_id=owner.id,
-        ordinal=ordinal,
-        question=admission.question,
-        snapshot_id=snapshot_id,
-        status="queued",
-        clear_version=owner.clear_version,
-        options=admission.options,
-        model=admission.options.get("model"),
-        idempotency_key=admission.idempotency_key,
-        body_hash=admission.body_hash,
-    )
-    session.add(row)
-    await session.flush()
-    await append_event(session, row.id, "status", {"status": "queued", "stage": None})
-    await _notify(session, QUEUE_CHANNEL, str(owner.id))
-    await session.refresh(row)
-    record = request_record(row, owner.parent_id)
-    await session.commit()
-    return Admitted(record, created=True)
+        args = _arguments(tenant, parent_id, admission, stored.snapshot_id, True, max_queued)
+        result = await session.execute(_ADMIT_NAMED, dict(zip(_PARAMS, args, strict=True)))
+        row = result.mappings().one()
+        try:
+            admitted = _outcome(row, parent_id, admission, stored.snapshot_id)
+        except Exception:
+            await session.rollback()
+            raise
+        await session.commit()
+        return admitted
 
 
 async def _write_cancelled(session: AsyncSession, row: RequestRow, message: str) -> None:
