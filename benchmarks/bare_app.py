@@ -35,12 +35,18 @@ class QuestionIn(BaseModel):
     question: str = Field(min_length=1)
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Nothing to reset: the app runs one INSERT per connection use."""
+
+
 def create_app(dsn: str, pool_size: int = 10) -> FastAPI:
     """The bare app on ``dsn`` (a plain ``postgresql://`` DSN)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size)
+        # No reset query on release, like Sidequest's own pool (service/store/db.py): a floor pays
+        # for the INSERT and nothing else.
+        pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size, reset=_keep_session)
         async with pool.acquire() as conn:
             await conn.execute(SCHEMA)
         app.state.pool = pool

@@ -379,8 +379,8 @@ async def main(args: argparse.Namespace) -> None:
                 for r in range(1, args.rounds + 1):
                     results = []
                     for t in targets:
-                        profiling = r == 1 and t.name == "sidequest" and args.profile
-                        async with profile(t.pid, args.profile if profiling else None):
+                        output = f"{args.profile}-{t.name}" if r == 1 and args.profile else None
+                        async with profile(t.pid, output):
                             results.append(
                                 await run_round(
                                     admin, t, f"r{r}", args.posts, args.concurrency, args.sessions
@@ -407,7 +407,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile",
         default=None,
         metavar="PATH",
-        help="py-spy the service during round 1 (PATH.txt, PATH.svg)",
+        help="py-spy both servers during round 1 (PATH-sidequest.txt/.svg, PATH-bare.txt/.svg)",
     )
     return parser.parse_args(argv)
 

@@ -104,13 +104,20 @@ async def _notify(session: AsyncSession, channel: str, payload: str) -> None:
     await session.execute(text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
 
 
-# sidequest_admit() is created by migration 0003_h12a; ``(a.req).*`` expands the request row into
-# its columns, whatever they are, so the record is built by records.request_record like any other.
-_ADMIT_CALL = (
+# Created by migration 0003_h12a. The hot path is the procedure: it commits the rows, then sends
+# the NOTIFYs in a transaction of their own (a NOTIFY in the writing transaction would serialise
+# every admission's commit behind one database-wide lock; see the migration). The function runs
+# inside a caller's transaction (an inline snapshot stored first) and NOTIFYs there.
+_ADMIT_NOW = (
+    "CALL sidequest_admit_now($1, $2, $3, $4, $5::text, ($6::text)::jsonb, $7::text, $8, $9, $10, "
+    "$11::text, $12)"
+)
+# ``(a.req).*`` expands the request row into its columns, whatever they are.
+_ADMIT_IN_TRANSACTION = text(
     "SELECT a.outcome, a.detail, a.superseded, (a.req).* FROM sidequest_admit("
-    "{tenant}, {parent_id}, {request_id}, {question}, {snapshot_id}, {snapshot_stored}, "
-    "({options})::jsonb, {model}, {idempotency_key}, {body_hash}, {max_queued}, {on_busy}, "
-    "{superseded_message}) a"
+    ":tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text), true, "
+    "CAST(CAST(:options AS text) AS jsonb), CAST(:model AS text), :idempotency_key, :body_hash, "
+    ":max_queued, CAST(:on_busy AS text), :superseded_message, true) a"
 )
 _PARAMS = (
     "tenant",
@@ -118,7 +125,6 @@ _PARAMS = (
     "request_id",
     "question",
     "snapshot_id",
-    "snapshot_stored",
     "options",
     "model",
     "idempotency_key",
@@ -127,32 +133,10 @@ _PARAMS = (
     "on_busy",
     "superseded_message",
 )
-# asyncpg's numbered parameters (text casts where the type would be ambiguous), and SQLAlchemy's named ones.
-_ADMIT_RAW = _ADMIT_CALL.format(
-    **{
-        name: f"${i}::text" if name in ("options", "on_busy", "snapshot_id", "model") else f"${i}"
-        for i, name in enumerate(_PARAMS, start=1)
-    }
-)
-_ADMIT_NAMED = text(
-    _ADMIT_CALL.format(
-        **{
-            name: f"CAST(:{name} AS text)"
-            if name in ("options", "on_busy", "snapshot_id", "model")
-            else f":{name}"
-            for name in _PARAMS
-        }
-    )
-)
 
 
 def _arguments(
-    tenant: str,
-    parent_id: str,
-    admission: Admission,
-    snapshot_id: str | None,
-    snapshot_stored: bool,
-    max_queued: int,
+    tenant: str, parent_id: str, admission: Admission, snapshot_id: str | None, max_queued: int
 ) -> tuple[Any, ...]:
     return (
         tenant,
@@ -160,7 +144,6 @@ def _arguments(
         uuid.uuid4(),
         admission.question,
         snapshot_id,
-        snapshot_stored,
         json.dumps(admission.options, ensure_ascii=False, separators=(",", ":")),
         admission.options.get("model"),
         admission.idempotency_key,
@@ -172,17 +155,21 @@ def _arguments(
 
 
 def _outcome(
-    row: Mapping[Any, Any], parent_id: str, admission: Admission, snapshot_id: str | None
+    outcome: str,
+    detail: dict[str, Any] | None,
+    superseded: list[uuid.UUID] | None,
+    request: Mapping[Any, Any] | None,
+    parent_id: str,
+    admission: Admission,
+    snapshot_id: str | None,
 ) -> Admitted:
     """The call's result as an :class:`Admitted`, or the refusal it stands for, raised."""
-    outcome = row["outcome"]
     if outcome in ("created", "replay"):
-        values = dict(row)
-        for name in ("outcome", "detail", "superseded"):
-            values.pop(name)
-        record = request_record(cast(RequestRow, SimpleNamespace(**values)), parent_id)
-        return Admitted(record, created=outcome == "created", superseded=tuple(row["superseded"] or ()))
-    detail = row["detail"] or {}
+        assert request is not None
+        # The row's own columns, so the record is exactly request_record's, like every other read.
+        record = request_record(cast(RequestRow, SimpleNamespace(**dict(request))), parent_id)
+        return Admitted(record, created=outcome == "created", superseded=tuple(superseded or ()))
+    detail = detail or {}
     if outcome == "queue_full":
         raise QueueFull(int(detail["max_queued"]))
     if outcome == "session_busy":
@@ -199,7 +186,7 @@ def _outcome(
 async def admit(
     db: Database, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
-    """Admit one question: one statement, one round trip, its own transaction.
+    """Admit one question: one statement, one round trip, committed when it returns.
 
     ``sidequest_admit()`` (migration 0003_h12a) locks or creates the session, answers an idempotent
     replay, applies on_busy (SPEC 11.2), the queue limit and the snapshot check, and only then writes:
@@ -207,18 +194,26 @@ async def admit(
     NOTIFYs. A refusal (raised here as QueueFull, SessionBusy, IdempotencyConflict, SnapshotMissing)
     writes nothing, not even a session for a first request.
 
-    An inline snapshot is first stored through :func:`store_snapshot`, then the same call runs in that
-    transaction, which a refusal rolls back.
+    An inline snapshot is first stored through :func:`store_snapshot`, then the same function runs in
+    that transaction, which a refusal rolls back.
     """
     if admission.snapshot is not None:
         return await _admit_with_snapshot(db, tenant, parent_id, admission, max_queued=max_queued)
-    args = _arguments(tenant, parent_id, admission, admission.snapshot_id, False, max_queued)
+    args = _arguments(tenant, parent_id, admission, admission.snapshot_id, max_queued)
     pool = await db.raw_pool()
     async with pool.acquire() as conn:
-        # No explicit transaction: the one statement is its own, committed when it returns.
-        row = await conn.fetchrow(_ADMIT_RAW, *args)
+        # Outside any transaction block, so that the procedure may commit.
+        row = await conn.fetchrow(_ADMIT_NOW, *args)
     assert row is not None
-    return _outcome(row, parent_id, admission, admission.snapshot_id)
+    return _outcome(
+        row["outcome"],
+        row["detail"],
+        row["superseded"],
+        row["req"],
+        parent_id,
+        admission,
+        admission.snapshot_id,
+    )
 
 
 async def _admit_with_snapshot(
@@ -231,11 +226,20 @@ async def _admit_with_snapshot(
         stored = await store_snapshot(
             session, owner.id, own_id if isinstance(own_id, str) and own_id else None, admission.snapshot
         )
-        args = _arguments(tenant, parent_id, admission, stored.snapshot_id, True, max_queued)
-        result = await session.execute(_ADMIT_NAMED, dict(zip(_PARAMS, args, strict=True)))
-        row = result.mappings().one()
+        args = _arguments(tenant, parent_id, admission, stored.snapshot_id, max_queued)
+        result = await session.execute(_ADMIT_IN_TRANSACTION, dict(zip(_PARAMS, args, strict=True)))
+        row = dict(result.mappings().one())
+        outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
         try:
-            admitted = _outcome(row, parent_id, admission, stored.snapshot_id)
+            admitted = _outcome(
+                outcome,
+                detail,
+                superseded,
+                row if row["id"] is not None else None,
+                parent_id,
+                admission,
+                stored.snapshot_id,
+            )
         except Exception:
             await session.rollback()
             raise

@@ -44,6 +44,7 @@ class Database:
                         min_size=1,
                         max_size=self.pool_size,
                         init=_init_raw,
+                        reset=_keep_session,
                     )
         pool: asyncpg.Pool = self._raw
         return pool
@@ -56,7 +57,21 @@ class Database:
 
 
 async def _init_raw(conn: asyncpg.Connection) -> None:
-    await conn.set_type_codec("jsonb", encoder=_dumps, decoder=json.loads, schema="pg_catalog")
+    # Binary (version byte 1, then the JSON text): composite values (a whole row) that hold jsonb
+    # can only be decoded when every field has a binary codec.
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda value: b"\x01" + _dumps(value).encode("utf-8"),
+        decoder=lambda data: json.loads(data[1:]),
+        schema="pg_catalog",
+        format="binary",
+    )
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """No reset query on release (asyncpg's default is a round trip per release): the raw pool only
+    runs single statements that leave no session state (no SET, LISTEN or session-level lock), and
+    asyncpg still rolls back a transaction left open before calling this."""
 
 
 def connect(url: str, *, pool_size: int = 10) -> Database:
