@@ -27,6 +27,27 @@ LAYERS = (
 )
 
 
+# Whole-stack buckets, first match wins: who caused the work, socket sends included (a send to
+# PostgreSQL under SQLAlchemy counts as SQLAlchemy's; the HTTP response's as the response's).
+BUCKETS = (
+    ("sync dependencies via the thread pool", ("run_in_threadpool", "anyio/", "threading.py", "queue.py")),
+    ("SQLAlchemy ORM (and the I/O under it)", ("sqlalchemy/orm/",)),
+    ("SQLAlchemy Core/engine/pool (and the I/O under it)", ("sqlalchemy/",)),
+    ("asyncpg direct (and its socket I/O)", ("asyncpg/",)),
+    ("HTTP response: render and send", ("starlette/responses",)),
+    ("FastAPI dependencies, body validation", ("fastapi/dependencies", "pydantic")),
+    ("service code (routes, store, records)", ("service/api/", "service/store/", "post_question (bare_app")),
+    ("HTTP parsing, routing, middleware", ("h11/", "uvicorn/", "starlette/", "fastapi/")),
+)
+
+
+def bucket(stack: str) -> str:
+    for name, needles in BUCKETS:
+        if any(n in stack for n in needles):
+            return name
+    return "event loop, other"
+
+
 def layer(frame: str) -> str | None:
     for name, needles in LAYERS:
         if any(n in frame for n in needles):
@@ -36,6 +57,7 @@ def layer(frame: str) -> str | None:
 
 def summarise(path: Path, top: int = 25) -> str:
     by_layer: Counter[str] = Counter()
+    by_bucket: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
     for line in path.read_text().splitlines():
@@ -47,9 +69,12 @@ def summarise(path: Path, top: int = 25) -> str:
         total += count
         name = next((n for f in reversed(frames) if (n := layer(f)) is not None), "other")
         by_layer[name] += count
+        by_bucket[bucket(stack)] += count
         for frame in set(frames):
             inclusive[frame] += count
-    out = [f"{total} samples", "by layer (innermost known frame):"]
+    out = [f"{total} samples", "by cause (whole stack, first match):"]
+    out += [f"  {share * 100 / total:5.1f} %  {name}" for name, share in by_bucket.most_common()]
+    out.append("by layer (innermost known frame):")
     out += [f"  {share * 100 / total:5.1f} %  {name}" for name, share in by_layer.most_common()]
     out.append("top frames (inclusive):")
     out += [f"  {share * 100 / total:5.1f} %  {frame}" for frame, share in inclusive.most_common(top)]
