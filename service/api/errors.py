@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from service.store.admission import IdempotencyConflict, QueueFull, SessionBusy, SnapshotMissing
+from service.store.admission import IdempotencyConflict, QueueFull, SessionBusyRejected, SnapshotMissing
 from service.store.sessions import InvalidSnapshot, SnapshotConflict
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def from_store_error(exc: Exception) -> ApiError | None:
         return ApiError(409, "idempotency_conflict", str(exc), {})
     if isinstance(exc, InvalidSnapshot):
         return ApiError(422, "invalid_snapshot", str(exc), {})
-    if isinstance(exc, SessionBusy):
+    if isinstance(exc, SessionBusyRejected):
         return ApiError(409, "session_busy", str(exc), {"queued": exc.queued, "running": exc.running})
     return None
 
@@ -165,7 +165,7 @@ def install_error_handlers(app: FastAPI) -> None:
         SnapshotConflict,
         IdempotencyConflict,
         InvalidSnapshot,
-        SessionBusy,
+        SessionBusyRejected,
     ):
         app.add_exception_handler(exc_type, _store_error)
     app.add_exception_handler(Exception, _unexpected)

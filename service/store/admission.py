@@ -56,7 +56,7 @@ class IdempotencyConflict(Exception):
         self.key = key
 
 
-class SessionBusy(Exception):
+class SessionBusyRejected(Exception):
     """``on_busy: reject`` (SPEC 11.2) and the session has a queued or running request."""
 
     def __init__(self, queued: int, running: int) -> None:
@@ -115,7 +115,7 @@ _ADMIT_NOW = (
 # ``(a.req).*`` expands the request row into its columns, whatever they are.
 _ADMIT_IN_TRANSACTION = text(
     "SELECT a.outcome, a.detail, a.superseded, (a.req).* FROM sidequest_admit("
-    ":tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text), true, "
+    ":tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text), :snapshot_stored, "
     "CAST(CAST(:options AS text) AS jsonb), CAST(:model AS text), :idempotency_key, :body_hash, "
     ":max_queued, CAST(:on_busy AS text), :superseded_message, true) a"
 )
@@ -173,7 +173,7 @@ def _outcome(
     if outcome == "queue_full":
         raise QueueFull(int(detail["max_queued"]))
     if outcome == "session_busy":
-        raise SessionBusy(int(detail["queued"]), int(detail["running"]))
+        raise SessionBusyRejected(int(detail["queued"]), int(detail["running"]))
     if outcome == "idempotency_conflict":
         assert admission.idempotency_key is not None
         raise IdempotencyConflict(admission.idempotency_key)
@@ -184,21 +184,27 @@ def _outcome(
 
 
 async def admit(
-    db: Database, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
+    db: Database | AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
-    """Admit one question: one statement, one round trip, committed when it returns.
+    """Admit one question and commit it.
 
-    ``sidequest_admit()`` (migration 0003_h12a) locks or creates the session, answers an idempotent
-    replay, applies on_busy (SPEC 11.2), the queue limit and the snapshot check, and only then writes:
-    the cancellations an ``interrupt`` makes, the ordinal, the request, its ``queued`` event and the
-    NOTIFYs. A refusal (raised here as QueueFull, SessionBusy, IdempotencyConflict, SnapshotMissing)
-    writes nothing, not even a session for a first request.
+    Given the :class:`Database` (the API's hot path), this is one round trip: ``CALL
+    sidequest_admit_now(…)`` (migration 0003_h12a) locks or creates the session, answers an
+    idempotent replay, applies on_busy (SPEC 11.2), the queue limit and the snapshot check, and only
+    then writes: the cancellations an ``interrupt`` makes, the ordinal, the request and its
+    ``queued`` event; it commits, then NOTIFYs. A refusal (raised here as QueueFull,
+    SessionBusyRejected, IdempotencyConflict, SnapshotMissing) writes nothing, not even a session
+    for a first request.
 
-    An inline snapshot is first stored through :func:`store_snapshot`, then the same function runs in
-    that transaction, which a refusal rolls back.
+    An inline snapshot is first stored through :func:`store_snapshot`, then the same SQL function runs
+    in that transaction (and NOTIFYs there), which a refusal rolls back. Given an ``AsyncSession``
+    (a fresh one: it is committed or rolled back here), everything runs that way, in its transaction.
     """
+    if isinstance(db, AsyncSession):
+        return await _admit_in_transaction(db, tenant, parent_id, admission, max_queued=max_queued)
     if admission.snapshot is not None:
-        return await _admit_with_snapshot(db, tenant, parent_id, admission, max_queued=max_queued)
+        async with db.sessions() as session:
+            return await _admit_in_transaction(session, tenant, parent_id, admission, max_queued=max_queued)
     args = _arguments(tenant, parent_id, admission, admission.snapshot_id, max_queued)
     pool = await db.raw_pool()
     async with pool.acquire() as conn:
@@ -216,35 +222,30 @@ async def admit(
     )
 
 
-async def _admit_with_snapshot(
-    db: Database, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
+async def _admit_in_transaction(
+    session: AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
-    assert admission.snapshot is not None
-    async with db.sessions() as session:
-        owner = await lock_or_create_session(session, tenant, parent_id)
-        own_id = admission.snapshot.get("snapshot_id")
-        stored = await store_snapshot(
-            session, owner.id, own_id if isinstance(own_id, str) and own_id else None, admission.snapshot
-        )
-        args = _arguments(tenant, parent_id, admission, stored.snapshot_id, max_queued)
-        result = await session.execute(_ADMIT_IN_TRANSACTION, dict(zip(_PARAMS, args, strict=True)))
-        row = dict(result.mappings().one())
-        outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
-        try:
-            admitted = _outcome(
-                outcome,
-                detail,
-                superseded,
-                row if row["id"] is not None else None,
-                parent_id,
-                admission,
-                stored.snapshot_id,
+    try:
+        snapshot_id = admission.snapshot_id
+        if admission.snapshot is not None:
+            owner = await lock_or_create_session(session, tenant, parent_id)
+            own_id = admission.snapshot.get("snapshot_id")
+            stored = await store_snapshot(
+                session, owner.id, own_id if isinstance(own_id, str) and own_id else None, admission.snapshot
             )
-        except Exception:
-            await session.rollback()
-            raise
-        await session.commit()
-        return admitted
+            snapshot_id = stored.snapshot_id
+        args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
+        params = dict(zip(_PARAMS, args, strict=True))
+        params["snapshot_stored"] = admission.snapshot is not None
+        row = dict((await session.execute(_ADMIT_IN_TRANSACTION, params)).mappings().one())
+        outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
+        request = row if row["id"] is not None else None
+        admitted = _outcome(outcome, detail, superseded, request, parent_id, admission, snapshot_id)
+    except Exception:
+        await session.rollback()
+        raise
+    await session.commit()
+    return admitted
 
 
 async def _write_cancelled(session: AsyncSession, row: RequestRow, message: str) -> None:

@@ -22,7 +22,7 @@ from service.store.admission import (
     Admitted,
     IdempotencyConflict,
     QueueFull,
-    SessionBusy,
+    SessionBusyRejected,
     SnapshotMissing,
     admit,
 )
@@ -217,11 +217,11 @@ async def test_21_concurrent_admissions_with_one_running_queue_exactly_20(db: Da
 async def test_on_busy_reject_refuses_while_busy_and_writes_nothing(db: Database) -> None:
     first = (await _admit(db, "p-rej")).record
     before = await _counts(db)
-    with pytest.raises(SessionBusy) as busy:
+    with pytest.raises(SessionBusyRejected) as busy:
         await _admit(db, "p-rej", on_busy="reject")
     assert (busy.value.queued, busy.value.running) == (1, 0)
     await _set_status(db, first["id"], "running", "answering")
-    with pytest.raises(SessionBusy) as busy:
+    with pytest.raises(SessionBusyRejected) as busy:
         await _admit(db, "p-rej", on_busy="reject")
     assert (busy.value.queued, busy.value.running) == (0, 1)
     assert await _counts(db) == before
@@ -294,15 +294,35 @@ async def test_interrupt_ignores_the_queue_limit_and_an_idle_session_just_admits
 async def test_the_session_setting_is_the_default_and_the_request_overrides_it(db: Database) -> None:
     first = (await _admit(db, "p-set")).record
     await _set_on_busy(db, "p-set", "reject")
-    with pytest.raises(SessionBusy):
+    with pytest.raises(SessionBusyRejected):
         await _admit(db, "p-set")
     second = (await _admit(db, "p-set", on_busy="enqueue")).record
     assert second["ordinal"] == 2
     await _set_on_busy(db, "p-set", "interrupt")
-    with pytest.raises(SessionBusy):
+    with pytest.raises(SessionBusyRejected):
         await _admit(db, "p-set", on_busy="reject")
     newest = await _admit(db, "p-set")
     assert [str(i) for i in newest.superseded] == [first["id"], second["id"]]
     # A cleared setting (null) is the default again: enqueue.
     await _set_on_busy(db, "p-set", None)
     assert (await _admit(db, "p-set")).superseded == ()
+
+
+async def test_admitting_in_a_callers_session_runs_the_same_function_in_its_transaction(
+    db: Database,
+) -> None:
+    async with db.sessions() as session:
+        with pytest.raises(SnapshotMissing):
+            await admit(session, TENANT, "p-tx", Admission(question="q", snapshot_id="nope"), max_queued=20)
+    assert await _counts(db) == (0, 0, 0, 0)
+    async with db.sessions() as session:
+        first = await admit(session, TENANT, "p-tx", Admission(question="q"), max_queued=1)
+    async with db.sessions() as session:
+        with pytest.raises(QueueFull):
+            await admit(session, TENANT, "p-tx", Admission(question="q2"), max_queued=1)
+    async with db.sessions() as session:
+        row = await session.get(RequestRow, uuid.UUID(first.record["id"]))
+        assert row is not None and first.record == request_record(row, "p-tx")
+    assert await _counts(db) == (1, 1, 1, 0)
+    # And it sees what the one-round-trip path wrote (one function, one set of rules).
+    assert (await _admit(db, "p-tx", "q3")).record["ordinal"] == 2
