@@ -156,7 +156,9 @@ async def _parsed_body(request: Request) -> Any:
     """
     parsed = await request.json()
     raw = await request.body()
-    if b"NaN" in raw or b"Infinity" in raw:
+    # The constants can only appear as those bytes, unless the body is UTF-16/32 (which Python's
+    # parser also accepts; such JSON has a NUL in its first four bytes): then check it all.
+    if b"NaN" in raw or b"Infinity" in raw or b"\x00" in raw[:4]:
         _raw_json(raw)
     return parsed
 

@@ -170,6 +170,10 @@ async def test_the_body_is_parsed_once_yet_strictly(server: Server, db: Database
             raw = b'{"question": "q", "snapshot": {"messages": [], "x": ' + constant + b"}}"
             refused = await client.post(url, content=raw, headers={"Content-Type": "application/json"})
             assert refused.status_code == 400 and refused.json()["error"]["code"] == "malformed_json"
+        # UTF-16 JSON (Python's parser takes it) is checked strictly too.
+        utf16 = '{"question": "q", "snapshot": {"messages": [], "x": NaN}}'.encode("utf-16")
+        refused = await client.post(url, content=utf16, headers={"Content-Type": "application/json"})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "malformed_json"
         # The idempotency hash is the key-sorted JSON of the parsed body, as before: an inline
         # snapshot in another key order replays; another snapshot conflicts.
         snapshot = {"system": "s", "messages": [{"role": "user", "content": "hi"}]}
