@@ -77,15 +77,13 @@ async def main() -> None:
             utilisation, gaps = await one_run(service.url, run)
             utilisations.append(utilisation)
             handoffs.extend(gaps)
-            print(
-                f"run {run + 1}: utilisation {utilisation:.1%}, hand-off p50 {statistics.median(gaps):.1f} ms,"
-                f" p95 {percentile(gaps, 95):.1f} ms"
-            )
-    print(
-        f"\nutilisation {min(utilisations):.1%}–{max(utilisations):.1%} (target ≥ 95 %); hand-off over all runs"
-        f" p50 {statistics.median(handoffs):.1f} ms, p95 {percentile(handoffs, 95):.1f} ms (target p50 ≤ 10 ms);"
-        f" load average after {os.getloadavg()[0]:.1f}"
-    )
+            p50, p95 = statistics.median(gaps), percentile(gaps, 95)
+            print(f"run {run + 1}: utilisation {utilisation:.1%}, hand-off p50 {p50:.1f} ms, p95 {p95:.1f}")
+    low, high = min(utilisations), max(utilisations)
+    p50, p95 = statistics.median(handoffs), percentile(handoffs, 95)
+    print(f"\nutilisation {low:.1%}–{high:.1%} (target ≥ 95 %)")
+    print(f"hand-off over all runs: p50 {p50:.1f} ms, p95 {p95:.1f} ms (target p50 ≤ 10 ms)")
+    print(f"load average after {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def tenant_for_token(settings: Settings, token: str | None) -> str | None:
     return found
 
 
-def bearer_tenant(
+# Dependencies are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency
+# in a worker thread, and that hand-off cost a third of admission's CPU (docs/benchmarks.md).
+async def bearer_tenant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> str | None:
@@ -52,7 +54,7 @@ def bearer_tenant(
     return tenant_for_token(settings, credentials.credentials if credentials is not None else None)
 
 
-def require_tenant(tenant: Annotated[str | None, Depends(bearer_tenant)]) -> str:
+async def require_tenant(tenant: Annotated[str | None, Depends(bearer_tenant)]) -> str:
     """The caller's tenant; 401 when tokens are configured and none valid was sent."""
     if tenant is None:
         raise unauthorized()

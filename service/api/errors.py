@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from service.store.admission import IdempotencyConflict, QueueFull, SnapshotMissing
+from service.store.admission import IdempotencyConflict, QueueFull, SessionBusyRejected, SnapshotMissing
 from service.store.handoffs import HandoffIdempotencyConflict, NotPinnable, UnknownOrdinals
 from service.store.sessions import InvalidSnapshot, SnapshotConflict
 from service.store.settings import InvalidSettings
@@ -83,6 +83,8 @@ def from_store_error(exc: Exception) -> ApiError | None:
             {"loc": ["body", name], "msg": message, "type": "value_error"} for name, message in exc.problems
         ]
         return ApiError(422, "validation_error", str(exc), {"errors": errors})
+    if isinstance(exc, SessionBusyRejected):
+        return ApiError(409, "session_busy", str(exc), {"queued": exc.queued, "running": exc.running})
     return None
 
 
@@ -180,6 +182,7 @@ def install_error_handlers(app: FastAPI) -> None:
         HandoffIdempotencyConflict,
         NotPinnable,
         InvalidSettings,
+        SessionBusyRejected,
     ):
         app.add_exception_handler(exc_type, _store_error)
     app.add_exception_handler(Exception, _unexpected)

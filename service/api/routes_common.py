@@ -21,7 +21,8 @@ MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
 
 
-def _parent_id(
+# async although it never awaits: a plain def dependency runs in a worker thread (see deps.py).
+async def _parent_id(
     parent_id: Annotated[str, Path(min_length=1, max_length=500, json_schema_extra=NO_NUL)],
 ) -> str:
     try:

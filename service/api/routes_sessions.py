@@ -18,7 +18,6 @@ from service.api.routes_common import (
     BearerTenant,
     ParentId,
     StreamTokenParam,
-    canonical_body_hash,
     errors,
     hub_of,
     resume_point,
@@ -44,6 +43,7 @@ from service.config import Settings
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (
     SnapshotJobPolicy,
+    content_hash,
     find_session,
     history_page,
     lock_or_create_session,
@@ -106,21 +106,22 @@ async def post_question(
     parent_id: ParentId,
     body: QuestionIn,
     tenant: Tenant,
-    session: DbSession,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
     """Admit a question → 202 with the record (`status: queued`). Never waits for a worker.
 
-    A `snapshot_id` the session does not have → 404 `snapshot_missing`.
+    A `snapshot_id` the session does not have → 404 `snapshot_missing`. `on_busy` (or the session's
+    setting) decides what happens while the session has queued or running requests: `enqueue`
+    (default), `reject` (409 `session_busy`) or `interrupt` (they end `cancelled`, code `superseded`).
     """
     settings = settings_of(request)
     size = len(body.question.encode("utf-8"))
     if size > settings.max_question_bytes:
         raise _too_large("question_too_large", "the question", size, settings.max_question_bytes)
-    raw = await request.body()
-    parsed = _raw_json(raw)
     if body.snapshot_id is not None and body.snapshot is not None:
         raise ApiError(422, "validation_error", "send either snapshot_id or an inline snapshot, not both")
+    # The JSON FastAPI already parsed (Starlette caches it), not a second parse of the bytes.
+    parsed = await _parsed_body(request)
     inline: dict[str, Any] | None = None
     if body.snapshot is not None:
         inline = parsed["snapshot"]
@@ -131,9 +132,9 @@ async def post_question(
     if idempotency_key is not None:
         check_text(idempotency_key)
     options = {
-        name: getattr(body, name)
+        name: value
         for name in ("model", "context_window", "max_output_tokens", "main_max_output_tokens")
-        if getattr(body, name) is not None
+        if (value := getattr(body, name)) is not None
     }
     admission = Admission(
         question=body.question,
@@ -141,10 +142,14 @@ async def post_question(
         snapshot=inline,
         options=options,
         idempotency_key=idempotency_key,
-        body_hash=canonical_body_hash(raw) if idempotency_key is not None else None,
+        # Key-sorted compact JSON: the same body in another key order or spacing hashes the same.
+        body_hash=content_hash(parsed) if idempotency_key is not None else None,
+        on_busy=body.on_busy,
         snapshot_jobs=snapshot_job_policy(settings),
     )
-    admitted = await admit(session, tenant, parent_id, admission, max_queued=settings.max_queued_per_session)
+    admitted = await admit(
+        database(request), tenant, parent_id, admission, max_queued=settings.max_queued_per_session
+    )
     if admitted.created:
         metrics: Metrics = request.app.state.metrics
         metrics.admitted.inc()
@@ -153,6 +158,21 @@ async def post_question(
         status_code=202 if admitted.created else 200,
         headers={"Location": f"/v1/questions/{admitted.record['id']}"},
     )
+
+
+async def _parsed_body(request: Request) -> Any:
+    """The request's JSON as sent (key order kept), strictly.
+
+    Python's parser (FastAPI's too) accepts NaN and Infinity, which are not JSON and which
+    PostgreSQL refuses to store; only a body that contains those words is parsed again, strictly.
+    """
+    parsed = await request.json()
+    raw = await request.body()
+    # The constants can only appear as those bytes, unless the body is UTF-16/32 (which Python's
+    # parser also accepts; such JSON has a NUL in its first four bytes): then check it all.
+    if b"NaN" in raw or b"Infinity" in raw or b"\x00" in raw[:4]:
+        _raw_json(raw)
+    return parsed
 
 
 MAX_SNAPSHOT_DEPTH = 128
@@ -216,7 +236,7 @@ async def clear_questions(parent_id: ParentId, tenant: Tenant, session: DbSessio
     return JSONResponse(result)
 
 
-def _snapshot_id(
+async def _snapshot_id(
     snapshot_id: Annotated[str, Path(min_length=1, max_length=500, json_schema_extra=NO_NUL)],
 ) -> str:
     try:

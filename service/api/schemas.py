@@ -115,6 +115,12 @@ class QuestionIn(BaseModel):
     context_window: Annotated[int, Field(ge=1024, le=10_000_000)] | None = None
     max_output_tokens: Annotated[int, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = None
     main_max_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    on_busy: Literal["enqueue", "reject", "interrupt"] | None = Field(
+        default=None,
+        description="While the session has queued or running requests (SPEC 11.2): enqueue behind "
+        "them, reject (409 session_busy), or interrupt (cancel them, code superseded). "
+        "Default: the session's setting, else enqueue.",
+    )
 
     _question = field_validator("question")(check_text)
     _texts = field_validator("snapshot_id", "model")(_check_optional_text)

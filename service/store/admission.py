@@ -1,33 +1,33 @@
 """Admission, cancel and clear: the API's writes, each one short transaction.
 
-None of these waits for a worker: admission locks only the session row (which workers never hold
-across a model call), cancel and clear write the terminal state themselves and tell a running worker
-through ``NOTIFY sidequest_cancel``. A worker's own terminal writes are guarded by
-``status = 'running'`` and its lease, so whichever terminal write lands first wins and the other is a
-no-op.
+Admission is one statement (``sidequest_admit()``, migration 0003_h12a) on a plain asyncpg
+connection: the hot path of the API, and the ORM's object graph cost about ten times the CPU of the
+work itself. None of these waits for a worker: admission locks only the session row (which workers
+never hold across a model call), cancel and clear write the terminal state themselves and tell a
+running worker through ``NOTIFY sidequest_cancel``. A worker's own terminal writes are guarded by
+``status = 'running'`` and its lease, so whichever terminal write lands first wins and the other is
+a no-op.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.store.db import Database
 from service.store.events import append_event
 from service.store.jobs import cancel_session_jobs
 from service.store.listener import CANCEL_CHANNEL, QUEUE_CHANNEL
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
 from service.store.records import request_record
-from service.store.sessions import (
-    SnapshotJobPolicy,
-    lock_or_create_session,
-    lock_session,
-    snapshot_exists,
-    store_snapshot,
-)
+from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, lock_session, store_snapshot
 
 CANCELLED_BY_CLIENT = "cancelled by the client"
 CANCELLED_BY_CLEAR = "cancelled because the session was cleared"
@@ -57,9 +57,28 @@ class IdempotencyConflict(Exception):
         self.key = key
 
 
+class SessionBusyRejected(Exception):
+    """``on_busy: reject`` (SPEC 11.2) and the session has a queued or running request."""
+
+    def __init__(self, queued: int, running: int) -> None:
+        super().__init__(
+            f"the session is busy ({queued} queued, {running} running) and on_busy is 'reject'; "
+            "wait for them to finish, or send on_busy 'enqueue' or 'interrupt'"
+        )
+        self.queued = queued
+        self.running = running
+
+
+ON_BUSY = ("enqueue", "reject", "interrupt")
+SUPERSEDED_MESSAGE = "cancelled because a newer question of the session interrupted it"
+
+
 @dataclass(frozen=True)
 class Admission:
-    """A validated question, ready to be admitted."""
+    """A validated question, ready to be admitted.
+
+    ``on_busy`` None means the session's setting (``settings.on_busy``), else ``enqueue``.
+    """
 
     question: str
     snapshot_id: str | None = None
@@ -69,90 +88,172 @@ class Admission:
     body_hash: str | None = None
     # When storing an inline snapshot may queue its background context summary (SPEC §6.6).
     snapshot_jobs: SnapshotJobPolicy | None = None
+    on_busy: str | None = None
 
 
 @dataclass(frozen=True)
 class Admitted:
-    """The request record, and whether this call created it (False: an idempotent replay)."""
+    """The request record, and whether this call created it (False: an idempotent replay).
+
+    ``superseded``: the requests an ``interrupt`` cancelled (ids, in ordinal order).
+    """
 
     record: dict[str, Any]
     created: bool
+    superseded: tuple[uuid.UUID, ...] = ()
 
 
 async def _notify(session: AsyncSession, channel: str, payload: str) -> None:
     await session.execute(text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
 
 
+# Created by migration 0003_h12a. The hot path is the procedure: it commits the rows, then sends
+# the NOTIFYs in a transaction of their own (a NOTIFY in the writing transaction would serialise
+# every admission's commit behind one database-wide lock; see the migration). The function runs
+# inside a caller's transaction (an inline snapshot stored first) and NOTIFYs there.
+_ADMIT_NOW = (
+    "CALL sidequest_admit_now($1, $2, $3, $4, $5::text, ($6::text)::jsonb, $7::text, $8, $9, $10, "
+    "$11::text, $12)"
+)
+# ``(a.req).*`` expands the request row into its columns, whatever they are.
+_ADMIT_IN_TRANSACTION = text(
+    "SELECT a.outcome, a.detail, a.superseded, (a.req).* FROM sidequest_admit("
+    ":tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text), :snapshot_stored, "
+    "CAST(CAST(:options AS text) AS jsonb), CAST(:model AS text), :idempotency_key, :body_hash, "
+    ":max_queued, CAST(:on_busy AS text), :superseded_message, true) a"
+)
+_PARAMS = (
+    "tenant",
+    "parent_id",
+    "request_id",
+    "question",
+    "snapshot_id",
+    "options",
+    "model",
+    "idempotency_key",
+    "body_hash",
+    "max_queued",
+    "on_busy",
+    "superseded_message",
+)
+
+
+def _arguments(
+    tenant: str, parent_id: str, admission: Admission, snapshot_id: str | None, max_queued: int
+) -> tuple[Any, ...]:
+    return (
+        tenant,
+        parent_id,
+        uuid.uuid4(),
+        admission.question,
+        snapshot_id,
+        json.dumps(admission.options, ensure_ascii=False, separators=(",", ":")),
+        admission.options.get("model"),
+        admission.idempotency_key,
+        admission.body_hash,
+        max_queued,
+        admission.on_busy,
+        SUPERSEDED_MESSAGE,
+    )
+
+
+def _outcome(
+    outcome: str,
+    detail: dict[str, Any] | None,
+    superseded: list[uuid.UUID] | None,
+    request: Mapping[Any, Any] | None,
+    parent_id: str,
+    admission: Admission,
+    snapshot_id: str | None,
+) -> Admitted:
+    """The call's result as an :class:`Admitted`, or the refusal it stands for, raised."""
+    if outcome in ("created", "replay"):
+        assert request is not None
+        # The row's own columns, so the record is exactly request_record's, like every other read.
+        record = request_record(cast(RequestRow, SimpleNamespace(**dict(request))), parent_id)
+        return Admitted(record, created=outcome == "created", superseded=tuple(superseded or ()))
+    detail = detail or {}
+    if outcome == "queue_full":
+        raise QueueFull(int(detail["max_queued"]))
+    if outcome == "session_busy":
+        raise SessionBusyRejected(int(detail["queued"]), int(detail["running"]))
+    if outcome == "idempotency_conflict":
+        assert admission.idempotency_key is not None
+        raise IdempotencyConflict(admission.idempotency_key)
+    if outcome == "snapshot_missing":
+        assert snapshot_id is not None
+        raise SnapshotMissing(snapshot_id)
+    raise RuntimeError(f"sidequest_admit returned an unknown outcome {outcome!r}")
+
+
 async def admit(
+    db: Database | AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
+) -> Admitted:
+    """Admit one question and commit it.
+
+    Given the :class:`Database` (the API's hot path), this is one round trip: ``CALL
+    sidequest_admit_now(…)`` (migration 0003_h12a) locks or creates the session, answers an
+    idempotent replay, applies on_busy (SPEC 11.2), the queue limit and the snapshot check, and only
+    then writes: the cancellations an ``interrupt`` makes, the ordinal, the request and its
+    ``queued`` event; it commits, then NOTIFYs. A refusal (raised here as QueueFull,
+    SessionBusyRejected, IdempotencyConflict, SnapshotMissing) writes nothing, not even a session
+    for a first request.
+
+    An inline snapshot is first stored through :func:`store_snapshot`, then the same SQL function runs
+    in that transaction (and NOTIFYs there), which a refusal rolls back. Given an ``AsyncSession``
+    (a fresh one: it is committed or rolled back here), everything runs that way, in its transaction.
+    """
+    if isinstance(db, AsyncSession):
+        return await _admit_in_transaction(db, tenant, parent_id, admission, max_queued=max_queued)
+    if admission.snapshot is not None:
+        async with db.sessions() as session:
+            return await _admit_in_transaction(session, tenant, parent_id, admission, max_queued=max_queued)
+    args = _arguments(tenant, parent_id, admission, admission.snapshot_id, max_queued)
+    pool = await db.raw_pool()
+    async with pool.acquire() as conn:
+        # Outside any transaction block, so that the procedure may commit.
+        row = await conn.fetchrow(_ADMIT_NOW, *args)
+    assert row is not None
+    return _outcome(
+        row["outcome"],
+        row["detail"],
+        row["superseded"],
+        row["req"],
+        parent_id,
+        admission,
+        admission.snapshot_id,
+    )
+
+
+async def _admit_in_transaction(
     session: AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
-    """Admit one question inside the caller's (fresh) transaction and commit it.
-
-    Order matters: an idempotent replay answers before any limit applies, and every check runs
-    before the first write, so a rejection (exception) rolls back and leaves nothing behind —
-    not even a session created for it.
-    """
-    owner = await lock_or_create_session(session, tenant, parent_id)
-    if admission.idempotency_key is not None:
-        earlier = await session.scalar(
-            select(RequestRow).where(
-                RequestRow.session_id == owner.id,
-                RequestRow.idempotency_key == admission.idempotency_key,
-                RequestRow.deleted_at.is_(None),
+    try:
+        snapshot_id = admission.snapshot_id
+        if admission.snapshot is not None:
+            owner = await lock_or_create_session(session, tenant, parent_id)
+            own_id = admission.snapshot.get("snapshot_id")
+            stored = await store_snapshot(
+                session,
+                owner.id,
+                own_id if isinstance(own_id, str) and own_id else None,
+                admission.snapshot,
+                owner=owner,
+                jobs=admission.snapshot_jobs,
             )
-        )
-        if earlier is not None:
-            if earlier.body_hash != admission.body_hash:
-                raise IdempotencyConflict(admission.idempotency_key)
-            await session.commit()
-            return Admitted(request_record(earlier, owner.parent_id), created=False)
-    queued = await session.scalar(
-        select(func.count()).where(
-            RequestRow.session_id == owner.id,
-            RequestRow.status == "queued",
-            RequestRow.deleted_at.is_(None),
-        )
-    )
-    if (queued or 0) >= max_queued:
-        raise QueueFull(max_queued)
-    snapshot_id = admission.snapshot_id
-    if admission.snapshot is not None:
-        own_id = admission.snapshot.get("snapshot_id")
-        stored = await store_snapshot(
-            session,
-            owner.id,
-            own_id if isinstance(own_id, str) and own_id else None,
-            admission.snapshot,
-            owner=owner,
-            jobs=admission.snapshot_jobs,
-        )
-        snapshot_id = stored.snapshot_id
-    elif snapshot_id is not None and not await snapshot_exists(session, owner.id, snapshot_id):
-        raise SnapshotMissing(snapshot_id)
-    ordinal = owner.next_ordinal
-    owner.next_ordinal = ordinal + 1
-    owner.updated_at = func.now()
-    row = RequestRow(
-        id=uuid.uuid4(),
-        session_id=owner.id,
-        ordinal=ordinal,
-        question=admission.question,
-        snapshot_id=snapshot_id,
-        status="queued",
-        clear_version=owner.clear_version,
-        options=admission.options,
-        model=admission.options.get("model"),
-        idempotency_key=admission.idempotency_key,
-        body_hash=admission.body_hash,
-    )
-    session.add(row)
-    await session.flush()
-    await append_event(session, row.id, "status", {"status": "queued", "stage": None})
-    await _notify(session, QUEUE_CHANNEL, str(owner.id))
-    await session.refresh(row)
-    record = request_record(row, owner.parent_id)
+            snapshot_id = stored.snapshot_id
+        args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
+        params = dict(zip(_PARAMS, args, strict=True))
+        params["snapshot_stored"] = admission.snapshot is not None
+        row = dict((await session.execute(_ADMIT_IN_TRANSACTION, params)).mappings().one())
+        outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
+        request = row if row["id"] is not None else None
+        admitted = _outcome(outcome, detail, superseded, request, parent_id, admission, snapshot_id)
+    except Exception:
+        await session.rollback()
+        raise
     await session.commit()
-    return Admitted(record, created=True)
+    return admitted
 
 
 async def _write_cancelled(session: AsyncSession, row: RequestRow, message: str) -> None:

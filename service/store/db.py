@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
@@ -26,13 +30,59 @@ MIGRATIONS_DIR = ROOT / "migrations"
 
 @dataclass
 class Database:
-    """An engine plus its session factory; built once per process by the entry point."""
+    """An engine plus its session factory; built once per process by the entry point.
+
+    Beside SQLAlchemy's pool it keeps a small plain asyncpg pool for the one-statement hot paths
+    (admission): SQLAlchemy's ``pool_pre_ping`` costs three round trips per checkout (BEGIN, ping,
+    ROLLBACK) and its transaction two more, around a statement that needs none of them. asyncpg's
+    pool replaces a connection the server closed (restart, failover) when it is next acquired.
+    """
 
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
+    url: str = ""
+    pool_size: int = 10
+    _raw: Any = field(default=None, repr=False)
+    _raw_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    async def raw_pool(self) -> asyncpg.Pool:
+        """The plain asyncpg pool (created on first use); jsonb decodes to Python objects."""
+        if self._raw is None:
+            async with self._raw_lock:
+                if self._raw is None:
+                    self._raw = await asyncpg.create_pool(
+                        self.url.replace("postgresql+asyncpg://", "postgresql://", 1),
+                        min_size=1,
+                        max_size=self.pool_size,
+                        init=_init_raw,
+                        reset=_keep_session,
+                    )
+        pool: asyncpg.Pool = self._raw
+        return pool
 
     async def dispose(self) -> None:
+        if self._raw is not None:
+            raw, self._raw = self._raw, None
+            await raw.close()
         await self.engine.dispose()
+
+
+async def _init_raw(conn: asyncpg.Connection) -> None:
+    # Binary (version byte 1, then the JSON text): composite values (a whole row) that hold jsonb
+    # can only be decoded when every field has a binary codec.
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda value: b"\x01" + _dumps(value).encode("utf-8"),
+        decoder=lambda data: json.loads(data[1:]),
+        schema="pg_catalog",
+        format="binary",
+    )
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """No reset query on release (asyncpg's default is a round trip per release): the raw pool only
+    runs single statements that leave no session state (no SET, LISTEN or session-level lock), and
+    asyncpg still rolls back a transaction left open before calling this."""
 
 
 def connect(url: str, *, pool_size: int = 10) -> Database:
@@ -45,12 +95,15 @@ def connect(url: str, *, pool_size: int = 10) -> Database:
         # JSONB columns hold our documents; keep key order as written.
         json_serializer=_dumps,
     )
-    return Database(engine=engine, sessions=async_sessionmaker(engine, expire_on_commit=False))
+    return Database(
+        engine=engine,
+        sessions=async_sessionmaker(engine, expire_on_commit=False),
+        url=url,
+        pool_size=pool_size,
+    )
 
 
 def _dumps(value: object) -> str:
-    import json
-
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
