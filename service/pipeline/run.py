@@ -23,6 +23,7 @@ from typing import Any
 
 from service.budget import (
     RECENT_BUDGET_TOKENS,
+    Calibration,
     CutPlan,
     CutRefusal,
     NormalizedSnapshot,
@@ -31,6 +32,7 @@ from service.budget import (
     estimate_text,
     group_messages,
     normalize_snapshot,
+    overflow_target,
     plan_cut,
     plan_window,
     pressure,
@@ -40,17 +42,19 @@ from service.budget import (
     select_replay,
 )
 from service.config import Settings
+from service.pipeline.calibration import CalibrationBook
 from service.pipeline.deltas import DeltaCoalescer
 from service.pipeline.failures import PipelineFailure, RequestLost, error_object
 from service.pipeline.recorder import LedgerRecorder
 from service.providers.base import ContextOverflow, Provider, ProviderCall
 from service.providers.calling import CallResult, run_call
 from service.store import memory, queue
-from service.store.db import Database
+from service.store.db import Database, is_unavailable
 from service.store.events import utc_iso
 from service.store.history import RequestInput, iter_history, load_request_input, load_snapshot
 from service.store.ledger import merge_context_info
 from service.summary.context import CachedContextSummary, ContextCompaction, compact_context
+from service.summary.document import BODY_TOKEN_LIMIT
 from service.summary.material import QAPair, render_qa_pair
 from service.summary.policy import SummaryCallBudget, SummaryRunner
 from service.summary.prompts import AnswerRequest, build_answer_request
@@ -109,6 +113,9 @@ class _Run:
         }
         self.recorder = LedgerRecorder(deps.db, claimed.id, deps.owner)
         self.budget = SummaryCallBudget(deps.settings.max_summary_calls)
+        # SPEC 5.1: counters per (provider, model); the snapshot is taken once, in prepare.
+        self.book = CalibrationBook(deps.db, deps.settings.provider, enabled=deps.settings.calibration_on)
+        self.calibration = Calibration.empty()
         # Filled in as the request is prepared.
         self.request: RequestInput | None = None
         self.snapshot: NormalizedSnapshot | None = None
@@ -155,7 +162,8 @@ class _Run:
         await self.organize_history()
         answer = self.build_answer()
         self.meter(answer)
-        if answer.estimate.total > self.input_budget:
+        # The fit is decided on the calibrated total (SPEC 5.1); estimate.* stays raw.
+        if self.calibration.apply(answer.estimate.total) > self.input_budget:
             await self.enter("compacting_context")
             if await self.compact(recent_budget=RECENT_BUDGET_TOKENS, min_summarized=None):
                 answer = self.build_answer()
@@ -201,6 +209,8 @@ class _Run:
         plan = plan_window(window, self.output_cap)
         self.input_budget = plan.input_budget
         self.info.update(plan.as_dict())
+        self.calibration = await self.book.snapshot(self.model)
+        self.info["calibration"] = self.calibration.info()
         self.kept_messages = list(self.snapshot.messages) if self.snapshot else []
         async with self.db.sessions() as session:
             mem = await memory.load_memory(session, request.session_id)
@@ -217,6 +227,8 @@ class _Run:
             safety_margin=plan.safety_margin,
             on_progress=self.progress,
             clock=self.deps.clock,
+            calibration=self.calibration,
+            on_sample=self.book.sample,
         )
         await self.save_info()
 
@@ -352,8 +364,12 @@ class _Run:
         self.info["estimate"] = answer.estimate.as_dict()
         self.info["pressure"] = pressure(answer.estimate.total, self.input_budget)
 
-    async def shrink(self, current: AnswerRequest) -> AnswerRequest | None:
-        """Overflow recovery's one shrink: fold the replayed Q&A, then compact harder. None: nothing to do."""
+    async def shrink(self, current: AnswerRequest, target: int | None = None) -> AnswerRequest | None:
+        """Overflow recovery's one shrink: fold the replayed Q&A, then compact harder. None: nothing to do.
+
+        ``target``: the raw estimate the request must reach, when the provider stated its real count
+        (SPEC 5.1); the kept part of the snapshot is then sized to reach it instead of halved.
+        """
         changed = False
         if self.replayed:
             await self.fold([self.replayed])
@@ -366,8 +382,15 @@ class _Run:
             # Keep half of what is kept now (never more than the default recent budget), and accept any
             # non-empty old part: the provider already said the prompt is too long.
             kept_tokens = estimate_messages(self.kept_messages)
-            if await self.compact(
-                recent_budget=min(RECENT_BUDGET_TOKENS, kept_tokens) // 2, min_summarized=0
+            recent_budget = min(RECENT_BUDGET_TOKENS, kept_tokens) // 2
+            if target is not None:
+                # Everything but the kept messages stays; a new summary (at most the body limit)
+                # replaces the old part, or the summary there is now.
+                other = self.build_answer().estimate.total - kept_tokens
+                summary_room = 0 if self.context_summary is not None else BODY_TOKEN_LIMIT
+                recent_budget = max(0, min(RECENT_BUDGET_TOKENS, target - other - summary_room))
+            if (target is None or recent_budget < kept_tokens) and await self.compact(
+                recent_budget=recent_budget, min_summarized=0
             ):
                 changed = True
         if not changed:
@@ -385,7 +408,12 @@ class _Run:
                 if deltas.streamed_chars or self.info["overflow_retries"]:
                     raise
                 await self.progress({"what": "overflow_retry", "estimate_before": request.estimate.total})
-                shrunk = await self.shrink(request)
+                target = None
+                if exc.prompt_tokens is not None:
+                    # The real count is a sample, and it says how far to shrink (SPEC 5.1).
+                    await self.book.sample(self.model, request.estimate.total, exc.prompt_tokens)
+                    target = overflow_target(self.input_budget, request.estimate.total, exc.prompt_tokens)
+                shrunk = await self.shrink(request, target)
                 if shrunk is None:
                     raise PipelineFailure(
                         "context_overflow",
@@ -423,7 +451,7 @@ class _Run:
             system=request.system,
             tools=request.tools,
         )
-        return await run_call(
+        result = await run_call(
             self.deps.provider,
             call,
             recorder=self.recorder,
@@ -431,6 +459,9 @@ class _Run:
             on_text=deltas.add,
             clock=self.deps.clock,
         )
+        if result.usage.reported:
+            await self.book.sample(self.model, request.estimate.total, result.usage.input_tokens)
+        return result
 
     async def finish(self, request: AnswerRequest, result: CallResult) -> dict[str, Any] | None:
         prompt_tokens = result.usage.input_tokens if result.usage.reported else None
@@ -527,6 +558,10 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
     except asyncio.CancelledError:
         raise
     except Exception as exc:
+        if is_unavailable(exc, include_timeouts=False):
+            # PostgreSQL went away mid-request (SPEC 9): write nothing; the lease expires and the
+            # sweep runs it again (or fails it with worker_lost).
+            return Outcome("lost")
         error = error_object(exc, stage=run.stage, timeout_s=run.timeout_s)
         written = await run.fail(exc)
         return Outcome("failed" if written else "lost", error=error)

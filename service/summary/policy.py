@@ -29,7 +29,10 @@ from service.budget import (
     FIRST_OUTPUT_TOKENS,
     MIN_CHUNK_CAPACITY,
     RETRY_OUTPUT_TOKENS,
+    Calibration,
     chunk_pieces,
+    estimate_messages,
+    estimate_system,
     summary_capacity,
 )
 from service.providers.base import ContextOverflow, Provider, ProviderCall, Purpose
@@ -51,6 +54,10 @@ PURPOSE_OF: dict[SummaryKind, Purpose] = {"qa": "qa_summary", "context": "contex
 STAGE_OF: dict[SummaryKind, str] = {"qa": "organizing_history", "context": "compacting_context"}
 
 ProgressCallback = Callable[[dict[str, Any]], Awaitable[None]]
+
+# A calibration sample (SPEC §5.1): model, the request's estimate as sent, the reported prompt tokens
+# (None when the provider reported none; the sink then records nothing).
+SampleCallback = Callable[[str, int, int | None], Awaitable[None]]
 
 
 class SummaryCallBudget:
@@ -100,6 +107,12 @@ class SummaryRunner:
     ``deadline`` is an absolute ``clock()`` value (the request's deadline, as for ``run_call``).
     ``window`` / ``safety_margin`` are the summariser model's window numbers; chunk capacity is derived
     from them. ``on_progress`` receives one event dict per chunk.
+
+    ``calibration`` (SPEC §5.1), when given, is used only for :meth:`capacity` (how much material
+    fits one chunk). ``on_sample`` receives one calibration sample per summary attempt: the attempt's
+    prompt estimate as sent (system + messages, envelopes included; summary calls carry no tools) and
+    the prompt tokens the provider reported for it (from its usage, or from an overflow error that
+    states the count).
     """
 
     provider: Provider
@@ -114,13 +127,19 @@ class SummaryRunner:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     now: Callable[[], str] = utc_now_iso
+    calibration: Calibration | None = None
+    on_sample: SampleCallback | None = None
     # Attempts made through this runner (for context_info "calls"); the budget counts the same.
     attempts_made: int = field(default=0, init=False)
 
     def capacity(self, kind: SummaryKind) -> int:
         """Material tokens one call may carry, reserving the retry's output (8192) and prompt."""
         return summary_capacity(
-            self.window, summary_prompt_reserve(kind), self.safety_margin, RETRY_OUTPUT_TOKENS
+            self.window,
+            summary_prompt_reserve(kind),
+            self.safety_margin,
+            RETRY_OUTPUT_TOKENS,
+            calibration=self.calibration,
         )
 
     def chunk(self, kind: SummaryKind, pieces: Sequence[str]) -> list[str]:
@@ -229,16 +248,32 @@ class SummaryRunner:
             self.budget.take()
             self.attempts_made += 1
 
-        result = await run_call(
-            self.provider,
-            call,
-            recorder=self.recorder,
-            deadline=self.deadline,
-            before_attempt=take,
-            clock=self.clock,
-            sleep=self.sleep,
-        )
+        try:
+            result = await run_call(
+                self.provider,
+                call,
+                recorder=self.recorder,
+                deadline=self.deadline,
+                before_attempt=take,
+                clock=self.clock,
+                sleep=self.sleep,
+            )
+        except ContextOverflow as exc:
+            if exc.prompt_tokens is not None:
+                await self._sample(prompt_estimate(prompt.system, prompt.messages), exc.prompt_tokens)
+            raise
+        if result.usage.reported:
+            await self._sample(prompt_estimate(prompt.system, prompt.messages), result.usage.input_tokens)
         return judge_reply(result, cap)
+
+    async def _sample(self, estimate: int, prompt_tokens: int) -> None:
+        if self.on_sample is not None:
+            await self.on_sample(self.model, estimate, prompt_tokens)
+
+
+def prompt_estimate(system: str | None, messages: Sequence[dict[str, Any]]) -> int:
+    """A summary call's estimate as sent: its system prompt plus its messages (envelopes included)."""
+    return estimate_system(system) + estimate_messages(messages)
 
 
 def judge_reply(result: CallResult, max_output_tokens: int) -> SummaryDocument:
@@ -266,8 +301,10 @@ __all__ = [
     "PURPOSE_OF",
     "STAGE_OF",
     "ProgressCallback",
+    "SampleCallback",
     "SummaryCallBudget",
     "SummaryRunner",
     "judge_reply",
+    "prompt_estimate",
     "utc_now_iso",
 ]
