@@ -34,7 +34,7 @@ import json
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
@@ -357,6 +357,7 @@ class ScriptedServer:
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Step]] = defaultdict(deque)
         self._defaults: dict[str, Step] = default_steps()
+        self._responders: dict[str, Callable[[dict[str, Any]], Step]] = {}
         self._requests: list[RecordedRequest] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -449,6 +450,12 @@ class ScriptedServer:
         with self._lock:
             self._defaults[purpose] = step
 
+    def respond_with(self, purpose: str, responder: Callable[[dict[str, Any]], Step]) -> None:
+        """When ``purpose``'s queue is empty, ``responder(request body)`` picks the step (instead of
+        the default): e.g. usage computed from what was sent, or an overflow when it is too long."""
+        with self._lock:
+            self._responders[purpose] = responder
+
     def pending(self, purpose: str) -> int:
         """How many scripted steps of ``purpose`` are still unconsumed."""
         with self._lock:
@@ -467,15 +474,19 @@ class ScriptedServer:
         with self._lock:
             self._queues.clear()
             self._defaults = default_steps()
+            self._responders.clear()
             self._requests.clear()
 
-    def _next_step(self, purpose: str | None) -> Step:
+    def _next_step(self, purpose: str | None, body: Any = None) -> Step:
         with self._lock:
             key = purpose or "answer"
             queue = self._queues.get(key)
             if queue:
                 return queue.popleft()
-            return self._defaults.get(key) or self._defaults["answer"]
+            responder = self._responders.get(key)
+            if responder is None:
+                return self._defaults.get(key) or self._defaults["answer"]
+        return responder(body if isinstance(body, dict) else {})
 
     # ---- HTTP ----------------------------------------------------------------------------------
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -506,7 +517,7 @@ class ScriptedServer:
             await _send_json(writer, 200, {"object": "list", "data": data})
             return
         if request.method == "POST" and path in ("/v1/chat/completions", "/v1/messages"):
-            step = self._next_step(request.purpose)
+            step = self._next_step(request.purpose, request.body)
             if step.delay_before_s:
                 await asyncio.sleep(step.delay_before_s)
             if step.status >= 400:
