@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import routes_archive, routes_questions, routes_sessions
-from service.api.errors import error_body, install_error_handlers
+from service.api.errors import UNAVAILABLE_RETRY_AFTER_S, error_body, install_error_handlers
 from service.api.metrics import Metrics
 from service.api.routes_common import errors
 from service.api.sse import EventHub
@@ -152,9 +152,10 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
     install_error_handlers(app)
     _install_log_redaction()
 
-    app.include_router(routes_sessions.router)
-    app.include_router(routes_questions.router)
-    app.include_router(routes_archive.router, responses=errors(401, 404))
+    # Every route of these routers needs the database: each may answer 503 service_unavailable.
+    app.include_router(routes_sessions.router, responses=errors(503))
+    app.include_router(routes_questions.router, responses=errors(503))
+    app.include_router(routes_archive.router, responses=errors(401, 404, 503))
 
     app.add_middleware(
         BodyLimit, limit=settings.max_snapshot_bytes + settings.max_question_bytes + BODY_SLACK_BYTES
@@ -186,6 +187,7 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
             return JSONResponse(
                 {"status": "unavailable", "database": "unreachable", "detail": str(exc)[:200]},
                 status_code=503,
+                headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
             )
         if current != head:
             return JSONResponse(

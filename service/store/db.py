@@ -60,12 +60,14 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
+        if isinstance(current, TimeoutError):  # before OSError: TimeoutError is one
+            if include_timeouts:
+                return True
+            continue
         if isinstance(
             current,
             DatabaseUnavailable | OSError | sa_exc.TimeoutError | asyncpg.PostgresConnectionError,
         ):
-            return True
-        if include_timeouts and isinstance(current, TimeoutError):
             return True
         if (
             isinstance(current, asyncpg.PostgresError)
