@@ -6,6 +6,7 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -19,6 +20,7 @@ from service.api.routes_common import errors
 from service.api.sse import EventHub
 from service.api.stream_tokens import StreamTokens, stream_secret
 from service.config import Settings
+from service.store.archive import OPENAPI_REFS, storable_json_defs
 from service.store.db import Database, connect, current_revision, head_revision
 from service.store.listener import Listener
 
@@ -110,6 +112,22 @@ def _install_log_redaction() -> None:
         access.addFilter(RedactStreamTokens())
 
 
+def _add_storable_json_components(app: FastAPI) -> None:
+    """Put the NUL-free JSON definitions the snapshot and archive schemas refer to into the OpenAPI
+    components (pydantic cannot generate a recursive schema for fields typed as plain JSON)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = build()
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(storable_json_defs(OPENAPI_REFS))
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings, database_url: str, *, run_worker: bool = False) -> FastAPI:
     """Build the app. ``run_worker`` also runs the worker inside this process (``sidequest serve``)."""
 
@@ -170,6 +188,8 @@ def create_app(settings: Settings, database_url: str, *, run_worker: bool = Fals
             expose_headers=["Location"],
             max_age=600,
         )
+
+    _add_storable_json_components(app)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
