@@ -1,8 +1,9 @@
 """Calibration through the pipeline (SPEC 5.1): a scripted model whose tokenizer counts 1.5× our estimate.
 
 The scripted server computes what it "counts" from the body it received — ``factor`` × the same
-bytes-÷-3 estimate of every text on the wire — and answers with an overflow when that count does not
-fit the window, as a real provider would. Samples go to PostgreSQL; a new Database reads them back.
+bytes-÷-3 estimate of every text on the wire (``wire_estimate``) — and answers with an overflow when
+that count does not fit the window, as a real provider would. Samples go to PostgreSQL; a new
+Database reads them back.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from sqlalchemy import text
 
 from service.budget import (
     Calibration,
-    estimate_text,
     normalize_snapshot,
     plan_window,
     resolve_output_cap,
@@ -29,24 +29,10 @@ from service.store.db import Database, connect
 from service.summary.prompts import build_answer_request
 from tests.factories import add_snapshot, admit, make_session
 from tests.pipeline.conftest import Ran, run_one
-from tests.scripted_provider import ScriptedServer, Step, Usage
+from tests.scripted_provider import ScriptedServer, Step, Usage, wire_estimate
 
 WINDOW = 60_000
 OUTPUT_CAP = 1024
-
-
-def wire_estimate(body: dict[str, Any]) -> int:
-    """Our estimator's count of an OpenAI-wire body: every text ÷ 3 bytes, 4 per non-system message."""
-    total = 0
-    for message in body.get("messages") or []:
-        content = message.get("content")
-        if isinstance(content, str):
-            total += estimate_text(content)
-        elif isinstance(content, list):
-            total += sum(estimate_text(part.get("text") or "") for part in content if isinstance(part, dict))
-        if message.get("role") != "system":
-            total += 4
-    return total
 
 
 def counting(
