@@ -397,7 +397,7 @@ class ScriptedServer:
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Step]] = defaultdict(deque)
         self._defaults: dict[str, Step] = default_steps()
-        self._responders: dict[str, Callable[[dict[str, Any]], Step]] = {}
+        self._body_responders: dict[str, Callable[[dict[str, Any]], Step]] = {}
         self._requests: list[RecordedRequest] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -494,7 +494,7 @@ class ScriptedServer:
         """When ``purpose``'s queue is empty, ``responder(request body)`` picks the step (instead of
         the default): e.g. usage computed from what was sent, or an overflow when it is too long."""
         with self._lock:
-            self._responders[purpose] = responder
+            self._body_responders[purpose] = responder
 
     def pending(self, purpose: str) -> int:
         """How many scripted steps of ``purpose`` are still unconsumed."""
@@ -514,19 +514,25 @@ class ScriptedServer:
         with self._lock:
             self._queues.clear()
             self._defaults = default_steps()
-            self._responders.clear()
+            self._body_responders.clear()
             self._requests.clear()
 
-    def _next_step(self, purpose: str | None, body: Any = None) -> Step:
+    def _next_step(self, purpose: str | None) -> Step:
         with self._lock:
             key = purpose or "answer"
             queue = self._queues.get(key)
             if queue:
                 return queue.popleft()
-            responder = self._responders.get(key)
-            if responder is None:
-                return self._defaults.get(key) or self._defaults["answer"]
-        return responder(body if isinstance(body, dict) else {})
+            return self._defaults.get(key) or self._defaults["answer"]
+
+    def _pick_step(self, purpose: str | None, body: Any) -> Step:
+        """A scripted step first; else the purpose's responder (:meth:`respond_with`); else the default."""
+        with self._lock:
+            key = purpose or "answer"
+            responder = None if self._queues.get(key) else self._body_responders.get(key)
+        if responder is not None:
+            return responder(body if isinstance(body, dict) else {})
+        return self._next_step(purpose)
 
     # ---- HTTP ----------------------------------------------------------------------------------
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -557,7 +563,7 @@ class ScriptedServer:
             await _send_json(writer, 200, {"object": "list", "data": data})
             return
         if request.method == "POST" and path in ("/v1/chat/completions", "/v1/messages"):
-            step = self._next_step(request.purpose, request.body)
+            step = self._pick_step(request.purpose, request.body)
             if step.delay_before_s:
                 await asyncio.sleep(step.delay_before_s)
             if step.status >= 400:

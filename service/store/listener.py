@@ -30,7 +30,7 @@ ALL_CHANNELS = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL)
 # Outages (SPEC §9): a connect attempt gives up after CONNECT_TIMEOUT_S, and a connection that stays
 # silent is probed every PROBE_S — a half-open socket (host gone, no FIN) never fires the
 # termination listener, and without the probe LISTEN would wait on it forever.
-CONNECT_TIMEOUT_S = 3.0
+CONNECT_TIMEOUT_S = 5.0
 PROBE_S = 5.0
 PROBE_TIMEOUT_S = 3.0
 
