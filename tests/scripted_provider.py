@@ -31,10 +31,11 @@ import contextlib
 import http
 import itertools
 import json
+import math
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
@@ -141,6 +142,45 @@ class Usage:
         }
 
 
+def wire_estimate(body: Mapping[str, Any]) -> int:
+    """Sidequest's estimator applied to a request body as received (OpenAI or Anthropic wire): every
+    text ÷ 3 UTF-8 bytes, rounded up per text, plus 4 per non-system message — what our estimate of the
+    same request comes to, give or take a few tokens of per-block rounding."""
+
+    def text_tokens(text: str) -> int:
+        return -(-len(text.encode("utf-8")) // 3)
+
+    def content_tokens(content: Any) -> int:
+        if isinstance(content, str):
+            return text_tokens(content)
+        if isinstance(content, list):
+            return sum(
+                text_tokens(part.get("text") or "") if isinstance(part, dict) else 0 for part in content
+            )
+        return 0
+
+    total = content_tokens(body.get("system"))  # Anthropic's top-level system
+    for message in body.get("messages") or []:
+        if isinstance(message, dict):
+            total += content_tokens(message.get("content"))
+            if message.get("role") != "system":
+                total += 4
+    return total
+
+
+@dataclass(frozen=True)
+class CountedUsage:
+    """Usage whose prompt tokens are counted from the request body: ``factor`` × :func:`wire_estimate`
+    (a tokenizer that agrees with our estimate at 1.0). The default steps use it, so a test that does
+    not care about usage does not teach the calibration (SPEC 5.1) a tokenizer that does not exist."""
+
+    completion_tokens: int
+    factor: float = 1.0
+
+    def resolve(self, body: Mapping[str, Any]) -> Usage:
+        return Usage(max(1, math.ceil(self.factor * wire_estimate(body))), self.completion_tokens)
+
+
 @dataclass(frozen=True)
 class ScriptedToolCall:
     name: str
@@ -158,7 +198,7 @@ class Step:
     chunks: int = 1
     finish_reason: str | None = "stop"
     tool: ScriptedToolCall | None = None
-    usage: Usage | None = None
+    usage: Usage | CountedUsage | None = None
     # Send the usage before the text (the error-after-usage cases); normally it comes last.
     usage_first: bool = False
     delay_before_s: float = 0.0
@@ -343,9 +383,9 @@ class RecordedRequest:
 def default_steps() -> dict[str, Step]:
     """What each purpose gets when nothing is scripted for it."""
     return {
-        "answer": Step.text("Scripted answer.", chunks=2, usage=Usage(120, 4)),
-        "qa_summary": Step.valid_summary(usage=Usage(300, 60)),
-        "context_summary": Step.valid_summary(usage=Usage(900, 60)),
+        "answer": Step.text("Scripted answer.", chunks=2, usage=CountedUsage(4)),
+        "qa_summary": replace(Step.valid_summary(), usage=CountedUsage(60)),
+        "context_summary": replace(Step.valid_summary(), usage=CountedUsage(60)),
     }
 
 
@@ -357,6 +397,7 @@ class ScriptedServer:
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Step]] = defaultdict(deque)
         self._defaults: dict[str, Step] = default_steps()
+        self._body_responders: dict[str, Callable[[dict[str, Any]], Step]] = {}
         self._requests: list[RecordedRequest] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -449,6 +490,12 @@ class ScriptedServer:
         with self._lock:
             self._defaults[purpose] = step
 
+    def respond_with(self, purpose: str, responder: Callable[[dict[str, Any]], Step]) -> None:
+        """When ``purpose``'s queue is empty, ``responder(request body)`` picks the step (instead of
+        the default): e.g. usage computed from what was sent, or an overflow when it is too long."""
+        with self._lock:
+            self._body_responders[purpose] = responder
+
     def pending(self, purpose: str) -> int:
         """How many scripted steps of ``purpose`` are still unconsumed."""
         with self._lock:
@@ -467,6 +514,7 @@ class ScriptedServer:
         with self._lock:
             self._queues.clear()
             self._defaults = default_steps()
+            self._body_responders.clear()
             self._requests.clear()
 
     def _next_step(self, purpose: str | None) -> Step:
@@ -476,6 +524,15 @@ class ScriptedServer:
             if queue:
                 return queue.popleft()
             return self._defaults.get(key) or self._defaults["answer"]
+
+    def _pick_step(self, purpose: str | None, body: Any) -> Step:
+        """A scripted step first; else the purpose's responder (:meth:`respond_with`); else the default."""
+        with self._lock:
+            key = purpose or "answer"
+            responder = None if self._queues.get(key) else self._body_responders.get(key)
+        if responder is not None:
+            return responder(body if isinstance(body, dict) else {})
+        return self._next_step(purpose)
 
     # ---- HTTP ----------------------------------------------------------------------------------
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -506,7 +563,7 @@ class ScriptedServer:
             await _send_json(writer, 200, {"object": "list", "data": data})
             return
         if request.method == "POST" and path in ("/v1/chat/completions", "/v1/messages"):
-            step = self._next_step(request.purpose)
+            step = self._pick_step(request.purpose, request.body)
             if step.delay_before_s:
                 await asyncio.sleep(step.delay_before_s)
             if step.status >= 400:
@@ -516,6 +573,8 @@ class ScriptedServer:
                 await self._hang(reader)
                 return
             body = request.body if isinstance(request.body, dict) else {}
+            if isinstance(step.usage, CountedUsage):
+                step = replace(step, usage=step.usage.resolve(body))
             anthropic = path == "/v1/messages"
             if body.get("stream"):
                 render = self._anthropic_events if anthropic else self._openai_events

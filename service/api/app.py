@@ -6,6 +6,7 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -20,12 +21,13 @@ from service.api import (
     routes_session_list,
     routes_sessions,
 )
-from service.api.errors import error_body, install_error_handlers
+from service.api.errors import UNAVAILABLE_RETRY_AFTER_S, error_body, install_error_handlers
 from service.api.metrics import Metrics
 from service.api.routes_common import errors
 from service.api.sse import EventHub
 from service.api.stream_tokens import StreamTokens, stream_secret
 from service.config import Settings
+from service.store.archive import OPENAPI_REFS, storable_json_defs
 from service.store.db import Database, connect, current_revision, head_revision
 from service.store.listener import Listener
 
@@ -117,6 +119,22 @@ def _install_log_redaction() -> None:
         access.addFilter(RedactStreamTokens())
 
 
+def _add_storable_json_components(app: FastAPI) -> None:
+    """Put the NUL-free JSON definitions the snapshot and archive schemas refer to into the OpenAPI
+    components (pydantic cannot generate a recursive schema for fields typed as plain JSON)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = build()
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(storable_json_defs(OPENAPI_REFS))
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings, database_url: str) -> FastAPI:
     """Build the app. The worker is not part of it: ``sidequest serve`` adds one (``service.serve``)."""
 
@@ -151,11 +169,12 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     install_error_handlers(app)
     _install_log_redaction()
 
-    app.include_router(routes_session_list.router)
-    app.include_router(routes_sessions.router)
-    app.include_router(routes_questions.router)
-    app.include_router(routes_handoffs.router)
-    app.include_router(routes_archive.router, responses=errors(401, 404))
+    # Every route of these routers needs the database: each may answer 503 service_unavailable.
+    app.include_router(routes_session_list.router, responses=errors(503))
+    app.include_router(routes_sessions.router, responses=errors(503))
+    app.include_router(routes_questions.router, responses=errors(503))
+    app.include_router(routes_handoffs.router, responses=errors(503))
+    app.include_router(routes_archive.router, responses=errors(401, 404, 503))
     app.include_router(routes_inspector.router)
 
     app.add_middleware(
@@ -171,6 +190,8 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
             expose_headers=["Location"],
             max_age=600,
         )
+
+    _add_storable_json_components(app)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
@@ -188,6 +209,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
             return JSONResponse(
                 {"status": "unavailable", "database": "unreachable", "detail": str(exc)[:200]},
                 status_code=503,
+                headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
             )
         if current != head:
             return JSONResponse(

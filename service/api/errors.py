@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from service.store.admission import IdempotencyConflict, QueueFull, SessionBusyRejected, SnapshotMissing
+from service.store.db import DB_ERRORS, is_unavailable
 from service.store.handoffs import HandoffIdempotencyConflict, NotPinnable, UnknownOrdinals
 from service.store.sessions import InvalidSnapshot, SnapshotConflict
 from service.store.settings import InvalidSettings
@@ -161,6 +162,30 @@ async def _store_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(mapped)
 
 
+# Seconds a client should wait before retrying while the database is away: pools reconnect on the
+# next checkout, so a short wait is enough once PostgreSQL is back.
+UNAVAILABLE_RETRY_AFTER_S = 2
+
+
+def service_unavailable() -> ApiError:
+    """SPEC §8's 503: the database cannot be reached; retry after a short wait."""
+    return ApiError(
+        503,
+        "service_unavailable",
+        "the database cannot be reached; retry shortly",
+        {"retry_after_s": UNAVAILABLE_RETRY_AFTER_S},
+        headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
+    )
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    # One handler for every driver / OS error: unreachable → 503, anything else is a bug (500).
+    if is_unavailable(exc):
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+        return error_response(service_unavailable())
+    return await _unexpected(request, exc)
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Log the route, never the query string (it may carry a stream token).
     log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -185,4 +210,6 @@ def install_error_handlers(app: FastAPI) -> None:
         SessionBusyRejected,
     ):
         app.add_exception_handler(exc_type, _store_error)
+    for db_type in DB_ERRORS:
+        app.add_exception_handler(db_type, _database_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -8,6 +8,9 @@ Two kinds of numbers:
   error code, provider calls by purpose and status, summary calls, and provider latency (a
   histogram over the per-call ``latency_ms`` the worker records in ``usage.calls``, when present),
   background jobs by kind and status with their calls and tokens. Cleared requests are excluded.
+- calibration (SPEC 5.1): the ratio in use per (provider, model) and its sample count, and a drift
+  histogram per model: for each answered request, provider prompt tokens ÷ our estimate of what was
+  sent (1.0 = the estimate was exact; 1.5 = the tokenizer counts 50 % more than we estimate).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from service.budget import Calibration
 from service.store.db import Database
 from service.store.jobs import JobStats, read_job_stats
 from service.store.stats import read_request_stats
@@ -28,6 +32,8 @@ log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 SCRAPE_TIMEOUT_S = 5.0
+# Drift ratio buckets: the clamp range of the calibration ratio (0.5–2.0) finely around 1, then out.
+DRIFT_BUCKETS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0)
 
 
 class DatabaseSnapshot:
@@ -38,6 +44,8 @@ class DatabaseSnapshot:
         self.calls: list[tuple[str, str, int]] = []
         self.latencies: list[tuple[str, float]] = []
         self.jobs = JobStats([], [], [])
+        self.drift: list[tuple[str, float]] = []
+        self.calibration: list[tuple[str, str, int, int, int]] = []
         self.ok = False
 
 
@@ -49,6 +57,7 @@ async def read_database(db: Database) -> DatabaseSnapshot:
             stats = await read_request_stats(session)
             snap.jobs = await read_job_stats(session)
         snap.by_status, snap.calls, snap.latencies = stats.by_status, stats.calls, stats.latencies
+        snap.drift, snap.calibration = stats.drift, stats.calibration
         snap.ok = True
     except Exception as exc:  # metrics must answer even while the database does not
         log.warning("metrics: database read failed: %s", type(exc).__name__)
@@ -124,32 +133,66 @@ class _SnapshotCollector(Collector):
             buckets.append(("+Inf", float(len(values))))
             latency.add_metric([purpose], buckets, sum_value=sum(values))
         yield latency
+        yield from _calibration_families(snap)
+        yield from _job_families(snap)
 
-        # Background summary jobs (SPEC §6.6): by kind and outcome, their calls and tokens.
-        jobs = GaugeMetricFamily(
-            "sidequest_background_jobs",
-            "Background summary jobs by kind and status",
-            labels=["kind", "status"],
-        )
-        for kind, status, n in snap.jobs.by_outcome:
-            jobs.add_metric([kind, status], float(n))
-        yield jobs
-        job_calls = GaugeMetricFamily(
-            "sidequest_background_calls",
-            "Provider calls of background jobs by kind and call status",
-            labels=["kind", "status"],
-        )
-        for kind, status, n in snap.jobs.calls:
-            job_calls.add_metric([kind, status], float(n))
-        yield job_calls
-        job_tokens = GaugeMetricFamily(
-            "sidequest_background_tokens",
-            "Tokens reported for background jobs' calls by kind and direction",
-            labels=["kind", "direction"],
-        )
-        for kind, direction, n in snap.jobs.tokens:
-            job_tokens.add_metric([kind, direction], float(n))
-        yield job_tokens
+
+def _calibration_families(snap: DatabaseSnapshot) -> Iterable[Metric]:
+    ratio = GaugeMetricFamily(
+        "sidequest_calibration_ratio",
+        "Calibration ratio in use (provider / estimate, clamped 0.5-2.0; 1.0 below 5 samples)",
+        labels=["provider", "model"],
+    )
+    samples = GaugeMetricFamily(
+        "sidequest_calibration_samples", "Calibration samples recorded", labels=["provider", "model"]
+    )
+    for provider, model, count, estimate_sum, provider_sum in snap.calibration:
+        calibration = Calibration(samples=count, estimate_sum=estimate_sum, provider_sum=provider_sum)
+        ratio.add_metric([provider, model], calibration.ratio)
+        samples.add_metric([provider, model], float(count))
+    yield ratio
+    yield samples
+    drift = HistogramMetricFamily(
+        "sidequest_prompt_drift_ratio",
+        "Answer calls: provider prompt tokens / estimated prompt tokens (raw estimate, uncalibrated)",
+        labels=["model"],
+    )
+    per_model: dict[str, list[float]] = {}
+    for model, value in snap.drift:
+        per_model.setdefault(model, []).append(value)
+    for model, values in sorted(per_model.items()):
+        buckets = [(str(b), float(sum(1 for v in values if v <= b))) for b in DRIFT_BUCKETS]
+        buckets.append(("+Inf", float(len(values))))
+        drift.add_metric([model], buckets, sum_value=sum(values))
+    yield drift
+
+
+def _job_families(snap: DatabaseSnapshot) -> Iterable[Metric]:
+    """Background summary jobs (SPEC §6.6): by kind and outcome, their calls and tokens."""
+    jobs = GaugeMetricFamily(
+        "sidequest_background_jobs",
+        "Background summary jobs by kind and status",
+        labels=["kind", "status"],
+    )
+    for kind, status, n in snap.jobs.by_outcome:
+        jobs.add_metric([kind, status], float(n))
+    yield jobs
+    job_calls = GaugeMetricFamily(
+        "sidequest_background_calls",
+        "Provider calls of background jobs by kind and call status",
+        labels=["kind", "status"],
+    )
+    for kind, status, n in snap.jobs.calls:
+        job_calls.add_metric([kind, status], float(n))
+    yield job_calls
+    job_tokens = GaugeMetricFamily(
+        "sidequest_background_tokens",
+        "Tokens reported for background jobs' calls by kind and direction",
+        labels=["kind", "direction"],
+    )
+    for kind, direction, n in snap.jobs.tokens:
+        job_tokens.add_metric([kind, direction], float(n))
+    yield job_tokens
 
 
 class Metrics:

@@ -44,6 +44,7 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "Too large",
         422: "Invalid input",
         429: "Too many queued requests in this session",
+        503: "The database cannot be reached (service_unavailable; retry after Retry-After seconds)",
     }
     return {s: {"model": ErrorBody, "description": descriptions.get(s, "Error")} for s in statuses}
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from service.config import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 from service.context_info import ContextInfo
+from service.store.archive import NO_NUL_PATTERN, OPENAPI_REFS, STORABLE_JSON, STORABLE_OBJECT
 from service.store.settings import MAX_SUMMARY_INSTRUCTIONS_BYTES
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
@@ -20,7 +21,15 @@ Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 # PostgreSQL text cannot hold NUL, and a lone surrogate cannot be encoded as UTF-8: both would
 # otherwise fail deep in the driver, so they are refused as input errors up front.
 _FORBIDDEN = "NUL characters and unpaired surrogates are not allowed"
-NO_NUL: dict[str, Any] = {"pattern": "^[^\\u0000]*$"}
+NO_NUL: dict[str, Any] = {"pattern": NO_NUL_PATTERN}
+# Open JSON (content blocks, tool schemas, extra keys) without NUL at any depth: the recursive
+# definitions live in the OpenAPI components (service/store/archive.py: storable_json_defs; the app
+# adds them), so the schema says what the snapshot routes refuse (422 invalid_snapshot).
+_STORABLE_JSON: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_JSON}
+_STORABLE_OBJECT: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_OBJECT}
+_OPEN_NO_NUL: dict[str, Any] = {"propertyNames": NO_NUL, "additionalProperties": _STORABLE_JSON}
+NulFreeText = Annotated[str, Field(json_schema_extra=NO_NUL)]
+NulFreeObject = Annotated[dict[str, Any], WithJsonSchema(_STORABLE_OBJECT)]
 
 
 def check_text(value: str) -> str:
@@ -44,32 +53,32 @@ def _check_optional_text(value: str | None) -> str | None:
 class SnapshotTool(BaseModel):
     """A tool schema of the main session (Anthropic style; OpenAI function tools accepted too)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_OPEN_NO_NUL)
 
-    name: str | None = None
-    description: str | None = None
-    input_schema: dict[str, Any] | None = None
+    name: NulFreeText | None = None
+    description: NulFreeText | None = None
+    input_schema: NulFreeObject | None = None
 
 
 class SnapshotMessage(BaseModel):
     """One message of the main session, Anthropic or OpenAI style."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_OPEN_NO_NUL)
 
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    role: NulFreeText
+    content: NulFreeText | list[NulFreeObject] | None = None
 
 
 class Snapshot(BaseModel):
     """The main session's context (never modified by Sidequest)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_OPEN_NO_NUL)
 
     snapshot_id: Annotated[str, Field(min_length=1, max_length=500, json_schema_extra=NO_NUL)] | None = Field(
         default=None, description="Store the inline snapshot under this id (default: its content hash)."
     )
-    taken_at: str | None = None
-    system: str | list[dict[str, Any]] | None = None
+    taken_at: NulFreeText | None = None
+    system: NulFreeText | list[NulFreeObject] | None = None
     tools: list[SnapshotTool] | None = None
     messages: list[SnapshotMessage] = Field(default_factory=list)
     context_window: Annotated[int, Field(ge=1, le=100_000_000)] | None = None

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
+from typing import TypeVar
 
 from sse_starlette.event import ServerSentEvent
 
 from service.store import events as events_store
-from service.store.db import Database
+from service.store.db import Database, is_unavailable
 from service.store.events import NOTIFY_CHANNEL, Event, request_events_after
 from service.store.listener import Listener
 
@@ -32,6 +34,25 @@ PING_S = 15.0
 # Re-read even without a notification this often: a cheap fallback, never the main path.
 FALLBACK_POLL_S = 5.0
 SEND_TIMEOUT_S = 30.0
+# While PostgreSQL is unreachable an open stream waits and re-reads (SPEC §9): it keeps its cursor,
+# so when the database is back it continues with no gap and no duplicate, and a browser's
+# EventSource (which gives up on a non-200 reconnect) never sees the outage.
+OUTAGE_RETRY_S = (0.2, 2.0)
+
+T = TypeVar("T")
+
+
+async def _read_through_outage(read: Callable[[], Awaitable[T]]) -> T:
+    """``await read()``, retried with backoff while the database is unreachable; other errors raise."""
+    delay, ceiling = OUTAGE_RETRY_S
+    while True:
+        try:
+            return await read()
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, ceiling)
 
 
 class EventHub:
@@ -127,6 +148,11 @@ async def _request_exists(db: Database, request_id: uuid.UUID) -> bool:
         return await events_store.request_exists(session, request_id)
 
 
+async def _request_events(db: Database, request_id: uuid.UUID, after: int) -> list[Event]:
+    async with db.sessions() as session:
+        return await request_events_after(session, request_id, after)
+
+
 async def request_stream(
     db: Database, hub: EventHub, request_id: uuid.UUID, after: int, *, poll_s: float = FALLBACK_POLL_S
 ) -> AsyncIterator[ServerSentEvent]:
@@ -135,8 +161,7 @@ async def request_stream(
     with hub.subscribe(request_id=str(request_id)) as wake:
         while True:
             wake.clear()  # before reading: a notification racing the read re-triggers the loop
-            async with db.sessions() as session:
-                events = await request_events_after(session, request_id, after)
+            events = await _read_through_outage(functools.partial(_request_events, db, request_id, after))
             for event in events:
                 assert event.seq is not None  # a request's own events always have a seq
                 yield _message(event, event.seq)
@@ -146,7 +171,9 @@ async def request_stream(
             if events:
                 continue
             await _wait(wake, poll_s)
-            if not wake.is_set() and not await _request_exists(db, request_id):
+            if not wake.is_set() and not await _read_through_outage(
+                functools.partial(_request_exists, db, request_id)
+            ):
                 return  # purged by the sweep: nothing more will ever come
 
 
@@ -185,7 +212,7 @@ async def session_stream(
     with hub.subscribe(session_id=str(session_id)) as wake:
         while True:
             wake.clear()
-            events = await _session_events(db, session_id, after)
+            events = await _read_through_outage(functools.partial(_session_events, db, session_id, after))
             for event, deleted_at in events:
                 after = event.id
                 visible = resumed or deleted_at is None or deleted_at > opened_at or event.request_id in seen

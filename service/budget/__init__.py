@@ -36,6 +36,7 @@ from service.budget.estimate import (
     estimate_system,
     estimate_text,
     estimate_tools,
+    overflow_target,
 )
 from service.budget.messages import (
     MessageGroup,
@@ -120,6 +121,7 @@ __all__ = [
     "normalize_messages",
     "normalize_messages_with_system",
     "normalize_snapshot",
+    "overflow_target",
     "plan_cut",
     "plan_window",
     "pressure",

@@ -12,7 +12,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Final
 
-from service.budget.estimate import BYTES_PER_TOKEN, utf8_length
+from service.budget.estimate import BYTES_PER_TOKEN, Calibration, utf8_length
 
 # Output cap of a summary call's first attempt and of its single retry.
 FIRST_OUTPUT_TOKENS: Final = 2048
@@ -27,15 +27,27 @@ _ZWNJ: Final = "\u200c"
 
 
 def summary_capacity(
-    window: int, prompt_tokens: int, safety_margin: int, retry_output_tokens: int = RETRY_OUTPUT_TOKENS
+    window: int,
+    prompt_tokens: int,
+    safety_margin: int,
+    retry_output_tokens: int = RETRY_OUTPUT_TOKENS,
+    calibration: Calibration | None = None,
 ) -> int:
     """Tokens of material one summary call may carry: window − margin − retry output − prompt.
 
     Sized for the retry (output cap 8192, the larger of the two attempts) so that a retry from the
     same material always fits; ``prompt_tokens`` is the larger of the two attempts' prompts without
     the material. May be ≤ 0: the caller must then fail rather than chunk.
+
+    With a ``calibration`` (SPEC §5.1) the room the window leaves for the input is in the provider's
+    tokens and the prompt and material are in ours: the whole input (prompt + material) must fit once
+    scaled, so the capacity is ``raw_capacity(room) − prompt``. The result stays a raw estimate (what
+    the chunker packs), never a rewritten segment.
     """
-    return window - safety_margin - retry_output_tokens - prompt_tokens
+    room = window - safety_margin - retry_output_tokens
+    if calibration is not None:
+        room = calibration.raw_capacity(room)
+    return room - prompt_tokens
 
 
 def _is_regional_indicator(char: str) -> bool:

@@ -231,10 +231,39 @@ class Calibration:
         """Σ provider / Σ estimate clamped to [0.5, 2.0]; 1.0 below 5 samples."""
         return float(self._ratio())
 
+    @property
+    def in_use(self) -> bool:
+        """Whether there are enough samples for the ratio to be used (≥ 5)."""
+        return self.samples >= CALIBRATION_MIN_SAMPLES and self.estimate_sum > 0
+
+    @property
+    def applied(self) -> bool:
+        """Whether the ratio is in use and changes anything (≠ 1), as ``context_info`` reports it."""
+        return self.in_use and self._ratio() != 1
+
     def apply(self, total: int) -> int:
-        """``total`` scaled by the ratio, rounded up (exact integer arithmetic)."""
+        """``total`` scaled by the ratio, rounded up (exact integer arithmetic).
+
+        This is the *fit* total: what the provider is expected to count for a request whose raw
+        estimate is ``total``. Only a fit decision uses it; segments and ``estimate.*`` stay raw.
+        """
         ratio = self._ratio()
         return -(-(total * ratio.numerator) // ratio.denominator)
+
+    def raw_capacity(self, capacity: int) -> int:
+        """The largest raw estimate whose calibrated total fits ``capacity`` (rounded down).
+
+        The inverse of :meth:`apply` for sizing: how much material, by our estimate, fits a room of
+        ``capacity`` provider tokens (a summary chunk). A non-positive capacity is returned as is.
+        """
+        if capacity <= 0:
+            return capacity
+        ratio = self._ratio()
+        return capacity * ratio.denominator // ratio.numerator
+
+    def info(self) -> dict[str, Any]:
+        """``context_info.calibration``: ``{ratio, samples, applied}``."""
+        return {"ratio": round(self.ratio, 4), "samples": self.samples, "applied": self.applied}
 
     def as_dict(self) -> dict[str, int]:
         """The three counters, for persisting between requests."""
@@ -252,3 +281,16 @@ class Calibration:
         if samples < 0 or estimate_sum < 0 or provider_sum < 0:
             return cls()
         return cls(samples=samples, estimate_sum=estimate_sum, provider_sum=provider_sum)
+
+
+def overflow_target(input_budget: int, estimate: int, prompt_tokens: int) -> int:
+    """The raw estimate a request must shrink to after an overflow that stated its real count.
+
+    The provider counted ``prompt_tokens`` for a request we estimated at ``estimate``: its tokenizer
+    counts ``prompt_tokens / estimate`` of ours, so the request fits ``input_budget`` real tokens once
+    its raw estimate is at most ``input_budget × estimate / prompt_tokens`` (rounded down). Without a
+    usable count (``prompt_tokens`` or ``estimate`` ≤ 0) the budget itself is the target.
+    """
+    if prompt_tokens <= 0 or estimate <= 0:
+        return max(0, input_budget)
+    return max(0, input_budget * estimate // prompt_tokens)

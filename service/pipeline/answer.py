@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from service.budget import QAItem, pressure, prompt_drift
+from service.budget import QAItem, overflow_target, pressure, prompt_drift
 from service.context_info import EstimateInfo
 from service.pipeline.compaction import ContextPlan, snapshot_job_key
 from service.pipeline.deltas import DeltaCoalescer
@@ -51,8 +51,9 @@ def build_answer(
 
 
 def fits_budget(rt: RequestRuntime, prepared: Prepared, total: int) -> bool:
-    """THE fit decision (SPEC §5, §6.2): does a request of this estimate fit the input budget?"""
-    return total <= prepared.input_budget
+    """THE fit decision (SPEC §5, §5.1, §6.2): does a request of this raw estimate fit the input
+    budget, once the learned ratio scales the total (never a segment)?"""
+    return rt.calibration.apply(total) <= prepared.input_budget
 
 
 def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None:
@@ -61,7 +62,8 @@ def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None
     rt.info.pressure = pressure(answer.estimate.total, prepared.input_budget)  # type: ignore[assignment]
 
 
-Shrink = Callable[[AnswerRequest], Awaitable[AnswerRequest | None]]
+# Shrink the request (overflow recovery); the int, when given, is the raw estimate to reach.
+Shrink = Callable[[AnswerRequest, int | None], Awaitable[AnswerRequest | None]]
 
 
 async def answer(
@@ -82,7 +84,13 @@ async def answer(
             if deltas.streamed_chars or rt.info.overflow_retries:
                 raise
             await rt.progress({"what": "overflow_retry", "estimate_before": request.estimate.total})
-            shrunk = await shrink(request)
+            target: int | None = None
+            if exc.prompt_tokens:
+                # The error states the prompt's real count: a calibration sample, and the size to
+                # shrink to (SPEC §5.1) instead of a guess.
+                await rt.book.sample(prepared.models.answer, request.estimate.total, exc.prompt_tokens)
+                target = overflow_target(prepared.input_budget, request.estimate.total, exc.prompt_tokens)
+            shrunk = await shrink(request, target)
             if shrunk is None:
                 raise PipelineFailure(
                     "context_overflow",

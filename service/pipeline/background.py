@@ -23,6 +23,7 @@ import time
 from typing import Any, Literal
 
 from service.budget import CutRefusal, plan_cut
+from service.pipeline.calibration import CalibrationBook
 from service.pipeline.failures import error_object
 from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers
 from service.pipeline.runtime import PipelineDeps
@@ -95,6 +96,8 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
         if inputs is None or inputs.clear_version != job.clear_version:
             return await _end(deps, job, JobOutcome("cancelled", error=_gone()))
         models = choose_models(deps.settings, inputs.settings, None, deps.provider.default_model)
+        book = CalibrationBook(deps.db, deps.settings.provider, enabled=deps.settings.calibration_on)
+        calibration = await book.snapshot(models.summary)
 
         def runner(window: int, margin: int) -> SummaryRunner:
             return SummaryRunner(
@@ -110,6 +113,8 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 clock=deps.clock,
                 parallelism=deps.settings.summary_parallelism,
                 instructions=_instructions(inputs.settings),
+                calibration=calibration,
+                on_sample=book.sample,
             )
 
         async with asyncio.timeout(timeout + 1.0):  # the calls' own deadline should always win

@@ -19,6 +19,7 @@ from typing import Any
 from service.budget import WindowPlan, plan_window, resolve_output_cap, resolve_window
 from service.budget.prepared import PreparedSnapshot
 from service.config import Settings
+from service.context_info import CalibrationInfo
 from service.pipeline.failures import PipelineFailure
 from service.pipeline.runtime import RequestRuntime
 from service.store import queue
@@ -145,6 +146,11 @@ async def prepare(rt: RequestRuntime) -> Prepared:
     plan = plan_numbers(settings, session_settings, claimed.options, snapshot)
     for name, value in plan.as_dict().items():
         setattr(rt.info, name, value)
+    rt.calibration = await rt.book.snapshot(models.answer)
+    rt.summary_calibration = (
+        rt.calibration if models.summary == models.answer else await rt.book.snapshot(models.summary)
+    )
+    rt.info.calibration = CalibrationInfo(**rt.calibration.info())
     memory = claimed.memory
     return Prepared(
         claimed=claimed,

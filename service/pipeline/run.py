@@ -27,6 +27,7 @@ from service.pipeline.prepare import Prepared, prepare
 from service.pipeline.runtime import PipelineDeps, RequestRuntime
 from service.pipeline.summaries import summary_runner
 from service.store import queue
+from service.store.db import is_unavailable
 from service.summary.document import BODY_TOKEN_LIMIT
 from service.summary.prompts import AnswerRequest
 
@@ -99,9 +100,9 @@ class _Request:
         meter(rt, prepared, request)
         await rt.enter("answering")
 
-        async def shrink(current: AnswerRequest) -> AnswerRequest | None:
+        async def shrink(current: AnswerRequest, target: int | None) -> AnswerRequest | None:
             nonlocal context
-            shrunk = await self.shrink(prepared, history, context, current)
+            shrunk = await self.shrink(prepared, history, context, current, target)
             if shrunk is None:
                 return None
             context, smaller = shrunk
@@ -110,9 +111,18 @@ class _Request:
         return await answer(rt, prepared, history, context, request, shrink)
 
     async def shrink(
-        self, prepared: Prepared, history: HistoryPlan, context: ContextPlan, current: AnswerRequest
+        self,
+        prepared: Prepared,
+        history: HistoryPlan,
+        context: ContextPlan,
+        current: AnswerRequest,
+        target: int | None = None,
     ) -> tuple[ContextPlan, AnswerRequest] | None:
-        """Overflow recovery's one shrink: fold the replayed Q&A, then compact harder. None: nothing to do."""
+        """Overflow recovery's one shrink: fold the replayed Q&A, then compact harder. None: nothing to do.
+
+        ``target``: the raw estimate to reach when the provider stated the prompt's real count
+        (SPEC §5.1); the kept messages are then sized for it instead of halved.
+        """
         rt = self.rt
         changed = False
         if history.replay.replay:
@@ -130,6 +140,11 @@ class _Request:
             # Keep half of what is kept now (never more than the default recent budget), and accept any
             # non-empty old part: the provider already said the prompt is too long.
             kept_tokens = context.kept_tokens(snapshot)
+            recent_budget = min(RECENT_BUDGET_TOKENS, kept_tokens) // 2
+            if target is not None:
+                around = build_answer(prepared, history, context).estimate.total - kept_tokens
+                room = 0 if context.summary is not None else FOLD_SUMMARY_BOUND
+                recent_budget = max(0, min(RECENT_BUDGET_TOKENS, target - around - room))
 
             def always(_summary: str | None, _kept: Any, _tokens: int) -> bool:
                 return False
@@ -139,7 +154,7 @@ class _Request:
                 prepared,
                 summary_runner(rt, prepared),
                 always,
-                recent_budget=min(RECENT_BUDGET_TOKENS, kept_tokens) // 2,
+                recent_budget=recent_budget,
                 min_summarized=0,
                 current=context,
             )
@@ -193,6 +208,10 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
     except asyncio.CancelledError:
         raise
     except Exception as exc:
+        if is_unavailable(exc, include_timeouts=False):
+            # The database went away (SPEC §9): write nothing; the lease expires and the sweep runs
+            # the request again (or fails it worker_lost) once PostgreSQL is back.
+            return Outcome("lost")
         error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
         written = await request.fail(exc)
         return Outcome("failed" if written else "lost", error=error)

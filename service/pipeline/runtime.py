@@ -18,8 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.budget import Calibration
 from service.config import Settings
 from service.context_info import ContextInfo
+from service.pipeline.calibration import CalibrationBook
 from service.pipeline.failures import RequestLost
 from service.pipeline.recorder import LedgerRecorder
 from service.pipeline.waiting import JobWaiter
@@ -57,6 +59,10 @@ class RequestRuntime:
         self.info = ContextInfo.starting(claimed.attempt)
         self.recorder = LedgerRecorder(deps.db, claimed.id, deps.owner)
         self.budget = SummaryCallBudget(deps.settings.max_summary_calls)
+        # SPEC §5.1: the learned ratio per (provider, model), as it stood when the request was prepared.
+        self.book = CalibrationBook(deps.db, deps.settings.provider, enabled=deps.settings.calibration_on)
+        self.calibration = Calibration.empty()
+        self.summary_calibration = Calibration.empty()
 
     @property
     def request_id(self) -> str:

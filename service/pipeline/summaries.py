@@ -23,6 +23,8 @@ def summary_runner(rt: RequestRuntime, prepared: Prepared) -> SummaryRunner:
         clock=rt.deps.clock,
         parallelism=rt.deps.settings.summary_parallelism,
         instructions=prepared.summary_instructions,
+        calibration=rt.summary_calibration,
+        on_sample=rt.book.sample,
     )
 
 

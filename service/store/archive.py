@@ -636,12 +636,62 @@ _TIMESTAMP_NOTE: Final = (
 )
 
 
+# PostgreSQL cannot store NUL (U+0000) in text or JSONB: every string the service stores says so.
+NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
+STORABLE_JSON: Final = "StorableJson"
+STORABLE_OBJECT: Final = "StorableObject"
+OPENAPI_REFS: Final = "#/components/schemas/"
+STANDALONE_REFS: Final = "#/$defs/"
+
+
+def storable_json_defs(refs: str) -> dict[str, dict[str, Any]]:
+    """``StorableJson`` (any JSON value) and ``StorableObject`` (a JSON object) without NUL anywhere.
+
+    Recursive: strings and keys at every depth match :data:`NO_NUL_PATTERN`. ``refs`` is the prefix
+    the two definitions are found under (``#/components/schemas/`` in OpenAPI, ``#/$defs/`` in a
+    standalone schema).
+    """
+    value = {"$ref": refs + STORABLE_JSON}
+    obj: dict[str, Any] = {
+        "type": "object",
+        "propertyNames": {"pattern": NO_NUL_PATTERN},
+        "additionalProperties": value,
+        "description": "A JSON object without NUL characters in any string or key (PostgreSQL refuses them).",
+    }
+    return {
+        STORABLE_JSON: {
+            "description": "Any JSON value without NUL characters in any string or key.",
+            "anyOf": [
+                {"type": "string", "pattern": NO_NUL_PATTERN},
+                {"type": ["number", "boolean", "null"]},
+                {"type": "array", "items": value},
+                {"$ref": refs + STORABLE_OBJECT},
+            ],
+        },
+        STORABLE_OBJECT: obj,
+    }
+
+
+def _text(schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A string schema (or ``schema``) that also refuses NUL, as :func:`parse_archive` does."""
+    return {"type": "string", **(schema or {}), "pattern": NO_NUL_PATTERN}
+
+
+def _object(refs: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (an open object) whose other keys and values hold no NUL either."""
+    return {
+        **schema,
+        "propertyNames": {"pattern": NO_NUL_PATTERN},
+        "additionalProperties": {"$ref": refs + STORABLE_JSON},
+    }
+
+
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     kind = schema["type"]
     return {**schema, "type": [kind, "null"]}
 
 
-def _question_schema(version: int) -> dict[str, Any]:
+def _question_schema(version: int, refs: str = STANDALONE_REFS) -> dict[str, Any]:
     timestamp: dict[str, Any] = {"type": "string", "format": "date-time", "description": _TIMESTAMP_NOTE}
     properties: dict[str, Any] = {
         "ordinal": {
@@ -650,8 +700,8 @@ def _question_schema(version: int) -> dict[str, Any]:
             "maximum": _MAX_ORDINAL,
             "description": "identifies the request within its session; kept by restore; unique in an archive",
         },
-        "question": {"type": "string"},
-        "answer": {"type": "string"},
+        "question": _text(),
+        "answer": _text(),
         "created_at": timestamp,
     }
     schema: dict[str, Any] = {
@@ -662,50 +712,62 @@ def _question_schema(version: int) -> dict[str, Any]:
     }
     if version >= 2:
         counters = {name: {"type": "integer", "minimum": 0} for name in _USAGE_COUNTERS}
-        call = {
-            "type": "object",
-            "properties": {
-                "purpose": {"type": "string"},
-                "model": {"type": ["string", "null"]},
-                "status": {"type": "string"},
-                "reported": {"type": "boolean"},
-                **counters,
+        call = _object(
+            refs,
+            {
+                "type": "object",
+                "properties": {
+                    "purpose": _text(),
+                    "model": _text({"type": ["string", "null"]}),
+                    "status": _text(),
+                    "reported": {"type": "boolean"},
+                    **counters,
+                },
             },
-        }
+        )
         properties.update(
-            answer={"type": ["string", "null"], "description": "required text when status is succeeded"},
+            answer=_text(
+                {"type": ["string", "null"], "description": "required text when status is succeeded"}
+            ),
             status={
                 "enum": sorted(TERMINAL_STATUSES, reverse=True),
                 "default": "succeeded",
                 "description": "archives hold finished requests only",
             },
-            error={
-                "type": ["object", "null"],
-                "required": ["code", "message"],
-                "properties": {
-                    "code": {"type": "string"},
-                    "message": {"type": "string"},
-                    "detail": {"type": ["object", "null"]},
+            error=_object(
+                refs,
+                {
+                    "type": ["object", "null"],
+                    "required": ["code", "message"],
+                    "properties": {
+                        "code": _text(),
+                        "message": _text(),
+                        "detail": {"anyOf": [{"$ref": refs + STORABLE_OBJECT}, {"type": "null"}]},
+                    },
+                    "default": None,
                 },
-                "default": None,
-            },
-            usage={
-                "type": "object",
-                "description": "cumulative usage (SPEC §3); missing → zeros and no calls",
-                "properties": {**counters, "calls": {"type": "array", "items": call}},
-            },
-            model=_nullable({"type": "string", "maxLength": _MAX_MODEL}),
+            ),
+            usage=_object(
+                refs,
+                {
+                    "type": "object",
+                    "description": "cumulative usage (SPEC §3); missing → zeros and no calls",
+                    "properties": {**counters, "calls": {"type": "array", "items": call}},
+                },
+            ),
+            model=_nullable(_text({"maxLength": _MAX_MODEL})),
             started_at=_nullable(timestamp),
             finished_at=_nullable(timestamp),
             snapshot_id=_nullable(
-                {
-                    "type": "string",
-                    "maxLength": _MAX_SNAPSHOT_ID,
-                    "description": "a reference only: archives carry no snapshot content",
-                }
+                _text(
+                    {
+                        "maxLength": _MAX_SNAPSHOT_ID,
+                        "description": "a reference only: archives carry no snapshot content",
+                    }
+                )
             ),
             truncated={"type": "boolean", "default": False},
-            stop_reason=_nullable({"type": "string", "maxLength": _MAX_STOP_REASON}),
+            stop_reason=_nullable(_text({"maxLength": _MAX_STOP_REASON})),
         )
         schema["allOf"] = [
             {
@@ -714,11 +776,14 @@ def _question_schema(version: int) -> dict[str, Any]:
             }
         ]
     if version >= 3:
-        properties["context_info"] = {
-            "type": "object",
-            "default": {},
-            "description": "the request's budget report (SPEC §3 context_info); missing → {}",
-        }
+        properties["context_info"] = _object(
+            refs,
+            {
+                "type": "object",
+                "default": {},
+                "description": "the request's budget report (SPEC §3 context_info); missing → {}",
+            },
+        )
         properties["pinned"] = {
             "type": "boolean",
             "default": False,
@@ -793,22 +858,25 @@ _DESCRIPTIONS: Final = {
 
 
 def archive_json_schema(version: int, *, standalone: bool = True) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a version ``version`` archive, self-contained (no ``$ref``).
+    """The JSON Schema (draft 2020-12) of a version ``version`` archive.
 
-    ``standalone`` adds ``$schema``/``$id`` for the published files; an OpenAPI document embeds the
-    schema without them. What a schema cannot say is checked by :func:`parse_archive` (unique
-    ordinals, text PostgreSQL cannot store).
+    ``standalone`` adds ``$schema``/``$id`` for the published files and carries the NUL-free JSON
+    definitions (:func:`storable_json_defs`) in its own ``$defs``; an OpenAPI document embeds the
+    schema without them and refers to ``#/components/schemas/`` instead (the app adds them there).
+    What a schema cannot say is checked by :func:`parse_archive` (unique ordinals).
     """
+    refs = STANDALONE_REFS if standalone else OPENAPI_REFS
     if version not in ARCHIVE_VERSIONS:
         raise ValueError(f"no archive version {version}")
     properties: dict[str, Any] = {
         "version": {"const": version},
-        "parent_id": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": _MAX_PARENT_ID,
-            "description": "the session it was exported from; restore uses the parent id of its URL",
-        },
+        "parent_id": _text(
+            {
+                "minLength": 1,
+                "maxLength": _MAX_PARENT_ID,
+                "description": "the session it was exported from; restore uses the parent id of its URL",
+            }
+        ),
         "exported_at": {
             "type": "string",
             "format": "date-time",
@@ -821,28 +889,34 @@ def archive_json_schema(version: int, *, standalone: bool = True) -> dict[str, A
             "additionalProperties": False,
             "description": "missing → empty memory",
             "properties": {
-                "memory": {
-                    "type": "object",
-                    "description": "the session's memory; missing parts are empty, other keys are kept",
-                    "properties": {
-                        "qa_summary": {
-                            "type": ["object", "null"],
-                            "default": None,
-                            "description": "the rolling Q&A summary (document and provenance)",
-                        },
-                        "context_summaries": {
-                            "type": "array",
-                            "default": [],
-                            "description": "the context-summary cache, keyed by the content hash of the "
-                            "summarised prefix",
-                            "items": {
-                                "type": "object",
-                                "required": ["key"],
-                                "properties": {"key": {"type": "string", "minLength": 1}},
+                "memory": _object(
+                    refs,
+                    {
+                        "type": "object",
+                        "description": "the session's memory; missing parts are empty, other keys are kept",
+                        "properties": {
+                            "qa_summary": {
+                                "anyOf": [{"$ref": refs + STORABLE_OBJECT}, {"type": "null"}],
+                                "default": None,
+                                "description": "the rolling Q&A summary (document and provenance)",
+                            },
+                            "context_summaries": {
+                                "type": "array",
+                                "default": [],
+                                "description": "the context-summary cache, keyed by the content hash of "
+                                "the summarised prefix",
+                                "items": _object(
+                                    refs,
+                                    {
+                                        "type": "object",
+                                        "required": ["key"],
+                                        "properties": {"key": _text({"minLength": 1})},
+                                    },
+                                ),
                             },
                         },
                     },
-                },
+                ),
                 "handoffs": {
                     "type": "array",
                     "default": [],
@@ -862,7 +936,7 @@ def archive_json_schema(version: int, *, standalone: bool = True) -> dict[str, A
     properties["questions"] = {
         "type": "array",
         "description": "finished requests in ascending ordinal",
-        "items": _question_schema(version),
+        "items": _question_schema(version, refs),
     }
     schema: dict[str, Any] = {
         "title": f"Sidequest side-question archive, version {version}",
@@ -877,6 +951,7 @@ def archive_json_schema(version: int, *, standalone: bool = True) -> dict[str, A
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "$id": f"urn:sidequest:archive:v{version}",
             **schema,
+            "$defs": storable_json_defs(STANDALONE_REFS),
         }
     return schema
 

@@ -1,4 +1,11 @@
-"""The one engine / session factory, and the schema-at-head check used by ``/readyz``."""
+"""The one engine / session factory, the schema-at-head check used by ``/readyz``, and what counts
+as "the database is unreachable" (SPEC §9).
+
+Nothing may hang while PostgreSQL is away: a new connection gives up after
+:data:`CONNECT_TIMEOUT_S`, a statement after :data:`COMMAND_TIMEOUT_S`, and waiting for a free pooled
+connection after :data:`POOL_TIMEOUT_S`. Every driver / OS error that means "unreachable" is recognised
+by :func:`is_unavailable`, so the API answers one ``503 service_unavailable`` for all of them.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,10 @@ import json
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
@@ -26,6 +34,86 @@ def _alembic_home() -> Path:
 ROOT = _alembic_home()
 ALEMBIC_INI = ROOT / "alembic.ini"
 MIGRATIONS_DIR = ROOT / "migrations"
+
+# Outage bounds (SPEC §9: "within a few seconds, never a hang"). A refused connection fails at once;
+# these only bound the cases where nothing answers at all (a dead host, a half-open socket).
+# 5 s rather than less: a loaded machine can take a second or two to accept a connection, and a
+# spurious 503 under load would be worse than a slower one during a real outage.
+CONNECT_TIMEOUT_S: Final = 5.0
+POOL_TIMEOUT_S: Final = 5.0
+# Our statements are short (no transaction spans a model call); a 32 MiB snapshot insert takes well
+# under a second locally. A statement still running after this is treated as an outage.
+COMMAND_TIMEOUT_S: Final = 10.0
+
+
+class DatabaseUnavailable(Exception):
+    """PostgreSQL cannot be reached (refused, dropped, timed out); the API answers 503."""
+
+
+# PostgreSQL's own "cannot serve you now" states: admin shutdown (57P01, ``pg_ctl stop -m fast``),
+# crash shutdown (57P02), cannot connect now (57P03: starting up or shutting down), too many
+# connections (53300: every slot taken, e.g. by other clients of a shared server).
+_SHUTDOWN_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool:
+    """Whether ``exc`` (or what it wraps) means the database is unreachable rather than a bug.
+
+    Walks the driver's wrapper chain (SQLAlchemy's ``DBAPIError.orig`` and its ``__cause__``, the
+    asyncpg error):
+    connection refused / reset and DNS failures (``OSError``), timeouts (connect, command, pool
+    checkout), asyncpg's connection errors, PostgreSQL's shutdown states, and any SQLAlchemy error
+    whose connection was invalidated as a disconnect.
+
+    asyncpg raises a connect or command timeout as a bare ``TimeoutError``, which cannot be told
+    from any other deadline; ``include_timeouts=False`` leaves bare timeouts out, for callers (the
+    pipeline) that have deadlines of their own. SQLAlchemy's pool timeout always counts.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, TimeoutError):  # before OSError: TimeoutError is one
+            if include_timeouts:
+                return True
+            continue
+        if isinstance(
+            current,
+            DatabaseUnavailable | OSError | sa_exc.TimeoutError | asyncpg.PostgresConnectionError,
+        ):
+            return True
+        if (
+            isinstance(current, asyncpg.PostgresError)
+            and getattr(current, "sqlstate", None) in _SHUTDOWN_STATES
+        ):
+            return True
+        if isinstance(current, asyncpg.InterfaceError) and "connection is closed" in str(current):
+            return True
+        if isinstance(current, sa_exc.DBAPIError):
+            if current.connection_invalidated:
+                return True
+            pending.append(current.orig)
+        if isinstance(current, sa_exc.SQLAlchemyError) or type(current).__module__.startswith("sqlalchemy"):
+            # Only the driver's wrappers are unwrapped: another library's error that merely
+            # happened while handling an OSError (an HTTP timeout, say) is not an outage.
+            pending.append(current.__cause__)
+    return False
+
+
+# What a best-effort database step (a calibration sample, a metrics scrape) catches: the errors
+# :func:`is_unavailable` can recognise. Callers still check :func:`is_unavailable` when a bug must
+# not be swallowed.
+DB_ERRORS: Final = (
+    DatabaseUnavailable,
+    OSError,
+    TimeoutError,
+    sa_exc.SQLAlchemyError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+)
 
 
 @dataclass
@@ -86,12 +174,19 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 def connect(url: str, *, pool_size: int = 10) -> Database:
-    """Create the engine for ``url`` (``postgresql+asyncpg://…``)."""
+    """Create the engine for ``url`` (``postgresql+asyncpg://…``).
+
+    The pool reconnects by itself after an outage: ``pool_pre_ping`` replaces a connection that died
+    while idle, and a connection that dies mid-statement is invalidated by SQLAlchemy and replaced on
+    the next checkout. The timeouts bound every wait (module docstring).
+    """
     engine = create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
+        pool_timeout=POOL_TIMEOUT_S,
+        connect_args={"timeout": CONNECT_TIMEOUT_S, "command_timeout": COMMAND_TIMEOUT_S},
         # JSONB columns hold our documents; keep key order as written.
         json_serializer=_dumps,
     )

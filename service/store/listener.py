@@ -32,6 +32,13 @@ JOBS_CHANNEL = "sidequest_jobs"
 ALL_CHANNELS = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
 WORKER_CHANNELS = (QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
 
+# Outages (SPEC §9): a connect attempt gives up after CONNECT_TIMEOUT_S, and a connection that stays
+# silent is probed every PROBE_S — a half-open socket (host gone, no FIN) never fires the
+# termination listener, and without the probe LISTEN would wait on it forever.
+CONNECT_TIMEOUT_S = 5.0
+PROBE_S = 5.0
+PROBE_TIMEOUT_S = 3.0
+
 Callback = Callable[[str, str], None]  # (channel, payload); must not block
 
 
@@ -88,7 +95,7 @@ class Listener:
         while not self._stopping:
             conn: asyncpg.Connection | None = None
             try:
-                conn = await asyncpg.connect(self._dsn)
+                conn = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT_S)
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 for channel in self._channels:
@@ -96,7 +103,11 @@ class Listener:
                 self._connected.set()
                 self._wake_all()
                 backoff = 0.2
-                await lost.wait()
+                while not lost.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(lost.wait(), PROBE_S)
+                    if not lost.is_set():
+                        await conn.execute("SELECT 1", timeout=PROBE_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -33,6 +33,26 @@ _LATENCY_SQL = text(
 )
 
 
+# Drift of the answer call per stored request: provider prompt tokens / our estimate of what was sent
+# (context_info.provider_prompt_tokens and estimate.total, written together by the pipeline).
+_DRIFT_SQL = text(
+    """
+    SELECT COALESCE(r.model, '') AS model,
+           (r.context_info->>'provider_prompt_tokens')::float8
+             / (r.context_info->'estimate'->>'total')::float8 AS ratio
+    FROM side_question_requests r
+    WHERE r.deleted_at IS NULL
+      AND jsonb_typeof(r.context_info->'provider_prompt_tokens') = 'number'
+      AND jsonb_typeof(r.context_info->'estimate'->'total') = 'number'
+      AND (r.context_info->'estimate'->>'total')::float8 > 0
+    """
+)
+
+_CALIBRATION_SQL = text(
+    "SELECT provider, model, samples, sum_estimate, sum_provider FROM sidequest_calibration ORDER BY 1, 2"
+)
+
+
 @dataclass
 class RequestStats:
     """Stored (not cleared) requests by status and error code, their provider calls and latencies."""
@@ -40,12 +60,21 @@ class RequestStats:
     by_status: list[tuple[str, str, int]] = field(default_factory=list)
     calls: list[tuple[str, str, int]] = field(default_factory=list)
     latencies: list[tuple[str, float]] = field(default_factory=list)
+    # (model, provider prompt tokens / estimate) of each answered request.
+    drift: list[tuple[str, float]] = field(default_factory=list)
+    # (provider, model, samples, Σ estimate, Σ provider) calibration counters.
+    calibration: list[tuple[str, str, int, int, int]] = field(default_factory=list)
 
 
 async def read_request_stats(session: AsyncSession) -> RequestStats:
-    """Run the three scrape queries."""
+    """Run the scrape queries."""
     return RequestStats(
         by_status=[(r.status, r.code, int(r.n)) for r in await session.execute(_STATUS_SQL)],
         calls=[(r.purpose, r.status, int(r.n)) for r in await session.execute(_CALLS_SQL)],
         latencies=[(r.purpose, float(r.seconds)) for r in await session.execute(_LATENCY_SQL)],
+        drift=[(r.model, float(r.ratio)) for r in await session.execute(_DRIFT_SQL)],
+        calibration=[
+            (r.provider, r.model, int(r.samples), int(r.sum_estimate), int(r.sum_provider))
+            for r in await session.execute(_CALIBRATION_SQL)
+        ],
     )

@@ -39,7 +39,10 @@ from service.budget import (
     FIRST_OUTPUT_TOKENS,
     MIN_CHUNK_CAPACITY,
     RETRY_OUTPUT_TOKENS,
+    Calibration,
     chunk_pieces,
+    estimate_messages,
+    estimate_system,
     estimate_text,
     summary_capacity,
 )
@@ -77,6 +80,10 @@ PURPOSE_OF: dict[SummaryKind, Purpose] = {"qa": "qa_summary", "context": "contex
 STAGE_OF: dict[SummaryKind, str] = {"qa": "organizing_history", "context": "compacting_context"}
 
 ProgressCallback = Callable[[dict[str, Any]], Awaitable[None]]
+
+# A calibration sample (SPEC §5.1): model, the request's estimate as sent, the reported prompt tokens
+# (None when the provider reported none; the sink then records nothing).
+SampleCallback = Callable[[str, int, int | None], Awaitable[None]]
 
 
 class SummaryCallBudget:
@@ -229,6 +236,12 @@ class SummaryRunner:
     that many calls in flight) and merged; 1 keeps the ordered rolling update. ``model`` is the
     *summary* model (SPEC §11.2 choice); ``instructions`` the session's summary instructions, in every
     prompt (merges included).
+
+    ``calibration`` (SPEC §5.1), when given, is used only for :meth:`capacity` (how much material
+    fits one chunk). ``on_sample`` receives one calibration sample per summary attempt: the attempt's
+    prompt estimate as sent (system + messages, envelopes included; summary calls carry no tools) and
+    the prompt tokens the provider reported for it (from its usage, or from an overflow error that
+    states the count).
     """
 
     provider: Provider
@@ -249,6 +262,8 @@ class SummaryRunner:
     now: Callable[[], str] = utc_now_iso
     # The session's summary instructions (SPEC §11.2): sent with every summary call, after the built-in ones.
     instructions: str | None = None
+    calibration: Calibration | None = None
+    on_sample: SampleCallback | None = None
     # Attempts made through this runner (for context_info "calls"); the budget counts the same.
     attempts_made: int = field(default=0, init=False)
 
@@ -266,6 +281,7 @@ class SummaryRunner:
             summary_prompt_reserve(kind, self.instructions),
             self.safety_margin,
             RETRY_OUTPUT_TOKENS,
+            calibration=self.calibration,
         )
 
     @property
@@ -580,16 +596,32 @@ class SummaryRunner:
             if tally is not None:
                 tally.calls += 1
 
-        result = await run_call(
-            self.provider,
-            call,
-            recorder=self.recorder,
-            deadline=self.deadline,
-            before_attempt=take,
-            clock=self.clock,
-            sleep=self.sleep,
-        )
+        try:
+            result = await run_call(
+                self.provider,
+                call,
+                recorder=self.recorder,
+                deadline=self.deadline,
+                before_attempt=take,
+                clock=self.clock,
+                sleep=self.sleep,
+            )
+        except ContextOverflow as exc:
+            if exc.prompt_tokens is not None:
+                await self._sample(prompt_estimate(prompt.system, prompt.messages), exc.prompt_tokens)
+            raise
+        if result.usage.reported:
+            await self._sample(prompt_estimate(prompt.system, prompt.messages), result.usage.input_tokens)
         return judge_reply(result, cap)
+
+    async def _sample(self, estimate: int, prompt_tokens: int) -> None:
+        if self.on_sample is not None:
+            await self.on_sample(self.model, estimate, prompt_tokens)
+
+
+def prompt_estimate(system: str | None, messages: Sequence[dict[str, Any]]) -> int:
+    """A summary call's estimate as sent: its system prompt plus its messages (envelopes included)."""
+    return estimate_system(system) + estimate_messages(messages)
 
 
 def _chunk_event(kind: SummaryKind, chunk: int, chunks: int) -> dict[str, Any]:
@@ -634,10 +666,12 @@ __all__ = [
     "CallReservation",
     "CallTally",
     "ProgressCallback",
+    "SampleCallback",
     "SummaryCallBudget",
     "SummaryPlan",
     "SummaryRunner",
     "judge_reply",
+    "prompt_estimate",
     "utc_now_iso",
     "worst_piece_tokens",
 ]

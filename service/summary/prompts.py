@@ -340,8 +340,9 @@ def build_answer_request(
     # The stand-in results complete the snapshot's own tool calls, so they count as context.
     context_tokens += sum(estimate_block(block) for block in blocks)
     blocks.append(_text_block(instructions))
-    # The meter's "question" segment is the final turn's own text: our instructions plus the question.
-    question_tokens = estimate_text(instructions)
+    # Sidequest's own text in the final turn (instructions, the "Side question:" label) is envelope:
+    # the "question" segment is the question's bytes alone (SPEC §5), so a user can read it as such.
+    wrapper_tokens = estimate_text(instructions)
 
     qa_summary_tokens = 0
     if qa_summary is not None:
@@ -357,7 +358,10 @@ def build_answer_request(
         qa_raw_tokens = estimate_text(text)
     question_text = "Side question:\n" + question
     blocks.append(_text_block(question_text))
-    question_tokens += estimate_text(question_text)
+    question_tokens = estimate_text(question)
+    # The label's share is what the labelled block costs beyond the bare question (per-block rounding
+    # included), so the segments still add up to the estimate of what is sent.
+    wrapper_tokens += estimate_text(question_text) - question_tokens
 
     if out and out[-1].get("role") == "user":
         last = out[-1]
@@ -374,7 +378,7 @@ def build_answer_request(
         qa_summary=qa_summary_tokens,
         qa_raw=qa_raw_tokens,
         question=question_tokens,
-        envelope=envelope_tokens(len(out)),
+        envelope=envelope_tokens(len(out)) + wrapper_tokens,
     )
     return AnswerRequest(
         system=system,

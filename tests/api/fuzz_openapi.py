@@ -80,10 +80,8 @@ def _st(url: str, extra: list[str], args: argparse.Namespace) -> int:
         "--generation-database",
         "none",
         "--no-color",
-        # NUL cannot be stored by PostgreSQL; the API refuses it with 422 (docs/api.md). The
-        # top-level strings say so with a pattern; inside an arbitrary snapshot it cannot be said.
-        "--generation-allow-x00",
-        "false",
+        # NUL is generated (the default): every string the service refuses it in says so with a
+        # pattern, nested snapshot and archive JSON through the recursive StorableJson definitions.
         *extra,
     ]
     print("$", " ".join(command).replace(TOKEN, "<token>"), flush=True)

@@ -196,3 +196,20 @@ def test_packing_into_a_partly_filled_chunk_keeps_clusters_whole(pieces: list[st
     assert "".join(chunks) == "".join(pieces)
     assert _clusters_cut(chunks) == 0
     assert not any(chunk.startswith("\U0001f3fd") for chunk in chunks)  # skin tone never split off
+
+
+def test_calibrated_summary_capacity_fits_prompt_and_material_once_scaled() -> None:
+    from service.budget import Calibration
+
+    calibration = Calibration.empty()
+    for _ in range(5):
+        calibration = calibration.observe(1000, 1500)
+    margin = safety_margin(200_000)
+    room = 200_000 - margin - 8192
+    raw = summary_capacity(200_000, 1500, margin)
+    calibrated = summary_capacity(200_000, 1500, margin, calibration=calibration)
+    assert calibrated == room * 2 // 3 - 1500 < raw
+    # The whole input (prompt + material) of a full chunk fits the room in the provider's tokens.
+    assert calibration.apply(calibrated + 1500) <= room
+    # Fewer than 5 samples: nothing changes.
+    assert summary_capacity(200_000, 1500, margin, calibration=Calibration.empty().observe(1, 2)) == raw

@@ -19,6 +19,7 @@ from service.budget import (
     estimate_text,
     estimate_tools,
     normalize_messages,
+    overflow_target,
 )
 
 from .strategies import mixed_text
@@ -176,3 +177,61 @@ def test_calibrated_total_stays_within_clamp(pairs: list[tuple[int, int]], total
         calibration = calibration.observe(estimate, provider)
     assert 0.5 <= calibration.ratio <= 2.0
     assert math.ceil(total / 2) <= calibration.apply(total) <= 2 * total
+
+
+def test_calibration_info_reports_ratio_samples_and_applied() -> None:
+    calibration = Calibration.empty()
+    assert calibration.info() == {"ratio": 1.0, "samples": 0, "applied": False}
+    for _ in range(4):
+        calibration = calibration.observe(1000, 1500)
+    # Four samples: the ratio is not in use yet, whatever the counters say.
+    assert calibration.info() == {"ratio": 1.0, "samples": 4, "applied": False}
+    calibration = calibration.observe(1000, 1500)
+    assert calibration.in_use and calibration.applied
+    assert calibration.info() == {"ratio": 1.5, "samples": 5, "applied": True}
+    exact = Calibration.empty()
+    for _ in range(5):
+        exact = exact.observe(100, 100)
+    # In use but equal to 1: not "applied" (it changes nothing).
+    assert exact.in_use and not exact.applied
+
+
+def test_raw_capacity_is_the_inverse_of_apply_rounded_down() -> None:
+    calibration = Calibration.empty()
+    for _ in range(5):
+        calibration = calibration.observe(1000, 1500)
+    assert calibration.raw_capacity(1500) == 1000
+    assert calibration.raw_capacity(1501) == 1000
+    assert calibration.raw_capacity(0) == 0
+    assert Calibration.empty().raw_capacity(777) == 777
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 10**6), st.integers(1, 10**6)), max_size=12),
+    st.integers(1, 10**7),
+)
+@settings(max_examples=80)
+def test_raw_capacity_never_overfills(pairs: list[tuple[int, int]], capacity: int) -> None:
+    calibration = Calibration.empty()
+    for estimate, provider in pairs:
+        calibration = calibration.observe(estimate, provider)
+    raw = calibration.raw_capacity(capacity)
+    # What fits by the raw estimate fits by the calibrated one, and one token more would not.
+    assert calibration.apply(raw) <= capacity
+    assert calibration.apply(raw + 1) > capacity or calibration.ratio < 1
+
+
+@given(st.integers(0, 10**6), st.integers(1, 10**6), st.integers(1, 10**6))
+@settings(max_examples=80)
+def test_overflow_target_fits_the_budget_at_the_reported_rate(budget: int, estimate: int, real: int) -> None:
+    target = overflow_target(budget, estimate, real)
+    assert 0 <= target
+    # At the provider's rate (real / estimate tokens per estimated token) the target fits the budget.
+    assert target * real <= budget * estimate
+    assert (target + 1) * real > budget * estimate
+
+
+def test_overflow_target_without_a_count_is_the_budget() -> None:
+    assert overflow_target(1000, 800, 0) == 1000
+    assert overflow_target(1000, 0, 1200) == 1000
+    assert overflow_target(1000, 1000, 1500) == 666

@@ -6,7 +6,13 @@ import copy
 import itertools
 from typing import Any
 
-from service.budget import envelope_tokens, estimate_messages, estimate_system, estimate_tools
+from service.budget import (
+    envelope_tokens,
+    estimate_messages,
+    estimate_system,
+    estimate_text,
+    estimate_tools,
+)
 from service.summary.material import QAPair
 from service.summary.prompts import (
     ANSWER_INSTRUCTIONS,
@@ -75,11 +81,23 @@ def test_segment_estimates_add_up_and_are_attributed() -> None:
     assert est.system == estimate_system(SYSTEM)
     assert est.tools == estimate_tools(TOOLS)
     assert est.context == estimate_messages(MESSAGES) - envelope_tokens(len(MESSAGES))
-    assert est.qa_summary >= 100 and est.qa_raw >= 30 and est.question > 0
-    assert est.envelope == envelope_tokens(len(request.messages))
+    assert est.qa_summary >= 100 and est.qa_raw >= 30
+    # The question segment is the question alone; our instructions and label are envelope.
+    assert est.question == estimate_text("q?")
+    final_texts = [b["text"] for b in request.messages[-1]["content"] if b.get("type") == "text"]
+    wrappers = estimate_text(final_texts[0]) + estimate_text(final_texts[-1]) - estimate_text("q?")
+    assert est.envelope == envelope_tokens(len(request.messages)) + wrappers
     # Every token of the request is in exactly one segment.
     whole = estimate_system(SYSTEM) + estimate_tools(TOOLS) + estimate_messages(request.messages)
     assert est.total == whole
+
+
+def test_a_12000_byte_question_estimates_exactly_4000_tokens() -> None:
+    question = "x" * 12_000
+    request = build_answer_request(question=question, messages=MESSAGES)
+    assert request.estimate.question == 4000
+    whole = estimate_messages(request.messages)
+    assert request.estimate.total == whole  # the wrappers moved to envelope, the total did not change
 
 
 def test_a_trailing_user_turn_gets_the_sidequest_blocks_appended_not_a_fake_assistant_turn() -> None:

@@ -1,0 +1,50 @@
+"""The pipeline's side of calibration (SPEC §5.1): load the counters once, record samples.
+
+One :class:`CalibrationBook` per worker process (or per request; it keeps no state but its settings).
+With ``SIDEQUEST_CALIBRATION=off`` it loads nothing and records nothing: every fit uses the raw
+estimate and ``context_info.calibration`` reads ``{ratio: 1.0, samples: 0, applied: false}``.
+
+A sample is best effort: it is written in its own short transaction after the call ended, and a
+database failure while writing it is logged and dropped — a missed sample costs a little precision,
+failing the request over it would cost the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from service.budget import Calibration
+from service.store import calibration as store
+from service.store.db import DB_ERRORS, Database
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CalibrationBook:
+    """Calibration counters of one provider, read and written through the store."""
+
+    db: Database
+    provider: str
+    enabled: bool = True
+
+    async def snapshot(self, model: str) -> Calibration:
+        """The counters of ``model`` as they stand now (empty when calibration is off)."""
+        if not self.enabled:
+            return Calibration.empty()
+        async with self.db.sessions() as session:
+            return await store.load_calibration(session, self.provider, model)
+
+    async def sample(self, model: str, estimate: int, reported_prompt_tokens: int | None) -> None:
+        """Add one sample: ``estimate`` (the request as sent) against the provider's prompt tokens.
+
+        Nothing is written when calibration is off or the usage was not reported.
+        """
+        if not self.enabled or reported_prompt_tokens is None or reported_prompt_tokens <= 0:
+            return
+        try:
+            async with self.db.sessions() as session:
+                await store.record_sample(session, self.provider, model, estimate, reported_prompt_tokens)
+        except DB_ERRORS as exc:
+            log.warning("calibration sample for %s dropped: %s", model, type(exc).__name__)

@@ -1,0 +1,99 @@
+"""Calibration counters per (provider, model) in ``sidequest_calibration`` (SPEC §5.1).
+
+Three counters — samples, Σ estimate, Σ provider prompt tokens — shared by every process and every
+tenant (they describe a tokenizer, not a customer). A sample is added with ONE atomic upsert, so two
+workers recording at once never lose an increment and no read-modify-write race exists. The ratio
+itself is computed by the pure :class:`service.budget.Calibration` from the counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.budget import Calibration
+
+# The key columns' sizes (models.CalibrationRow): a longer model name is cut rather than refused,
+# because a sample must never fail a request.
+_PROVIDER_MAX = 40
+_MODEL_MAX = 200
+
+_LOAD_SQL = text(
+    "SELECT samples, sum_estimate, sum_provider FROM sidequest_calibration"
+    " WHERE provider = :provider AND model = :model"
+)
+
+_UPSERT_SQL = text(
+    """
+    INSERT INTO sidequest_calibration AS c (provider, model, samples, sum_estimate, sum_provider, updated_at)
+    VALUES (:provider, :model, 1, :estimate, :reported, now())
+    ON CONFLICT (provider, model) DO UPDATE SET
+        samples = c.samples + 1,
+        sum_estimate = c.sum_estimate + EXCLUDED.sum_estimate,
+        sum_provider = c.sum_provider + EXCLUDED.sum_provider,
+        updated_at = now()
+    """
+)
+
+_ALL_SQL = text(
+    "SELECT provider, model, samples, sum_estimate, sum_provider FROM sidequest_calibration"
+    " ORDER BY provider, model"
+)
+
+
+def _key(provider: str, model: str) -> dict[str, str]:
+    return {"provider": provider[:_PROVIDER_MAX], "model": model[:_MODEL_MAX]}
+
+
+async def load_calibration(session: AsyncSession, provider: str, model: str) -> Calibration:
+    """The counters of (``provider``, ``model``) as a :class:`Calibration` (empty when none)."""
+    row = (await session.execute(_LOAD_SQL, _key(provider, model))).first()
+    if row is None:
+        return Calibration.empty()
+    return Calibration(
+        samples=int(row.samples), estimate_sum=int(row.sum_estimate), provider_sum=int(row.sum_provider)
+    )
+
+
+async def record_sample(
+    session: AsyncSession, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
+) -> bool:
+    """Add one sample (``estimate`` as sent, the provider's prompt tokens) and commit.
+
+    Unreported usage (``None`` or 0 prompt tokens) and an empty estimate add nothing: they carry no
+    signal about the tokenizer. Returns whether a sample was written.
+    """
+    if reported_prompt_tokens is None or reported_prompt_tokens <= 0 or estimate <= 0:
+        return False
+    await session.execute(
+        _UPSERT_SQL, {**_key(provider, model), "estimate": estimate, "reported": reported_prompt_tokens}
+    )
+    await session.commit()
+    return True
+
+
+@dataclass(frozen=True)
+class ModelCalibration:
+    """One row of the counters, for ``/metrics``."""
+
+    provider: str
+    model: str
+    calibration: Calibration
+
+
+async def all_calibrations(session: AsyncSession) -> list[ModelCalibration]:
+    """Every (provider, model) with counters, ordered."""
+    return [
+        ModelCalibration(
+            provider=row.provider,
+            model=row.model,
+            calibration=Calibration(
+                samples=int(row.samples),
+                estimate_sum=int(row.sum_estimate),
+                provider_sum=int(row.sum_provider),
+            ),
+        )
+        for row in await session.execute(_ALL_SQL)
+    ]

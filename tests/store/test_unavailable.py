@@ -1,0 +1,84 @@
+"""What counts as "the database is unreachable" (SPEC §9), with the real driver's real errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+from service.store.db import POOL_TIMEOUT_S, DatabaseUnavailable, connect, is_unavailable
+from tests.e2e.test_serve import free_port
+
+
+async def test_a_refused_connection_is_unavailable_and_fails_fast() -> None:
+    db = connect(f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/nothing")
+    started = time.monotonic()
+    try:
+        with pytest.raises(Exception) as caught:
+            async with db.sessions() as session:
+                await session.execute(text("SELECT 1"))
+    finally:
+        await db.dispose()
+    assert is_unavailable(caught.value)
+    assert time.monotonic() - started < 5
+
+
+async def test_an_exhausted_pool_times_out_as_unavailable(database_url: str) -> None:
+    db = connect(database_url, pool_size=1)
+    db.engine.pool._max_overflow = 0  # type: ignore[attr-defined]  # exactly one connection
+    try:
+        async with db.engine.connect() as held:
+            await held.execute(text("SELECT 1"))
+            started = time.monotonic()
+            with pytest.raises(Exception) as caught:
+                async with db.engine.connect() as second:
+                    await second.execute(text("SELECT 1"))
+            waited = time.monotonic() - started
+    finally:
+        await db.dispose()
+    assert is_unavailable(caught.value)
+    assert POOL_TIMEOUT_S - 0.5 <= waited < POOL_TIMEOUT_S + 3
+
+
+async def test_a_connection_killed_mid_query_is_unavailable(database_url: str) -> None:
+    db = connect(database_url, pool_size=2)
+    try:
+        async with db.engine.connect() as victim:
+            pid = (await victim.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+
+            async def kill() -> None:
+                await asyncio.sleep(0.3)
+                async with db.engine.connect() as killer:
+                    await killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+
+            killing = asyncio.create_task(kill())
+            with pytest.raises(Exception) as caught:
+                await victim.execute(text("SELECT pg_sleep(5)"))
+            await killing
+    finally:
+        await db.dispose()
+    assert is_unavailable(caught.value)
+
+
+async def test_bugs_and_refusals_are_not_outages(database_url: str) -> None:
+    db = connect(database_url, pool_size=1)
+    try:
+        async with db.engine.connect() as conn:
+            with pytest.raises(ProgrammingError) as syntax:
+                await conn.execute(text("SELEC 1"))
+        async with db.engine.begin() as conn:
+            await conn.execute(text("CREATE TEMP TABLE t (k int PRIMARY KEY)"))
+            await conn.execute(text("INSERT INTO t VALUES (1)"))
+            with pytest.raises(IntegrityError) as duplicate:
+                await conn.execute(text("INSERT INTO t VALUES (1)"))
+    finally:
+        await db.dispose()
+    assert not is_unavailable(syntax.value)
+    assert not is_unavailable(duplicate.value)
+    assert not is_unavailable(ValueError("x"))
+    assert is_unavailable(DatabaseUnavailable("x"))
+    # A bare timeout is an outage for the API, not for the pipeline (which has deadlines of its own).
+    assert is_unavailable(TimeoutError()) and not is_unavailable(TimeoutError(), include_timeouts=False)
