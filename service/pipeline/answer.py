@@ -129,7 +129,7 @@ async def _call(
         system=request.system,
         tools=request.tools,
     )
-    return await run_call(
+    result = await run_call(
         rt.deps.provider,
         call,
         recorder=rt.recorder,
@@ -137,6 +137,10 @@ async def _call(
         on_text=deltas.add,
         clock=rt.deps.clock,
     )
+    if result.usage.reported:
+        # A calibration sample (SPEC §5.1): the request's estimate as sent, the provider's count.
+        await rt.book.sample(prepared.models.answer, request.estimate.total, result.usage.input_tokens)
+    return result
 
 
 def follow_ups(
