@@ -11,17 +11,19 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import select
+from sse_starlette.sse import SendTimeoutError
 
 import service.api.sse as sse_module
 import service.store.events as events_store
 from service.api.sse import EventHub
+from service.api.sse_response import StreamResponse
 from service.store.db import Database
 from service.store.events import append_session_event
 from service.store.listener import EVENTS_CHANNEL
@@ -459,3 +461,29 @@ async def test_lost_notifications_are_recovered_by_wake_all_and_fallback_poll(
         await changes.until(lambda: latest[0] == 6, limit_s=15)
         followed = await asyncio.wait_for(task, 10)
     _check_exactly_once(followed, [1, 2, 3, 4, 5, 6])
+
+
+async def test_a_send_that_never_completes_times_out_and_closes_the_stream() -> None:
+    closed = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"data: x\r\n\r\n"
+        finally:
+            closed.set()
+
+    async def stuck_send(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            await asyncio.Event().wait()  # the client's socket never drains
+
+    async def receive() -> Any:
+        await asyncio.Event().wait()  # and it never hangs up either
+
+    response = StreamResponse(body(), send_timeout=0.5, ping=0)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(SendTimeoutError):
+        async with asyncio.timeout(10):
+            await response({"type": "http", "method": "GET"}, receive, stuck_send)
+    assert closed.is_set()  # the generator's cleanup ran (the stream's subscription is released)
+    assert asyncio.get_running_loop().time() - started < 3
