@@ -392,9 +392,34 @@ async def main(args: argparse.Namespace) -> None:
                         f"target p99 ≤ 100 ms: {verdict}",
                         flush=True,
                     )
+        print(await stored_bytes(url), flush=True)
     finally:
         await pg.drop_database(server.admin_url, url)
         server.stop()
+
+
+async def stored_bytes(url: str) -> str:
+    """What one finished request of this benchmark occupies in PostgreSQL (row + events)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
+    try:
+        row = await conn.fetchrow(
+            """
+            SELECT count(*) AS requests,
+                   avg(pg_column_size(r.*)) AS request_bytes,
+                   avg((SELECT count(*) FROM side_question_events e WHERE e.request_id = r.id)) AS events,
+                   avg((SELECT sum(pg_column_size(e.*)) FROM side_question_events e
+                        WHERE e.request_id = r.id)) AS event_bytes
+            FROM side_question_requests r WHERE r.status = 'succeeded'
+            """
+        )
+    finally:
+        await conn.close()
+    return (
+        f"stored per succeeded request ({row['requests']}): row {float(row['request_bytes']):.0f} B, "
+        f"{float(row['events']):.0f} events {float(row['event_bytes']):.0f} B (heap tuples, before indexes)"
+    )
 
 
 if __name__ == "__main__":

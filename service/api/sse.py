@@ -472,6 +472,9 @@ async def request_stream(
                 # One write for everything pending: a subscriber that fell behind catches up at once.
                 yield b"".join(chunks)
             if finished:
+                # Every subscriber of the feed was woken for this terminal event at once: let them
+                # all send it before any of them tears its connection down (that costs far more).
+                await asyncio.sleep(0)
                 return
 
 
