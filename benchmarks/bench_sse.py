@@ -70,7 +70,8 @@ async def _connection(
     host: str, port: int, path: str, ready: asyncio.Event, counter: list[int], total: int
 ) -> dict[str, Any]:
     """One subscriber. While streaming it only stamps and keeps what it reads (so that the harness
-    costs as little CPU as possible beside the service); it parses everything after the end."""
+    costs as little CPU as possible beside the service); everything is parsed once every connection
+    of the process has ended (parsing one as it ends would delay the others' arrival stamps)."""
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n\r\n".encode())
     head = await reader.readuntil(b"\r\n\r\n")
@@ -97,7 +98,7 @@ async def _connection(
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()
-    return _parse(reads, chunked)
+    return {"reads": reads, "chunked": chunked}
 
 
 def _parse(reads: list[tuple[bytes, float]], chunked: bool) -> dict[str, Any]:
@@ -156,7 +157,11 @@ async def _client_main(url: str, path: str, n: int) -> None:
     tasks = [asyncio.create_task(_connection(host, int(port), path, ready, counter, n)) for _ in range(n)]
     await asyncio.wait_for(ready.wait(), 120)
     print("ready", flush=True)
-    results = await asyncio.wait_for(asyncio.gather(*tasks), 300)
+    ready_times = os.times()
+    raw = await asyncio.wait_for(asyncio.gather(*tasks), 300)
+    end_times = os.times()  # before parsing: the CPU the client spent while streaming
+    cpu = (end_times.user - ready_times.user) + (end_times.system - ready_times.system)
+    results = [_parse(one["reads"], one["chunked"]) for one in raw]
     delta_delays: list[float] = []
     thirds: list[list[float]] = [[], [], []]
     done_delays: list[float] = []
@@ -190,6 +195,7 @@ async def _client_main(url: str, path: str, n: int) -> None:
                 "deltas_per_connection": sorted(set(deltas_per_connection)),
                 "connections": len(results),
                 "finished": len(done_delays),
+                "cpu_s": cpu,
             }
         ),
         flush=True,
@@ -287,11 +293,13 @@ async def phase(
             if line.strip() != b"ready":
                 raise RuntimeError(f"client did not get ready: {line!r}")
         cpu_before = _cpu_seconds(api_pid)
-        async with process(["worker"], env):
+        async with process(["worker"], env) as worker_pid:
             outputs = []
             for proc in procs:
                 assert proc.stdout is not None
                 outputs.append(json.loads(await asyncio.wait_for(proc.stdout.readline(), 300)))
+            worker_cpu = sum(_cpu_seconds(worker_pid))
+        clients_cpu = sum(out["cpu_s"] for out in outputs)
         user, system = (
             after - before for after, before in zip(_cpu_seconds(api_pid), cpu_before, strict=True)
         )
@@ -328,6 +336,8 @@ async def phase(
         "api_user_s": user,
         "api_system_s": system,
         "api_cpu_us_per_delivery": (user + system) / max(delivered, 1) * 1e6,
+        "clients_cpu_s": clients_cpu,
+        "worker_cpu_s": worker_cpu,
     }
 
 
@@ -344,7 +354,9 @@ def _report(label: str, result: dict[str, Any]) -> None:
         f"(server-side gap {result['server_gap_ms']:.1f} ms)\n"
         f"  duplicates {result['duplicates']}, gaps {result['gaps']}; API CPU {result['api_cpu_s']:.2f} s "
         f"(user {result['api_user_s']:.2f}, system {result['api_system_s']:.2f}; "
-        f"{result['api_cpu_us_per_delivery']:.1f} µs per delivered event)",
+        f"{result['api_cpu_us_per_delivery']:.1f} µs per delivered event); "
+        f"client processes {result['clients_cpu_s']:.2f} s while streaming, "
+        f"worker process {result['worker_cpu_s']:.2f} s (start-up included)",
         flush=True,
     )
 
