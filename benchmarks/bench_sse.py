@@ -24,6 +24,9 @@ process's CPU time during the phase is read from /proc (CPU per delivered event)
 
 The pipeline coalesces answer text into at most ~20 ``delta`` events per second, so ``--rate``
 above 20 does not raise the event rate.
+
+Profiling: ``BENCH_SSE_API_SCRIPT=/path/script.py`` runs that script (same arguments, e.g. a wrapper
+that runs the app under cProfile) instead of ``python -m service.cli`` for the API process.
 """
 
 from __future__ import annotations
@@ -231,7 +234,7 @@ def percentile(values: list[float], p: float) -> float:
 async def process(args: list[str], env: dict[str, str], port: int | None = None) -> AsyncIterator[int]:
     """Run ``sidequest …`` in its own process; with ``port``, wait until /readyz answers."""
     command = ["-m", "service.cli"]
-    if args[0] == "api" and os.environ.get("BENCH_SSE_API_SCRIPT"):  # profiling hook (not documented)
+    if args[0] == "api" and os.environ.get("BENCH_SSE_API_SCRIPT"):  # profiling hook (module docstring)
         command = [os.environ["BENCH_SSE_API_SCRIPT"]]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
