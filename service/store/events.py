@@ -173,6 +173,18 @@ async def session_events_with_deletion(
     return [(_event(row), deleted_at) for row, deleted_at in rows]
 
 
+async def session_high_water(session: AsyncSession, session_id: uuid.UUID) -> int:
+    """The highest event id of a session (0 when it has none).
+
+    Ids of one session commit in order (the advisory lock above), so every event of the session with
+    an id up to this one is committed: a reader starting after it misses nothing.
+    """
+    highest: int | None = await session.scalar(
+        select(func.max(EventRow.id)).where(EventRow.session_id == session_id)
+    )
+    return highest or 0
+
+
 async def database_now(session: AsyncSession) -> datetime:
     """PostgreSQL's clock (the one ``deleted_at`` is written with)."""
     moment: datetime | None = await session.scalar(select(func.clock_timestamp()))
