@@ -24,13 +24,14 @@ import service.api.sse as sse_module
 import service.store.events as events_store
 from service.api.sse import EventHub
 from service.api.sse_response import StreamResponse
+from service.client import SseMessage as Message
 from service.store.db import Database
 from service.store.events import append_session_event
 from service.store.listener import EVENTS_CHANNEL
 from service.store.models import EventRow, SessionRow
 from tests.api.conftest import Server, StartServer
 from tests.api.helpers import append, ask, finish, mark_running
-from tests.api.sse_client import Message, events
+from tests.api.sse_client import events
 
 Stop = Callable[[Message], bool]
 

@@ -25,7 +25,8 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.api.sse_client import Message, events
+from service.client import SseMessage as Message
+from tests.api.sse_client import events
 from tests.e2e.test_serve import free_port
 from tests.own_postgres import OwnPostgres
 from tests.scripted_provider import ScriptedServer, Step, Usage
