@@ -22,10 +22,10 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.db import Database
-from service.store.events import append_event
 from service.store.jobs import cancel_session_jobs
-from service.store.listener import CANCEL_CHANNEL, QUEUE_CHANNEL
+from service.store.listener import CANCEL_CHANNEL
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
+from service.store.queue import finish_request
 from service.store.records import request_record
 from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, lock_session, store_snapshot
 
@@ -256,21 +256,25 @@ async def _admit_in_transaction(
     return admitted
 
 
-async def _write_cancelled(session: AsyncSession, row: RequestRow, message: str) -> None:
-    """Append the cancelled terminal events of ``row`` (already updated to ``cancelled``)."""
-    await append_event(session, row.id, "status", {"status": "cancelled", "stage": row.stage})
-    await append_event(session, row.id, "error", {"code": "cancelled", "message": message, "detail": {}})
+def _cancelled(message: str) -> dict[str, Any]:
+    return {"code": "cancelled", "message": message, "detail": {}}
 
 
-def _cancel_values(message: str) -> dict[str, Any]:
-    return {
-        "status": "cancelled",
-        "cancel_requested": True,
-        "finished_at": func.now(),
-        "error": {"code": "cancelled", "message": message, "detail": {}},
-        "lease_owner": None,
-        "lease_expires_at": None,
-    }
+async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) -> bool:
+    """Cancel one queued or running request through THE terminal transition (queue.finish_request),
+    guarded by the status it leaves, and tell its worker; False when it had already ended."""
+    ended = await finish_request(
+        session,
+        request_id,
+        status="cancelled",
+        owner=None,
+        from_statuses=("queued", "running"),
+        error=_cancelled(message),
+    )
+    if ended is None:
+        return False
+    await _notify(session, CANCEL_CHANNEL, str(request_id))
+    return True
 
 
 async def cancel_request(session: AsyncSession, tenant: str, request_id: uuid.UUID) -> dict[str, Any] | None:
@@ -291,24 +295,11 @@ async def cancel_request(session: AsyncSession, tenant: str, request_id: uuid.UU
     owner: SessionRow = found[1]
     # Guarded by the status it is leaving, so a worker finishing at the same moment wins or loses
     # cleanly: exactly one terminal write happens.
-    changed = (
-        await session.execute(
-            update(RequestRow)
-            .where(RequestRow.id == request_id, RequestRow.status.in_(("queued", "running")))
-            .values(**_cancel_values(CANCELLED_BY_CLIENT))
-            .returning(RequestRow.id, RequestRow.status)
-            .execution_options(synchronize_session=False)
-        )
-    ).first()
+    await _cancel(session, request_id, CANCELLED_BY_CLIENT)
     row = await session.scalar(
         select(RequestRow).where(RequestRow.id == request_id).execution_options(populate_existing=True)
     )
     assert row is not None
-    if changed is not None:
-        await _write_cancelled(session, row, CANCELLED_BY_CLIENT)
-        await _notify(session, CANCEL_CHANNEL, str(request_id))
-        await _notify(session, QUEUE_CHANNEL, str(owner.id))
-        await session.refresh(row)
     record = request_record(row, owner.parent_id)
     await session.commit()
     return record
@@ -326,26 +317,18 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
     owner = await lock_session(session, tenant, parent_id)
     if owner is None:
         return None
-    active = list(
+    candidates = list(
         await session.scalars(
-            update(RequestRow)
+            select(RequestRow.id)
             .where(
                 RequestRow.session_id == owner.id,
                 RequestRow.deleted_at.is_(None),
                 RequestRow.status.in_(("queued", "running")),
             )
-            .values(**_cancel_values(CANCELLED_BY_CLEAR))
-            .returning(RequestRow.id)
-            .execution_options(synchronize_session=False)
+            .order_by(RequestRow.ordinal)
         )
     )
-    for request_id in active:
-        row = await session.scalar(
-            select(RequestRow).where(RequestRow.id == request_id).execution_options(populate_existing=True)
-        )
-        assert row is not None
-        await _write_cancelled(session, row, CANCELLED_BY_CLEAR)
-        await _notify(session, CANCEL_CHANNEL, str(request_id))
+    active = [rid for rid in candidates if await _cancel(session, rid, CANCELLED_BY_CLEAR)]
     hidden: Any = await session.execute(
         update(RequestRow)
         .where(RequestRow.session_id == owner.id, RequestRow.deleted_at.is_(None))
@@ -362,8 +345,6 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
     owner.clear_version = owner.clear_version + 1
     owner.updated_at = func.now()
     await session.flush()
-    if active:
-        await _notify(session, QUEUE_CHANNEL, str(owner.id))
     result = {
         "parent_id": owner.parent_id,
         "clear_version": owner.clear_version,
