@@ -11,7 +11,9 @@ right after the 202; a request stream replays from its start, so nothing is miss
 
 The session (per run): 24 earlier side questions, then a main snapshot of ~160k tokens (1600 messages:
 user turns, tool calls, tool results, assistant replies) asked with ``context_window`` 64000, then
-grown by 40 messages at a time as a running agent's context grows. Cases:
+grown by 40 messages at a time as a running agent's context grows. The 64000-token window is the
+session's default (``PUT …/settings``), as an integration that knows its main model would set it.
+Cases:
 
 1. floor — an empty session, a tiny inline snapshot;
 2. first question, the long snapshot inline;
@@ -162,6 +164,10 @@ async def one_run(client: httpx.AsyncClient, server: ScriptedServer, run: int, g
     parent = f"bench-{run}"
     # Setup at full speed: 24 earlier side questions (their folds made by background jobs).
     fast(server)
+    # The main session's model has a 64k window: the session's default (SPEC 11.2), so that storing a
+    # snapshot can tell whether a question on it would need compaction (SPEC 6.6).
+    r = await client.put(f"/v1/sessions/{parent}/settings", json={"context_window": WINDOW})
+    assert r.status_code == 200, r.text
     for i in range(24):
         await first_token(client, parent, {"question": f"earlier side question {i}: what is step {i} doing?"})
     await settle(client, parent)
@@ -177,7 +183,7 @@ async def one_run(client: httpx.AsyncClient, server: ScriptedServer, run: int, g
     ttft, _ = await first_token(
         client,
         parent,
-        {"question": "which module calls parse_7()?", "snapshot": long, "context_window": WINDOW},
+        {"question": "which module calls parse_7()?", "snapshot": long},
     )
     results.append(ttft)
     await asyncio.sleep(gap)
@@ -189,7 +195,7 @@ async def one_run(client: httpx.AsyncClient, server: ScriptedServer, run: int, g
     ttft, rid = await first_token(
         client,
         parent,
-        {"question": "and what about parse_405()?", "snapshot": grown, "context_window": WINDOW},
+        {"question": "and what about parse_405()?", "snapshot": grown},
     )
     results.append(ttft)
     snapshot_id = (await client.get(f"/v1/questions/{rid}")).json()["snapshot_id"]
@@ -198,7 +204,7 @@ async def one_run(client: httpx.AsyncClient, server: ScriptedServer, run: int, g
     ttft, _ = await first_token(
         client,
         parent,
-        {"question": "is parse_12 still used?", "snapshot_id": snapshot_id, "context_window": WINDOW},
+        {"question": "is parse_12 still used?", "snapshot_id": snapshot_id},
     )
     results.append(ttft)
     await asyncio.sleep(gap)
@@ -213,7 +219,7 @@ async def one_run(client: httpx.AsyncClient, server: ScriptedServer, run: int, g
     ttft, _ = await first_token(
         client,
         parent,
-        {"question": "what changed?", "snapshot_id": f"grown2-{run}", "context_window": WINDOW},
+        {"question": "what changed?", "snapshot_id": f"grown2-{run}"},
     )
     results.append(ttft)
     await asyncio.sleep(gap)
@@ -225,7 +231,7 @@ async def one_run(client: httpx.AsyncClient, server: ScriptedServer, run: int, g
     ttft, _ = await first_token(
         client,
         parent,
-        {"question": "summarise the new task", "snapshot_id": f"fresh-{run}", "context_window": WINDOW},
+        {"question": "summarise the new task", "snapshot_id": f"fresh-{run}"},
     )
     results.append(ttft)
     await settle(client, parent)

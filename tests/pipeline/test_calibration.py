@@ -260,3 +260,49 @@ async def test_summary_calls_are_samples_too(
     summary_body = server.requests("qa_summary")[0].body
     answer_estimate = ran.row.context_info["estimate"]["total"]
     assert abs((stored.estimate_sum - answer_estimate) - wire_estimate(summary_body)) <= 2
+
+
+async def test_an_overflow_that_states_the_real_count_is_a_sample_and_sizes_the_retry(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    """SPEC 5.1: "your request has N input tokens" is a sample, and the retry shrinks to fit N."""
+    sid = await make_session(db, "stated")
+    snapshot = big_snapshot()
+    raw, budget = raw_fit(snapshot, "what happened?")
+    assert raw <= budget  # it fits by our estimate: only the provider's count says otherwise
+    stated = raw * 3 // 2  # the tokenizer counts 1.5× what we estimate
+    body = {
+        "error": {
+            "message": f"This model's maximum context length is {WINDOW} tokens. However, your request has "
+            f"{stated} input tokens. Please reduce the length of the input messages.",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    }
+    server.script("answer", Step.overflow(body), Step.text("Shrunk answer.", usage=Usage(1000, 5)))
+    await add_snapshot(db, sid, "s-stated", snapshot)
+
+    ran = await ask(
+        db,
+        model_settings,
+        provider,
+        sid,
+        "what happened?",
+        snapshot_id="s-stated",
+        options={"max_output_tokens": OUTPUT_CAP},
+    )
+
+    info = ran.row.context_info
+    assert info["overflow_retries"] == 1
+    answers = [c["status"] for c in ran.row.usage["calls"] if c["purpose"] == "answer"]
+    assert answers == ["failed", "ok"]
+    # The stated count is a sample: the estimate as sent against it; then the shrink's summary
+    # call and the retry are samples of their own.
+    summaries = [c for c in ran.row.usage["calls"] if c["purpose"] != "answer"]
+    stored = await counters(db)
+    assert stored.samples == 2 + len(summaries)
+    assert stored.provider_sum == stated + 1000 + sum(c["input_tokens"] for c in summaries)
+    # …and the retry was sized to fit it: at the stated ratio, the retry's estimate fits the budget.
+    retry_estimate = info["estimate"]["total"]
+    assert retry_estimate * stated // raw <= budget
