@@ -75,6 +75,7 @@ async def answer(
     shrink: Shrink,
 ) -> dict[str, Any]:
     """Stream the answer; on a first-reply overflow shrink once and retry; write the success."""
+    await rt.flush()  # the stage changes and notes so far, in one commit, before the slow call
     deltas = DeltaCoalescer(rt.emit_delta)
     rt.recorder.before_usage = deltas.flush
     try:

@@ -127,7 +127,7 @@ async def compact(
     """Compact the snapshot copy; None (with a progress event saying why) when it cannot help."""
     snapshot = prepared.snapshot
     if snapshot is None or not snapshot.messages:
-        await rt.progress({"what": "compaction_skipped", "reason": "no snapshot messages"})
+        await rt.progress({"what": "compaction_skipped", "reason": "no snapshot messages"}, defer=True)
         return None
     kwargs: dict[str, int] = {"recent_budget": recent_budget}
     if min_summarized is not None:
@@ -139,7 +139,7 @@ async def compact(
         )
         return None
     if current is not None and current.summary is not None and cut.summarize_until <= current.kept_from:
-        await rt.progress({"what": "compaction_refused", "reason": "no_further_cut"})
+        await rt.progress({"what": "compaction_refused", "reason": "no_further_cut"}, defer=True)
         return None
     plan = await _plan(rt, prepared, runner, fits, cut, retrying=current is not None)
     _record(rt, plan, snapshot)
@@ -178,7 +178,8 @@ async def _plan(
     entry = find_hit(cache)
     if entry is not None:
         await rt.progress(
-            {"what": "context_summary_cache", "cache": "hit", "key": entry.key, "covered_messages": until}
+            {"what": "context_summary_cache", "cache": "hit", "key": entry.key, "covered_messages": until},
+            defer=True,
         )
         return _hit(entry, until)
 
@@ -199,7 +200,8 @@ async def _plan(
                         "covered_messages": grown.covered_messages,
                         "verbatim_tail_tokens": tail,
                         "answered_without_waiting": True,
-                    }
+                    },
+                    defer=True,
                 )
                 return ContextPlan(
                     summary=grown.entry,
@@ -214,7 +216,7 @@ async def _plan(
     if prepared.claimed.snapshot_id is not None:
         keys.add(snapshot_job_key(prepared.claimed.snapshot_id))
     for attempt in range(2):
-        if rt.deps.settings.background_on:
+        if rt.deps.settings.background_on and (attempt > 0 or rt.claimed.jobs_active):
             waited = await _wait_for_jobs(rt, keys)
             if waited is not None:
                 waited_ms += waited

@@ -106,7 +106,7 @@ async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
     """Wait for background folds (if any), load the uncovered history and choose the replay window."""
     qa = prepared.qa
     waited: int | None = None
-    if rt.deps.settings.background_on:
+    if rt.deps.settings.background_on and rt.claimed.jobs_active:
         waited = await _wait_for_background_folds(rt)
         if waited is not None:
             qa = await _reload_qa(rt)
@@ -130,7 +130,8 @@ async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
             "replayed_groups": len(replay.replay),
             "replayed_ordinals": rt.info.replayed_ordinals,
             "folded_groups": len(replay.fold),
-        }
+        },
+        defer=True,
     )
     update_qa_info(rt, plan)
     return plan

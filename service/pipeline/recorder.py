@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from service.providers.base import CallUsage
-from service.store import ledger, queue
+from service.store import ledger
 from service.store.db import Database
 
 
@@ -47,10 +47,9 @@ class LedgerRecorder:
             cached_tokens=usage.cached_tokens,
             latency_ms=latency_ms,
         )
-        async with self._db.sessions() as session:
-            totals = await ledger.append_call(session, self._request_id, entry)
-        self.calls += 1
+        # The streamed text comes before the usage event; the ledger and the event are one commit.
         if self.before_usage is not None and status != "cancelled":
             await self.before_usage()
         async with self._db.sessions() as session:
-            await queue.emit_if_held(session, self._request_id, self._owner, "usage", {"usage": totals})
+            await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
+        self.calls += 1

@@ -13,6 +13,7 @@ what happens inside a stage is a ``progress`` event; every provider call is a le
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -169,6 +170,8 @@ class _Request:
     async def fail(self, exc: BaseException) -> bool:
         rt = self.rt
         error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
+        with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
+            await rt.flush()  # the stages it reached come before its end
         async with rt.db.sessions() as session:
             return await queue.finish_failed(
                 session,

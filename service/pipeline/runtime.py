@@ -61,6 +61,10 @@ class RequestRuntime:
         self.budget = SummaryCallBudget(deps.settings.max_summary_calls)
         # SPEC §5.1: the learned ratio per (provider, model), as it stood when the request was prepared.
         self.book = CalibrationBook(deps.db, deps.settings.provider, enabled=deps.settings.calibration_on)
+        # Events between two slow steps, written together (see :meth:`flush`).
+        self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._pending_stage: str | None = None
+        self._flush_lock = asyncio.Lock()
         self.calibration = Calibration.empty()
         self.summary_calibration = Calibration.empty()
 
@@ -73,20 +77,39 @@ class RequestRuntime:
         """Seconds left before the request's deadline (never negative)."""
         return max(0.0, self.deadline - self.deps.clock())
 
-    async def progress(self, fields: dict[str, Any]) -> None:
-        """One ``progress`` event (lease-guarded)."""
-        data = {"stage": self.stage, **fields}
-        async with self.db.sessions() as session:
-            if not await queue.emit_if_held(session, self.claimed.id, self.owner, "progress", data):
-                raise RequestLost()
+    async def progress(self, fields: dict[str, Any], *, defer: bool = False) -> None:
+        """One ``progress`` event (lease-guarded). ``defer``: written with the next flush — for a note
+        about something already done, when nothing slow comes before the next write."""
+        self._pending.append(("progress", {"stage": self.stage, **fields}))
+        if not defer:
+            await self.flush()
 
     async def enter(self, stage: str) -> None:
-        """Move to ``stage``: its ``status`` event and the context_info so far, in one transaction."""
+        """Move to ``stage``: its ``status`` event and the context_info so far, written with the next
+        flush (at the latest right before the next slow step: a model call or a wait)."""
         self.stage = stage
         self.info.stage = stage
+        self._pending.append(("status", {"status": "running", "stage": stage}))
+        self._pending_stage = stage
+
+    async def flush(self) -> None:
+        """Write the pending events (and the stage change, with context_info) in one transaction."""
+        async with self._flush_lock:  # batches commit in the order they were made (a fold and a
+            await self._flush()  # compaction may both write at the same time)
+
+    async def _flush(self) -> None:
+        if not self._pending:
+            return
+        events, stage = self._pending, self._pending_stage
+        self._pending, self._pending_stage = [], None
         async with self.db.sessions() as session:
-            if not await queue.set_stage(
-                session, self.claimed.id, self.owner, stage, context_info=self.info.to_json()
+            if not await queue.emit_batch_if_held(
+                session,
+                self.claimed.id,
+                self.owner,
+                events,
+                stage=stage,
+                context_info=self.info.to_json() if stage is not None else None,
             ):
                 raise RequestLost()
 

@@ -19,6 +19,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.store.events import append_event
+from service.store.queue import lock_if_held
+
 USAGE_FIELDS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
 
 # The totals are computed from ``r.usage`` inside the SET expression (not a FROM subquery): when a
@@ -88,6 +91,24 @@ async def append_call(
         usage = await session.scalar(statement, {"id": request_id, "call": json.dumps([entry.as_json()])})
     if usage is None:
         raise LookupError(f"{'job' if job else 'request'} {request_id} does not exist")
+    return dict(usage)
+
+
+async def append_call_and_emit(
+    session: AsyncSession, request_id: uuid.UUID, entry: CallEntry, *, owner: str
+) -> dict[str, Any]:
+    """Append one call to the request's usage and, while ``owner`` still holds the request, its
+    ``usage`` event with the new totals — one transaction; commits. Returns the new usage object.
+
+    The ledger part is written whatever happened to the request (tokens were spent); only the event
+    is guarded by the lease (no event after a terminal one).
+    """
+    async with session.begin():
+        usage = await session.scalar(_APPEND_CALL, {"id": request_id, "call": json.dumps([entry.as_json()])})
+        if usage is None:
+            raise LookupError(f"request {request_id} does not exist")
+        if await lock_if_held(session, request_id, owner):
+            await append_event(session, request_id, "usage", {"usage": dict(usage)})
     return dict(usage)
 
 

@@ -97,6 +97,10 @@ class Claimed:
     memory: dict[str, Any] = field(default_factory=dict)
     session_settings: dict[str, Any] = field(default_factory=dict)
     created_at: str | None = None
+    # Whether the session had a queued or running background job (or registration) at the claim:
+    # if not, the request need not look for one to wait for (a job queued later is met by the
+    # single-flight registration instead).
+    jobs_active: bool = True
 
 
 async def count_running(session: AsyncSession) -> int:
@@ -151,8 +155,10 @@ async def try_claim(
         owner_row = (
             await session.execute(
                 text(
-                    "UPDATE side_question_sessions SET last_started_at = clock_timestamp() "
-                    "WHERE id = :sid RETURNING parent_id, memory, settings"
+                    "UPDATE side_question_sessions s SET last_started_at = clock_timestamp() "
+                    "WHERE id = :sid RETURNING parent_id, memory, settings, EXISTS ("
+                    "SELECT 1 FROM side_question_jobs j WHERE j.session_id = s.id "
+                    "AND j.status IN ('queued', 'running')) AS jobs_active"
                 ),
                 {"sid": row.session_id},
             )
@@ -174,6 +180,7 @@ async def try_claim(
             memory=dict(owner_row.memory or {}),
             session_settings=dict(owner_row.settings or {}),
             created_at=utc_iso(row.created_at),
+            jobs_active=bool(owner_row.jobs_active),
         ), False
 
 
@@ -253,6 +260,40 @@ async def lock_if_held(session: AsyncSession, request_id: uuid.UUID, owner: str)
     return held is not None
 
 
+async def emit_batch_if_held(
+    session: AsyncSession,
+    request_id: uuid.UUID,
+    owner: str,
+    events: list[tuple[str, dict[str, Any]]],
+    *,
+    stage: str | None = None,
+    context_info: dict[str, Any] | None = None,
+) -> bool:
+    """Append ``events`` in order — and, with ``stage``, move the request to it and store
+    ``context_info`` — in ONE transaction, only while this worker holds the request.
+
+    The pipeline batches what happens between two slow steps (a stage change, the replay plan, the
+    next stage change) into one commit instead of one each. Returns False, writing nothing, when the
+    request is no longer this worker's.
+    """
+    async with session.begin():
+        if not await lock_if_held(session, request_id, owner):
+            return False
+        if stage is not None:
+            info = dict(context_info or {})
+            info["stage"] = stage
+            await session.execute(
+                text(
+                    "UPDATE side_question_requests SET stage = :stage, "
+                    "context_info = context_info || CAST(:info AS jsonb) WHERE id = :id"
+                ),
+                {"stage": stage, "info": _json(info), "id": request_id},
+            )
+        for event_type, fields in events:
+            await append_event(session, request_id, event_type, fields)
+        return True
+
+
 async def emit_if_held(
     session: AsyncSession,
     request_id: uuid.UUID,
@@ -261,11 +302,7 @@ async def emit_if_held(
     fields: dict[str, Any],
 ) -> bool:
     """Append one event in its own transaction, only while this worker holds the request."""
-    async with session.begin():
-        if not await lock_if_held(session, request_id, owner):
-            return False
-        await append_event(session, request_id, event_type, fields)
-        return True
+    return await emit_batch_if_held(session, request_id, owner, [(event_type, fields)])
 
 
 async def set_stage(
@@ -277,20 +314,14 @@ async def set_stage(
     context_info: dict[str, Any] | None = None,
 ) -> bool:
     """Move a held request to ``stage`` (and store ``context_info``), writing its ``status`` event."""
-    async with session.begin():
-        if not await lock_if_held(session, request_id, owner):
-            return False
-        info = dict(context_info or {})
-        info["stage"] = stage
-        await session.execute(
-            text(
-                "UPDATE side_question_requests SET stage = :stage, "
-                "context_info = context_info || CAST(:info AS jsonb) WHERE id = :id"
-            ),
-            {"stage": stage, "info": _json(info), "id": request_id},
-        )
-        await append_event(session, request_id, "status", {"status": "running", "stage": stage})
-        return True
+    return await emit_batch_if_held(
+        session,
+        request_id,
+        owner,
+        [("status", {"status": "running", "stage": stage})],
+        stage=stage,
+        context_info=context_info,
+    )
 
 
 async def _record_for(session: AsyncSession, request_id: uuid.UUID) -> dict[str, Any]:
