@@ -101,7 +101,8 @@ class PreparedSnapshot:
                 [g.start, g.end, g.tokens, g.has_tool_calls, g.unanswered_calls, g.orphan_results]
                 for g in self.groups
             ],
-            "digests": [d.hex() for d in self.digests],
+            # One hex string (32 bytes a prefix): decoding it is one call, not 1600.
+            "digests": b"".join(self.digests).hex(),
         }
 
     @classmethod
@@ -123,8 +124,13 @@ class PreparedSnapshot:
             tools_tokens=int(value["tools_tokens"]),
             message_tokens=tuple(int(t) for t in value["message_tokens"]),
             groups=tuple(MessageGroup(*g) for g in value["groups"]),
-            digests=tuple(bytes.fromhex(d) for d in value["digests"]),
+            digests=_split_digests(value["digests"]),
         )
+
+
+def _split_digests(value: Any) -> tuple[bytes, ...]:
+    raw = bytes.fromhex(value) if isinstance(value, str) else b"".join(bytes.fromhex(d) for d in value)
+    return tuple(raw[i : i + 32] for i in range(0, len(raw), 32))
 
 
 def prepare_snapshot(content: Mapping[str, Any]) -> PreparedSnapshot:

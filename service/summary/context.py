@@ -130,10 +130,11 @@ def find_reusable(
     until = cut_plan.summarize_until
     if digests is None:  # a prepared snapshot passes its stored chain (issue 12)
         digests = prefix_digests(messages[:until])
-    keys_by_length = {
-        length: summary_cache_key(digests[length], model, prompt_version)
-        for length in {g.start for g in groups if 0 < g.start <= until} | {until}
-    }
+    # Keys only where an entry could match: the cut itself and the cached lengths that are group
+    # boundaries of this transcript (hashing every boundary of 1600 messages cost milliseconds).
+    boundaries = {g.start for g in groups if 0 < g.start <= until}
+    lengths = {until} | {e.covered_messages for e in cache_entries if e.covered_messages in boundaries}
+    keys_by_length = {length: summary_cache_key(digests[length], model, prompt_version) for length in lengths}
     by_key = {entry.key: entry for entry in cache_entries}
     exact = by_key.get(keys_by_length[until])
     if exact is not None and exact.covered_messages == until:

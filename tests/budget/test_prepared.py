@@ -1,0 +1,78 @@
+"""The snapshot prepared once (service/budget/prepared.py) equals what a request would derive itself."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.budget import (
+    estimate_message,
+    estimate_system,
+    estimate_tools,
+    group_messages,
+    normalize_snapshot,
+)
+from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prefix_digests, prepare_snapshot
+from service.summary.context import prefix_key
+
+texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=40)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = []
+    for i in range(draw(st.integers(0, 12))):
+        if draw(st.booleans()):
+            messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": draw(texts)})
+        else:
+            tid = f"t{i}"
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": tid, "name": "grep", "input": {}}],
+                }
+            )
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": tid, "content": draw(texts)}],
+                }
+            )
+    return {"system": draw(texts), "tools": [{"name": "grep", "input_schema": {}}], "messages": messages}
+
+
+@settings(max_examples=60, deadline=None)
+@given(snapshots())
+def test_prepared_matches_what_a_request_would_compute(content: dict[str, Any]) -> None:
+    prepared = prepare_snapshot(content)
+    normal = normalize_snapshot(content)
+    assert prepared.messages == normal.messages
+    assert list(prepared.message_tokens) == [estimate_message(m) for m in normal.messages]
+    assert list(prepared.groups) == group_messages(normal.messages)
+    assert prepared.system_tokens == estimate_system(normal.system)
+    assert prepared.tools_tokens == estimate_tools(normal.tools)
+    assert list(prepared.digests) == prefix_digests(normal.messages)
+    for length in range(len(normal.messages) + 1):
+        assert prepared.cache_key(length, "m", "v") == prefix_key(normal.messages[:length], "m", "v")
+
+
+@settings(max_examples=40, deadline=None)
+@given(snapshots())
+def test_the_stored_form_round_trips_through_json(content: dict[str, Any]) -> None:
+    prepared = prepare_snapshot(content)
+    stored = json.loads(json.dumps(prepared.to_json()))
+    assert stored["version"] == PREPARED_VERSION
+    assert PreparedSnapshot.from_json(stored) == prepared
+
+
+def test_another_version_is_refused_so_it_is_recomputed() -> None:
+    stored = prepare_snapshot({"messages": [{"role": "user", "content": "hi"}]}).to_json()
+    stored["version"] = PREPARED_VERSION + 1
+    try:
+        PreparedSnapshot.from_json(stored)
+    except ValueError:
+        return
+    raise AssertionError("a prepared snapshot of another version must not be trusted")
