@@ -33,22 +33,19 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from deployed import deployed
 
 from service.client import SseParser
-from tests import pg
 from tests.scripted_provider import ScriptedServer, Step
 
 SUMMARY_DELAY_S = 2.0
@@ -103,12 +100,6 @@ def snapshot(units: int, *, seed: int = 0) -> dict[str, Any]:
         "messages": messages,
         "max_output_tokens": 32000,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 EXPLAIN = False
@@ -266,69 +257,27 @@ async def main() -> None:
 
     estimate = json.dumps(snapshot(400)).encode()
     print(f"long snapshot: 1600 messages, {len(estimate)} bytes of JSON")
-    server_pg = await asyncio.to_thread(pg.find_server)
-    url = await pg.create_database(server_pg.admin_url)
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        with ScriptedServer() as scripted, tempfile.TemporaryDirectory() as tmp:
-            port = free_port()
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("SIDEQUEST_", "OPENAI_"))}
-            env.update(
-                SIDEQUEST_DATABASE_URL=url,
-                SIDEQUEST_PROVIDER="openai",
-                SIDEQUEST_BASE_URL=scripted.base_url,
-                SIDEQUEST_API_KEY="sk-bench",
-                SIDEQUEST_MODEL="scripted-model",
-                NO_PROXY="127.0.0.1,localhost",
-            )
-            log = Path(tmp) / "serve.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen(  # noqa: ASYNC220 (started once, before any measurement)
-                    [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            base = f"http://127.0.0.1:{port}"
-            async with httpx.AsyncClient(base_url=base, timeout=120) as client:
-                for _ in range(300):
-                    try:
-                        if (await client.get("/readyz")).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    await asyncio.sleep(0.1)
-                else:
-                    raise SystemExit(f"service did not start:\n{log.read_text()}")
-                print(f"sidequest serve pid {proc.pid}; load average {os.getloadavg()[0]:.1f}")
-                table: list[list[float]] = [[] for _ in CASES]
-                for run in range(args.runs):
-                    for case, value in enumerate(await one_run(client, scripted, run, args.gap)):
-                        table[case].append(value)
-                    print(f"run {run + 1}: " + ", ".join(f"{v:.2f}" for v in (t[-1] for t in table)))
-            floor = statistics.median(table[0])
-            print(f"\ntime to first token, {args.runs} runs (summary call {SUMMARY_DELAY_S} s, answer 0.3 s)")
-            print(f"{'case':42} {'runs (s)':28} {'median':>7} {'× floor':>8}  target")
-            for case, values in enumerate(table):
-                median = statistics.median(values)
-                if case == 1:
-                    target = f"≤ floor + {2 * SUMMARY_DELAY_S:g} s = {floor + 2 * SUMMARY_DELAY_S:.2f} s"
-                    ok = median <= floor + 2 * SUMMARY_DELAY_S
-                else:
-                    target, ok = "≤ 1.3×", median <= 1.3 * floor
-                runs = ", ".join(f"{v:.2f}" for v in values)
-                verdict = "ok" if ok else "MISSED"
-                print(f"{CASES[case]:42} {runs:28} {median:7.2f} {median / floor:8.2f}  {target} {verdict}")
-            print(f"load average after: {os.getloadavg()[0]:.1f}")
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        await pg.drop_database(server_pg.admin_url, url)
-        server_pg.stop()
+    async with deployed() as service, httpx.AsyncClient(base_url=service.url, timeout=120) as client:
+        print(f"sidequest serve pid {service.pid}; load average {os.getloadavg()[0]:.1f}")
+        table: list[list[float]] = [[] for _ in CASES]
+        for run in range(args.runs):
+            for case, value in enumerate(await one_run(client, service.scripted, run, args.gap)):
+                table[case].append(value)
+            print(f"run {run + 1}: " + ", ".join(f"{v:.2f}" for v in (t[-1] for t in table)))
+    floor = statistics.median(table[0])
+    print(f"\ntime to first token, {args.runs} runs (summary call {SUMMARY_DELAY_S} s, answer 0.3 s)")
+    print(f"{'case':42} {'runs (s)':28} {'median':>7} {'× floor':>8}  target")
+    for case, values in enumerate(table):
+        median = statistics.median(values)
+        if case == 1:
+            target = f"≤ floor + {2 * SUMMARY_DELAY_S:g} s = {floor + 2 * SUMMARY_DELAY_S:.2f} s"
+            ok = median <= floor + 2 * SUMMARY_DELAY_S
+        else:
+            target, ok = "≤ 1.3×", median <= 1.3 * floor
+        runs = ", ".join(f"{v:.2f}" for v in values)
+        verdict = "ok" if ok else "MISSED"
+        print(f"{CASES[case]:42} {runs:28} {median:7.2f} {median / floor:8.2f}  {target} {verdict}")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,9 @@ from service.budget import CutRefusal, plan_cut
 from service.pipeline.calibration import CalibrationBook
 from service.pipeline.failures import error_object
 from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers
+from service.pipeline.recorder import JobRecorder
 from service.pipeline.runtime import PipelineDeps
-from service.providers.base import CallUsage
-from service.store import jobs, ledger, memory
+from service.store import jobs, memory
 from service.store.events import utc_iso
 from service.store.history import iter_history, load_prepared_snapshot
 from service.store.sessions import job_session_inputs
@@ -38,37 +38,6 @@ from service.summary.policy import SummaryCallBudget, SummaryRunner
 from service.summary.rolling import fold_qa
 
 log = logging.getLogger(__name__)
-
-
-class JobRecorder:
-    """Persists each call of a job the moment it ends (the job's usage; no request stream to tell)."""
-
-    def __init__(self, deps: PipelineDeps, job_id: Any) -> None:
-        self._deps = deps
-        self._job_id = job_id
-
-    async def record_call(
-        self,
-        *,
-        purpose: str,
-        model: str,
-        status: Literal["ok", "failed", "cancelled"],
-        usage: CallUsage,
-        latency_ms: int = 0,
-    ) -> None:
-        entry = ledger.CallEntry(
-            purpose=purpose,
-            model=model,
-            status=status,
-            reported=usage.reported,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
-            cached_tokens=usage.cached_tokens,
-            latency_ms=latency_ms,
-        )
-        async with self._deps.db.sessions() as session:
-            await ledger.append_call(session, self._job_id, entry, job=True)
 
 
 @dataclasses.dataclass
@@ -104,7 +73,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 provider=deps.provider,
                 model=models.summary,
                 request_id=str(job.id),
-                recorder=JobRecorder(deps, job.id),
+                recorder=JobRecorder(deps.db, job.id),
                 deadline=deadline,
                 budget=budget,
                 window=window,

@@ -11,6 +11,47 @@ from service.store import ledger
 from service.store.db import Database
 
 
+def call_entry(
+    purpose: str, model: str, status: Literal["ok", "failed", "cancelled"], usage: CallUsage, latency_ms: int
+) -> ledger.CallEntry:
+    """One provider call as the ledger stores it (SPEC §3 ``usage.calls[]``), from what it reported."""
+    return ledger.CallEntry(
+        purpose=purpose,
+        model=model,
+        status=status,
+        reported=usage.reported,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
+        cached_tokens=usage.cached_tokens,
+        latency_ms=latency_ms,
+    )
+
+
+class JobRecorder:
+    """A background job's recorder: each call persisted on the job's row the moment it ends (the
+    session's ``background.usage``); a job has no request stream to tell."""
+
+    def __init__(self, db: Database, job_id: uuid.UUID) -> None:
+        self._db = db
+        self._job_id = job_id
+
+    async def record_call(
+        self,
+        *,
+        purpose: str,
+        model: str,
+        status: Literal["ok", "failed", "cancelled"],
+        usage: CallUsage,
+        latency_ms: int = 0,
+    ) -> None:
+        """Append one call to the job's usage."""
+        async with self._db.sessions() as session:
+            await ledger.append_call(
+                session, self._job_id, call_entry(purpose, model, status, usage, latency_ms), job=True
+            )
+
+
 class LedgerRecorder:
     """Persists each provider call the moment it ends, then tells the streams (SPEC §4 ``usage``).
 
@@ -36,17 +77,7 @@ class LedgerRecorder:
         latency_ms: int = 0,
     ) -> None:
         """Append one call to the ledger and emit the cumulative usage object."""
-        entry = ledger.CallEntry(
-            purpose=purpose,
-            model=model,
-            status=status,
-            reported=usage.reported,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
-            cached_tokens=usage.cached_tokens,
-            latency_ms=latency_ms,
-        )
+        entry = call_entry(purpose, model, status, usage, latency_ms)
         # The streamed text comes before the usage event; the ledger and the event are one commit.
         if self.before_usage is not None and status != "cancelled":
             await self.before_usage()
