@@ -140,3 +140,12 @@ async def clear(db: Database, parent_id: str, tenant: str = "default") -> None:
 
     async with db.sessions() as session:
         assert await clear_session(session, tenant, parent_id) is not None
+
+
+async def merge_session_settings(session: Any, session_id: uuid.UUID, fields: dict[str, Any]) -> None:
+    """Write session settings directly, bypassing the API's validation (to store what PUT refuses)."""
+    await session.execute(
+        update(SessionRow)
+        .where(SessionRow.id == session_id)
+        .values(settings=SessionRow.settings.op("||")(fields))
+    )

@@ -305,25 +305,6 @@ async def emit_if_held(
     return await emit_batch_if_held(session, request_id, owner, [(event_type, fields)])
 
 
-async def set_stage(
-    session: AsyncSession,
-    request_id: uuid.UUID,
-    owner: str,
-    stage: str,
-    *,
-    context_info: dict[str, Any] | None = None,
-) -> bool:
-    """Move a held request to ``stage`` (and store ``context_info``), writing its ``status`` event."""
-    return await emit_batch_if_held(
-        session,
-        request_id,
-        owner,
-        [("status", {"status": "running", "stage": stage})],
-        stage=stage,
-        context_info=context_info,
-    )
-
-
 async def _record_for(session: AsyncSession, request_id: uuid.UUID) -> dict[str, Any]:
     row = await session.get(RequestRow, request_id, populate_existing=True)
     assert row is not None

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -424,29 +424,4 @@ async def store_snapshot(
         raise SnapshotConflict(key)
     return StoredSnapshot(
         key, digest, existing.token_estimate, existing.size_bytes, utc_iso(existing.created_at), created=False
-    )
-
-
-async def snapshot_exists(session: AsyncSession, session_id: uuid.UUID, snapshot_id: str) -> bool:
-    """Whether the session has a stored snapshot ``snapshot_id``."""
-    found = await session.scalar(
-        select(SnapshotRow.snapshot_id).where(
-            SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id
-        )
-    )
-    return found is not None
-
-
-async def merge_session_settings(
-    session: AsyncSession, session_id: uuid.UUID, fields: dict[str, Any]
-) -> None:
-    """Merge ``fields`` into the session's settings JSONB (SPEC 11.2) in the caller's transaction.
-
-    A key set to None is stored as JSON null (an unset field). Admission reads ``settings->>'on_busy'``.
-    """
-    await session.execute(
-        text(
-            "UPDATE side_question_sessions SET settings = settings || CAST(:fields AS jsonb) WHERE id = :id"
-        ),
-        {"fields": canonical_json(fields), "id": session_id},
     )

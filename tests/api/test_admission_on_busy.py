@@ -12,10 +12,10 @@ from service.client import SseMessage as Message
 from service.store.admission import SUPERSEDED_MESSAGE
 from service.store.db import Database
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
-from service.store.sessions import merge_session_settings
 from tests.api.conftest import Server
 from tests.api.helpers import ask, mark_running
 from tests.api.sse_client import events
+from tests.factories import merge_session_settings
 
 
 async def _row_counts(db: Database) -> tuple[int, int, int, int]:

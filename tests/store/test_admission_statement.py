@@ -30,7 +30,7 @@ from service.store.db import Database
 from service.store.listener import asyncpg_dsn
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
-from service.store.sessions import merge_session_settings
+from tests.factories import merge_session_settings
 
 TENANT = "t1"
 SNAPSHOT: dict[str, Any] = {"system": "main", "messages": [{"role": "user", "content": "fix it"}]}

@@ -143,7 +143,9 @@ async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) ->
     async with db.sessions() as session:
         assert not await queue.emit_if_held(session, rid, "w1", "delta", {"text": "late"})
     async with db.sessions() as session:
-        assert not await queue.set_stage(session, rid, "w1", "answering")
+        assert not await queue.emit_batch_if_held(
+            session, rid, "w1", [("status", {"status": "running", "stage": "answering"})], stage="answering"
+        )
     async with db.sessions() as session:
         record = await queue.finish_succeeded(
             session,
