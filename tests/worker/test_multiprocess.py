@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import text
 
 from service.config import Settings
+from service.store import jobs
 from service.store.db import Database
 from tests.factories import add_history, admit, make_session
 from tests.scripted_provider import ScriptedServer, Step, Usage
@@ -214,3 +215,39 @@ async def test_kill_9_mid_answer_reruns_the_request_and_keeps_recorded_usage(
     # (a background fold queued by its success carries a job id, not this request's id).
     own = [r for r in server.requests("qa_summary") if r.headers.get("x-sidequest-request-id") == str(rid)]
     assert len(own) == 1
+
+
+async def test_two_processes_never_run_the_same_background_job(
+    workers: WorkerProcesses, db: Database, server: ScriptedServer
+) -> None:
+    """SPEC 6.6: jobs are claimed like requests (SKIP LOCKED under a cap): across processes, each runs
+    exactly once."""
+
+    workers.env["SIDEQUEST_MAX_BACKGROUND_CONCURRENCY"] = "4"
+    server.set_default("qa_summary", Step.valid_summary().with_delay(before_s=0.3))
+    ids: list[uuid.UUID] = []
+    for i in range(8):
+        sid = await make_session(db, f"jobs-{i}")
+        await add_history(db, sid, [(f"q{n}", f"a{n}") for n in range(1, 4)])
+        async with db.sessions() as session, session.begin():
+            job_id = await jobs.enqueue_job(
+                session, sid, kind="qa_fold", key="1-3", params={"through_ordinal": 3}, clear_version=0
+            )
+        assert job_id is not None
+        ids.append(job_id)
+    workers.start()
+    workers.start()
+
+    async def all_succeeded() -> bool:
+        async with db.sessions() as session:
+            left = await session.scalar(
+                text("SELECT count(*) FROM side_question_jobs WHERE status <> 'succeeded'")
+            )
+        return bool(left == 0)
+
+    await wait_for(all_succeeded, within=60)
+    calls = server.requests("qa_summary")
+    assert sorted(r.headers["x-sidequest-job-id"] for r in calls) == sorted(str(i) for i in ids)
+    async with db.sessions() as session:
+        rows = (await session.execute(text("SELECT attempt, lease_owner FROM side_question_jobs"))).all()
+    assert [r.attempt for r in rows] == [1] * len(ids)
