@@ -27,9 +27,14 @@ PREPARED_VERSION: Final = 1
 _CHAIN_SEED: Final = b"sidequest-context-prefix-v1"
 
 
+# One encoder for every canonical encoding: ``json.dumps`` with options builds a new encoder per call,
+# which dominated hashing the 1600 messages of a large snapshot one by one.
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+
+
 def canonical_bytes(value: Any) -> bytes:
     """Sorted keys, no whitespace: equal content gives equal bytes, however its JSON was written."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return _CANONICAL.encode(value).encode()
 
 
 def prefix_digests(messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
