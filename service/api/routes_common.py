@@ -16,6 +16,7 @@ from service.api.sse import PING_S, SEND_TIMEOUT_S, EventHub
 from service.api.sse_response import StreamResponse
 from service.api.stream_tokens import StreamTokens
 from service.store.events import utc_iso
+from service.store.sessions import content_hash
 
 MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
@@ -50,12 +51,9 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def canonical_body_hash(raw: bytes) -> str:
-    """Hash of a JSON body independent of key order and whitespace (for Idempotency-Key)."""
-    import hashlib
-
-    parsed = json.loads(raw)
-    text = json.dumps(parsed, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    """Hash of a JSON body independent of key order and whitespace (for Idempotency-Key): the
+    store's one content hash, so a hand-off and an admission hash their bodies alike."""
+    return content_hash(json.loads(raw))
 
 
 def stream_tenant(request: Request, bearer: str | None, token: str | None, stream: str) -> str:

@@ -22,6 +22,11 @@ def _given(value: int | None) -> bool:
     return value is not None and value > 0
 
 
+def positive_setting(value: object) -> int | None:
+    """A window or cap from JSON (options, session settings): a positive int, not a bool; else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def resolve_output_cap(
     request_cap: int | None, config_cap: int, main_cap: int | None, *, session_cap: int | None = None
 ) -> int:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from service.budget import CutRefusal, plan_cut
 from service.pipeline.calibration import CalibrationBook
 from service.pipeline.failures import error_object
-from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers
+from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers, text_setting
 from service.pipeline.recorder import JobRecorder
 from service.pipeline.runtime import PipelineDeps
 from service.store import jobs, memory
@@ -81,7 +81,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 job_id=str(job.id),
                 clock=deps.clock,
                 parallelism=deps.settings.summary_parallelism,
-                instructions=_instructions(inputs.settings),
+                instructions=text_setting(inputs.settings, "summary_instructions"),
                 calibration=calibration,
                 on_sample=book.sample,
             )
@@ -106,11 +106,6 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
             error = error_object(exc, stage=job.kind, timeout_s=timeout)
         log.info("background job %s (%s) failed: %s", job.id, job.kind, error["code"])
         return await _end(deps, job, JobOutcome("failed", calls=budget.calls_made, error=error))
-
-
-def _instructions(session_settings: dict[str, Any]) -> str | None:
-    value = session_settings.get("summary_instructions")
-    return value if isinstance(value, str) and value.strip() else None
 
 
 def _gone() -> dict[str, Any]:

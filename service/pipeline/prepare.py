@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.budget import WindowPlan, plan_window, resolve_output_cap, resolve_window
+from service.budget import WindowPlan, plan_window, positive_setting, resolve_output_cap, resolve_window
 from service.budget.prepared import PreparedSnapshot
 from service.config import Settings
 from service.context_info import CalibrationInfo
@@ -30,11 +30,11 @@ from service.summary.rolling import StoredQASummary
 
 def positive_int(values: Mapping[str, Any], name: str) -> int | None:
     """``values[name]`` when it is a positive integer (not a bool), else None."""
-    value = values.get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return positive_setting(values.get(name))
 
 
-def _text(values: Mapping[str, Any], name: str) -> str | None:
+def text_setting(values: Mapping[str, Any], name: str) -> str | None:
+    """``values[name]`` when it is a non-empty string (a model name, summary instructions), else None."""
     value = values.get(name)
     return value if isinstance(value, str) and value else None
 
@@ -51,8 +51,10 @@ def choose_models(
     settings: Settings, session_settings: Mapping[str, Any], request_model: str | None, provider_default: str
 ) -> ModelChoice:
     """SPEC §11.2's model order for a request (``request_model`` None: a background job's)."""
-    answer = request_model or _text(session_settings, "answer_model") or settings.model or provider_default
-    summary = _text(session_settings, "summary_model") or settings.summary_model or answer
+    answer = (
+        request_model or text_setting(session_settings, "answer_model") or settings.model or provider_default
+    )
+    summary = text_setting(session_settings, "summary_model") or settings.summary_model or answer
     return ModelChoice(answer=answer, summary=summary)
 
 
@@ -140,7 +142,7 @@ async def prepare(rt: RequestRuntime) -> Prepared:
     models = choose_models(
         settings,
         session_settings,
-        _text(claimed.options, "model") or claimed.model,
+        text_setting(claimed.options, "model") or claimed.model,
         rt.deps.provider.default_model,
     )
     plan = plan_numbers(settings, session_settings, claimed.options, snapshot)
@@ -159,7 +161,7 @@ async def prepare(rt: RequestRuntime) -> Prepared:
         models=models,
         qa=parse_qa_summary(memory.get("qa_summary")),
         cache=tuple(parse_cache(memory.get("context_summaries") or [])),
-        summary_instructions=_text(session_settings, "summary_instructions"),
+        summary_instructions=text_setting(session_settings, "summary_instructions"),
     )
 
 

@@ -1,4 +1,4 @@
-"""Reads the pipeline needs: the claimed request's inputs, its snapshot, and the session's Q&A history.
+"""Reads the pipeline needs: its snapshot as prepared when stored, and the session's Q&A history.
 
 Read-only and lock-free: each runs in its own short transaction and is never held across a model call.
 """
@@ -22,20 +22,6 @@ HISTORY_BATCH = 20
 
 
 @dataclass(frozen=True)
-class RequestInput:
-    """What a claimed request asks for."""
-
-    id: uuid.UUID
-    session_id: uuid.UUID
-    ordinal: int
-    question: str
-    snapshot_id: str | None
-    options: dict[str, Any]
-    clear_version: int
-    model: str | None
-
-
-@dataclass(frozen=True)
 class HistoryItem:
     """One earlier successful side Q&A of the session."""
 
@@ -45,23 +31,6 @@ class HistoryItem:
     created_at: datetime
     # The estimate of the rendered Q&A group, stored when the request succeeded (None: older rows).
     qa_tokens: int | None = None
-
-
-async def load_request_input(session: AsyncSession, request_id: uuid.UUID) -> RequestInput | None:
-    """The request's question, snapshot reference and options; None if it no longer exists."""
-    row = await session.get(RequestRow, request_id, populate_existing=True)
-    if row is None:
-        return None
-    return RequestInput(
-        id=row.id,
-        session_id=row.session_id,
-        ordinal=row.ordinal,
-        question=row.question,
-        snapshot_id=row.snapshot_id,
-        options=dict(row.options or {}),
-        clear_version=row.clear_version,
-        model=row.model,
-    )
 
 
 async def load_snapshot(

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.budget import plan_window, resolve_output_cap, resolve_window
+from service.budget import plan_window, positive_setting, resolve_output_cap, resolve_window
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
 from service.store.events import utc_iso
 from service.store.jobs import background_overviews, enqueue_job
@@ -309,19 +309,15 @@ def needs_compaction(
         None,
         prepared.snapshot.context_window,
         policy.context_window,
-        session_window=_positive(session_settings.get("context_window")),
+        session_window=positive_setting(session_settings.get("context_window")),
     )
     cap = resolve_output_cap(
         None,
         policy.max_output_tokens,
         prepared.snapshot.max_output_tokens,
-        session_cap=_positive(session_settings.get("max_output_tokens")),
+        session_cap=positive_setting(session_settings.get("max_output_tokens")),
     )
     return prepared.total_tokens > plan_window(window, cap).input_budget
-
-
-def _positive(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 async def maybe_queue_snapshot_job(

@@ -11,14 +11,11 @@ request model and the archive codec, so an archive cannot smuggle in what a PUT 
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import func, select
+from sqlalchemy import func
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.store.models import SessionRow
 from service.store.sessions import SETTINGS_FIELDS, find_session, lock_or_create_session
 
 ON_BUSY_CHOICES: Final = ("enqueue", "reject", "interrupt")
@@ -100,25 +97,6 @@ def public_settings(stored: dict[str, Any] | None) -> dict[str, Any]:
     return {name: stored.get(name) for name in SETTINGS_FIELDS}
 
 
-@dataclass(frozen=True)
-class SessionSettings:
-    """The settings as the pipeline and the worker use them (every field optional)."""
-
-    summary_instructions: str | None = None
-    summary_model: str | None = None
-    answer_model: str | None = None
-    context_window: int | None = None
-    max_output_tokens: int | None = None
-    on_busy: str | None = None
-
-    @classmethod
-    def from_stored(cls, stored: dict[str, Any] | None) -> SessionSettings:
-        """Read the JSONB leniently: a value that breaks the rules counts as unset, never as a crash."""
-        values = public_settings(stored)
-        clean = {name: (None if field_problem(name, v) else v) for name, v in values.items()}
-        return cls(**clean)
-
-
 class InvalidSettings(Exception):
     """A settings change breaks the field rules (422); ``problems`` lists ``(field, message)``."""
 
@@ -161,20 +139,12 @@ async def update_settings(
     return public_settings(merged)
 
 
-async def load_session_settings(session: AsyncSession, session_id: uuid.UUID) -> SessionSettings:
-    """The settings of a session by id (for the pipeline and background jobs); empty when none."""
-    stored = await session.scalar(select(SessionRow.settings).where(SessionRow.id == session_id))
-    return SessionSettings.from_stored(stored)
-
-
 __all__ = [
     "MAX_SUMMARY_INSTRUCTIONS_BYTES",
     "ON_BUSY_CHOICES",
     "SETTINGS_FIELDS",
     "InvalidSettings",
-    "SessionSettings",
     "field_problem",
-    "load_session_settings",
     "public_settings",
     "read_settings",
     "settings_problems",

@@ -94,29 +94,6 @@ def test_the_docs_table_is_generated_from_the_fixtures() -> None:
     assert missing == []
 
 
-# Every server SPEC §7 names, as the fixtures spell them.
-SPEC_SERVERS = (
-    "OpenAI",
-    "Anthropic",
-    "vLLM",
-    "SGLang",
-    "llama.cpp server",
-    "Ollama",
-    "LM Studio",
-    "Hugging Face TGI",
-    "LiteLLM proxy",
-    "OpenRouter",
-    "Together AI",
-    "Groq",
-    "Fireworks AI",
-    "DeepSeek",
-    "Mistral",
-    "Azure OpenAI",
-    "Amazon Bedrock",
-    "Gemini",
-)
-
-
 def _servers_with(kind: str, **expected: Any) -> set[str]:
     servers = set()
     for path in FIXTURE_FILES:
@@ -128,7 +105,7 @@ def _servers_with(kind: str, **expected: Any) -> set[str]:
 
 
 def test_every_server_spec_names_has_an_overflow_fixture() -> None:
-    assert set(SPEC_SERVERS) - _servers_with("context_overflow") == set()
+    assert set(error_table.SPEC_SERVERS) - _servers_with("context_overflow") == set()
 
 
 def test_rate_limit_quota_and_model_unavailable_bodies_are_collected_across_servers() -> None:
