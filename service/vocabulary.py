@@ -1,0 +1,106 @@
+"""The domain vocabulary every layer speaks: statuses, stages, job kinds, channel names, the one
+timestamp format, canonical JSON and the one "text PostgreSQL can store" check (issue 16).
+
+Pure and stdlib-only, so the functional core (``service.budget``) may import it too. The enums are
+``str``-valued (``StrEnum``): a member *is* its wire string, so JSON, SQL parameters and comparisons
+with plain strings are unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final
+
+
+class Status(StrEnum):
+    """A side request's (and a background job's) lifecycle status (SPEC §3)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL: Final = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
+ACTIVE: Final = frozenset({Status.QUEUED, Status.RUNNING})
+
+
+class Stage(StrEnum):
+    """The stages of a running side request (SPEC §4 ``status`` events, ``context_info.stage``)."""
+
+    PREPARING = "preparing"
+    ORGANIZING_HISTORY = "organizing_history"
+    COMPACTING_CONTEXT = "compacting_context"
+    ANSWERING = "answering"
+
+
+class JobKind(StrEnum):
+    """The kinds of background summary job (SPEC §6.6)."""
+
+    QA_FOLD = "qa_fold"
+    CONTEXT_SUMMARY = "context_summary"
+
+
+# LISTEN/NOTIFY channels (one home: the store's listener and NOTIFYs, the worker's wake-ups).
+EVENTS_CHANNEL: Final = "sidequest_events"
+QUEUE_CHANNEL: Final = "sidequest_queue"
+CANCEL_CHANNEL: Final = "sidequest_cancel"
+JOBS_CHANNEL: Final = "sidequest_jobs"
+ALL_CHANNELS: Final = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
+
+
+def utc_iso(moment: datetime | None = None) -> str:
+    """ISO 8601 UTC, always with microseconds and ``Z``, e.g. ``2026-11-29T10:00:00.000000Z``.
+
+    ``None`` means now. ``isoformat``, not ``strftime``: ``"%Y"`` drops the leading zeros of years
+    below 1000 on glibc.
+    """
+    moment = (moment or datetime.now(UTC)).astimezone(UTC)
+    return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def iso_or_none(moment: datetime | None) -> str | None:
+    """:func:`utc_iso` of a moment that may be missing (a record's ``finished_at``, say)."""
+    return utc_iso(moment) if moment is not None else None
+
+
+# One encoder for every canonical encoding: ``json.dumps`` with options builds a new encoder per call,
+# which dominated hashing the 1600 messages of a large snapshot one by one.
+_CANONICAL: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def canonical_json(value: Any) -> str:
+    """Key-sorted compact JSON: equal documents give equal text whatever their key order."""
+    return _CANONICAL.encode(value)
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """:func:`canonical_json` as UTF-8 bytes (what content digests hash)."""
+    return _CANONICAL.encode(value).encode()
+
+
+def content_hash(value: Any) -> str:
+    """SHA-256 of the canonical JSON of ``value`` (hex): snapshot ids' content check, idempotency."""
+    return hashlib.sha256(canonical_bytes(value)).hexdigest()
+
+
+UNSTORABLE_TEXT: Final = "NUL characters and unpaired surrogates are not allowed"
+
+
+def unstorable_reason(value: str) -> str | None:
+    """Why PostgreSQL cannot store ``value`` as text (a NUL, an unpaired surrogate), or None."""
+    if "\x00" in value:
+        return "must not contain NUL characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must not contain unpaired surrogates"
+    return None
