@@ -64,6 +64,8 @@ def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool)
         return 2
     import uvicorn
 
+    from service.heap import freeze_startup_heap
+
     # uvicorn shuts down gracefully on a signal and then re-raises it to the handler that was in
     # place before it started; ours turns it into an exception so the `finally` below still runs.
     signal.signal(signal.SIGTERM, _raise_shutdown)
@@ -78,10 +80,12 @@ def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool)
                 app = create_app(settings, url)
                 if worker:
                     app = with_worker(app, settings)
+                freeze_startup_heap()
                 uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
             else:
                 from service.worker import run_worker_forever
 
+                freeze_startup_heap()
                 run_worker_forever(settings, url)
     except _Shutdown:
         log.info("stopped by signal")

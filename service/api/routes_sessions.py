@@ -39,6 +39,7 @@ from service.api.schemas import (
 )
 from service.api.sse import database_now, session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
+from service.budget.prepared import EncodedSnapshot, UnstorableSnapshot, encode_snapshot
 from service.config import Settings
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (
@@ -123,12 +124,13 @@ async def post_question(
     # The JSON FastAPI already parsed (Starlette caches it), not a second parse of the bytes.
     parsed = await _parsed_body(request)
     inline: dict[str, Any] | None = None
+    encoded: EncodedSnapshot | None = None
     if body.snapshot is not None:
         inline = parsed["snapshot"]
         assert isinstance(inline, dict)
-        snap_size = _snapshot_size(inline)
-        if snap_size > settings.max_snapshot_bytes:
-            raise _too_large("snapshot_too_large", "the snapshot", snap_size, settings.max_snapshot_bytes)
+        encoded = _encoded_snapshot(inline)
+        if encoded.size > settings.max_snapshot_bytes:
+            raise _too_large("snapshot_too_large", "the snapshot", encoded.size, settings.max_snapshot_bytes)
     if idempotency_key is not None:
         check_text(idempotency_key)
     options = {
@@ -140,6 +142,7 @@ async def post_question(
         question=body.question,
         snapshot_id=body.snapshot_id,
         snapshot=inline,
+        snapshot_encoding=encoded,
         options=options,
         idempotency_key=idempotency_key,
         # Key-sorted compact JSON: the same body in another key order or spacing hashes the same.
@@ -200,8 +203,9 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _snapshot_size(snapshot: dict[str, Any]) -> int:
-    """UTF-8 bytes of the snapshot's compact JSON, refusing (422) what could not be stored or used.
+def _encoded_snapshot(snapshot: dict[str, Any]) -> EncodedSnapshot:
+    """The snapshot encoded once (its size, hash and stored JSON: ``budget.prepared``), refusing
+    (422) what could not be stored or used.
 
     NUL characters and unpaired surrogates cannot be stored by PostgreSQL or sent to a provider;
     absurd nesting would only exhaust the pipeline's recursion later.
@@ -210,14 +214,10 @@ def _snapshot_size(snapshot: dict[str, Any]) -> int:
         raise ApiError(
             422, "invalid_snapshot", f"the snapshot is nested deeper than {MAX_SNAPSHOT_DEPTH} levels"
         )
-    text = json.dumps(snapshot, ensure_ascii=False, separators=(",", ":"))
     try:
-        encoded = text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(422, "invalid_snapshot", "the snapshot contains unpaired surrogates") from None
-    if "\\u0000" in text:
-        raise ApiError(422, "invalid_snapshot", "the snapshot contains NUL characters")
-    return len(encoded)
+        return encode_snapshot(snapshot)
+    except UnstorableSnapshot as exc:
+        raise ApiError(422, "invalid_snapshot", str(exc)) from None
 
 
 @router.get("/{parent_id}/questions", response_model=HistoryPage, responses=errors(401, 404, 422))
@@ -278,12 +278,18 @@ async def put_snapshot(
     settings = settings_of(request)
     content = _raw_json(await request.body())
     assert isinstance(content, dict)
-    size = _snapshot_size(content)
-    if size > settings.max_snapshot_bytes:
-        raise _too_large("snapshot_too_large", "the snapshot", size, settings.max_snapshot_bytes)
+    encoded = _encoded_snapshot(content)
+    if encoded.size > settings.max_snapshot_bytes:
+        raise _too_large("snapshot_too_large", "the snapshot", encoded.size, settings.max_snapshot_bytes)
     owner = await lock_or_create_session(session, tenant, parent_id)
     stored = await store_snapshot(
-        session, owner.id, snapshot_id, content, owner=owner, jobs=snapshot_job_policy(settings)
+        session,
+        owner.id,
+        snapshot_id,
+        content,
+        owner=owner,
+        jobs=snapshot_job_policy(settings),
+        encoded=encoded,
     )
     await session.commit()
     return JSONResponse(stored.public(), status_code=201 if stored.created else 200)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -37,12 +38,103 @@ def canonical_bytes(value: Any) -> bytes:
     return _CANONICAL.encode(value).encode()
 
 
-def prefix_digests(messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
-    """``digests[k]`` = content digest of ``messages[:k]`` (k = 0..len), one hash chain pass."""
+class UnstorableSnapshot(ValueError):
+    """The snapshot holds text PostgreSQL cannot store: ``reason`` is ``"nul"`` or ``"surrogate"``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"the snapshot contains {'NUL characters' if reason == 'nul' else 'unpaired surrogates'}"
+        )
+        self.reason = reason
+
+
+# A NUL inside a JSON string is written ``\u0000``; preceded by an odd number of backslashes it is
+# the text ``\u0000`` (six characters, common in source code), not a NUL.
+_NUL: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+# Stands for the message array while the rest of the snapshot is encoded: a string of one NUL. Found
+# first, since keys are sorted and only keys before "messages" come before it; a snapshot that held
+# such a string too is refused for its NUL anyway.
+_MESSAGES_MARK: Final = "\x00"
+_MESSAGES_MARK_JSON: Final = b'"\\u0000"'
+
+
+@dataclass(frozen=True)
+class EncodedSnapshot:
+    """A snapshot as posted, encoded canonically once (issue 11): the admission's size check, its
+    content hash, the prefix digests and the stored JSON all come from these bytes.
+
+    ``canonical`` is exactly :func:`canonical_bytes` of the whole snapshot (so its length is the
+    size of its compact JSON, and its SHA-256 the snapshot's content hash); ``message_bytes[i]``
+    that of ``content["messages"][i]``.
+    """
+
+    content: Mapping[str, Any]
+    canonical: bytes
+    message_bytes: tuple[bytes, ...]
+
+    @property
+    def size(self) -> int:
+        """UTF-8 bytes of the snapshot's compact JSON (key order does not change the length)."""
+        return len(self.canonical)
+
+    def bytes_of(self, messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
+        """The canonical bytes of each of ``messages``: reused for a message posted as is (the same
+        object, as normalisation returns every canonical message), encoded for one it rewrote."""
+        raw = self.content.get("messages")
+        known = (
+            {id(m): b for m, b in zip(raw, self.message_bytes, strict=True)} if isinstance(raw, list) else {}
+        )
+        return [known.get(id(message)) or canonical_bytes(message) for message in messages]
+
+
+def _head(rest: Mapping[str, Any]) -> bytes:
+    """Canonical bytes of ``rest`` with the mark where its message array goes."""
+    return canonical_bytes({**rest, "messages": _MESSAGES_MARK})
+
+
+def _splice(head: bytes, items: Sequence[bytes]) -> bytes:
+    """``head`` with its mark replaced by the array of ``items`` (each an element's canonical bytes):
+    exactly the canonical bytes of the whole, since keys are sorted and separators compact."""
+    at = head.find(_MESSAGES_MARK_JSON)
+    if at < 0:
+        raise ValueError("the message mark is missing")
+    return b"".join((head[:at], b"[", b",".join(items), b"]", head[at + len(_MESSAGES_MARK_JSON) :]))
+
+
+def _has_nul(encoded: bytes) -> bool:
+    # The plain search first: the escape-aware pattern is ~70x slower, and almost never needed.
+    return b"\\u0000" in encoded and _NUL.search(encoded) is not None
+
+
+def encode_snapshot(content: Mapping[str, Any]) -> EncodedSnapshot:
+    """Encode ``content`` once; raises :class:`UnstorableSnapshot` for a NUL or a lone surrogate."""
+    try:
+        messages = content.get("messages")
+        if isinstance(messages, list):
+            parts = tuple(canonical_bytes(message) for message in messages)
+            canonical = _splice(_head(content), parts)
+        else:
+            parts = ()
+            canonical = canonical_bytes(content)
+    except UnicodeEncodeError:
+        raise UnstorableSnapshot("surrogate") from None
+    # The mark was spliced away, so any NUL left is the snapshot's own.
+    if _has_nul(canonical):
+        raise UnstorableSnapshot("nul")
+    return EncodedSnapshot(content, canonical, parts)
+
+
+def prefix_digests(
+    messages: Sequence[Mapping[str, Any]], encoded: Sequence[bytes] | None = None
+) -> list[bytes]:
+    """``digests[k]`` = content digest of ``messages[:k]`` (k = 0..len), one hash chain pass.
+
+    ``encoded`` (the canonical bytes of each message, when already known) saves encoding them again.
+    """
     state = hashlib.sha256(_CHAIN_SEED).digest()
     digests = [state]
-    for message in messages:
-        state = hashlib.sha256(state + hashlib.sha256(canonical_bytes(message)).digest()).digest()
+    for item in encoded if encoded is not None else (canonical_bytes(m) for m in messages):
+        state = hashlib.sha256(state + hashlib.sha256(item).digest()).digest()
         digests.append(state)
     return digests
 
@@ -110,6 +202,14 @@ class PreparedSnapshot:
             "digests": b"".join(self.digests).hex(),
         }
 
+    def to_json_text(self, encoded: EncodedSnapshot | None = None) -> str:
+        """:meth:`to_json` as JSON text, the message array spliced from ``encoded``'s bytes where the
+        messages are the ones posted (no second encoding of a 600 KB transcript)."""
+        stored = self.to_json()
+        messages = stored.pop("messages")
+        items = encoded.bytes_of(messages) if encoded is not None else [canonical_bytes(m) for m in messages]
+        return _splice(_head(stored), items).decode()
+
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> PreparedSnapshot:
         """Inverse of :meth:`to_json`; ``ValueError`` for another version (recompute instead)."""
@@ -138,9 +238,10 @@ def _split_digests(value: Any) -> tuple[bytes, ...]:
     return tuple(raw[i : i + 32] for i in range(0, len(raw), 32))
 
 
-def prepare_snapshot(content: Mapping[str, Any]) -> PreparedSnapshot:
+def prepare_snapshot(content: Mapping[str, Any], encoded: EncodedSnapshot | None = None) -> PreparedSnapshot:
     """Normalise, estimate, group and hash a snapshot as posted (raises ``ValueError`` for one that
-    does not normalise; the API refuses those before storing)."""
+    does not normalise; the API refuses those before storing). ``encoded`` (:func:`encode_snapshot`
+    of the same ``content``) lends the canonical bytes of the messages to the prefix digests."""
     snapshot = normalize_snapshot(content)
     message_tokens = [estimate_message(message) for message in snapshot.messages]
     taken_at = content.get("taken_at")
@@ -151,14 +252,21 @@ def prepare_snapshot(content: Mapping[str, Any]) -> PreparedSnapshot:
         tools_tokens=estimate_tools(snapshot.tools),
         message_tokens=tuple(message_tokens),
         groups=tuple(group_messages(snapshot.messages, message_tokens)),
-        digests=tuple(prefix_digests(snapshot.messages)),
+        digests=tuple(
+            prefix_digests(
+                snapshot.messages, encoded.bytes_of(snapshot.messages) if encoded is not None else None
+            )
+        ),
     )
 
 
 __all__ = [
     "PREPARED_VERSION",
+    "EncodedSnapshot",
     "PreparedSnapshot",
+    "UnstorableSnapshot",
     "canonical_bytes",
+    "encode_snapshot",
     "prefix_digests",
     "prepare_snapshot",
     "summary_cache_key",

@@ -21,6 +21,7 @@ from typing import Any, cast
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.budget.prepared import EncodedSnapshot
 from service.store.db import Database
 from service.store.jobs import cancel_session_jobs
 from service.store.listener import CANCEL_CHANNEL
@@ -83,6 +84,8 @@ class Admission:
     question: str
     snapshot_id: str | None = None
     snapshot: dict[str, Any] | None = None
+    # ``snapshot`` encoded once by the caller (its size check needed it), reused by the store.
+    snapshot_encoding: EncodedSnapshot | None = None
     options: dict[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
     body_hash: str | None = None
@@ -240,6 +243,7 @@ async def _admit_in_transaction(
                 admission.snapshot,
                 owner=owner,
                 jobs=admission.snapshot_jobs,
+                encoded=admission.snapshot_encoding,
             )
             snapshot_id = stored.snapshot_id
         args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)

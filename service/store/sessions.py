@@ -13,12 +13,19 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import JSON, Text, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget import plan_window, positive_setting, resolve_output_cap, resolve_window
-from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
+from service.budget.prepared import (
+    PREPARED_VERSION,
+    EncodedSnapshot,
+    PreparedSnapshot,
+    UnstorableSnapshot,
+    encode_snapshot,
+    prepare_snapshot,
+)
 from service.store.events import utc_iso
 from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
@@ -58,16 +65,24 @@ def content_hash(value: object) -> str:
     return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 
 
-def prepare_or_refuse(content: dict[str, Any]) -> PreparedSnapshot:
+def prepare_or_refuse(content: dict[str, Any], encoded: EncodedSnapshot | None = None) -> PreparedSnapshot:
     """Prepare a snapshot once (normalise, estimate, group, hash: :mod:`service.budget.prepared`).
 
     Raises :class:`InvalidSnapshot` when the snapshot does not normalise (e.g. a tool that is not an
     object): refusing it at admission is better than failing the request later in the worker.
     """
     try:
-        return prepare_snapshot(content)
+        return prepare_snapshot(content, encoded)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise InvalidSnapshot(f"snapshot is not a valid main-session context: {exc}") from None
+
+
+def encode_or_refuse(content: dict[str, Any]) -> EncodedSnapshot:
+    """:func:`service.budget.prepared.encode_snapshot`, refusing what PostgreSQL cannot store."""
+    try:
+        return encode_snapshot(content)
+    except UnstorableSnapshot as exc:
+        raise InvalidSnapshot(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -374,6 +389,7 @@ async def store_snapshot(
     *,
     owner: SessionRow | None = None,
     jobs: SnapshotJobPolicy | None = None,
+    encoded: EncodedSnapshot | None = None,
 ) -> StoredSnapshot:
     """Store ``content`` under ``snapshot_id`` (or its content hash) in the caller's transaction.
 
@@ -381,22 +397,29 @@ async def store_snapshot(
     other content and :class:`InvalidSnapshot` when the snapshot cannot be read. A newly stored
     snapshot is prepared once (:mod:`service.budget.prepared`) and, given the session row ``owner``
     and a ``jobs`` policy, may queue its background context summary (SPEC §6.6).
+
+    ``encoded`` is the snapshot encoded once by the caller (:func:`encode_or_refuse`, which the API
+    needs for its size check first): its bytes give the content hash, the size, the prefix digests
+    and the stored JSON, so a 600 KB snapshot is serialised once, not five times.
     """
-    digest = content_hash(content)
+    if encoded is None:
+        encoded = encode_or_refuse(content)
+    digest = hashlib.sha256(encoded.canonical).hexdigest()  # = content_hash(content)
     key = snapshot_id or digest
-    size = len(json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-    prepared = prepare_or_refuse(content)
+    size = encoded.size
+    prepared = prepare_or_refuse(content, encoded)
     tokens = prepared.total_tokens
     inserted = await session.scalar(
         pg_insert(SnapshotRow)
         .values(
             session_id=session_id,
             snapshot_id=key,
-            content=content,
+            content=content,  # as posted, key order kept (json, not jsonb)
             content_hash=digest,
             token_estimate=tokens,
             size_bytes=size,
-            prepared=prepared.to_json(),
+            # Already-encoded JSON text, cast by PostgreSQL: the driver would serialise it again.
+            prepared=cast(literal(prepared.to_json_text(encoded), Text()), JSON),
             prepared_version=PREPARED_VERSION,
         )
         .on_conflict_do_nothing(index_elements=["session_id", "snapshot_id"])

@@ -194,6 +194,22 @@ async def test_the_21st_queued_request_is_429_and_running_ones_do_not_count(
         ).status_code == 202
 
 
+async def test_the_text_backslash_u0000_in_a_snapshot_is_stored_not_refused(
+    server: Server, db: Database
+) -> None:
+    # Source code in a tool result often holds the six characters \u0000; only a real NUL is refused.
+    text = 'assert s != "\\u0000"'
+    body = {"question": "q", "snapshot": {"messages": [{"role": "user", "content": text}]}}
+    async with server.client() as client:
+        response = await client.post("/v1/sessions/p-escaped/questions", json=body)
+        assert response.status_code == 202, response.text
+        put = await client.put("/v1/sessions/p-escaped/snapshots/s1", json=body["snapshot"])
+        assert put.status_code in (200, 201), put.text
+    async with db.sessions() as session:
+        stored = await session.scalar(select(SnapshotRow).where(SnapshotRow.snapshot_id == "s1"))
+        assert stored is not None and stored.content["messages"][0]["content"] == text
+
+
 async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Database) -> None:
     url = "/v1/sessions/p-bad/questions"
     cases: list[tuple[bytes, int, str]] = [

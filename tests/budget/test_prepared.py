@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,15 @@ from service.budget import (
     group_messages,
     normalize_snapshot,
 )
-from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prefix_digests, prepare_snapshot
+from service.budget.prepared import (
+    PREPARED_VERSION,
+    PreparedSnapshot,
+    UnstorableSnapshot,
+    canonical_bytes,
+    encode_snapshot,
+    prefix_digests,
+    prepare_snapshot,
+)
 from service.summary.context import prefix_key
 
 texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=40)
@@ -76,3 +85,52 @@ def test_another_version_is_refused_so_it_is_recomputed() -> None:
     except ValueError:
         return
     raise AssertionError("a prepared snapshot of another version must not be trusted")
+
+
+@settings(max_examples=60, deadline=None)
+@given(snapshots(), st.dictionaries(st.sampled_from(["a", "max_output_tokens", "system", "zz"]), texts))
+def test_one_encoding_gives_the_canonical_bytes_digests_and_stored_json(
+    content: dict[str, Any], extra: dict[str, str]
+) -> None:
+    # Keys before and after "messages" (sorted), so the splice is checked on both sides of the array.
+    content = {**extra, **content}
+    encoded = encode_snapshot(content)
+    assert encoded.canonical == canonical_bytes(content)
+    assert encoded.size == len(json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode())
+    prepared = prepare_snapshot(content, encoded)
+    assert prepared.digests == prepare_snapshot(content).digests
+    assert json.loads(prepared.to_json_text(encoded)) == json.loads(json.dumps(prepared.to_json()))
+
+
+def test_rewritten_messages_are_encoded_not_borrowed() -> None:
+    # role:tool messages are rewritten by normalisation: their bytes cannot come from the posted ones.
+    content = {
+        "messages": [
+            {"role": "assistant", "content": "x", "tool_calls": [{"id": "c", "function": {"name": "f"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "result"},
+        ]
+    }
+    encoded = encode_snapshot(content)
+    assert prepare_snapshot(content, encoded).digests == prepare_snapshot(content).digests
+
+
+def test_nul_and_lone_surrogates_are_refused_wherever_they_are() -> None:
+    for content, reason in [
+        ({"messages": [{"role": "user", "content": "a\x00b"}]}, "nul"),
+        ({"system": "\x00", "messages": []}, "nul"),
+        ({"a": "\x00", "messages": [1]}, "nul"),  # a key before "messages" holding the mark itself
+        ({"messages": "x\x00"}, "nul"),
+        ({"messages": [{"role": "user", "content": "\ud800"}]}, "surrogate"),
+    ]:
+        with pytest.raises(UnstorableSnapshot) as refused:
+            encode_snapshot(content)
+        assert refused.value.reason == reason, content
+
+
+def test_the_text_backslash_u0000_is_not_a_nul() -> None:
+    # Six characters common in source code: JSON writes them "\\u0000", which contains "\u0000".
+    for text in ['printf("\\u0000")', "\\\\\\u0000", "\\"]:
+        encoded = encode_snapshot({"messages": [{"role": "user", "content": text}], "system": text})
+        assert encoded.canonical == canonical_bytes(
+            {"messages": [{"role": "user", "content": text}], "system": text}
+        )
