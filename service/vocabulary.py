@@ -104,3 +104,23 @@ def unstorable_reason(value: str) -> str | None:
     except UnicodeEncodeError:
         return "must not contain unpaired surrogates"
     return None
+
+
+def unstorable_json_reason(value: Any) -> str | None:
+    """:func:`unstorable_reason` of the first string or key anywhere in a JSON value, or None.
+
+    A walk with an explicit stack (a JSON document may nest deeply); numbers and literals are fine.
+    """
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            reason = unstorable_reason(item)
+            if reason is not None:
+                return reason
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None

@@ -13,28 +13,18 @@ stored preparation of another version is simply recomputed from the snapshot (ne
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from service.budget.estimate import estimate_message, estimate_system, estimate_tools
 from service.budget.messages import MessageGroup, NormalizedSnapshot, group_messages, normalize_snapshot
+from service.vocabulary import canonical_bytes
 
 PREPARED_VERSION: Final = 1
 
 # The seed of the prefix digest chain: part of every cache key, so changing it invalidates them all.
 _CHAIN_SEED: Final = b"sidequest-context-prefix-v1"
-
-
-# One encoder for every canonical encoding: ``json.dumps`` with options builds a new encoder per call,
-# which dominated hashing the 1600 messages of a large snapshot one by one.
-_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def canonical_bytes(value: Any) -> bytes:
-    """Sorted keys, no whitespace: equal content gives equal bytes, however its JSON was written."""
-    return _CANONICAL.encode(value).encode()
 
 
 def prefix_digests(messages: Sequence[Mapping[str, Any]]) -> list[bytes]:
@@ -158,7 +148,6 @@ def prepare_snapshot(content: Mapping[str, Any]) -> PreparedSnapshot:
 __all__ = [
     "PREPARED_VERSION",
     "PreparedSnapshot",
-    "canonical_bytes",
     "prefix_digests",
     "prepare_snapshot",
     "summary_cache_key",

@@ -29,13 +29,13 @@ from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summar
 from service.pipeline.recorder import JobRecorder
 from service.pipeline.runtime import PipelineDeps
 from service.store import jobs, memory
-from service.store.events import utc_iso
 from service.store.history import iter_history, load_prepared_snapshot
 from service.store.sessions import job_session_inputs
 from service.summary.context import compact_context
 from service.summary.material import QAPair
 from service.summary.policy import SummaryCallBudget, SummaryRunner
 from service.summary.rolling import fold_qa
+from service.vocabulary import utc_iso
 
 log = logging.getLogger(__name__)
 

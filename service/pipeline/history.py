@@ -21,11 +21,11 @@ from service.pipeline.prepare import Prepared, parse_qa_summary
 from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_job
 from service.store import jobs, memory
-from service.store.events import utc_iso
 from service.store.history import iter_history
 from service.summary.material import QAPair, render_qa_pair
 from service.summary.policy import SummaryRunner
 from service.summary.rolling import StoredQASummary, fold_qa
+from service.vocabulary import utc_iso
 
 
 def qa_group_tokens(pair: QAPair) -> int:

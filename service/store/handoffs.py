@@ -17,10 +17,11 @@ from sqlalchemy import and_, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff
-from service.store.events import append_session_event, utc_iso
+from service.store.events import append_session_event
 from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
 from service.store.sessions import find_request, find_session, lock_session
+from service.vocabulary import utc_iso
 
 HandoffFormat = Literal["anthropic", "openai", "text"]
 HANDOFF_FORMATS: Final = ("anthropic", "openai", "text")

@@ -7,7 +7,6 @@ session or request is simply "not found" (SPEC §3: 404, never 403). Requests hi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -19,10 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget import plan_window, positive_setting, resolve_output_cap, resolve_window
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
-from service.store.events import utc_iso
 from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
-from service.store.records import iso_or_none, request_record
+from service.store.records import request_record
+from service.vocabulary import content_hash, iso_or_none, utc_iso
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 # SPEC §11.2 (rules in service.store.settings, which imports this module; the names live here).
@@ -46,16 +45,6 @@ class SnapshotConflict(Exception):
 
 class InvalidSnapshot(Exception):
     """The snapshot cannot be read as a main-session context (the pipeline could never use it)."""
-
-
-def canonical_json(value: object) -> str:
-    """Key-sorted compact JSON: equal documents give equal text whatever their key order."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-
-
-def content_hash(value: object) -> str:
-    """SHA-256 of the canonical JSON of ``value`` (hex)."""
-    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 
 
 def prepare_or_refuse(content: dict[str, Any]) -> PreparedSnapshot:

@@ -32,7 +32,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from service.budget import (
@@ -72,6 +71,7 @@ from service.summary.prompts import (
     prompt_version,
     summary_prompt_reserve,
 )
+from service.vocabulary import utc_iso
 
 # Stop reasons that mean "cut at the output cap" (normalised, plus Anthropic's raw value).
 _TRUNCATED = frozenset({"length", "max_tokens"})
@@ -200,11 +200,6 @@ class SummaryPlan:
         return self.chunks + self.merge_calls
 
 
-def utc_now_iso() -> str:
-    """Wall-clock time as ISO 8601 UTC with microseconds (the default ``SummaryRunner.now``)."""
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
-
-
 _T = TypeVar("_T")
 
 
@@ -259,7 +254,8 @@ class SummaryRunner:
     parallelism: int = 1
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    now: Callable[[], str] = utc_now_iso
+    # Wall-clock time for a summary's created_at (SPEC's one timestamp format).
+    now: Callable[[], str] = utc_iso
     # The session's summary instructions (SPEC §11.2): sent with every summary call, after the built-in ones.
     instructions: str | None = None
     calibration: Calibration | None = None
@@ -672,6 +668,5 @@ __all__ = [
     "SummaryRunner",
     "judge_reply",
     "prompt_estimate",
-    "utc_now_iso",
     "worst_piece_tokens",
 ]

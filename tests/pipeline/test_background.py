@@ -449,8 +449,8 @@ async def test_request_records_carry_the_stored_qa_estimate(
     async with db.sessions() as session:
         tokens = await session.scalar(select(RequestRow.qa_tokens).where(RequestRow.id == rid))
     from service.pipeline.history import qa_group_tokens
-    from service.store.events import utc_iso
     from service.summary.material import QAPair
+    from service.vocabulary import utc_iso
 
     row = await row_of(db, rid)
     assert tokens == qa_group_tokens(
