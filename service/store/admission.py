@@ -23,11 +23,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.db import Database
 from service.store.jobs import cancel_session_jobs
-from service.store.listener import CANCEL_CHANNEL
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
 from service.store.queue import finish_request
 from service.store.records import request_record
 from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, lock_session, store_snapshot
+from service.vocabulary import CANCEL_CHANNEL
 
 CANCELLED_BY_CLIENT = "cancelled by the client"
 CANCELLED_BY_CLEAR = "cancelled because the session was cleared"

@@ -31,7 +31,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_session_event
-from service.store.listener import CANCEL_CHANNEL, JOBS_CHANNEL
+from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL
 
 JobKind = Literal["qa_fold", "context_summary"]
 JOB_KINDS: tuple[JobKind, ...] = ("qa_fold", "context_summary")

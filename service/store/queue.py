@@ -46,10 +46,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import jobs
 from service.store.events import append_event
-from service.store.listener import QUEUE_CHANNEL
 from service.store.models import RequestRow
 from service.store.records import request_record
-from service.vocabulary import utc_iso
+from service.vocabulary import QUEUE_CHANNEL, utc_iso
 
 # Key of the advisory lock that serialises claims (any constant; shared by every process).
 CLAIM_LOCK_KEY = 0x5EDE_0001

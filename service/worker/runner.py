@@ -38,7 +38,8 @@ from service.providers.base import Provider
 from service.store import jobs, queue
 from service.store.admission import purge_cleared
 from service.store.db import Database
-from service.store.listener import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, WORKER_CHANNELS, Listener
+from service.store.listener import WORKER_CHANNELS, Listener
+from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
 
 log = logging.getLogger(__name__)
 
