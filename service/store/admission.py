@@ -27,7 +27,7 @@ from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRo
 from service.store.queue import finish_request
 from service.store.records import request_record
 from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, lock_session, store_snapshot
-from service.vocabulary import CANCEL_CHANNEL
+from service.vocabulary import CANCEL_CHANNEL, Status
 
 CANCELLED_BY_CLIENT = "cancelled by the client"
 CANCELLED_BY_CLEAR = "cancelled because the session was cleared"
@@ -266,9 +266,9 @@ async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) ->
     ended = await finish_request(
         session,
         request_id,
-        status="cancelled",
+        status=Status.CANCELLED,
         owner=None,
-        from_statuses=("queued", "running"),
+        from_statuses=(Status.QUEUED, Status.RUNNING),
         error=_cancelled(message),
     )
     if ended is None:
@@ -323,7 +323,7 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
             .where(
                 RequestRow.session_id == owner.id,
                 RequestRow.deleted_at.is_(None),
-                RequestRow.status.in_(("queued", "running")),
+                RequestRow.status.in_((Status.QUEUED, Status.RUNNING)),
             )
             .order_by(RequestRow.ordinal)
         )

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from service.budget import HISTORY_BATCH_SIZE
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
 from service.store.models import RequestRow, SnapshotRow
+from service.vocabulary import Status
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ async def iter_history(
                     )
                     .where(
                         RequestRow.session_id == session_id,
-                        RequestRow.status == "succeeded",
+                        RequestRow.status == Status.SUCCEEDED,
                         RequestRow.deleted_at.is_(None),
                         RequestRow.clear_version == clear_version,
                         RequestRow.answer.is_not(None),

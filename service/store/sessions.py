@@ -21,9 +21,8 @@ from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_
 from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
-from service.vocabulary import content_hash, iso_or_none, utc_iso
+from service.vocabulary import JobKind, Status, content_hash, iso_or_none, utc_iso
 
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 # SPEC §11.2 (rules in service.store.settings, which imports this module; the names live here).
 SETTINGS_FIELDS = (
     "summary_instructions",
@@ -166,7 +165,7 @@ async def status_counts_of(
     session: AsyncSession, session_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, int]]:
     """:func:`status_counts` of several sessions in one query (every id present in the result)."""
-    result = {session_id: dict.fromkeys(STATUSES, 0) for session_id in session_ids}
+    result: dict[uuid.UUID, dict[str, int]] = {sid: dict.fromkeys(Status, 0) for sid in session_ids}
     if not session_ids:
         return result
     rows = await session.execute(
@@ -325,7 +324,7 @@ async def maybe_queue_snapshot_job(
     return await enqueue_job(
         session,
         owner.id,
-        kind="context_summary",
+        kind=JobKind.CONTEXT_SUMMARY,
         key=f"snapshot:{snapshot_id}",
         params={"snapshot_id": snapshot_id},
         clear_version=owner.clear_version,

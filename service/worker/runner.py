@@ -39,7 +39,7 @@ from service.store import jobs, queue
 from service.store.admission import purge_cleared
 from service.store.db import Database
 from service.store.listener import WORKER_CHANNELS, Listener
-from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
+from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ class Worker:
                     self.owner,
                     code="cancelled",
                     message="the request was cancelled",
-                    status="cancelled",
+                    status=Status.CANCELLED,
                 )
 
     # ------------------------------------------------------------------ background jobs

@@ -259,7 +259,8 @@ async def test_the_literal_text_of_a_nul_escape_is_not_a_nul(server: Server) -> 
         ):
             assert response.status_code == 422
             error = response.json()["error"]
-            assert (error["code"], error["message"]) == ("invalid_snapshot", "the snapshot contains NUL characters")
+            assert error["code"] == "invalid_snapshot"
+            assert error["message"] == "the snapshot contains NUL characters"
 
 
 async def test_idempotency_key_replays_the_original_or_conflicts(server: Server, db: Database) -> None:
