@@ -28,6 +28,8 @@ from urllib.parse import quote
 
 import httpx
 
+from service.vocabulary import ACTIVE, TERMINAL, Status
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 EXIT_OK = 0
 EXIT_REQUEST_FAILED = 1
@@ -220,7 +222,7 @@ class Renderer:
     err: TextIO
     live: bool
     started: float = field(default_factory=time.monotonic)
-    stage: str = "queued"
+    stage: str = Status.QUEUED
     answer: str = ""
     answering: bool = False
     _live_line: bool = False
@@ -261,9 +263,10 @@ class Renderer:
             status = data.get("status")
             stage = data.get("stage")
             self.stage = str(stage or status)
-            if status in ("succeeded", "failed", "cancelled"):
+            if isinstance(status, str) and status in TERMINAL:
                 return None  # the done / error event right after it carries the result
-            label = f"{status}" if status in ("queued", "running") and not stage else f"stage {self.stage}"
+            active = isinstance(status, str) and status in ACTIVE
+            label = f"{status}" if active and not stage else f"stage {self.stage}"
             if data.get("reason"):
                 label += f" ({data['reason']})"
             if self.live:
@@ -290,15 +293,15 @@ class Renderer:
             record = data.get("record") if isinstance(data.get("record"), dict) else {}
             assert isinstance(record, dict)
             self._finish_answer(record.get("answer"))
-            summary = "succeeded"
+            summary = str(Status.SUCCEEDED)
             if record.get("truncated"):
                 summary += f" (answer truncated: stop reason {record.get('stop_reason')})"
             if isinstance(record.get("usage"), dict):
                 summary += f" · {_tokens(record['usage'], last_call=False)}"
             self.lasting(summary)
-            return Outcome("succeeded", record=record)
+            return Outcome(Status.SUCCEEDED, record=record)
         elif event == "error":
-            status = "cancelled" if data.get("code") == "cancelled" else "failed"
+            status = Status.CANCELLED if data.get("code") == "cancelled" else Status.FAILED
             self.lasting(f"{status}: {format_error(data)}")
             return Outcome(status, error=data)
         return None
@@ -476,7 +479,7 @@ def _final_outcome(client: httpx.Client, request_id: str, renderer: Renderer) ->
     if response.status_code != 200:
         raise _refused(response, "reading the request")
     record = response.json()
-    if record.get("status") == "succeeded":
+    if record.get("status") == Status.SUCCEEDED:
         outcome = renderer.handle("done", {"record": record})
     else:
         outcome = renderer.handle("error", record.get("error") or {"code": record.get("status")})
@@ -508,7 +511,7 @@ def ask(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             except httpx.HTTPError:
                 err.write(f"could not cancel {request_id}; it keeps running on the server\n")
             return EXIT_INTERRUPTED
-    return EXIT_OK if outcome.status == "succeeded" else EXIT_REQUEST_FAILED
+    return EXIT_OK if outcome.status == Status.SUCCEEDED else EXIT_REQUEST_FAILED
 
 
 # ------------------------------------------------------------------------------------ archives

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.vocabulary import Stage
+
 MadeBy = Literal["request", "background"]
 
 
@@ -91,7 +93,7 @@ class ContextInfo(_Open):
     def starting(cls, attempt: int) -> ContextInfo:
         """The metadata of a request a worker just claimed."""
         return cls(
-            stage="preparing",
+            stage=Stage.PREPARING,
             replayed_groups=0,
             replayed_ordinals=None,
             qa_summary=QASummaryInfo(),

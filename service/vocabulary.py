@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 
 class Status(StrEnum):
@@ -31,6 +32,8 @@ class Status(StrEnum):
 
 TERMINAL: Final = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
 ACTIVE: Final = frozenset({Status.QUEUED, Status.RUNNING})
+# The type of a terminal transition's status (the members of TERMINAL, for the type checker).
+TerminalStatus = Literal[Status.SUCCEEDED, Status.FAILED, Status.CANCELLED]
 
 
 class Stage(StrEnum):
@@ -104,3 +107,107 @@ def unstorable_reason(value: str) -> str | None:
     except UnicodeEncodeError:
         return "must not contain unpaired surrogates"
     return None
+
+
+# A NUL inside a JSON string is written ``\u0000``; preceded by an odd number of backslashes it is
+# the text ``\u0000`` (six characters, common in source code), not a NUL.
+_NUL_ESCAPE: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def json_has_nul(encoded: bytes) -> bool:
+    """Whether JSON text (UTF-8, as :func:`canonical_bytes` writes it) holds a NUL in a string or key.
+
+    The plain search first: the escape-aware pattern is ~70× slower and almost never needed.
+    """
+    return b"\\u0000" in encoded and _NUL_ESCAPE.search(encoded) is not None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Progress events (SPEC §4 ``progress``): one constructor per kind, so every emitter writes the same
+# keys in the same order. The runtime adds ``stage`` in front of those that do not carry it; the
+# summary policy's own events name their stage. A keyword left None is left out of the event.
+
+
+def _present(event: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """``event`` plus the ``fields`` that are not None, in the order given."""
+    event.update((name, value) for name, value in fields.items() if value is not None)
+    return event
+
+
+def waiting_for_background(job_id: str, kind: str, key: str) -> dict[str, Any]:
+    """A request waits for a background job that is making what it needs (SPEC §6.6)."""
+    return {"what": "waiting_for_background", "job_id": job_id, "kind": kind, "key": key}
+
+
+def overflow_retry(
+    *, estimate_before: int | None = None, estimate_after: int | None = None, retry: int | None = None
+) -> dict[str, Any]:
+    """The answer call overflowed (``estimate_before``); the prompt was shrunk (``estimate_after``)
+    and is sent again (``retry``)."""
+    event: dict[str, Any] = {"what": "overflow_retry"}
+    return _present(event, estimate_before=estimate_before, estimate_after=estimate_after, retry=retry)
+
+
+def replay(replayed_groups: int, replayed_ordinals: list[int] | None, folded_groups: int) -> dict[str, Any]:
+    """The history plan: Q&A groups replayed verbatim (their ordinals) and groups folded."""
+    return {
+        "what": "replay",
+        "replayed_groups": replayed_groups,
+        "replayed_ordinals": replayed_ordinals,
+        "folded_groups": folded_groups,
+    }
+
+
+def compaction_skipped(reason: str) -> dict[str, Any]:
+    """Compaction had nothing to work on."""
+    return {"what": "compaction_skipped", "reason": reason}
+
+
+def compaction_refused(reason: str, explanation: str | None = None) -> dict[str, Any]:
+    """Compaction cannot help (a cut refusal's ``reason``, and why in words)."""
+    return _present({"what": "compaction_refused", "reason": reason}, explanation=explanation)
+
+
+def context_summary_cache(
+    cache: str,
+    *,
+    stage: Stage | None = None,
+    key: str | None = None,
+    covered_messages: int | None = None,
+    new_messages: int | None = None,
+    verbatim_tail_tokens: int | None = None,
+    answered_without_waiting: bool | None = None,
+    waited_ms: int | None = None,
+) -> dict[str, Any]:
+    """What the context-summary cache gave (``hit``, ``prefix``, ``miss``) and what it covers."""
+    event: dict[str, Any] = {} if stage is None else {"stage": stage}
+    event.update(what="context_summary_cache", cache=cache)
+    return _present(
+        event,
+        key=key,
+        covered_messages=covered_messages,
+        new_messages=new_messages,
+        verbatim_tail_tokens=verbatim_tail_tokens,
+        answered_without_waiting=answered_without_waiting,
+        waited_ms=waited_ms,
+    )
+
+
+def summary_chunk(stage: Stage, purpose: str, chunk: int, chunks: int) -> dict[str, Any]:
+    """A summary call over chunk ``chunk`` of ``chunks`` starts."""
+    return {"stage": stage, "what": "summary_chunk", "purpose": purpose, "chunk": chunk, "chunks": chunks}
+
+
+def summary_merge(
+    stage: Stage, purpose: str, merge_round: int, merge: int, merges: int, documents: int
+) -> dict[str, Any]:
+    """Merge call ``merge`` of ``merges`` in round ``merge_round`` starts, over ``documents`` documents."""
+    return {
+        "stage": stage,
+        "what": "summary_merge",
+        "purpose": purpose,
+        "round": merge_round,
+        "merge": merge,
+        "merges": merges,
+        "documents": documents,
+    }

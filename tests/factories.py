@@ -24,8 +24,8 @@ from sqlalchemy import select, text, update
 from service.config import Settings
 from service.store.db import Database
 from service.store.events import append_event
-from service.store.listener import QUEUE_CHANNEL
 from service.store.models import RequestRow, SessionRow, SnapshotRow
+from service.vocabulary import QUEUE_CHANNEL
 
 
 def scripted_settings(database_url: str, base_url: str, **overrides: Any) -> Settings:

@@ -27,6 +27,7 @@ from service.budget import Calibration
 from service.store.db import Database
 from service.store.jobs import JobStats, read_job_stats
 from service.store.stats import read_request_stats
+from service.vocabulary import TERMINAL, Status
 
 log = logging.getLogger(__name__)
 
@@ -80,21 +81,21 @@ class _SnapshotCollector(Collector):
         subs.add_metric([], float(self._subscribers()))
         yield subs
 
-        statuses: dict[str, int] = dict.fromkeys(("queued", "running", "succeeded", "failed", "cancelled"), 0)
+        statuses: dict[str, int] = dict.fromkeys(Status, 0)
         terminal: dict[tuple[str, str], int] = {}
         for status, code, n in snap.by_status:
             statuses[status] = statuses.get(status, 0) + n
-            if status in ("succeeded", "failed", "cancelled"):
+            if status in TERMINAL:
                 terminal[(status, code)] = terminal.get((status, code), 0) + n
         by_status = GaugeMetricFamily("sidequest_requests", "Stored requests by status", labels=["status"])
         for status, n in statuses.items():
             by_status.add_metric([status], float(n))
         yield by_status
         queued = GaugeMetricFamily("sidequest_requests_queued", "Requests waiting for a worker")
-        queued.add_metric([], float(statuses["queued"]))
+        queued.add_metric([], float(statuses[Status.QUEUED]))
         yield queued
         running = GaugeMetricFamily("sidequest_requests_running", "Requests running now (all workers)")
-        running.add_metric([], float(statuses["running"]))
+        running.add_metric([], float(statuses[Status.RUNNING]))
         yield running
         term = GaugeMetricFamily(
             "sidequest_requests_terminal",

@@ -11,25 +11,28 @@ from fastapi.responses import JSONResponse, Response
 
 from service.api.deps import bearer_tenant, unauthorized
 from service.api.errors import ApiError
-from service.api.schemas import NO_NUL, ErrorBody, check_text
+from service.api.schemas import NO_NUL, ErrorBody
 from service.api.sse import PING_S, SEND_TIMEOUT_S, EventHub
 from service.api.sse_response import StreamResponse
 from service.api.stream_tokens import StreamTokens
-from service.store.events import utc_iso
-from service.store.sessions import content_hash
+from service.vocabulary import UNSTORABLE_TEXT, content_hash, unstorable_reason, utc_iso
 
 MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
+
+
+def storable_path_text(name: str, value: str) -> str:
+    """A path parameter PostgreSQL can store as text, else 422 ``validation_error`` naming it."""
+    if unstorable_reason(value) is not None:
+        raise ApiError(422, "validation_error", f"{name}: {UNSTORABLE_TEXT}")
+    return value
 
 
 # async although it never awaits: a plain def dependency runs in a worker thread (see deps.py).
 async def _parent_id(
     parent_id: Annotated[str, Path(min_length=1, max_length=500, json_schema_extra=NO_NUL)],
 ) -> str:
-    try:
-        return check_text(parent_id)
-    except ValueError as exc:
-        raise ApiError(422, "validation_error", f"parent_id: {exc}") from None
+    return storable_path_text("parent_id", parent_id)
 
 
 ParentId = Annotated[str, Depends(_parent_id)]
@@ -52,7 +55,7 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 def canonical_body_hash(raw: bytes) -> str:
     """Hash of a JSON body independent of key order and whitespace (for Idempotency-Key): the
-    store's one content hash, so a hand-off and an admission hash their bodies alike."""
+    vocabulary's one content hash, so a hand-off and an admission hash their bodies alike."""
     return content_hash(json.loads(raw))
 
 

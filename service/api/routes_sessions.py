@@ -22,6 +22,7 @@ from service.api.routes_common import (
     hub_of,
     resume_point,
     sse_response,
+    storable_path_text,
     stream_tenant,
     stream_token_response,
 )
@@ -44,13 +45,13 @@ from service.config import Settings
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (
     SnapshotJobPolicy,
-    content_hash,
     find_session,
     history_page,
     lock_or_create_session,
     session_overview,
     store_snapshot,
 )
+from service.vocabulary import content_hash
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -247,10 +248,7 @@ async def clear_questions(parent_id: ParentId, tenant: Tenant, session: DbSessio
 async def _snapshot_id(
     snapshot_id: Annotated[str, Path(min_length=1, max_length=500, json_schema_extra=NO_NUL)],
 ) -> str:
-    try:
-        return check_text(snapshot_id)
-    except ValueError as exc:
-        raise ApiError(422, "validation_error", f"snapshot_id: {exc}") from None
+    return storable_path_text("snapshot_id", snapshot_id)
 
 
 @router.put(

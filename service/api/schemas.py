@@ -15,12 +15,10 @@ from service.config import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 from service.context_info import ContextInfo
 from service.store.archive import NO_NUL_PATTERN, OPENAPI_REFS, STORABLE_JSON, STORABLE_OBJECT
 from service.store.settings import MAX_SUMMARY_INSTRUCTIONS_BYTES
+from service.vocabulary import UNSTORABLE_TEXT, unstorable_reason
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
-# PostgreSQL text cannot hold NUL, and a lone surrogate cannot be encoded as UTF-8: both would
-# otherwise fail deep in the driver, so they are refused as input errors up front.
-_FORBIDDEN = "NUL characters and unpaired surrogates are not allowed"
 NO_NUL: dict[str, Any] = {"pattern": NO_NUL_PATTERN}
 # Open JSON (content blocks, tool schemas, extra keys) without NUL at any depth: the recursive
 # definitions live in the OpenAPI components (service/store/archive.py: storable_json_defs; the app
@@ -33,13 +31,10 @@ NulFreeObject = Annotated[dict[str, Any], WithJsonSchema(_STORABLE_OBJECT)]
 
 
 def check_text(value: str) -> str:
-    """Refuse text PostgreSQL cannot store."""
-    if "\x00" in value:
-        raise ValueError(_FORBIDDEN)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(_FORBIDDEN) from None
+    """Refuse text PostgreSQL cannot store (NUL, lone surrogate) as an input error, up front: it
+    would otherwise fail deep in the driver. A pydantic validator; the message is the vocabulary's."""
+    if unstorable_reason(value) is not None:
+        raise ValueError(UNSTORABLE_TEXT)
     return value
 
 

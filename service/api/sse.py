@@ -56,8 +56,9 @@ from sse_starlette.event import ServerSentEvent
 
 from service.store import events as events_store
 from service.store.db import Database
-from service.store.events import NOTIFY_CHANNEL, Event
+from service.store.events import Event
 from service.store.listener import Listener
+from service.vocabulary import EVENTS_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +311,7 @@ class EventHub:
 
     def attach(self, listener: Listener) -> None:
         """Receive the listener's event notifications."""
-        self._unsubscribe.append(listener.subscribe(NOTIFY_CHANNEL, self.notify))
+        self._unsubscribe.append(listener.subscribe(EVENTS_CHANNEL, self.notify))
 
     def detach(self) -> None:
         """Stop receiving notifications and stop every reader (app shutdown)."""

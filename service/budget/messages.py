@@ -279,6 +279,12 @@ def tool_use_ids(message: Mapping[str, Any]) -> list[str]:
     return _block_ids(message.get("content"), "tool_use", "id")
 
 
+def pending_tool_ids(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Ids of the tool calls of a trailing assistant message, which no message can answer yet (a
+    snapshot taken mid-tool): empty when the last message is anything else."""
+    return tool_use_ids(messages[-1]) if messages else []
+
+
 def tool_result_text(
     content: Any,
     *,

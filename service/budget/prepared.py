@@ -13,29 +13,18 @@ stored preparation of another version is simply recomputed from the snapshot (ne
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from service.budget.estimate import estimate_message, estimate_system, estimate_tools
 from service.budget.messages import MessageGroup, NormalizedSnapshot, group_messages, normalize_snapshot
+from service.vocabulary import canonical_bytes, json_has_nul
 
 PREPARED_VERSION: Final = 1
 
 # The seed of the prefix digest chain: part of every cache key, so changing it invalidates them all.
 _CHAIN_SEED: Final = b"sidequest-context-prefix-v1"
-
-
-# One encoder for every canonical encoding: ``json.dumps`` with options builds a new encoder per call,
-# which dominated hashing the 1600 messages of a large snapshot one by one.
-_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def canonical_bytes(value: Any) -> bytes:
-    """Sorted keys, no whitespace: equal content gives equal bytes, however its JSON was written."""
-    return _CANONICAL.encode(value).encode()
 
 
 class UnstorableSnapshot(ValueError):
@@ -48,9 +37,6 @@ class UnstorableSnapshot(ValueError):
         self.reason = reason
 
 
-# A NUL inside a JSON string is written ``\u0000``; preceded by an odd number of backslashes it is
-# the text ``\u0000`` (six characters, common in source code), not a NUL.
-_NUL: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 # Stands for the message array while the rest of the snapshot is encoded: a string of one NUL. Found
 # first, since keys are sorted and only keys before "messages" come before it; a snapshot that held
 # such a string too is refused for its NUL anyway.
@@ -101,11 +87,6 @@ def _splice(head: bytes, items: Sequence[bytes]) -> bytes:
     return b"".join((head[:at], b"[", b",".join(items), b"]", head[at + len(_MESSAGES_MARK_JSON) :]))
 
 
-def _has_nul(encoded: bytes) -> bool:
-    # The plain search first: the escape-aware pattern is ~70x slower, and almost never needed.
-    return b"\\u0000" in encoded and _NUL.search(encoded) is not None
-
-
 def encode_snapshot(content: Mapping[str, Any]) -> EncodedSnapshot:
     """Encode ``content`` once; raises :class:`UnstorableSnapshot` for a NUL or a lone surrogate."""
     try:
@@ -119,7 +100,7 @@ def encode_snapshot(content: Mapping[str, Any]) -> EncodedSnapshot:
     except UnicodeEncodeError:
         raise UnstorableSnapshot("surrogate") from None
     # The mark was spliced away, so any NUL left is the snapshot's own.
-    if _has_nul(canonical):
+    if json_has_nul(canonical):
         raise UnstorableSnapshot("nul")
     return EncodedSnapshot(content, canonical, parts)
 

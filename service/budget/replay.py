@@ -12,7 +12,8 @@ REPLAY_MAX_GROUPS: Final = 20
 # a quarter of the budget leaves the rest to the main context, 16000 keeps big windows focused.
 REPLAY_BUDGET_DIVISOR: Final = 4
 REPLAY_MAX_TOKENS: Final = 16_000
-# Groups are loaded and folded into the rolling summary in batches of at most this many.
+# SPEC §6.1: earlier Q&A is loaded (by increasing ordinal, the store's history reads) and folded into
+# the rolling summary in batches of at most this many.
 HISTORY_BATCH_SIZE: Final = 20
 
 

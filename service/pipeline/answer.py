@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from service import vocabulary
 from service.budget import QAItem, overflow_target, pressure, prompt_drift
 from service.context_info import EstimateInfo
 from service.pipeline.compaction import ContextPlan, snapshot_job_key
@@ -19,6 +20,7 @@ from service.providers.calling import CallResult, run_call
 from service.store import queue
 from service.summary.material import QAPair
 from service.summary.prompts import AnswerRequest, build_answer_request
+from service.vocabulary import JobKind
 
 
 def build_answer(
@@ -84,7 +86,7 @@ async def answer(
         except ContextOverflow as exc:
             if deltas.streamed_chars or rt.info.overflow_retries:
                 raise
-            await rt.progress({"what": "overflow_retry", "estimate_before": request.estimate.total})
+            await rt.progress(vocabulary.overflow_retry(estimate_before=request.estimate.total))
             target: int | None = None
             if exc.prompt_tokens:
                 # The error states the prompt's real count: a calibration sample, and the size to
@@ -106,7 +108,7 @@ async def answer(
             rt.info.overflow_retries = 1
             meter(rt, prepared, shrunk)
             await rt.save_info()
-            await rt.progress({"what": "overflow_retry", "estimate_after": shrunk.estimate.total, "retry": 1})
+            await rt.progress(vocabulary.overflow_retry(estimate_after=shrunk.estimate.total, retry=1))
             request = shrunk
             result = await _call(rt, prepared, request, deltas)
     except BaseException:
@@ -155,13 +157,15 @@ def follow_ups(
     if fold is not None:
         jobs.append(
             queue.FollowUp(
-                "qa_fold", fold.key, {"through_ordinal": fold.through, "ordinals": list(fold.ordinals)}
+                JobKind.QA_FOLD, fold.key, {"through_ordinal": fold.through, "ordinals": list(fold.ordinals)}
             )
         )
     snapshot_id = prepared.claimed.snapshot_id
     if context.extend_later and snapshot_id is not None:
         jobs.append(
-            queue.FollowUp("context_summary", snapshot_job_key(snapshot_id), {"snapshot_id": snapshot_id})
+            queue.FollowUp(
+                JobKind.CONTEXT_SUMMARY, snapshot_job_key(snapshot_id), {"snapshot_id": snapshot_id}
+            )
         )
     return tuple(jobs)
 

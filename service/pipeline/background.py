@@ -29,13 +29,14 @@ from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summar
 from service.pipeline.recorder import JobRecorder
 from service.pipeline.runtime import PipelineDeps
 from service.store import jobs, memory
-from service.store.events import utc_iso
 from service.store.history import iter_history, load_prepared_snapshot
 from service.store.sessions import job_session_inputs
 from service.summary.context import compact_context
 from service.summary.material import QAPair
-from service.summary.policy import SummaryCallBudget, SummaryRunner
+from service.summary.policy import SummaryCallBudget
 from service.summary.rolling import fold_qa
+from service.summary.runner import SummaryRunner
+from service.vocabulary import JobKind, Status, TerminalStatus, utc_iso
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ log = logging.getLogger(__name__)
 class JobOutcome:
     """How a job ended for this worker."""
 
-    status: str
+    # "lost": the job is not ours any more (nothing written).
+    status: TerminalStatus | Literal["lost"]
     calls: int = 0
     covered: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
@@ -63,7 +65,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
         async with deps.db.sessions() as session:
             inputs = await job_session_inputs(session, job.session_id)
         if inputs is None or inputs.clear_version != job.clear_version:
-            return await _end(deps, job, JobOutcome("cancelled", error=_gone()))
+            return await _end(deps, job, JobOutcome(Status.CANCELLED, error=_gone()))
         models = choose_models(deps.settings, inputs.settings, None, deps.provider.default_model)
         book = CalibrationBook(deps.db, deps.settings.provider, enabled=deps.settings.calibration_on)
         calibration = await book.snapshot(models.summary)
@@ -87,7 +89,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
             )
 
         async with asyncio.timeout(timeout + 1.0):  # the calls' own deadline should always win
-            if job.kind == "qa_fold":
+            if job.kind == JobKind.QA_FOLD:
                 outcome = await _qa_fold(deps, job, inputs, runner)
             else:
                 outcome = await _context_summary(deps, job, inputs, runner, models.summary)
@@ -105,7 +107,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
         else:
             error = error_object(exc, stage=job.kind, timeout_s=timeout)
         log.info("background job %s (%s) failed: %s", job.id, job.kind, error["code"])
-        return await _end(deps, job, JobOutcome("failed", calls=budget.calls_made, error=error))
+        return await _end(deps, job, JobOutcome(Status.FAILED, calls=budget.calls_made, error=error))
 
 
 def _gone() -> dict[str, Any]:
@@ -113,8 +115,7 @@ def _gone() -> dict[str, Any]:
 
 
 async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) -> JobOutcome:
-    status: Literal["succeeded", "failed", "cancelled"]
-    status = outcome.status if outcome.status in ("succeeded", "failed", "cancelled") else "failed"  # type: ignore[assignment]
+    status = Status.FAILED if outcome.status == "lost" else outcome.status
     async with deps.db.sessions() as session:
         written = await jobs.finish_job_committed(
             session,
@@ -140,7 +141,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner
     covered = qa.covered_through_ordinal if qa else 0
     if through <= covered:
         return JobOutcome(
-            "succeeded", covered={"covered_through_ordinal": covered, "reason": "already_covered"}
+            Status.SUCCEEDED, covered={"covered_through_ordinal": covered, "reason": "already_covered"}
         )
     pairs: list[QAPair] = []
     async for batch in iter_history(
@@ -153,7 +154,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner
         pairs.extend(QAPair(r.ordinal, r.question, r.answer, utc_iso(r.created_at)) for r in batch)
     if not pairs:
         return JobOutcome(
-            "succeeded", covered={"covered_through_ordinal": covered, "reason": "nothing_to_fold"}
+            Status.SUCCEEDED, covered={"covered_through_ordinal": covered, "reason": "nothing_to_fold"}
         )
     plan = plan_numbers(deps.settings, inputs.settings, {}, None)
     batches = [pairs[i : i + 20] for i in range(0, len(pairs), 20)]
@@ -161,7 +162,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner
     assert folded is not None
     folded = dataclasses.replace(folded, made_by="background")
     await _save(deps, job, qa_summary=folded.to_json())
-    return JobOutcome("succeeded", covered={"covered_through_ordinal": folded.covered_through_ordinal})
+    return JobOutcome(Status.SUCCEEDED, covered={"covered_through_ordinal": folded.covered_through_ordinal})
 
 
 async def _context_summary(
@@ -172,22 +173,24 @@ async def _context_summary(
         snapshot = await load_prepared_snapshot(session, job.session_id, snapshot_id)
     if snapshot is None:
         return JobOutcome(
-            "failed", error={"code": "snapshot_missing", "message": "snapshot gone", "detail": {}}
+            Status.FAILED, error={"code": "snapshot_missing", "message": "snapshot gone", "detail": {}}
         )
     cut = plan_cut(snapshot.groups)
     if isinstance(cut, CutRefusal):
-        return JobOutcome("succeeded", covered={"covered_messages": 0, "reason": cut.reason})
+        return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": cut.reason})
     until = cut.summarize_until
     plan = plan_numbers(deps.settings, inputs.settings, {}, snapshot)
     summarizer = runner(plan.window, plan.safety_margin)
     key = snapshot.cache_key(until, model, summarizer.prompt_version)
     cache = parse_cache(inputs.memory.get("context_summaries") or [])
     if any(entry.key == key for entry in cache):
-        return JobOutcome("succeeded", covered={"covered_messages": until, "reason": "cached"})
+        return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": until, "reason": "cached"})
     async with deps.db.sessions() as session:
         if not await jobs.take_key(session, job.id, key):
             # A request (or a job for the same content under another id) is making it right now.
-            return JobOutcome("succeeded", covered={"covered_messages": until, "reason": "made_elsewhere"})
+            return JobOutcome(
+                Status.SUCCEEDED, covered={"covered_messages": until, "reason": "made_elsewhere"}
+            )
     started = time.monotonic()
     result = await compact_context(
         summarizer,
@@ -204,7 +207,7 @@ async def _context_summary(
         await _save(deps, job, context_summary=entry.to_json())
     log.info("background context summary for %s took %.1fs", snapshot_id, time.monotonic() - started)
     return JobOutcome(
-        "succeeded", covered={"covered_messages": until, "cache": result.cache, "chunks": result.chunks}
+        Status.SUCCEEDED, covered={"covered_messages": until, "cache": result.cache, "chunks": result.chunks}
     )
 
 

@@ -19,12 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from service import vocabulary
 from service.budget import RECENT_BUDGET_TOKENS, CutPlan, CutRefusal, plan_cut
 from service.budget.prepared import PreparedSnapshot
 from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_cache
 from service.pipeline.runtime import RequestRuntime
-from service.pipeline.waiting import registered, wait_for_job
+from service.pipeline.waiting import registered, wait_for_background_jobs
 from service.store import jobs, memory
 from service.summary.context import (
     CachedContextSummary,
@@ -34,7 +35,8 @@ from service.summary.context import (
     find_reusable,
     longest_cached_prefix,
 )
-from service.summary.policy import SummaryRunner
+from service.summary.runner import SummaryRunner
+from service.vocabulary import JobKind
 
 # "Does it fit?" for a context made of this summary text and these kept messages (their estimate).
 FitCheck = Callable[[str | None, Sequence[dict[str, Any]], int], bool]
@@ -94,19 +96,10 @@ async def _reload_cache(rt: RequestRuntime) -> list[CachedContextSummary]:
 async def _wait_for_jobs(rt: RequestRuntime, keys: set[str]) -> int | None:
     """Wait for the session's active context jobs with one of ``keys``; ms waited, None if none."""
     async with rt.db.sessions() as session:
-        active = await jobs.active_jobs(session, rt.claimed.session_id, "context_summary")
-    waited: int | None = None
-    for job in active:
-        if job.key not in keys or job.made_by != "background":
-            continue
-        await rt.progress(
-            {"what": "waiting_for_background", "job_id": str(job.id), "kind": job.kind, "key": job.key}
-        )
-        _state, ms = await wait_for_job(
-            rt.db, rt.deps.waiter, job.id, remaining_s=rt.remaining_s, clock=rt.deps.clock
-        )
-        waited = (waited or 0) + ms
-    return waited
+        active = await jobs.active_jobs(session, rt.claimed.session_id, JobKind.CONTEXT_SUMMARY)
+    return await wait_for_background_jobs(
+        rt, [job for job in active if job.key in keys and job.made_by == "background"]
+    )
 
 
 def _hit(entry: CachedContextSummary, until: int, waited_ms: int = 0) -> ContextPlan:
@@ -127,19 +120,17 @@ async def compact(
     """Compact the snapshot copy; None (with a progress event saying why) when it cannot help."""
     snapshot = prepared.snapshot
     if snapshot is None or not snapshot.messages:
-        await rt.progress({"what": "compaction_skipped", "reason": "no snapshot messages"}, defer=True)
+        await rt.progress(vocabulary.compaction_skipped("no snapshot messages"), defer=True)
         return None
     kwargs: dict[str, int] = {"recent_budget": recent_budget}
     if min_summarized is not None:
         kwargs["min_summarized_tokens"] = min_summarized
     cut = plan_cut(snapshot.groups, **kwargs)
     if isinstance(cut, CutRefusal):
-        await rt.progress(
-            {"what": "compaction_refused", "reason": cut.reason, "explanation": cut.explanation}
-        )
+        await rt.progress(vocabulary.compaction_refused(cut.reason, cut.explanation))
         return None
     if current is not None and current.summary is not None and cut.summarize_until <= current.kept_from:
-        await rt.progress({"what": "compaction_refused", "reason": "no_further_cut"}, defer=True)
+        await rt.progress(vocabulary.compaction_refused("no_further_cut"), defer=True)
         return None
     plan = await _plan(rt, prepared, runner, fits, cut, retrying=current is not None)
     _record(rt, plan, snapshot)
@@ -178,8 +169,7 @@ async def _plan(
     entry = find_hit(cache)
     if entry is not None:
         await rt.progress(
-            {"what": "context_summary_cache", "cache": "hit", "key": entry.key, "covered_messages": until},
-            defer=True,
+            vocabulary.context_summary_cache("hit", key=entry.key, covered_messages=until), defer=True
         )
         return _hit(entry, until)
 
@@ -193,14 +183,13 @@ async def _plan(
                 grown.entry.rendered(), snapshot.messages[grown.covered_messages :], tail
             ):
                 await rt.progress(
-                    {
-                        "what": "context_summary_cache",
-                        "cache": "prefix",
-                        "key": grown.entry.key,
-                        "covered_messages": grown.covered_messages,
-                        "verbatim_tail_tokens": tail,
-                        "answered_without_waiting": True,
-                    },
+                    vocabulary.context_summary_cache(
+                        "prefix",
+                        key=grown.entry.key,
+                        covered_messages=grown.covered_messages,
+                        verbatim_tail_tokens=tail,
+                        answered_without_waiting=True,
+                    ),
                     defer=True,
                 )
                 return ContextPlan(
@@ -224,18 +213,13 @@ async def _plan(
                 entry = find_hit(cache)
                 if entry is not None:
                     await rt.progress(
-                        {
-                            "what": "context_summary_cache",
-                            "cache": "hit",
-                            "key": entry.key,
-                            "waited_ms": waited_ms,
-                        }
+                        vocabulary.context_summary_cache("hit", key=entry.key, waited_ms=waited_ms)
                     )
                     return _hit(entry, until, waited_ms)
         async with registered(
             rt.db,
             rt.claimed.session_id,
-            kind="context_summary",
+            kind=JobKind.CONTEXT_SUMMARY,
             key=key,
             request_id=rt.claimed.id,
             owner=rt.owner,

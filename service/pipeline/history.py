@@ -15,17 +15,18 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from service import vocabulary
 from service.budget import QAItem, ReplayPlan, estimate_text, select_replay
 from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_qa_summary
 from service.pipeline.runtime import RequestRuntime
-from service.pipeline.waiting import registered, wait_for_job
+from service.pipeline.waiting import registered, wait_for_background_jobs
 from service.store import jobs, memory
-from service.store.events import utc_iso
 from service.store.history import iter_history
 from service.summary.material import QAPair, render_qa_pair
-from service.summary.policy import SummaryRunner
 from service.summary.rolling import StoredQASummary, fold_qa
+from service.summary.runner import SummaryRunner
+from service.vocabulary import JobKind, utc_iso
 
 
 def qa_group_tokens(pair: QAPair) -> int:
@@ -70,18 +71,9 @@ async def _reload_qa(rt: RequestRuntime) -> StoredQASummary | None:
 
 async def _wait_for_background_folds(rt: RequestRuntime) -> int | None:
     """Wait for the session's active background folds; the total wait in ms, None if there was none."""
-    waited: int | None = None
     async with rt.db.sessions() as session:
-        active = await jobs.active_jobs(session, rt.claimed.session_id, "qa_fold")
-    for job in active:
-        await rt.progress(
-            {"what": "waiting_for_background", "job_id": str(job.id), "kind": job.kind, "key": job.key}
-        )
-        _state, ms = await wait_for_job(
-            rt.db, rt.deps.waiter, job.id, remaining_s=rt.remaining_s, clock=rt.deps.clock
-        )
-        waited = (waited or 0) + ms
-    return waited
+        active = await jobs.active_jobs(session, rt.claimed.session_id, JobKind.QA_FOLD)
+    return await wait_for_background_jobs(rt, active)
 
 
 async def _load_items(rt: RequestRuntime, covered: int | None) -> tuple[dict[int, QAPair], list[QAItem]]:
@@ -125,13 +117,7 @@ async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
     rt.info.replayed_groups = len(replay.replay)
     rt.info.replayed_ordinals = list(first_last) if first_last else None
     await rt.progress(
-        {
-            "what": "replay",
-            "replayed_groups": len(replay.replay),
-            "replayed_ordinals": rt.info.replayed_ordinals,
-            "folded_groups": len(replay.fold),
-        },
-        defer=True,
+        vocabulary.replay(len(replay.replay), rt.info.replayed_ordinals, len(replay.fold)), defer=True
     )
     update_qa_info(rt, plan)
     return plan
@@ -154,7 +140,7 @@ async def fold_history(
         async with registered(
             rt.db,
             rt.claimed.session_id,
-            kind="qa_fold",
+            kind=JobKind.QA_FOLD,
             key=fold_key(ordinals),
             request_id=rt.claimed.id,
             owner=rt.owner,

@@ -31,6 +31,7 @@ from service.store import queue
 from service.store.db import is_unavailable
 from service.summary.document import BODY_TOKEN_LIMIT
 from service.summary.prompts import AnswerRequest
+from service.vocabulary import Stage, Status
 
 # The outer safety net fires this long after the request deadline: the calling policy's own deadline
 # (which records the in-flight call as failed) should always win; this only catches a stuck DB step.
@@ -69,7 +70,7 @@ class _Request:
     async def execute(self) -> dict[str, Any]:
         rt = self.rt
         prepared = await prepare(rt)
-        await rt.enter("organizing_history")
+        await rt.enter(Stage.ORGANIZING_HISTORY)
         history = await plan_history(rt, prepared)
         context = uncompacted()
         folding = bool(history.fold_batches)
@@ -85,7 +86,7 @@ class _Request:
             return fits_budget(rt, prepared, candidate.estimate.total + bound)
 
         async def compaction() -> ContextPlan:
-            await rt.enter("compacting_context")
+            await rt.enter(Stage.COMPACTING_CONTEXT)
             made = await compact(rt, prepared, summary_runner(rt, prepared), fits)
             return made if made is not None else context
 
@@ -99,7 +100,7 @@ class _Request:
             context = await compaction()
         request = build_answer(prepared, history, context)
         meter(rt, prepared, request)
-        await rt.enter("answering")
+        await rt.enter(Stage.ANSWERING)
 
         async def shrink(current: AnswerRequest, target: int | None) -> AnswerRequest | None:
             nonlocal context
@@ -205,7 +206,7 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
     try:
         async with asyncio.timeout(deps.settings.request_timeout_s + DEADLINE_GRACE_S):
             record = await request.execute()
-        return Outcome("succeeded", record=record)
+        return Outcome(Status.SUCCEEDED, record=record)
     except RequestLost:
         return Outcome("lost")
     except asyncio.CancelledError:
@@ -217,7 +218,7 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
             return Outcome("lost")
         error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
         written = await request.fail(exc)
-        return Outcome("failed" if written else "lost", error=error)
+        return Outcome(Status.FAILED if written else "lost", error=error)
 
 
 __all__ = ["Outcome", "PipelineDeps", "run_request"]

@@ -30,6 +30,7 @@ from service.store import queue
 from service.store.db import Database
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
+from service.vocabulary import Stage, Status
 
 
 @dataclass
@@ -55,7 +56,7 @@ class RequestRuntime:
         self.owner = deps.owner
         self.timeout_s = deps.settings.request_timeout_s
         self.deadline = deps.clock() + self.timeout_s
-        self.stage = "preparing"
+        self.stage: str = Stage.PREPARING
         self.info = ContextInfo.starting(claimed.attempt)
         self.recorder = LedgerRecorder(deps.db, claimed.id, deps.owner)
         self.budget = SummaryCallBudget(deps.settings.max_summary_calls)
@@ -89,7 +90,7 @@ class RequestRuntime:
         flush (at the latest right before the next slow step: a model call or a wait)."""
         self.stage = stage
         self.info.stage = stage
-        self._pending.append(("status", {"status": "running", "stage": stage}))
+        self._pending.append(("status", {"status": Status.RUNNING, "stage": stage}))
         self._pending_stage = stage
 
     async def flush(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from service.pipeline.prepare import Prepared
 from service.pipeline.runtime import RequestRuntime
-from service.summary.policy import SummaryRunner
+from service.summary.runner import SummaryRunner
 
 
 def summary_runner(rt: RequestRuntime, prepared: Prepared) -> SummaryRunner:

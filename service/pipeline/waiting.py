@@ -18,10 +18,15 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from service.store import jobs
 from service.store.db import Database
+from service.vocabulary import ACTIVE, JobKind, Status, waiting_for_background
+
+if TYPE_CHECKING:  # the runtime imports this module
+    from service.pipeline.runtime import RequestRuntime
 
 # Re-read a waited-for job at least this often even without a notification.
 FALLBACK_POLL_S = 0.5
@@ -74,7 +79,7 @@ async def wait_for_job(
             wake.clear()
             async with db.sessions() as session:
                 state = await jobs.job_state(session, job_id)
-            if state is not None and state.status == "queued":
+            if state is not None and state.status == Status.QUEUED:
                 queued_since = clock() if queued_since is None else queued_since
                 if clock() - queued_since >= QUEUED_GRACE_S:
                     async with db.sessions() as session:
@@ -82,7 +87,7 @@ async def wait_for_job(
                             state = await jobs.job_state(session, job_id)
             else:
                 queued_since = None
-            if state is None or state.status not in ("queued", "running"):
+            if state is None or state.status not in ACTIVE:
                 return state, int((clock() - started) * 1000)
             left = remaining_s()
             if left <= 0:
@@ -92,12 +97,25 @@ async def wait_for_job(
                 await asyncio.wait_for(wake.wait(), timeout=min(poll, left))
 
 
+async def wait_for_background_jobs(rt: RequestRuntime, active: Iterable[jobs.JobState]) -> int | None:
+    """Wait for each of ``active`` in turn, saying so in a progress event first; the total wait in
+    ms, None when there was nothing to wait for."""
+    waited: int | None = None
+    for job in active:
+        await rt.progress(waiting_for_background(str(job.id), job.kind, job.key))
+        _state, ms = await wait_for_job(
+            rt.db, rt.deps.waiter, job.id, remaining_s=rt.remaining_s, clock=rt.deps.clock
+        )
+        waited = (waited or 0) + ms
+    return waited
+
+
 @contextlib.asynccontextmanager
 async def registered(
     db: Database,
     session_id: uuid.UUID,
     *,
-    kind: jobs.JobKind,
+    kind: JobKind,
     key: str,
     request_id: uuid.UUID,
     owner: str,

@@ -24,11 +24,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.budget.prepared import EncodedSnapshot
 from service.store.db import Database
 from service.store.jobs import cancel_session_jobs
-from service.store.listener import CANCEL_CHANNEL
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
 from service.store.queue import finish_request
 from service.store.records import request_record
 from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, lock_session, store_snapshot
+from service.vocabulary import CANCEL_CHANNEL, Status
 
 CANCELLED_BY_CLIENT = "cancelled by the client"
 CANCELLED_BY_CLEAR = "cancelled because the session was cleared"
@@ -270,9 +270,9 @@ async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) ->
     ended = await finish_request(
         session,
         request_id,
-        status="cancelled",
+        status=Status.CANCELLED,
         owner=None,
-        from_statuses=("queued", "running"),
+        from_statuses=(Status.QUEUED, Status.RUNNING),
         error=_cancelled(message),
     )
     if ended is None:
@@ -327,7 +327,7 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
             .where(
                 RequestRow.session_id == owner.id,
                 RequestRow.deleted_at.is_(None),
-                RequestRow.status.in_(("queued", "running")),
+                RequestRow.status.in_((Status.QUEUED, Status.RUNNING)),
             )
             .order_by(RequestRow.ordinal)
         )

@@ -42,11 +42,13 @@ from typing import Any, Final
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.store.events import NOTIFY_CHANNEL, TERMINAL_STATUSES, utc_iso
 from service.store.models import EMPTY_MEMORY, EventRow, HandoffRow, RequestRow, SessionRow
 from service.store.records import EMPTY_USAGE, request_record
 from service.store.sessions import find_session, lock_or_create_session
 from service.store.settings import SETTINGS_FIELDS, public_settings, settings_problems
+from service.vocabulary import EVENTS_CHANNEL as NOTIFY_CHANNEL
+from service.vocabulary import TERMINAL as TERMINAL_STATUSES
+from service.vocabulary import utc_iso
 
 ARCHIVE_VERSIONS: Final = (1, 2, 3)
 LATEST_VERSION: Final = 3

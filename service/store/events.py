@@ -16,25 +16,16 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.models import EventRow, RequestRow
+from service.vocabulary import EVENTS_CHANNEL, utc_iso
 
-NOTIFY_CHANNEL = "sidequest_events"
-
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 TERMINAL_EVENT_TYPES = frozenset({"done", "error"})
-
-
-def utc_iso(moment: datetime | None = None) -> str:
-    """ISO 8601 UTC with microseconds, e.g. ``2026-11-29T10:00:00.123456Z``."""
-    moment = (moment or datetime.now(UTC)).astimezone(UTC)
-    # isoformat, not strftime: "%Y" drops leading zeros of years below 1000 on glibc.
-    return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 @dataclass(frozen=True)
@@ -89,7 +80,7 @@ async def append_event(
     await session.flush()
     payload = json.dumps({"id": row.id, "request_id": str(request_id), "session_id": str(session_id)})
     await session.execute(
-        text("SELECT pg_notify(:channel, :payload)"), {"channel": NOTIFY_CHANNEL, "payload": payload}
+        text("SELECT pg_notify(:channel, :payload)"), {"channel": EVENTS_CHANNEL, "payload": payload}
     )
     return _event(row)
 
@@ -111,7 +102,7 @@ async def append_session_event(
     await session.flush()
     payload = json.dumps({"id": row.id, "request_id": None, "session_id": str(session_id)})
     await session.execute(
-        text("SELECT pg_notify(:channel, :payload)"), {"channel": NOTIFY_CHANNEL, "payload": payload}
+        text("SELECT pg_notify(:channel, :payload)"), {"channel": EVENTS_CHANNEL, "payload": payload}
     )
     return _event(row)
 

@@ -17,10 +17,11 @@ from sqlalchemy import and_, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff
-from service.store.events import append_session_event, utc_iso
+from service.store.events import append_session_event
 from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
 from service.store.sessions import find_request, find_session, lock_session
+from service.vocabulary import Status, utc_iso
 
 HandoffFormat = Literal["anthropic", "openai", "text"]
 HANDOFF_FORMATS: Final = ("anthropic", "openai", "text")
@@ -121,7 +122,7 @@ async def _candidates(session: AsyncSession, owner: SessionRow, ask: HandoffAsk)
     visible = and_(
         RequestRow.session_id == owner.id,
         RequestRow.deleted_at.is_(None),
-        RequestRow.status == "succeeded",
+        RequestRow.status == Status.SUCCEEDED,
         RequestRow.answer.is_not(None),
     )
     query = select(RequestRow).where(visible)
@@ -304,7 +305,7 @@ async def set_pinned(
     if found is None:
         return None
     row, owner = found
-    if pinned and row.status != "succeeded":
+    if pinned and row.status != Status.SUCCEEDED:
         raise NotPinnable(row.status)
     if row.pinned != pinned:
         row.pinned = pinned

@@ -14,11 +14,10 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from service.budget import HISTORY_BATCH_SIZE
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
 from service.store.models import RequestRow, SnapshotRow
-
-# SPEC §6.1: earlier Q&A is loaded by increasing ordinal in batches of at most 20.
-HISTORY_BATCH = 20
+from service.vocabulary import Status
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ async def iter_history(
     before_ordinal: int,
     clear_version: int,
     after_ordinal: int = 0,
-    batch_size: int = HISTORY_BATCH,
+    batch_size: int = HISTORY_BATCH_SIZE,
 ) -> AsyncIterator[list[HistoryItem]]:
     """Yield the session's succeeded, visible Q&A in ``(after_ordinal, before_ordinal)`` in batches.
 
@@ -105,7 +104,7 @@ async def iter_history(
                     )
                     .where(
                         RequestRow.session_id == session_id,
-                        RequestRow.status == "succeeded",
+                        RequestRow.status == Status.SUCCEEDED,
                         RequestRow.deleted_at.is_(None),
                         RequestRow.clear_version == clear_version,
                         RequestRow.answer.is_not(None),

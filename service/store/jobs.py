@@ -24,18 +24,14 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_session_event
-from service.store.listener import CANCEL_CHANNEL, JOBS_CHANNEL
-
-JobKind = Literal["qa_fold", "context_summary"]
-JOB_KINDS: tuple[JobKind, ...] = ("qa_fold", "context_summary")
-JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, JobKind, Status, TerminalStatus
 
 # Key of the advisory lock that serialises job claims (requests have their own).
 JOB_CLAIM_LOCK_KEY = 0x5EDE_0002
@@ -143,7 +139,7 @@ async def enqueue_job(
     )
     if job_id is None:
         return None
-    await _memory_event(session, session_id, job_id, kind, "queued", 0, None)
+    await _memory_event(session, session_id, job_id, kind, Status.QUEUED, 0, None)
     await _notify_jobs(session, "queued")
     return job_id
 
@@ -202,7 +198,7 @@ async def end_inline(session: AsyncSession, registration_id: uuid.UUID, *, ok: b
                 WHERE id = :id AND status = 'running'
                 """
             ),
-            {"id": registration_id, "status": "succeeded" if ok else "failed"},
+            {"id": registration_id, "status": Status.SUCCEEDED if ok else Status.FAILED},
         )
 
 
@@ -239,7 +235,7 @@ async def claim_job(
                 {"id": picked, "owner": owner, "lease_s": lease_s},
             )
         ).one()
-        await _memory_event(session, row.session_id, row.id, row.kind, "running", row.calls, None)
+        await _memory_event(session, row.session_id, row.id, row.kind, Status.RUNNING, row.calls, None)
         return ClaimedJob(
             id=row.id,
             session_id=row.session_id,
@@ -256,7 +252,7 @@ async def finish_job(
     job_id: uuid.UUID,
     owner: str | None,
     *,
-    status: Literal["succeeded", "failed", "cancelled"],
+    status: TerminalStatus,
     calls: int,
     covered: dict[str, Any] | None = None,
     error: dict[str, Any] | None = None,
@@ -315,7 +311,7 @@ async def release_job(session: AsyncSession, job_id: uuid.UUID, owner: str) -> N
         )
     ).one_or_none()
     if row is not None:
-        await _memory_event(session, row.session_id, job_id, row.kind, "queued", row.calls, None)
+        await _memory_event(session, row.session_id, job_id, row.kind, Status.QUEUED, row.calls, None)
         await _notify_jobs(session, "queued")
 
 
@@ -335,7 +331,7 @@ async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
         )
     ).one_or_none()
     if row is not None:
-        await _memory_event(session, row.session_id, job_id, row.kind, "queued", row.calls, None)
+        await _memory_event(session, row.session_id, job_id, row.kind, Status.QUEUED, row.calls, None)
         await _notify_jobs(session, "queued")
 
 
@@ -344,7 +340,7 @@ async def finish_job_committed(
     job_id: uuid.UUID,
     owner: str | None,
     *,
-    status: Literal["succeeded", "failed", "cancelled"],
+    status: TerminalStatus,
     calls: int,
     covered: dict[str, Any] | None = None,
     error: dict[str, Any] | None = None,
@@ -377,7 +373,7 @@ async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
         ).one_or_none()
         if row is None:
             return False
-        await _memory_event(session, row.session_id, job_id, row.kind, "cancelled", row.calls, None)
+        await _memory_event(session, row.session_id, job_id, row.kind, Status.CANCELLED, row.calls, None)
     return True
 
 
@@ -428,7 +424,7 @@ async def cancel_session_jobs(session: AsyncSession, session_id: uuid.UUID) -> l
     for row in rows:
         await session.execute(text("SELECT pg_notify(:c, :p)"), {"c": CANCEL_CHANNEL, "p": f"job:{row.id}"})
         if row.made_by != "request":
-            await _memory_event(session, session_id, row.id, row.kind, "cancelled", row.calls, None)
+            await _memory_event(session, session_id, row.id, row.kind, Status.CANCELLED, row.calls, None)
     return [row.id for row in rows]
 
 
@@ -505,7 +501,7 @@ async def background_overviews(
     if not session_ids:
         return result
     for row in await session.execute(_BACKGROUND_OVERVIEWS, {"sids": list(session_ids)}):
-        counts = {status: int((row.counts or {}).get(status, 0)) for status in JOB_STATUSES}
+        counts = {status: int((row.counts or {}).get(status, 0)) for status in Status}
         calls = list(row.calls or [])
         usage: dict[str, Any] = {
             name: sum(int(call.get(name) or 0) for call in calls if isinstance(call, dict))
@@ -559,9 +555,7 @@ async def read_job_stats(session: AsyncSession) -> JobStats:
 
 
 __all__ = [
-    "JOB_KINDS",
     "ClaimedJob",
-    "JobKind",
     "JobState",
     "JobStats",
     "active_jobs",

@@ -23,13 +23,11 @@ from collections.abc import Callable
 
 import asyncpg
 
+from service.vocabulary import ALL_CHANNELS, CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
+
 log = logging.getLogger(__name__)
 
-EVENTS_CHANNEL = "sidequest_events"
-QUEUE_CHANNEL = "sidequest_queue"
-CANCEL_CHANNEL = "sidequest_cancel"
-JOBS_CHANNEL = "sidequest_jobs"
-ALL_CHANNELS = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
+# The names live in service.vocabulary; a worker does not need the event notifications.
 WORKER_CHANNELS = (QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
 
 # Outages (SPEC §9): a connect attempt gives up after CONNECT_TIMEOUT_S, and a connection that stays

@@ -45,10 +45,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import jobs
-from service.store.events import append_event, utc_iso
-from service.store.listener import QUEUE_CHANNEL
+from service.store.events import append_event
 from service.store.models import RequestRow
 from service.store.records import request_record
+from service.vocabulary import QUEUE_CHANNEL, JobKind, Stage, Status, TerminalStatus, utc_iso
 
 # Key of the advisory lock that serialises claims (any constant; shared by every process).
 CLAIM_LOCK_KEY = 0x5EDE_0001
@@ -164,7 +164,10 @@ async def try_claim(
             )
         ).one()
         await append_event(
-            session, row.id, "status", {"status": "running", "stage": "preparing", "attempt": row.attempt}
+            session,
+            row.id,
+            "status",
+            {"status": Status.RUNNING, "stage": Stage.PREPARING, "attempt": row.attempt},
         )
         return Claimed(
             id=row.id,
@@ -321,9 +324,6 @@ async def _notify_slot_freed(session: AsyncSession, session_id: uuid.UUID) -> No
     )
 
 
-TerminalStatus = Literal["succeeded", "failed", "cancelled"]
-
-
 @dataclass(frozen=True)
 class Ended:
     """A request :func:`finish_request` ended: its session, the stage it ended in, its final record."""
@@ -361,7 +361,7 @@ async def finish_request(
     *,
     status: TerminalStatus,
     owner: str | None,
-    from_statuses: tuple[str, ...] = ("running",),
+    from_statuses: tuple[str, ...] = (Status.RUNNING,),
     answer: str | None = None,
     truncated: bool = False,
     stop_reason: str | None = None,
@@ -381,7 +381,7 @@ async def finish_request(
     """
     if owner is not None and not await lock_if_held(session, request_id, owner):
         return None
-    if status == "succeeded":
+    if status == Status.SUCCEEDED:
         error = None
     elif error is None:
         raise ValueError("a failed or cancelled request needs its error object")
@@ -405,9 +405,9 @@ async def finish_request(
     ).one_or_none()
     if ended is None:
         return None
-    record = await _record_for(session, request_id) if with_record or status == "succeeded" else None
+    record = await _record_for(session, request_id) if with_record or status == Status.SUCCEEDED else None
     await append_event(session, request_id, "status", {"status": status, "stage": ended.stage})
-    if status == "succeeded":
+    if status == Status.SUCCEEDED:
         await append_event(session, request_id, "done", {"record": record})
     else:
         assert error is not None
@@ -420,7 +420,7 @@ async def finish_request(
 class FollowUp:
     """A background job to queue in the same transaction as a request's success (SPEC §6.6)."""
 
-    kind: jobs.JobKind
+    kind: JobKind
     key: str
     params: dict[str, Any]
 
@@ -444,7 +444,7 @@ async def finish_succeeded(
         ended = await finish_request(
             session,
             request_id,
-            status="succeeded",
+            status=Status.SUCCEEDED,
             owner=owner,
             answer=answer,
             truncated=truncated,
@@ -476,7 +476,7 @@ async def finish_failed(
     code: str,
     message: str,
     detail: dict[str, Any] | None = None,
-    status: Literal["failed", "cancelled"] = "failed",
+    status: Literal[Status.FAILED, Status.CANCELLED] = Status.FAILED,
     context_info: dict[str, Any] | None = None,
 ) -> bool:
     """The worker's failure or cancel settlement (commits): ``status`` + ``error`` events.
@@ -521,7 +521,10 @@ async def release(session: AsyncSession, request_id: uuid.UUID, owner: str) -> b
             {"stage": stage, "action": "worker_stopped_rerun", "discard_streamed_text": True},
         )
         await append_event(
-            session, request_id, "status", {"status": "queued", "stage": None, "reason": "worker_stopped"}
+            session,
+            request_id,
+            "status",
+            {"status": Status.QUEUED, "stage": None, "reason": "worker_stopped"},
         )
         assert session_id is not None
         await _notify_slot_freed(session, session_id)
@@ -593,7 +596,10 @@ async def sweep_expired(session: AsyncSession, *, max_attempts: int = MAX_ATTEMP
                     },
                 )
                 await append_event(
-                    session, row.id, "status", {"status": "queued", "stage": None, "reason": "worker_lost"}
+                    session,
+                    row.id,
+                    "status",
+                    {"status": Status.QUEUED, "stage": None, "reason": "worker_lost"},
                 )
                 await _notify_slot_freed(session, row.session_id)
                 requeued.append(row.id)
@@ -601,7 +607,7 @@ async def sweep_expired(session: AsyncSession, *, max_attempts: int = MAX_ATTEMP
                 await finish_request(
                     session,
                     row.id,
-                    status="failed",
+                    status=Status.FAILED,
                     owner=None,
                     error=_worker_lost(row.attempt, row.stage, "request"),
                 )
@@ -630,7 +636,7 @@ async def sweep_expired(session: AsyncSession, *, max_attempts: int = MAX_ATTEMP
                     session,
                     job.id,
                     None,
-                    status="failed",
+                    status=Status.FAILED,
                     calls=job.calls,
                     error=_worker_lost(job.attempt, None, "job"),
                 )

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-from service.store.events import utc_iso
 from service.store.models import RequestRow
+from service.vocabulary import iso_or_none
 
 EMPTY_USAGE: dict[str, Any] = {
     "input_tokens": 0,
@@ -15,10 +14,6 @@ EMPTY_USAGE: dict[str, Any] = {
     "cached_tokens": 0,
     "calls": [],
 }
-
-
-def iso_or_none(moment: datetime | None) -> str | None:
-    return utc_iso(moment) if moment is not None else None
 
 
 def request_record(row: RequestRow, parent_id: str) -> dict[str, Any]:

@@ -23,9 +23,9 @@ from typing import Any
 from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.store.events import utc_iso
 from service.store.models import SessionRow
 from service.store.sessions import session_overviews
+from service.vocabulary import utc_iso
 
 
 class InvalidCursor(ValueError):

@@ -8,7 +8,6 @@ session or request is simply "not found" (SPEC §3: 404, never 403). Requests hi
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +25,11 @@ from service.budget.prepared import (
     encode_snapshot,
     prepare_snapshot,
 )
-from service.store.events import utc_iso
 from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
-from service.store.records import iso_or_none, request_record
+from service.store.records import request_record
+from service.vocabulary import JobKind, Status, iso_or_none, utc_iso
 
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 # SPEC §11.2 (rules in service.store.settings, which imports this module; the names live here).
 SETTINGS_FIELDS = (
     "summary_instructions",
@@ -53,16 +51,6 @@ class SnapshotConflict(Exception):
 
 class InvalidSnapshot(Exception):
     """The snapshot cannot be read as a main-session context (the pipeline could never use it)."""
-
-
-def canonical_json(value: object) -> str:
-    """Key-sorted compact JSON: equal documents give equal text whatever their key order."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-
-
-def content_hash(value: object) -> str:
-    """SHA-256 of the canonical JSON of ``value`` (hex)."""
-    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 
 
 def prepare_or_refuse(content: dict[str, Any], encoded: EncodedSnapshot | None = None) -> PreparedSnapshot:
@@ -192,7 +180,7 @@ async def status_counts_of(
     session: AsyncSession, session_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, int]]:
     """:func:`status_counts` of several sessions in one query (every id present in the result)."""
-    result = {session_id: dict.fromkeys(STATUSES, 0) for session_id in session_ids}
+    result: dict[uuid.UUID, dict[str, int]] = {sid: dict.fromkeys(Status, 0) for sid in session_ids}
     if not session_ids:
         return result
     rows = await session.execute(
@@ -351,7 +339,7 @@ async def maybe_queue_snapshot_job(
     return await enqueue_job(
         session,
         owner.id,
-        kind="context_summary",
+        kind=JobKind.CONTEXT_SUMMARY,
         key=f"snapshot:{snapshot_id}",
         params={"snapshot_id": snapshot_id},
         clear_version=owner.clear_version,

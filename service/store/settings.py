@@ -17,6 +17,7 @@ from sqlalchemy import func
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.sessions import SETTINGS_FIELDS, find_session, lock_or_create_session
+from service.vocabulary import unstorable_reason
 
 ON_BUSY_CHOICES: Final = ("enqueue", "reject", "interrupt")
 # SPEC §11.2: summary instructions are at most 4 KiB, measured in UTF-8 bytes (not characters).
@@ -27,17 +28,6 @@ CONTEXT_WINDOW_MIN: Final = 1024
 CONTEXT_WINDOW_MAX: Final = 10_000_000
 OUTPUT_CAP_MIN: Final = 256
 OUTPUT_CAP_MAX: Final = 32768
-
-
-def _storable_text(value: str) -> str | None:
-    """Why ``value`` cannot be stored as text (NUL, lone surrogate), or None."""
-    if "\x00" in value:
-        return "must not contain NUL characters"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "must not contain unpaired surrogates"
-    return None
 
 
 def _int_problem(value: object, low: int, high: int) -> str | None:
@@ -55,7 +45,7 @@ def field_problem(name: str, value: object) -> str | None:
     if name == "summary_instructions":
         if not isinstance(value, str):
             return "must be a string or null"
-        bad = _storable_text(value)
+        bad = unstorable_reason(value)
         if bad:
             return bad
         size = len(value.encode("utf-8"))
@@ -67,7 +57,7 @@ def field_problem(name: str, value: object) -> str | None:
             return "must be a non-empty string or null"
         if len(value) > MAX_MODEL_CHARS:
             return f"must be at most {MAX_MODEL_CHARS} characters"
-        return _storable_text(value)
+        return unstorable_reason(value)
     if name == "context_window":
         return _int_problem(value, CONTEXT_WINDOW_MIN, CONTEXT_WINDOW_MAX)
     if name == "max_output_tokens":

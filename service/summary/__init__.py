@@ -37,7 +37,7 @@ from service.summary.errors import (
     SummaryTruncated,
 )
 from service.summary.material import QAPair, render_messages, render_qa_pair
-from service.summary.policy import SummaryCallBudget, SummaryRunner, judge_reply
+from service.summary.policy import SummaryCallBudget, judge_reply
 from service.summary.prompts import (
     PROMPT_VERSION,
     AnswerRequest,
@@ -46,6 +46,7 @@ from service.summary.prompts import (
     summary_prompt_reserve,
 )
 from service.summary.rolling import StoredQASummary, fold_qa
+from service.summary.runner import SummaryRunner
 
 __all__ = [
     "BODY_TOKEN_LIMIT",

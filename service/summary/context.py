@@ -20,12 +20,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from service import vocabulary
 from service.budget import CutPlan, MessageGroup, estimate_text, group_messages
 from service.budget.prepared import prefix_digests, summary_cache_key
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import render_messages
-from service.summary.policy import CallTally, SummaryRunner
+from service.summary.policy import CallTally
 from service.summary.prompts import PROMPT_VERSION
+from service.summary.runner import SummaryRunner
+from service.vocabulary import Stage
 
 CacheOutcome = Literal["hit", "prefix", "miss"]
 
@@ -242,7 +245,7 @@ async def compact_context(
     async def report(outcome: CacheOutcome, **extra: Any) -> None:
         if runner.on_progress is not None:
             await runner.on_progress(
-                {"stage": "compacting_context", "what": "context_summary_cache", "cache": outcome, **extra}
+                vocabulary.context_summary_cache(outcome, stage=Stage.COMPACTING_CONTEXT, **extra)
             )
 
     if isinstance(reuse, CacheHit):

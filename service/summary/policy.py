@@ -1,6 +1,7 @@
-"""The summary call policy (SPEC §6.3): attempts, the one retry, the per-request call cap, chunking.
+"""The summary call policy (SPEC §6.3): one call, its one retry, under the per-request call cap.
 
-One *summary* over some material is one or more chunks; each chunk is one call with at most one retry:
+One *summary* over some material is one or more chunks (:mod:`service.summary.runner` runs them);
+each chunk — and each merge call — is one call with at most one retry:
 
 - first attempt: output cap 2048 (``FIRST_OUTPUT_TOKENS``);
 - empty / thinking-only, truncated (stop reason ``length``), invalid, or body over 2200 tokens →
@@ -12,28 +13,15 @@ One *summary* over some material is one or more chunks; each chunk is one call w
 Every provider attempt — rate-limit retries inside ``run_call`` included, because ``run_call`` calls
 ``budget.take`` before each — counts toward the request's :class:`SummaryCallBudget`, so the call after
 the last allowed one is refused before it is made. Every attempt runs under the request deadline.
-
-Two modes (``SummaryRunner.parallelism``, ``SIDEQUEST_SUMMARY_PARALLELISM``):
-
-- *ordered* (parallelism 1, or a single chunk): chunks are updates of the running summary, which is
-  always the last *valid* document;
-- *parallel*: the chunks are summarised at once, each on its own (the previous summary goes with the
-  first), at most ``parallelism`` calls in flight, then merge calls — summary calls like any other, with
-  the same retry, cap and validation — fold the documents, in order, into one, in rounds when they do
-  not fit one call (:mod:`service.summary.merge`). The first failure cancels the calls in flight.
-
-Either way a failure raises, so a failed partial summary can never become the input of the next call.
-The whole plan (chunks + planned merge calls) is reserved in the budget before the first call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from service.budget import (
     FIRST_OUTPUT_TOKENS,
@@ -43,13 +31,11 @@ from service.budget import (
     chunk_pieces,
     estimate_messages,
     estimate_system,
-    estimate_text,
     summary_capacity,
 )
 from service.providers.base import ContextOverflow, Provider, ProviderCall, Purpose
 from service.providers.calling import CallRecorder, CallResult, run_call
 from service.summary.document import (
-    BODY_TOKEN_LIMIT,
     SummaryDocument,
     check_body_size,
     parse_summary_document,
@@ -62,24 +48,21 @@ from service.summary.errors import (
     SummaryToolCall,
     SummaryTruncated,
 )
-from service.summary.merge import can_merge, merge_groups, planned_merge_calls
 from service.summary.prompts import (
     SummaryKind,
     SummaryPrompt,
     build_merge_prompt,
     build_summary_prompt,
-    merge_piece,
     prompt_version,
     summary_prompt_reserve,
 )
+from service.vocabulary import Stage, utc_iso
 
 # Stop reasons that mean "cut at the output cap" (normalised, plus Anthropic's raw value).
 _TRUNCATED = frozenset({"length", "max_tokens"})
 
 PURPOSE_OF: dict[SummaryKind, Purpose] = {"qa": "qa_summary", "context": "context_summary"}
-STAGE_OF: dict[SummaryKind, str] = {"qa": "organizing_history", "context": "compacting_context"}
-
-ProgressCallback = Callable[[dict[str, Any]], Awaitable[None]]
+STAGE_OF: dict[SummaryKind, Stage] = {"qa": Stage.ORGANIZING_HISTORY, "context": Stage.COMPACTING_CONTEXT}
 
 # A calibration sample (SPEC §5.1): model, the request's estimate as sent, the reported prompt tokens
 # (None when the provider reported none; the sink then records nothing).
@@ -186,62 +169,20 @@ class CallTally:
     calls: int = 0
 
 
-@dataclass(frozen=True)
-class SummaryPlan:
-    """How a summary over ``chunks`` chunks will run, and the calls it needs before any retry."""
-
-    chunks: int
-    parallel: bool
-    merge_calls: int = 0
-
-    @property
-    def calls(self) -> int:
-        """Chunk calls plus merge calls (a merge call is a call, not a chunk)."""
-        return self.chunks + self.merge_calls
-
-
-def utc_now_iso() -> str:
-    """Wall-clock time as ISO 8601 UTC with microseconds (the default ``SummaryRunner.now``)."""
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
-
-
-_T = TypeVar("_T")
-
-
-async def _all_or_nothing(calls: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:
-    """Run ``calls`` at once and return their results in order, or raise the first failure as it came.
-
-    The first failure cancels the others, and they are waited for, so every cancelled provider call is
-    recorded (``run_call`` records a cancelled attempt with the usage it saw) before this raises.
-    """
-    failure: BaseException | None = None
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(call) for call in calls]
-    except BaseExceptionGroup as failed:
-        failure = failed.exceptions[0]  # the one that made the group cancel the rest
-    if failure is not None:
-        raise failure  # outside the handler, so it is not chained to the group that carried it
-    return [task.result() for task in tasks]
-
-
 @dataclass
-class SummaryRunner:
-    """Everything a side request's summary calls share.
+class SummaryCaller:
+    """Everything a side request's summary calls share, and one call with its retry.
 
     ``deadline`` is an absolute ``clock()`` value (the request's deadline, as for ``run_call``).
     ``window`` / ``safety_margin`` are the summariser model's window numbers; chunk capacity is derived
-    from them. ``on_progress`` receives one event dict per chunk and per merge call. ``parallelism``
-    is ``SIDEQUEST_SUMMARY_PARALLELISM``: above 1, two or more chunks are summarised at once (at most
-    that many calls in flight) and merged; 1 keeps the ordered rolling update. ``model`` is the
-    *summary* model (SPEC §11.2 choice); ``instructions`` the session's summary instructions, in every
-    prompt (merges included).
+    from them. ``model`` is the *summary* model (SPEC §11.2 choice); ``instructions`` the session's
+    summary instructions, in every prompt (merges included).
 
     ``calibration`` (SPEC §5.1), when given, is used only for :meth:`capacity` (how much material
     fits one chunk). ``on_sample`` receives one calibration sample per summary attempt: the attempt's
     prompt estimate as sent (system + messages, envelopes included; summary calls carry no tools) and
     the prompt tokens the provider reported for it (from its usage, or from an overflow error that
-    states the count).
+    states the count). A summary over several chunks is :class:`~service.summary.runner.SummaryRunner`.
     """
 
     provider: Provider
@@ -252,24 +193,18 @@ class SummaryRunner:
     budget: SummaryCallBudget
     window: int
     safety_margin: int
-    on_progress: ProgressCallback | None = None
     # A background job's id (SPEC §6.6): its calls carry X-Sidequest-Job-Id instead of a request id.
     job_id: str | None = None
-    # Chunk summaries of one summary made at once (SPEC §6.3, SIDEQUEST_SUMMARY_PARALLELISM).
-    parallelism: int = 1
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    now: Callable[[], str] = utc_now_iso
+    # Wall-clock time for a summary's created_at (SPEC's one timestamp format).
+    now: Callable[[], str] = utc_iso
     # The session's summary instructions (SPEC §11.2): sent with every summary call, after the built-in ones.
     instructions: str | None = None
     calibration: Calibration | None = None
     on_sample: SampleCallback | None = None
-    # Attempts made through this runner (for context_info "calls"); the budget counts the same.
+    # Attempts made through this caller (for context_info "calls"); the budget counts the same.
     attempts_made: int = field(default=0, init=False)
-
-    def __post_init__(self) -> None:
-        if self.parallelism < 1:
-            raise ValueError("parallelism must be >= 1")
 
     def capacity(self, kind: SummaryKind) -> int:
         """Material tokens one call may carry, reserving the retry's output (8192) and prompt.
@@ -302,212 +237,6 @@ class SummaryRunner:
                 f"{RETRY_OUTPUT_TOKENS}-token output, the prompt and the safety margin are reserved"
             )
         return chunk_pieces(pieces, capacity)
-
-    def plan(self, kind: SummaryKind, chunks: int) -> SummaryPlan:
-        """How ``chunks`` chunks will be summarised, and the calls that needs (retries not counted).
-
-        Parallel when ``parallelism`` > 1, there are two or more chunks, one merge call can take two
-        documents at the body limit, and chunks + planned merge calls fit the calls that remain. A
-        parallel plan that would not fit falls back to the ordered rolling update (one call per
-        chunk): parallelism buys time, and must not fail a request that the ordered mode can serve.
-        """
-        if (
-            chunks >= 2
-            and self.parallelism > 1
-            and can_merge(worst_piece_tokens(chunks), self.capacity(kind))
-        ):
-            parallel = self._plan_of(kind, chunks, parallel=True)
-            if parallel.calls <= self.budget.remaining:
-                return parallel
-        return SummaryPlan(chunks=chunks, parallel=False)
-
-    def _plan_of(self, kind: SummaryKind, chunks: int, *, parallel: bool) -> SummaryPlan:
-        """The plan of the given mode, whether or not it fits the budget."""
-        worst, capacity = worst_piece_tokens(chunks), self.capacity(kind)
-        if not parallel or chunks < 2 or self.parallelism == 1 or not can_merge(worst, capacity):
-            return SummaryPlan(chunks=chunks, parallel=False)
-        merges = planned_merge_calls(chunks, worst, capacity)
-        return SummaryPlan(chunks=chunks, parallel=True, merge_calls=merges)
-
-    async def summarize(
-        self,
-        kind: SummaryKind,
-        chunks: Sequence[str],
-        previous: SummaryDocument | None,
-        *,
-        check_cap: bool = True,
-        progress_offset: int = 0,
-        progress_total: int | None = None,
-        parallel: bool | None = None,
-        reservation: CallReservation | None = None,
-        tally: CallTally | None = None,
-    ) -> SummaryDocument:
-        """Summarise ``chunks`` (in material order) into one document.
-
-        Ordered mode: each chunk is an update of the running summary, ``previous`` the one the first
-        chunk updates (None: start fresh). Parallel mode: every chunk is summarised on its own, at
-        most ``parallelism`` at a time (``previous`` goes with the first chunk only), then merge calls
-        fold the documents, in order, into one (in rounds when they do not fit one call).
-        ``parallel`` None means :meth:`plan`'s choice; a caller that planned passes it.
-
-        ``check_cap`` reserves the plan's calls (chunks + merges) in the budget first, failing with
-        :class:`SummaryCallCap` before any call; a caller that already holds a ``reservation`` for a
-        larger plan passes it (and ``check_cap`` False). ``progress_offset`` / ``progress_total``
-        number the chunk progress events when this is one part of a larger plan (several Q&A batches).
-        ``tally`` counts this summary's attempts. Returns the last valid document; raises the first
-        failure (in parallel mode after cancelling the calls still in flight).
-        """
-        if not chunks:
-            if previous is None:
-                raise ValueError("nothing to summarise")
-            return previous
-        if parallel is None:
-            plan = self.plan(kind, len(chunks))
-        else:
-            plan = self._plan_of(kind, len(chunks), parallel=parallel)
-        held = self.budget.reserve(plan.calls) if check_cap and reservation is None else None
-        try:
-            if plan.parallel:
-                return await self._summarize_parallel(
-                    kind,
-                    chunks,
-                    previous,
-                    progress_offset=progress_offset,
-                    progress_total=progress_total,
-                    reservation=held or reservation,
-                    tally=tally,
-                )
-            return await self._summarize_ordered(
-                kind,
-                chunks,
-                previous,
-                progress_offset=progress_offset,
-                progress_total=progress_total,
-                reservation=held or reservation,
-                tally=tally,
-            )
-        finally:
-            if held is not None:
-                held.release()
-
-    async def _summarize_ordered(
-        self,
-        kind: SummaryKind,
-        chunks: Sequence[str],
-        previous: SummaryDocument | None,
-        *,
-        progress_offset: int,
-        progress_total: int | None,
-        reservation: CallReservation | None,
-        tally: CallTally | None,
-    ) -> SummaryDocument:
-        running = previous
-        total = len(chunks)
-        for index, chunk in enumerate(chunks, start=1):
-            if self.on_progress is not None:
-                await self.on_progress(_chunk_event(kind, progress_offset + index, progress_total or total))
-            running = await self.summarize_chunk(
-                kind,
-                chunk,
-                running,
-                chunk_index=index,
-                chunks=total,
-                reservation=reservation,
-                tally=tally,
-            )
-        assert running is not None
-        return running
-
-    async def _summarize_parallel(
-        self,
-        kind: SummaryKind,
-        chunks: Sequence[str],
-        previous: SummaryDocument | None,
-        *,
-        progress_offset: int,
-        progress_total: int | None,
-        reservation: CallReservation | None,
-        tally: CallTally | None,
-    ) -> SummaryDocument:
-        total = len(chunks)
-        slots = asyncio.Semaphore(self.parallelism)
-        # Progress events go out one at a time, in the order the calls take their slots.
-        emitting = asyncio.Lock()
-
-        async def report(event: dict[str, Any]) -> None:
-            if self.on_progress is not None:
-                async with emitting:
-                    await self.on_progress(event)
-
-        async def one_chunk(index: int, chunk: str) -> SummaryDocument:
-            async with slots:
-                await report(_chunk_event(kind, progress_offset + index, progress_total or total))
-                return await self.summarize_chunk(
-                    kind,
-                    chunk,
-                    previous if index == 1 else None,
-                    chunk_index=index,
-                    chunks=total,
-                    reservation=reservation,
-                    tally=tally,
-                )
-
-        documents = await _all_or_nothing(
-            [one_chunk(index, chunk) for index, chunk in enumerate(chunks, start=1)]
-        )
-        merge_round = 0
-        while len(documents) > 1:
-            merge_round += 1
-            documents = await self._merge_round(
-                kind, documents, merge_round, slots, report, reservation=reservation, tally=tally
-            )
-        return documents[0]
-
-    async def _merge_round(
-        self,
-        kind: SummaryKind,
-        documents: Sequence[SummaryDocument],
-        merge_round: int,
-        slots: asyncio.Semaphore,
-        report: ProgressCallback,
-        *,
-        reservation: CallReservation | None,
-        tally: CallTally | None,
-    ) -> list[SummaryDocument]:
-        """One round: consecutive documents that fit one call are merged (the calls run at once); a
-        document alone in its group passes to the next round as it is."""
-        count = len(documents)
-        # Part numbers in a call are at most ``count``: sizing every piece with that number bounds it.
-        sizes = [estimate_text(merge_piece(count, render_body(document))) for document in documents]
-        groups = merge_groups(sizes, self.capacity(kind))
-        calls = [group for group in groups if len(group) > 1]
-        if not calls:
-            # Cannot happen after plan(): it checked that one call takes two documents at the limit.
-            raise ContextOverflow(
-                f"a {self.window}-token window cannot hold two summary documents in one merge call"
-            )
-
-        async def one_merge(number: int, group: range) -> SummaryDocument:
-            async with slots:
-                await report(
-                    {
-                        "stage": STAGE_OF[kind],
-                        "what": "summary_merge",
-                        "purpose": PURPOSE_OF[kind],
-                        "round": merge_round,
-                        "merge": number,
-                        "merges": len(calls),
-                        "documents": len(group),
-                    }
-                )
-                return await self.merge(
-                    kind, [documents[i] for i in group], reservation=reservation, tally=tally
-                )
-
-        merged = iter(
-            await _all_or_nothing([one_merge(number, group) for number, group in enumerate(calls, 1)])
-        )
-        return [next(merged) if len(group) > 1 else documents[group.start] for group in groups]
 
     async def summarize_chunk(
         self,
@@ -624,21 +353,6 @@ def prompt_estimate(system: str | None, messages: Sequence[dict[str, Any]]) -> i
     return estimate_system(system) + estimate_messages(messages)
 
 
-def _chunk_event(kind: SummaryKind, chunk: int, chunks: int) -> dict[str, Any]:
-    return {
-        "stage": STAGE_OF[kind],
-        "what": "summary_chunk",
-        "purpose": PURPOSE_OF[kind],
-        "chunk": chunk,
-        "chunks": chunks,
-    }
-
-
-def worst_piece_tokens(documents: int) -> int:
-    """The largest a merge call's document can be: a body at the 2200-token limit, plus its tag."""
-    return BODY_TOKEN_LIMIT + estimate_text(merge_piece(max(documents, 1), ""))
-
-
 def judge_reply(result: CallResult, max_output_tokens: int) -> SummaryDocument:
     """Turn one finished call into a valid document or the failure it is.
 
@@ -665,13 +379,9 @@ __all__ = [
     "STAGE_OF",
     "CallReservation",
     "CallTally",
-    "ProgressCallback",
     "SampleCallback",
     "SummaryCallBudget",
-    "SummaryPlan",
-    "SummaryRunner",
+    "SummaryCaller",
     "judge_reply",
     "prompt_estimate",
-    "utc_now_iso",
-    "worst_piece_tokens",
 ]

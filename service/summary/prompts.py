@@ -20,6 +20,7 @@ from service.budget import (
     estimate_system,
     estimate_text,
     estimate_tools,
+    pending_tool_ids,
 )
 from service.summary.document import BODY_TOKEN_LIMIT, RETRY_BODY_TOKENS
 from service.summary.material import QAPair, render_qa_pair
@@ -276,20 +277,6 @@ def _text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-def _pending_tool_ids(messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Tool calls of a trailing assistant message that no message answers (snapshot taken mid-tool)."""
-    if not messages or messages[-1].get("role") != "assistant":
-        return []
-    content = messages[-1].get("content")
-    if not isinstance(content, list):
-        return []
-    return [
-        str(block.get("id") or "")
-        for block in content
-        if isinstance(block, Mapping) and block.get("type") == "tool_use"
-    ]
-
-
 def build_answer_request(
     *,
     question: str,
@@ -335,7 +322,7 @@ def build_answer_request(
         instructions += f"\n- The main context above was taken at {context_time}."
     blocks: list[dict[str, Any]] = [
         {"type": "tool_result", "tool_use_id": tool_id, "content": PENDING_TOOL_RESULT}
-        for tool_id in _pending_tool_ids(out)
+        for tool_id in pending_tool_ids(out)
     ]
     # The stand-in results complete the snapshot's own tool calls, so they count as context.
     context_tokens += sum(estimate_block(block) for block in blocks)

@@ -16,7 +16,8 @@ from typing import Any
 from service.budget import estimate_text
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import QAPair, render_qa_pair
-from service.summary.policy import CallTally, SummaryRunner
+from service.summary.policy import CallTally
+from service.summary.runner import SummaryRunner
 
 
 @dataclass(frozen=True)

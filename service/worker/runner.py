@@ -38,7 +38,8 @@ from service.providers.base import Provider
 from service.store import jobs, queue
 from service.store.admission import purge_cleared
 from service.store.db import Database
-from service.store.listener import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, WORKER_CHANNELS, Listener
+from service.store.listener import WORKER_CHANNELS, Listener
+from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +327,7 @@ class Worker:
                     self.owner,
                     code="cancelled",
                     message="the request was cancelled",
-                    status="cancelled",
+                    status=Status.CANCELLED,
                 )
 
     # ------------------------------------------------------------------ background jobs

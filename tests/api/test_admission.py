@@ -260,6 +260,25 @@ async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Da
     assert await _row_counts(db) == (0, 0, 0, 0)
 
 
+async def test_the_literal_text_of_a_nul_escape_is_not_a_nul(server: Server) -> None:
+    """``\\u0000`` typed as text (six characters, a code snippet say) is storable; a real NUL is not."""
+    literal = {"messages": [{"role": "user", "content": 'print("\\u0000")'}]}
+    real = {"messages": [{"role": "user", "content": "a\x00b"}]}
+    async with server.client() as client:
+        record = await ask(client, "p-escape", snapshot=literal)
+        assert len(record["snapshot_id"]) == 64
+        stored = await client.put("/v1/sessions/p-escape/snapshots/s-escape", json=literal)
+        assert stored.status_code == 201, stored.text
+        for response in (
+            await client.post("/v1/sessions/p-escape/questions", json={"question": "q", "snapshot": real}),
+            await client.put("/v1/sessions/p-escape/snapshots/s-real", json=real),
+        ):
+            assert response.status_code == 422
+            error = response.json()["error"]
+            assert error["code"] == "invalid_snapshot"
+            assert error["message"] == "the snapshot contains NUL characters"
+
+
 async def test_idempotency_key_replays_the_original_or_conflicts(server: Server, db: Database) -> None:
     url = "/v1/sessions/p-idem/questions"
     async with server.client() as client:

@@ -27,8 +27,8 @@ from service.api.sse_response import StreamResponse
 from service.client import SseMessage as Message
 from service.store.db import Database
 from service.store.events import append_session_event
-from service.store.listener import EVENTS_CHANNEL
 from service.store.models import EventRow, SessionRow
+from service.vocabulary import EVENTS_CHANNEL
 from tests.api.conftest import Server, StartServer
 from tests.api.helpers import append, ask, finish, mark_running
 from tests.api.sse_client import events

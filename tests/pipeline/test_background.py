@@ -19,6 +19,7 @@ from service.store.db import Database
 from service.store.events import session_events_after
 from service.store.models import JobRow, RequestRow
 from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, session_overview, store_snapshot
+from service.vocabulary import JobKind
 from service.worker import Worker, start_worker
 from tests.factories import add_history, admit, make_session, scripted_settings
 from tests.scripted_provider import ScriptedServer, Step
@@ -84,7 +85,7 @@ async def _job_is(db: Database, job_id: uuid.UUID, *statuses: str) -> bool:
 
 
 async def _enqueue(
-    db: Database, sid: uuid.UUID, kind: jobs.JobKind, key: str, params: dict[str, Any]
+    db: Database, sid: uuid.UUID, kind: JobKind, key: str, params: dict[str, Any]
 ) -> uuid.UUID:
     async with db.sessions() as session, session.begin():
         cv = await session.scalar(
@@ -449,8 +450,8 @@ async def test_request_records_carry_the_stored_qa_estimate(
     async with db.sessions() as session:
         tokens = await session.scalar(select(RequestRow.qa_tokens).where(RequestRow.id == rid))
     from service.pipeline.history import qa_group_tokens
-    from service.store.events import utc_iso
     from service.summary.material import QAPair
+    from service.vocabulary import utc_iso
 
     row = await row_of(db, rid)
     assert tokens == qa_group_tokens(

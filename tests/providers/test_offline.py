@@ -11,8 +11,9 @@ import pytest
 from service.providers.base import CallUsage
 from service.providers.offline import OfflineProvider, compose_answer, summarise
 from service.summary.document import SummaryDocument, render_body
-from service.summary.policy import SummaryCallBudget, SummaryRunner
+from service.summary.policy import SummaryCallBudget
 from service.summary.prompts import build_merge_prompt
+from service.summary.runner import SummaryRunner
 from tests.providers.helpers import ListRecorder, collect, make_call
 
 SUMMARY_KEYS = {"objective", "state", "decisions", "open_work", "risks"}

@@ -10,7 +10,8 @@ import pytest
 
 from service.budget import safety_margin
 from service.providers.openai_compat import OpenAIProvider
-from service.summary.policy import SummaryCallBudget, SummaryRunner
+from service.summary.policy import SummaryCallBudget
+from service.summary.runner import SummaryRunner
 from tests.summary.helpers import MemoryRecorder, RespondingServer
 
 MODEL = "scripted-model"

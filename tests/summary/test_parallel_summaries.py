@@ -29,8 +29,9 @@ from service.summary.context import compact_context
 from service.summary.document import SummaryDocument
 from service.summary.errors import SummaryCallCap, SummaryInvalid, SummaryToolCall
 from service.summary.material import QAPair
-from service.summary.policy import CallTally, SummaryCallBudget, SummaryPlan
+from service.summary.policy import CallTally, SummaryCallBudget
 from service.summary.rolling import fold_qa
+from service.summary.runner import SummaryPlan
 from tests.scripted_provider import RecordedRequest, Step, Usage
 from tests.summary.conftest import RunnerFactory
 from tests.summary.helpers import (

@@ -1,0 +1,106 @@
+"""The domain vocabulary: one timestamp format, canonical JSON, the storable-text rule, the enums and
+the progress events, pinned to what the wire carried before they had one home."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any, get_args
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service import vocabulary
+from service.api.schemas import Status as StatusSchema
+from service.vocabulary import (
+    ACTIVE,
+    TERMINAL,
+    UNSTORABLE_TEXT,
+    Status,
+    canonical_bytes,
+    canonical_json,
+    content_hash,
+    iso_or_none,
+    json_has_nul,
+    unstorable_reason,
+    utc_iso,
+)
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def test_timestamps_always_carry_microseconds_and_z() -> None:
+    moment = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+    assert utc_iso(moment) == "2026-11-29T10:00:00.000000Z"
+    assert utc_iso(moment.astimezone(timezone(timedelta(hours=2)))) == "2026-11-29T10:00:00.000000Z"
+    assert utc_iso(datetime(2, 1, 1, tzinfo=UTC)) == "0002-01-01T00:00:00.000000Z"
+    assert iso_or_none(None) is None and iso_or_none(moment) == utc_iso(moment)
+    now = utc_iso()
+    assert len(now) == 27 and now.endswith("Z")
+
+
+@given(JSON)
+def test_canonical_json_is_the_key_sorted_compact_json_hashes_always_used(value: Any) -> None:
+    old = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    assert canonical_json(value) == old
+    assert canonical_bytes(value) == old.encode()
+    assert content_hash(value) == hashlib.sha256(old.encode("utf-8")).hexdigest()
+
+
+def test_equal_documents_hash_equal_whatever_their_key_order() -> None:
+    assert content_hash({"b": [1, {"y": 2, "x": "é"}], "a": None}) == content_hash(
+        {"a": None, "b": [1, {"x": "é", "y": 2}]}
+    )
+
+
+def test_storable_text_says_why_not() -> None:
+    assert unstorable_reason("fine \\u0000 text") is None
+    assert unstorable_reason("a\x00b") == "must not contain NUL characters"
+    assert unstorable_reason("lone \ud800") == "must not contain unpaired surrogates"
+    assert UNSTORABLE_TEXT == "NUL characters and unpaired surrogates are not allowed"
+    assert not json_has_nul(canonical_bytes({"a": [1, "x", {"k": "\\u0000"}]}))
+    assert not json_has_nul(canonical_bytes({"k": "\\\\\\u0000"}))  # backslash, then the text
+    assert json_has_nul(canonical_bytes({"a": [1, {"k": "x\x00"}]}))
+    assert json_has_nul(canonical_bytes({"k\x00": 1}))
+
+
+def test_statuses_are_their_wire_strings() -> None:
+    assert [str(status) for status in Status] == ["queued", "running", "succeeded", "failed", "cancelled"]
+    assert get_args(StatusSchema) == tuple(Status)  # the OpenAPI enum says the same
+    assert json.dumps({"status": Status.FAILED}) == '{"status": "failed"}'
+    assert TERMINAL | ACTIVE == set(Status) and not TERMINAL & ACTIVE
+    assert "succeeded" in TERMINAL and Status.CANCELLED.terminal and not Status.RUNNING.terminal
+
+
+def test_progress_events_keep_their_keys_in_order() -> None:
+    def keys(event: dict[str, Any]) -> list[str]:
+        return list(event)
+
+    assert keys(vocabulary.waiting_for_background("j", "qa_fold", "k")) == ["what", "job_id", "kind", "key"]
+    assert keys(vocabulary.overflow_retry(estimate_before=9)) == ["what", "estimate_before"]
+    assert keys(vocabulary.overflow_retry(estimate_after=5, retry=1)) == ["what", "estimate_after", "retry"]
+    replay = ["what", "replayed_groups", "replayed_ordinals", "folded_groups"]
+    assert keys(vocabulary.replay(1, None, 0)) == replay
+    assert vocabulary.replay(1, None, 0)["replayed_ordinals"] is None  # null, not left out
+    assert vocabulary.compaction_skipped("x") == {"what": "compaction_skipped", "reason": "x"}
+    assert keys(vocabulary.compaction_refused("r", "why")) == ["what", "reason", "explanation"]
+    assert keys(vocabulary.compaction_refused("no_further_cut")) == ["what", "reason"]
+    assert keys(
+        vocabulary.context_summary_cache(
+            "prefix", key="k", covered_messages=3, verbatim_tail_tokens=9, answered_without_waiting=True
+        )
+    ) == ["what", "cache", "key", "covered_messages", "verbatim_tail_tokens", "answered_without_waiting"]
+    assert keys(
+        vocabulary.context_summary_cache("miss", stage=vocabulary.Stage.COMPACTING_CONTEXT, new_messages=4)
+    ) == ["stage", "what", "cache", "new_messages"]
+    assert json.dumps(vocabulary.summary_chunk(vocabulary.Stage.ORGANIZING_HISTORY, "qa_summary", 1, 2)) == (
+        '{"stage": "organizing_history", "what": "summary_chunk", "purpose": "qa_summary", "chunk": 1, '
+        '"chunks": 2}'
+    )
+    merge = vocabulary.summary_merge(vocabulary.Stage.COMPACTING_CONTEXT, "context_summary", 1, 2, 3, 4)
+    assert keys(merge) == ["stage", "what", "purpose", "round", "merge", "merges", "documents"]
