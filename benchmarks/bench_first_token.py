@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from deployed import deployed
 
-from service.client import SseParser
+from service.client.sse import SseParser
 from tests.scripted_provider import ScriptedServer, Step
 
 SUMMARY_DELAY_S = 2.0

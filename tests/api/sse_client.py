@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from service.client import SseMessage, SseParser
+from service.client.sse import SseMessage, SseParser
 
 
 async def messages(response: httpx.Response) -> AsyncIterator[SseMessage]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from service.client import SseMessage as Message
+from service.client.sse import SseMessage as Message
 from service.store.admission import SUPERSEDED_MESSAGE
 from service.store.db import Database
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow

@@ -11,7 +11,7 @@ import textwrap
 import httpx
 import pytest
 
-from service.client import SseMessage
+from service.client.sse import SseMessage
 from service.config import Settings
 from service.store.db import Database
 from tests.api.conftest import Server, StartServer

@@ -24,7 +24,7 @@ import service.api.sse as sse_module
 import service.store.events as events_store
 from service.api.sse import EventHub
 from service.api.sse_response import StreamResponse
-from service.client import SseMessage as Message
+from service.client.sse import SseMessage as Message
 from service.store.db import Database
 from service.store.events import append_session_event
 from service.store.models import EventRow, SessionRow

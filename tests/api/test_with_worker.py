@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from service.client import SseMessage
+from service.client.sse import SseMessage
 from service.config import Settings
 from service.serve import create_serving_app
 from service.store.db import Database

@@ -11,7 +11,9 @@ import httpx
 import pytest
 
 from service import client as cli_client
-from service.client import Renderer, SseMessage, describe_progress, follow, format_error, iter_sse
+from service.client import follow
+from service.client.render import Renderer, describe_progress, format_error
+from service.client.sse import SseMessage, iter_sse
 
 
 def sse(event_id: int, event: str, **data: Any) -> bytes:

@@ -25,7 +25,7 @@ import asyncpg
 import httpx
 import pytest
 
-from service.client import SseMessage as Message
+from service.client.sse import SseMessage as Message
 from tests.api.sse_client import events
 from tests.e2e.test_serve import free_port
 from tests.own_postgres import OwnPostgres

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.client import SseMessage
+from service.client.sse import SseMessage
 from tests.api.sse_client import events
 from tests.e2e.test_serve import free_port
 from tests.scripted_provider import ScriptedServer, Step, Usage

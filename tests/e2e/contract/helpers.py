@@ -22,7 +22,7 @@ from typing import IO, Any
 import asyncpg
 import httpx
 
-from service.client import SseMessage
+from service.client.sse import SseMessage
 from service.store.models import Base
 from tests.api.sse_client import messages
 from tests.scripted_provider import ScriptedServer, Step

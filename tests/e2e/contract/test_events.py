@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from service.client import SseMessage
+from service.client.sse import SseMessage
 from tests.api.sse_client import messages
 from tests.e2e.contract.helpers import (
     SNAPSHOT,

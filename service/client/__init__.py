@@ -20,15 +20,16 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
 
 import httpx
 
-from service.vocabulary import ACTIVE, TERMINAL, Status
+from service.client.render import Outcome, Renderer, format_error, plural
+from service.client.sse import iter_sse
+from service.vocabulary import Status
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 EXIT_OK = 0
@@ -49,291 +50,6 @@ class ClientError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-# ------------------------------------------------------------------------------------ SSE parsing
-
-
-@dataclass
-class SseMessage:
-    """One block of a Server-Sent Events stream (the ``data`` lines joined by newlines).
-
-    ``event`` is ``None`` for a block that dispatches no event (only comments, an ``id`` or a
-    ``retry``); such a block is returned all the same, so that a caller sees the cursor, the retry hint
-    and the keep-alive comments. ``id`` is the last event id seen so far (the standard's buffer).
-    """
-
-    event: str | None = "message"
-    data: str = ""
-    id: str | None = None
-    retry_ms: int | None = None
-    comments: tuple[str, ...] = ()
-
-    def json(self) -> Any:
-        """The ``data`` parsed as JSON."""
-        return json.loads(self.data)
-
-
-class SseParser:
-    """Parse SSE lines (without line terminators) one at a time, per the HTML living standard.
-
-    The one SSE parser of the project: ``iter_sse`` runs it over a sync stream, the tests over async ones.
-    A blank line dispatches the block being built; a block without ``data`` is not an event (see
-    :class:`SseMessage`); a block cut off by the end of the stream is never dispatched.
-    """
-
-    def __init__(self) -> None:
-        self._last_id: str | None = None
-        self._reset()
-
-    def _reset(self) -> None:
-        self._event = ""
-        self._data: list[str] = []
-        self._retry: int | None = None
-        self._comments: list[str] = []
-        self._seen_field = False
-
-    def feed(self, line: str) -> SseMessage | None:
-        """Take one line; return the block it completes (a blank line), else ``None``."""
-        if line == "":
-            message = None
-            if self._data:
-                message = SseMessage(
-                    self._event or "message",
-                    "\n".join(self._data),
-                    self._last_id,
-                    self._retry,
-                    tuple(self._comments),
-                )
-            elif self._seen_field or self._comments:
-                message = SseMessage(None, "", self._last_id, self._retry, tuple(self._comments))
-            self._reset()
-            return message
-        if line.startswith(":"):
-            self._comments.append(line[1:].strip())
-            return None
-        name, sep, value = line.partition(":")
-        if sep and value.startswith(" "):
-            value = value[1:]
-        self._seen_field = True
-        if name == "event":
-            self._event = value
-        elif name == "data":
-            self._data.append(value)
-        elif name == "id":
-            if "\x00" not in value:
-                self._last_id = value
-        elif name == "retry":
-            if value.isdigit():
-                self._retry = int(value)
-        return None
-
-
-def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
-    """Parse SSE lines (without line terminators) into messages (see :class:`SseParser`)."""
-    parser = SseParser()
-    for line in lines:
-        message = parser.feed(line)
-        if message is not None:
-            yield message
-
-
-# ------------------------------------------------------------------------------------ rendering
-
-
-def _count(n: object, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def _tokens(usage: dict[str, Any], *, last_call: bool = True) -> str:
-    calls = usage.get("calls") or []
-    parts = [f"in {usage.get('input_tokens', 0)}"]
-    if usage.get("cached_tokens"):
-        parts[-1] += f" (cached {usage['cached_tokens']})"
-    parts.append(f"out {usage.get('output_tokens', 0)}")
-    if usage.get("reasoning_tokens"):
-        parts.append(f"reasoning {usage['reasoning_tokens']}")
-    parts.append(_count(len(calls), "call"))
-    if last_call and calls and isinstance(calls[-1], dict):
-        last = calls[-1]
-        parts.append(f"last: {last.get('purpose', '?')} {last.get('status', '?')}")
-    return " · ".join(parts)
-
-
-_ENVELOPE = frozenset({"request_id", "ordinal", "seq", "at", "stage", "what", "action", "kind"})
-
-
-def _ordinal_range(value: object) -> str:
-    if isinstance(value, list) and len(value) == 2:
-        return f" (#{value[0]}–#{value[1]})" if value[0] != value[1] else f" (#{value[0]})"
-    return ""
-
-
-def describe_progress(data: dict[str, Any]) -> str:
-    """One human line for a ``progress`` event: the pipeline's known steps in words, others as k=v."""
-    what = data.get("what") or data.get("action") or data.get("kind")
-    if what == "replay":
-        replayed, folded = data.get("replayed_groups") or 0, data.get("folded_groups") or 0
-        if not replayed and not folded:
-            return "no earlier Q&A in this session"
-        text = f"replaying {_count(replayed, 'Q&A group')}{_ordinal_range(data.get('replayed_ordinals'))}"
-        if folded:
-            text += f", folding {folded} into the rolling summary"
-        return text
-    if what == "summary_chunk":
-        purpose = str(data.get("purpose") or "summary").replace("_", " ")
-        return f"{purpose} chunk {data.get('chunk')}/{data.get('chunks')}"
-    if what == "context_summary_cache":
-        text = f"context summary cache {data.get('cache')}"
-        if data.get("covered_messages") is not None:
-            text += f" ({data['covered_messages']} messages)"
-        return text
-    if what in ("compaction_skipped", "compaction_refused"):
-        reason = data.get("explanation") or data.get("reason") or ""
-        return f"{str(what).replace('_', ' ')}: {reason}".rstrip(": ")
-    if what == "overflow_retry":
-        if "estimate_after" in data:
-            return f"context overflow: retrying once with a smaller prompt (~{data['estimate_after']} tokens)"
-        return f"context overflow reported by the provider (prompt ~{data.get('estimate_before')} tokens)"
-    if what == "worker_lost_rerun":
-        return f"the worker was lost; running again (attempt {data.get('attempt', '?')})"
-    words = [str(what).replace("_", " ")] if isinstance(what, str) else []
-    words.extend(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in data.items() if k not in _ENVELOPE)
-    return " ".join(words) or "working"
-
-
-@dataclass
-class Outcome:
-    """How the stream ended."""
-
-    status: str
-    record: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-
-
-SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
-
-
-@dataclass
-class Renderer:
-    """Turns events into output: status on ``err`` (live line on a TTY), answer text on ``out``."""
-
-    out: TextIO
-    err: TextIO
-    live: bool
-    started: float = field(default_factory=time.monotonic)
-    stage: str = Status.QUEUED
-    answer: str = ""
-    answering: bool = False
-    _live_line: bool = False
-    _frame: int = 0
-
-    def _elapsed(self) -> str:
-        return f"{time.monotonic() - self.started:6.1f}s"
-
-    def _clear_live(self) -> None:
-        if self._live_line:
-            self.err.write("\r\x1b[2K")
-            self._live_line = False
-
-    def note(self, text: str) -> None:
-        """A status line: rewritten in place on a TTY (until the answer streams), appended otherwise."""
-        if self.live and not self.answering:
-            self._frame = (self._frame + 1) % len(SPINNER)
-            self.err.write(f"\r\x1b[2K{SPINNER[self._frame]} {self._elapsed()} {text}")
-            self._live_line = True
-        elif self.live:
-            return  # the answer owns the terminal now; the summary line comes at the end
-        else:
-            self.err.write(f"[{self._elapsed()}] {text}\n")
-        self.err.flush()
-
-    def lasting(self, text: str) -> None:
-        """A line that stays, also on a TTY (stage changes, restarts, the final summary)."""
-        self._clear_live()
-        if self.answering and self.answer and not self.answer.endswith("\n"):
-            self.out.write("\n")
-            self.out.flush()
-        self.err.write(f"[{self._elapsed()}] {text}\n")
-        self.err.flush()
-
-    def handle(self, event: str, data: dict[str, Any]) -> Outcome | None:
-        """Render one event; returns the outcome on the terminal event."""
-        if event == "status":
-            status = data.get("status")
-            stage = data.get("stage")
-            self.stage = str(stage or status)
-            if isinstance(status, str) and status in TERMINAL:
-                return None  # the done / error event right after it carries the result
-            active = isinstance(status, str) and status in ACTIVE
-            label = f"{status}" if active and not stage else f"stage {self.stage}"
-            if data.get("reason"):
-                label += f" ({data['reason']})"
-            if self.live:
-                self.note(label)
-            else:
-                self.lasting(label)
-        elif event == "progress":
-            if data.get("discard_streamed_text"):
-                # The request runs again from the start (worker lost): what streamed is void.
-                self.lasting("the worker was lost; the request runs again and the answer restarts")
-                self.answer, self.answering = "", False
-            self.note(f"{data.get('stage') or self.stage}: {describe_progress(data)}")
-        elif event == "usage" and isinstance(data.get("usage"), dict):
-            self.note(f"usage: {_tokens(data['usage'])}")
-        elif event == "delta":
-            text = str(data.get("text", ""))
-            if not self.answering:
-                self._clear_live()
-                self.answering = True
-            self.answer += text
-            self.out.write(text)
-            self.out.flush()
-        elif event == "done":
-            record = data.get("record") if isinstance(data.get("record"), dict) else {}
-            assert isinstance(record, dict)
-            self._finish_answer(record.get("answer"))
-            summary = str(Status.SUCCEEDED)
-            if record.get("truncated"):
-                summary += f" (answer truncated: stop reason {record.get('stop_reason')})"
-            if isinstance(record.get("usage"), dict):
-                summary += f" · {_tokens(record['usage'], last_call=False)}"
-            self.lasting(summary)
-            return Outcome(Status.SUCCEEDED, record=record)
-        elif event == "error":
-            status = Status.CANCELLED if data.get("code") == "cancelled" else Status.FAILED
-            self.lasting(f"{status}: {format_error(data)}")
-            return Outcome(status, error=data)
-        return None
-
-    def _finish_answer(self, final: object) -> None:
-        """Print whatever part of the final answer did not stream (or all of it), then a newline."""
-        if isinstance(final, str):
-            if final.startswith(self.answer):
-                rest = final[len(self.answer) :]
-            else:  # streamed text diverged (should not happen): show the authoritative answer
-                rest = ("\n" if self.answer else "") + final
-            if rest:
-                self._clear_live()
-                self.out.write(rest)
-                self.answer += rest
-        if self.answer and not self.answer.endswith("\n"):
-            self.out.write("\n")
-        self.out.flush()
-        self.answering = False
-
-
-def format_error(error: dict[str, Any]) -> str:
-    """``code: message`` plus the detail fields, e.g. ``provider_error: … (status=500)``."""
-    code = error.get("code", "error")
-    text = f"{code}: {error.get('message', '')}".rstrip(": ")
-    detail = error.get("detail")
-    if isinstance(detail, dict) and detail:
-        text += " (" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in detail.items()) + ")"
-    return text
-
-
-# ------------------------------------------------------------------------------------ HTTP
 
 
 @dataclass(frozen=True)
@@ -540,7 +256,7 @@ def archive_export(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except OSError as exc:
             raise ClientError(f"cannot write {args.output}: {exc.strerror or exc}") from None
         err.write(
-            f"exported {_count(len(document.get('questions', [])), 'request')} of {args.parent_id} "
+            f"exported {plural(len(document.get('questions', [])), 'request')} of {args.parent_id} "
             f"(archive version {document.get('version')}) to {args.output}\n"
         )
     return EXIT_OK
@@ -569,7 +285,7 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     result = response.json()
     replaced = f", replacing {result['replaced']}" if result.get("replaced") else ""
     out.write(
-        f"restored {_count(result.get('restored'), 'request')} into {parent_id} "
+        f"restored {plural(result.get('restored'), 'request')} into {parent_id} "
         f"(archive version {result.get('version')}{replaced}); next ordinal {result.get('next_ordinal')}\n"
     )
     return EXIT_OK
@@ -606,7 +322,7 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         out.write(str(result.get("text", "")) + "\n")
     out.flush()
-    notes = [f"handed off {_count(len(ordinals), 'side answer')} (#{ordinals[0]}–#{ordinals[-1]})"]
+    notes = [f"handed off {plural(len(ordinals), 'side answer')} (#{ordinals[0]}–#{ordinals[-1]})"]
     if result.get("summarized_ordinals"):
         notes.append(f"{len(result['summarized_ordinals'])} through the Q&A summary")
     if result.get("truncated"):
