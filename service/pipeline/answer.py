@@ -17,7 +17,7 @@ from service.pipeline.prepare import Prepared
 from service.pipeline.runtime import RequestRuntime, cancelled
 from service.providers.base import ContextOverflow, ProviderCall
 from service.providers.calling import CallResult, run_call
-from service.store import queue
+from service.store import terminal
 from service.summary.material import QAPair
 from service.summary.prompts import AnswerRequest, build_answer_request
 from service.vocabulary import JobKind
@@ -148,22 +148,22 @@ async def _call(
 
 def follow_ups(
     rt: RequestRuntime, prepared: Prepared, history: HistoryPlan, context: ContextPlan, own: QAItem
-) -> tuple[queue.FollowUp, ...]:
+) -> tuple[terminal.FollowUp, ...]:
     """Background jobs this success makes worthwhile (SPEC §6.6), when background summaries are on."""
     if not rt.deps.settings.background_on:
         return ()
-    jobs: list[queue.FollowUp] = []
+    jobs: list[terminal.FollowUp] = []
     fold = next_fold(history, own, prepared.input_budget)
     if fold is not None:
         jobs.append(
-            queue.FollowUp(
+            terminal.FollowUp(
                 JobKind.QA_FOLD, fold.key, {"through_ordinal": fold.through, "ordinals": list(fold.ordinals)}
             )
         )
     snapshot_id = prepared.claimed.snapshot_id
     if context.extend_later and snapshot_id is not None:
         jobs.append(
-            queue.FollowUp(
+            terminal.FollowUp(
                 JobKind.CONTEXT_SUMMARY, snapshot_job_key(snapshot_id), {"snapshot_id": snapshot_id}
             )
         )
@@ -201,7 +201,7 @@ async def _finish(
         qa_group_tokens(QAPair(claimed.ordinal, claimed.question, result.text, claimed.created_at)),
     )
     async with rt.db.sessions() as session:
-        record = await queue.finish_succeeded(
+        record = await terminal.finish_succeeded(
             session,
             claimed.id,
             rt.owner,

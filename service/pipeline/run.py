@@ -27,7 +27,7 @@ from service.pipeline.history import HistoryPlan, fold_history, plan_history
 from service.pipeline.prepare import Prepared, prepare
 from service.pipeline.runtime import PipelineDeps, RequestRuntime
 from service.pipeline.summaries import summary_runner
-from service.store import queue
+from service.store import queue, terminal
 from service.store.db import is_unavailable
 from service.summary.document import BODY_TOKEN_LIMIT
 from service.summary.prompts import AnswerRequest
@@ -174,7 +174,7 @@ class _Request:
         with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
             await rt.flush()  # the stages it reached come before its end
         async with rt.db.sessions() as session:
-            return await queue.finish_failed(
+            return await terminal.finish_failed(
                 session,
                 rt.claimed.id,
                 rt.owner,

@@ -26,7 +26,7 @@ from service.pipeline.failures import RequestLost
 from service.pipeline.recorder import LedgerRecorder
 from service.pipeline.waiting import JobWaiter
 from service.providers.base import Provider
-from service.store import queue
+from service.store import lease, queue
 from service.store.db import Database
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
@@ -104,7 +104,7 @@ class RequestRuntime:
         events, stage = self._pending, self._pending_stage
         self._pending, self._pending_stage = [], None
         async with self.db.sessions() as session:
-            if not await queue.emit_batch_if_held(
+            if not await lease.emit_batch_if_held(
                 session,
                 self.claimed.id,
                 self.owner,
@@ -122,7 +122,7 @@ class RequestRuntime:
     async def emit_delta(self, text: str) -> bool:
         """One ``delta`` event; False when the request is no longer held."""
         async with self.db.sessions() as session:
-            return await queue.emit_if_held(session, self.claimed.id, self.owner, "delta", {"text": text})
+            return await lease.emit_if_held(session, self.claimed.id, self.owner, "delta", {"text": text})
 
     def sync_calls(self) -> None:
         """Mirror the call budget into context_info (``summary_calls``)."""

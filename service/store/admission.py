@@ -25,9 +25,9 @@ from service.budget.prepared import EncodedSnapshot
 from service.store.db import Database
 from service.store.jobs import cancel_session_jobs
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
-from service.store.queue import finish_request
 from service.store.records import request_record
 from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, lock_session, store_snapshot
+from service.store.terminal import finish_request
 from service.vocabulary import CANCEL_CHANNEL, Status
 
 CANCELLED_BY_CLIENT = "cancelled by the client"
@@ -265,7 +265,7 @@ def _cancelled(message: str) -> dict[str, Any]:
 
 
 async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) -> bool:
-    """Cancel one queued or running request through THE terminal transition (queue.finish_request),
+    """Cancel one queued or running request through THE terminal transition (terminal.finish_request),
     guarded by the status it leaves, and tell its worker; False when it had already ended."""
     ended = await finish_request(
         session,

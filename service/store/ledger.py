@@ -20,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_event
-from service.store.queue import lock_if_held
+from service.store.lease import lock_if_held
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
 

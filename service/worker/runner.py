@@ -35,7 +35,7 @@ from service.pipeline import PipelineDeps, run_request
 from service.pipeline.background import run_job
 from service.providers import build_provider
 from service.providers.base import Provider
-from service.store import jobs, queue
+from service.store import jobs, queue, terminal
 from service.store.admission import purge_cleared
 from service.store.db import Database
 from service.store.listener import WORKER_CHANNELS, Listener
@@ -321,7 +321,7 @@ class Worker:
                 await queue.release(session, claimed.id, self.owner)
             elif reason == "cancelled":
                 # Normally the API wrote the terminal state already and this is a no-op.
-                await queue.finish_failed(
+                await terminal.finish_failed(
                     session,
                     claimed.id,
                     self.owner,

@@ -7,7 +7,7 @@ import uuid
 
 from sqlalchemy import select, text
 
-from service.store import queue
+from service.store import lease, queue, terminal
 from service.store.db import Database
 from service.store.events import request_events_after
 from service.store.models import RequestRow
@@ -30,7 +30,7 @@ async def _status(db: Database, request_id: uuid.UUID) -> str:
 
 async def _finish(db: Database, claimed: queue.Claimed, owner: str = "w1") -> None:
     async with db.sessions() as session:
-        record = await queue.finish_succeeded(
+        record = await terminal.finish_succeeded(
             session,
             claimed.id,
             owner,
@@ -141,13 +141,13 @@ async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) ->
     assert claimed is not None
     await clear(db, "parent-1")
     async with db.sessions() as session:
-        assert not await queue.emit_if_held(session, rid, "w1", "delta", {"text": "late"})
+        assert not await lease.emit_if_held(session, rid, "w1", "delta", {"text": "late"})
     async with db.sessions() as session:
-        assert not await queue.emit_batch_if_held(
+        assert not await lease.emit_batch_if_held(
             session, rid, "w1", [("status", {"status": "running", "stage": "answering"})], stage="answering"
         )
     async with db.sessions() as session:
-        record = await queue.finish_succeeded(
+        record = await terminal.finish_succeeded(
             session,
             rid,
             "w1",
@@ -159,7 +159,7 @@ async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) ->
         )
         assert record is None
     async with db.sessions() as session:
-        assert not await queue.finish_failed(session, rid, "w1", code="timeout", message="late")
+        assert not await terminal.finish_failed(session, rid, "w1", code="timeout", message="late")
         events = await request_events_after(session, rid, 0)
     assert events[-1].type == "error" and events[-1].data["code"] == "cancelled"
     assert await _status(db, rid) == "cancelled"
@@ -209,7 +209,7 @@ async def test_sweep_reruns_once_then_fails_worker_lost_keeping_usage(db: Databa
     assert [e.type for e in events][-2:] == ["status", "error"]
     # The old owner cannot write anything any more.
     async with db.sessions() as session:
-        assert not await queue.emit_if_held(session, rid, "w2", "delta", {"text": "x"})
+        assert not await lease.emit_if_held(session, rid, "w2", "delta", {"text": "x"})
 
 
 async def test_sweep_leaves_live_leases_alone(db: Database) -> None:

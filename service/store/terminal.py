@@ -1,0 +1,224 @@
+"""THE terminal transition of a side request, and the worker's ways to reach it (issue 12).
+
+Every way a request ends — succeeded (:func:`finish_answered`, :func:`finish_succeeded`), failed or
+cancelled by its worker (:func:`finish_failed`), cancelled by the client, a clear or a newer question
+(the API, through :func:`finish_request`), swept (:mod:`service.store.queue`) — goes through
+:func:`finish_request`, which writes the row, the terminal ``status`` event and the ``done`` / ``error``
+event, and NOTIFYs that a slot is free. The two departures (the ``on_busy`` interrupt inside the
+admission SQL function, archive restore) are in docs/architecture.md.
+
+Transaction convention (every module of the store): a function that takes a session and says
+"commits" opens and commits its own transaction; one that says "inside the caller's transaction"
+never commits, and its caller composes several into one commit.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.store import jobs
+from service.store.events import append_event
+from service.store.lease import lock_if_held
+from service.store.models import RequestRow
+from service.store.records import request_record
+from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus
+
+
+async def _record_for(session: AsyncSession, request_id: uuid.UUID) -> dict[str, Any]:
+    row = await session.get(RequestRow, request_id, populate_existing=True)
+    assert row is not None
+    parent_id = await session.scalar(
+        text("SELECT parent_id FROM side_question_sessions WHERE id = :sid"), {"sid": row.session_id}
+    )
+    return request_record(row, str(parent_id))
+
+
+async def notify_slot_freed(session: AsyncSession, session_id: uuid.UUID) -> None:
+    await session.execute(
+        text("SELECT pg_notify(:channel, :payload)"),
+        {"channel": QUEUE_CHANNEL, "payload": f"freed:{session_id}"},
+    )
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A request :func:`finish_request` ended: its session, the stage it ended in, its final record."""
+
+    session_id: uuid.UUID
+    stage: str | None
+    record: dict[str, Any] | None
+
+
+_FINISH = text(
+    """
+    UPDATE side_question_requests
+    SET status = CAST(:status AS text),
+        answer = CASE WHEN CAST(:status AS text) = 'succeeded' THEN CAST(:answer AS text) ELSE answer END,
+        truncated = CASE WHEN CAST(:status AS text) = 'succeeded' THEN CAST(:truncated AS boolean)
+                         ELSE truncated END,
+        stop_reason = CASE WHEN CAST(:status AS text) = 'succeeded' THEN CAST(:stop_reason AS text)
+                           ELSE stop_reason END,
+        model = coalesce(CAST(:model AS text), model),
+        qa_tokens = coalesce(CAST(:qa_tokens AS integer), qa_tokens),
+        error = CAST(:error AS jsonb),
+        context_info = context_info || CAST(:info AS jsonb),
+        cancel_requested = cancel_requested OR CAST(:status AS text) = 'cancelled',
+        finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = :id AND status = ANY(CAST(:from_statuses AS text[]))
+      AND (CAST(:owner AS text) IS NULL OR lease_owner = CAST(:owner AS text))
+    RETURNING session_id, stage
+    """
+)
+
+
+async def finish_request(
+    session: AsyncSession,
+    request_id: uuid.UUID,
+    *,
+    status: TerminalStatus,
+    owner: str | None,
+    from_statuses: tuple[str, ...] = (Status.RUNNING,),
+    answer: str | None = None,
+    truncated: bool = False,
+    stop_reason: str | None = None,
+    model: str | None = None,
+    qa_tokens: int | None = None,
+    error: dict[str, Any] | None = None,
+    context_info: dict[str, Any] | None = None,
+    with_record: bool = False,
+) -> Ended | None:
+    """THE terminal transition of a request, inside the caller's transaction.
+
+    Guarded by the status it leaves (``from_statuses``) and, when ``owner`` is given, the worker's
+    lease — so whichever terminal write lands first wins and every other is a no-op (None, nothing
+    written). Writes the row, the terminal ``status`` event, then ``done`` (with the final record) for
+    a success or ``error`` otherwise, and NOTIFYs the queue that a slot is free. Callers: the worker's
+    success and failure, its cancel settlement, the API's cancel / clear / interrupt, the sweep.
+    """
+    if owner is not None and not await lock_if_held(session, request_id, owner):
+        return None
+    if status == Status.SUCCEEDED:
+        error = None
+    elif error is None:
+        raise ValueError("a failed or cancelled request needs its error object")
+    ended = (
+        await session.execute(
+            _FINISH,
+            {
+                "status": status,
+                "answer": answer,
+                "truncated": truncated,
+                "stop_reason": stop_reason,
+                "model": model,
+                "qa_tokens": qa_tokens,
+                "error": None if error is None else _json(error),
+                "info": _json(context_info or {}),
+                "id": request_id,
+                "from_statuses": list(from_statuses),
+                "owner": owner,
+            },
+        )
+    ).one_or_none()
+    if ended is None:
+        return None
+    record = await _record_for(session, request_id) if with_record or status == Status.SUCCEEDED else None
+    await append_event(session, request_id, "status", {"status": status, "stage": ended.stage})
+    if status == Status.SUCCEEDED:
+        await append_event(session, request_id, "done", {"record": record})
+    else:
+        assert error is not None
+        await append_event(session, request_id, "error", error)
+    await notify_slot_freed(session, ended.session_id)
+    return Ended(session_id=ended.session_id, stage=ended.stage, record=record)
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """A background job to queue in the same transaction as a request's success (SPEC §6.6)."""
+
+    kind: JobKind
+    key: str
+    params: dict[str, Any]
+
+
+async def finish_succeeded(
+    session: AsyncSession,
+    request_id: uuid.UUID,
+    owner: str,
+    *,
+    answer: str,
+    truncated: bool,
+    stop_reason: str | None,
+    model: str | None,
+    context_info: dict[str, Any],
+    qa_tokens: int | None = None,
+    follow_ups: tuple[FollowUp, ...] = (),
+) -> dict[str, Any] | None:
+    """The worker's success (commits): the terminal state, ``status`` + ``done``, and its follow-up
+    background jobs, atomically. None when the worker no longer holds the request: nothing written."""
+    async with session.begin():
+        ended = await finish_request(
+            session,
+            request_id,
+            status=Status.SUCCEEDED,
+            owner=owner,
+            answer=answer,
+            truncated=truncated,
+            stop_reason=stop_reason,
+            model=model,
+            qa_tokens=qa_tokens,
+            context_info=context_info,
+        )
+        if ended is None:
+            return None
+        assert ended.record is not None
+        for job in follow_ups:
+            await jobs.enqueue_job(
+                session,
+                ended.session_id,
+                kind=job.kind,
+                key=job.key,
+                params=job.params,
+                clear_version=int(ended.record["clear_version"]),
+            )
+        return ended.record
+
+
+async def finish_failed(
+    session: AsyncSession,
+    request_id: uuid.UUID,
+    owner: str,
+    *,
+    code: str,
+    message: str,
+    detail: dict[str, Any] | None = None,
+    status: Literal[Status.FAILED, Status.CANCELLED] = Status.FAILED,
+    context_info: dict[str, Any] | None = None,
+) -> bool:
+    """The worker's failure or cancel settlement (commits): ``status`` + ``error`` events.
+
+    Returns False, writing nothing, when the request is no longer running under ``owner``.
+    """
+    async with session.begin():
+        ended = await finish_request(
+            session,
+            request_id,
+            status=status,
+            owner=owner,
+            error={"code": code, "message": message, "detail": detail or {}},
+            context_info=context_info,
+        )
+        return ended is not None
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+__all__ = ["Ended", "FollowUp", "finish_failed", "finish_request", "finish_succeeded", "notify_slot_freed"]
