@@ -29,8 +29,9 @@ Invariants, and how each is kept:
 - **Background jobs** (:mod:`service.store.jobs`) share this machinery: one :func:`heartbeat` extends
   the leases of a worker's requests *and* jobs, one :func:`sweep_expired` recovers both tables.
 - **One terminal transition**: every way a request ends — succeeded, failed, cancelled (by the
-  client, a clear or a newer question), swept — goes through :func:`service.store.terminal.finish_request`, which writes the
-  row, the terminal ``status`` event and the ``done`` / ``error`` event, and frees the slot.
+  client, a clear or a newer question), swept — goes through
+  :func:`service.store.terminal.finish_request`, which writes the row, the terminal ``status`` event
+  and the ``done`` / ``error`` event, and frees the slot.
 - **Slot NOTIFYs** say why: ``freed:<session id>`` when a slot frees (a worker whose cluster is full
   only claims again on these), the bare session id when a request was admitted.
 """
