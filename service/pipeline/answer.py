@@ -3,6 +3,7 @@ retry, and the success write with its follow-up background jobs."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from service.pipeline.runtime import RequestRuntime, cancelled
 from service.providers.base import ContextOverflow, ProviderCall
 from service.providers.calling import CallResult, run_call
 from service.store import terminal
+from service.store.terminal import AnswerTail
 from service.summary.material import QAPair
 from service.summary.prompts import AnswerRequest, build_answer_request
 from service.vocabulary import JobKind
@@ -80,6 +82,7 @@ async def answer(
     await rt.flush()  # the stage changes and notes so far, in one commit, before the slow call
     deltas = DeltaCoalescer(rt.emit_delta)
     rt.recorder.before_usage = deltas.flush
+    rt.recorder.hold_purpose = "answer"  # its successful call is written with the success (_finish)
     try:
         try:
             result = await _call(rt, prepared, request, deltas)
@@ -113,11 +116,30 @@ async def answer(
             result = await _call(rt, prepared, request, deltas)
     except BaseException:
         await deltas.abort() if cancelled() else await deltas.close()
+        await rt.recorder.write_held()
         raise
     finally:
         rt.recorder.before_usage = None
-    await deltas.close()
-    return await _finish(rt, prepared, history, context, request, result)
+        rt.recorder.hold_purpose = None
+    rest = await deltas.close_rest()
+    sample = rt.book.pending(
+        prepared.models.answer,
+        request.estimate.total,
+        result.usage.input_tokens if result.usage.reported else None,
+    )
+    try:
+        return await _finish(rt, prepared, history, context, request, result, AnswerTail(rest, None, sample))
+    except BaseException:
+        # Refused before the success was written (a tool call, an empty answer): what it would have
+        # carried is written on its own — the text, the call (tokens were spent), the sample. Once
+        # the success was attempted, the call is no longer held: that transaction wrote them or not.
+        if rt.recorder.held is not None:
+            if rest and not cancelled():
+                await rt.emit_delta(rest)
+            await rt.recorder.write_held()
+            if sample is not None:
+                await rt.book.sample(sample.model, sample.estimate, sample.reported_prompt_tokens)
+        raise
 
 
 async def _call(
@@ -140,10 +162,7 @@ async def _call(
         on_text=deltas.add,
         clock=rt.deps.clock,
     )
-    if result.usage.reported:
-        # A calibration sample (SPEC §5.1): the request's estimate as sent, the provider's count.
-        await rt.book.sample(prepared.models.answer, request.estimate.total, result.usage.input_tokens)
-    return result
+    return result  # its calibration sample (SPEC §5.1) is written with the success (answer())
 
 
 def follow_ups(
@@ -177,6 +196,7 @@ async def _finish(
     context: ContextPlan,
     request: AnswerRequest,
     result: CallResult,
+    tail: terminal.AnswerTail,
 ) -> dict[str, Any]:
     prompt_tokens = result.usage.input_tokens if result.usage.reported else None
     rt.info.provider_prompt_tokens = prompt_tokens
@@ -212,6 +232,8 @@ async def _finish(
             context_info=rt.info.to_json(),
             qa_tokens=own.tokens,
             follow_ups=follow_ups(rt, prepared, history, context, own),
+            # Taken only now: until this commit, a failure above writes them on its own (answer()).
+            tail=dataclasses.replace(tail, call=rt.recorder.take_held()),
         )
     if record is None:
         raise RequestLost()

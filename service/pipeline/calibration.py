@@ -36,6 +36,13 @@ class CalibrationBook:
         async with self.db.sessions() as session:
             return await store.load_calibration(session, self.provider, model)
 
+    def pending(self, model: str, estimate: int, reported_prompt_tokens: int | None) -> store.Sample | None:
+        """The sample :meth:`sample` would write, for the caller to write in its own transaction
+        (the answer's, with the request's success); None when there is nothing to learn."""
+        if not self.enabled or reported_prompt_tokens is None or reported_prompt_tokens <= 0 or estimate <= 0:
+            return None
+        return store.Sample(self.provider, model, estimate, reported_prompt_tokens)
+
     async def sample(self, model: str, estimate: int, reported_prompt_tokens: int | None) -> None:
         """Add one sample: ``estimate`` (the request as sent) against the provider's prompt tokens.
 

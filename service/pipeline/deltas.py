@@ -24,6 +24,7 @@ class DeltaCoalescer:
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._lost = False
+        self._keep_rest = False
         # One writer at a time, so text reaches the log in the order it streamed.
         self._write_lock = asyncio.Lock()
         self.streamed_chars = 0
@@ -55,7 +56,25 @@ class DeltaCoalescer:
         while not self._closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), self._interval)
+            if self._closing.is_set() and self._keep_rest:
+                return  # close_rest() hands the rest to its caller instead
             await self.flush()
+
+    async def close_rest(self) -> str | None:
+        """Stop the flusher and return the text not yet written instead of writing it: the caller
+        writes it with the request's success, in the same commit (None when nothing is left)."""
+        self._keep_rest = True
+        self._closing.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        async with self._write_lock:
+            text = "".join(self._buffer) if not self._lost else ""
+            self._buffer.clear()
+        if not text:
+            return None
+        self.events += 1
+        return text
 
     async def close(self) -> None:
         """Stop the flusher and write what is left (before the terminal event)."""

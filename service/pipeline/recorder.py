@@ -66,6 +66,11 @@ class LedgerRecorder:
         self.calls = 0
         # Set while the answer streams: buffered delta text is written before the usage event.
         self.before_usage: Callable[[], Awaitable[None]] | None = None
+        # Set while the answer streams: a successful call of this purpose (the answer's, not a
+        # shrink's summary calls) is not written at once but kept in ``held``, and written with the
+        # request's success (one commit: terminal.finish_succeeded).
+        self.hold_purpose: str | None = None
+        self.held: ledger.CallEntry | None = None
 
     async def record_call(
         self,
@@ -78,9 +83,25 @@ class LedgerRecorder:
     ) -> None:
         """Append one call to the ledger and emit the cumulative usage object."""
         entry = call_entry(purpose, model, status, usage, latency_ms)
+        if status == "ok" and purpose == self.hold_purpose:
+            self.held = entry
+            self.calls += 1
+            return
         # The streamed text comes before the usage event; the ledger and the event are one commit.
         if self.before_usage is not None and status != "cancelled":
             await self.before_usage()
         async with self._db.sessions() as session:
             await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
         self.calls += 1
+
+    def take_held(self) -> ledger.CallEntry | None:
+        """The held call, now the caller's to write."""
+        entry, self.held = self.held, None
+        return entry
+
+    async def write_held(self) -> None:
+        """Write a held call on its own, with its usage event (the success it waited for did not come)."""
+        entry = self.take_held()
+        if entry is not None:
+            async with self._db.sessions() as session:
+                await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)

@@ -57,6 +57,16 @@ async def load_calibration(session: AsyncSession, provider: str, model: str) -> 
     )
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One calibration sample waiting to be written (with the request's success, in one commit)."""
+
+    provider: str
+    model: str
+    estimate: int
+    reported_prompt_tokens: int
+
+
 async def record_sample(
     session: AsyncSession, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
 ) -> bool:
@@ -65,12 +75,21 @@ async def record_sample(
     Unreported usage (``None`` or 0 prompt tokens) and an empty estimate add nothing: they carry no
     signal about the tokenizer. Returns whether a sample was written.
     """
+    written = await add_sample(session, provider, model, estimate, reported_prompt_tokens)
+    await session.commit()
+    return written
+
+
+async def add_sample(
+    session: AsyncSession, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
+) -> bool:
+    """:func:`record_sample` inside the caller's transaction (the answer's end writes it with the
+    request's success: one commit)."""
     if reported_prompt_tokens is None or reported_prompt_tokens <= 0 or estimate <= 0:
         return False
     await session.execute(
         _UPSERT_SQL, {**_key(provider, model), "estimate": estimate, "reported": reported_prompt_tokens}
     )
-    await session.commit()
     return True
 
 

@@ -104,11 +104,17 @@ async def append_call_and_emit(
     is guarded by the lease (no event after a terminal one).
     """
     async with session.begin():
-        usage = await session.scalar(_APPEND_CALL, {"id": request_id, "call": json.dumps([entry.as_json()])})
-        if usage is None:
-            raise LookupError(f"request {request_id} does not exist")
+        usage = await add_call(session, request_id, entry)
         if await lock_if_held(session, request_id, owner):
-            await append_event(session, request_id, "usage", {"usage": dict(usage)})
+            await append_event(session, request_id, "usage", {"usage": usage})
+    return usage
+
+
+async def add_call(session: AsyncSession, request_id: uuid.UUID, entry: CallEntry) -> dict[str, Any]:
+    """Append one call to the request's usage inside the caller's transaction; the new usage object."""
+    usage = await session.scalar(_APPEND_CALL, {"id": request_id, "call": json.dumps([entry.as_json()])})
+    if usage is None:
+        raise LookupError(f"request {request_id} does not exist")
     return dict(usage)
 
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.store import jobs
+from service.store import calibration, jobs, ledger
 from service.store.events import append_event
 from service.store.lease import lock_if_held
 from service.store.models import RequestRow
@@ -147,6 +147,15 @@ class FollowUp:
     params: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class AnswerTail:
+    """What a streamed answer leaves to write when it ends (see :func:`finish_succeeded`)."""
+
+    delta: str | None = None
+    call: ledger.CallEntry | None = None
+    sample: calibration.Sample | None = None
+
+
 async def finish_succeeded(
     session: AsyncSession,
     request_id: uuid.UUID,
@@ -159,10 +168,32 @@ async def finish_succeeded(
     context_info: dict[str, Any],
     qa_tokens: int | None = None,
     follow_ups: tuple[FollowUp, ...] = (),
+    tail: AnswerTail | None = None,
 ) -> dict[str, Any] | None:
     """The worker's success (commits): the terminal state, ``status`` + ``done``, and its follow-up
-    background jobs, atomically. None when the worker no longer holds the request: nothing written."""
+    background jobs, atomically. None when the worker no longer holds the request: nothing written
+    but the ``tail``'s ledger entry and calibration sample (tokens were spent whatever happened).
+
+    ``tail`` is what the answer's end still has to write — its last text, its call, its calibration
+    sample — written here, in order (``delta``, ``usage``, then ``status`` and ``done``), so the end of
+    an answer is one commit instead of four (issue 12: slot hand-off).
+    """
     async with session.begin():
+        usage = None
+        if tail is not None:
+            if tail.call is not None:
+                usage = await ledger.add_call(session, request_id, tail.call)
+            if tail.sample is not None:
+                sample = tail.sample
+                await calibration.add_sample(
+                    session, sample.provider, sample.model, sample.estimate, sample.reported_prompt_tokens
+                )
+            if not await lock_if_held(session, request_id, owner):
+                return None
+            if tail.delta:
+                await append_event(session, request_id, "delta", {"text": tail.delta})
+            if usage is not None:
+                await append_event(session, request_id, "usage", {"usage": usage})
         ended = await finish_request(
             session,
             request_id,
@@ -221,4 +252,12 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-__all__ = ["Ended", "FollowUp", "finish_failed", "finish_request", "finish_succeeded", "notify_slot_freed"]
+__all__ = [
+    "AnswerTail",
+    "Ended",
+    "FollowUp",
+    "finish_failed",
+    "finish_request",
+    "finish_succeeded",
+    "notify_slot_freed",
+]

@@ -7,7 +7,7 @@ import uuid
 
 from sqlalchemy import select, text
 
-from service.store import lease, queue, terminal
+from service.store import calibration, lease, ledger, queue, terminal
 from service.store.db import Database
 from service.store.events import request_events_after
 from service.store.models import RequestRow
@@ -250,3 +250,65 @@ async def test_claim_skips_a_session_whose_row_an_admission_holds_instead_of_wai
         assert claimed is not None and claimed.id == b1
     claimed = await _claim(db)
     assert claimed is not None and claimed.id == a1
+
+
+def _tail() -> terminal.AnswerTail:
+    call = ledger.CallEntry(purpose="answer", model="m", status="ok", reported=True, input_tokens=70)
+    return terminal.AnswerTail(
+        delta="the last words", call=call, sample=calibration.Sample("openai", "m", 50, 70)
+    )
+
+
+async def test_the_answer_tail_is_written_with_the_success_in_order(db: Database) -> None:
+    sid = await make_session(db, "parent-tail")
+    rid = await admit(db, sid, "q")
+    claimed = await _claim(db)
+    assert claimed is not None
+    async with db.sessions() as session:
+        record = await terminal.finish_succeeded(
+            session,
+            rid,
+            "w1",
+            answer="the last words",
+            truncated=False,
+            stop_reason="stop",
+            model="m",
+            context_info={},
+            tail=_tail(),
+        )
+    assert record is not None and record["usage"]["input_tokens"] == 70  # the done record counts it
+    async with db.sessions() as session:
+        events = await request_events_after(session, rid, 0)
+        learned = await calibration.load_calibration(session, "openai", "m")
+    assert [e.type for e in events][-4:] == ["delta", "usage", "status", "done"]
+    assert events[-4].data["text"] == "the last words" and events[-3].data["usage"]["input_tokens"] == 70
+    assert learned.samples == 1
+
+
+async def test_a_lost_request_keeps_the_tails_call_and_sample_but_gets_no_event(db: Database) -> None:
+    sid = await make_session(db, "parent-tail-lost")
+    rid = await admit(db, sid, "q")
+    claimed = await _claim(db)
+    assert claimed is not None
+    await clear(db, "parent-tail-lost")
+    async with db.sessions() as session:
+        record = await terminal.finish_succeeded(
+            session,
+            rid,
+            "w1",
+            answer="late",
+            truncated=False,
+            stop_reason="stop",
+            model="m",
+            context_info={},
+            tail=_tail(),
+        )
+    assert record is None
+    async with db.sessions() as session:
+        row = await session.get(RequestRow, rid)
+        events = await request_events_after(session, rid, 0)
+        learned = await calibration.load_calibration(session, "openai", "m")
+    assert row is not None and [c["purpose"] for c in row.usage["calls"]] == ["answer"]  # tokens were spent
+    assert learned.samples == 1
+    assert all(e.type not in ("delta", "usage", "done") for e in events)
+    assert events[-1].type == "error" and events[-1].data["code"] == "cancelled"
