@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget import plan_window, positive_setting, resolve_output_cap, resolve_window
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
+from service.errors import SidequestError
 from service.store.events import utc_iso
 from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
@@ -36,16 +37,24 @@ SETTINGS_FIELDS = (
 )
 
 
-class SnapshotConflict(Exception):
+class SnapshotConflict(SidequestError):
     """A snapshot id already holds other content (snapshots are immutable)."""
 
+    code = "snapshot_conflict"
+    status = 409
+
     def __init__(self, snapshot_id: str) -> None:
-        super().__init__(f"snapshot {snapshot_id!r} already exists with other content")
+        super().__init__(
+            f"snapshot {snapshot_id!r} already exists with other content", {"snapshot_id": snapshot_id}
+        )
         self.snapshot_id = snapshot_id
 
 
-class InvalidSnapshot(Exception):
+class InvalidSnapshot(SidequestError):
     """The snapshot cannot be read as a main-session context (the pipeline could never use it)."""
+
+    code = "invalid_snapshot"
+    status = 422
 
 
 def canonical_json(value: object) -> str:
