@@ -25,10 +25,13 @@ class SidequestError(Exception):
         *,
         code: str | None = None,
         status: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.detail: dict[str, Any] = dict(detail or {})
+        # HTTP headers the answer carries besides the body (Retry-After, WWW-Authenticate); rare.
+        self.headers: dict[str, str] = dict(headers or {})
         if code is not None:
             self.code = code
         if status is not None:

@@ -27,7 +27,8 @@ from service.api.routes_common import errors
 from service.api.sse import EventHub
 from service.api.stream_tokens import StreamTokens, stream_secret
 from service.config import Settings
-from service.store.archive import OPENAPI_REFS, storable_json_defs
+from service.store.archive_fields import OPENAPI_REFS
+from service.store.archive_schema import storable_json_defs
 from service.store.db import Database, connect, current_revision, head_revision
 from service.store.listener import Listener
 

@@ -1,6 +1,7 @@
-"""One error type and one set of handlers: every failure leaves as SPEC's error body.
+"""One set of handlers: every failure leaves as SPEC's error body.
 
-``{"error": {"code": "…", "message": "…", "detail": {…}}}`` — for our own errors, request validation
+``{"error": {"code": "…", "message": "…", "detail": {…}}}`` — for our own errors (every
+:class:`~service.errors.SidequestError`: its ``status``, ``to_error()`` and ``headers``), request validation
 (422, or 400 for a body that is not JSON / not UTF-8), unknown routes and methods, and, as a last
 resort that should never fire, unexpected exceptions (500 without internals).
 """
@@ -16,17 +17,18 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from service.store.admission import IdempotencyConflict, QueueFull, SessionBusyRejected, SnapshotMissing
+from service.errors import SidequestError
 from service.store.db import DB_ERRORS, is_unavailable
-from service.store.handoffs import HandoffIdempotencyConflict, NotPinnable, UnknownOrdinals
-from service.store.sessions import InvalidSnapshot, SnapshotConflict
-from service.store.settings import InvalidSettings
 
 log = logging.getLogger(__name__)
 
 
-class ApiError(Exception):
-    """An error the API answers with: HTTP status, stable code, clear message, detail object."""
+class ApiError(SidequestError):
+    """A refusal only the API makes (auth, limits, parameters): HTTP status first, as the routes say it.
+
+    Every other refusal is the store's or the pipeline's own :class:`SidequestError` and reaches the
+    one handler unchanged.
+    """
 
     def __init__(
         self,
@@ -36,12 +38,7 @@ class ApiError(Exception):
         detail: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.detail = detail or {}
-        self.headers = headers
+        super().__init__(message, detail, code=code, status=status, headers=headers)
 
 
 def not_found(what: str) -> ApiError:
@@ -54,39 +51,9 @@ def error_body(code: str, message: str, detail: dict[str, Any] | None = None) ->
     return {"error": {"code": code, "message": message, "detail": detail or {}}}
 
 
-def error_response(error: ApiError) -> JSONResponse:
-    """The JSON response of an :class:`ApiError`."""
-    return JSONResponse(
-        error_body(error.code, error.message, error.detail), status_code=error.status, headers=error.headers
-    )
-
-
-def from_store_error(exc: Exception) -> ApiError | None:
-    """Map the store's domain refusals onto HTTP."""
-    if isinstance(exc, QueueFull):
-        return ApiError(429, "queue_full", str(exc), {"max_queued": exc.limit})
-    if isinstance(exc, SnapshotMissing):
-        return ApiError(404, "snapshot_missing", str(exc), {"snapshot_id": exc.snapshot_id})
-    if isinstance(exc, SnapshotConflict):
-        return ApiError(409, "snapshot_conflict", str(exc), {"snapshot_id": exc.snapshot_id})
-    if isinstance(exc, IdempotencyConflict):
-        return ApiError(409, "idempotency_conflict", str(exc), {})
-    if isinstance(exc, InvalidSnapshot):
-        return ApiError(422, "invalid_snapshot", str(exc), {})
-    if isinstance(exc, UnknownOrdinals):
-        return ApiError(422, "unknown_ordinals", str(exc), {"ordinals": exc.ordinals})
-    if isinstance(exc, HandoffIdempotencyConflict):
-        return ApiError(409, "idempotency_conflict", str(exc), {})
-    if isinstance(exc, NotPinnable):
-        return ApiError(409, "not_pinnable", str(exc), {"status": exc.status})
-    if isinstance(exc, InvalidSettings):
-        errors = [
-            {"loc": ["body", name], "msg": message, "type": "value_error"} for name, message in exc.problems
-        ]
-        return ApiError(422, "validation_error", str(exc), {"errors": errors})
-    if isinstance(exc, SessionBusyRejected):
-        return ApiError(409, "session_busy", str(exc), {"queued": exc.queued, "running": exc.running})
-    return None
+def error_response(error: SidequestError) -> JSONResponse:
+    """The one mapping of the error protocol onto HTTP: status, SPEC's body, and any headers."""
+    return JSONResponse({"error": error.to_error()}, status_code=error.status, headers=error.headers or None)
 
 
 def _clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
@@ -103,8 +70,8 @@ def _clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
     return cleaned
 
 
-async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ApiError)
+async def _sidequest_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, SidequestError)
     return error_response(exc)
 
 
@@ -156,12 +123,6 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(ApiError(exc.status_code, code, message, headers=headers))
 
 
-async def _store_error(_request: Request, exc: Exception) -> JSONResponse:
-    mapped = from_store_error(exc)
-    assert mapped is not None
-    return error_response(mapped)
-
-
 # Seconds a client should wait before retrying while the database is away: pools reconnect on the
 # next checkout, so a short wait is enough once PostgreSQL is back.
 UNAVAILABLE_RETRY_AFTER_S = 2
@@ -194,22 +155,10 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     """Register every handler on ``app``."""
-    app.add_exception_handler(ApiError, _api_error)
+    # Every error of ours, whichever layer raised it (store refusals, archive errors, ApiError).
+    app.add_exception_handler(SidequestError, _sidequest_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    for exc_type in (
-        QueueFull,
-        SnapshotMissing,
-        SnapshotConflict,
-        IdempotencyConflict,
-        InvalidSnapshot,
-        UnknownOrdinals,
-        HandoffIdempotencyConflict,
-        NotPinnable,
-        InvalidSettings,
-        SessionBusyRejected,
-    ):
-        app.add_exception_handler(exc_type, _store_error)
     for db_type in DB_ERRORS:
         app.add_exception_handler(db_type, _database_error)
     app.add_exception_handler(Exception, _unexpected)

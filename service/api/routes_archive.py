@@ -1,7 +1,8 @@
 """Archive routes (SPEC §10): ``GET`` exports a session's history, ``POST`` restores one.
 
-Thin on purpose: validation and every SQL statement live in :mod:`service.store.archive`; this module
-maps its refusals onto the one error body and documents the routes for ``/openapi.json``.
+Thin on purpose: validation and every SQL statement live in :mod:`service.store.archive`; its refusals
+are :class:`~service.errors.SidequestError` s, which the one handler answers; this module documents the
+routes for ``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from service.api.routes_common import ParentId
 from service.api.schemas import ErrorBody
 from service.store.archive import (
     ARCHIVE_VERSIONS,
-    ArchiveError,
     archive_json_schema,
     export_archive,
     load_archive_json,
@@ -59,10 +59,6 @@ class ArchiveRestored(BaseModel):
     clear_version: int = Field(description="the session's clear_version; restored requests carry it")
 
 
-def _api_error(exc: ArchiveError) -> ApiError:
-    return ApiError(exc.status, exc.code, exc.message, exc.detail)
-
-
 @router.get(
     "/sessions/{parent_id}/archive",
     responses={
@@ -80,10 +76,7 @@ async def export_session_archive(
     version: Annotated[int, Query(ge=1, le=3, description="archive version to write")] = 3,
 ) -> JSONResponse:
     """Export the session's finished side questions (and, in v3, its memory) as an archive."""
-    try:
-        document = await export_archive(db, tenant, parent_id, version)
-    except ArchiveError as exc:
-        raise _api_error(exc) from None
+    document = await export_archive(db, tenant, parent_id, version)
     return JSONResponse(document)
 
 
@@ -113,9 +106,6 @@ async def restore_session_archive(
     body = await request.body()
     if len(body) > limit:
         raise ApiError(413, "payload_too_large", f"an archive may be at most {limit} bytes", {"limit": limit})
-    try:
-        archive = parse_archive(load_archive_json(body))
-        result = await restore_archive(db, tenant, parent_id, archive, replace=mode == "replace")
-    except ArchiveError as exc:
-        raise _api_error(exc) from None
+    archive = parse_archive(load_archive_json(body))
+    result = await restore_archive(db, tenant, parent_id, archive, replace=mode == "replace")
     return ArchiveRestored(**result.as_json())

@@ -9,10 +9,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from service.api.deps import DbSession, Tenant
-from service.api.errors import ApiError
 from service.api.routes_common import errors
 from service.api.schemas import SessionOut
-from service.store.session_list import Cursor, InvalidCursor, sessions_page
+from service.store.session_list import Cursor, sessions_page
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -42,8 +41,5 @@ async def list_sessions(
     """
     cursor = None
     if before is not None:
-        try:
-            cursor = Cursor.decode(before)
-        except InvalidCursor as exc:
-            raise ApiError(400, "invalid_cursor", str(exc), {"before": before}) from None
+        cursor = Cursor.decode(before)  # InvalidCursor: 400 invalid_cursor, through the one handler
     return JSONResponse(await sessions_page(session, tenant, limit=limit, before=cursor))

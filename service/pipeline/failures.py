@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from service.providers.base import (
-    ContextOverflow,
-    ModelUnavailable,
-    ProviderError,
-    ProviderTimeout,
-    RateLimited,
-)
-from service.summary.errors import SummaryError
+from service.errors import SidequestError
+from service.providers.base import ProviderError, ProviderTimeout
 
 
-@dataclass
-class PipelineFailure(Exception):
+class PipelineFailure(SidequestError):
     """A failure the pipeline decided on itself (snapshot missing, tool call, overflow that cannot shrink)."""
 
-    code: str
-    message: str
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        super().__init__(self.message)
+    def __init__(self, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(message, detail, code=code)
 
 
 class RequestLost(Exception):
@@ -32,45 +20,19 @@ class RequestLost(Exception):
 
 
 def error_object(exc: BaseException, *, stage: str | None, timeout_s: float) -> dict[str, Any]:
-    """The ``{"code", "message", "detail"}`` for ``exc`` (SPEC §3 detail shapes)."""
-    if isinstance(exc, PipelineFailure):
-        return {"code": exc.code, "message": exc.message, "detail": dict(exc.detail)}
-    if isinstance(exc, SummaryError):
-        return exc.to_error()
+    """The ``{"code", "message", "detail"}`` for ``exc`` (SPEC §3 detail shapes).
+
+    Every error of ours and every provider error says it itself (``to_error``); only a timeout needs
+    the request's deadline and stage, and anything else is a bug of ours.
+    """
     if isinstance(exc, ProviderTimeout | TimeoutError):
         return {
             "code": "timeout",
             "message": f"the side request did not finish within its {timeout_s:g}s deadline",
             "detail": {"timeout_s": timeout_s, "stage": stage},
         }
-    if isinstance(exc, RateLimited):
-        attempts = int(getattr(exc, "attempts", 1))
-        why = (
-            "the provider's quota is exhausted" if exc.quota_exhausted else "the provider kept rate limiting"
-        )
-        return {
-            "code": "rate_limited",
-            "message": f"{why}: {exc.message}",
-            "detail": {"status": exc.status, "attempts": attempts},
-        }
-    if isinstance(exc, ModelUnavailable):
-        return {
-            "code": "model_unavailable",
-            "message": exc.message,
-            "detail": {"status": exc.status, "message": exc.message},
-        }
-    if isinstance(exc, ContextOverflow):
-        return {
-            "code": "context_overflow",
-            "message": exc.message,
-            "detail": {"status": exc.status, "message": exc.message},
-        }
-    if isinstance(exc, ProviderError):
-        return {
-            "code": "provider_error",
-            "message": exc.message,
-            "detail": {"status": exc.status, "message": exc.message},
-        }
+    if isinstance(exc, SidequestError | ProviderError):
+        return exc.to_error()
     # A bug of ours, not the provider's: say so rather than blame the model.
     return {
         "code": "internal_error",

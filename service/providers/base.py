@@ -105,7 +105,10 @@ ProviderEvent = TextDelta | ReasoningDelta | ToolCall | UsageReport | Finish
 class ProviderError(Exception):
     """A provider call failed. ``status`` is the HTTP status when there was one.
 
-    ``usage`` carries usage the provider reported before failing (else None).
+    ``usage`` carries usage the provider reported before failing (else None). Not a
+    :class:`~service.errors.SidequestError`: there ``status`` is the status *we* would answer with,
+    here it is the provider's own (reported in the error detail), and no provider error ever ends an
+    HTTP request of ours. It speaks the rest of the protocol: ``code`` and :meth:`to_error`.
     """
 
     code = "provider_error"
@@ -121,6 +124,14 @@ class ProviderError(Exception):
         self.message = message
         self.status = status
         self.usage = usage
+
+    def to_error(self) -> dict[str, Any]:
+        """SPEC §8's error object of a side request this failure ended (detail: status, message)."""
+        return {
+            "code": self.code,
+            "message": self.message,
+            "detail": {"status": self.status, "message": self.message},
+        }
 
 
 class ContextOverflow(ProviderError):
@@ -177,9 +188,24 @@ class RateLimited(ProviderError):
         self.quota_exhausted = quota_exhausted
         self.attempts = attempts
 
+    def to_error(self) -> dict[str, Any]:
+        """SPEC §3's ``rate_limited`` object: why it gave up, the status and how many calls it made."""
+        why = (
+            "the provider's quota is exhausted" if self.quota_exhausted else "the provider kept rate limiting"
+        )
+        return {
+            "code": self.code,
+            "message": f"{why}: {self.message}",
+            "detail": {"status": self.status, "attempts": int(self.attempts)},
+        }
+
 
 class ProviderTimeout(ProviderError):
-    """The call did not finish within its timeout."""
+    """The call did not finish within its timeout.
+
+    A side request reports it as its deadline passing (``service.pipeline.failures.error_object``:
+    the ``timeout`` detail names the deadline and stage, which only the pipeline knows).
+    """
 
     code = "timeout"
 

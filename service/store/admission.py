@@ -22,6 +22,7 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget.prepared import EncodedSnapshot
+from service.errors import SidequestError
 from service.store.db import Database
 from service.store.jobs import cancel_session_jobs
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
@@ -34,37 +35,56 @@ CANCELLED_BY_CLIENT = "cancelled by the client"
 CANCELLED_BY_CLEAR = "cancelled because the session was cleared"
 
 
-class QueueFull(Exception):
+class QueueFull(SidequestError):
     """The session already has the maximum number of queued requests."""
 
+    code = "queue_full"
+    status = 429
+
     def __init__(self, limit: int) -> None:
-        super().__init__(f"the session already has {limit} queued questions; wait for some to finish")
+        super().__init__(
+            f"the session already has {limit} queued questions; wait for some to finish",
+            {"max_queued": limit},
+        )
         self.limit = limit
 
 
-class SnapshotMissing(Exception):
+class SnapshotMissing(SidequestError):
     """The request names a snapshot the session does not have."""
 
+    code = "snapshot_missing"
+    status = 404
+
     def __init__(self, snapshot_id: str) -> None:
-        super().__init__(f"snapshot {snapshot_id!r} was never stored for this session; PUT it first")
+        super().__init__(
+            f"snapshot {snapshot_id!r} was never stored for this session; PUT it first",
+            {"snapshot_id": snapshot_id},
+        )
         self.snapshot_id = snapshot_id
 
 
-class IdempotencyConflict(Exception):
+class IdempotencyConflict(SidequestError):
     """The Idempotency-Key was used before with a different body."""
+
+    code = "idempotency_conflict"
+    status = 409
 
     def __init__(self, key: str) -> None:
         super().__init__("this Idempotency-Key was already used with a different request body")
         self.key = key
 
 
-class SessionBusyRejected(Exception):
+class SessionBusyRejected(SidequestError):
     """``on_busy: reject`` (SPEC 11.2) and the session has a queued or running request."""
+
+    code = "session_busy"
+    status = 409
 
     def __init__(self, queued: int, running: int) -> None:
         super().__init__(
             f"the session is busy ({queued} queued, {running} running) and on_busy is 'reject'; "
-            "wait for them to finish, or send on_busy 'enqueue' or 'interrupt'"
+            "wait for them to finish, or send on_busy 'enqueue' or 'interrupt'",
+            {"queued": queued, "running": running},
         )
         self.queued = queued
         self.running = running

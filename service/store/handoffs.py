@@ -17,6 +17,7 @@ from sqlalchemy import and_, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff
+from service.errors import SidequestError
 from service.store.events import append_session_event
 from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
@@ -28,31 +29,44 @@ HANDOFF_FORMATS: Final = ("anthropic", "openai", "text")
 Include = Literal["new", "all"]
 
 
-class UnknownOrdinals(Exception):
+class UnknownOrdinals(SidequestError):
     """Some requested ordinals are not succeeded requests of the session (422)."""
+
+    code = "unknown_ordinals"
+    status = 422
 
     def __init__(self, ordinals: Sequence[int]) -> None:
         listed = ", ".join(str(o) for o in ordinals[:20])
         super().__init__(
             f"ordinals {listed} are not succeeded side questions of this session; "
-            "only succeeded answers can be handed off"
+            "only succeeded answers can be handed off",
+            {"ordinals": list(ordinals)},
         )
         self.ordinals = list(ordinals)
 
 
-class HandoffIdempotencyConflict(Exception):
+class HandoffIdempotencyConflict(SidequestError):
     """The Idempotency-Key was used for another hand-off body (409)."""
+
+    code = "idempotency_conflict"
+    status = 409
 
     def __init__(self) -> None:
         super().__init__("this Idempotency-Key was already used with a different hand-off body")
 
 
-class NotPinnable(Exception):
-    """Only a succeeded request can be pinned (409)."""
+class NotPinnable(SidequestError):
+    """Only a succeeded request can be pinned (409); ``request_status`` is the request's own status."""
 
-    def __init__(self, status: str) -> None:
-        super().__init__(f"only a succeeded side question can be pinned; this one is {status}")
-        self.status = status
+    code = "not_pinnable"
+    status = 409
+
+    def __init__(self, request_status: str) -> None:
+        super().__init__(
+            f"only a succeeded side question can be pinned; this one is {request_status}",
+            {"status": request_status},
+        )
+        self.request_status = request_status
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,17 @@ from typing import Any
 from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.errors import SidequestError
 from service.store.models import SessionRow
 from service.store.sessions import session_overviews
 from service.vocabulary import utc_iso
 
 
-class InvalidCursor(ValueError):
-    """A ``before`` cursor that this service did not issue (or that was altered)."""
+class InvalidCursor(SidequestError):
+    """A ``before`` cursor that this service did not issue (or that was altered); 400."""
+
+    code = "invalid_cursor"
+    status = 400
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,9 @@ class Cursor:
             parsed = datetime.fromisoformat(moment[:-1]).replace(tzinfo=UTC)
             return cls(parsed, uuid.UUID(session_id))
         except (ValueError, TypeError, UnicodeError, binascii.Error, AttributeError) as exc:
-            raise InvalidCursor("before is not a cursor from a previous page's next_before") from exc
+            raise InvalidCursor(
+                "before is not a cursor from a previous page's next_before", {"before": text}
+            ) from exc
 
 
 async def sessions_page(

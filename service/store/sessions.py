@@ -25,6 +25,7 @@ from service.budget.prepared import (
     encode_snapshot,
     prepare_snapshot,
 )
+from service.errors import SidequestError
 from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
@@ -41,16 +42,24 @@ SETTINGS_FIELDS = (
 )
 
 
-class SnapshotConflict(Exception):
+class SnapshotConflict(SidequestError):
     """A snapshot id already holds other content (snapshots are immutable)."""
 
+    code = "snapshot_conflict"
+    status = 409
+
     def __init__(self, snapshot_id: str) -> None:
-        super().__init__(f"snapshot {snapshot_id!r} already exists with other content")
+        super().__init__(
+            f"snapshot {snapshot_id!r} already exists with other content", {"snapshot_id": snapshot_id}
+        )
         self.snapshot_id = snapshot_id
 
 
-class InvalidSnapshot(Exception):
+class InvalidSnapshot(SidequestError):
     """The snapshot cannot be read as a main-session context (the pipeline could never use it)."""
+
+    code = "invalid_snapshot"
+    status = 422
 
 
 def prepare_or_refuse(content: dict[str, Any], encoded: EncodedSnapshot | None = None) -> PreparedSnapshot:

@@ -16,6 +16,7 @@ from typing import Any, Final
 from sqlalchemy import func
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.errors import SidequestError
 from service.store.sessions import SETTINGS_FIELDS, find_session, lock_or_create_session
 from service.vocabulary import unstorable_reason
 
@@ -87,12 +88,21 @@ def public_settings(stored: dict[str, Any] | None) -> dict[str, Any]:
     return {name: stored.get(name) for name in SETTINGS_FIELDS}
 
 
-class InvalidSettings(Exception):
-    """A settings change breaks the field rules (422); ``problems`` lists ``(field, message)``."""
+class InvalidSettings(SidequestError):
+    """A settings change breaks the field rules (422); ``problems`` lists ``(field, message)``.
+
+    The detail is a request validation error's (the settings are a PUT body).
+    """
+
+    code = "validation_error"
+    status = 422
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:
         first = problems[0]
-        super().__init__(f"invalid settings: {first[0]} {first[1]}")
+        errors = [
+            {"loc": ["body", name], "msg": message, "type": "value_error"} for name, message in problems
+        ]
+        super().__init__(f"invalid settings: {first[0]} {first[1]}", {"errors": errors})
         self.problems = problems
 
 

@@ -1,36 +1,31 @@
 """One exception type per way a summary can fail (SPEC §8).
 
-Every failure is a :class:`SummaryError` with the SPEC error ``code``, a human ``message`` and a JSON-able
-``detail`` dict, so the pipeline maps it to ``{"error": {"code", "message", "detail"}}`` without knowing
-which one it got. Provider errors (``service.providers.base.ProviderError`` and its subclasses, the
-deadline's timeout included) are *not* wrapped: they propagate unchanged, because their own codes
+Every failure is a :class:`SummaryError` (a :class:`~service.errors.SidequestError`) with the SPEC
+error ``code``, a human ``message`` and a JSON-able ``detail`` dict, so the pipeline maps it to
+``{"error": {"code", "message", "detail"}}`` (``to_error()``) without knowing which one it got.
+Provider errors (``service.providers.base.ProviderError`` and its subclasses, the deadline's timeout
+included) are *not* wrapped: they propagate unchanged, because their own codes
 (``provider_error``, ``rate_limited``, ``timeout`` …) are what the caller must report.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from service.errors import SidequestError
 
 
-class SummaryError(Exception):
+class SummaryError(SidequestError):
     """Base of every summary failure; ``code`` is the SPEC §8 error code."""
 
-    code: ClassVar[str] = "summary_error"
-
-    def __init__(self, message: str, detail: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.detail: dict[str, Any] = dict(detail or {})
-
-    def to_error(self) -> dict[str, Any]:
-        """The ``error`` object of a failed request record."""
-        return {"code": self.code, "message": self.message, "detail": dict(self.detail)}
+    code = "summary_error"
+    # A summary failure only ever ends a side request or a background job; were it an HTTP answer,
+    # it would be the model's reply we could not use.
+    status = 502
 
 
 class SummaryTruncated(SummaryError):
     """The reply hit its output cap (``length`` / ``max_tokens``) before the JSON was complete."""
 
-    code: ClassVar[str] = "summary_truncated"
+    code = "summary_truncated"
 
     def __init__(self, *, max_output_tokens: int, stop_reason: str) -> None:
         super().__init__(
@@ -45,7 +40,7 @@ class SummaryTruncated(SummaryError):
 class SummaryEmpty(SummaryError):
     """The reply had no body text (nothing at all, or reasoning / thinking only)."""
 
-    code: ClassVar[str] = "summary_empty"
+    code = "summary_empty"
 
     def __init__(self, *, thinking_only: bool = False) -> None:
         what = "only thinking, no summary text" if thinking_only else "no text"
@@ -56,7 +51,7 @@ class SummaryEmpty(SummaryError):
 class SummaryInvalid(SummaryError):
     """The reply is not exactly one summary document (wrong JSON, keys, types or sizes)."""
 
-    code: ClassVar[str] = "summary_invalid"
+    code = "summary_invalid"
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"the summary reply is not a valid summary document: {reason}", {"reason": reason})
@@ -66,7 +61,7 @@ class SummaryInvalid(SummaryError):
 class SummaryToolCall(SummaryError):
     """The model tried to call a tool during a summary call; never retried."""
 
-    code: ClassVar[str] = "summary_tool_call"
+    code = "summary_tool_call"
 
     def __init__(self, *, tool_name: str) -> None:
         super().__init__(
@@ -79,7 +74,7 @@ class SummaryToolCall(SummaryError):
 class SummaryTooLong(SummaryError):
     """The rendered summary body is estimated above the body limit."""
 
-    code: ClassVar[str] = "summary_too_long"
+    code = "summary_too_long"
 
     def __init__(self, *, body_tokens: int, limit: int) -> None:
         super().__init__(
@@ -93,7 +88,7 @@ class SummaryTooLong(SummaryError):
 class SummaryCallCap(SummaryError):
     """The per-request summary call cap is (or would be) exceeded; no call beyond it is ever made."""
 
-    code: ClassVar[str] = "summary_call_cap"
+    code = "summary_call_cap"
 
     def __init__(
         self, *, calls_made: int, calls_needed: int, max_calls: int, calls_reserved: int = 0
