@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.models import EventRow, RequestRow
@@ -52,6 +52,12 @@ def _event(row: EventRow) -> Event:
     return Event(row.id, row.request_id, row.session_id, row.seq, row.type, row.data)
 
 
+_APPEND_EVENT = text(
+    "SELECT event_id, session_id, seq, ordinal "
+    "FROM sidequest_append_event(:request_id, :type, CAST(:fields AS jsonb), :at)"
+)
+
+
 async def append_event(
     session: AsyncSession,
     request_id: uuid.UUID,
@@ -60,29 +66,24 @@ async def append_event(
 ) -> Event:
     """Append one event inside the caller's transaction and NOTIFY listeners (delivered at commit).
 
-    ``data`` gets ``request_id``, ``ordinal``, ``seq`` and ``at`` added to ``fields``.
+    ``data`` gets ``request_id``, ``ordinal``, ``seq`` and ``at`` added to ``fields``. One round trip:
+    the SQL function ``sidequest_append_event`` (migration 0004) bumps the request's ``seq``, takes the
+    session's event lock, inserts the row and NOTIFYs, in that order.
     """
-    bumped = (
+    at = utc_iso()
+    row = (
         await session.execute(
-            update(RequestRow)
-            .where(RequestRow.id == request_id)
-            .values(event_seq=RequestRow.event_seq + 1)
-            .returning(RequestRow.event_seq, RequestRow.session_id, RequestRow.ordinal)
+            _APPEND_EVENT,
+            {
+                "request_id": request_id,
+                "type": event_type,
+                "fields": json.dumps(fields, ensure_ascii=False, separators=(",", ":")),
+                "at": at,
+            },
         )
     ).one()
-    seq, session_id, ordinal = bumped
-    await session.execute(
-        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 7))"), {"key": str(session_id)}
-    )
-    data = {"request_id": str(request_id), "ordinal": ordinal, "seq": seq, "at": utc_iso(), **fields}
-    row = EventRow(request_id=request_id, session_id=session_id, seq=seq, type=event_type, data=data)
-    session.add(row)
-    await session.flush()
-    payload = json.dumps({"id": row.id, "request_id": str(request_id), "session_id": str(session_id)})
-    await session.execute(
-        text("SELECT pg_notify(:channel, :payload)"), {"channel": EVENTS_CHANNEL, "payload": payload}
-    )
-    return _event(row)
+    data = {"request_id": str(request_id), "ordinal": row.ordinal, "seq": row.seq, "at": at, **fields}
+    return Event(row.event_id, request_id, row.session_id, row.seq, event_type, data)
 
 
 async def append_session_event(
