@@ -29,7 +29,7 @@ from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summar
 from service.pipeline.recorder import JobRecorder
 from service.pipeline.runtime import PipelineDeps
 from service.store import jobs, memory
-from service.store.history import iter_history, load_prepared_snapshot
+from service.store.history import iter_history
 from service.store.sessions import job_session_inputs
 from service.summary.context import compact_context
 from service.summary.material import QAPair
@@ -169,8 +169,7 @@ async def _context_summary(
     deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner: Any, model: str
 ) -> JobOutcome:
     snapshot_id = str(job.params.get("snapshot_id") or "")
-    async with deps.db.sessions() as session:
-        snapshot = await load_prepared_snapshot(session, job.session_id, snapshot_id)
+    snapshot = await deps.snapshots.load(deps.db, job.session_id, snapshot_id)
     if snapshot is None:
         return JobOutcome(
             Status.FAILED, error={"code": "snapshot_missing", "message": "snapshot gone", "detail": {}}

@@ -23,7 +23,6 @@ from service.context_info import CalibrationInfo
 from service.pipeline.failures import PipelineFailure
 from service.pipeline.runtime import RequestRuntime
 from service.store import queue
-from service.store.history import load_prepared_snapshot
 from service.summary.context import CachedContextSummary
 from service.summary.rolling import StoredQASummary
 
@@ -129,8 +128,7 @@ async def prepare(rt: RequestRuntime) -> Prepared:
     claimed = rt.claimed
     snapshot: PreparedSnapshot | None = None
     if claimed.snapshot_id is not None:
-        async with rt.db.sessions() as session:
-            snapshot = await load_prepared_snapshot(session, claimed.session_id, claimed.snapshot_id)
+        snapshot = await rt.deps.snapshots.load(rt.db, claimed.session_id, claimed.snapshot_id)
         if snapshot is None:
             raise PipelineFailure(
                 "snapshot_missing",

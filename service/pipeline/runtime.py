@@ -24,6 +24,7 @@ from service.context_info import ContextInfo
 from service.pipeline.calibration import CalibrationBook
 from service.pipeline.failures import RequestLost
 from service.pipeline.recorder import LedgerRecorder
+from service.pipeline.snapshots import PreparedSnapshots
 from service.pipeline.waiting import JobWaiter
 from service.providers.base import Provider
 from service.store import lease, queue
@@ -44,6 +45,8 @@ class PipelineDeps:
     clock: Callable[[], float] = time.monotonic
     # Wakes requests waiting for a background job (the worker feeds it from NOTIFY sidequest_jobs).
     waiter: JobWaiter = field(default_factory=JobWaiter)
+    # Immutable prepared snapshots this worker used last (no request re-reads a 600 KB preparation).
+    snapshots: PreparedSnapshots = field(default_factory=PreparedSnapshots)
 
 
 class RequestRuntime:
