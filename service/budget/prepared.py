@@ -21,7 +21,8 @@ from service.budget.estimate import estimate_message, estimate_system, estimate_
 from service.budget.messages import MessageGroup, NormalizedSnapshot, group_messages, normalize_snapshot
 from service.vocabulary import canonical_bytes, json_has_nul
 
-PREPARED_VERSION: Final = 1
+# 2: the canonical messages are not stored again when they are the snapshot's own (``messages_as_posted``).
+PREPARED_VERSION: Final = 2
 
 # The seed of the prefix digest chain: part of every cache key, so changing it invalidates them all.
 _CHAIN_SEED: Final = b"sidequest-context-prefix-v1"
@@ -142,6 +143,10 @@ class PreparedSnapshot:
     message_tokens: tuple[int, ...]
     groups: tuple[MessageGroup, ...]
     digests: tuple[bytes, ...]
+    # The canonical messages are exactly the snapshot's own (the usual case: normalisation rewrites
+    # only OpenAI tool messages and system messages): the stored form then leaves them out, and the
+    # store reads them from the snapshot's content instead of a second copy of the transcript.
+    messages_as_posted: bool = False
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -168,7 +173,8 @@ class PreparedSnapshot:
             "version": PREPARED_VERSION,
             "system": snap.system,
             "tools": snap.tools,
-            "messages": snap.messages,
+            "messages": None if self.messages_as_posted else snap.messages,
+            "messages_as_posted": self.messages_as_posted,
             "context_window": snap.context_window,
             "max_output_tokens": snap.max_output_tokens,
             "taken_at": self.taken_at,
@@ -187,19 +193,31 @@ class PreparedSnapshot:
         """:meth:`to_json` as JSON text, the message array spliced from ``encoded``'s bytes where the
         messages are the ones posted (no second encoding of a 600 KB transcript)."""
         stored = self.to_json()
+        if self.messages_as_posted:
+            return canonical_bytes(stored).decode()
         messages = stored.pop("messages")
         items = encoded.bytes_of(messages) if encoded is not None else [canonical_bytes(m) for m in messages]
         return _splice(_head(stored), items).decode()
 
     @classmethod
-    def from_json(cls, value: Mapping[str, Any]) -> PreparedSnapshot:
-        """Inverse of :meth:`to_json`; ``ValueError`` for another version (recompute instead)."""
+    def from_json(
+        cls, value: Mapping[str, Any], posted_messages: Sequence[Any] | None = None
+    ) -> PreparedSnapshot:
+        """Inverse of :meth:`to_json`; ``ValueError`` for another version (recompute instead).
+
+        ``posted_messages``: the snapshot's own ``messages``, needed when the stored form left them out.
+        """
         if value.get("version") != PREPARED_VERSION:
             raise ValueError(f"prepared snapshot version {value.get('version')!r} is not {PREPARED_VERSION}")
+        as_posted = bool(value.get("messages_as_posted"))
+        if as_posted and posted_messages is None:
+            raise ValueError("this preparation needs the snapshot's own messages")
+        messages = posted_messages if as_posted else value["messages"]
+        assert messages is not None
         snapshot = NormalizedSnapshot(
             system=value["system"],
             tools=list(value["tools"]),
-            messages=list(value["messages"]),
+            messages=list(messages),
             context_window=value.get("context_window"),
             max_output_tokens=value.get("max_output_tokens"),
         )
@@ -211,6 +229,7 @@ class PreparedSnapshot:
             message_tokens=tuple(int(t) for t in value["message_tokens"]),
             groups=tuple(MessageGroup(*g) for g in value["groups"]),
             digests=_split_digests(value["digests"]),
+            messages_as_posted=as_posted,
         )
 
 
@@ -226,6 +245,12 @@ def prepare_snapshot(content: Mapping[str, Any], encoded: EncodedSnapshot | None
     snapshot = normalize_snapshot(content)
     message_tokens = [estimate_message(message) for message in snapshot.messages]
     taken_at = content.get("taken_at")
+    posted = content.get("messages")
+    as_posted = (
+        isinstance(posted, list)
+        and len(posted) == len(snapshot.messages)
+        and all(a is b for a, b in zip(posted, snapshot.messages, strict=True))
+    )
     return PreparedSnapshot(
         snapshot=snapshot,
         taken_at=taken_at if isinstance(taken_at, str) else None,
@@ -233,6 +258,7 @@ def prepare_snapshot(content: Mapping[str, Any], encoded: EncodedSnapshot | None
         tools_tokens=estimate_tools(snapshot.tools),
         message_tokens=tuple(message_tokens),
         groups=tuple(group_messages(snapshot.messages, message_tokens)),
+        messages_as_posted=as_posted,
         digests=tuple(
             prefix_digests(
                 snapshot.messages, encoded.bytes_of(snapshot.messages) if encoded is not None else None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.budget import HISTORY_BATCH_SIZE
@@ -54,15 +54,21 @@ async def load_prepared_snapshot(
     """
     row = (
         await session.execute(
-            select(SnapshotRow.prepared, SnapshotRow.prepared_version).where(
-                SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id
-            )
+            select(
+                SnapshotRow.prepared,
+                SnapshotRow.prepared_version,
+                # The transcript itself, only when the preparation left it out (messages_as_posted).
+                case(
+                    (func.json_typeof(SnapshotRow.prepared["messages"]) == "array", None),
+                    else_=SnapshotRow.content["messages"],
+                ).label("posted_messages"),
+            ).where(SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id)
         )
     ).one_or_none()
     if row is None:
         return None
     if row.prepared is not None and row.prepared_version == PREPARED_VERSION:
-        return PreparedSnapshot.from_json(row.prepared)
+        return PreparedSnapshot.from_json(row.prepared, row.posted_messages)
     content = await load_snapshot(session, session_id, snapshot_id)
     if content is None:
         return None

@@ -74,7 +74,13 @@ def test_the_stored_form_round_trips_through_json(content: dict[str, Any]) -> No
     prepared = prepare_snapshot(content)
     stored = json.loads(json.dumps(prepared.to_json()))
     assert stored["version"] == PREPARED_VERSION
-    assert PreparedSnapshot.from_json(stored) == prepared
+    posted = json.loads(json.dumps(content.get("messages")))
+    assert PreparedSnapshot.from_json(stored, posted) == prepared
+    # The transcript is stored once: the preparation keeps its own copy only when it differs.
+    assert (stored["messages"] is None) == prepared.messages_as_posted
+    if prepared.messages_as_posted:
+        with pytest.raises(ValueError):
+            PreparedSnapshot.from_json(stored)
 
 
 def test_another_version_is_refused_so_it_is_recomputed() -> None:
@@ -134,3 +140,19 @@ def test_the_text_backslash_u0000_is_not_a_nul() -> None:
         assert encoded.canonical == canonical_bytes(
             {"messages": [{"role": "user", "content": text}], "system": text}
         )
+
+
+def test_rewritten_messages_keep_their_own_copy_in_the_stored_form() -> None:
+    content = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+        ]
+    }
+    prepared = prepare_snapshot(content)
+    assert not prepared.messages_as_posted  # the system message was lifted out of the list
+    stored = json.loads(prepared.to_json_text())
+    assert stored["messages"] == [{"role": "user", "content": "hi"}]
+    assert PreparedSnapshot.from_json(stored) == prepared
+    plain = prepare_snapshot({"messages": [{"role": "user", "content": "hi"}]})
+    assert plain.messages_as_posted and json.loads(plain.to_json_text())["messages"] is None
