@@ -28,6 +28,8 @@ def with_worker(app: FastAPI, settings: Settings) -> FastAPI:
         async with inner(running) as state:
             worker = await start_worker(settings, running.state.db, listener=running.state.listener)
             running.state.worker = worker
+            # The API hands each snapshot it stores, prepared, to the worker of this process.
+            running.state.snapshot_prepared = worker.snapshots.put
             try:
                 yield state
             finally:

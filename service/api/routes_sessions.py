@@ -45,6 +45,7 @@ from service.config import Settings
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (
     SnapshotJobPolicy,
+    StoredSnapshot,
     find_session,
     history_page,
     lock_or_create_session,
@@ -157,6 +158,7 @@ async def post_question(
     if admitted.created:
         metrics: Metrics = request.app.state.metrics
         metrics.admitted.inc()
+    _share_prepared(request, admitted.stored_snapshot)
     return JSONResponse(
         admitted.record,
         status_code=202 if admitted.created else 200,
@@ -290,7 +292,18 @@ async def put_snapshot(
         encoded=encoded,
     )
     await session.commit()
+    _share_prepared(request, stored)
     return JSONResponse(stored.public(), status_code=201 if stored.created else 200)
+
+
+def _share_prepared(request: Request, stored: StoredSnapshot | None) -> None:
+    """Hand a snapshot's fresh preparation to a worker in this process (``sidequest serve`` sets
+    ``app.state.snapshot_prepared``), so the question it came with, and its background job, need not
+    read 600 KB back from PostgreSQL. Only after the commit: a rolled-back snapshot is never shared."""
+    hook = getattr(request.app.state, "snapshot_prepared", None)
+    if hook is None or stored is None or stored.prepared is None or stored.session_id is None:
+        return
+    hook(stored.session_id, stored.snapshot_id, stored.prepared)
 
 
 @router.get("/{parent_id}", response_model=SessionOut, responses=errors(401, 404, 422))

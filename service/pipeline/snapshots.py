@@ -11,15 +11,18 @@ Bounded by count: each entry holds one snapshot's canonical messages (a few MB f
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import OrderedDict
-from typing import Final
+from typing import Final, cast
 
 from service.budget.prepared import PreparedSnapshot
 from service.store.db import Database
 from service.store.history import load_prepared_snapshot
 
 CAPACITY: Final = 8
+# What a shared read hands its waiters when it did not finish (they then read for themselves).
+_FAILED: Final = object()
 
 
 class PreparedSnapshots:
@@ -28,8 +31,22 @@ class PreparedSnapshots:
     def __init__(self, capacity: int = CAPACITY) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[tuple[uuid.UUID, str], PreparedSnapshot] = OrderedDict()
+        # Loads in flight: a request and the background job its snapshot queued usually start at the
+        # same moment; the second waits for the first's read instead of decoding 600 KB again.
+        self._loading: dict[tuple[uuid.UUID, str], asyncio.Future[object]] = {}
         self.hits = 0
         self.misses = 0
+
+    def put(self, session_id: uuid.UUID, snapshot_id: str, prepared: PreparedSnapshot) -> None:
+        """Remember a snapshot prepared elsewhere in this process (``sidequest serve``: the API just
+        stored it, so the question it came with need not read it back)."""
+        if self.capacity <= 0:
+            return
+        key = (session_id, snapshot_id)
+        self._entries[key] = prepared
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
 
     async def load(self, db: Database, session_id: uuid.UUID, snapshot_id: str) -> PreparedSnapshot | None:
         """The snapshot as prepared when stored; None when the session does not have it."""
@@ -39,13 +56,27 @@ class PreparedSnapshots:
             self._entries.move_to_end(key)
             self.hits += 1
             return found
+        pending = self._loading.get(key)
+        if pending is not None:
+            shared = await asyncio.shield(pending)
+            if shared is not _FAILED:
+                self.hits += 1
+                return cast("PreparedSnapshot | None", shared)
+            # The first reader failed or was cancelled: read it ourselves (its error was its own).
         self.misses += 1
-        async with db.sessions() as session:
-            prepared = await load_prepared_snapshot(session, session_id, snapshot_id)
-        if prepared is not None and self.capacity > 0:
-            self._entries[key] = prepared
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        outcome: object = _FAILED
+        try:
+            async with db.sessions() as session:
+                prepared = await load_prepared_snapshot(session, session_id, snapshot_id)
+            outcome = prepared
+        finally:
+            if self._loading.get(key) is future:
+                del self._loading[key]
+            future.set_result(outcome)
+        if prepared is not None:
+            self.put(session_id, snapshot_id, prepared)
         return prepared
 
 

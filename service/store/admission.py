@@ -11,6 +11,7 @@ a no-op.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Mapping
@@ -27,7 +28,13 @@ from service.store.db import Database
 from service.store.jobs import cancel_session_jobs
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
 from service.store.records import request_record
-from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, lock_session, store_snapshot
+from service.store.sessions import (
+    SnapshotJobPolicy,
+    StoredSnapshot,
+    lock_or_create_session,
+    lock_session,
+    store_snapshot,
+)
 from service.store.terminal import finish_request
 from service.vocabulary import CANCEL_CHANNEL, Status
 
@@ -124,6 +131,8 @@ class Admitted:
     record: dict[str, Any]
     created: bool
     superseded: tuple[uuid.UUID, ...] = ()
+    # The inline snapshot this admission stored, when it stored one (its preparation included).
+    stored_snapshot: StoredSnapshot | None = None
 
 
 async def _notify(session: AsyncSession, channel: str, payload: str) -> None:
@@ -253,6 +262,7 @@ async def _admit_in_transaction(
 ) -> Admitted:
     try:
         snapshot_id = admission.snapshot_id
+        stored: StoredSnapshot | None = None
         if admission.snapshot is not None:
             owner = await lock_or_create_session(session, tenant, parent_id)
             own_id = admission.snapshot.get("snapshot_id")
@@ -277,6 +287,8 @@ async def _admit_in_transaction(
         await session.rollback()
         raise
     await session.commit()
+    if stored is not None and stored.created:
+        admitted = dataclasses.replace(admitted, stored_snapshot=stored)
     return admitted
 
 

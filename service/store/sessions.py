@@ -365,6 +365,10 @@ class StoredSnapshot:
     size_bytes: int
     created_at: str
     created: bool
+    # Set when this call stored it: the session it belongs to and its preparation (``sidequest serve``
+    # hands it to its worker, which then need not read it back).
+    session_id: uuid.UUID | None = None
+    prepared: PreparedSnapshot | None = None
 
     def public(self) -> dict[str, Any]:
         """The API view of the snapshot."""
@@ -425,7 +429,16 @@ async def store_snapshot(
     if inserted is not None:
         if owner is not None:
             await maybe_queue_snapshot_job(session, owner, key, prepared, jobs)
-        return StoredSnapshot(key, digest, tokens, size, utc_iso(inserted), created=True)
+        return StoredSnapshot(
+            key,
+            digest,
+            tokens,
+            size,
+            utc_iso(inserted),
+            created=True,
+            session_id=session_id,
+            prepared=prepared,
+        )
     existing = (
         await session.execute(
             select(

@@ -33,6 +33,7 @@ from typing import Generic, Literal, Protocol, TypeVar
 from service.config import Settings
 from service.pipeline import PipelineDeps, run_request
 from service.pipeline.background import run_job
+from service.pipeline.snapshots import PreparedSnapshots
 from service.providers import build_provider
 from service.providers.base import Provider
 from service.store import jobs, queue, terminal
@@ -219,6 +220,11 @@ class Worker:
     def listener(self) -> Listener:
         """The LISTEN connection this worker is woken through (its own, or the process's)."""
         return self._listener
+
+    @property
+    def snapshots(self) -> PreparedSnapshots:
+        """The prepared snapshots this worker keeps in memory (``sidequest serve``'s API feeds it)."""
+        return self._deps_now().snapshots
 
     @property
     def running(self) -> set[uuid.UUID]:

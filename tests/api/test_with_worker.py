@@ -110,3 +110,27 @@ async def test_serve_mode_runs_the_worker_in_process(settings: Settings, db: Dat
         assert got[-1].event == "done" and got[-2].json()["status"] == "succeeded"
         # API and worker share the process's one LISTEN connection.
         assert app.state.worker.listener is app.state.listener
+
+
+async def test_serve_mode_hands_a_stored_snapshots_preparation_to_its_worker(
+    settings: Settings, db: Database
+) -> None:
+    # The API prepared the inline snapshot when it stored it; the worker of the same process gets that
+    # preparation instead of reading 600 KB back (a miss would show in its counters).
+    app = create_serving_app(settings, settings.database_url or "")
+    async with serve(app) as base:
+        server = Server(url=base, app=app)
+        async with server.client() as client:
+            posted = await client.post(
+                "/v1/sessions/p-handed/questions", json={"question": "what now?", "snapshot": SNAPSHOT}
+            )
+            assert posted.status_code == 202, posted.text
+            async with client.stream("GET", f"/v1/questions/{posted.json()['id']}/events") as response:
+                async with asyncio.timeout(60):
+                    got = [m async for m in events(response)]
+            put = await client.put("/v1/sessions/p-handed/snapshots/s2", json={**SNAPSHOT, "system": "v2"})
+            assert put.status_code == 201, put.text
+        assert got[-1].event == "done"
+        snapshots = app.state.worker.snapshots
+        assert snapshots.misses == 0 and snapshots.hits >= 1
+        assert len(snapshots._entries) == 2  # the PUT one too, ready for its first question
