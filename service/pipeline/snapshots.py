@@ -11,18 +11,15 @@ Bounded by count: each entry holds one snapshot's canonical messages (a few MB f
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections import OrderedDict
-from typing import Final, cast
+from typing import Final
 
 from service.budget.prepared import PreparedSnapshot
 from service.store.db import Database
 from service.store.history import load_prepared_snapshot
 
 CAPACITY: Final = 8
-# What a shared read hands its waiters when it did not finish (they then read for themselves).
-_FAILED: Final = object()
 
 
 class PreparedSnapshots:
@@ -31,9 +28,6 @@ class PreparedSnapshots:
     def __init__(self, capacity: int = CAPACITY) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[tuple[uuid.UUID, str], PreparedSnapshot] = OrderedDict()
-        # Loads in flight: a request and the background job its snapshot queued usually start at the
-        # same moment; the second waits for the first's read instead of decoding 600 KB again.
-        self._loading: dict[tuple[uuid.UUID, str], asyncio.Future[object]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -56,25 +50,9 @@ class PreparedSnapshots:
             self._entries.move_to_end(key)
             self.hits += 1
             return found
-        pending = self._loading.get(key)
-        if pending is not None:
-            shared = await asyncio.shield(pending)
-            if shared is not _FAILED:
-                self.hits += 1
-                return cast("PreparedSnapshot | None", shared)
-            # The first reader failed or was cancelled: read it ourselves (its error was its own).
         self.misses += 1
-        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._loading[key] = future
-        outcome: object = _FAILED
-        try:
-            async with db.sessions() as session:
-                prepared = await load_prepared_snapshot(session, session_id, snapshot_id)
-            outcome = prepared
-        finally:
-            if self._loading.get(key) is future:
-                del self._loading[key]
-            future.set_result(outcome)
+        async with db.sessions() as session:
+            prepared = await load_prepared_snapshot(session, session_id, snapshot_id)
         if prepared is not None:
             self.put(session_id, snapshot_id, prepared)
         return prepared

@@ -3,8 +3,6 @@ read once, bounded."""
 
 from __future__ import annotations
 
-import asyncio
-
 from service.pipeline.snapshots import PreparedSnapshots
 from service.store.db import Database
 from service.store.history import load_prepared_snapshot
@@ -43,12 +41,3 @@ async def test_missing_snapshots_are_not_remembered_and_the_oldest_entry_goes(db
     await add_snapshot(db, sid, "late", _content(4))
     missing = PreparedSnapshots()
     assert await missing.load(db, sid, "late") is not None
-
-
-async def test_concurrent_loads_of_one_snapshot_share_one_read(db: Database) -> None:
-    sid = await make_session(db, "parent-cache-shared")
-    await add_snapshot(db, sid, "s1", _content(1))
-    cache = PreparedSnapshots()
-    first, second = await asyncio.gather(cache.load(db, sid, "s1"), cache.load(db, sid, "s1"))
-    assert first is not None and second is first
-    assert (cache.hits, cache.misses) == (1, 1)
