@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 from sqlalchemy import select, text
 
@@ -259,13 +260,9 @@ def _tail() -> terminal.AnswerTail:
     )
 
 
-async def test_the_answer_tail_is_written_with_the_success_in_order(db: Database) -> None:
-    sid = await make_session(db, "parent-tail")
-    rid = await admit(db, sid, "q")
-    claimed = await _claim(db)
-    assert claimed is not None
+async def _succeed_with_tail(db: Database, rid: uuid.UUID) -> dict[str, Any] | None:
     async with db.sessions() as session:
-        record = await terminal.finish_succeeded(
+        return await terminal.finish_succeeded(
             session,
             rid,
             "w1",
@@ -276,6 +273,14 @@ async def test_the_answer_tail_is_written_with_the_success_in_order(db: Database
             context_info={},
             tail=_tail(),
         )
+
+
+async def test_the_answer_tail_is_written_with_the_success_in_order(db: Database) -> None:
+    sid = await make_session(db, "parent-tail")
+    rid = await admit(db, sid, "q")
+    claimed = await _claim(db)
+    assert claimed is not None
+    record = await _succeed_with_tail(db, rid)
     assert record is not None and record["usage"]["input_tokens"] == 70  # the done record counts it
     async with db.sessions() as session:
         events = await request_events_after(session, rid, 0)
@@ -291,18 +296,7 @@ async def test_a_lost_request_keeps_the_tails_call_and_sample_but_gets_no_event(
     claimed = await _claim(db)
     assert claimed is not None
     await clear(db, "parent-tail-lost")
-    async with db.sessions() as session:
-        record = await terminal.finish_succeeded(
-            session,
-            rid,
-            "w1",
-            answer="late",
-            truncated=False,
-            stop_reason="stop",
-            model="m",
-            context_info={},
-            tail=_tail(),
-        )
+    record = await _succeed_with_tail(db, rid)
     assert record is None
     async with db.sessions() as session:
         row = await session.get(RequestRow, rid)
