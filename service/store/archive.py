@@ -57,7 +57,7 @@ from service.store.sessions import find_session, lock_or_create_session
 from service.store.settings import SETTINGS_FIELDS
 from service.vocabulary import EVENTS_CHANNEL as NOTIFY_CHANNEL
 from service.vocabulary import TERMINAL as TERMINAL_STATUSES
-from service.vocabulary import utc_iso
+from service.vocabulary import Status, utc_iso
 
 __all__ = [
     "ARCHIVE_VERSIONS",
@@ -136,7 +136,7 @@ async def export_archive(session: AsyncSession, tenant: str, parent_id: str, ver
     row = await find_session(session, tenant, parent_id)
     if row is None:
         raise SessionNotFound(f"no session {parent_id!r}")
-    exportable = ("succeeded",) if version == 1 else tuple(sorted(TERMINAL_STATUSES))
+    exportable = (Status.SUCCEEDED,) if version == 1 else tuple(sorted(TERMINAL_STATUSES))
     rows = (
         await session.scalars(
             select(RequestRow)
@@ -169,7 +169,7 @@ async def export_archive(session: AsyncSession, tenant: str, parent_id: str, ver
 def _terminal_events(row: RequestRow, parent_id: str) -> list[tuple[str, dict[str, Any]]]:
     """The two events a finished request ends its stream with: its terminal status, then done/error."""
     events: list[tuple[str, dict[str, Any]]] = [("status", {"status": row.status, "stage": row.stage})]
-    if row.status == "succeeded":
+    if row.status == Status.SUCCEEDED:
         events.append(("done", {"record": request_record(row, parent_id)}))
     else:
         error = row.error or {}
@@ -310,7 +310,7 @@ async def _restore(
             model=item.model,
             attempt=0,
             event_seq=2,
-            pinned=item.pinned and item.status == "succeeded",
+            pinned=item.pinned and item.status == Status.SUCCEEDED,
             created_at=item.created_at,
             started_at=item.started_at,
             finished_at=item.finished_at,

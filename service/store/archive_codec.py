@@ -33,7 +33,7 @@ from service.store.archive_schema import (
 from service.store.models import EMPTY_MEMORY, RequestRow
 from service.store.records import EMPTY_USAGE
 from service.store.settings import public_settings
-from service.vocabulary import iso_or_none, utc_iso
+from service.vocabulary import Status, iso_or_none, utc_iso
 
 # A malformed archive may have thousands of problems; the first ones are enough to fix it.
 _MAX_REPORTED_ERRORS: Final = 50
@@ -72,7 +72,7 @@ class ArchivedRequest:
     question: str
     answer: str | None
     created_at: datetime
-    status: str = "succeeded"
+    status: str = Status.SUCCEEDED
     error: dict[str, Any] | None = None
     usage: dict[str, Any] = field(default_factory=lambda: json.loads(json.dumps(EMPTY_USAGE)))
     model: str | None = None

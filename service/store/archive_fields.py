@@ -17,7 +17,7 @@ from typing import Annotated, Any, Final, NoReturn
 from pydantic import BeforeValidator, Field, PlainValidator, ValidationError, ValidationInfo, WithJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from service.vocabulary import TERMINAL, unstorable_reason
+from service.vocabulary import TERMINAL, Status, unstorable_reason
 
 ARCHIVE_VERSIONS: Final = (1, 2, 3)
 
@@ -231,7 +231,7 @@ def _timestamp(*, nullable: bool = False) -> Any:
 def _answer(value: object, info: ValidationInfo) -> str | None:
     # A succeeded request always has its answer; a failed or cancelled one may have none. The
     # status is validated first; when it was refused, its own error says so and null is let through.
-    return text_check(nullable=info.data.get("status") != "succeeded")(value)
+    return text_check(nullable=info.data.get("status") != Status.SUCCEEDED)(value)
 
 
 def list_of(message: str) -> BeforeValidator:
