@@ -40,12 +40,13 @@ from service.api.schemas import (
 )
 from service.api.sse import database_now, session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
-from service.budget.prepared import EncodedSnapshot, UnstorableSnapshot, encode_snapshot
+from service.budget.prepared import EncodedSnapshot
 from service.config import Settings
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (
     SnapshotJobPolicy,
     StoredSnapshot,
+    encode_or_refuse,
     find_session,
     history_page,
     lock_or_create_session,
@@ -130,7 +131,7 @@ async def post_question(
     if body.snapshot is not None:
         inline = parsed["snapshot"]
         assert isinstance(inline, dict)
-        encoded = _encoded_snapshot(inline)
+        encoded = encode_or_refuse(inline)
         if encoded.size > settings.max_snapshot_bytes:
             raise _too_large("snapshot_too_large", "the snapshot", encoded.size, settings.max_snapshot_bytes)
     if idempotency_key is not None:
@@ -179,48 +180,6 @@ async def _parsed_body(request: Request) -> Any:
     if b"NaN" in raw or b"Infinity" in raw or b"\x00" in raw[:4]:
         _raw_json(raw)
     return parsed
-
-
-MAX_SNAPSHOT_DEPTH = 128
-
-
-def _depth(value: Any) -> int:
-    """Nesting depth of a JSON value (a scalar is 1, ``{"a": 1}`` is 2), computed without recursion.
-
-    Only containers go on the stack: a 600 KB snapshot has tens of thousands of strings, and pushing
-    each of them made this walk the most expensive step of an inline admission.
-    """
-    if not isinstance(value, dict | list):
-        return 1
-    deepest = 1
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        deepest = max(deepest, level)
-        inner = level + 1
-        for child in item.values() if isinstance(item, dict) else item:
-            if isinstance(child, dict | list):
-                stack.append((child, inner))
-            elif inner > deepest:
-                deepest = inner
-    return deepest
-
-
-def _encoded_snapshot(snapshot: dict[str, Any]) -> EncodedSnapshot:
-    """The snapshot encoded once (its size, hash and stored JSON: ``budget.prepared``), refusing
-    (422) what could not be stored or used.
-
-    NUL characters and unpaired surrogates cannot be stored by PostgreSQL or sent to a provider;
-    absurd nesting would only exhaust the pipeline's recursion later.
-    """
-    if _depth(snapshot) > MAX_SNAPSHOT_DEPTH:
-        raise ApiError(
-            422, "invalid_snapshot", f"the snapshot is nested deeper than {MAX_SNAPSHOT_DEPTH} levels"
-        )
-    try:
-        return encode_snapshot(snapshot)
-    except UnstorableSnapshot as exc:
-        raise ApiError(422, "invalid_snapshot", str(exc)) from None
 
 
 @router.get("/{parent_id}/questions", response_model=HistoryPage, responses=errors(401, 404, 422))
@@ -278,7 +237,7 @@ async def put_snapshot(
     settings = settings_of(request)
     content = _raw_json(await request.body())
     assert isinstance(content, dict)
-    encoded = _encoded_snapshot(content)
+    encoded = encode_or_refuse(content)
     if encoded.size > settings.max_snapshot_bytes:
         raise _too_large("snapshot_too_large", "the snapshot", encoded.size, settings.max_snapshot_bytes)
     owner = await lock_or_create_session(session, tenant, parent_id)

@@ -28,14 +28,45 @@ PREPARED_VERSION: Final = 2
 _CHAIN_SEED: Final = b"sidequest-context-prefix-v1"
 
 
+# Deeper nesting than this is refused: it would only exhaust the pipeline's recursion later.
+MAX_SNAPSHOT_DEPTH: Final = 128
+
+_UNSTORABLE: Final = {
+    "nul": "the snapshot contains NUL characters",
+    "surrogate": "the snapshot contains unpaired surrogates",
+    "depth": f"the snapshot is nested deeper than {MAX_SNAPSHOT_DEPTH} levels",
+}
+
+
 class UnstorableSnapshot(ValueError):
-    """The snapshot holds text PostgreSQL cannot store: ``reason`` is ``"nul"`` or ``"surrogate"``."""
+    """A snapshot that cannot be stored or used: ``reason`` is ``"nul"`` or ``"surrogate"`` (text
+    PostgreSQL cannot store, a provider cannot take) or ``"depth"`` (absurd nesting)."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(
-            f"the snapshot contains {'NUL characters' if reason == 'nul' else 'unpaired surrogates'}"
-        )
+        super().__init__(_UNSTORABLE[reason])
         self.reason = reason
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a scalar is 1, ``{"a": 1}`` is 2), computed without recursion.
+
+    Only containers go on the stack: a 600 KB snapshot has tens of thousands of strings, and pushing
+    each of them made this walk the most expensive step of an inline admission.
+    """
+    if not isinstance(value, dict | list):
+        return 1
+    deepest = 1
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        inner = level + 1
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, dict | list):
+                stack.append((child, inner))
+            elif inner > deepest:
+                deepest = inner
+    return deepest
 
 
 # Stands for the message array while the rest of the snapshot is encoded: a string of one NUL. Found
@@ -58,6 +89,11 @@ class EncodedSnapshot:
     content: Mapping[str, Any]
     canonical: bytes
     message_bytes: tuple[bytes, ...]
+
+    @property
+    def content_hash(self) -> str:
+        """SHA-256 of the canonical JSON (hex): :func:`service.vocabulary.content_hash` of the content."""
+        return hashlib.sha256(self.canonical).hexdigest()
 
     @property
     def size(self) -> int:
@@ -89,7 +125,10 @@ def _splice(head: bytes, items: Sequence[bytes]) -> bytes:
 
 
 def encode_snapshot(content: Mapping[str, Any]) -> EncodedSnapshot:
-    """Encode ``content`` once; raises :class:`UnstorableSnapshot` for a NUL or a lone surrogate."""
+    """Encode ``content`` once; raises :class:`UnstorableSnapshot` for a NUL, a lone surrogate or
+    nesting deeper than :data:`MAX_SNAPSHOT_DEPTH`."""
+    if json_depth(content) > MAX_SNAPSHOT_DEPTH:
+        raise UnstorableSnapshot("depth")
     try:
         messages = content.get("messages")
         if isinstance(messages, list):
@@ -268,12 +307,14 @@ def prepare_snapshot(content: Mapping[str, Any], encoded: EncodedSnapshot | None
 
 
 __all__ = [
+    "MAX_SNAPSHOT_DEPTH",
     "PREPARED_VERSION",
     "EncodedSnapshot",
     "PreparedSnapshot",
     "UnstorableSnapshot",
     "canonical_bytes",
     "encode_snapshot",
+    "json_depth",
     "prefix_digests",
     "prepare_snapshot",
     "summary_cache_key",

@@ -7,7 +7,6 @@ session or request is simply "not found" (SPEC §3: 404, never 403). Requests hi
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +74,8 @@ def prepare_or_refuse(content: dict[str, Any], encoded: EncodedSnapshot | None =
 
 
 def encode_or_refuse(content: dict[str, Any]) -> EncodedSnapshot:
-    """:func:`service.budget.prepared.encode_snapshot`, refusing what PostgreSQL cannot store."""
+    """:func:`service.budget.prepared.encode_snapshot`, refusing (422 ``invalid_snapshot``) what
+    PostgreSQL could not store or the pipeline could not use."""
     try:
         return encode_snapshot(content)
     except UnstorableSnapshot as exc:
@@ -405,7 +405,7 @@ async def store_snapshot(
     """
     if encoded is None:
         encoded = encode_or_refuse(content)
-    digest = hashlib.sha256(encoded.canonical).hexdigest()  # = content_hash(content)
+    digest = encoded.content_hash
     key = snapshot_id or digest
     size = encoded.size
     prepared = prepare_or_refuse(content, encoded)

@@ -17,11 +17,13 @@ from service.budget import (
     normalize_snapshot,
 )
 from service.budget.prepared import (
+    MAX_SNAPSHOT_DEPTH,
     PREPARED_VERSION,
     PreparedSnapshot,
     UnstorableSnapshot,
     canonical_bytes,
     encode_snapshot,
+    json_depth,
     prefix_digests,
     prepare_snapshot,
 )
@@ -156,3 +158,14 @@ def test_rewritten_messages_keep_their_own_copy_in_the_stored_form() -> None:
     assert PreparedSnapshot.from_json(stored) == prepared
     plain = prepare_snapshot({"messages": [{"role": "user", "content": "hi"}]})
     assert plain.messages_as_posted and json.loads(plain.to_json_text())["messages"] is None
+
+
+def test_absurd_nesting_is_refused_before_anything_is_encoded() -> None:
+    deep: object = "leaf"
+    for _ in range(MAX_SNAPSHOT_DEPTH):
+        deep = [deep]
+    assert json_depth({"messages": [], "x": deep}) == MAX_SNAPSHOT_DEPTH + 2
+    with pytest.raises(UnstorableSnapshot) as refused:
+        encode_snapshot({"messages": [], "x": deep})
+    assert refused.value.reason == "depth"
+    encode_snapshot({"messages": [], "x": [[["fine"]]]})
