@@ -38,8 +38,9 @@ class CalibrationBook:
 
     def pending(self, model: str, estimate: int, reported_prompt_tokens: int | None) -> store.Sample | None:
         """The sample :meth:`sample` would write, for the caller to write in its own transaction
-        (the answer's, with the request's success); None when there is nothing to learn."""
-        if not self.enabled or reported_prompt_tokens is None or reported_prompt_tokens <= 0 or estimate <= 0:
+        (the answer's, with the request's success); None when calibration is off or nothing was
+        reported. What carries no signal (a zero count or estimate) the store itself drops."""
+        if not self.enabled or reported_prompt_tokens is None:
             return None
         return store.Sample(self.provider, model, estimate, reported_prompt_tokens)
 
