@@ -133,4 +133,4 @@ async def test_serve_mode_hands_a_stored_snapshots_preparation_to_its_worker(
         assert got[-1].event == "done"
         snapshots = app.state.worker.snapshots
         assert snapshots.misses == 0 and snapshots.hits >= 1
-        assert len(snapshots._entries) == 2  # the PUT one too, ready for its first question
+        assert len(snapshots) == 2  # the PUT one too, ready for its first question
