@@ -3,7 +3,6 @@ retry, and the success write with its follow-up background jobs."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ from service.pipeline.runtime import RequestRuntime, cancelled
 from service.providers.base import ContextOverflow, ProviderCall
 from service.providers.calling import CallResult, run_call
 from service.store import terminal
-from service.store.terminal import AnswerTail
+from service.store.calibration import Sample
 from service.summary.material import QAPair
 from service.summary.prompts import AnswerRequest, build_answer_request
 from service.vocabulary import JobKind
@@ -128,7 +127,7 @@ async def answer(
         result.usage.input_tokens if result.usage.reported else None,
     )
     try:
-        return await _finish(rt, prepared, history, context, request, result, AnswerTail(rest, None, sample))
+        return await _finish(rt, prepared, history, context, request, result, rest, sample)
     except BaseException:
         # Refused before the success was written (a tool call, an empty answer): what it would have
         # carried is written on its own — the text, the call (tokens were spent), the sample. Once
@@ -196,8 +195,11 @@ async def _finish(
     context: ContextPlan,
     request: AnswerRequest,
     result: CallResult,
-    tail: terminal.AnswerTail,
+    rest: str | None,
+    sample: Sample | None,
 ) -> dict[str, Any]:
+    """Check the reply and write the success with the answer's tail (the text not yet written as a
+    ``delta``, the held answer call, the calibration sample) in one commit."""
     prompt_tokens = result.usage.input_tokens if result.usage.reported else None
     rt.info.provider_prompt_tokens = prompt_tokens
     rt.info.drift = prompt_drift(request.estimate.total, prompt_tokens)
@@ -233,7 +235,7 @@ async def _finish(
             qa_tokens=own.tokens,
             follow_ups=follow_ups(rt, prepared, history, context, own),
             # Taken only now: until this commit, a failure above writes them on its own (answer()).
-            tail=dataclasses.replace(tail, call=rt.recorder.take_held()),
+            tail=terminal.AnswerTail(rest, rt.recorder.take_held(), sample),
         )
     if record is None:
         raise RequestLost()
