@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 
 from service.config import Settings
 from service.store.db import Database, connect
@@ -47,9 +48,20 @@ async def _serve_until_signalled(settings: Settings, database_url: str) -> None:
         await db.dispose()
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed (a dependency on every platform but Windows), as uvicorn's
+    ``loop="auto"`` picks it for the API; None: asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def run_worker_forever(settings: Settings, database_url: str) -> None:
     """Run a worker process until SIGINT or SIGTERM (``sidequest worker``)."""
-    asyncio.run(_serve_until_signalled(settings, database_url))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(_serve_until_signalled(settings, database_url))
 
 
 __all__ = ["Worker", "run_worker_forever", "start_worker", "worker_id"]
