@@ -222,9 +222,9 @@ async def _finish(
         claimed.ordinal,
         qa_group_tokens(QAPair(claimed.ordinal, claimed.question, result.text, claimed.created_at)),
     )
-    async with rt.db.sessions() as session:
+    async with rt.db.connection() as conn:
         record = await terminal.finish_succeeded(
-            session,
+            conn,
             claimed.id,
             rt.owner,
             answer=result.text,

@@ -33,8 +33,8 @@ class CalibrationBook:
         """The counters of ``model`` as they stand now (empty when calibration is off)."""
         if not self.enabled:
             return Calibration.empty()
-        async with self.db.sessions() as session:
-            return await store.load_calibration(session, self.provider, model)
+        async with self.db.connection() as conn:
+            return await store.load_calibration(conn, self.provider, model)
 
     def pending(self, model: str, estimate: int, reported_prompt_tokens: int | None) -> store.Sample | None:
         """The sample :meth:`sample` would write, for the caller to write in its own transaction

@@ -173,9 +173,9 @@ class _Request:
         error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
         with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
             await rt.flush()  # the stages it reached come before its end
-        async with rt.db.sessions() as session:
+        async with rt.db.connection() as conn:
             return await terminal.finish_failed(
-                session,
+                conn,
                 rt.claimed.id,
                 rt.owner,
                 code=error["code"],

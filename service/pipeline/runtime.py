@@ -106,9 +106,9 @@ class RequestRuntime:
             return
         events, stage = self._pending, self._pending_stage
         self._pending, self._pending_stage = [], None
-        async with self.db.sessions() as session:
+        async with self.db.connection() as conn:
             if not await lease.emit_batch_if_held(
-                session,
+                conn,
                 self.claimed.id,
                 self.owner,
                 events,
@@ -124,8 +124,8 @@ class RequestRuntime:
 
     async def emit_delta(self, text: str) -> bool:
         """One ``delta`` event; False when the request is no longer held."""
-        async with self.db.sessions() as session:
-            return await lease.emit_if_held(session, self.claimed.id, self.owner, "delta", {"text": text})
+        async with self.db.connection() as conn:
+            return await lease.emit_if_held(conn, self.claimed.id, self.owner, "delta", {"text": text})
 
     def sync_calls(self) -> None:
         """Mirror the call budget into context_info (``summary_calls``)."""

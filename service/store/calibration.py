@@ -14,6 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget import Calibration
+from service.store.execute import Executor, execute, fetch_one
 
 # The key columns' sizes (models.CalibrationRow): a longer model name is cut rather than refused,
 # because a sample must never fail a request.
@@ -47,13 +48,15 @@ def _key(provider: str, model: str) -> dict[str, str]:
     return {"provider": provider[:_PROVIDER_MAX], "model": model[:_MODEL_MAX]}
 
 
-async def load_calibration(session: AsyncSession, provider: str, model: str) -> Calibration:
+async def load_calibration(session: Executor, provider: str, model: str) -> Calibration:
     """The counters of (``provider``, ``model``) as a :class:`Calibration` (empty when none)."""
-    row = (await session.execute(_LOAD_SQL, _key(provider, model))).first()
+    row = await fetch_one(session, _LOAD_SQL, _key(provider, model))
     if row is None:
         return Calibration.empty()
     return Calibration(
-        samples=int(row.samples), estimate_sum=int(row.sum_estimate), provider_sum=int(row.sum_provider)
+        samples=int(row["samples"]),
+        estimate_sum=int(row["sum_estimate"]),
+        provider_sum=int(row["sum_provider"]),
     )
 
 
@@ -81,14 +84,16 @@ async def record_sample(
 
 
 async def add_sample(
-    session: AsyncSession, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
+    session: Executor, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
 ) -> bool:
     """:func:`record_sample` inside the caller's transaction (the answer's end writes it with the
     request's success: one commit)."""
     if reported_prompt_tokens is None or reported_prompt_tokens <= 0 or estimate <= 0:
         return False
-    await session.execute(
-        _UPSERT_SQL, {**_key(provider, model), "estimate": estimate, "reported": reported_prompt_tokens}
+    await execute(
+        session,
+        _UPSERT_SQL,
+        {**_key(provider, model), "estimate": estimate, "reported": reported_prompt_tokens},
     )
     return True
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sysconfig
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -120,10 +122,11 @@ DB_ERRORS: Final = (
 class Database:
     """An engine plus its session factory; built once per process by the entry point.
 
-    Beside SQLAlchemy's pool it keeps a small plain asyncpg pool for the one-statement hot paths
-    (admission): SQLAlchemy's ``pool_pre_ping`` costs three round trips per checkout (BEGIN, ping,
-    ROLLBACK) and its transaction two more, around a statement that needs none of them. asyncpg's
-    pool replaces a connection the server closed (restart, failover) when it is next acquired.
+    Beside SQLAlchemy's pool it keeps a small plain asyncpg pool for the hot paths (admission, and
+    the worker's claim, events and answer end: :mod:`service.store.execute`): SQLAlchemy's
+    ``pool_pre_ping`` costs three round trips per checkout (BEGIN, ping, ROLLBACK) and its
+    transaction two more, around a statement that needs none of them. asyncpg's pool replaces a
+    connection the server closed (restart, failover) when it is next acquired.
     """
 
     engine: AsyncEngine
@@ -144,9 +147,18 @@ class Database:
                         max_size=self.pool_size,
                         init=_init_raw,
                         reset=_keep_session,
+                        timeout=CONNECT_TIMEOUT_S,
+                        command_timeout=COMMAND_TIMEOUT_S,
                     )
         pool: asyncpg.Pool = self._raw
         return pool
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A plain asyncpg connection from the raw pool (waits at most :data:`POOL_TIMEOUT_S`)."""
+        pool = await self.raw_pool()
+        async with pool.acquire(timeout=POOL_TIMEOUT_S) as conn:
+            yield conn
 
     async def dispose(self) -> None:
         if self._raw is not None:
@@ -157,10 +169,12 @@ class Database:
 
 async def _init_raw(conn: asyncpg.Connection) -> None:
     # Binary (version byte 1, then the JSON text): composite values (a whole row) that hold jsonb
-    # can only be decoded when every field has a binary codec.
+    # can only be decoded when every field has a binary codec. A parameter is JSON *text*, as with
+    # SQLAlchemy's own codec, so one statement runs the same on either kind of connection
+    # (service.store.execute).
     await conn.set_type_codec(
         "jsonb",
-        encoder=lambda value: b"\x01" + _dumps(value).encode("utf-8"),
+        encoder=lambda value: b"\x01" + value.encode("utf-8"),
         decoder=lambda data: json.loads(data[1:]),
         schema="pg_catalog",
         format="binary",

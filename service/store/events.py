@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.store.execute import Executor, execute, fetch_one, fetch_value
 from service.store.models import EventRow, RequestRow
 from service.vocabulary import EVENTS_CHANNEL, utc_iso
 
@@ -59,7 +60,7 @@ _APPEND_EVENT = text(
 
 
 async def append_event(
-    session: AsyncSession,
+    session: Executor,
     request_id: uuid.UUID,
     event_type: str,
     fields: dict[str, Any],
@@ -71,41 +72,54 @@ async def append_event(
     session's event lock, inserts the row and NOTIFYs, in that order.
     """
     at = utc_iso()
-    row = (
-        await session.execute(
-            _APPEND_EVENT,
-            {
-                "request_id": request_id,
-                "type": event_type,
-                "fields": json.dumps(fields, ensure_ascii=False, separators=(",", ":")),
-                "at": at,
-            },
-        )
-    ).one()
-    data = {"request_id": str(request_id), "ordinal": row.ordinal, "seq": row.seq, "at": at, **fields}
-    return Event(row.event_id, request_id, row.session_id, row.seq, event_type, data)
+    row = await fetch_one(
+        session,
+        _APPEND_EVENT,
+        {
+            "request_id": request_id,
+            "type": event_type,
+            "fields": json.dumps(fields, ensure_ascii=False, separators=(",", ":")),
+            "at": at,
+        },
+    )
+    assert row is not None
+    data = {"request_id": str(request_id), "ordinal": row["ordinal"], "seq": row["seq"], "at": at, **fields}
+    return Event(row["event_id"], request_id, row["session_id"], row["seq"], event_type, data)
+
+
+_APPEND_SESSION_EVENT = text(
+    """
+    WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(CAST(CAST(:sid AS uuid) AS text), 7)))
+    INSERT INTO side_question_events (request_id, session_id, seq, type, data)
+    SELECT NULL, CAST(:sid AS uuid), NULL, :type, CAST(:data AS jsonb) FROM locked
+    RETURNING id
+    """
+)
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
 async def append_session_event(
-    session: AsyncSession, session_id: uuid.UUID, event_type: str, fields: dict[str, Any]
+    session: Executor, session_id: uuid.UUID, event_type: str, fields: dict[str, Any]
 ) -> Event:
     """Append one session-level event (no request: ``memory``, ``handoff``) in the caller's transaction.
 
-    Same ordering rule as :func:`append_event` (the session's advisory lock around the id), so session
-    streams resume without gaps; ``data`` gets ``request_id``/``ordinal``/``seq`` null and ``at``.
+    Same ordering rule as :func:`append_event` (the session's advisory lock is taken before the id is
+    drawn), so session streams resume without gaps; ``data`` gets ``request_id``/``ordinal``/``seq``
+    null and ``at``.
     """
-    await session.execute(
-        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 7))"), {"key": str(session_id)}
-    )
     data = {"request_id": None, "ordinal": None, "seq": None, "at": utc_iso(), **fields}
-    row = EventRow(request_id=None, session_id=session_id, seq=None, type=event_type, data=data)
-    session.add(row)
-    await session.flush()
-    payload = json.dumps({"id": row.id, "request_id": None, "session_id": str(session_id)})
-    await session.execute(
-        text("SELECT pg_notify(:channel, :payload)"), {"channel": EVENTS_CHANNEL, "payload": payload}
+    event_id = await fetch_value(
+        session,
+        _APPEND_SESSION_EVENT,
+        {
+            "sid": session_id,
+            "type": event_type,
+            "data": json.dumps(data, ensure_ascii=False, separators=(",", ":")),
+        },
     )
-    return _event(row)
+    payload = json.dumps({"id": event_id, "request_id": None, "session_id": str(session_id)})
+    await execute(session, _NOTIFY, {"channel": EVENTS_CHANNEL, "payload": payload})
+    return Event(int(event_id), None, session_id, None, event_type, data)
 
 
 async def request_events_after(

@@ -31,6 +31,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_session_event
+from service.store.execute import Executor, execute, fetch_value
 from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, JobKind, Status, TerminalStatus
 
 # Key of the advisory lock that serialises job claims (requests have their own).
@@ -84,7 +85,7 @@ def _json(value: Any) -> str:
 
 
 async def _memory_event(
-    session: AsyncSession,
+    session: Executor,
     session_id: uuid.UUID,
     job_id: uuid.UUID,
     kind: str,
@@ -100,12 +101,26 @@ async def _memory_event(
     )
 
 
-async def _notify_jobs(session: AsyncSession, payload: str) -> None:
-    await session.execute(text("SELECT pg_notify(:c, :p)"), {"c": JOBS_CHANNEL, "p": payload})
+_NOTIFY_JOBS = text("SELECT pg_notify(:c, :p)")
+
+
+async def _notify_jobs(session: Executor, payload: str) -> None:
+    await execute(session, _NOTIFY_JOBS, {"c": JOBS_CHANNEL, "p": payload})
+
+
+_ENQUEUE_JOB = text(
+    """
+    INSERT INTO side_question_jobs (id, session_id, kind, key, params, clear_version)
+    SELECT :id, s.id, :kind, :key, CAST(:params AS jsonb), s.clear_version
+    FROM side_question_sessions s WHERE s.id = :sid AND s.clear_version = :cv
+    ON CONFLICT (session_id, kind, key) WHERE status IN ('queued', 'running') DO NOTHING
+    RETURNING id
+    """
+)
 
 
 async def enqueue_job(
-    session: AsyncSession,
+    session: Executor,
     session_id: uuid.UUID,
     *,
     kind: JobKind,
@@ -118,20 +133,13 @@ async def enqueue_job(
     Not needed: the same (session, kind, key) is already queued or running (a job or a request's
     registration), or the session was cleared since ``clear_version`` was read.
     """
-    job_id: uuid.UUID | None = await session.scalar(
-        text(
-            """
-            INSERT INTO side_question_jobs (id, session_id, kind, key, params, clear_version)
-            SELECT :id, s.id, :kind, :key, CAST(:params AS jsonb), s.clear_version
-            FROM side_question_sessions s WHERE s.id = :sid AND s.clear_version = :cv
-            ON CONFLICT (session_id, kind, key) WHERE status IN ('queued', 'running') DO NOTHING
-            RETURNING id
-            """
-        ),
+    job_id: uuid.UUID | None = await fetch_value(
+        session,
+        _ENQUEUE_JOB,
         {
             "id": uuid.uuid4(),
             "sid": session_id,
-            "kind": kind,
+            "kind": str(kind),
             "key": key,
             "params": _json({**params, "made_by": "background"}),
             "cv": clear_version,

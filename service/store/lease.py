@@ -13,32 +13,35 @@ import uuid
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_event
+from service.store.execute import Executor, execute, fetch_value, transaction
+
+_LOCK_IF_HELD = text(
+    """
+    SELECT id FROM side_question_requests
+    WHERE id = :id AND status = 'running' AND lease_owner = :owner AND deleted_at IS NULL
+    FOR UPDATE
+    """
+)
+_MOVE_TO_STAGE = text(
+    "UPDATE side_question_requests SET stage = :stage, "
+    "context_info = context_info || CAST(:info AS jsonb) WHERE id = :id"
+)
 
 
-async def lock_if_held(session: AsyncSession, request_id: uuid.UUID, owner: str) -> bool:
+async def lock_if_held(session: Executor, request_id: uuid.UUID, owner: str) -> bool:
     """Inside the caller's transaction: lock the request row if this worker still runs it.
 
     Used before every worker write; a concurrent cancel or clear holding the row makes this wait, then
     see the new status, so the worker's write is skipped rather than landing after a terminal event.
     """
-    held = await session.scalar(
-        text(
-            """
-            SELECT id FROM side_question_requests
-            WHERE id = :id AND status = 'running' AND lease_owner = :owner AND deleted_at IS NULL
-            FOR UPDATE
-            """
-        ),
-        {"id": request_id, "owner": owner},
-    )
+    held = await fetch_value(session, _LOCK_IF_HELD, {"id": request_id, "owner": owner})
     return held is not None
 
 
 async def emit_batch_if_held(
-    session: AsyncSession,
+    session: Executor,
     request_id: uuid.UUID,
     owner: str,
     events: list[tuple[str, dict[str, Any]]],
@@ -53,17 +56,15 @@ async def emit_batch_if_held(
     next stage change) into one commit instead of one each. Returns False, writing nothing, when the
     request is no longer this worker's.
     """
-    async with session.begin():
+    async with transaction(session):
         if not await lock_if_held(session, request_id, owner):
             return False
         if stage is not None:
             info = dict(context_info or {})
             info["stage"] = stage
-            await session.execute(
-                text(
-                    "UPDATE side_question_requests SET stage = :stage, "
-                    "context_info = context_info || CAST(:info AS jsonb) WHERE id = :id"
-                ),
+            await execute(
+                session,
+                _MOVE_TO_STAGE,
                 {
                     "stage": stage,
                     "info": json.dumps(info, ensure_ascii=False, separators=(",", ":")),
@@ -76,7 +77,7 @@ async def emit_batch_if_held(
 
 
 async def emit_if_held(
-    session: AsyncSession,
+    session: Executor,
     request_id: uuid.UUID,
     owner: str,
     event_type: str,

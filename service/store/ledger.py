@@ -20,6 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_event
+from service.store.execute import Executor, fetch_value
 from service.store.lease import lock_if_held
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
@@ -110,9 +111,11 @@ async def append_call_and_emit(
     return usage
 
 
-async def add_call(session: AsyncSession, request_id: uuid.UUID, entry: CallEntry) -> dict[str, Any]:
+async def add_call(session: Executor, request_id: uuid.UUID, entry: CallEntry) -> dict[str, Any]:
     """Append one call to the request's usage inside the caller's transaction; the new usage object."""
-    usage = await session.scalar(_APPEND_CALL, {"id": request_id, "call": json.dumps([entry.as_json()])})
+    usage = await fetch_value(
+        session, _APPEND_CALL, {"id": request_id, "call": json.dumps([entry.as_json()])}
+    )
     if usage is None:
         raise LookupError(f"request {request_id} does not exist")
     return dict(usage)

@@ -48,6 +48,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import jobs
 from service.store.events import append_event
+from service.store.execute import Executor, execute, fetch_one, fetch_value, transaction
 from service.store.lease import lock_if_held
 from service.store.terminal import finish_request, notify_slot_freed
 from service.vocabulary import Stage, Status, utc_iso
@@ -105,14 +106,38 @@ class Claimed:
     jobs_active: bool = True
 
 
-async def count_running(session: AsyncSession) -> int:
+_COUNT_RUNNING = text("SELECT count(*) FROM side_question_requests WHERE status = 'running'")
+_CLAIM_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+_MARK_RUNNING = text(
+    """
+    UPDATE side_question_requests
+    SET status = 'running', stage = 'preparing', attempt = attempt + 1,
+        lease_owner = :owner,
+        lease_expires_at = now() + make_interval(secs => :lease_s),
+        heartbeat_at = now(),
+        started_at = coalesce(started_at, now()),
+        context_info = jsonb_set(context_info, '{stage}', '"preparing"')
+    WHERE id = :id
+    RETURNING id, session_id, ordinal, attempt, clear_version, question, snapshot_id,
+              options, model, created_at
+    """
+)
+_STAMP_SESSION = text(
+    "UPDATE side_question_sessions s SET last_started_at = clock_timestamp() "
+    "WHERE id = :sid RETURNING parent_id, memory, settings, EXISTS ("
+    "SELECT 1 FROM side_question_jobs j WHERE j.session_id = s.id "
+    "AND j.status IN ('queued', 'running')) AS jobs_active"
+)
+
+
+async def count_running(session: Executor) -> int:
     """How many requests are running right now, across all processes."""
-    value = await session.scalar(text("SELECT count(*) FROM side_question_requests WHERE status = 'running'"))
+    value = await fetch_value(session, _COUNT_RUNNING, {})
     return int(value or 0)
 
 
 async def claim_next(
-    session: AsyncSession, *, owner: str, lease_s: float, max_running: int
+    session: Executor, *, owner: str, lease_s: float, max_running: int
 ) -> Claimed | None:
     """Claim the next request per SPEC §9, or None when the cap is reached or nothing is eligible."""
     claimed, _full = await try_claim(session, owner=owner, lease_s=lease_s, max_running=max_running)
@@ -120,72 +145,47 @@ async def claim_next(
 
 
 async def try_claim(
-    session: AsyncSession, *, owner: str, lease_s: float, max_running: int
+    session: Executor, *, owner: str, lease_s: float, max_running: int
 ) -> tuple[Claimed | None, bool]:
     """Claim the next request per SPEC §9; also says whether the cluster is at its cap (then None).
 
-    Runs in (and commits) its own short transaction on ``session``: lock, count, pick, mark running with
-    stage ``preparing`` and a lease, stamp the session's ``last_started_at``, write the ``status`` event
-    — and returns what the pipeline needs (the request, the session's memory and settings).
+    Runs in (and commits) its own short transaction on ``session`` (a fresh session, or — the
+    worker's hot path — a plain connection): lock, count, pick, mark running with stage
+    ``preparing`` and a lease, stamp the session's ``last_started_at``, write the ``status`` event —
+    and returns what the pipeline needs (the request, the session's memory and settings).
     """
-    async with session.begin():
-        await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK_KEY})
+    async with transaction(session):
+        await execute(session, _CLAIM_LOCK, {"key": CLAIM_LOCK_KEY})
         if await count_running(session) >= max_running:
             return None, True
-        picked = await session.scalar(_PICK_NEXT)
+        picked = await fetch_value(session, _PICK_NEXT, {})
         if picked is None:
             return None, False
-        row = (
-            await session.execute(
-                text(
-                    """
-                    UPDATE side_question_requests
-                    SET status = 'running', stage = 'preparing', attempt = attempt + 1,
-                        lease_owner = :owner,
-                        lease_expires_at = now() + make_interval(secs => :lease_s),
-                        heartbeat_at = now(),
-                        started_at = coalesce(started_at, now()),
-                        context_info = jsonb_set(context_info, '{stage}', '"preparing"')
-                    WHERE id = :id
-                    RETURNING id, session_id, ordinal, attempt, clear_version, question, snapshot_id,
-                              options, model, created_at
-                    """
-                ),
-                {"id": picked, "owner": owner, "lease_s": lease_s},
-            )
-        ).one()
-        owner_row = (
-            await session.execute(
-                text(
-                    "UPDATE side_question_sessions s SET last_started_at = clock_timestamp() "
-                    "WHERE id = :sid RETURNING parent_id, memory, settings, EXISTS ("
-                    "SELECT 1 FROM side_question_jobs j WHERE j.session_id = s.id "
-                    "AND j.status IN ('queued', 'running')) AS jobs_active"
-                ),
-                {"sid": row.session_id},
-            )
-        ).one()
+        row = await fetch_one(session, _MARK_RUNNING, {"id": picked, "owner": owner, "lease_s": lease_s})
+        assert row is not None
+        owner_row = await fetch_one(session, _STAMP_SESSION, {"sid": row["session_id"]})
+        assert owner_row is not None
         await append_event(
             session,
-            row.id,
+            row["id"],
             "status",
-            {"status": Status.RUNNING, "stage": Stage.PREPARING, "attempt": row.attempt},
+            {"status": Status.RUNNING, "stage": Stage.PREPARING, "attempt": row["attempt"]},
         )
         return Claimed(
-            id=row.id,
-            session_id=row.session_id,
-            parent_id=str(owner_row.parent_id),
-            ordinal=row.ordinal,
-            attempt=row.attempt,
-            clear_version=row.clear_version,
-            question=row.question,
-            snapshot_id=row.snapshot_id,
-            options=dict(row.options or {}),
-            model=row.model,
-            memory=dict(owner_row.memory or {}),
-            session_settings=dict(owner_row.settings or {}),
-            created_at=utc_iso(row.created_at),
-            jobs_active=bool(owner_row.jobs_active),
+            id=row["id"],
+            session_id=row["session_id"],
+            parent_id=str(owner_row["parent_id"]),
+            ordinal=row["ordinal"],
+            attempt=row["attempt"],
+            clear_version=row["clear_version"],
+            question=row["question"],
+            snapshot_id=row["snapshot_id"],
+            options=dict(row["options"] or {}),
+            model=row["model"],
+            memory=dict(owner_row["memory"] or {}),
+            session_settings=dict(owner_row["settings"] or {}),
+            created_at=utc_iso(row["created_at"]),
+            jobs_active=bool(owner_row["jobs_active"]),
         ), False
 
 

@@ -17,33 +17,24 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import SimpleNamespace
+from typing import Any, Literal, cast
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import calibration, jobs, ledger
 from service.store.events import append_event
+from service.store.execute import Executor, execute, fetch_one, transaction
 from service.store.lease import lock_if_held
 from service.store.models import RequestRow
 from service.store.records import request_record
 from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus
 
-
-async def _record_for(session: AsyncSession, request_id: uuid.UUID) -> dict[str, Any]:
-    row = await session.get(RequestRow, request_id, populate_existing=True)
-    assert row is not None
-    parent_id = await session.scalar(
-        text("SELECT parent_id FROM side_question_sessions WHERE id = :sid"), {"sid": row.session_id}
-    )
-    return request_record(row, str(parent_id))
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
-async def notify_slot_freed(session: AsyncSession, session_id: uuid.UUID) -> None:
-    await session.execute(
-        text("SELECT pg_notify(:channel, :payload)"),
-        {"channel": QUEUE_CHANNEL, "payload": f"freed:{session_id}"},
-    )
+async def notify_slot_freed(session: Executor, session_id: uuid.UUID) -> None:
+    await execute(session, _NOTIFY, {"channel": QUEUE_CHANNEL, "payload": f"freed:{session_id}"})
 
 
 @dataclass(frozen=True)
@@ -72,13 +63,15 @@ _FINISH = text(
         finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
     WHERE id = :id AND status = ANY(CAST(:from_statuses AS text[]))
       AND (CAST(:owner AS text) IS NULL OR lease_owner = CAST(:owner AS text))
-    RETURNING session_id, stage
+    RETURNING side_question_requests.*,
+              (SELECT s.parent_id FROM side_question_sessions s
+                WHERE s.id = side_question_requests.session_id) AS parent_id
     """
 )
 
 
 async def finish_request(
-    session: AsyncSession,
+    session: Executor,
     request_id: uuid.UUID,
     *,
     status: TerminalStatus,
@@ -107,35 +100,42 @@ async def finish_request(
         error = None
     elif error is None:
         raise ValueError("a failed or cancelled request needs its error object")
-    ended = (
-        await session.execute(
-            _FINISH,
-            {
-                "status": status,
-                "answer": answer,
-                "truncated": truncated,
-                "stop_reason": stop_reason,
-                "model": model,
-                "qa_tokens": qa_tokens,
-                "error": None if error is None else _json(error),
-                "info": _json(context_info or {}),
-                "id": request_id,
-                "from_statuses": list(from_statuses),
-                "owner": owner,
-            },
-        )
-    ).one_or_none()
+    ended = await fetch_one(
+        session,
+        _FINISH,
+        {
+            "status": str(status),
+            "answer": answer,
+            "truncated": truncated,
+            "stop_reason": stop_reason,
+            "model": model,
+            "qa_tokens": qa_tokens,
+            "error": None if error is None else _json(error),
+            "info": _json(context_info or {}),
+            "id": request_id,
+            "from_statuses": [str(s) for s in from_statuses],
+            "owner": owner,
+        },
+    )
     if ended is None:
         return None
-    record = await _record_for(session, request_id) if with_record or status == Status.SUCCEEDED else None
-    await append_event(session, request_id, "status", {"status": status, "stage": ended.stage})
+    # The updated row's own columns, so the record is exactly request_record's, like every other read.
+    row = dict(ended)
+    parent_id = str(row.pop("parent_id"))
+    record = (
+        request_record(cast(RequestRow, SimpleNamespace(**row)), parent_id)
+        if with_record or status == Status.SUCCEEDED
+        else None
+    )
+    session_id, stage = row["session_id"], row["stage"]
+    await append_event(session, request_id, "status", {"status": status, "stage": stage})
     if status == Status.SUCCEEDED:
         await append_event(session, request_id, "done", {"record": record})
     else:
         assert error is not None
         await append_event(session, request_id, "error", error)
-    await notify_slot_freed(session, ended.session_id)
-    return Ended(session_id=ended.session_id, stage=ended.stage, record=record)
+    await notify_slot_freed(session, session_id)
+    return Ended(session_id=session_id, stage=stage, record=record)
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ class AnswerTail:
 
 
 async def finish_succeeded(
-    session: AsyncSession,
+    session: Executor,
     request_id: uuid.UUID,
     owner: str,
     *,
@@ -178,7 +178,7 @@ async def finish_succeeded(
     sample — written here, in order (``delta``, ``usage``, then ``status`` and ``done``), so the end of
     an answer is one commit instead of four (issue 12: slot hand-off).
     """
-    async with session.begin():
+    async with transaction(session):
         usage = None
         if tail is not None:
             if tail.call is not None:
@@ -222,7 +222,7 @@ async def finish_succeeded(
 
 
 async def finish_failed(
-    session: AsyncSession,
+    session: Executor,
     request_id: uuid.UUID,
     owner: str,
     *,
@@ -236,7 +236,7 @@ async def finish_failed(
 
     Returns False, writing nothing, when the request is no longer running under ``owner``.
     """
-    async with session.begin():
+    async with transaction(session):
         ended = await finish_request(
             session,
             request_id,

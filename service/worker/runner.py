@@ -309,9 +309,9 @@ class Worker:
     # ------------------------------------------------------------------ requests
 
     async def _claim_request(self) -> tuple[queue.Claimed | None, bool]:
-        async with self.db.sessions() as session:
+        async with self.db.connection() as conn:
             return await queue.try_claim(
-                session,
+                conn,
                 owner=self.owner,
                 lease_s=self.settings.lease_s,
                 max_running=self.settings.max_concurrency,
