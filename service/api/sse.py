@@ -54,6 +54,7 @@ from typing import Literal
 
 from sse_starlette.event import ServerSentEvent
 
+from service.aio import wait_event
 from service.store import events as events_store
 from service.store.db import Database
 from service.store.events import Event
@@ -414,9 +415,7 @@ def retry_hint() -> ServerSentEvent:
 
 async def _wait(wake: asyncio.Event, seconds: float) -> bool:
     """Wait for ``wake`` at most ``seconds``; whether it was set."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(wake.wait(), seconds)
-    return wake.is_set()
+    return await wait_event(wake, seconds)
 
 
 async def terminal_seq(db: Database, request_id: uuid.UUID) -> int | None:

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
+from service.aio import wait_event
+
 # 50 ms between flushes → at most 20 delta events per second, whatever the model's token rate.
 FLUSH_INTERVAL_S = 0.05
 
@@ -54,8 +56,7 @@ class DeltaCoalescer:
     async def _flusher(self) -> None:
         # Never cancelled mid-write by close(): it sets the flag and waits, so no text is dropped.
         while not self._closing.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), self._interval)
+            await wait_event(self._closing, self._interval)
             if self._closing.is_set() and self._keep_rest:
                 return  # close_rest() hands the rest to its caller instead
             await self.flush()

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from service.aio import wait_event
 from service.store import jobs
 from service.store.db import Database
 from service.vocabulary import ACTIVE, JobKind, Status, waiting_for_background
@@ -92,9 +93,8 @@ async def wait_for_job(
             left = remaining_s()
             if left <= 0:
                 raise TimeoutError("deadline passed while waiting for a background summary")
-            with contextlib.suppress(TimeoutError):
-                poll = QUEUED_GRACE_S / 4 if queued_since is not None else FALLBACK_POLL_S
-                await asyncio.wait_for(wake.wait(), timeout=min(poll, left))
+            poll = QUEUED_GRACE_S / 4 if queued_since is not None else FALLBACK_POLL_S
+            await wait_event(wake, min(poll, left))
 
 
 async def wait_for_background_jobs(rt: RequestRuntime, active: Iterable[jobs.JobState]) -> int | None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import asyncpg
 
+from service.aio import wait_event
 from service.vocabulary import ALL_CHANNELS, CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,7 @@ class Listener:
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sidequest-listener")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._connected.wait(), timeout=10)
+        await wait_event(self._connected, 10)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -102,8 +102,7 @@ class Listener:
                 self._wake_all()
                 backoff = 0.2
                 while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), PROBE_S)
+                    await wait_event(lost, PROBE_S)
                     if not lost.is_set():
                         await conn.execute("SELECT 1", timeout=PROBE_TIMEOUT_S)
             except asyncio.CancelledError:

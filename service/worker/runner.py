@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, Protocol, TypeVar
 
+from service.aio import wait_event
 from service.config import Settings
 from service.pipeline import PipelineDeps, run_request
 from service.pipeline.background import run_job
@@ -133,8 +134,7 @@ class SlotPool(Generic[W]):
                 raise
             except Exception:
                 log.exception("%s claim failed; retrying after the poll interval", self.name)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._poll_s)
+            await wait_event(self._wake, self._poll_s)
             if not self._wake.is_set():
                 self._cluster_full = False  # the poll fallback always tries again
 

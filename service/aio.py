@@ -1,0 +1,33 @@
+"""asyncio helpers the shell's layers share (stdlib only).
+
+:func:`wait_event` is the one way this code waits for an :class:`asyncio.Event` with a timeout.
+``asyncio.wait_for(event.wait(), timeout)`` is not safe for it on Python 3.11: when the task is
+cancelled at the moment the event is set, ``wait_for`` sees its inner wait done and *returns*,
+swallowing the cancellation (CPython gh-86296, fixed in 3.12 by rebuilding ``wait_for`` on
+``asyncio.timeout``). A loop that waits like that and is cancelled on shutdown then runs on, and
+whoever awaits it hangs — the worker's claim loop did, when a request ended just as the worker was
+stopped (``Worker.stop`` waited forever; the flaky hang of tests/pipeline/test_background.py).
+``asyncio.timeout`` tells its own cancellation from anyone else's, so an outside cancel always
+propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+async def wait_event(event: asyncio.Event, seconds: float) -> bool:
+    """Wait until ``event`` is set or ``seconds`` passed; whether it is set.
+
+    A cancellation of the calling task always propagates (never swallowed, see the module note)."""
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(max(0.0, seconds)):
+            await event.wait()
+    except TimeoutError:
+        pass
+    return event.is_set()
+
+
+__all__ = ["wait_event"]

@@ -1,0 +1,73 @@
+"""service.aio.wait_event: a cancellation is never swallowed (Python 3.11's asyncio.wait_for swallows
+it when the awaited event is set in the same step; the worker's stop then hung)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+
+import pytest
+
+from service.aio import wait_event
+from service.worker.runner import SlotPool
+
+
+async def _waiting(waiter: asyncio.Task[object]) -> None:
+    for _ in range(5):  # let the task reach its wait
+        await asyncio.sleep(0)
+    assert not waiter.done()
+
+
+async def test_wait_event_returns_whether_the_event_is_set() -> None:
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    event.set()
+    assert await wait_event(event, 5) is True
+    assert await wait_event(event, 0) is True
+
+
+async def test_a_cancel_in_the_step_that_sets_the_event_propagates() -> None:
+    event = asyncio.Event()
+    task = asyncio.ensure_future(wait_event(event, 30))
+    await _waiting(task)
+    event.set()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the race is Python 3.11's (gh-86296)")
+async def test_the_race_is_real_with_asyncio_wait_for() -> None:
+    """The same steps with asyncio.wait_for: the cancel is swallowed (why wait_event exists)."""
+    event = asyncio.Event()
+    task = asyncio.ensure_future(asyncio.wait_for(event.wait(), 30))
+    await _waiting(task)
+    event.set()
+    task.cancel()
+    assert await task is True  # returned normally: the cancellation is lost
+
+
+async def test_a_slot_pool_woken_as_it_is_cancelled_still_stops() -> None:
+    claims = 0
+
+    async def claim() -> tuple[None, bool]:
+        nonlocal claims
+        claims += 1
+        return None, False
+
+    async def run(_work: object) -> None:
+        raise AssertionError("nothing to run")
+
+    async def settle(_work: object, _reason: str) -> None:
+        raise AssertionError("nothing to settle")
+
+    pool: SlotPool[object] = SlotPool("request", 2, claim=claim, run=run, settle=settle, poll_s=30)  # type: ignore[type-var]
+    task = asyncio.ensure_future(pool.loop())
+    await _waiting(task)
+    assert claims == 1
+    pool.wake(freed=True)  # a request ended somewhere, in the same step as the worker's stop
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, 2)  # before the fix: TimeoutError, the loop ran on
+    assert task.cancelled()
