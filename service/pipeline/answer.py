@@ -3,6 +3,7 @@ retry, and the success write with its follow-up background jobs."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -78,9 +79,15 @@ async def answer(
     shrink: Shrink,
 ) -> dict[str, Any]:
     """Stream the answer; on a first-reply overflow shrink once and retry; write the success."""
-    await rt.flush()  # the stage changes and notes so far, in one commit, before the slow call
+    # The stage changes and notes so far, in one commit, written while the call starts.
+    rt.flush_in_background()
     deltas = DeltaCoalescer(rt.emit_delta)
-    rt.recorder.before_usage = deltas.flush
+
+    async def before_usage() -> None:
+        await rt.flushed()
+        await deltas.flush()
+
+    rt.recorder.before_usage = before_usage
     rt.recorder.hold_purpose = "answer"  # its successful call is written with the success (_finish)
     try:
         try:
@@ -114,7 +121,8 @@ async def answer(
             request = shrunk
             result = await _call(rt, prepared, request, deltas)
     except BaseException:
-        await deltas.abort() if cancelled() else await deltas.close()
+        with contextlib.suppress(RequestLost):  # lost meanwhile: the held call is still written
+            await deltas.abort() if cancelled() else await deltas.close()
         await rt.recorder.write_held()
         raise
     finally:
@@ -134,7 +142,8 @@ async def answer(
         # the success was attempted, the call is no longer held: that transaction wrote them or not.
         if rt.recorder.held is not None:
             if rest and not cancelled():
-                await rt.emit_delta(rest)
+                with contextlib.suppress(RequestLost):
+                    await rt.emit_delta(rest)
             await rt.recorder.write_held()
             if sample is not None:
                 await rt.book.sample(sample.model, sample.estimate, sample.reported_prompt_tokens)
@@ -222,6 +231,7 @@ async def _finish(
         claimed.ordinal,
         qa_group_tokens(QAPair(claimed.ordinal, claimed.question, result.text, claimed.created_at)),
     )
+    await rt.flushed()  # the stage events the call started with come before the success
     async with rt.db.connection() as conn:
         record = await terminal.finish_succeeded(
             conn,

@@ -145,7 +145,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner
         )
     pairs: list[QAPair] = []
     async for batch in iter_history(
-        deps.db.sessions,
+        deps.db,
         job.session_id,
         before_ordinal=through + 1,
         after_ordinal=covered,

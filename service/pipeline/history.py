@@ -80,7 +80,7 @@ async def _load_items(rt: RequestRuntime, covered: int | None) -> tuple[dict[int
     pairs: dict[int, QAPair] = {}
     items: list[QAItem] = []
     async for batch in iter_history(
-        rt.db.sessions,
+        rt.db,
         rt.claimed.session_id,
         before_ordinal=rt.claimed.ordinal,
         after_ordinal=covered or 0,

@@ -172,7 +172,7 @@ class _Request:
         rt = self.rt
         error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
         with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
-            await rt.flush()  # the stages it reached come before its end
+            await rt.flush()  # the stages it reached come before its end (after a background flush)
         async with rt.db.connection() as conn:
             return await terminal.finish_failed(
                 conn,

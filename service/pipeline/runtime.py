@@ -69,6 +69,7 @@ class RequestRuntime:
         self._pending: list[tuple[str, dict[str, Any]]] = []
         self._pending_stage: str | None = None
         self._flush_lock = asyncio.Lock()
+        self._background_flush: asyncio.Future[None] | None = None
         self.calibration = Calibration.empty()
         self.summary_calibration = Calibration.empty()
 
@@ -101,6 +102,22 @@ class RequestRuntime:
         async with self._flush_lock:  # batches commit in the order they were made (a fold and a
             await self._flush()  # compaction may both write at the same time)
 
+    def flush_in_background(self) -> None:
+        """Start :meth:`flush` and return at once — before the answer call, so the request reaches
+        its model without waiting for a commit (issue 12: slot utilisation). Everything that must
+        come after the flushed events waits for it in :meth:`flushed`: every delta, the call's usage
+        event, the success; later flushes queue behind it on the lock."""
+        task = asyncio.ensure_future(self.flush())
+        # Retrieved here so an outcome nobody awaited (the call failed first) is not reported as
+        # "never retrieved"; awaiting the task still raises it.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._background_flush = task
+
+    async def flushed(self) -> None:
+        """Wait for the background flush, if one was started (raising :class:`RequestLost` as it did)."""
+        if self._background_flush is not None:
+            await self._background_flush
+
     async def _flush(self) -> None:
         if not self._pending:
             return
@@ -119,11 +136,13 @@ class RequestRuntime:
 
     async def save_info(self) -> None:
         """Store context_info as it stands (not lease-guarded: it is metadata of what was done)."""
+        await self.flushed()  # never overtaken by the older context_info a background flush carries
         async with self.db.sessions() as session:
             await merge_context_info(session, self.claimed.id, self.info.to_json())
 
     async def emit_delta(self, text: str) -> bool:
-        """One ``delta`` event; False when the request is no longer held."""
+        """One ``delta`` event (after the background flush); False when the request is no longer held."""
+        await self.flushed()
         async with self.db.connection() as conn:
             return await lease.emit_if_held(conn, self.claimed.id, self.owner, "delta", {"text": text})
 

@@ -92,9 +92,23 @@ async def transaction(x: Executor) -> AsyncIterator[None]:
             yield
 
 
+@asynccontextmanager
+async def committed(x: Executor) -> AsyncIterator[None]:
+    """Around ONE statement that must commit: a session's own transaction; on a connection nothing
+    at all, since a statement outside a transaction block commits by itself (no BEGIN / COMMIT round
+    trips). The connection must not be inside a transaction."""
+    if isinstance(x, AsyncSession):
+        async with x.begin():
+            yield
+    else:
+        assert not x.is_in_transaction(), "committed() on a connection inside a transaction"
+        yield
+
+
 __all__ = [
     "Executor",
     "Row",
+    "committed",
     "execute",
     "fetch_all",
     "fetch_one",

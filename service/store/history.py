@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import case, func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget import HISTORY_BATCH_SIZE
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
-from service.store.models import RequestRow, SnapshotRow
+from service.store.db import Database
+from service.store.execute import fetch_all
+from service.store.models import SnapshotRow
 from service.vocabulary import Status
 
 
@@ -82,8 +84,20 @@ async def load_prepared_snapshot(
     return prepared
 
 
+_HISTORY_PAGE = text(
+    """
+    SELECT ordinal, question, answer, created_at, qa_tokens FROM side_question_requests
+    WHERE session_id = :sid AND status = :succeeded AND deleted_at IS NULL
+      AND clear_version = :cv AND answer IS NOT NULL
+      AND ordinal > :after AND ordinal < :before
+    ORDER BY ordinal
+    LIMIT :limit
+    """
+)
+
+
 async def iter_history(
-    sessions: async_sessionmaker[AsyncSession],
+    db: Database,
     session_id: uuid.UUID,
     *,
     before_ordinal: int,
@@ -94,36 +108,30 @@ async def iter_history(
     """Yield the session's succeeded, visible Q&A in ``(after_ordinal, before_ordinal)`` in batches.
 
     Only requests of the same ``clear_version`` count: history from before a clear is gone even if the
-    purge has not run yet. Each batch is its own short read (keyset pagination on the ordinal).
+    purge has not run yet. Each batch is its own short read (keyset pagination on the ordinal), on a
+    plain connection (the worker's hot path: service.store.execute).
     """
     after = after_ordinal
     while True:
-        async with sessions() as session:
-            rows = (
-                await session.execute(
-                    select(
-                        RequestRow.ordinal,
-                        RequestRow.question,
-                        RequestRow.answer,
-                        RequestRow.created_at,
-                        RequestRow.qa_tokens,
-                    )
-                    .where(
-                        RequestRow.session_id == session_id,
-                        RequestRow.status == Status.SUCCEEDED,
-                        RequestRow.deleted_at.is_(None),
-                        RequestRow.clear_version == clear_version,
-                        RequestRow.answer.is_not(None),
-                        RequestRow.ordinal > after,
-                        RequestRow.ordinal < before_ordinal,
-                    )
-                    .order_by(RequestRow.ordinal)
-                    .limit(batch_size)
-                )
-            ).all()
+        async with db.connection() as conn:
+            rows = await fetch_all(
+                conn,
+                _HISTORY_PAGE,
+                {
+                    "sid": session_id,
+                    "succeeded": str(Status.SUCCEEDED),
+                    "cv": clear_version,
+                    "after": after,
+                    "before": before_ordinal,
+                    "limit": batch_size,
+                },
+            )
         if not rows:
             return
-        yield [HistoryItem(r.ordinal, r.question, r.answer or "", r.created_at, r.qa_tokens) for r in rows]
+        yield [
+            HistoryItem(r["ordinal"], r["question"], r["answer"] or "", r["created_at"], r["qa_tokens"])
+            for r in rows
+        ]
         if len(rows) < batch_size:
             return
-        after = rows[-1].ordinal
+        after = rows[-1]["ordinal"]

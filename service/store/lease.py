@@ -14,20 +14,19 @@ from typing import Any
 
 from sqlalchemy import text
 
-from service.store.events import append_event
-from service.store.execute import Executor, execute, fetch_value, transaction
+from service.store.execute import Executor, committed, fetch_value
+from service.vocabulary import utc_iso
 
-_LOCK_IF_HELD = text(
-    """
-    SELECT id FROM side_question_requests
-    WHERE id = :id AND status = 'running' AND lease_owner = :owner AND deleted_at IS NULL
-    FOR UPDATE
-    """
+# Both guards are SQL functions (migration 0005_worker_statements), so the rule has one home.
+_LOCK_IF_HELD = text("SELECT sidequest_lock_if_held(:id, :owner)")
+_EMIT_IF_HELD = text(
+    "SELECT sidequest_emit_if_held(:id, :owner, CAST(:events AS jsonb), :at, "
+    "CAST(:stage AS text), CAST(:info AS jsonb))"
 )
-_MOVE_TO_STAGE = text(
-    "UPDATE side_question_requests SET stage = :stage, "
-    "context_info = context_info || CAST(:info AS jsonb) WHERE id = :id"
-)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 async def lock_if_held(session: Executor, request_id: uuid.UUID, owner: str) -> bool:
@@ -36,8 +35,37 @@ async def lock_if_held(session: Executor, request_id: uuid.UUID, owner: str) -> 
     Used before every worker write; a concurrent cancel or clear holding the row makes this wait, then
     see the new status, so the worker's write is skipped rather than landing after a terminal event.
     """
-    held = await fetch_value(session, _LOCK_IF_HELD, {"id": request_id, "owner": owner})
-    return held is not None
+    return bool(await fetch_value(session, _LOCK_IF_HELD, {"id": request_id, "owner": owner}))
+
+
+async def write_if_held(
+    session: Executor,
+    request_id: uuid.UUID,
+    owner: str,
+    events: list[tuple[str, dict[str, Any]]],
+    *,
+    stage: str | None = None,
+    context_info: dict[str, Any] | None = None,
+) -> bool:
+    """Inside the caller's transaction, one statement: the lease guard, then (with ``stage``) the
+    stage change with ``context_info``, then ``events`` in order. False, writing nothing, when the
+    request is no longer this worker's."""
+    info = None
+    if stage is not None:
+        info = _json({**(context_info or {}), "stage": stage})
+    held = await fetch_value(
+        session,
+        _EMIT_IF_HELD,
+        {
+            "id": request_id,
+            "owner": owner,
+            "events": _json([[event_type, fields] for event_type, fields in events]),
+            "at": utc_iso(),
+            "stage": stage,
+            "info": info,
+        },
+    )
+    return bool(held)
 
 
 async def emit_batch_if_held(
@@ -49,31 +77,15 @@ async def emit_batch_if_held(
     stage: str | None = None,
     context_info: dict[str, Any] | None = None,
 ) -> bool:
-    """Append ``events`` in order — and, with ``stage``, move the request to it and store
-    ``context_info`` — in ONE transaction, only while this worker holds the request.
+    """:func:`write_if_held`, committed: ``events`` in order — and, with ``stage``, the request moved
+    to it with ``context_info`` — in ONE transaction (one round trip on a plain connection).
 
     The pipeline batches what happens between two slow steps (a stage change, the replay plan, the
     next stage change) into one commit instead of one each. Returns False, writing nothing, when the
     request is no longer this worker's.
     """
-    async with transaction(session):
-        if not await lock_if_held(session, request_id, owner):
-            return False
-        if stage is not None:
-            info = dict(context_info or {})
-            info["stage"] = stage
-            await execute(
-                session,
-                _MOVE_TO_STAGE,
-                {
-                    "stage": stage,
-                    "info": json.dumps(info, ensure_ascii=False, separators=(",", ":")),
-                    "id": request_id,
-                },
-            )
-        for event_type, fields in events:
-            await append_event(session, request_id, event_type, fields)
-        return True
+    async with committed(session):
+        return await write_if_held(session, request_id, owner, events, stage=stage, context_info=context_info)
 
 
 async def emit_if_held(
@@ -87,4 +99,4 @@ async def emit_if_held(
     return await emit_batch_if_held(session, request_id, owner, [(event_type, fields)])
 
 
-__all__ = ["emit_batch_if_held", "emit_if_held", "lock_if_held"]
+__all__ = ["emit_batch_if_held", "emit_if_held", "lock_if_held", "write_if_held"]

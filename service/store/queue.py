@@ -48,38 +48,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import jobs
 from service.store.events import append_event
-from service.store.execute import Executor, execute, fetch_one, fetch_value, transaction
+from service.store.execute import Executor, committed, fetch_one, fetch_value
 from service.store.lease import lock_if_held
 from service.store.terminal import finish_request, notify_slot_freed
-from service.vocabulary import Stage, Status, utc_iso
+from service.vocabulary import Status, utc_iso
 
 # Key of the advisory lock that serialises claims (any constant; shared by every process).
 CLAIM_LOCK_KEY = 0x5EDE_0001
 
 # A request that lost its worker this many times is failed with worker_lost instead of re-run.
 MAX_ATTEMPTS = 2
-
-_PICK_NEXT = text(
-    """
-    SELECT r.id
-    FROM side_question_requests r
-    JOIN side_question_sessions s ON s.id = r.session_id
-    WHERE r.status = 'queued'
-      AND r.deleted_at IS NULL
-      AND r.ordinal = (
-          SELECT min(q.ordinal) FROM side_question_requests q
-          WHERE q.session_id = r.session_id AND q.status = 'queued' AND q.deleted_at IS NULL
-      )
-      AND NOT EXISTS (
-          SELECT 1 FROM side_question_requests x
-          WHERE x.session_id = r.session_id AND x.status = 'running'
-      )
-    ORDER BY s.last_started_at ASC NULLS FIRST, r.created_at ASC, r.id ASC
-    LIMIT 1
-    FOR NO KEY UPDATE OF r, s SKIP LOCKED
-    """
-)
-
 
 @dataclass(frozen=True)
 class Claimed:
@@ -107,27 +85,8 @@ class Claimed:
 
 
 _COUNT_RUNNING = text("SELECT count(*) FROM side_question_requests WHERE status = 'running'")
-_CLAIM_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
-_MARK_RUNNING = text(
-    """
-    UPDATE side_question_requests
-    SET status = 'running', stage = 'preparing', attempt = attempt + 1,
-        lease_owner = :owner,
-        lease_expires_at = now() + make_interval(secs => :lease_s),
-        heartbeat_at = now(),
-        started_at = coalesce(started_at, now()),
-        context_info = jsonb_set(context_info, '{stage}', '"preparing"')
-    WHERE id = :id
-    RETURNING id, session_id, ordinal, attempt, clear_version, question, snapshot_id,
-              options, model, created_at
-    """
-)
-_STAMP_SESSION = text(
-    "UPDATE side_question_sessions s SET last_started_at = clock_timestamp() "
-    "WHERE id = :sid RETURNING parent_id, memory, settings, EXISTS ("
-    "SELECT 1 FROM side_question_jobs j WHERE j.session_id = s.id "
-    "AND j.status IN ('queued', 'running')) AS jobs_active"
-)
+# THE claim, in SQL (migration 0005_worker_statements): one round trip; the rules are listed above.
+_CLAIM = text("SELECT * FROM sidequest_claim(:owner, :lease_s, :max_running, :lock_key, :at)")
 
 
 async def count_running(session: Executor) -> int:
@@ -149,44 +108,43 @@ async def try_claim(
 ) -> tuple[Claimed | None, bool]:
     """Claim the next request per SPEC §9; also says whether the cluster is at its cap (then None).
 
-    Runs in (and commits) its own short transaction on ``session`` (a fresh session, or — the
-    worker's hot path — a plain connection): lock, count, pick, mark running with stage
+    One statement (``sidequest_claim``), committed on its own (a fresh session, or — the worker's hot
+    path — a plain connection outside a transaction): lock, count, pick, mark running with stage
     ``preparing`` and a lease, stamp the session's ``last_started_at``, write the ``status`` event —
-    and returns what the pipeline needs (the request, the session's memory and settings).
+    and return what the pipeline needs (the request, the session's memory and settings).
     """
-    async with transaction(session):
-        await execute(session, _CLAIM_LOCK, {"key": CLAIM_LOCK_KEY})
-        if await count_running(session) >= max_running:
-            return None, True
-        picked = await fetch_value(session, _PICK_NEXT, {})
-        if picked is None:
-            return None, False
-        row = await fetch_one(session, _MARK_RUNNING, {"id": picked, "owner": owner, "lease_s": lease_s})
-        assert row is not None
-        owner_row = await fetch_one(session, _STAMP_SESSION, {"sid": row["session_id"]})
-        assert owner_row is not None
-        await append_event(
+    async with committed(session):
+        row = await fetch_one(
             session,
-            row["id"],
-            "status",
-            {"status": Status.RUNNING, "stage": Stage.PREPARING, "attempt": row["attempt"]},
+            _CLAIM,
+            {
+                "owner": owner,
+                "lease_s": float(lease_s),
+                "max_running": max_running,
+                "lock_key": CLAIM_LOCK_KEY,
+                "at": utc_iso(),
+            },
         )
-        return Claimed(
-            id=row["id"],
-            session_id=row["session_id"],
-            parent_id=str(owner_row["parent_id"]),
-            ordinal=row["ordinal"],
-            attempt=row["attempt"],
-            clear_version=row["clear_version"],
-            question=row["question"],
-            snapshot_id=row["snapshot_id"],
-            options=dict(row["options"] or {}),
-            model=row["model"],
-            memory=dict(owner_row["memory"] or {}),
-            session_settings=dict(owner_row["settings"] or {}),
-            created_at=utc_iso(row["created_at"]),
-            jobs_active=bool(owner_row["jobs_active"]),
-        ), False
+    if row is None:
+        return None, False
+    if row["cluster_full"]:
+        return None, True
+    return Claimed(
+        id=row["id"],
+        session_id=row["session_id"],
+        parent_id=str(row["parent_id"]),
+        ordinal=row["ordinal"],
+        attempt=row["attempt"],
+        clear_version=row["clear_version"],
+        question=row["question"],
+        snapshot_id=row["snapshot_id"],
+        options=dict(row["options"] or {}),
+        model=row["model"],
+        memory=dict(row["memory"] or {}),
+        session_settings=dict(row["settings"] or {}),
+        created_at=utc_iso(row["created_at"]),
+        jobs_active=bool(row["jobs_active"]),
+    ), False
 
 
 @dataclass(frozen=True)

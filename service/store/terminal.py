@@ -23,12 +23,11 @@ from typing import Any, Literal, cast
 from sqlalchemy import text
 
 from service.store import calibration, jobs, ledger
-from service.store.events import append_event
 from service.store.execute import Executor, execute, fetch_one, transaction
-from service.store.lease import lock_if_held
+from service.store.lease import write_if_held
 from service.store.models import RequestRow
 from service.store.records import request_record
-from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus
+from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
 
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
@@ -46,27 +45,17 @@ class Ended:
     record: dict[str, Any] | None
 
 
+# THE terminal transition, in SQL (migration 0005_worker_statements): the lease guard and the
+# guarded UPDATE (returning the row), then — once the record is built from that row — the events.
 _FINISH = text(
-    """
-    UPDATE side_question_requests
-    SET status = CAST(:status AS text),
-        answer = CASE WHEN CAST(:status AS text) = 'succeeded' THEN CAST(:answer AS text) ELSE answer END,
-        truncated = CASE WHEN CAST(:status AS text) = 'succeeded' THEN CAST(:truncated AS boolean)
-                         ELSE truncated END,
-        stop_reason = CASE WHEN CAST(:status AS text) = 'succeeded' THEN CAST(:stop_reason AS text)
-                           ELSE stop_reason END,
-        model = coalesce(CAST(:model AS text), model),
-        qa_tokens = coalesce(CAST(:qa_tokens AS integer), qa_tokens),
-        error = CAST(:error AS jsonb),
-        context_info = context_info || CAST(:info AS jsonb),
-        cancel_requested = cancel_requested OR CAST(:status AS text) = 'cancelled',
-        finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
-    WHERE id = :id AND status = ANY(CAST(:from_statuses AS text[]))
-      AND (CAST(:owner AS text) IS NULL OR lease_owner = CAST(:owner AS text))
-    RETURNING side_question_requests.*,
-              (SELECT s.parent_id FROM side_question_sessions s
-                WHERE s.id = side_question_requests.session_id) AS parent_id
-    """
+    "SELECT f.parent_id AS parent_of_row, (f.req).* FROM sidequest_finish_request("
+    ":id, :status, CAST(:owner AS text), CAST(:from_statuses AS text[]), CAST(:answer AS text), "
+    ":truncated, CAST(:stop_reason AS text), CAST(:model AS text), CAST(:qa_tokens AS integer), "
+    "CAST(:error AS jsonb), CAST(:info AS jsonb)) f"
+)
+_END = text(
+    "SELECT sidequest_end_request(:id, :sid, :status, CAST(:stage AS text), :type, "
+    "CAST(:fields AS jsonb), :at, :channel)"
 )
 
 
@@ -94,8 +83,6 @@ async def finish_request(
     a success or ``error`` otherwise, and NOTIFYs the queue that a slot is free. Callers: the worker's
     success and failure, its cancel settlement, the API's cancel / clear / interrupt, the sweep.
     """
-    if owner is not None and not await lock_if_held(session, request_id, owner):
-        return None
     if status == Status.SUCCEEDED:
         error = None
     elif error is None:
@@ -121,20 +108,28 @@ async def finish_request(
         return None
     # The updated row's own columns, so the record is exactly request_record's, like every other read.
     row = dict(ended)
-    parent_id = str(row.pop("parent_id"))
+    parent_id = str(row.pop("parent_of_row"))
     record = (
         request_record(cast(RequestRow, SimpleNamespace(**row)), parent_id)
         if with_record or status == Status.SUCCEEDED
         else None
     )
     session_id, stage = row["session_id"], row["stage"]
-    await append_event(session, request_id, "status", {"status": status, "stage": stage})
-    if status == Status.SUCCEEDED:
-        await append_event(session, request_id, "done", {"record": record})
-    else:
-        assert error is not None
-        await append_event(session, request_id, "error", error)
-    await notify_slot_freed(session, session_id)
+    last_type, last_fields = ("done", {"record": record}) if status == Status.SUCCEEDED else ("error", error)
+    await execute(
+        session,
+        _END,
+        {
+            "id": request_id,
+            "sid": session_id,
+            "status": str(status),
+            "stage": stage,
+            "type": last_type,
+            "fields": _json(last_fields),
+            "at": utc_iso(),
+            "channel": QUEUE_CHANNEL,
+        },
+    )
     return Ended(session_id=session_id, stage=stage, record=record)
 
 
@@ -188,12 +183,13 @@ async def finish_succeeded(
                 await calibration.add_sample(
                     session, sample.provider, sample.model, sample.estimate, sample.reported_prompt_tokens
                 )
-            if not await lock_if_held(session, request_id, owner):
-                return None
+            events: list[tuple[str, dict[str, Any]]] = []
             if tail.delta:
-                await append_event(session, request_id, "delta", {"text": tail.delta})
+                events.append(("delta", {"text": tail.delta}))
             if usage is not None:
-                await append_event(session, request_id, "usage", {"usage": usage})
+                events.append(("usage", {"usage": usage}))
+            if events and not await write_if_held(session, request_id, owner, events):
+                return None
         ended = await finish_request(
             session,
             request_id,
