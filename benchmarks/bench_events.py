@@ -1,12 +1,13 @@
-"""Cost of one event in PostgreSQL: the store's ``append_event`` as a worker runs it, plus stored bytes.
+"""Cost of one event in PostgreSQL: a ``delta`` as a worker writes it, plus stored bytes.
 
 Run: ``.venv/bin/python benchmarks/bench_events.py [--writers 8] [--events 250]`` (needs a PostgreSQL
 found the same way as the tests; it creates and drops its own database).
 
-``--writers`` tasks, each on its own pooled connection and its own request in its own session (as
-concurrent worker slots would be), append ``--events`` ``delta`` events each, one short transaction
-per event (seq bump, the session's advisory lock, INSERT, NOTIFY, COMMIT: what the pipeline does per
-event). It
+``--writers`` tasks, each on its own pooled connection and its own claimed request in its own session
+(as concurrent worker slots would be), write ``--events`` ``delta`` events each the way the pipeline
+does (``RequestRuntime.emit_delta``): one statement per event on a plain asyncpg connection,
+``sidequest_emit_if_held`` (the lease guard, the seq bump, the session's advisory lock, INSERT,
+NOTIFY), committed on its own. It
 reports events/s, the CPU time of the PostgreSQL backends serving those connections (read from
 /proc: the server must run on this machine) and of this client process, per event; then the
 stored size of a typical finished request (its row and its events, ``pg_column_size``) and the
@@ -28,12 +29,13 @@ from sqlalchemy import text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from service.store import lease, queue
 from service.store.db import connect, upgrade_to_head
-from service.store.events import append_event
 from tests import pg
 from tests.factories import admit, make_session
 
 DELTA = {"text": "a coalesced chunk of answer text, about fifty chars "}
+OWNER = "bench-events"
 
 
 def _cpu(pids: list[int]) -> float:
@@ -55,11 +57,15 @@ async def measure(url: str, writers: int, per_writer: int) -> None:
         sessions = [await make_session(db, f"bench-events-{uuid.uuid4()}") for _ in range(writers)]
         requests = [await admit(db, sid, "q") for sid in sessions]
 
+        async with db.connection() as conn:
+            for _ in requests:
+                claimed, _full = await queue.try_claim(conn, owner=OWNER, lease_s=600, max_running=writers)
+                assert claimed is not None
+
         async def write(rid: uuid.UUID, n: int) -> None:
             for _ in range(n):
-                async with db.sessions() as session:
-                    await append_event(session, rid, "delta", DELTA)
-                    await session.commit()
+                async with db.connection() as conn:
+                    assert await lease.emit_if_held(conn, rid, OWNER, "delta", DELTA)
 
         await asyncio.gather(*(write(rid, 5) for rid in requests))  # warm: every connection open
         async with db.sessions() as session:
@@ -85,10 +91,10 @@ async def measure(url: str, writers: int, per_writer: int) -> None:
                 text("SELECT avg(pg_column_size(e.*)) FROM side_question_events e WHERE type = 'delta'")
             )
         print(
-            f"append_event: {total} events from {writers} writers in {wall:.2f} s "
+            f"delta events: {total} from {writers} writers in {wall:.2f} s "
             f"= {total / wall:.0f} events/s; "
             f"PostgreSQL backends {pg_cpu / total * 1e6:.0f} µs CPU per event, "
-            f"client (SQLAlchemy) {own / total * 1e6:.0f} µs per event; "
+            f"client (asyncpg) {own / total * 1e6:.0f} µs per event; "
             f"WAL {float(wal or 0) / total:.0f} bytes per event; delta row {float(row_bytes or 0):.0f} bytes"
         )
         print(f"load average during the run: {os.getloadavg()}")
