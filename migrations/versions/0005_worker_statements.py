@@ -10,7 +10,8 @@ round trips. These functions do the same statements in the same order, in one ca
 
 - ``sidequest_claim``: THE claim (SPEC §9; the invariants are in service/store/queue.py): the
   claims' advisory lock, the global cap, the fair pick, the request marked running under a lease, the
-  session's ``last_started_at``, the ``status`` event; returns what the pipeline needs to start.
+  session's ``last_started_at``, the ``status`` event; returns what the pipeline needs to start
+  (with the content hash of the snapshot the request names, which keys the worker's preparations).
 - ``sidequest_lock_if_held``: THE lease guard (lock the request row while it is ``running`` under
   this owner and not deleted); every worker write goes through it.
 - ``sidequest_emit_if_held``: the guard, then (optionally) the stage change with its context_info,
@@ -152,7 +153,8 @@ CREATE OR REPLACE FUNCTION sidequest_claim(
 ) RETURNS TABLE (
     cluster_full boolean, id uuid, session_id uuid, ordinal integer, attempt integer,
     clear_version integer, question text, snapshot_id text, options jsonb, model text,
-    created_at timestamptz, parent_id text, memory jsonb, settings jsonb, jobs_active boolean
+    created_at timestamptz, parent_id text, memory jsonb, settings jsonb, jobs_active boolean,
+    snapshot_hash text
 )
 LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
@@ -221,6 +223,10 @@ BEGIN
     jobs_active := EXISTS (
         SELECT 1 FROM side_question_jobs j
         WHERE j.session_id = v_ses.id AND j.status IN ('queued', 'running')
+    );
+    snapshot_hash := (
+        SELECT m.content_hash FROM main_snapshots m
+        WHERE m.session_id = v_req.session_id AND m.snapshot_id = v_req.snapshot_id
     );
     RETURN NEXT;
 END

@@ -40,16 +40,16 @@ from service.api.schemas import (
 )
 from service.api.sse import database_now, session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
-from service.budget.prepared import EncodedSnapshot
+from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.config import Settings
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (
     SnapshotJobPolicy,
-    StoredSnapshot,
     encode_or_refuse,
     find_session,
     history_page,
     lock_or_create_session,
+    prepare_or_refuse,
     session_overview,
     store_snapshot,
 )
@@ -128,12 +128,14 @@ async def post_question(
     parsed = await _parsed_body(request)
     inline: dict[str, Any] | None = None
     encoded: EncodedSnapshot | None = None
+    prepared: PreparedSnapshot | None = None
     if body.snapshot is not None:
         inline = parsed["snapshot"]
         assert isinstance(inline, dict)
         encoded = encode_or_refuse(inline)
         if encoded.size > settings.max_snapshot_bytes:
             raise _too_large("snapshot_too_large", "the snapshot", encoded.size, settings.max_snapshot_bytes)
+        prepared = _prepare_and_share(request, inline, encoded)
     if idempotency_key is not None:
         check_text(idempotency_key)
     options = {
@@ -146,6 +148,7 @@ async def post_question(
         snapshot_id=body.snapshot_id,
         snapshot=inline,
         snapshot_encoding=encoded,
+        snapshot_prepared=prepared,
         options=options,
         idempotency_key=idempotency_key,
         # Key-sorted compact JSON: the same body in another key order or spacing hashes the same.
@@ -159,7 +162,6 @@ async def post_question(
     if admitted.created:
         metrics: Metrics = request.app.state.metrics
         metrics.admitted.inc()
-    _share_prepared(request, admitted.stored_snapshot)
     return JSONResponse(
         admitted.record,
         status_code=202 if admitted.created else 200,
@@ -240,6 +242,7 @@ async def put_snapshot(
     encoded = encode_or_refuse(content)
     if encoded.size > settings.max_snapshot_bytes:
         raise _too_large("snapshot_too_large", "the snapshot", encoded.size, settings.max_snapshot_bytes)
+    prepared = _prepare_and_share(request, content, encoded)
     owner = await lock_or_create_session(session, tenant, parent_id)
     stored = await store_snapshot(
         session,
@@ -249,20 +252,25 @@ async def put_snapshot(
         owner=owner,
         jobs=snapshot_job_policy(settings),
         encoded=encoded,
+        prepared=prepared,
     )
     await session.commit()
-    _share_prepared(request, stored)
     return JSONResponse(stored.public(), status_code=201 if stored.created else 200)
 
 
-def _share_prepared(request: Request, stored: StoredSnapshot | None) -> None:
-    """Hand a snapshot's fresh preparation to a worker in this process (``sidequest serve`` sets
-    ``app.state.snapshot_prepared``), so the question it came with, and its background job, need not
-    read 600 KB back from PostgreSQL. Only after the commit: a rolled-back snapshot is never shared."""
+def _prepare_and_share(
+    request: Request, content: dict[str, Any], encoded: EncodedSnapshot
+) -> PreparedSnapshot:
+    """Prepare a snapshot once and hand the preparation to a worker in this process at once
+    (``sidequest serve`` sets ``app.state.snapshot_prepared``), so the question it came with, and its
+    background job, need not read 600 KB back from PostgreSQL — even when the worker claims that
+    question before this request's own code resumes after the commit. Safe before the commit: the
+    worker keys it by content hash, and a preparation is a pure function of the content."""
+    prepared = prepare_or_refuse(content, encoded)
     hook = getattr(request.app.state, "snapshot_prepared", None)
-    if hook is None or stored is None or stored.prepared is None or stored.session_id is None:
-        return
-    hook(stored.session_id, stored.snapshot_id, stored.prepared)
+    if hook is not None:
+        hook(encoded.content_hash, prepared)
+    return prepared
 
 
 @router.get("/{parent_id}", response_model=SessionOut, responses=errors(401, 404, 422))

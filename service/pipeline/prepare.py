@@ -128,7 +128,9 @@ async def prepare(rt: RequestRuntime) -> Prepared:
     claimed = rt.claimed
     snapshot: PreparedSnapshot | None = None
     if claimed.snapshot_id is not None:
-        snapshot = await rt.deps.snapshots.load(rt.db, claimed.session_id, claimed.snapshot_id)
+        snapshot = await rt.deps.snapshots.load(
+            rt.db, claimed.session_id, claimed.snapshot_id, claimed.snapshot_hash
+        )
         if snapshot is None:
             raise PipelineFailure(
                 "snapshot_missing",

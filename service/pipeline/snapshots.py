@@ -1,12 +1,16 @@
 """The worker's most recently used prepared snapshots, kept in memory (issue 12: "a request loads only
 what it needs").
 
-A stored snapshot never changes (SPEC §3: the same id with other content is a 409), and its
-preparation is a pure function of its content, so an entry can never be stale: no invalidation, no
-coherence between processes. Reading the preparation of a 2000-message snapshot from PostgreSQL and
-rebuilding it costs ~10 ms per request (the transfer, the JSON decode, the groups and digests); a
-session's next questions — and the background job its snapshot triggered — mostly name the same one.
-Bounded by count: each entry holds one snapshot's canonical messages (1.8 MB for a 600 KB one).
+Keyed by the snapshot's content hash: a preparation is a pure function of the content, so an entry
+can never be stale — no invalidation, no coherence between processes, and sharing one before its
+snapshot's transaction committed is safe whatever becomes of that transaction (``sidequest serve``'s
+API hands each preparation to its worker as soon as it is made, so the question it came with never
+reads it back, even when the worker claims that question before the API's own code resumed after
+the commit). A request knows its snapshot's hash from its claim; a background job reads it (one
+small query). Reading the preparation of a 2000-message snapshot from PostgreSQL and rebuilding it
+costs ~10 ms per request (the transfer, the JSON decode, the groups and digests); a session's next
+questions — and the background job its snapshot triggered — mostly name the same one. Bounded by
+count: each entry holds one snapshot's canonical messages (1.8 MB for a 600 KB one).
 """
 
 from __future__ import annotations
@@ -17,47 +21,56 @@ from typing import Final
 
 from service.budget.prepared import PreparedSnapshot
 from service.store.db import Database
-from service.store.history import load_prepared_snapshot
+from service.store.history import load_prepared_snapshot, snapshot_content_hash
 
 CAPACITY: Final = 8
 
 
 class PreparedSnapshots:
-    """A small LRU of prepared snapshots by (session, snapshot id), in front of the store."""
+    """A small LRU of prepared snapshots by content hash, in front of the store."""
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[tuple[uuid.UUID, str], PreparedSnapshot] = OrderedDict()
+        self._entries: OrderedDict[str, PreparedSnapshot] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, session_id: uuid.UUID, snapshot_id: str, prepared: PreparedSnapshot) -> None:
-        """Remember a snapshot prepared elsewhere in this process (``sidequest serve``: the API just
-        stored it, so the question it came with need not read it back)."""
+    def put(self, content_hash: str, prepared: PreparedSnapshot) -> None:
+        """Remember the preparation of the content with this hash (made elsewhere in this process)."""
         if self.capacity <= 0:
             return
-        key = (session_id, snapshot_id)
-        self._entries[key] = prepared
-        self._entries.move_to_end(key)
+        self._entries[content_hash] = prepared
+        self._entries.move_to_end(content_hash)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
-    async def load(self, db: Database, session_id: uuid.UUID, snapshot_id: str) -> PreparedSnapshot | None:
-        """The snapshot as prepared when stored; None when the session does not have it."""
-        key = (session_id, snapshot_id)
-        found = self._entries.get(key)
+    async def load(
+        self, db: Database, session_id: uuid.UUID, snapshot_id: str, content_hash: str | None = None
+    ) -> PreparedSnapshot | None:
+        """The snapshot as prepared when stored; None when the session does not have it.
+
+        ``content_hash``: the stored snapshot's hash when the caller read it already (a claim returns
+        it); without it, it is read first."""
+        if content_hash is None:
+            async with db.connection() as conn:
+                content_hash = await snapshot_content_hash(conn, session_id, snapshot_id)
+            if content_hash is None:
+                return None
+        found = self._entries.get(content_hash)
         if found is not None:
-            self._entries.move_to_end(key)
+            self._entries.move_to_end(content_hash)
             self.hits += 1
             return found
         self.misses += 1
         async with db.sessions() as session:
-            prepared = await load_prepared_snapshot(session, session_id, snapshot_id)
-        if prepared is not None:
-            self.put(session_id, snapshot_id, prepared)
+            loaded = await load_prepared_snapshot(session, session_id, snapshot_id)
+        if loaded is None:
+            return None
+        read_hash, prepared = loaded
+        self.put(read_hash, prepared)
         return prepared
 
 

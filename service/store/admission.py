@@ -11,7 +11,6 @@ a no-op.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import uuid
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from typing import Any, cast
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.budget.prepared import EncodedSnapshot
+from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.errors import SidequestError
 from service.store.db import Database
 from service.store.jobs import cancel_session_jobs
@@ -113,6 +112,8 @@ class Admission:
     snapshot: dict[str, Any] | None = None
     # ``snapshot`` encoded once by the caller (its size check needed it), reused by the store.
     snapshot_encoding: EncodedSnapshot | None = None
+    # …and prepared by the caller (which shared it with its worker), so the store does not again.
+    snapshot_prepared: PreparedSnapshot | None = None
     options: dict[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
     body_hash: str | None = None
@@ -131,8 +132,6 @@ class Admitted:
     record: dict[str, Any]
     created: bool
     superseded: tuple[uuid.UUID, ...] = ()
-    # The inline snapshot this admission stored, when it stored one (its preparation included).
-    stored_snapshot: StoredSnapshot | None = None
 
 
 async def _notify(session: AsyncSession, channel: str, payload: str) -> None:
@@ -274,6 +273,7 @@ async def _admit_in_transaction(
                 owner=owner,
                 jobs=admission.snapshot_jobs,
                 encoded=admission.snapshot_encoding,
+                prepared=admission.snapshot_prepared,
             )
             snapshot_id = stored.snapshot_id
         args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
@@ -287,8 +287,6 @@ async def _admit_in_transaction(
         await session.rollback()
         raise
     await session.commit()
-    if stored is not None and stored.created:
-        admitted = dataclasses.replace(admitted, stored_snapshot=stored)
     return admitted
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.budget import HISTORY_BATCH_SIZE
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
 from service.store.db import Database
-from service.store.execute import fetch_all
+from service.store.execute import Executor, fetch_all, fetch_value
 from service.store.models import SnapshotRow
 from service.vocabulary import Status
 
@@ -46,10 +46,23 @@ async def load_snapshot(
     return dict(content) if content is not None else None
 
 
+_CONTENT_HASH = text(
+    "SELECT content_hash FROM main_snapshots WHERE session_id = :sid AND snapshot_id = :snapshot_id"
+)
+
+
+async def snapshot_content_hash(x: Executor, session_id: uuid.UUID, snapshot_id: str) -> str | None:
+    """The content hash of a stored snapshot (None when the session does not have it): what names its
+    preparation, which is a pure function of the content."""
+    value = await fetch_value(x, _CONTENT_HASH, {"sid": session_id, "snapshot_id": snapshot_id})
+    return None if value is None else str(value)
+
+
 async def load_prepared_snapshot(
     session: AsyncSession, session_id: uuid.UUID, snapshot_id: str
-) -> PreparedSnapshot | None:
-    """The snapshot as prepared when it was stored (issue 12), or None when it is not stored.
+) -> tuple[str, PreparedSnapshot] | None:
+    """The snapshot as prepared when it was stored (issue 12), with the content hash it was read
+    with; None when it is not stored.
 
     A snapshot stored before preparation existed, or prepared by another format version, is prepared
     now from its content and the result written back (once: snapshots are immutable).
@@ -57,6 +70,7 @@ async def load_prepared_snapshot(
     row = (
         await session.execute(
             select(
+                SnapshotRow.content_hash,
                 SnapshotRow.prepared,
                 SnapshotRow.prepared_version,
                 # The transcript itself, only when the preparation left it out (messages_as_posted).
@@ -70,7 +84,7 @@ async def load_prepared_snapshot(
     if row is None:
         return None
     if row.prepared is not None and row.prepared_version == PREPARED_VERSION:
-        return PreparedSnapshot.from_json(row.prepared, row.posted_messages)
+        return str(row.content_hash), PreparedSnapshot.from_json(row.prepared, row.posted_messages)
     content = await load_snapshot(session, session_id, snapshot_id)
     if content is None:
         return None
@@ -81,7 +95,7 @@ async def load_prepared_snapshot(
         .values(prepared=prepared.to_json(), prepared_version=PREPARED_VERSION)
     )
     await session.commit()
-    return prepared
+    return str(row.content_hash), prepared
 
 
 _HISTORY_PAGE = text(

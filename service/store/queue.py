@@ -82,6 +82,9 @@ class Claimed:
     # if not, the request need not look for one to wait for (a job queued later is met by the
     # single-flight registration instead).
     jobs_active: bool = True
+    # The content hash of the snapshot it names, when the session has it (what the worker's prepared
+    # snapshots are keyed by); None: no snapshot named, or not stored.
+    snapshot_hash: str | None = None
 
 
 _COUNT_RUNNING = text("SELECT count(*) FROM side_question_requests WHERE status = 'running'")
@@ -144,6 +147,7 @@ async def try_claim(
         session_settings=dict(row["settings"] or {}),
         created_at=utc_iso(row["created_at"]),
         jobs_active=bool(row["jobs_active"]),
+        snapshot_hash=row["snapshot_hash"],
     ), False
 
 

@@ -365,10 +365,6 @@ class StoredSnapshot:
     size_bytes: int
     created_at: str
     created: bool
-    # Set when this call stored it: the session it belongs to and its preparation (``sidequest serve``
-    # hands it to its worker, which then need not read it back).
-    session_id: uuid.UUID | None = None
-    prepared: PreparedSnapshot | None = None
 
     def public(self) -> dict[str, Any]:
         """The API view of the snapshot."""
@@ -391,6 +387,7 @@ async def store_snapshot(
     owner: SessionRow | None = None,
     jobs: SnapshotJobPolicy | None = None,
     encoded: EncodedSnapshot | None = None,
+    prepared: PreparedSnapshot | None = None,
 ) -> StoredSnapshot:
     """Store ``content`` under ``snapshot_id`` (or its content hash) in the caller's transaction.
 
@@ -401,14 +398,16 @@ async def store_snapshot(
 
     ``encoded`` is the snapshot encoded once by the caller (:func:`encode_or_refuse`, which the API
     needs for its size check first): its bytes give the content hash, the size, the prefix digests
-    and the stored JSON, so a 600 KB snapshot is serialised once, not five times.
+    and the stored JSON, so a 600 KB snapshot is serialised once, not five times. ``prepared`` is its
+    preparation when the caller made it already (the API, which shares it with its worker at once).
     """
     if encoded is None:
         encoded = encode_or_refuse(content)
     digest = encoded.content_hash
     key = snapshot_id or digest
     size = encoded.size
-    prepared = prepare_or_refuse(content, encoded)
+    if prepared is None:
+        prepared = prepare_or_refuse(content, encoded)
     tokens = prepared.total_tokens
     inserted = await session.scalar(
         pg_insert(SnapshotRow)
@@ -429,16 +428,7 @@ async def store_snapshot(
     if inserted is not None:
         if owner is not None:
             await maybe_queue_snapshot_job(session, owner, key, prepared, jobs)
-        return StoredSnapshot(
-            key,
-            digest,
-            tokens,
-            size,
-            utc_iso(inserted),
-            created=True,
-            session_id=session_id,
-            prepared=prepared,
-        )
+        return StoredSnapshot(key, digest, tokens, size, utc_iso(inserted), created=True)
     existing = (
         await session.execute(
             select(

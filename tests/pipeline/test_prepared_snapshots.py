@@ -1,12 +1,21 @@
 """The worker's in-memory prepared snapshots (service/pipeline/snapshots.py): same result as the store,
-read once, bounded."""
+read once, bounded, keyed by content hash (never stale, whatever was shared before a commit)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
+from service.budget.prepared import prepare_snapshot
 from service.pipeline.snapshots import PreparedSnapshots
 from service.store.db import Database
 from service.store.history import load_prepared_snapshot
 from tests.factories import add_snapshot, make_session
+
+
+def _hash(content: dict[str, object]) -> str:
+    """The content hash tests.factories.add_snapshot stores."""
+    return hashlib.sha256(json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
 
 
 def _content(n: int) -> dict[str, object]:
@@ -20,8 +29,10 @@ async def test_a_snapshot_is_read_once_and_equals_the_stores(db: Database) -> No
     first = await cache.load(db, sid, "s1")
     again = await cache.load(db, sid, "s1")
     async with db.sessions() as session:
-        stored = await load_prepared_snapshot(session, sid, "s1")
-    assert first is not None and again is first and stored is not None
+        loaded = await load_prepared_snapshot(session, sid, "s1")
+    assert first is not None and again is first and loaded is not None
+    read_hash, stored = loaded
+    assert read_hash == _hash(_content(1))
     assert first.digests == stored.digests and first.messages == stored.messages
     assert (cache.hits, cache.misses) == (1, 1)
 
@@ -41,3 +52,26 @@ async def test_missing_snapshots_are_not_remembered_and_the_oldest_entry_goes(db
     await add_snapshot(db, sid, "late", _content(4))
     missing = PreparedSnapshots()
     assert await missing.load(db, sid, "late") is not None
+
+
+async def test_an_entry_is_found_by_content_so_a_preparation_shared_early_is_never_wrong(
+    db: Database,
+) -> None:
+    """The API shares a preparation before its transaction commits. Keyed by content hash, an entry
+    whose snapshot was never stored (a refused admission) cannot answer for another content stored
+    later under the same id; one whose content is stored is found without a read."""
+    sid = await make_session(db, "parent-cache-early")
+    cache = PreparedSnapshots()
+    never_stored = _content(7)
+    cache.put(_hash(never_stored), prepare_snapshot(never_stored))  # its admission rolled back
+    await add_snapshot(db, sid, "s", _content(8))  # the same id, other content, later
+    found = await cache.load(db, sid, "s")
+    assert found is not None and found.messages == prepare_snapshot(_content(8)).messages
+    assert (cache.hits, cache.misses) == (0, 1)
+    # Shared before its commit, then stored: found by the hash the claim read, no read at all.
+    shared = _content(9)
+    cache.put(_hash(shared), prepare_snapshot(shared))
+    await add_snapshot(db, sid, "t", shared)
+    assert await cache.load(db, sid, "t", _hash(shared)) is not None
+    assert await cache.load(db, sid, "t") is not None  # without the hash: one small read, then a hit
+    assert (cache.hits, cache.misses) == (2, 1)
