@@ -54,3 +54,27 @@ def test_upgrade_check_downgrade_round_trip(scratch_url: str) -> None:
     assert _tables(scratch_url) <= {"alembic_version"}
     command.upgrade(config, "head")
     command.check(config)
+
+
+def test_snapshots_are_lz4_compressed_where_the_server_has_lz4(scratch_url: str) -> None:
+    """Migration 0006: lz4 on a server built with it, pglz (and a successful migration) without."""
+    command.upgrade(_config(scratch_url), "head")
+    engine = create_engine(scratch_url.replace("+asyncpg", "+psycopg2"))
+    try:
+        with engine.connect() as conn:
+            try:
+                with conn.begin_nested():
+                    conn.exec_driver_sql("CREATE TEMP TABLE lz4_probe (v text COMPRESSION lz4)")
+                has_lz4 = True
+            except Exception as exc:  # psycopg2's FeatureNotSupported, wrapped by SQLAlchemy
+                assert "lz4" in str(exc)
+                has_lz4 = False
+            methods = dict(
+                conn.exec_driver_sql(
+                    "SELECT attname, attcompression FROM pg_attribute "
+                    "WHERE attrelid = 'main_snapshots'::regclass AND attname IN ('content', 'prepared')"
+                ).all()
+            )
+    finally:
+        engine.dispose()
+    assert methods == ({"content": "l", "prepared": "l"} if has_lz4 else {"content": "", "prepared": ""})
