@@ -7,10 +7,13 @@ session or request is simply "not found" (SPEC §3: 404, never 403). Requests hi
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from sqlalchemy import JSON, Text, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -378,6 +381,27 @@ class StoredSnapshot:
         }
 
 
+# A non-finite number in the canonical text (json.dumps writes NaN / Infinity as bare tokens; a
+# string holding one is quoted, and matching it too only costs the slower path).
+_NON_FINITE = re.compile(rb"[:,\[]-?(?:NaN|Infinity)")
+
+
+def posted_json(content: dict[str, Any], encoded: EncodedSnapshot) -> str:
+    """``content`` as compact JSON text in its posted key order, for the ``json`` column.
+
+    orjson writes it in ~1 ms where ``json.dumps`` takes ~8 ms for 600 KB (issue 11: the inline
+    admission); the same JSON value, not always the same bytes (it writes ``1e16`` for ``1e+16``).
+    What orjson would write differently in value — a NaN or an infinity (it writes null), an integer
+    beyond 64 bits (it refuses) — goes the ``json.dumps`` way, so nothing stored changes meaning.
+    """
+    if _NON_FINITE.search(encoded.canonical) is None:
+        try:
+            return orjson.dumps(content).decode("utf-8")
+        except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits, say
+            pass
+    return json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+
+
 async def store_snapshot(
     session: AsyncSession,
     session_id: uuid.UUID,
@@ -414,7 +438,8 @@ async def store_snapshot(
         .values(
             session_id=session_id,
             snapshot_id=key,
-            content=content,  # as posted, key order kept (json, not jsonb)
+            # As posted, key order kept (json, not jsonb), as text cast by PostgreSQL.
+            content=cast(literal(posted_json(content, encoded), Text()), JSON),
             content_hash=digest,
             token_estimate=tokens,
             size_bytes=size,
