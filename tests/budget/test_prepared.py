@@ -160,7 +160,44 @@ def test_rewritten_messages_keep_their_own_copy_in_the_stored_form() -> None:
     assert plain.messages_as_posted and json.loads(plain.to_json_text())["messages"] is None
 
 
-def test_absurd_nesting_is_refused_before_anything_is_encoded() -> None:
+def _nested(levels: int) -> object:
+    """A value of exactly ``levels`` levels (json_depth): lists around a string."""
+    deep: object = "leaf"
+    for _ in range(levels - 1):
+        deep = [deep]
+    return deep
+
+
+@pytest.mark.parametrize("where", ["message", "envelope"])
+def test_the_nesting_limit_is_exact_inside_messages_and_around_them(where: str) -> None:
+    """Depth MAX is stored, MAX + 1 refused, wherever the nesting is (a message is walked only when
+    its bracket count says it might be too deep: the limit must not move)."""
+
+    def snapshot(levels: int) -> dict[str, object]:
+        if where == "message":  # snapshot (1) > messages (2) > message (3) > "content" value (4…)
+            return {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "user", "content": _nested(levels - 3)},
+                ]
+            }
+        return {"messages": [{"role": "user", "content": "hi"}], "x": _nested(levels - 1)}
+
+    assert json_depth(snapshot(MAX_SNAPSHOT_DEPTH)) == MAX_SNAPSHOT_DEPTH
+    encode_snapshot(snapshot(MAX_SNAPSHOT_DEPTH))
+    assert json_depth(snapshot(MAX_SNAPSHOT_DEPTH + 1)) == MAX_SNAPSHOT_DEPTH + 1
+    with pytest.raises(UnstorableSnapshot) as refused:
+        encode_snapshot(snapshot(MAX_SNAPSHOT_DEPTH + 1))
+    assert refused.value.reason == "depth"
+
+
+def test_nesting_past_the_interpreters_recursion_limit_is_refused_as_depth() -> None:
+    with pytest.raises(UnstorableSnapshot) as refused:
+        encode_snapshot({"messages": [{"role": "user", "content": _nested(5000)}]})
+    assert refused.value.reason == "depth"
+
+
+def test_absurd_nesting_is_refused() -> None:
     deep: object = "leaf"
     for _ in range(MAX_SNAPSHOT_DEPTH):
         deep = [deep]
