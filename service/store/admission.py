@@ -11,7 +11,6 @@ a no-op.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.errors import SidequestError
 from service.store.db import Database
+from service.store.execute import json_text, notify
 from service.store.jobs import cancel_session_jobs
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
 from service.store.records import request_record
@@ -134,10 +134,6 @@ class Admitted:
     superseded: tuple[uuid.UUID, ...] = ()
 
 
-async def _notify(session: AsyncSession, channel: str, payload: str) -> None:
-    await session.execute(text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
-
-
 # Created by migration 0003_h12a. The hot path is the procedure: it commits the rows, then sends
 # the NOTIFYs in a transaction of their own (a NOTIFY in the writing transaction would serialise
 # every admission's commit behind one database-wide lock; see the migration). The function runs
@@ -178,7 +174,7 @@ def _arguments(
         uuid.uuid4(),
         admission.question,
         snapshot_id,
-        json.dumps(admission.options, ensure_ascii=False, separators=(",", ":")),
+        json_text(admission.options),
         admission.options.get("model"),
         admission.idempotency_key,
         admission.body_hash,
@@ -307,7 +303,7 @@ async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) ->
     )
     if ended is None:
         return False
-    await _notify(session, CANCEL_CHANNEL, str(request_id))
+    await notify(session, CANCEL_CHANNEL, str(request_id))
     return True
 
 

@@ -51,6 +51,7 @@ from service.store.archive_codec import (
 )
 from service.store.archive_fields import ARCHIVE_VERSIONS
 from service.store.archive_schema import archive_json_schema
+from service.store.execute import notify
 from service.store.models import EventRow, HandoffRow, RequestRow, SessionRow
 from service.store.records import request_record
 from service.store.sessions import find_session, lock_or_create_session
@@ -339,9 +340,7 @@ async def _restore(
         payload = json.dumps(
             {"id": events[-1].id, "request_id": str(rows[-1].id), "session_id": str(target.id)}
         )
-        await session.execute(
-            text("SELECT pg_notify(:channel, :payload)"), {"channel": NOTIFY_CHANNEL, "payload": payload}
-        )
+        await notify(session, NOTIFY_CHANNEL, payload)
 
     return RestoreResult(
         parent_id=parent_id,

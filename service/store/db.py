@@ -23,6 +23,8 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from service.store.execute import json_text
+
 
 def _alembic_home() -> Path:
     """Where ``alembic.ini`` and ``migrations/`` are: the source tree (a checkout, an editable install),
@@ -202,7 +204,7 @@ def connect(url: str, *, pool_size: int = 10) -> Database:
         pool_timeout=POOL_TIMEOUT_S,
         connect_args={"timeout": CONNECT_TIMEOUT_S, "command_timeout": COMMAND_TIMEOUT_S},
         # JSONB columns hold our documents; keep key order as written.
-        json_serializer=_dumps,
+        json_serializer=json_text,
     )
     return Database(
         engine=engine,
@@ -210,10 +212,6 @@ def connect(url: str, *, pool_size: int = 10) -> Database:
         url=url,
         pool_size=pool_size,
     )
-
-
-def _dumps(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def head_revision() -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.store.execute import Executor, execute, fetch_one, fetch_value
+from service.store.execute import Executor, fetch_one, fetch_value, json_text, notify
 from service.store.models import EventRow, RequestRow
 from service.vocabulary import EVENTS_CHANNEL, utc_iso
 
@@ -78,7 +78,7 @@ async def append_event(
         {
             "request_id": request_id,
             "type": event_type,
-            "fields": json.dumps(fields, ensure_ascii=False, separators=(",", ":")),
+            "fields": json_text(fields),
             "at": at,
         },
     )
@@ -95,7 +95,6 @@ _APPEND_SESSION_EVENT = text(
     RETURNING id
     """
 )
-_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
 async def append_session_event(
@@ -114,11 +113,11 @@ async def append_session_event(
         {
             "sid": session_id,
             "type": event_type,
-            "data": json.dumps(data, ensure_ascii=False, separators=(",", ":")),
+            "data": json_text(data),
         },
     )
     payload = json.dumps({"id": event_id, "request_id": None, "session_id": str(session_id)})
-    await execute(session, _NOTIFY, {"channel": EVENTS_CHANNEL, "payload": payload})
+    await notify(session, EVENTS_CHANNEL, payload)
     return Event(int(event_id), None, session_id, None, event_type, data)
 
 

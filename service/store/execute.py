@@ -15,11 +15,13 @@ Python objects, rows are read by column name (``row["ordinal"]``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeAlias
 
 import asyncpg
+from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import asyncpg as pg_asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import TextClause
@@ -29,6 +31,19 @@ Row: TypeAlias = Mapping[Any, Any]
 
 _DIALECT = pg_asyncpg.dialect()  # type: ignore[no-untyped-call]
 _COMPILED: dict[int, tuple[TextClause, str, tuple[str, ...]]] = {}
+
+
+def json_text(value: Any) -> str:
+    """A jsonb parameter as both kinds of connection take it: compact JSON text, non-ASCII kept."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+
+
+async def notify(x: Executor, channel: str, payload: str) -> None:
+    """``NOTIFY channel, payload`` inside ``x``'s transaction (delivered when it commits)."""
+    await execute(x, _NOTIFY, {"channel": channel, "payload": payload})
 
 
 def positional(clause: TextClause) -> tuple[str, tuple[str, ...]]:
@@ -113,6 +128,8 @@ __all__ = [
     "fetch_all",
     "fetch_one",
     "fetch_value",
+    "json_text",
+    "notify",
     "positional",
     "transaction",
 ]

@@ -21,7 +21,6 @@ statements of both tables). What differs is only what a job is:
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_session_event
-from service.store.execute import Executor, execute, fetch_value
+from service.store.execute import Executor, fetch_value, json_text, notify
 from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, JobKind, Status, TerminalStatus
 
 # Key of the advisory lock that serialises job claims (requests have their own).
@@ -80,10 +79,6 @@ class JobState:
     error: dict[str, Any] | None
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 async def _memory_event(
     session: Executor,
     session_id: uuid.UUID,
@@ -101,11 +96,8 @@ async def _memory_event(
     )
 
 
-_NOTIFY_JOBS = text("SELECT pg_notify(:c, :p)")
-
-
 async def _notify_jobs(session: Executor, payload: str) -> None:
-    await execute(session, _NOTIFY_JOBS, {"c": JOBS_CHANNEL, "p": payload})
+    await notify(session, JOBS_CHANNEL, payload)
 
 
 _ENQUEUE_JOB = text(
@@ -141,7 +133,7 @@ async def enqueue_job(
             "sid": session_id,
             "kind": str(kind),
             "key": key,
-            "params": _json({**params, "made_by": "background"}),
+            "params": json_text({**params, "made_by": "background"}),
             "cv": clear_version,
         },
     )
@@ -186,7 +178,7 @@ async def register_inline(
                 "sid": session_id,
                 "kind": kind,
                 "key": key,
-                "params": _json({"made_by": "request", "request_id": str(request_id)}),
+                "params": json_text({"made_by": "request", "request_id": str(request_id)}),
                 "cv": clear_version,
                 "owner": owner,
                 "lease_s": lease_s,
@@ -288,8 +280,8 @@ async def finish_job(
                 "id": job_id,
                 "status": status,
                 "calls": calls,
-                "covered": None if covered is None else _json(covered),
-                "error": None if error is None else _json(error),
+                "covered": None if covered is None else json_text(covered),
+                "error": None if error is None else json_text(error),
                 "owner": owner,
             },
         )
@@ -430,7 +422,7 @@ async def cancel_session_jobs(session: AsyncSession, session_id: uuid.UUID) -> l
         )
     ).all()
     for row in rows:
-        await session.execute(text("SELECT pg_notify(:c, :p)"), {"c": CANCEL_CHANNEL, "p": f"job:{row.id}"})
+        await notify(session, CANCEL_CHANNEL, f"job:{row.id}")
         if row.made_by != "request":
             await _memory_event(session, session_id, row.id, row.kind, Status.CANCELLED, row.calls, None)
     return [row.id for row in rows]

@@ -8,13 +8,12 @@ written by a worker that lost it, and no event ever follows a terminal one.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 from sqlalchemy import text
 
-from service.store.execute import Executor, committed, fetch_value
+from service.store.execute import Executor, committed, fetch_value, json_text
 from service.vocabulary import utc_iso
 
 # Both guards are SQL functions (migration 0005_worker_statements), so the rule has one home.
@@ -23,10 +22,6 @@ _EMIT_IF_HELD = text(
     "SELECT sidequest_emit_if_held(:id, :owner, CAST(:events AS jsonb), :at, "
     "CAST(:stage AS text), CAST(:info AS jsonb))"
 )
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 async def lock_if_held(session: Executor, request_id: uuid.UUID, owner: str) -> bool:
@@ -52,14 +47,14 @@ async def write_if_held(
     request is no longer this worker's."""
     info = None
     if stage is not None:
-        info = _json({**(context_info or {}), "stage": stage})
+        info = json_text({**(context_info or {}), "stage": stage})
     held = await fetch_value(
         session,
         _EMIT_IF_HELD,
         {
             "id": request_id,
             "owner": owner,
-            "events": _json([[event_type, fields] for event_type, fields in events]),
+            "events": json_text([[event_type, fields] for event_type, fields in events]),
             "at": utc_iso(),
             "stage": stage,
             "info": info,

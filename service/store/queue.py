@@ -38,7 +38,6 @@ Invariants, and how each is kept:
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +57,7 @@ CLAIM_LOCK_KEY = 0x5EDE_0001
 
 # A request that lost its worker this many times is failed with worker_lost instead of re-run.
 MAX_ATTEMPTS = 2
+
 
 @dataclass(frozen=True)
 class Claimed:
@@ -98,9 +98,7 @@ async def count_running(session: Executor) -> int:
     return int(value or 0)
 
 
-async def claim_next(
-    session: Executor, *, owner: str, lease_s: float, max_running: int
-) -> Claimed | None:
+async def claim_next(session: Executor, *, owner: str, lease_s: float, max_running: int) -> Claimed | None:
     """Claim the next request per SPEC §9, or None when the cap is reached or nothing is eligible."""
     claimed, _full = await try_claim(session, owner=owner, lease_s=lease_s, max_running=max_running)
     return claimed
@@ -355,7 +353,3 @@ async def sweep_expired(session: AsyncSession, *, max_attempts: int = MAX_ATTEMP
                 )
                 jobs_failed.append(job.id)
     return SweepResult(requeued=requeued, failed=failed, jobs_requeued=jobs_requeued, jobs_failed=jobs_failed)
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

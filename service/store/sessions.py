@@ -7,7 +7,6 @@ session or request is simply "not found" (SPEC §3: 404, never 403). Requests hi
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from service.budget.prepared import (
     prepare_snapshot,
 )
 from service.errors import SidequestError
+from service.store.execute import json_text
 from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
@@ -399,7 +399,7 @@ def posted_json(content: dict[str, Any], encoded: EncodedSnapshot) -> str:
             return orjson.dumps(content).decode("utf-8")
         except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits, say
             pass
-    return json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+    return json_text(content)
 
 
 async def store_snapshot(

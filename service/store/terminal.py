@@ -14,7 +14,6 @@ never commits, and its caller composes several into one commit.
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -23,17 +22,15 @@ from typing import Any, Literal, cast
 from sqlalchemy import text
 
 from service.store import calibration, jobs, ledger
-from service.store.execute import Executor, execute, fetch_one, transaction
+from service.store.execute import Executor, execute, fetch_one, json_text, notify, transaction
 from service.store.lease import write_if_held
 from service.store.models import RequestRow
 from service.store.records import request_record
 from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
 
-_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
-
 
 async def notify_slot_freed(session: Executor, session_id: uuid.UUID) -> None:
-    await execute(session, _NOTIFY, {"channel": QUEUE_CHANNEL, "payload": f"freed:{session_id}"})
+    await notify(session, QUEUE_CHANNEL, f"freed:{session_id}")
 
 
 @dataclass(frozen=True)
@@ -97,8 +94,8 @@ async def finish_request(
             "stop_reason": stop_reason,
             "model": model,
             "qa_tokens": qa_tokens,
-            "error": None if error is None else _json(error),
-            "info": _json(context_info or {}),
+            "error": None if error is None else json_text(error),
+            "info": json_text(context_info or {}),
             "id": request_id,
             "from_statuses": [str(s) for s in from_statuses],
             "owner": owner,
@@ -125,7 +122,7 @@ async def finish_request(
             "status": str(status),
             "stage": stage,
             "type": last_type,
-            "fields": _json(last_fields),
+            "fields": json_text(last_fields),
             "at": utc_iso(),
             "channel": QUEUE_CHANNEL,
         },
@@ -242,10 +239,6 @@ async def finish_failed(
             context_info=context_info,
         )
         return ended is not None
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 __all__ = [
