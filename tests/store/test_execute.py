@@ -13,7 +13,7 @@ from sqlalchemy import text
 from service.store import terminal
 from service.store.admission import Admission, admit
 from service.store.db import Database
-from service.store.execute import fetch_all, fetch_one, fetch_value, positional, transaction
+from service.store.execute import Executor, fetch_all, fetch_one, fetch_value, positional, transaction
 from service.vocabulary import Status
 
 ECHO = text(
@@ -58,6 +58,19 @@ async def test_a_connection_transaction_rolls_back_on_error(db: Database) -> Non
         await fetch_value(conn, text("DROP TABLE t_exec"), {})
 
 
+async def _cancel(x: Executor, request_id: uuid.UUID) -> terminal.Ended | None:
+    async with transaction(x):
+        return await terminal.finish_request(
+            x,
+            request_id,
+            status=Status.CANCELLED,
+            owner=None,
+            from_statuses=(Status.QUEUED,),
+            error={"code": "cancelled", "message": "m", "detail": {}},
+            with_record=True,
+        )
+
+
 async def test_the_terminal_transition_gives_the_same_record_on_either_executor(db: Database) -> None:
     """finish_request returns the record from the updated row itself: identical whichever way it ran."""
     records = []
@@ -65,27 +78,11 @@ async def test_the_terminal_transition_gives_the_same_record_on_either_executor(
         admitted = await admit(db, "t", name, Admission(question="q"), max_queued=20)
         request_id = uuid.UUID(admitted.record["id"])
         if name == "via-session":
-            async with db.sessions() as session, session.begin():
-                ended = await terminal.finish_request(
-                    session,
-                    request_id,
-                    status=Status.CANCELLED,
-                    owner=None,
-                    from_statuses=(Status.QUEUED,),
-                    error={"code": "cancelled", "message": "m", "detail": {}},
-                    with_record=True,
-                )
+            async with db.sessions() as session:
+                ended = await _cancel(session, request_id)
         else:
-            async with db.connection() as conn, transaction(conn):
-                ended = await terminal.finish_request(
-                    conn,
-                    request_id,
-                    status=Status.CANCELLED,
-                    owner=None,
-                    from_statuses=(Status.QUEUED,),
-                    error={"code": "cancelled", "message": "m", "detail": {}},
-                    with_record=True,
-                )
+            async with db.connection() as conn:
+                ended = await _cancel(conn, request_id)
         assert ended is not None and ended.record is not None
         record = dict(ended.record)
         assert record["status"] == "cancelled" and record["finished_at"] is not None
