@@ -29,6 +29,7 @@ from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summar
 from service.pipeline.recorder import JobRecorder
 from service.pipeline.runtime import PipelineDeps
 from service.store import jobs, memory
+from service.store.execute import transaction
 from service.store.history import iter_history
 from service.store.sessions import job_session_inputs
 from service.summary.context import compact_context
@@ -50,10 +51,8 @@ class JobOutcome:
     calls: int = 0
     covered: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-
-
-class _JobLost(Exception):
-    """The job is no longer this worker's (cancelled by a clear, or swept): stop, write nothing."""
+    # What a succeeded job saves (``qa_summary`` or ``context_summary``), in its end's transaction.
+    summary: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
@@ -62,8 +61,8 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
     deadline = deps.clock() + timeout
     budget = SummaryCallBudget(deps.settings.max_summary_calls)
     try:
-        async with deps.db.sessions() as session:
-            inputs = await job_session_inputs(session, job.session_id)
+        async with deps.db.connection() as conn:
+            inputs = await job_session_inputs(conn, job.session_id)
         if inputs is None or inputs.clear_version != job.clear_version:
             return await _end(deps, job, JobOutcome(Status.CANCELLED, error=_gone()))
         models = choose_models(deps.settings, inputs.settings, None, deps.provider.default_model)
@@ -95,8 +94,6 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 outcome = await _context_summary(deps, job, inputs, runner, models.summary)
         outcome.calls = budget.calls_made
         return await _end(deps, job, outcome)
-    except _JobLost:
-        return JobOutcome("lost", calls=budget.calls_made)
     except Exception as exc:
         if isinstance(exc, TimeoutError):
             error = {
@@ -115,10 +112,16 @@ def _gone() -> dict[str, Any]:
 
 
 async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) -> JobOutcome:
+    """The job's summary (if it made one) and its terminal state, in one commit (§6.5's guard first:
+    a job whose session was cleared, or that is no longer this worker's, writes nothing)."""
     status = Status.FAILED if outcome.status == "lost" else outcome.status
-    async with deps.db.sessions() as session:
-        written = await jobs.finish_job_committed(
-            session,
+    async with deps.db.connection() as conn, transaction(conn):
+        if outcome.summary and not await memory.save_memory_in(
+            conn, job.id, owner=deps.owner, job=True, **outcome.summary
+        ):
+            return JobOutcome("lost", calls=outcome.calls)
+        written = await jobs.finish_job(
+            conn,
             job.id,
             deps.owner,
             status=status,
@@ -126,13 +129,9 @@ async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) ->
             covered=outcome.covered,
             error=outcome.error,
         )
+    if written:
+        deps.waiter.notify()  # this process's waiting requests at once; others hear NOTIFY sidequest_jobs
     return outcome if written else JobOutcome("lost", calls=outcome.calls)
-
-
-async def _save(deps: PipelineDeps, job: jobs.ClaimedJob, **summary: dict[str, Any]) -> None:
-    async with deps.db.sessions() as session:
-        if not await memory.save_memory(session, job.id, owner=deps.owner, job=True, **summary):
-            raise _JobLost()
 
 
 async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner: Any) -> JobOutcome:
@@ -161,8 +160,11 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner
     folded = await fold_qa(runner(plan.window, plan.safety_margin), qa, batches, None)
     assert folded is not None
     folded = dataclasses.replace(folded, made_by="background")
-    await _save(deps, job, qa_summary=folded.to_json())
-    return JobOutcome(Status.SUCCEEDED, covered={"covered_through_ordinal": folded.covered_through_ordinal})
+    return JobOutcome(
+        Status.SUCCEEDED,
+        covered={"covered_through_ordinal": folded.covered_through_ordinal},
+        summary={"qa_summary": folded.to_json()},
+    )
 
 
 async def _context_summary(
@@ -184,8 +186,8 @@ async def _context_summary(
     cache = parse_cache(inputs.memory.get("context_summaries") or [])
     if any(entry.key == key for entry in cache):
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": until, "reason": "cached"})
-    async with deps.db.sessions() as session:
-        if not await jobs.take_key(session, job.id, key):
+    async with deps.db.connection() as conn:
+        if not await jobs.take_key(conn, job.id, key):
             # A request (or a job for the same content under another id) is making it right now.
             return JobOutcome(
                 Status.SUCCEEDED, covered={"covered_messages": until, "reason": "made_elsewhere"}
@@ -201,12 +203,15 @@ async def _context_summary(
         groups=snapshot.groups,
         digests=snapshot.digests,
     )
+    summary: dict[str, dict[str, Any]] = {}
     if result.new_entry is not None:
         entry = dataclasses.replace(result.new_entry, made_by="background")
-        await _save(deps, job, context_summary=entry.to_json())
+        summary["context_summary"] = entry.to_json()
     log.info("background context summary for %s took %.1fs", snapshot_id, time.monotonic() - started)
     return JobOutcome(
-        Status.SUCCEEDED, covered={"covered_messages": until, "cache": result.cache, "chunks": result.chunks}
+        Status.SUCCEEDED,
+        covered={"covered_messages": until, "cache": result.cache, "chunks": result.chunks},
+        summary=summary,
     )
 
 

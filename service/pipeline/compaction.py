@@ -88,15 +88,15 @@ def _record(rt: RequestRuntime, plan: ContextPlan, snapshot: PreparedSnapshot) -
 
 
 async def _reload_cache(rt: RequestRuntime) -> list[CachedContextSummary]:
-    async with rt.db.sessions() as session:
-        mem = await memory.load_memory(session, rt.claimed.session_id)
+    async with rt.db.connection() as conn:
+        mem = await memory.load_memory(conn, rt.claimed.session_id)
     return parse_cache(mem.get("context_summaries") or [])
 
 
 async def _wait_for_jobs(rt: RequestRuntime, keys: set[str]) -> int | None:
     """Wait for the session's active context jobs with one of ``keys``; ms waited, None if none."""
-    async with rt.db.sessions() as session:
-        active = await jobs.active_jobs(session, rt.claimed.session_id, JobKind.CONTEXT_SUMMARY)
+    async with rt.db.connection() as conn:
+        active = await jobs.active_jobs(conn, rt.claimed.session_id, JobKind.CONTEXT_SUMMARY)
     return await wait_for_background_jobs(
         rt, [job for job in active if job.key in keys and job.made_by == "background"]
     )
@@ -213,7 +213,8 @@ async def _plan(
                 entry = find_hit(cache)
                 if entry is not None:
                     await rt.progress(
-                        vocabulary.context_summary_cache("hit", key=entry.key, waited_ms=waited_ms)
+                        vocabulary.context_summary_cache("hit", key=entry.key, waited_ms=waited_ms),
+                        defer=True,
                     )
                     return _hit(entry, until, waited_ms)
         async with registered(
@@ -275,9 +276,9 @@ async def _make(
     finally:
         rt.sync_calls()
     if result.new_entry is not None:
-        async with rt.db.sessions() as session:
+        async with rt.db.connection() as conn:
             if not await memory.save_memory(
-                session, rt.claimed.id, owner=rt.owner, context_summary=result.new_entry.to_json()
+                conn, rt.claimed.id, owner=rt.owner, context_summary=result.new_entry.to_json()
             ):
                 raise RequestLost()
     return result

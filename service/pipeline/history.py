@@ -64,15 +64,15 @@ class HistoryPlan:
 
 
 async def _reload_qa(rt: RequestRuntime) -> StoredQASummary | None:
-    async with rt.db.sessions() as session:
-        mem = await memory.load_memory(session, rt.claimed.session_id)
+    async with rt.db.connection() as conn:
+        mem = await memory.load_memory(conn, rt.claimed.session_id)
     return parse_qa_summary(mem.get("qa_summary"))
 
 
 async def _wait_for_background_folds(rt: RequestRuntime) -> int | None:
     """Wait for the session's active background folds; the total wait in ms, None if there was none."""
-    async with rt.db.sessions() as session:
-        active = await jobs.active_jobs(session, rt.claimed.session_id, JobKind.QA_FOLD)
+    async with rt.db.connection() as conn:
+        active = await jobs.active_jobs(conn, rt.claimed.session_id, JobKind.QA_FOLD)
     return await wait_for_background_jobs(rt, active)
 
 
@@ -163,10 +163,8 @@ async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runne
         plan.calls += runner.attempts_made - before
         rt.sync_calls()
     if folded is not None and folded is not plan.qa:
-        async with rt.db.sessions() as session:
-            if not await memory.save_memory(
-                session, rt.claimed.id, owner=rt.owner, qa_summary=folded.to_json()
-            ):
+        async with rt.db.connection() as conn:
+            if not await memory.save_memory(conn, rt.claimed.id, owner=rt.owner, qa_summary=folded.to_json()):
                 raise RequestLost()
         plan.qa = folded
         plan.folded = True

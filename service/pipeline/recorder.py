@@ -46,9 +46,9 @@ class JobRecorder:
         latency_ms: int = 0,
     ) -> None:
         """Append one call to the job's usage."""
-        async with self._db.sessions() as session:
+        async with self._db.connection() as conn:
             await ledger.append_call(
-                session, self._job_id, call_entry(purpose, model, status, usage, latency_ms), job=True
+                conn, self._job_id, call_entry(purpose, model, status, usage, latency_ms), job=True
             )
 
 

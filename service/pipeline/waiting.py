@@ -78,8 +78,8 @@ async def wait_for_job(
     with waiter.subscribe() as wake:
         while True:
             wake.clear()
-            async with db.sessions() as session:
-                state = await jobs.job_state(session, job_id)
+            async with db.connection() as conn:
+                state = await jobs.job_state(conn, job_id)
             if state is not None and state.status == Status.QUEUED:
                 queued_since = clock() if queued_since is None else queued_since
                 if clock() - queued_since >= QUEUED_GRACE_S:

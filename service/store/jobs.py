@@ -30,7 +30,18 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_session_event
-from service.store.execute import Executor, fetch_value, json_text, notify
+from service.store.execute import (
+    Executor,
+    Row,
+    committed,
+    execute,
+    fetch_all,
+    fetch_one,
+    fetch_value,
+    json_text,
+    notify,
+    transaction,
+)
 from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, JobKind, Status, TerminalStatus
 
 # Key of the advisory lock that serialises job claims (requests have their own).
@@ -202,53 +213,63 @@ async def end_inline(session: AsyncSession, registration_id: uuid.UUID, *, ok: b
         )
 
 
-async def claim_job(
-    session: AsyncSession, *, owner: str, lease_s: float, max_running: int
-) -> ClaimedJob | None:
+_CLAIM_JOB_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+_RUNNING_JOBS = text(f"SELECT count(*) FROM side_question_jobs WHERE status = 'running' AND {_BACKGROUND}")
+_START_JOB = text(
+    """
+    UPDATE side_question_jobs
+    SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
+        lease_expires_at = now() + make_interval(secs => :lease_s),
+        heartbeat_at = now(), started_at = coalesce(started_at, now())
+    WHERE id = :id
+    RETURNING id, session_id, kind, key, params, clear_version, attempt, calls
+    """
+)
+
+
+async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
     """Claim the oldest queued background job under the global background cap; commits.
 
     One running job per (session, kind): folds of one session build on each other, and so do
-    extensions of one session's context summary.
+    extensions of one session's context summary. The worker runs it on a plain connection.
     """
-    async with session.begin():
-        await session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": JOB_CLAIM_LOCK_KEY})
-        running = await session.scalar(
-            text(f"SELECT count(*) FROM side_question_jobs WHERE status = 'running' AND {_BACKGROUND}")
-        )
+    async with transaction(x):
+        await execute(x, _CLAIM_JOB_LOCK, {"key": JOB_CLAIM_LOCK_KEY})
+        running = await fetch_value(x, _RUNNING_JOBS, {})
         if int(running or 0) >= max_running:
             return None
-        picked = await session.scalar(_PICK_JOB)
+        picked = await fetch_value(x, _PICK_JOB, {})
         if picked is None:
             return None
-        row = (
-            await session.execute(
-                text(
-                    """
-                    UPDATE side_question_jobs
-                    SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
-                        lease_expires_at = now() + make_interval(secs => :lease_s),
-                        heartbeat_at = now(), started_at = coalesce(started_at, now())
-                    WHERE id = :id
-                    RETURNING id, session_id, kind, key, params, clear_version, attempt, calls
-                    """
-                ),
-                {"id": picked, "owner": owner, "lease_s": lease_s},
-            )
-        ).one()
-        await _memory_event(session, row.session_id, row.id, row.kind, Status.RUNNING, row.calls, None)
+        row = await fetch_one(x, _START_JOB, {"id": picked, "owner": owner, "lease_s": float(lease_s)})
+        assert row is not None  # locked by the pick, in this transaction
+        await _memory_event(x, row["session_id"], row["id"], row["kind"], Status.RUNNING, row["calls"], None)
         return ClaimedJob(
-            id=row.id,
-            session_id=row.session_id,
-            kind=row.kind,
-            key=row.key,
-            params=dict(row.params or {}),
-            clear_version=row.clear_version,
-            attempt=row.attempt,
+            id=row["id"],
+            session_id=row["session_id"],
+            kind=row["kind"],
+            key=row["key"],
+            params=dict(row["params"] or {}),
+            clear_version=row["clear_version"],
+            attempt=row["attempt"],
         )
+
+
+_FINISH_JOB = text(
+    """
+    UPDATE side_question_jobs
+    SET status = :status, calls = :calls, covered = CAST(:covered AS jsonb),
+        error = CAST(:error AS jsonb), finished_at = now(),
+        lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = :id AND status = 'running'
+      AND (CAST(:owner AS text) IS NULL OR lease_owner = CAST(:owner AS text))
+    RETURNING session_id, kind, coalesce(params->>'made_by', 'background') AS made_by
+    """
+)
 
 
 async def finish_job(
-    session: AsyncSession,
+    x: Executor,
     job_id: uuid.UUID,
     owner: str | None,
     *,
@@ -263,34 +284,23 @@ async def finish_job(
     clear or taken over by the sweep is not written again. Appends the ``memory`` event and NOTIFYs
     the job queue (a background slot is free). Returns whether it wrote.
     """
-    row = (
-        await session.execute(
-            text(
-                """
-                UPDATE side_question_jobs
-                SET status = :status, calls = :calls, covered = CAST(:covered AS jsonb),
-                    error = CAST(:error AS jsonb), finished_at = now(),
-                    lease_owner = NULL, lease_expires_at = NULL
-                WHERE id = :id AND status = 'running'
-                  AND (CAST(:owner AS text) IS NULL OR lease_owner = CAST(:owner AS text))
-                RETURNING session_id, kind, coalesce(params->>'made_by', 'background') AS made_by
-                """
-            ),
-            {
-                "id": job_id,
-                "status": status,
-                "calls": calls,
-                "covered": None if covered is None else json_text(covered),
-                "error": None if error is None else json_text(error),
-                "owner": owner,
-            },
-        )
-    ).one_or_none()
+    row = await fetch_one(
+        x,
+        _FINISH_JOB,
+        {
+            "id": job_id,
+            "status": str(status),
+            "calls": calls,
+            "covered": None if covered is None else json_text(covered),
+            "error": None if error is None else json_text(error),
+            "owner": owner,
+        },
+    )
     if row is None:
         return False
-    if row.made_by == "background":
-        await _memory_event(session, row.session_id, job_id, row.kind, status, calls, covered)
-        await _notify_jobs(session, "freed")
+    if row["made_by"] == "background":
+        await _memory_event(x, row["session_id"], job_id, row["kind"], status, calls, covered)
+        await _notify_jobs(x, "freed")
     return True
 
 
@@ -336,7 +346,7 @@ async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
 
 
 async def finish_job_committed(
-    session: AsyncSession,
+    x: Executor,
     job_id: uuid.UUID,
     owner: str | None,
     *,
@@ -346,10 +356,8 @@ async def finish_job_committed(
     error: dict[str, Any] | None = None,
 ) -> bool:
     """:func:`finish_job` in its own transaction."""
-    async with session.begin():
-        return await finish_job(
-            session, job_id, owner, status=status, calls=calls, covered=covered, error=error
-        )
+    async with transaction(x):
+        return await finish_job(x, job_id, owner, status=status, calls=calls, covered=covered, error=error)
 
 
 async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
@@ -377,27 +385,27 @@ async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
     return True
 
 
-async def take_key(session: AsyncSession, job_id: uuid.UUID, key: str) -> bool:
+_TAKE_KEY = text(
+    """
+    UPDATE side_question_jobs j SET key = :key
+    WHERE j.id = :id AND j.status = 'running'
+      AND NOT EXISTS (
+          SELECT 1 FROM side_question_jobs o
+          WHERE o.session_id = j.session_id AND o.kind = j.kind AND o.key = :key
+            AND o.status IN ('queued', 'running') AND o.id <> j.id
+      )
+    RETURNING j.id
+    """
+)
+
+
+async def take_key(x: Executor, job_id: uuid.UUID, key: str) -> bool:
     """Re-key a running job to the summary's real cache key, unless someone holds that key; commits.
 
     False: another active job or a request's registration holds it — the summary is being made.
     """
-    async with session.begin():
-        taken = await session.scalar(
-            text(
-                """
-                UPDATE side_question_jobs j SET key = :key
-                WHERE j.id = :id AND j.status = 'running'
-                  AND NOT EXISTS (
-                      SELECT 1 FROM side_question_jobs o
-                      WHERE o.session_id = j.session_id AND o.kind = j.kind AND o.key = :key
-                        AND o.status IN ('queued', 'running') AND o.id <> j.id
-                  )
-                RETURNING j.id
-                """
-            ),
-            {"id": job_id, "key": key},
-        )
+    async with committed(x):
+        taken = await fetch_value(x, _TAKE_KEY, {"id": job_id, "key": key})
     return taken is not None
 
 
@@ -428,36 +436,30 @@ async def cancel_session_jobs(session: AsyncSession, session_id: uuid.UUID) -> l
     return [row.id for row in rows]
 
 
-async def active_jobs(session: AsyncSession, session_id: uuid.UUID, kind: JobKind) -> list[JobState]:
+_JOB_STATE = "SELECT id, kind, key, status, coalesce(params->>'made_by', 'background') AS made_by, error"
+_ACTIVE_JOBS = text(
+    f"""
+    {_JOB_STATE} FROM side_question_jobs
+    WHERE session_id = :sid AND kind = :kind AND status IN ('queued', 'running')
+    ORDER BY created_at, id
+    """
+)
+_ONE_JOB = text(f"{_JOB_STATE} FROM side_question_jobs WHERE id = :id")
+
+
+def _state(row: Row) -> JobState:
+    return JobState(row["id"], row["kind"], row["key"], row["status"], row["made_by"], row["error"])
+
+
+async def active_jobs(x: Executor, session_id: uuid.UUID, kind: JobKind) -> list[JobState]:
     """The session's queued or running jobs (and registrations) of ``kind``, oldest first."""
-    rows = await session.execute(
-        text(
-            """
-            SELECT id, kind, key, status, coalesce(params->>'made_by', 'background') AS made_by, error
-            FROM side_question_jobs
-            WHERE session_id = :sid AND kind = :kind AND status IN ('queued', 'running')
-            ORDER BY created_at, id
-            """
-        ),
-        {"sid": session_id, "kind": kind},
-    )
-    return [JobState(r.id, r.kind, r.key, r.status, r.made_by, r.error) for r in rows]
+    return [_state(r) for r in await fetch_all(x, _ACTIVE_JOBS, {"sid": session_id, "kind": str(kind)})]
 
 
-async def job_state(session: AsyncSession, job_id: uuid.UUID) -> JobState | None:
+async def job_state(x: Executor, job_id: uuid.UUID) -> JobState | None:
     """One job's current state, or None when it is gone (purged with its session)."""
-    row = (
-        await session.execute(
-            text(
-                """
-                SELECT id, kind, key, status, coalesce(params->>'made_by', 'background') AS made_by, error
-                FROM side_question_jobs WHERE id = :id
-                """
-            ),
-            {"id": job_id},
-        )
-    ).one_or_none()
-    return None if row is None else JobState(row.id, row.kind, row.key, row.status, row.made_by, row.error)
+    row = await fetch_one(x, _ONE_JOB, {"id": job_id})
+    return None if row is None else _state(row)
 
 
 _BACKGROUND_OVERVIEWS = text(

@@ -20,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.events import append_event
-from service.store.execute import Executor, fetch_value
+from service.store.execute import Executor, committed, fetch_value
 from service.store.lease import lock_if_held
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
@@ -80,7 +80,7 @@ class CallEntry:
 
 
 async def append_call(
-    session: AsyncSession, request_id: uuid.UUID, entry: CallEntry, *, job: bool = False
+    x: Executor, request_id: uuid.UUID, entry: CallEntry, *, job: bool = False
 ) -> dict[str, Any]:
     """Append one call to the request's (or, with ``job``, the background job's) usage; commits.
 
@@ -88,8 +88,8 @@ async def append_call(
     ``UPDATE`` serialises concurrent appends. Returns the new usage object.
     """
     statement = _APPEND_JOB_CALL if job else _APPEND_CALL
-    async with session.begin():
-        usage = await session.scalar(statement, {"id": request_id, "call": json.dumps([entry.as_json()])})
+    async with committed(x):
+        usage = await fetch_value(x, statement, {"id": request_id, "call": json.dumps([entry.as_json()])})
     if usage is None:
         raise LookupError(f"{'job' if job else 'request'} {request_id} does not exist")
     return dict(usage)

@@ -16,13 +16,12 @@ replaces parts of the memory it did not mean to touch.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.store.execute import Executor, execute, fetch_value, json_text, transaction
 from service.store.models import EMPTY_MEMORY
 
 # Newest context summaries kept per session: a cache, not history; old snapshots' prefixes age out.
@@ -85,8 +84,16 @@ _GUARDED_JOB_WRITE = text(
 )
 
 
+_WRITER_SESSION = {
+    table: text(f"SELECT session_id FROM {table} WHERE id = :id")
+    for table in ("side_question_jobs", "side_question_requests")
+}
+_LOCK_SESSION = text("SELECT id FROM side_question_sessions WHERE id = :id FOR NO KEY UPDATE")
+_LOAD_MEMORY = text("SELECT memory FROM side_question_sessions WHERE id = :id")
+
+
 async def save_memory(
-    session: AsyncSession,
+    x: Executor,
     request_id: uuid.UUID,
     *,
     owner: str | None,
@@ -103,42 +110,53 @@ async def save_memory(
     that worker (None skips that part). Returns whether anything was written: False means the writer
     stopped running or the session was cleared, and the summary must be dropped, not retried.
     """
+    async with transaction(x):
+        return await save_memory_in(
+            x, request_id, owner=owner, qa_summary=qa_summary, context_summary=context_summary, job=job
+        )
+
+
+async def save_memory_in(
+    x: Executor,
+    request_id: uuid.UUID,
+    *,
+    owner: str | None,
+    qa_summary: dict[str, Any] | None = None,
+    context_summary: dict[str, Any] | None = None,
+    job: bool = False,
+) -> bool:
+    """:func:`save_memory` inside the caller's transaction (a background job's end writes its summary
+    and its terminal state in one commit)."""
     if qa_summary is None and context_summary is None:
         raise ValueError("save_memory needs a qa_summary or a context_summary")
     if context_summary is not None and "key" not in context_summary:
         raise ValueError("a context summary needs its cache key")
     table = "side_question_jobs" if job else "side_question_requests"
-    async with session.begin():
-        # Lock the session row first and only then read the writer: the guard below then runs on a
-        # snapshot taken after every earlier clear/cancel committed (READ COMMITTED, new statement), and
-        # a single row lock can never deadlock with the API's multi-row clear.
-        session_id = await session.scalar(
-            text(f"SELECT session_id FROM {table} WHERE id = :id"), {"id": request_id}
-        )
-        if session_id is None:
-            return False
-        await session.execute(
-            text("SELECT id FROM side_question_sessions WHERE id = :id FOR NO KEY UPDATE"), {"id": session_id}
-        )
-        written = await session.scalar(
-            _GUARDED_JOB_WRITE if job else _GUARDED_WRITE,
-            {
-                "writer_id": request_id,
-                "owner": owner,
-                "set_qa": qa_summary is not None,
-                "qa": json.dumps(qa_summary, ensure_ascii=False),
-                "ctx": None if context_summary is None else json.dumps(context_summary, ensure_ascii=False),
-                "max_ctx": MAX_CONTEXT_SUMMARIES,
-            },
-        )
+    # Lock the session row first and only then read the writer: the guard below then runs on a
+    # snapshot taken after every earlier clear/cancel committed (READ COMMITTED, new statement), and
+    # a single row lock can never deadlock with the API's multi-row clear.
+    session_id = await fetch_value(x, _WRITER_SESSION[table], {"id": request_id})
+    if session_id is None:
+        return False
+    await execute(x, _LOCK_SESSION, {"id": session_id})
+    written = await fetch_value(
+        x,
+        _GUARDED_JOB_WRITE if job else _GUARDED_WRITE,
+        {
+            "writer_id": request_id,
+            "owner": owner,
+            "set_qa": qa_summary is not None,
+            "qa": json_text(qa_summary),
+            "ctx": None if context_summary is None else json_text(context_summary),
+            "max_ctx": MAX_CONTEXT_SUMMARIES,
+        },
+    )
     return written is not None
 
 
-async def load_memory(session: AsyncSession, session_id: uuid.UUID) -> dict[str, Any]:
+async def load_memory(x: Executor, session_id: uuid.UUID) -> dict[str, Any]:
     """The session's memory (``{qa_summary, context_summaries}``), empty if never written."""
-    memory = await session.scalar(
-        text("SELECT memory FROM side_question_sessions WHERE id = :id"), {"id": session_id}
-    )
+    memory = await fetch_value(x, _LOAD_MEMORY, {"id": session_id})
     result = dict(EMPTY_MEMORY)
     result.update(memory or {})
     return result

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import JSON, Text, cast, func, literal, select
+from sqlalchemy import JSON, Text, cast, func, literal, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -27,7 +27,7 @@ from service.budget.prepared import (
     prepare_snapshot,
 )
 from service.errors import SidequestError
-from service.store.execute import json_text
+from service.store.execute import Executor, fetch_one, json_text
 from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
@@ -94,18 +94,17 @@ class JobSessionInputs:
     settings: dict[str, Any]
 
 
-async def job_session_inputs(session: AsyncSession, session_id: uuid.UUID) -> JobSessionInputs | None:
+_JOB_SESSION_INPUTS = text(
+    "SELECT clear_version, memory, settings FROM side_question_sessions WHERE id = :id"
+)
+
+
+async def job_session_inputs(x: Executor, session_id: uuid.UUID) -> JobSessionInputs | None:
     """The session's clear_version, memory and settings (None when the session is gone)."""
-    row = (
-        await session.execute(
-            select(SessionRow.clear_version, SessionRow.memory, SessionRow.settings).where(
-                SessionRow.id == session_id
-            )
-        )
-    ).one_or_none()
+    row = await fetch_one(x, _JOB_SESSION_INPUTS, {"id": session_id})
     if row is None:
         return None
-    return JobSessionInputs(row.clear_version, dict(row.memory or {}), dict(row.settings or {}))
+    return JobSessionInputs(row["clear_version"], dict(row["memory"] or {}), dict(row["settings"] or {}))
 
 
 async def find_session(session: AsyncSession, tenant: str, parent_id: str) -> SessionRow | None:

@@ -339,9 +339,9 @@ class Worker:
     # ------------------------------------------------------------------ background jobs
 
     async def _claim_job(self) -> tuple[jobs.ClaimedJob | None, bool]:
-        async with self.db.sessions() as session:
+        async with self.db.connection() as conn:
             job = await jobs.claim_job(
-                session,
+                conn,
                 owner=self.owner,
                 lease_s=self.settings.lease_s,
                 max_running=self.settings.max_background_concurrency,
