@@ -124,7 +124,8 @@ class Prepared:
 
 
 async def prepare(rt: RequestRuntime) -> Prepared:
-    """Stage ``preparing``; raises ``snapshot_missing`` when the named snapshot is not stored."""
+    """Stage ``preparing``; raises ``snapshot_missing`` when the named snapshot is not stored and
+    ``context_overflow`` when the window cannot hold the output cap and the margin (budget ≤ 0)."""
     claimed = rt.claimed
     snapshot: PreparedSnapshot | None = None
     if claimed.snapshot_id is not None:
@@ -148,6 +149,16 @@ async def prepare(rt: RequestRuntime) -> Prepared:
     plan = plan_numbers(settings, session_settings, claimed.options, snapshot)
     for name, value in plan.as_dict().items():
         setattr(rt.info, name, value)
+    if plan.input_budget <= 0:
+        # Nothing can fit (SPEC §5: input budget = window − output cap − margin): say so before any
+        # call rather than send a prompt with a max_tokens the window cannot hold.
+        raise PipelineFailure(
+            "context_overflow",
+            f"a {plan.window}-token window leaves no room for input once the {plan.max_output_tokens}"
+            f"-token output cap and the {plan.safety_margin}-token safety margin are reserved; ask with a "
+            "larger context_window or a smaller max_output_tokens",
+            plan.as_dict(),
+        )
     rt.calibration = await rt.book.snapshot(models.answer)
     rt.summary_calibration = (
         rt.calibration if models.summary == models.answer else await rt.book.snapshot(models.summary)

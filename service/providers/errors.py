@@ -91,6 +91,7 @@ _OVERFLOW_PATTERNS = _compile(
     r"when context the overflows|when context overflows",  # LM Studio ("Trying to keep the first N …")
     r"ContextWindowExceededError",  # LiteLLM (SDK and proxy)
     r"request_too_large",  # Anthropic 413 (request bytes)
+    r"total number of tokens (?:in the prompt|\(prompt and prediction\)) cannot exceed \d+",  # Cohere
 )
 # A proxy's body-size refusal says nothing about tokens: trusted only with the status that means it.
 _OVERFLOW_413_PATTERNS = _compile(r"request entity too large|payload too large")
@@ -192,6 +193,8 @@ _COUNTS: tuple[tuple[re.Pattern[str], str | None, str | None], ...] = tuple(
         (r"context length of only (?P<l>\d+)", None, "l"),  # LM Studio
         (r"`inputs` tokens \+ `max_new_tokens` must be <= (?P<l>\d+)", None, "l"),  # TGI
         (r"exceeds the available context size \((?P<l>\d+)", None, "l"),  # llama.cpp
+        (r"tokens in the prompt cannot exceed (?P<l>\d+) - received (?P<p>\d+)", "p", "l"),  # Cohere
+        (r"\(prompt and prediction\) cannot exceed (?P<l>\d+)", None, "l"),  # Cohere (input + output)
     )
 )
 

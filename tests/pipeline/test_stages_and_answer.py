@@ -207,3 +207,26 @@ async def test_model_unavailable(
     ran = await run_one(db, model_settings, provider, rid)
     assert ran.row.error is not None and ran.row.error["code"] == "model_unavailable"
     assert ran.row.error["detail"]["status"] == 404
+
+
+async def test_a_window_that_cannot_hold_the_output_cap_fails_before_any_call(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    # SPEC §5: input budget = window − output cap − margin; 1024 − 8192 − 128 < 0 leaves no room for
+    # any prompt, so the request fails at once instead of sending max_tokens 8192 to a 1024 window.
+    sid = await make_session(db)
+    rid = await admit(db, sid, "q", options={"context_window": 1024})
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "context_overflow"
+    assert ran.row.error["detail"] == {
+        "window": 1024,
+        "max_output_tokens": model_settings.max_output_tokens,
+        "safety_margin": 128,
+        "input_budget": 1024 - model_settings.max_output_tokens - 128,
+    }
+    assert "1024-token window" in ran.row.error["message"]
+    assert server.requests() == []
+    # With a cap the window can hold it is answered.
+    rid = await admit(db, sid, "q", options={"context_window": 1024, "max_output_tokens": 256})
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.status == "succeeded"
