@@ -13,10 +13,14 @@ message envelope) and works on byte sizes, so a long history costs one pass, not
 The steps, each taken only when the previous one was not enough:
 
 - everything verbatim;
-- the rolling Q&A summary in place of the oldest non-pinned Q&A it covers (as few as needed);
-- shorten answers, oldest first (non-pinned before pinned), first down to a floor, then to nothing;
-- shorten questions the same way, then the summary;
-- leave out the oldest Q&A entirely (said so in the block: ``omitted_ordinals``).
+- the rolling Q&A summary in place of the oldest Q&A it covers, but never the newest or a pinned one
+  (as few as needed);
+- shorten the *older* answers (every Q&A but the newest and the pinned ones), oldest first, first down
+  to a floor, then to nothing; then their questions the same way; then the summary;
+- leave out the oldest of them entirely (said so in the block: ``omitted_ordinals``);
+- only then the newest and the pinned Q&A, which SPEC §11.1 keeps verbatim first: their answers and
+  questions shortened the same way (pinned before the newest), and last the pinned ones left out —
+  never the newest.
 
 Every cut is UTF-8-safe (never inside a character) and visible (:data:`SHORTENED_MARKER`). The last step
 always ends with a block that fits: the framing plus the newest Q&A at its smallest fits the smallest
@@ -217,18 +221,24 @@ def _byte_limit(max_tokens: int) -> int:
     return max(0, (max_tokens - MESSAGE_ENVELOPE_TOKENS) * 3)
 
 
-def _shortening_order(entries: Sequence[_Entry]) -> list[_Entry]:
-    """Oldest first, non-pinned before pinned: pinned and newest answers stay whole the longest."""
-    live = [e for e in entries if not (e.summarized or e.omitted)]
-    return [e for e in live if not e.item.pinned] + [e for e in live if e.item.pinned]
+def _protected(plan: _Plan, entry: _Entry) -> bool:
+    """The newest Q&A and the pinned ones: SPEC §11.1 carries them verbatim first."""
+    return entry.item.pinned or entry is plan.entries[-1]
 
 
-def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int) -> None:
-    """Cut ``attr`` (question / answer) of entries in shortening order, each to no less than ``floor``
-    bytes of its original text, until the plan fits."""
+def _shortening_order(plan: _Plan, *, protected: bool) -> list[_Entry]:
+    """The live entries of one tier, in the order they give way: the older Q&A oldest first; the
+    protected ones pinned oldest first, the newest last."""
+    live = [e for e in plan.entries if not (e.summarized or e.omitted) and _protected(plan, e) == protected]
+    return [e for e in live if e is not plan.entries[-1]] + [e for e in live if e is plan.entries[-1]]
+
+
+def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: bool) -> None:
+    """Cut ``attr`` (question / answer) of one tier's entries in shortening order, each to no less than
+    ``floor`` bytes of its original text, until the plan fits."""
     total = plan.size()
     marker_cost = _size(SHORTENED_MARKER) + 1
-    for entry in _shortening_order(plan.entries):
+    for entry in _shortening_order(plan, protected=protected):
         excess = total - limit
         if excess <= 0:
             return
@@ -245,11 +255,12 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int) -> None:
 
 
 def _use_summary(plan: _Plan, limit: int) -> None:
-    """Replace the oldest non-pinned Q&A the summary covers, as few as make the plan fit."""
+    """Replace the oldest older Q&A (never the newest or a pinned one) the summary covers, as few as
+    make the plan fit."""
     summary = plan.summary
     if summary is None or not summary.text.strip():
         return
-    coverable = [e for e in plan.entries if not e.item.pinned and summary.covers(e.item.ordinal)]
+    coverable = [e for e in plan.entries if not _protected(plan, e) and summary.covers(e.item.ordinal)]
     if not coverable:
         return
     sep = _size(_SEPARATOR)
@@ -294,13 +305,14 @@ def _omitted_cost(ordinals: Sequence[int]) -> int:
     return _size(omitted_line(ordinals)) + _size(_SEPARATOR) if ordinals else 0
 
 
-def _omit_oldest(plan: _Plan, limit: int) -> None:
-    """Leave out whole Q&A, oldest first (non-pinned before pinned), keeping at least one."""
+def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
+    """Leave out one tier's whole Q&A, oldest first — never the newest."""
     total = plan.size()
     sep = _size(_SEPARATOR)
-    live = _shortening_order(plan.entries)
     omitted = list(plan.omitted)
-    for victim in live[:-1]:
+    for victim in _shortening_order(plan, protected=protected):
+        if victim is plan.entries[-1]:
+            break
         if total <= limit:
             break
         cost_before = _omitted_cost(omitted)
@@ -333,12 +345,18 @@ def build_handoff(
     limit = _byte_limit(max_tokens)
     steps: tuple[Callable[[], None], ...] = (
         lambda: _use_summary(plan, limit),
-        lambda: _shrink_field(plan, limit, "answer", ANSWER_FLOOR_BYTES),
-        lambda: _shrink_field(plan, limit, "answer", 0),
-        lambda: _shrink_field(plan, limit, "question", QUESTION_FLOOR_BYTES),
-        lambda: _shrink_field(plan, limit, "question", 0),
-        lambda: _shrink_summary(plan, limit),
-        lambda: _omit_oldest(plan, limit),
+        *(
+            step
+            for protected in (False, True)
+            for step in (
+                lambda p=protected: _shrink_field(plan, limit, "answer", ANSWER_FLOOR_BYTES, protected=p),
+                lambda p=protected: _shrink_field(plan, limit, "answer", 0, protected=p),
+                lambda p=protected: _shrink_field(plan, limit, "question", QUESTION_FLOOR_BYTES, protected=p),
+                lambda p=protected: _shrink_field(plan, limit, "question", 0, protected=p),
+                lambda: _shrink_summary(plan, limit),
+                lambda p=protected: _omit_oldest(plan, limit, protected=p),
+            )
+        ),
     )
     for step in steps:
         if plan.size() <= limit:

@@ -195,3 +195,29 @@ def test_when_everything_fits_verbatim_it_goes_verbatim(
     assert block == verbatim  # no summary, no cut, nothing left out
     for one in items:
         assert f"Q: {one.question.strip()}\nA: {one.answer.strip()}" in block.text
+
+
+@pytest.mark.parametrize("max_tokens", [300, 350, 400])
+def test_the_newest_answer_stays_verbatim_while_older_ones_give_way(max_tokens: int) -> None:
+    # SPEC §11.1: "newest and pinned Q&A verbatim first; … the oldest answers are shortened". Four answers
+    # of ~110 tokens each that do not all fit: the older ones are shortened (or, when even that is not
+    # enough, left out and said so) before a byte of the newest answer goes.
+    answers = {o: f"Answer {o}: " + " ".join(f"step{o}_{w}" for w in range(36)) for o in (1, 2, 3, 5)}
+    items = [item(o, answers[o]) for o in answers]
+    block = build_handoff(items, None, max_tokens)
+    assert block is not None and block.truncated and block.estimate_tokens <= max_tokens
+    assert 5 in block.ordinals and 5 not in block.shortened_ordinals
+    assert f"A: {answers[5]}\n" in block.text or block.text.endswith(f"A: {answers[5]}\n\n{END_LINE}")
+    assert set(block.shortened_ordinals) | set(block.omitted_ordinals) <= {1, 2, 3}
+    # At the smallest limit the framing and the newest alone do not fit whole: the newest is then the
+    # one Q&A carried, shortened, and every older one is left out.
+    smallest = build_handoff(items, None, HANDOFF_MIN_TOKENS)
+    assert smallest is not None and smallest.ordinals == (5,) and smallest.omitted_ordinals == (1, 2, 3)
+
+
+def test_a_summary_never_stands_in_for_the_newest_answer() -> None:
+    items = [item(o, "x" * 900) for o in range(1, 5)]
+    summary = HandoffSummary("Earlier: parts 1 to 4 were reviewed.", 1, 4)
+    block = build_handoff(items, summary, 600)
+    assert block is not None and block.summarized_ordinals
+    assert 4 not in block.summarized_ordinals
