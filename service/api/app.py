@@ -166,7 +166,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     app.state.settings = settings
     app.state.hub = hub
     app.state.stream_tokens = StreamTokens(stream_secret(settings))
-    app.state.metrics = Metrics(hub.subscriber_count)
+    app.state.metrics = Metrics(hub.subscriber_count, calibration_on=settings.calibration_on)
     install_error_handlers(app)
     _install_log_redaction()
 

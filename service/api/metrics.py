@@ -68,9 +68,10 @@ async def read_database(db: Database) -> DatabaseSnapshot:
 class _SnapshotCollector(Collector):
     """Turns the last DatabaseSnapshot (set just before generate_latest) into metric families."""
 
-    def __init__(self, subscribers: Callable[[], int]) -> None:
+    def __init__(self, subscribers: Callable[[], int], *, calibration_on: bool = True) -> None:
         self.snapshot = DatabaseSnapshot()
         self._subscribers = subscribers
+        self._calibration_on = calibration_on
 
     def collect(self) -> Iterable[Metric]:
         snap = self.snapshot
@@ -134,14 +135,15 @@ class _SnapshotCollector(Collector):
             buckets.append(("+Inf", float(len(values))))
             latency.add_metric([purpose], buckets, sum_value=sum(values))
         yield latency
-        yield from _calibration_families(snap)
+        yield from _calibration_families(snap, self._calibration_on)
         yield from _job_families(snap)
 
 
-def _calibration_families(snap: DatabaseSnapshot) -> Iterable[Metric]:
+def _calibration_families(snap: DatabaseSnapshot, calibration_on: bool) -> Iterable[Metric]:
     ratio = GaugeMetricFamily(
         "sidequest_calibration_ratio",
-        "Calibration ratio in use (provider / estimate, clamped 0.5-2.0; 1.0 below 5 samples)",
+        "Calibration ratio in use (provider / estimate, clamped 0.5-2.0; 1.0 below 5 samples "
+        "or with SIDEQUEST_CALIBRATION=off)",
         labels=["provider", "model"],
     )
     samples = GaugeMetricFamily(
@@ -149,7 +151,8 @@ def _calibration_families(snap: DatabaseSnapshot) -> Iterable[Metric]:
     )
     for provider, model, count, estimate_sum, provider_sum in snap.calibration:
         calibration = Calibration(samples=count, estimate_sum=estimate_sum, provider_sum=provider_sum)
-        ratio.add_metric([provider, model], calibration.ratio)
+        # SPEC §5.1: calibration off uses the raw estimate, "ratio reported as 1.0".
+        ratio.add_metric([provider, model], calibration.ratio if calibration_on else 1.0)
         samples.add_metric([provider, model], float(count))
     yield ratio
     yield samples
@@ -199,14 +202,14 @@ def _job_families(snap: DatabaseSnapshot) -> Iterable[Metric]:
 class Metrics:
     """One registry per app (no process-global state, so tests can build many apps)."""
 
-    def __init__(self, subscribers: Callable[[], int]) -> None:
+    def __init__(self, subscribers: Callable[[], int], *, calibration_on: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.admitted = Counter(
             "sidequest_requests_admitted",
             "Requests admitted by this API process",
             registry=self.registry,
         )
-        self._collector = _SnapshotCollector(subscribers)
+        self._collector = _SnapshotCollector(subscribers, calibration_on=calibration_on)
         self.registry.register(self._collector)
 
     async def render(self, db: Database) -> bytes:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import uuid
 
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
+from service.api.metrics import DatabaseSnapshot, Metrics
 from service.store import calibration as store
 from service.store.db import Database
 from service.store.models import RequestRow
@@ -48,3 +50,22 @@ async def test_metrics_report_the_calibration_ratio_and_drift(server: Server, db
     assert samples[(f"{drift}_bucket", (("le", "1.25"), ("model", "gpt-x")))] == 1  # 1.2
     assert samples[(f"{drift}_bucket", (("le", "2.0"), ("model", "gpt-x")))] == 2  # and 2.0
     assert abs(samples[(f"{drift}_sum", (("model", "gpt-x"),))] - 3.2) < 1e-9
+
+
+def test_with_calibration_off_the_ratio_in_use_is_reported_as_one() -> None:
+    # SPEC 5.1: SIDEQUEST_CALIBRATION=off uses the raw estimate, "ratio reported as 1.0"; the samples
+    # are still counted (they are what a later "on" would use).
+    rows = [("openai", "gpt-x", 5, 1000 * 5, 1500 * 5)]
+    for on, expected in ((True, 1.5), (False, 1.0)):
+        metrics = Metrics(lambda: 0, calibration_on=on)
+        snap = DatabaseSnapshot()
+        snap.calibration, snap.ok = rows, True
+        metrics._collector.snapshot = snap
+        values = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+            for s in family.samples
+        }
+        labels = (("model", "gpt-x"), ("provider", "openai"))
+        assert values[("sidequest_calibration_ratio", labels)] == expected
+        assert values[("sidequest_calibration_samples", labels)] == 5
