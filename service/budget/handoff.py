@@ -15,12 +15,13 @@ The steps, each taken only when the previous one was not enough:
 - everything verbatim;
 - the rolling Q&A summary in place of the oldest Q&A it covers, but never the newest or a pinned one
   (as few as needed);
-- shorten the *older* answers (every Q&A but the newest and the pinned ones), oldest first, first down
-  to a floor, then to nothing; then their questions the same way; then the summary;
-- leave out the oldest of them entirely (said so in the block: ``omitted_ordinals``);
+- shorten the *older* answers (every Q&A but the newest and the pinned ones), oldest first, each down
+  to a few lines (:data:`ANSWER_FLOOR_BYTES`), never to nothing;
+- leave out the oldest of them entirely (said so in the block: ``omitted_ordinals``); then shorten the
+  summary;
 - only then the newest and the pinned Q&A, which SPEC §11.1 keeps verbatim first: their answers and
-  questions shortened the same way (pinned before the newest), and last the pinned ones left out —
-  never the newest.
+  then their questions shortened (pinned before the newest), down to nothing if the limit leaves no
+  choice, and last the pinned ones left out — never the newest.
 
 Every cut is UTF-8-safe (never inside a character) and visible (:data:`SHORTENED_MARKER`). The last step
 always ends with a block that fits: the framing plus the newest Q&A at its smallest fits the smallest
@@ -40,8 +41,9 @@ HANDOFF_MAX_TOKENS: Final = 32768
 HANDOFF_DEFAULT_TOKENS: Final = 2000
 
 SHORTENED_MARKER: Final = "[… shortened]"
-# Below these, shortening moves on to the next answer first: a few lines of every answer tell the main
-# agent more than one whole answer and nothing of the others.
+# An older answer is shortened to no less than this (a few lines): below it, it is left out whole instead
+# (said so), since "A: [… shortened]" tells the main agent nothing. The newest and pinned Q&A go further
+# (to nothing) only when the limit leaves no other choice; QUESTION_FLOOR_BYTES is their questions' floor.
 ANSWER_FLOOR_BYTES: Final = 480
 QUESTION_FLOOR_BYTES: Final = 160
 # Client-given labels are capped in the header line, so that one Q&A at its smallest stays small.
@@ -345,18 +347,16 @@ def build_handoff(
     limit = _byte_limit(max_tokens)
     steps: tuple[Callable[[], None], ...] = (
         lambda: _use_summary(plan, limit),
-        *(
-            step
-            for protected in (False, True)
-            for step in (
-                lambda p=protected: _shrink_field(plan, limit, "answer", ANSWER_FLOOR_BYTES, protected=p),
-                lambda p=protected: _shrink_field(plan, limit, "answer", 0, protected=p),
-                lambda p=protected: _shrink_field(plan, limit, "question", QUESTION_FLOOR_BYTES, protected=p),
-                lambda p=protected: _shrink_field(plan, limit, "question", 0, protected=p),
-                lambda: _shrink_summary(plan, limit),
-                lambda p=protected: _omit_oldest(plan, limit, protected=p),
-            )
-        ),
+        # The older Q&A give way first: their answers down to a few lines, then whole Q&A, oldest first.
+        lambda: _shrink_field(plan, limit, "answer", ANSWER_FLOOR_BYTES, protected=False),
+        lambda: _omit_oldest(plan, limit, protected=False),
+        lambda: _shrink_summary(plan, limit),
+        # Only then the newest and the pinned ones, down to nothing if the limit leaves no choice.
+        lambda: _shrink_field(plan, limit, "answer", ANSWER_FLOOR_BYTES, protected=True),
+        lambda: _shrink_field(plan, limit, "answer", 0, protected=True),
+        lambda: _shrink_field(plan, limit, "question", QUESTION_FLOOR_BYTES, protected=True),
+        lambda: _shrink_field(plan, limit, "question", 0, protected=True),
+        lambda: _omit_oldest(plan, limit, protected=True),
     )
     for step in steps:
         if plan.size() <= limit:

@@ -221,3 +221,21 @@ def test_a_summary_never_stands_in_for_the_newest_answer() -> None:
     block = build_handoff(items, summary, 600)
     assert block is not None and block.summarized_ordinals
     assert 4 not in block.summarized_ordinals
+
+
+def test_no_answer_is_reduced_to_the_bare_marker_while_older_qa_can_be_left_out() -> None:
+    # The outside check's session: 26 Q&A with long questions and short answers, the summary covering
+    # #1–#6, 1500 tokens. The newest ones go verbatim, the oldest are left out (said so); no answer
+    # becomes "A: [… shortened]".
+    items = [
+        item(o, f"short answer {o}", question=f"question {o} about parser detail " + "x" * 270)
+        for o in range(1, 27)
+    ]
+    summary = HandoffSummary("Earlier: the parser questions 1 to 6 were settled.", 1, 6)
+    block = build_handoff(items, summary, 1500)
+    assert block is not None and block.estimate_tokens <= 1500
+    assert f"A: {SHORTENED_MARKER}" not in block.text and f"Q: {SHORTENED_MARKER}" not in block.text
+    assert 26 in block.ordinals and not block.shortened_ordinals
+    assert block.omitted_ordinals and max(block.omitted_ordinals) < min(
+        o for o in block.ordinals if o not in block.summarized_ordinals
+    )
