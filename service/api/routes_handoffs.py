@@ -25,6 +25,7 @@ from service.api.schemas import (
     check_text,
 )
 from service.store.handoffs import HandoffAsk, create_handoff, list_handoffs
+from service.store.session_list import InvalidCursor
 from service.store.settings import read_settings, update_settings
 
 router = APIRouter(prefix="/v1/sessions", tags=["hand-offs and settings"])
@@ -93,7 +94,7 @@ async def post_handoff(
     return JSONResponse(outcome.handoff, status_code=201 if outcome.created else 200)
 
 
-@router.get("/{parent_id}/handoffs", response_model=HandoffPage, responses=errors(401, 404, 422))
+@router.get("/{parent_id}/handoffs", response_model=HandoffPage, responses=errors(400, 401, 404, 422))
 async def get_handoffs(
     parent_id: ParentId,
     tenant: Tenant,
@@ -109,8 +110,12 @@ async def get_handoffs(
         try:
             cursor = uuid.UUID(before)
         except ValueError:
-            # Not an id any hand-off has: like an unknown id, an empty page (the session still must exist).
-            cursor = uuid.UUID(int=0)
+            # Not an id at all, so not a next_before this service issued: 400, like the session list's.
+            # (A well-formed id that is not one of the session's hand-offs — say, one a clear deleted —
+            # gives an empty page.)
+            raise InvalidCursor(
+                "before must be the next_before of an earlier page (a hand-off id)", {"before": before}
+            ) from None
     page = await list_handoffs(session, tenant, parent_id, limit=limit, before=cursor)
     if page is None:
         raise not_found("session")

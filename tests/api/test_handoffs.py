@@ -60,13 +60,20 @@ async def test_post_handoff_is_201_then_nothing_new_is_200_and_get_lists_newest_
         older = (await client.get("/v1/sessions/p/handoffs", params={"before": listed["next_before"]})).json()
         assert [h["id"] for h in older["items"]] == [body["id"]] and older["next_before"] is None
 
-        for unknown in ("not-an-id", "00000000-0000-0000-0000-000000000000"):
-            empty = await client.get("/v1/sessions/p/handoffs", params={"before": unknown})
-            assert empty.status_code == 200 and empty.json() == {
-                "items": [],
-                "has_more": False,
-                "next_before": None,
-            }
+        # A well-formed id that is not one of the session's hand-offs (one a clear deleted): an empty page.
+        empty = await client.get(
+            "/v1/sessions/p/handoffs", params={"before": "00000000-0000-0000-0000-000000000000"}
+        )
+        assert empty.status_code == 200 and empty.json() == {
+            "items": [],
+            "has_more": False,
+            "next_before": None,
+        }
+        # Not an id at all: no cursor this service issued, 400 like the session list's.
+        for garbage in ("not-an-id", "zzz"):
+            bad = await client.get("/v1/sessions/p/handoffs", params={"before": garbage})
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
+            assert bad.json()["error"]["detail"] == {"before": garbage}
 
         session = (await client.get("/v1/sessions/p")).json()
         assert session["handed_off_through"] == 2
