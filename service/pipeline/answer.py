@@ -189,9 +189,17 @@ def follow_ups(
         )
     snapshot_id = prepared.claimed.snapshot_id
     if context.extend_later and snapshot_id is not None:
+        # The job plans with this question's window and cap (its own, or the session's), so the
+        # summary it extends is the one the next question like it needs.
+        numbers = {
+            "context_window": prepared.plan.window,
+            "max_output_tokens": prepared.plan.max_output_tokens,
+        }
         jobs.append(
             terminal.FollowUp(
-                JobKind.CONTEXT_SUMMARY, snapshot_job_key(snapshot_id), {"snapshot_id": snapshot_id}
+                JobKind.CONTEXT_SUMMARY,
+                snapshot_job_key(snapshot_id),
+                {"snapshot_id": snapshot_id, **numbers},
             )
         )
     return tuple(jobs)

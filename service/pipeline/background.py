@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any, Literal
 
-from service.budget import CutRefusal, plan_cut
+from service.budget import Calibration, CutRefusal, plan_cut
 from service.pipeline.calibration import CalibrationBook
 from service.pipeline.failures import error_object
 from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers, text_setting
@@ -91,7 +91,9 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
             if job.kind == JobKind.QA_FOLD:
                 outcome = await _qa_fold(deps, job, inputs, runner)
             else:
-                outcome = await _context_summary(deps, job, inputs, runner, models.summary)
+                # The fit is decided as a question's would be: the answer model's learned ratio (§5.1).
+                fit = calibration if models.answer == models.summary else await book.snapshot(models.answer)
+                outcome = await _context_summary(deps, job, inputs, runner, models.summary, fit)
         outcome.calls = budget.calls_made
         return await _end(deps, job, outcome)
     except Exception as exc:
@@ -168,7 +170,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner
 
 
 async def _context_summary(
-    deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner: Any, model: str
+    deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner: Any, model: str, fit: Calibration
 ) -> JobOutcome:
     snapshot_id = str(job.params.get("snapshot_id") or "")
     snapshot = await deps.snapshots.load(deps.db, job.session_id, snapshot_id)
@@ -180,7 +182,13 @@ async def _context_summary(
     if isinstance(cut, CutRefusal):
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": cut.reason})
     until = cut.summarize_until
-    plan = plan_numbers(deps.settings, inputs.settings, {}, snapshot)
+    # A 6.7 follow-up carries its question's window and cap; a snapshot's job has the session's.
+    plan = plan_numbers(deps.settings, inputs.settings, job.params, snapshot)
+    if fit.apply(snapshot.total_tokens) <= plan.input_budget:
+        # Queued on the raw estimate (the admission reads no calibration); with the learned ratio the
+        # snapshot fits, so a question on it needs no summary: none is made (SPEC §5.1: the ratio
+        # decides every fit).
+        return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": "not_needed"})
     summarizer = runner(plan.window, plan.safety_margin)
     key = snapshot.cache_key(until, model, summarizer.prompt_version)
     cache = parse_cache(inputs.memory.get("context_summaries") or [])

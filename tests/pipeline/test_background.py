@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select, text
 
 from service.config import Settings
-from service.store import jobs, memory, queue
+from service.store import calibration, jobs, memory, queue
 from service.store.admission import clear_session
 from service.store.db import Database
 from service.store.events import session_events_after
@@ -379,6 +379,30 @@ async def test_a_stored_snapshot_is_summarised_before_the_question_comes(
     assert len(server.requests("context_summary")) == made  # the request made none
     [done] = await _background(db, sid)
     assert done.key != "snapshot:s1"  # it took its summary's cache key when it started
+
+
+async def test_a_snapshot_job_makes_no_summary_when_the_learned_ratio_says_it_fits(
+    db: Database, server: ScriptedServer, database_url: str
+) -> None:
+    # Queued on the raw estimate (~60k tokens over a ~52k budget); the provider has been counting half
+    # of our estimates (5 samples, ratio 0.5), so a question on the snapshot fits without compaction
+    # (SPEC §5.1: the ratio decides every fit) and the job ends without a call.
+    settings = _settings(database_url, server, context_window=64000)
+    async with db.sessions() as session:
+        for _ in range(5):
+            await calibration.record_sample(session, "openai", "scripted-model", 2000, 1000)
+    handle = await start_worker(settings, db)
+    try:
+        sid = await make_session(db)
+        await add_history(db, sid, _history(1))
+        await _store(db, sid, "s1", _snapshot(60), settings)
+        [job] = await _background(db, sid)
+        await wait_for(lambda: _job_is(db, job.id, "succeeded"), within=30)
+    finally:
+        await handle.stop()
+    [done] = await _background(db, sid)
+    assert done.covered == {"covered_messages": 0, "reason": "not_needed"} and done.calls == 0
+    assert server.requests("context_summary") == []
 
 
 async def test_a_snapshot_of_a_session_that_never_asked_queues_nothing(
