@@ -372,6 +372,16 @@ async def main(args: argparse.Namespace) -> None:
                 ]
                 for target in targets:  # warm up: connections, pools, statement caches
                     await run_round(admin, target, "warm", 300, args.concurrency, 100)
+                # Statistics, as a running database has them (autovacuum analyzes a table once a tenth of
+                # it changed, every minute): a fresh database's first minute otherwise runs on plans
+                # made for empty tables, and the session lookup's cached plan then walks the tenant's
+                # activity index, growing with every session (docs/benchmarks.md). Both databases alike.
+                for url in (service_url, bare_url):
+                    analyzed = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
+                    try:
+                        await analyzed.execute("ANALYZE")
+                    finally:
+                        await analyzed.close()
                 print(
                     f"{args.rounds} rounds of {args.posts} POSTs, {args.concurrency} concurrent, "
                     f"{args.sessions} fresh sessions per round; worker busy (1 slot, hanging answer)"

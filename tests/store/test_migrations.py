@@ -78,3 +78,30 @@ def test_snapshots_are_lz4_compressed_where_the_server_has_lz4(scratch_url: str)
     finally:
         engine.dispose()
     assert methods == ({"content": "l", "prepared": "l"} if has_lz4 else {"content": "", "prepared": ""})
+
+
+def _admit_now_source(url: str) -> str:
+    engine = create_engine(url.replace("+asyncpg", "+psycopg2"))
+    try:
+        with engine.connect() as conn:
+            return str(
+                conn.exec_driver_sql("SELECT pg_get_functiondef('sidequest_admit_now'::regproc)").scalar()
+            )
+    finally:
+        engine.dispose()
+
+
+def test_the_admission_notifies_in_a_transaction_that_does_not_wait_for_a_flush(scratch_url: str) -> None:
+    """Migration 0007: after the rows' COMMIT (which still waits for its flush), the notifying
+    transaction sets synchronous_commit off for itself only; its downgrade restores 0003's body."""
+    config = _config(scratch_url)
+    command.upgrade(config, "head")
+    body = _admit_now_source(scratch_url)
+    commit, async_commit, notify = (
+        body.index("COMMIT;"),
+        body.index("set_config('synchronous_commit', 'off', true)"),
+        body.index("pg_notify"),
+    )
+    assert commit < async_commit < notify
+    command.downgrade(config, "0006_snapshot_lz4")
+    assert "synchronous_commit" not in _admit_now_source(scratch_url)
