@@ -69,12 +69,15 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
         book = CalibrationBook(deps.db, deps.settings.provider, enabled=deps.settings.calibration_on)
         calibration = await book.snapshot(models.summary)
 
+        recorder = JobRecorder(deps.db, job.id)
+
         def runner(window: int, margin: int) -> SummaryRunner:
             return SummaryRunner(
                 provider=deps.provider,
                 model=models.summary,
                 request_id=str(job.id),
-                recorder=JobRecorder(deps.db, job.id),
+                recorder=recorder,
+                on_attempt=recorder.attempt_started,
                 deadline=deadline,
                 budget=budget,
                 window=window,

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from service.providers.base import CallUsage
-from service.store import ledger
+from service.store import jobs, ledger
 from service.store.db import Database
 
 
@@ -50,6 +50,11 @@ class JobRecorder:
             await ledger.append_call(
                 conn, self._job_id, call_entry(purpose, model, status, usage, latency_ms), job=True
             )
+
+    async def attempt_started(self) -> None:
+        """Count a call on the job's row as it starts (what a clear reports if it cancels the job)."""
+        async with self._db.connection() as conn:
+            await jobs.count_call(conn, self._job_id)
 
 
 class LedgerRecorder:

@@ -88,6 +88,7 @@ async def run_call(
     deadline: float,
     on_text: Callable[[str], Awaitable[None]] | None = None,
     before_attempt: Callable[[], None] | None = None,
+    on_attempt: Callable[[], Awaitable[None]] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     max_rate_limit_retries: int = 2,
@@ -96,7 +97,8 @@ async def run_call(
 
     ``deadline`` is an absolute ``clock()`` value: each attempt gets the time left as its timeout and
     the whole attempt is bounded by it (:class:`ProviderTimeout` when it runs out). ``before_attempt``
-    runs before every attempt and may raise to refuse it (the summary call cap). Text deltas go to
+    runs before every attempt and may raise to refuse it (the summary call cap); ``on_attempt`` is then
+    awaited, once the attempt is certain (a background job counts it on its row). Text deltas go to
     ``on_text`` as they arrive. A :class:`RateLimited` that is not a quota is retried after its
     ``Retry-After`` (else 1 s, then 2 s) at most ``max_rate_limit_retries`` times and only if the wait
     ends before the deadline; the final :class:`RateLimited` carries ``attempts``. Every other error is
@@ -110,6 +112,8 @@ async def run_call(
             raise ProviderTimeout(f"the deadline passed before {call.purpose} call attempt {attempts + 1}")
         if before_attempt is not None:
             before_attempt()
+        if on_attempt is not None:
+            await on_attempt()
         attempts += 1
         try:
             result = await _attempt(

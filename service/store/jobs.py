@@ -345,6 +345,16 @@ async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
         await _notify_jobs(session, "queued")
 
 
+_COUNT_CALL = text("UPDATE side_question_jobs SET calls = calls + 1 WHERE id = :id AND status = 'running'")
+
+
+async def count_call(x: Executor, job_id: uuid.UUID) -> None:
+    """One more call started by a running job (commits on its own): its ``calls`` stay current, so a
+    clear that cancels it mid-call reports the call in flight (its usage arrives when it ends)."""
+    async with committed(x):
+        await execute(x, _COUNT_CALL, {"id": job_id})
+
+
 async def finish_job_committed(
     x: Executor,
     job_id: uuid.UUID,
@@ -564,6 +574,7 @@ __all__ = [
     "background_overview",
     "cancel_session_jobs",
     "claim_job",
+    "count_call",
     "end_inline",
     "enqueue_job",
     "finish_job",

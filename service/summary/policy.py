@@ -203,6 +203,9 @@ class SummaryCaller:
     instructions: str | None = None
     calibration: Calibration | None = None
     on_sample: SampleCallback | None = None
+    # Awaited before each attempt goes out (a background job counts its calls as they start, so a
+    # clear that cancels it mid-call reports the call in flight too: SPEC §6.6 memory events).
+    on_attempt: Callable[[], Awaitable[None]] | None = None
     # Attempts made through this caller (for context_info "calls"); the budget counts the same.
     attempts_made: int = field(default=0, init=False)
 
@@ -332,6 +335,7 @@ class SummaryCaller:
                 recorder=self.recorder,
                 deadline=self.deadline,
                 before_attempt=take,
+                on_attempt=self.on_attempt,
                 clock=self.clock,
                 sleep=self.sleep,
             )

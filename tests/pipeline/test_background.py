@@ -220,6 +220,11 @@ async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
     server.script("qa_summary", Step.valid_summary().with_delay(before_s=1.5))
     job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
     await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
+
+    async def call_in_flight() -> bool:
+        return bool(server.requests("qa_summary"))
+
+    await wait_for(call_in_flight, within=10)  # the clear lands while the job's call is at the model
     async with db.sessions() as session:
         assert await clear_session(session, "default", "parent-1") is not None
     assert await _job_is(db, job_id, "cancelled")
@@ -229,8 +234,13 @@ async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
     assert mem["qa_summary"] is None
     assert await _job_is(db, job_id, "cancelled")
     assert job_id not in worker.running_jobs
-    statuses = [e["status"] for e in await _memory_events(db, sid) if e["job_id"] == str(job_id)]
-    assert statuses == ["queued", "running", "cancelled"]
+    events = [e for e in await _memory_events(db, sid) if e["job_id"] == str(job_id)]
+    assert [e["status"] for e in events] == ["queued", "running", "cancelled"]
+    # The call in flight when the clear came counts (outside check: it said 0), and its usage is
+    # recorded as cancelled.
+    assert events[-1]["calls"] == 1
+    [job] = [j for j in await _jobs(db, sid) if j.id == job_id]
+    assert [c["status"] for c in job.usage["calls"]] == ["cancelled"]
 
 
 async def test_a_job_whose_worker_died_runs_again_and_requests_are_unaffected(
