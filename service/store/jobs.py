@@ -355,21 +355,6 @@ async def count_call(x: Executor, job_id: uuid.UUID) -> None:
         await execute(x, _COUNT_CALL, {"id": job_id})
 
 
-async def finish_job_committed(
-    x: Executor,
-    job_id: uuid.UUID,
-    owner: str | None,
-    *,
-    status: TerminalStatus,
-    calls: int,
-    covered: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-) -> bool:
-    """:func:`finish_job` in its own transaction."""
-    async with transaction(x):
-        return await finish_job(x, job_id, owner, status=status, calls=calls, covered=covered, error=error)
-
-
 async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
     """A waiting request takes a still-queued job over: the job ends ``cancelled`` (code
     ``taken_over``) and the request makes the summary itself; commits. False if it started meanwhile."""
@@ -578,7 +563,6 @@ __all__ = [
     "end_inline",
     "enqueue_job",
     "finish_job",
-    "finish_job_committed",
     "job_state",
     "read_job_stats",
     "register_inline",
