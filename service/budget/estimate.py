@@ -262,8 +262,12 @@ class Calibration:
         return capacity * ratio.denominator // ratio.numerator
 
     def info(self) -> dict[str, Any]:
-        """``context_info.calibration``: ``{ratio, samples, applied}``."""
-        return {"ratio": round(self.ratio, 4), "samples": self.samples, "applied": self.applied}
+        """``context_info.calibration``: ``{ratio, samples, applied}``.
+
+        The ratio is reported unrounded: ``applied`` says it is not exactly 1, and a ratio rounded to
+        1.0 beside ``applied: true`` would contradict it (an outside check saw 0.99997 shown as 1).
+        """
+        return {"ratio": self.ratio, "samples": self.samples, "applied": self.applied}
 
     def as_dict(self) -> dict[str, int]:
         """The three counters, for persisting between requests."""

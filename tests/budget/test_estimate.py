@@ -235,3 +235,12 @@ def test_overflow_target_without_a_count_is_the_budget() -> None:
     assert overflow_target(1000, 800, 0) == 1000
     assert overflow_target(1000, 0, 1200) == 1000
     assert overflow_target(1000, 1000, 1500) == 666
+
+
+def test_the_reported_ratio_never_reads_as_one_while_it_is_applied() -> None:
+    # 34000 / 34001: in use and not 1, so applied; rounded to 4 places it used to read 1.0.
+    near = Calibration(samples=6, estimate_sum=34001, provider_sum=34000)
+    info = near.info()
+    assert info["applied"] is True and info["ratio"] != 1.0 and info["ratio"] == near.ratio
+    exact = Calibration(samples=6, estimate_sum=34000, provider_sum=34000)
+    assert exact.info() == {"ratio": 1.0, "samples": 6, "applied": False}

@@ -573,7 +573,7 @@
     const extra = [];
     if (typeof info.provider_prompt_tokens === "number") extra.push(`provider counted ${fmt(info.provider_prompt_tokens)} prompt tokens (drift ${info.drift === null || info.drift === undefined ? "—" : info.drift})`);
     const cal = info.calibration;
-    if (cal && typeof cal === "object") extra.push(`calibration ratio ${cal.ratio} from ${fmt(cal.samples)} samples${cal.applied ? " (applied)" : " (not applied)"}`);
+    if (cal && typeof cal === "object") extra.push(`calibration ratio ${typeof cal.ratio === "number" ? Number(cal.ratio.toPrecision(6)) : cal.ratio} from ${fmt(cal.samples)} samples${cal.applied ? " (applied)" : " (not applied)"}`);
     if (extra.length) box.append(el("p", { class: "caption", text: extra.join(" · ") }));
   }
 
