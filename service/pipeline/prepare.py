@@ -146,6 +146,7 @@ async def prepare(rt: RequestRuntime) -> Prepared:
         text_setting(claimed.options, "model") or claimed.model,
         rt.deps.provider.default_model,
     )
+    rt.answer_model = models.answer
     plan = plan_numbers(settings, session_settings, claimed.options, snapshot)
     for name, value in plan.as_dict().items():
         setattr(rt.info, name, value)

@@ -181,6 +181,7 @@ class _Request:
                 code=error["code"],
                 message=error["message"],
                 detail=error["detail"],
+                model=rt.answer_model,
                 context_info=rt.info.to_json(),
             )
 

@@ -71,6 +71,8 @@ class RequestRuntime:
         self._flush_lock = asyncio.Lock()
         self._background_flush: asyncio.Future[None] | None = None
         self.calibration = Calibration.empty()
+        # The answer model once `preparing` chose it (SPEC §11.2): a failed record names it too.
+        self.answer_model: str | None = None
         self.summary_calibration = Calibration.empty()
 
     @property

@@ -223,9 +223,11 @@ async def finish_failed(
     message: str,
     detail: dict[str, Any] | None = None,
     status: Literal[Status.FAILED, Status.CANCELLED] = Status.FAILED,
+    model: str | None = None,
     context_info: dict[str, Any] | None = None,
 ) -> bool:
-    """The worker's failure or cancel settlement (commits): ``status`` + ``error`` events.
+    """The worker's failure or cancel settlement (commits): ``status`` + ``error`` events. ``model``:
+    the answer model the request was prepared with, when it got that far (the record names it).
 
     Returns False, writing nothing, when the request is no longer running under ``owner``.
     """
@@ -236,6 +238,7 @@ async def finish_failed(
             status=status,
             owner=owner,
             error={"code": code, "message": message, "detail": detail or {}},
+            model=model,
             context_info=context_info,
         )
         return ended is not None

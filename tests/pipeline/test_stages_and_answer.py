@@ -197,6 +197,8 @@ async def test_provider_error_mid_stream_is_not_retried(
             "cached_tokens": 0,
         }
     ]
+    # The record names the model its calls used, failed or not (outside check: it was null).
+    assert ran.row.model == "scripted-model"
 
 
 async def test_model_unavailable(
