@@ -147,6 +147,9 @@ async def prepare(rt: RequestRuntime) -> Prepared:
         rt.deps.provider.default_model,
     )
     rt.answer_model = models.answer
+    if snapshot is not None and rt.info.context_summary is not None:
+        # Until compaction says otherwise, every message of the snapshot goes verbatim.
+        rt.info.context_summary.kept_messages = len(snapshot.messages)
     plan = plan_numbers(settings, session_settings, claimed.options, snapshot)
     for name, value in plan.as_dict().items():
         setattr(rt.info, name, value)

@@ -57,6 +57,10 @@ async def test_success_walks_the_stages_and_ends_with_done(
     record = ran.of("done")[0]["record"]
     assert record["answer"] == "It is tests/test_io.py." and record["truncated"] is False
     assert record["stop_reason"] == "stop" and record["parent_id"] == "parent-ok"
+    # Nothing was compacted: every message of the snapshot went verbatim (outside check: it said 0).
+    context = record["context_info"]["context_summary"]
+    assert context["used"] is False and context["summarized_messages"] == 0
+    assert context["kept_messages"] == len(SNAPSHOT["messages"])
     usage = ran.of("usage")[-1]["usage"]
     assert usage["input_tokens"] == 500 and usage["cached_tokens"] == 300 and usage["output_tokens"] == 7
     assert [(c["purpose"], c["status"], c["reported"]) for c in usage["calls"]] == [("answer", "ok", True)]

@@ -602,7 +602,7 @@
         : "not used"],
       ["main context", cs.used
         ? `${fmt(cs.summarized_messages)} older messages summarised, ${fmt(cs.kept_messages)} recent kept verbatim`
-        : typeof cs.kept_messages === "number" ? `sent verbatim (${fmt(cs.kept_messages)} messages)` : "no snapshot"],
+        : num(cs.kept_messages) > 0 ? `sent verbatim (${fmt(cs.kept_messages)} messages)` : "no snapshot messages"],
       ["context summary", cs.used
         ? `cache ${cs.cache}, ${fmt(cs.chunks ?? 0)} chunks, ${fmt(cs.calls ?? 0)} calls${madeBy(cs) ? `; ${madeBy(cs)}` : ""}`
         : cs.cache && cs.cache !== "none" ? `cache ${cs.cache}` : undefined],
