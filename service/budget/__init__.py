@@ -22,6 +22,7 @@ from service.budget.cut import (
     CutPlan,
     CutRefusal,
     plan_cut,
+    recent_budget_within,
 )
 from service.budget.estimate import (
     MESSAGE_ENVELOPE_TOKENS,
@@ -130,6 +131,7 @@ __all__ = [
     "positive_setting",
     "pressure",
     "prompt_drift",
+    "recent_budget_within",
     "replay_token_limit",
     "resolve_output_cap",
     "resolve_window",

@@ -74,6 +74,16 @@ def _check_partition(groups: Sequence[MessageGroup]) -> None:
         expected = group.end
 
 
+def recent_budget_within(room: int) -> int:
+    """The verbatim tail a compaction may keep when ``room`` tokens of the input budget are left for it.
+
+    SPEC §6.2 keeps the most recent messages verbatim *up to* 8000 tokens; with a small window that
+    much would not fit at all, so the tail is held to the room the rest of the request leaves (the
+    caller subtracts everything else and the summary's largest size), never below 0 (keep nothing).
+    """
+    return max(0, min(RECENT_BUDGET_TOKENS, room))
+
+
 def plan_cut(
     groups: Sequence[MessageGroup],
     recent_budget: int = RECENT_BUDGET_TOKENS,

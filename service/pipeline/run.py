@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from service.budget import RECENT_BUDGET_TOKENS
+from service.budget import RECENT_BUDGET_TOKENS, recent_budget_within
 from service.pipeline.answer import answer, build_answer, fits_budget, meter
 from service.pipeline.compaction import ContextPlan, compact, uncompacted
 from service.pipeline.failures import RequestLost, error_object
@@ -38,7 +38,8 @@ from service.vocabulary import Stage, Status
 DEADLINE_GRACE_S = 1.0
 
 # While a fold runs beside the compaction decision, the summary it will produce is counted at its
-# largest valid size (the body limit plus room for the provenance header), so the decision holds.
+# largest valid size (the body limit plus room for the provenance header), so the decision holds; a
+# context summary is bounded the same way when the verbatim tail is sized.
 FOLD_SUMMARY_BOUND = BODY_TOKEN_LIMIT + 200
 
 T = TypeVar("T")
@@ -87,7 +88,12 @@ class _Request:
 
         async def compaction() -> ContextPlan:
             await rt.enter(Stage.COMPACTING_CONTEXT)
-            made = await compact(rt, prepared, summary_runner(rt, prepared), fits)
+            # The verbatim tail gets what the budget leaves once everything else and the summary at its
+            # largest are counted (raw tokens: the budget scaled back by the learned ratio).
+            snapshot_tokens = prepared.snapshot.tokens_of(0) if prepared.snapshot is not None else 0
+            around = provisional.estimate.total - snapshot_tokens + bound + FOLD_SUMMARY_BOUND
+            recent = recent_budget_within(rt.calibration.raw_capacity(prepared.input_budget) - around)
+            made = await compact(rt, prepared, summary_runner(rt, prepared), fits, recent_budget=recent)
             return made if made is not None else context
 
         if folding and needs_compaction:

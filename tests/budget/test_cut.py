@@ -20,6 +20,7 @@ from service.budget import (
     group_messages,
     normalize_messages,
     plan_cut,
+    recent_budget_within,
     tool_result_ids,
     tool_use_ids,
 )
@@ -175,3 +176,10 @@ def test_broken_transcripts_never_crash_the_planner(messages: list[dict[str, Any
         assert plan.summarize_until in {g.end for g in groups}
     else:
         assert plan.reason in CUT_REFUSAL_REASONS
+
+
+def test_the_recent_tail_is_held_to_the_room_the_budget_leaves() -> None:
+    assert recent_budget_within(50_000) == RECENT_BUDGET_TOKENS  # "up to 8000"
+    assert recent_budget_within(4748) == 4748
+    assert recent_budget_within(0) == 0
+    assert recent_budget_within(-300) == 0  # nothing fits: keep nothing, summarise everything

@@ -134,6 +134,30 @@ async def test_compaction_runs_only_when_over_budget_and_then_hits_its_cache(
     assert len(server.requests("context_summary")) == calls_after_first
 
 
+async def test_a_small_window_keeps_a_shorter_verbatim_tail_so_the_request_fits(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    # The outside check's case: a 12000-token window with a 4000-token cap leaves an input budget of
+    # ~7400, below the 8000-token recent tail; the whole snapshot (~7800 tokens) "fit the recent
+    # budget", so nothing was compacted and the request went out over budget. SPEC §6.2 keeps "up to"
+    # 8000 tokens: the tail is now held to what the budget leaves.
+    sid = await make_session(db)
+    await add_snapshot(db, sid, "mid", _big_snapshot(64, 360))
+    options = {"context_window": 12000, "max_output_tokens": 4000}
+    rid = await admit(db, sid, "what is the state?", snapshot_id="mid", options=options)
+
+    ran = await run_one(db, model_settings, provider, rid)
+
+    assert ran.outcome.status == "succeeded", ran.row.error
+    info = ran.row.context_info
+    assert "compacting_context" in ran.stages()
+    ctx = info["context_summary"]
+    assert ctx["used"] is True and ctx["summarized_messages"] > 0
+    assert ctx["summarized_messages"] + ctx["kept_messages"] == 64
+    assert info["estimate"]["total"] <= info["input_budget"]
+    assert "message 63:" in json.dumps(server.requests("answer")[0].body["messages"])
+
+
 async def test_small_requests_never_compact(
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
