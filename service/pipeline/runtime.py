@@ -31,7 +31,7 @@ from service.store import lease, queue
 from service.store.db import Database
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
-from service.vocabulary import Stage, Status
+from service.vocabulary import Stage, Status, utc_iso
 
 
 @dataclass
@@ -87,7 +87,8 @@ class RequestRuntime:
     async def progress(self, fields: dict[str, Any], *, defer: bool = False) -> None:
         """One ``progress`` event (lease-guarded). ``defer``: written with the next flush — for a note
         about something already done, when nothing slow comes before the next write."""
-        self._pending.append(("progress", {"stage": self.stage, **fields}))
+        # ``at`` is when it happened, not when its batch is written (the inspector's stage timeline).
+        self._pending.append(("progress", {"stage": self.stage, **fields, "at": utc_iso()}))
         if not defer:
             await self.flush()
 
@@ -96,7 +97,7 @@ class RequestRuntime:
         flush (at the latest right before the next slow step: a model call or a wait)."""
         self.stage = stage
         self.info.stage = stage
-        self._pending.append(("status", {"status": Status.RUNNING, "stage": stage}))
+        self._pending.append(("status", {"status": Status.RUNNING, "stage": stage, "at": utc_iso()}))
         self._pending_stage = stage
 
     async def flush(self) -> None:

@@ -44,7 +44,11 @@ async def write_if_held(
 ) -> bool:
     """Inside the caller's transaction, one statement: the lease guard, then (with ``stage``) the
     stage change with ``context_info``, then ``events`` in order. False, writing nothing, when the
-    request is no longer this worker's."""
+    request is no longer this worker's.
+
+    Every event's envelope ``at`` is this write's time, unless its fields carry their own ``at``
+    (when it happened: an event batched until the next slow step keeps its moment — the fields are
+    merged over the envelope)."""
     info = None
     if stage is not None:
         info = json_text({**(context_info or {}), "stage": stage})

@@ -120,6 +120,16 @@ async def test_compaction_runs_only_when_over_budget_and_then_hits_its_cache(
     assert ran.stages() == ["preparing", "organizing_history", "compacting_context", "answering"]
     ctx = ran.row.context_info["context_summary"]
     assert ctx["used"] is True and ctx["cache"] == "miss" and ctx["calls"] >= 1
+    # Each event's `at` is when it happened, though stage events are written in batches: the stage
+    # timeline of the inspector reads them (outside check: a batch shared one timestamp).
+    running = {
+        e.data["stage"]: e.data["at"]
+        for e in ran.events
+        if e.type == "status" and e.data["status"] == "running"
+    }
+    assert running["preparing"] < running["organizing_history"] < running["compacting_context"]
+    ats = [e.data["at"] for e in ran.events]
+    assert ats == sorted(ats)
     assert ctx["summarized_messages"] + ctx["kept_messages"] == 40
     assert ran.row.context_info["estimate"]["total"] <= ran.row.context_info["input_budget"]
     sent = server.requests("answer")[0].body["messages"]
