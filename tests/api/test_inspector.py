@@ -205,6 +205,14 @@ async def test_request_detail_draws_the_budget_bar_in_proportion_to_the_estimate
         "[...document.querySelectorAll('#timeline-bar rect')].map(r => r.dataset.phase)"
     )
     assert phases[0] == "queued" and "answering" in phases
+    # A progress line sits under the stage it names, even when events of one batch share a moment.
+    lines = await browser.evaluate(
+        "[...document.querySelectorAll('#timeline tbody tr')].map(r => r.cells[0].innerText.trim())"
+    )
+    where = {line: i for i, line in enumerate(lines)}
+    replay = next(i for i, line in enumerate(lines) if line.startswith("↳ replaying"))
+    cache = next(i for i, line in enumerate(lines) if line.startswith("↳ context summary cache"))
+    assert where["organizing_history"] < replay < where["compacting_context"] < cache < where["answering"]
     calls = await browser.evaluate("document.querySelectorAll('#usage tbody tr').length")
     assert calls == len(record["usage"]["calls"])
     usage_text = await browser.evaluate("document.getElementById('usage').innerText")

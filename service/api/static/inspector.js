@@ -500,14 +500,20 @@
       x += w;
     }
     box.append(bar);
+    // A progress line goes under the stage it names (its own `stage` field): several events can share a
+    // moment, so time alone would put one under the next stage. Without a stage, by time.
     const progress = state.events.filter((e) => e.type === "progress");
+    const phaseOf = (e) => {
+      const at = Date.parse(e.data.at);
+      const named = list.filter((p) => p.name === e.data.stage);
+      if (named.length) return named.filter((p) => p.at <= at).pop() || named[0];
+      return list.find((p, i) => at >= p.at && (!list[i + 1] || at < list[i + 1].at));
+    };
     const rows = [];
     for (const p of list) {
       rows.push({ cells: [el("span", {}, el("span", { class: `swatch phase-${p.name}` }), p.name), new Date(p.at).toLocaleTimeString(), p.terminal ? "" : `${duration(p.ms)}${p.open ? " (so far)" : ""}`] });
       for (const e of progress) {
-        const at = Date.parse(e.data.at);
-        const next = list[list.indexOf(p) + 1];
-        if (at >= p.at && (!next || at < next.at)) rows.push({ cls: "sub", cells: [`↳ ${describeProgress(e.data)}`, new Date(at).toLocaleTimeString(), ""] });
+        if (phaseOf(e) === p) rows.push({ cls: "sub", cells: [`↳ ${describeProgress(e.data)}`, new Date(Date.parse(e.data.at)).toLocaleTimeString(), ""] });
       }
     }
     box.append(table([{ label: "stage" }, { label: "at" }, { label: "took", num: true }], rows));
