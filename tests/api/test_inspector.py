@@ -123,9 +123,12 @@ async def test_lists_the_tenants_sessions_and_not_another_tenants(stack: Stack, 
     assert await browser.evaluate("sessionStorage.getItem('sidequest.token')") == "tok-acme"
     await browser.goto(f"{stack.url}/")
     await browser.wait_for("document.querySelectorAll('#session-list button').length === 2")
-    # Another tenant's token sees only its own session.
+    await browser.evaluate("document.querySelector('#session-list button').click()")
+    await browser.wait_for("location.hash.includes('session=acme-second')")
+    # Another tenant's token sees only its own session; forgetting the token forgets the address too.
     await browser.evaluate("document.getElementById('forget').click()")
     assert await browser.evaluate("sessionStorage.getItem('sidequest.token')") is None
+    assert "acme" not in await browser.evaluate("location.hash")
     await connect(browser, stack.url, "tok-globex")
     await browser.wait_for("document.querySelectorAll('#session-list button').length === 1")
     assert (
@@ -147,6 +150,10 @@ async def test_a_wrong_token_is_told_and_a_server_without_auth_needs_none(
     await browser.wait_for("document.getElementById('notice').classList.contains('bad')")
     notice = await browser.evaluate("document.getElementById('notice').textContent")
     assert notice == "listing sessions failed: unauthorized: a valid bearer token is required"
+    # A refused token is not kept, and the list does not claim the token has no sessions.
+    assert await browser.evaluate("sessionStorage.getItem('sidequest.token')") is None
+    hint = await browser.evaluate("document.getElementById('sessions-empty').textContent")
+    assert "No sessions yet" not in hint and "Paste a token" in hint
     async with server.client() as client:  # no auth configured: tenant "default"
         await ask(client, "p-open", "anyone?")
     await browser.goto(f"{server.url}/")

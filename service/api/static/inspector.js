@@ -746,15 +746,38 @@
     history.replaceState(null, "", `#${params}`);
   }
 
+  const CONNECT_HINT = "Paste a token and press Connect to list this tenant's sessions.";
+
   async function connect() {
     notice("");
-    await loadSessions(false);
+    try {
+      await loadSessions(false);
+    } catch (err) {
+      if (err.status === 401) {
+        // A token the server refuses is not kept, and the list says what to do instead of "no sessions".
+        sessionStorage.removeItem(TOKEN_KEY);
+        $("session-list").replaceChildren();
+        $("sessions-empty").hidden = false;
+        $("sessions-empty").textContent = CONNECT_HINT;
+      }
+      throw err;
+    }
     const params = new URLSearchParams(location.hash.slice(1));
     const parentId = params.get("session");
     if (parentId && !state.parentId) {
       await openSession(parentId);
       const requestId = params.get("request");
-      if (requestId) await openRequest(requestId);
+      if (requestId) {
+        try {
+          await openRequest(requestId);
+        } catch (err) {
+          if (err.status !== 404) throw err;
+          // The address named a request this token cannot see (another tenant's, or cleared): drop it.
+          closeRequest();
+          setHash();
+          notice("the request in the address is not one of this token's requests", true);
+        }
+      }
     }
   }
 
@@ -776,10 +799,13 @@
     $("token").value = "";
     closeRequest();
     state.parentId = null;
+    state.requestId = null;
+    setHash(); // the address no longer names the session (the next token may be another tenant's)
     $("session").hidden = true;
     $("session-list").replaceChildren();
     $("sessions-more").hidden = true;
     $("sessions-empty").hidden = false;
+    $("sessions-empty").textContent = CONNECT_HINT;
     notice("token forgotten");
   }, "forgetting the token");
   on("open-form", "submit", (event) => {
