@@ -217,7 +217,11 @@ def test_the_newest_answer_stays_verbatim_while_older_ones_give_way(max_tokens: 
 
 def test_a_summary_never_stands_in_for_the_newest_answer() -> None:
     items = [item(o, "x" * 900) for o in range(1, 5)]
-    summary = HandoffSummary("Earlier: parts 1 to 4 were reviewed.", 1, 4)
+    # A summary long enough that standing in for #1–#3 alone does not fit 600 tokens: it would take #4
+    # too if it could (and did, before the newest was protected).
+    summary = HandoffSummary(
+        "Earlier: parts 1 to 4 were reviewed; " + "the parser work is settled. " * 20, 1, 4
+    )
     block = build_handoff(items, summary, 600)
     assert block is not None and block.summarized_ordinals
     assert 4 not in block.summarized_ordinals
