@@ -250,6 +250,11 @@ class Calibration:
         ratio = self._ratio()
         return -(-(total * ratio.numerator) // ratio.denominator)
 
+    def fits(self, total: int, input_budget: int) -> bool:
+        """THE fit decision (SPEC §5, §5.1, §6.2): does a raw estimate of ``total`` fit the input
+        budget once the learned ratio scales it (the total only, never a segment)?"""
+        return self.apply(total) <= input_budget
+
     def raw_capacity(self, capacity: int) -> int:
         """The largest raw estimate whose calibrated total fits ``capacity`` (rounded down).
 

@@ -55,9 +55,9 @@ def build_answer(
 
 
 def fits_budget(rt: RequestRuntime, prepared: Prepared, total: int) -> bool:
-    """THE fit decision (SPEC §5, §5.1, §6.2): does a request of this raw estimate fit the input
-    budget, once the learned ratio scales the total (never a segment)?"""
-    return rt.calibration.apply(total) <= prepared.input_budget
+    """Does a request of this raw estimate fit its input budget (:meth:`Calibration.fits`, with the
+    answer model's learned ratio)?"""
+    return rt.calibration.fits(total, prepared.input_budget)
 
 
 def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None:

@@ -187,7 +187,7 @@ async def _context_summary(
     until = cut.summarize_until
     # A 6.7 follow-up carries its question's window and cap; a snapshot's job has the session's.
     plan = plan_numbers(deps.settings, inputs.settings, job.params, snapshot)
-    if fit.apply(snapshot.total_tokens) <= plan.input_budget:
+    if fit.fits(snapshot.total_tokens, plan.input_budget):
         # Queued on the raw estimate (the admission reads no calibration); with the learned ratio the
         # snapshot fits, so a question on it needs no summary: none is made (SPEC §5.1: the ratio
         # decides every fit).

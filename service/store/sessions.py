@@ -17,7 +17,7 @@ from sqlalchemy import JSON, Text, cast, func, literal, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.budget import plan_window, positive_setting, resolve_output_cap, resolve_window
+from service.budget import Calibration, plan_window, positive_setting, resolve_output_cap, resolve_window
 from service.budget.prepared import (
     PREPARED_VERSION,
     EncodedSnapshot,
@@ -331,7 +331,8 @@ def needs_compaction(
         prepared.snapshot.max_output_tokens,
         session_cap=positive_setting(session_settings.get("max_output_tokens")),
     )
-    return prepared.total_tokens > plan_window(window, cap).input_budget
+    # The raw estimate (the admission reads no calibration); the job decides again with the ratio.
+    return not Calibration.empty().fits(prepared.total_tokens, plan_window(window, cap).input_budget)
 
 
 async def maybe_queue_snapshot_job(
