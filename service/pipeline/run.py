@@ -152,7 +152,7 @@ class _Request:
             if target is not None:
                 around = build_answer(prepared, history, context).estimate.total - kept_tokens
                 room = 0 if context.summary is not None else FOLD_SUMMARY_BOUND
-                recent_budget = max(0, min(RECENT_BUDGET_TOKENS, target - around - room))
+                recent_budget = recent_budget_within(target - around - room)
 
             def always(_summary: str | None, _kept: Any, _tokens: int) -> bool:
                 return False
