@@ -47,7 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import jobs
 from service.store.events import append_event
-from service.store.execute import Executor, committed, fetch_one, fetch_value
+from service.store.execute import Executor, committed, fetch_one
 from service.store.lease import lock_if_held
 from service.store.terminal import finish_request, notify_slot_freed
 from service.vocabulary import Status, utc_iso
@@ -87,15 +87,8 @@ class Claimed:
     snapshot_hash: str | None = None
 
 
-_COUNT_RUNNING = text("SELECT count(*) FROM side_question_requests WHERE status = 'running'")
 # THE claim, in SQL (migration 0005_worker_statements): one round trip; the rules are listed above.
 _CLAIM = text("SELECT * FROM sidequest_claim(:owner, :lease_s, :max_running, :lock_key, :at)")
-
-
-async def count_running(session: Executor) -> int:
-    """How many requests are running right now, across all processes."""
-    value = await fetch_value(session, _COUNT_RUNNING, {})
-    return int(value or 0)
 
 
 async def claim_next(session: Executor, *, owner: str, lease_s: float, max_running: int) -> Claimed | None:
