@@ -6,7 +6,6 @@ Every rule lives in :mod:`service.store.settings`, :mod:`service.store.handoffs`
 
 from __future__ import annotations
 
-import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Request
@@ -25,7 +24,6 @@ from service.api.schemas import (
     check_text,
 )
 from service.store.handoffs import HandoffAsk, create_handoff, list_handoffs
-from service.store.session_list import InvalidCursor
 from service.store.settings import read_settings, update_settings
 
 router = APIRouter(prefix="/v1/sessions", tags=["hand-offs and settings"])
@@ -105,18 +103,7 @@ async def get_handoffs(
     ] = None,
 ) -> JSONResponse:
     """Earlier hand-offs, newest first, paginated like history."""
-    cursor = None
-    if before is not None:
-        try:
-            cursor = uuid.UUID(before)
-        except ValueError:
-            # Not an id at all, so not a next_before this service issued: 400, like the session list's.
-            # (A well-formed id that is not one of the session's hand-offs — say, one a clear deleted —
-            # gives an empty page.)
-            raise InvalidCursor(
-                "before must be the next_before of an earlier page (a hand-off id)", {"before": before}
-            ) from None
-    page = await list_handoffs(session, tenant, parent_id, limit=limit, before=cursor)
+    page = await list_handoffs(session, tenant, parent_id, limit=limit, before=before)
     if page is None:
         raise not_found("session")
     return JSONResponse(page)

@@ -21,6 +21,7 @@ from service.errors import SidequestError
 from service.store.events import append_session_event
 from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
+from service.store.session_list import InvalidCursor
 from service.store.sessions import find_request, find_session, lock_session
 from service.vocabulary import Status, utc_iso
 
@@ -271,23 +272,35 @@ async def create_handoff(
     return HandoffOutcome(result, created=True)
 
 
+def _handoff_cursor(before: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(before)
+    except ValueError:
+        # Not an id at all, so not a next_before this service issued: 400, like the session list's.
+        raise InvalidCursor(
+            "before must be the next_before of an earlier page (a hand-off id)", {"before": before}
+        ) from None
+
+
 async def list_handoffs(
-    session: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: uuid.UUID | None
+    session: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: str | None
 ) -> dict[str, Any] | None:
     """A page of the session's hand-offs, newest first: ``{items, has_more, next_before}``.
 
-    ``before`` is the id of the last hand-off of the previous page (``next_before``); an id that is not
-    one of this session's hand-offs gives an empty page. None when the session does not exist.
+    ``before`` is the previous page's ``next_before`` (the id of its last hand-off): anything that is
+    not an id raises :class:`InvalidCursor` (400); an id that is not one of this session's hand-offs
+    (one a clear deleted) gives an empty page. None when the session does not exist.
     """
+    cursor_id = None if before is None else _handoff_cursor(before)
     owner = await find_session(session, tenant, parent_id)
     if owner is None:
         return None
     query = select(HandoffRow).where(HandoffRow.session_id == owner.id)
-    if before is not None:
+    if cursor_id is not None:
         cursor = (
             await session.execute(
                 select(HandoffRow.created_at, HandoffRow.id).where(
-                    HandoffRow.session_id == owner.id, HandoffRow.id == before
+                    HandoffRow.session_id == owner.id, HandoffRow.id == cursor_id
                 )
             )
         ).first()

@@ -202,7 +202,7 @@ async def test_a_handoff_is_listed_newest_first_and_is_a_session_event(db: Datab
         page = await list_handoffs(session, TENANT, "p", limit=2, before=None)
     assert page is not None and [h["ordinals"] for h in page["items"]] == [[3], [2]] and page["has_more"]
     async with db.sessions() as session:
-        older = await list_handoffs(session, TENANT, "p", limit=2, before=uuid.UUID(page["next_before"]))
+        older = await list_handoffs(session, TENANT, "p", limit=2, before=page["next_before"])
     assert older is not None and [h["ordinals"] for h in older["items"]] == [[1]] and not older["has_more"]
     async with db.sessions() as session:
         events = [e for e in await session_events_after(session, sid, 0) if e.type == "handoff"]
