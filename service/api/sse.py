@@ -216,7 +216,7 @@ class Feed:
                     return
                 if len(items) >= PAGE:
                     continue
-            if await _wait(self.wake, self.hub.poll_s) or self.closed or self.kind != REQUEST:
+            if await wait_event(self.wake, self.hub.poll_s) or self.closed or self.kind != REQUEST:
                 continue
             if not await self._request_exists():
                 self._end()  # purged by the sweep: nothing more will ever come
@@ -411,11 +411,6 @@ class EventHub:
 def retry_hint() -> ServerSentEvent:
     """The first message of every stream: how long a browser waits before reconnecting."""
     return ServerSentEvent(comment="sidequest stream", retry=RETRY_MS)
-
-
-async def _wait(wake: asyncio.Event, seconds: float) -> bool:
-    """Wait for ``wake`` at most ``seconds``; whether it was set."""
-    return await wait_event(wake, seconds)
 
 
 async def terminal_seq(db: Database, request_id: uuid.UUID) -> int | None:
