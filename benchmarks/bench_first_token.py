@@ -103,6 +103,7 @@ def snapshot(units: int, *, seed: int = 0) -> dict[str, Any]:
 
 
 EXPLAIN = False
+SCRIPTED: ScriptedServer | None = None  # with --explain: the model, to show when each call arrived
 
 
 async def first_token(client: httpx.AsyncClient, parent: str, body: dict[str, Any]) -> tuple[float, str]:
@@ -114,6 +115,7 @@ async def first_token(client: httpx.AsyncClient, parent: str, body: dict[str, An
     """
     payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     started = time.perf_counter()
+    started_mono = time.monotonic()
     timeline: list[str] = []
     r = await client.post(
         f"/v1/sessions/{parent}/questions", content=payload, headers={"content-type": "application/json"}
@@ -144,6 +146,12 @@ async def first_token(client: httpx.AsyncClient, parent: str, body: dict[str, An
         info = (await client.get(f"/v1/questions/{rid}")).json()["context_info"]
         print(f"  {parent} ttft {ttft:.2f}: qa={info.get('qa_summary')} ctx={info.get('context_summary')}")
         print("    " + " | ".join(timeline))
+        if SCRIPTED is not None:
+            calls = [c for c in SCRIPTED.requests() if c.at >= started_mono and c.purpose]
+            print(
+                "    model calls (arrived, parsed): "
+                + ", ".join(f"{c.at - started_mono:.3f} {c.purpose}" for c in calls)
+            )
     return ttft, rid
 
 
@@ -267,6 +275,8 @@ async def main() -> None:
     print(f"long snapshot: 1600 messages, {len(estimate)} bytes of JSON")
     async with deployed() as service, httpx.AsyncClient(base_url=service.url, timeout=120) as client:
         print(f"sidequest serve pid {service.pid}; load average {os.getloadavg()[0]:.1f}")
+        global SCRIPTED
+        SCRIPTED = service.scripted if EXPLAIN else None
         table: list[list[float]] = [[] for _ in CASES]
         for run in range(args.runs):
             for case, value in enumerate(await one_run(client, service.scripted, run, args.gap)):
