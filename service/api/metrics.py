@@ -2,7 +2,9 @@
 
 Two kinds of numbers:
 
-- this process's: requests admitted (counter), open SSE subscribers (gauge);
+- this process's: requests admitted (counter), open SSE subscribers (gauge), and the admission
+  CALLs it sent with the admissions they carried (their ratio is the mean group-commit batch,
+  ``service.store.admission_batch``);
 - the deployment's, read from PostgreSQL at scrape time so every API process reports the same
   truth whichever worker process did the work: requests by status, terminal requests by status and
   error code, provider calls by purpose and status, summary calls, and provider latency (a
@@ -20,7 +22,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from service.budget import Calibration
@@ -72,6 +74,7 @@ class _SnapshotCollector(Collector):
         self.snapshot = DatabaseSnapshot()
         self._subscribers = subscribers
         self._calibration_on = calibration_on
+        self.batches: tuple[int, int, int] = (0, 0, 0)  # admission CALLs, admissions, fallbacks
 
     def collect(self) -> Iterable[Metric]:
         snap = self.snapshot
@@ -81,6 +84,15 @@ class _SnapshotCollector(Collector):
         subs = GaugeMetricFamily("sidequest_sse_subscribers", "Open SSE streams in this API process")
         subs.add_metric([], float(self._subscribers()))
         yield subs
+        calls, carried, fallbacks = self.batches
+        for name, help_text, value in (
+            ("sidequest_admission_calls", "Admission CALLs this API process committed", calls),
+            ("sidequest_admission_call_admissions", "Admissions those CALLs carried", carried),
+            ("sidequest_admission_batch_fallbacks", "Batches that failed and went one by one", fallbacks),
+        ):
+            family = CounterMetricFamily(name, help_text)
+            family.add_metric([], float(value))
+            yield family
 
         statuses: dict[str, int] = dict.fromkeys(Status, 0)
         terminal: dict[tuple[str, str], int] = {}
@@ -215,4 +227,6 @@ class Metrics:
     async def render(self, db: Database) -> bytes:
         """The exposition text, with fresh database numbers."""
         self._collector.snapshot = await read_database(db)
+        batcher = db.admissions
+        self._collector.batches = (batcher.calls, batcher.admissions, batcher.fallbacks)
         return generate_latest(self.registry)

@@ -134,14 +134,12 @@ class Admitted:
     superseded: tuple[uuid.UUID, ...] = ()
 
 
-# Created by migration 0003_h12a. The hot path is the procedure: it commits the rows, then sends
-# the NOTIFYs in a transaction of their own (a NOTIFY in the writing transaction would serialise
-# every admission's commit behind one database-wide lock; see the migration). The function runs
-# inside a caller's transaction (an inline snapshot stored first) and NOTIFYs there.
-_ADMIT_NOW = (
-    "CALL sidequest_admit_now($1, $2, $3, $4, $5::text, ($6::text)::jsonb, $7::text, $8, $9, $10, "
-    "$11::text, $12)"
-)
+# The hot path (no inline snapshot) is ``db.admissions`` (admission_batch): ``CALL
+# sidequest_admit_now`` for one admission, ``sidequest_admit_many`` for several waiting at once; both
+# commit the rows, then send the NOTIFYs in a transaction of their own (a NOTIFY in the writing
+# transaction would serialise every admission's commit behind one database-wide lock; see migration
+# 0003_h12a). The function itself runs inside a caller's transaction (an inline snapshot stored
+# first) and NOTIFYs there.
 # ``(a.req).*`` expands the request row into its columns, whatever they are.
 _ADMIT_IN_TRANSACTION = text(
     "SELECT a.outcome, a.detail, a.superseded, (a.req).* FROM sidequest_admit("
@@ -218,8 +216,9 @@ async def admit(
 ) -> Admitted:
     """Admit one question and commit it.
 
-    Given the :class:`Database` (the API's hot path), this is one round trip: ``CALL
-    sidequest_admit_now(…)`` (migration 0003_h12a) locks or creates the session, answers an
+    Given the :class:`Database` (the API's hot path), this is at most one round trip: ``CALL
+    sidequest_admit_now(…)`` (migration 0003_h12a), or one ``sidequest_admit_many`` shared with the
+    admissions waiting beside it (``db.admissions``, group commit), locks or creates the session, answers an
     idempotent replay, applies on_busy (SPEC 11.2), the queue limit and the snapshot check, and only
     then writes: the cancellations an ``interrupt`` makes, the ordinal, the request and its
     ``queued`` event; it commits, then NOTIFYs. A refusal (raised here as QueueFull,
@@ -236,16 +235,12 @@ async def admit(
         async with db.sessions() as session:
             return await _admit_in_transaction(session, tenant, parent_id, admission, max_queued=max_queued)
     args = _arguments(tenant, parent_id, admission, admission.snapshot_id, max_queued)
-    pool = await db.raw_pool()
-    async with pool.acquire() as conn:
-        # Outside any transaction block, so that the procedure may commit.
-        row = await conn.fetchrow(_ADMIT_NOW, *args)
-    assert row is not None
+    result = await db.admissions.admit(args)
     return _outcome(
-        row["outcome"],
-        row["detail"],
-        row["superseded"],
-        row["req"],
+        result.outcome,
+        result.detail,
+        list(result.superseded),
+        result.request,
         parent_id,
         admission,
         admission.snapshot_id,

@@ -23,6 +23,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from service.store.admission_batch import AdmissionBatcher
 from service.store.execute import json_text
 
 
@@ -128,7 +129,9 @@ class Database:
     the worker's claim, events and answer end: :mod:`service.store.execute`): SQLAlchemy's
     ``pool_pre_ping`` costs three round trips per checkout (BEGIN, ping, ROLLBACK) and its
     transaction two more, around a statement that needs none of them. asyncpg's pool replaces a
-    connection the server closed (restart, failover) when it is next acquired.
+    connection the server closed (restart, failover) when it is next acquired. Admissions reach that
+    pool through :attr:`admissions`, which sends the ones waiting together (group commit,
+    :mod:`service.store.admission_batch`).
     """
 
     engine: AsyncEngine
@@ -137,6 +140,10 @@ class Database:
     pool_size: int = 10
     _raw: Any = field(default=None, repr=False)
     _raw_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    admissions: AdmissionBatcher = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.admissions = AdmissionBatcher(self.raw_pool)
 
     async def raw_pool(self) -> asyncpg.Pool:
         """The plain asyncpg pool (created on first use); jsonb decodes to Python objects."""
@@ -163,6 +170,7 @@ class Database:
             yield conn
 
     async def dispose(self) -> None:
+        await self.admissions.drain()
         if self._raw is not None:
             raw, self._raw = self._raw, None
             await raw.close()

@@ -50,6 +50,10 @@ async def test_metrics_report_admissions_statuses_calls_latency_and_subscribers(
             text = (await client.get("/metrics")).text
         values = _samples(text)
         assert values[("sidequest_requests_admitted_total", ())] == 2
+        # Two questions asked one after the other: two CALLs, one admission each.
+        assert values[("sidequest_admission_calls_total", ())] == 2
+        assert values[("sidequest_admission_call_admissions_total", ())] == 2
+        assert values[("sidequest_admission_batch_fallbacks_total", ())] == 0
         assert values[("sidequest_requests_queued", ())] == 1
         assert values[("sidequest_requests_running", ())] == 0
         assert values[("sidequest_requests_terminal", (("code", "timeout"), ("status", "failed")))] == 1

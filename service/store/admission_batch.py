@@ -1,0 +1,175 @@
+"""Group commit for admissions: the questions an API process has waiting go to PostgreSQL in one CALL.
+
+One admission alone is one ``CALL sidequest_admit_now`` (migration 0003_h12a), as before. Under load
+most of that CALL's database CPU is what any CALL pays whatever it does (the round trip, a commit
+that waits for its flush, the transaction that sends the NOTIFYs); so while a CALL is in flight, the
+admissions that arrive meanwhile wait for it and then go together, in one ``CALL
+sidequest_admit_many`` (migration 0008_admit_many), which runs the same ``sidequest_admit()`` for
+each in turn and commits once. Nobody waits for a batch to fill: an admission is sent the moment a
+connection is free for it (at most :data:`IN_FLIGHT` CALLs at once), so at low load every admission
+goes alone and at once, and under load the batches grow by themselves.
+
+Every admission is answered on its own: a refusal is one admission's result, never the batch's. If
+the batched CALL itself fails with a database error, nothing of it was committed (the procedure
+commits once, at its end), and each admission of it is sent again alone, so that an error belongs
+to the admission that caused it. Losing the connection fails every admission of the CALL alike, as
+it would have failed each alone.
+
+Lock order: a batch locks several sessions' rows. It sends them ordered by (tenant, parent_id),
+arrival order kept within a session, so two batches (of this process or another) take their
+session locks in the same order and cannot deadlock; a single admission locks one session only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import asyncpg
+
+# Admissions in one CALL at most, and CALLs in flight at once (each holds a pool connection).
+MAX_BATCH: Final = 64
+IN_FLIGHT: Final = 2
+
+_ADMIT_NOW: Final = (
+    "CALL sidequest_admit_now($1, $2, $3, $4, $5::text, ($6::text)::jsonb, $7::text, $8, $9, $10, "
+    "$11::text, $12)"
+)
+_ADMIT_MANY: Final = (
+    "CALL sidequest_admit_many($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], "
+    "($6::text[])::jsonb[], $7::text[], $8::text[], $9::text[], $10::integer[], $11::text[], $12::text)"
+)
+
+
+@dataclass(frozen=True)
+class AdmitResult:
+    """What ``sidequest_admit()`` returned for one admission."""
+
+    outcome: str
+    detail: dict[str, Any] | None
+    superseded: tuple[uuid.UUID, ...]
+    request: Mapping[str, Any] | None
+
+
+# The argument tuple of one admission, in ``sidequest_admit_now``'s order (admission._arguments).
+Arguments = tuple[Any, ...]
+_TENANT, _PARENT, _MESSAGE = 0, 1, 11
+
+# Errors that say the connection (or the server) is gone: every admission of the CALL fails alike.
+_CONNECTION_ERRORS = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+)
+
+
+class AdmissionBatcher:
+    """Sends admissions to PostgreSQL, several to a CALL when several are waiting."""
+
+    def __init__(self, pool: Callable[[], Awaitable[asyncpg.Pool]]) -> None:
+        self._pool = pool
+        self._waiting: list[tuple[Arguments, asyncio.Future[AdmitResult]]] = []
+        self._senders: set[asyncio.Task[None]] = set()
+        # For tests and benchmarks: CALLs that committed (both kinds), the admissions they carried,
+        # and batches that failed and were sent again one by one.
+        self.calls = 0
+        self.admissions = 0
+        self.fallbacks = 0
+
+    async def admit(self, args: Arguments) -> AdmitResult:
+        """Admit one question (``args`` in ``sidequest_admit_now``'s order); committed on return."""
+        future: asyncio.Future[AdmitResult] = asyncio.get_running_loop().create_future()
+        # Marked retrieved, so that an error nobody awaits any more (a cancelled caller) is not logged.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self._waiting.append((args, future))
+        if len(self._senders) < IN_FLIGHT:
+            sender = asyncio.create_task(self._send_waiting())
+            self._senders.add(sender)
+            sender.add_done_callback(self._senders.discard)
+        # The CALL goes on if this caller is cancelled (a client that hung up): shielded, so its
+        # cancellation does not cancel the future the sender will resolve.
+        return await asyncio.shield(future)
+
+    async def drain(self) -> None:
+        """Wait until every admission handed in has been answered (before the pool closes)."""
+        while self._senders:
+            await asyncio.gather(*list(self._senders), return_exceptions=True)
+
+    async def _send_waiting(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
+            try:
+                await self._send(batch)
+            except BaseException as exc:  # never leave a caller waiting
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+
+    async def _send(self, batch: list[tuple[Arguments, asyncio.Future[AdmitResult]]]) -> None:
+        pool = await self._pool()
+        if len(batch) == 1:
+            await self._send_alone(pool, *batch[0])
+            return
+        # Sessions in one order for every batch (module docstring); sorted() keeps arrival order
+        # within a session.
+        ordered = sorted(batch, key=lambda item: (item[0][_TENANT], item[0][_PARENT]))
+        columns = [list(column) for column in zip(*(args for args, _ in ordered), strict=True)]
+        columns[_MESSAGE] = ordered[0][0][_MESSAGE]
+        try:
+            async with pool.acquire() as conn:
+                # Outside any transaction block, so that the procedure may commit.
+                row = await conn.fetchrow(_ADMIT_MANY, *columns)
+        except _CONNECTION_ERRORS:
+            raise
+        except asyncpg.PostgresError:
+            # Nothing of the CALL committed: each admission again, alone, so that the error is
+            # the one admission's that caused it.
+            self.fallbacks += 1
+            for args, future in ordered:
+                await self._send_alone(pool, args, future)
+            return
+        self.calls += 1
+        self.admissions += len(ordered)
+        assert row is not None
+        for i, (_, future) in enumerate(ordered):
+            superseded = row["superseded"][i]
+            result = AdmitResult(
+                outcome=row["outcome"][i],
+                detail=row["detail"][i],
+                superseded=tuple(uuid.UUID(s) for s in (superseded or ())),
+                request=row["req"][i],
+            )
+            if not future.done():
+                future.set_result(result)
+
+    async def _send_alone(
+        self, pool: asyncpg.Pool, args: Arguments, future: asyncio.Future[AdmitResult]
+    ) -> None:
+        try:
+            async with pool.acquire() as conn:
+                row = await conn.fetchrow(_ADMIT_NOW, *args)
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(exc)
+            return
+        self.calls += 1
+        self.admissions += 1
+        assert row is not None
+        result = AdmitResult(
+            outcome=row["outcome"],
+            detail=row["detail"],
+            superseded=tuple(row["superseded"] or ()),
+            request=row["req"],
+        )
+        if not future.done():
+            future.set_result(result)
+
+
+__all__ = ["IN_FLIGHT", "MAX_BATCH", "AdmissionBatcher", "AdmitResult"]
