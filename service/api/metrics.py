@@ -84,11 +84,19 @@ class _SnapshotCollector(Collector):
         subs = GaugeMetricFamily("sidequest_sse_subscribers", "Open SSE streams in this API process")
         subs.add_metric([], float(self._subscribers()))
         yield subs
-        calls, carried, fallbacks = self.batches
-        for name, help_text, value in (
-            ("sidequest_admission_calls", "Admission CALLs this API process committed", calls),
-            ("sidequest_admission_call_admissions", "Admissions those CALLs carried", carried),
-            ("sidequest_admission_batch_fallbacks", "Batches that failed and went one by one", fallbacks),
+        for name, help_text, value in zip(
+            (
+                "sidequest_admission_calls",
+                "sidequest_admission_call_admissions",
+                "sidequest_admission_batch_fallbacks",
+            ),
+            (
+                "Admission CALLs this API process committed",
+                "Admissions those CALLs carried",
+                "Admission batches that failed and were sent again one by one",
+            ),
+            self.batches,
+            strict=True,
         ):
             family = CounterMetricFamily(name, help_text)
             family.add_metric([], float(value))
