@@ -201,6 +201,8 @@ class Result:
     db_cpu_api_ms: float
     db_cpu_all_ms: float
     statuses: dict[int, int]
+    wal_bytes: float = 0.0  # WAL written during the round (the whole cluster's), per POST
+    checkpoints: int = 0  # checkpoints that began during the round (full-page writes follow each)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -242,7 +244,9 @@ async def run_round(
     before_db = backend_cpu(before_pids)
     before_cpu = cpu_ms(target.pid)
     before_helper = cpu_ms(target.helper_pid) if target.helper_pid else 0.0
+    before_wal, before_checkpoints = await wal_position(admin)
     wall, latencies, statuses = await drive(target.port, paths, concurrency)
+    after_wal, after_checkpoints = await wal_position(admin)
     server = cpu_ms(target.pid) - before_cpu
     helper = (cpu_ms(target.helper_pid) - before_helper) if target.helper_pid else 0.0
     after_pids = await backends(admin, target.database, target.pid)
@@ -262,14 +266,36 @@ async def run_round(
         db_cpu_api_ms=db_api / posts,
         db_cpu_all_ms=db_all / posts,
         statuses=statuses,
+        wal_bytes=(after_wal - before_wal) / posts,
+        checkpoints=after_checkpoints - before_checkpoints,
     )
+
+
+async def analyze(urls: tuple[str, ...]) -> None:
+    for url in urls:
+        conn = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
+        try:
+            await conn.execute("ANALYZE")
+        finally:
+            await conn.close()
+
+
+async def wal_position(admin: asyncpg.Connection) -> tuple[int, int]:
+    """The cluster's WAL insert position (bytes) and the checkpoints begun so far."""
+    row = await admin.fetchrow(
+        "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn AS wal, "
+        "checkpoints_timed + checkpoints_req AS checkpoints FROM pg_stat_bgwriter"
+    )
+    assert row is not None
+    return int(row["wal"]), int(row["checkpoints"])
 
 
 def show(name: str, r: Result) -> str:
     return (
         f"{name:>9}: {r.rps:7.0f} req/s  p50 {r.p50_ms:6.1f} ms  p99 {r.p99_ms:6.1f} ms  "
         f"server CPU {r.server_cpu_ms:5.2f} ms/adm (worker {r.helper_cpu_ms:4.2f})  "
-        f"db CPU api {r.db_cpu_api_ms:5.2f} all {r.db_cpu_all_ms:5.2f} ms/adm  statuses {r.statuses}"
+        f"db CPU api {r.db_cpu_api_ms:5.2f} all {r.db_cpu_all_ms:5.2f} ms/adm  "
+        f"WAL {r.wal_bytes:5.0f} B/adm{' (checkpoint)' if r.checkpoints else ''}  statuses {r.statuses}"
     )
 
 
@@ -372,21 +398,19 @@ async def main(args: argparse.Namespace) -> None:
                 ]
                 for target in targets:  # warm up: connections, pools, statement caches
                     await run_round(admin, target, "warm", 300, args.concurrency, 100)
-                # Statistics, as a running database has them (autovacuum analyzes a table once a tenth of
-                # it changed, every minute): a fresh database's first minute otherwise runs on plans
-                # made for empty tables, and the session lookup's cached plan then walks the tenant's
-                # activity index, growing with every session (docs/benchmarks.md). Both databases alike.
-                for url in (service_url, bare_url):
-                    analyzed = await asyncpg.connect(url.replace("postgresql+asyncpg", "postgresql"))
-                    try:
-                        await analyzed.execute("ANALYZE")
-                    finally:
-                        await analyzed.close()
+                # Statistics, as a running database has them: autovacuum analyzes a table once a tenth
+                # of it changed (every minute), and each round adds far more than that. Without it a
+                # fresh database's cached plans are the ones made for its first few hundred rows: the
+                # session lookup's then walks the tenant's activity index or the whole table, and
+                # admission grows slower with every round (docs/benchmarks.md). Both databases alike,
+                # before every round.
+                urls = (service_url, bare_url)
                 print(
                     f"{args.rounds} rounds of {args.posts} POSTs, {args.concurrency} concurrent, "
                     f"{args.sessions} fresh sessions per round; worker busy (1 slot, hanging answer)"
                 )
                 for r in range(1, args.rounds + 1):
+                    await analyze(urls)
                     results = []
                     for t in targets:
                         output = f"{args.profile}-{t.name}" if r == 1 and args.profile else None
