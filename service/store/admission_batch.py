@@ -88,9 +88,7 @@ class AdmissionBatcher:
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._waiting.append((args, future))
         if len(self._senders) < IN_FLIGHT:
-            sender = asyncio.create_task(self._send_waiting())
-            self._senders.add(sender)
-            sender.add_done_callback(self._senders.discard)
+            self._senders.add(asyncio.create_task(self._send_waiting()))
         # The CALL goes on if this caller is cancelled (a client that hung up): shielded, so its
         # cancellation does not cancel the future the sender will resolve.
         return await asyncio.shield(future)
@@ -101,16 +99,26 @@ class AdmissionBatcher:
             await asyncio.gather(*list(self._senders), return_exceptions=True)
 
     async def _send_waiting(self) -> None:
-        while self._waiting:
-            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
-            try:
-                await self._send(batch)
-            except BaseException as exc:  # never leave a caller waiting
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                if not isinstance(exc, Exception):
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
+                try:
+                    await self._send(batch)
+                except Exception as exc:  # never leave a caller waiting
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                except BaseException:
+                    for _, future in batch:
+                        future.cancel()
                     raise
+        finally:
+            # Leaves the set in the same step in which it found nothing waiting (no await in
+            # between): a done-callback would run a step later, and an admission handed in during
+            # that step would count this sender as still sending and be left waiting.
+            sender = asyncio.current_task()
+            assert sender is not None
+            self._senders.discard(sender)
 
     async def _send(self, batch: list[tuple[Arguments, asyncio.Future[AdmitResult]]]) -> None:
         pool = await self._pool()

@@ -8,7 +8,10 @@ it, two batches never deadlock, and nothing handed in is lost to a cancelled cal
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -160,3 +163,50 @@ async def test_dispose_answers_every_admission_handed_in(database_url: str) -> N
     await own.dispose()
     results = await asyncio.gather(*tasks)
     assert sorted(r.record["ordinal"] for r in results) == sorted([1, 2, 3, 4] * 3)
+
+
+class _InstantConnection:
+    """Answers either CALL after a random few event-loop steps (no database: interleavings only)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    async def fetchrow(self, query: str, *args: Any) -> dict[str, Any]:
+        for _ in range(self.rng.randint(0, 3)):
+            await asyncio.sleep(0)
+        if "sidequest_admit_many" in query:
+            n = len(args[0])
+            return {"outcome": ["created"] * n, "detail": [None] * n, "superseded": [[]] * n, "req": [{}] * n}
+        return {"outcome": "created", "detail": None, "superseded": [], "req": {}}
+
+
+class _InstantPool:
+    def __init__(self, rng: random.Random) -> None:
+        self.connection = _InstantConnection(rng)
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[_InstantConnection]:
+        yield self.connection
+
+
+async def test_no_admission_is_left_waiting_whatever_the_interleaving() -> None:
+    """A sender that finds nothing left must stop counting as one in that same step: before, an
+    admission handed in while both senders were ending waited until the next admission came."""
+    rng = random.Random(1)
+    pool = _InstantPool(rng)
+
+    async def get_pool() -> Any:
+        return pool
+
+    batcher = admission_batch.AdmissionBatcher(get_pool)
+
+    async def one(i: int) -> admission_batch.AdmitResult:
+        for _ in range(rng.randint(0, 4)):
+            await asyncio.sleep(0)
+        args = _arguments(TENANT, f"p-{i % 7}", Admission(question="q"), None, 20)
+        return await batcher.admit(args)
+
+    for _ in range(300):
+        burst = rng.randint(1, 6)
+        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(burst))), 2)
+    assert batcher.admissions >= 300
