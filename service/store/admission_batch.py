@@ -12,8 +12,9 @@ goes alone and at once, and under load the batches grow by themselves.
 Every admission is answered on its own: a refusal is one admission's result, never the batch's. If
 the batched CALL itself fails with a database error, nothing of it was committed (the procedure
 commits once, at its end), and each admission of it is sent again alone, so that an error belongs
-to the admission that caused it. Losing the connection fails every admission of the CALL alike, as
-it would have failed each alone.
+to the admission that caused it. An unreachable database (``db.is_unavailable``) fails every
+admission of the CALL alike, as it would have failed each alone, and every admission waiting behind
+it at the same time: they would only wait for the same failure, one connect timeout after another.
 
 Lock order: a batch locks several sessions' rows. It sends them ordered by (tenant, parent_id),
 arrival order kept within a session, so two batches (of this process or another) take their
@@ -58,21 +59,18 @@ class AdmitResult:
 Arguments = tuple[Any, ...]
 _TENANT, _PARENT, _MESSAGE = 0, 1, 11
 
-# Errors that say the connection (or the server) is gone: every admission of the CALL fails alike.
-_CONNECTION_ERRORS = (
-    OSError,
-    asyncpg.InterfaceError,
-    asyncpg.ConnectionDoesNotExistError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-)
-
 
 class AdmissionBatcher:
     """Sends admissions to PostgreSQL, several to a CALL when several are waiting."""
 
-    def __init__(self, pool: Callable[[], Awaitable[asyncpg.Pool]]) -> None:
+    def __init__(
+        self,
+        pool: Callable[[], Awaitable[asyncpg.Pool]],
+        unavailable: Callable[[BaseException], bool],
+    ) -> None:
         self._pool = pool
+        # The store's one rule for "the database is unreachable" (db.is_unavailable), passed in.
+        self._unavailable = unavailable
         self._waiting: list[tuple[Arguments, asyncio.Future[AdmitResult]]] = []
         self._senders: set[asyncio.Task[None]] = set()
         # For tests and benchmarks: CALLs that committed (both kinds), the admissions they carried,
@@ -105,6 +103,11 @@ class AdmissionBatcher:
                 try:
                     await self._send(batch)
                 except Exception as exc:  # never leave a caller waiting
+                    if self._unavailable(exc):
+                        # The database is unreachable: the admissions that came in meanwhile would
+                        # only wait for the same failure (a connect timeout each), so they fail now
+                        # with it — 503 within one timeout, as an admission alone would (SPEC 9).
+                        batch, self._waiting = batch + self._waiting, []
                     for _, future in batch:
                         if not future.done():
                             future.set_exception(exc)
@@ -134,14 +137,18 @@ class AdmissionBatcher:
             async with pool.acquire() as conn:
                 # Outside any transaction block, so that the procedure may commit.
                 row = await conn.fetchrow(_ADMIT_MANY, *columns)
-        except _CONNECTION_ERRORS:
-            raise
-        except asyncpg.PostgresError:
+        except Exception as exc:
+            if self._unavailable(exc) or not isinstance(exc, asyncpg.PostgresError):
+                raise
             # Nothing of the CALL committed: each admission again, alone, so that the error is
             # the one admission's that caused it.
             self.fallbacks += 1
             for args, future in ordered:
-                await self._send_alone(pool, args, future)
+                try:
+                    await self._send_alone(pool, args, future)
+                except Exception as alone:
+                    if not future.done():
+                        future.set_exception(alone)
             return
         self.calls += 1
         self.admissions += len(ordered)
@@ -160,13 +167,8 @@ class AdmissionBatcher:
     async def _send_alone(
         self, pool: asyncpg.Pool, args: Arguments, future: asyncio.Future[AdmitResult]
     ) -> None:
-        try:
-            async with pool.acquire() as conn:
-                row = await conn.fetchrow(_ADMIT_NOW, *args)
-        except Exception as exc:
-            if not future.done():
-                future.set_exception(exc)
-            return
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow(_ADMIT_NOW, *args)
         self.calls += 1
         self.admissions += 1
         assert row is not None

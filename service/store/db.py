@@ -143,7 +143,7 @@ class Database:
     admissions: AdmissionBatcher = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.admissions = AdmissionBatcher(self.raw_pool)
+        self.admissions = AdmissionBatcher(self.raw_pool, is_unavailable)
 
     async def raw_pool(self) -> asyncpg.Pool:
         """The plain asyncpg pool (created on first use); jsonb decodes to Python objects."""

@@ -28,7 +28,7 @@ from service.store.admission import (
     _arguments,
     admit,
 )
-from service.store.db import Database, connect
+from service.store.db import Database, connect, is_unavailable
 from service.store.listener import asyncpg_dsn
 from service.store.models import EventRow, RequestRow, SessionRow
 
@@ -198,7 +198,7 @@ async def test_no_admission_is_left_waiting_whatever_the_interleaving() -> None:
     async def get_pool() -> Any:
         return pool
 
-    batcher = admission_batch.AdmissionBatcher(get_pool)
+    batcher = admission_batch.AdmissionBatcher(get_pool, is_unavailable)
 
     async def one(i: int) -> admission_batch.AdmitResult:
         for _ in range(rng.randint(0, 4)):
@@ -210,3 +210,44 @@ async def test_no_admission_is_left_waiting_whatever_the_interleaving() -> None:
         burst = rng.randint(1, 6)
         await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(burst))), 2)
     assert batcher.admissions >= 300
+
+
+class _DeadPool:
+    """A database that does not answer: every connection attempt fails after ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.attempts = 0
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Any]:
+        self.attempts += 1
+        await asyncio.sleep(self.delay)
+        raise ConnectionRefusedError("no database")
+        yield  # pragma: no cover - never reached
+
+
+async def test_admissions_waiting_behind_an_unreachable_database_fail_with_it() -> None:
+    pool = _DeadPool(0.2)
+
+    async def get_pool() -> Any:
+        return pool
+
+    batcher = admission_batch.AdmissionBatcher(get_pool, is_unavailable)
+
+    async def one(i: int) -> admission_batch.AdmitResult:
+        return await batcher.admit(_arguments(TENANT, f"p-{i}", Admission(question="q"), None, 20))
+
+    first = []
+    for i in range(2):  # one each: both senders now wait on the database
+        first.append(asyncio.create_task(one(i)))
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.03)
+    later = [asyncio.create_task(one(i)) for i in range(2, 12)]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    outcomes = await asyncio.gather(*first, *later, return_exceptions=True)
+    # All fail as the first attempts do (~0.15 s from here), not one connect timeout later.
+    assert loop.time() - started < 0.3
+    assert all(isinstance(o, ConnectionRefusedError) for o in outcomes), outcomes
+    assert pool.attempts == 2
