@@ -33,7 +33,7 @@ import asyncpg
 
 # Admissions in one CALL at most, and CALLs in flight at once (each holds a pool connection).
 MAX_BATCH: Final = 64
-IN_FLIGHT: Final = 2
+IN_FLIGHT: Final = 3
 
 _ADMIT_NOW: Final = (
     "CALL sidequest_admit_now($1, $2, $3, $4, $5::text, ($6::text)::jsonb, $7::text, $8, $9, $10, "
