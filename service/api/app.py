@@ -22,6 +22,7 @@ from service.api import (
     routes_sessions,
 )
 from service.api.errors import UNAVAILABLE_RETRY_AFTER_S, error_body, install_error_handlers
+from service.api.fast_admission import AdmissionFastPath
 from service.api.metrics import Metrics
 from service.api.routes_common import errors
 from service.api.sse import EventHub
@@ -178,6 +179,8 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     app.include_router(routes_archive.router, responses=errors(401, 404, 503))
     app.include_router(routes_inspector.router)
 
+    # Innermost of ours: the body limit (and CORS) apply to the fast path too.
+    app.add_middleware(AdmissionFastPath)
     app.add_middleware(
         BodyLimit, limit=settings.max_snapshot_bytes + settings.max_question_bytes + BODY_SLACK_BYTES
     )

@@ -28,9 +28,12 @@ def storable_path_text(name: str, value: str) -> str:
     return value
 
 
+PARENT_ID_MAX = 500
+
+
 # async although it never awaits: a plain def dependency runs in a worker thread (see deps.py).
 async def _parent_id(
-    parent_id: Annotated[str, Path(min_length=1, max_length=500, json_schema_extra=NO_NUL)],
+    parent_id: Annotated[str, Path(min_length=1, max_length=PARENT_ID_MAX, json_schema_extra=NO_NUL)],
 ) -> str:
     return storable_path_text("parent_id", parent_id)
 

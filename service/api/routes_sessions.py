@@ -57,12 +57,14 @@ from service.vocabulary import content_hash
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
+IDEMPOTENCY_KEY_MAX = 300
+
 IdempotencyKey = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
         min_length=1,
-        max_length=300,
+        max_length=IDEMPOTENCY_KEY_MAX,
         description="Same key + same body → the original record (200); same key + other body → 409.",
     ),
 ]
@@ -118,6 +120,22 @@ async def post_question(
     setting) decides what happens while the session has queued or running requests: `enqueue`
     (default), `reject` (409 `session_busy`) or `interrupt` (they end `cancelled`, code `superseded`).
     """
+    return await admit_question(request, parent_id, body, tenant, idempotency_key)
+
+
+async def admit_question(
+    request: Request,
+    parent_id: str,
+    body: QuestionIn,
+    tenant: str,
+    idempotency_key: str | None,
+    parsed: dict[str, Any] | None = None,
+) -> JSONResponse:
+    """The admission itself, once the parameters are valid: the route's body, and what
+    :mod:`service.api.fast_admission` calls for a request it could validate without FastAPI.
+
+    ``parsed``: the body's JSON when the caller parsed it already, strictly (no NaN, no Infinity);
+    else it is read from the request (:func:`_parsed_body`)."""
     settings = settings_of(request)
     size = len(body.question.encode("utf-8"))
     if size > settings.max_question_bytes:
@@ -125,7 +143,8 @@ async def post_question(
     if body.snapshot_id is not None and body.snapshot is not None:
         raise ApiError(422, "validation_error", "send either snapshot_id or an inline snapshot, not both")
     # The JSON FastAPI already parsed (Starlette caches it), not a second parse of the bytes.
-    parsed = await _parsed_body(request)
+    if parsed is None:
+        parsed = await _parsed_body(request)
     inline: dict[str, Any] | None = None
     encoded: EncodedSnapshot | None = None
     prepared: PreparedSnapshot | None = None

@@ -1,0 +1,176 @@
+"""The admission's fast path: a plain, valid ``POST /v1/sessions/{parent_id}/questions`` without FastAPI.
+
+Admission is the API's hottest route, and for it FastAPI's per-request machinery (routing through the
+included routers, resolving the dependency tree, validating each parameter, the exit stack) cost
+about as much CPU as the rest of the admission in this process (~60 µs of ~125, measured in-process;
+docs/benchmarks.md). This middleware answers the requests it can validate itself and hands every
+other one, untouched, to the app:
+
+- it *accepts* only what the route would accept: ``Content-Type: application/json``; a JSON object
+  that :class:`~service.api.schemas.QuestionIn` validates (the route's own model); a parent id and an
+  Idempotency-Key within the route's own limits (``PARENT_ID_MAX``, ``IDEMPOTENCY_KEY_MAX``) and
+  storable; the tenant of a valid bearer token, or the default tenant when tokens are off — and then
+  runs the route's own body, :func:`~service.api.routes_sessions.admit_question`;
+- it *declines* everything else — any doubt, any error, NaN or UTF-16 in the body, another media
+  type, a second header of a kind — and the app then handles the request exactly as it always has,
+  error bodies included, from the body this middleware read and replays.
+
+So the contract has one home, the FastAPI route (its parameters, its OpenAPI, its errors), and this
+path can only ever be a shortcut to the same result. An error raised by the admission itself (a full
+queue, an unreachable database) is answered by the app's own exception handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from fastapi.security.utils import get_authorization_scheme_param
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.deps import DEFAULT_TENANT, tenant_for_token
+from service.api.routes_common import PARENT_ID_MAX
+from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
+from service.api.schemas import QuestionIn
+from service.config import Settings
+from service.vocabulary import unstorable_reason
+
+# The route's path (``router`` prefix + ``/{parent_id}/questions``; Starlette's ``str`` convertor).
+_PATH = re.compile(r"/v1/sessions/(?P<parent_id>[^/]+)/questions")
+
+
+class AdmissionFastPath:
+    """ASGI middleware; see the module docstring. Sits inside BodyLimit (the size limit comes first)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.taken = 0  # requests answered here (tests, benchmarks)
+        self.declined = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+            await self.app(scope, receive, send)
+            return
+        match = _PATH.fullmatch(scope["path"])
+        if match is None:
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        replay = _replaying(body, receive)
+        handled = await self._admit(scope, replay, send, match["parent_id"], body)
+        if handled:
+            self.taken += 1
+            return
+        self.declined += 1
+        await self.app(scope, replay, send)
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send, parent_id: str, body: bytes) -> bool:
+        """Answer the request and return True, or return False (having sent nothing) to decline."""
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:
+            if name in headers:
+                return False  # a repeated header: the app decides what it means
+            headers[name] = value
+        content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+        if content_type != b"application/json":
+            return False
+        if not 1 <= len(parent_id) <= PARENT_ID_MAX or unstorable_reason(parent_id) is not None:
+            return False
+        key: str | None = None
+        if b"idempotency-key" in headers:
+            key = _latin1(headers[b"idempotency-key"])
+            if key is None or not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
+                return False
+        app: Any = scope["app"]
+        tenant = _tenant(app.state.settings, headers.get(b"authorization"))
+        if tenant is None:
+            return False
+        # The route re-parses strictly a body with these (NaN, Infinity; UTF-16/32 JSON): its path.
+        if b"NaN" in body or b"Infinity" in body or b"\x00" in body[:4]:
+            return False
+        try:
+            parsed = json.loads(body)
+            question = QuestionIn.model_validate(parsed)
+        except (ValueError, ValidationError, RecursionError):  # RecursionError: JSON nested too deep
+            return False
+        if not isinstance(parsed, dict):
+            return False
+        request = Request(scope, receive)
+        try:
+            response: Response = await admit_question(request, parent_id, question, tenant, key, parsed)
+        except Exception as exc:
+            response = await _handled(app, request, exc)
+        await response(scope, receive, send)
+        return True
+
+
+def _tenant(settings: Settings, authorization: bytes | None) -> str | None:
+    """The tenant the route's ``require_tenant`` would find, or None where it would refuse."""
+    if not settings.tenant_tokens():
+        return DEFAULT_TENANT
+    value = _latin1(authorization) if authorization is not None else None
+    scheme, credentials = get_authorization_scheme_param(value)
+    if not value or not scheme or not credentials or scheme.lower() != "bearer":
+        return None
+    return tenant_for_token(settings, credentials)
+
+
+def _latin1(value: bytes) -> str | None:
+    """A header value as Starlette decodes it (latin-1)."""
+    try:
+        return value.decode("latin-1")
+    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
+        return None
+
+
+async def _handled(app: Any, request: Request, exc: Exception) -> Response:
+    """The app's own exception handler for ``exc`` (the nearest registered class in its MRO)."""
+    for cls in type(exc).__mro__:
+        handler = app.exception_handlers.get(cls)
+        if handler is not None:
+            response: Response = await handler(request, exc)
+            return response
+    raise exc
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives ``body`` once, then whatever the connection says next (a disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def fast_path_of(app: Any) -> AdmissionFastPath | None:
+    """The app's fast path, once its middleware stack is built (its first request)."""
+    layer = getattr(app, "middleware_stack", None)
+    while layer is not None:
+        if isinstance(layer, AdmissionFastPath):
+            return layer
+        layer = getattr(layer, "app", None)
+    return None
+
+
+__all__ = ["AdmissionFastPath", "fast_path_of"]
