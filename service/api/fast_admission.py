@@ -70,61 +70,66 @@ class AdmissionFastPath:
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send, parent_id: str, body: bytes) -> bool:
         """Answer the request and return True, or return False (having sent nothing) to decline."""
-        headers: dict[bytes, bytes] = {}
-        for name, value in scope["headers"]:
-            if name in headers:
-                return False  # a repeated header: the app decides what it means
-            headers[name] = value
-        content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
-        if content_type != b"application/json":
-            return False
-        if not 1 <= len(parent_id) <= PARENT_ID_MAX or unstorable_reason(parent_id) is not None:
-            return False
-        key: str | None = None
-        if b"idempotency-key" in headers:
-            key = _latin1(headers[b"idempotency-key"])
-            if key is None or not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
-                return False
-        app: Any = scope["app"]
-        tenant = _tenant(app.state.settings, headers.get(b"authorization"))
-        if tenant is None:
-            return False
-        # The route re-parses strictly a body with these (NaN, Infinity; UTF-16/32 JSON): its path.
-        if b"NaN" in body or b"Infinity" in body or b"\x00" in body[:4]:
-            return False
         try:
-            parsed = json.loads(body)
-            question = QuestionIn.model_validate(parsed)
-        except (ValueError, ValidationError, RecursionError):  # RecursionError: JSON nested too deep
+            accepted = _accept(scope, parent_id, body)
+        except Exception:  # any doubt at all (a misconfigured token list, say): the app's to answer
             return False
-        if not isinstance(parsed, dict):
+        if accepted is None:
             return False
+        question, parsed, tenant, key = accepted
         request = Request(scope, receive)
         try:
             response: Response = await admit_question(request, parent_id, question, tenant, key, parsed)
         except Exception as exc:
-            response = await _handled(app, request, exc)
+            response = await _handled(scope["app"], request, exc)
         await response(scope, receive, send)
         return True
+
+
+def _accept(
+    scope: Scope, parent_id: str, body: bytes
+) -> tuple[QuestionIn, dict[str, Any], str, str | None] | None:
+    """The route's arguments when the route would accept the request as it is, else None."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        if name in headers:
+            return None  # a repeated header: the app decides what it means
+        headers[name] = value
+    content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+    if content_type != b"application/json":
+        return None
+    if not 1 <= len(parent_id) <= PARENT_ID_MAX or unstorable_reason(parent_id) is not None:
+        return None
+    key: str | None = None
+    if b"idempotency-key" in headers:
+        key = headers[b"idempotency-key"].decode("latin-1")  # as Starlette decodes header values
+        if not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
+            return None
+    tenant = _tenant(scope["app"].state.settings, headers.get(b"authorization"))
+    if tenant is None:
+        return None
+    # The route re-parses strictly a body with these (NaN, Infinity; UTF-16/32 JSON): its path.
+    if b"NaN" in body or b"Infinity" in body or b"\x00" in body[:4]:
+        return None
+    try:
+        parsed = json.loads(body)
+        question = QuestionIn.model_validate(parsed)
+    except (ValueError, ValidationError, RecursionError):  # RecursionError: JSON nested too deep
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    return question, parsed, tenant, key
 
 
 def _tenant(settings: Settings, authorization: bytes | None) -> str | None:
     """The tenant the route's ``require_tenant`` would find, or None where it would refuse."""
     if not settings.tenant_tokens():
         return DEFAULT_TENANT
-    value = _latin1(authorization) if authorization is not None else None
+    value = authorization.decode("latin-1") if authorization is not None else None
     scheme, credentials = get_authorization_scheme_param(value)
     if not value or not scheme or not credentials or scheme.lower() != "bearer":
         return None
     return tenant_for_token(settings, credentials)
-
-
-def _latin1(value: bytes) -> str | None:
-    """A header value as Starlette decodes it (latin-1)."""
-    try:
-        return value.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        return None
 
 
 async def _handled(app: Any, request: Request, exc: Exception) -> Response:
