@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, cast
 
+import asyncpg
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -78,6 +79,40 @@ class IdempotencyConflict(SidequestError):
     def __init__(self, key: str) -> None:
         super().__init__("this Idempotency-Key was already used with a different request body")
         self.key = key
+
+
+class OrdinalsExhausted(SidequestError):
+    """The session's next ordinal would not fit its column: every question number is used.
+
+    Only a restored archive gets there (its ordinals may reach ``MAX_ORDINAL``); PostgreSQL refuses
+    the ordinal's increment, and nothing of the admission is written.
+    """
+
+    code = "ordinals_exhausted"
+    status = 409
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this session has used every question number; ask under another parent id "
+            "(an export of this session restores into any parent id)"
+        )
+
+
+def _ordinal_overflow(exc: BaseException) -> bool:
+    """Whether ``exc`` (or a driver error it wraps) is PostgreSQL's "integer out of range", which in
+    the admission can only be the session's ``next_ordinal + 1``: every other number is bounded
+    before it reaches SQL."""
+    pending: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, asyncpg.NumericValueOutOfRangeError):
+            return True
+        pending += [getattr(current, "orig", None), current.__cause__]
+    return False
 
 
 class SessionBusyRejected(SidequestError):
@@ -229,13 +264,20 @@ async def admit(
     in that transaction (and NOTIFYs there), which a refusal rolls back. Given an ``AsyncSession``
     (a fresh one: it is committed or rolled back here), everything runs that way, in its transaction.
     """
-    if isinstance(db, AsyncSession):
-        return await _admit_in_transaction(db, tenant, parent_id, admission, max_queued=max_queued)
-    if admission.snapshot is not None:
-        async with db.sessions() as session:
-            return await _admit_in_transaction(session, tenant, parent_id, admission, max_queued=max_queued)
-    args = _arguments(tenant, parent_id, admission, admission.snapshot_id, max_queued)
-    result = await db.admissions.admit(args)
+    try:
+        if isinstance(db, AsyncSession):
+            return await _admit_in_transaction(db, tenant, parent_id, admission, max_queued=max_queued)
+        if admission.snapshot is not None:
+            async with db.sessions() as session:
+                return await _admit_in_transaction(
+                    session, tenant, parent_id, admission, max_queued=max_queued
+                )
+        args = _arguments(tenant, parent_id, admission, admission.snapshot_id, max_queued)
+        result = await db.admissions.admit(args)
+    except Exception as exc:
+        if _ordinal_overflow(exc):
+            raise OrdinalsExhausted() from exc
+        raise
     return _outcome(
         result.outcome,
         result.detail,

@@ -149,3 +149,41 @@ async def test_archive_larger_than_the_limit_is_413(start_server: StartServer) -
         response = await post_archive(client, "p", fixture_bytes("v3.json"))
         assert response.status_code == 413
         assert (await client.get("/v1/sessions/p")).status_code == 404
+
+
+async def test_a_session_restored_up_to_the_last_ordinal_refuses_new_questions_with_409(
+    server: Server, db: Any
+) -> None:
+    """A v1 archive may carry ordinals up to MAX_ORDINAL; the session's next ordinal then cannot be
+    taken, and an admission says so (409 ordinals_exhausted) instead of a 500, writing nothing."""
+    from sqlalchemy import func, select
+
+    from service.store.archive_fields import MAX_ORDINAL
+    from service.store.models import RequestRow
+
+    archive = {
+        "version": 1,
+        "parent_id": "full",
+        "questions": [
+            {"ordinal": MAX_ORDINAL, "question": "q", "answer": "a", "created_at": "2026-12-01T00:00:00Z"}
+        ],
+    }
+    async with server.client() as client:
+        assert (await post_archive(client, "full", json.dumps(archive).encode())).status_code == 200
+        plain = await client.post("/v1/sessions/full/questions", json={"question": "one more?"})
+        inline = await client.post(
+            "/v1/sessions/full/questions",
+            json={"question": "one more?", "snapshot": {"messages": [{"role": "user", "content": "hi"}]}},
+        )
+        routed = await client.post(  # through the FastAPI route rather than the fast path
+            "/v1/sessions/full/questions",
+            content=json.dumps({"question": "one more?"}).encode(),
+            headers={"content-type": "application/vnd.api+json"},
+        )
+        for reply in (plain, inline, routed):
+            assert reply.status_code == 409, reply.text
+            assert reply.json()["error"]["code"] == "ordinals_exhausted"
+        history = (await client.get("/v1/sessions/full/questions")).json()
+    assert [r["ordinal"] for r in history["items"]] == [MAX_ORDINAL]
+    async with db.sessions() as session:
+        assert await session.scalar(select(func.count()).select_from(RequestRow)) == 1
