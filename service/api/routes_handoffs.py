@@ -99,7 +99,13 @@ async def get_handoffs(
     session: DbSession,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     before: Annotated[
-        str | None, Query(max_length=36, description="`next_before` of the previous page (a hand-off id).")
+        str | None,
+        Query(
+            max_length=36,
+            description="`next_before` of the previous page (a hand-off id); anything else → 400 "
+            "`invalid_cursor`, an id of no hand-off here → an empty page.",
+            json_schema_extra={"format": "uuid"},
+        ),
     ] = None,
 ) -> JSONResponse:
     """Earlier hand-offs, newest first, paginated like history."""
