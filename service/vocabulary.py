@@ -211,3 +211,19 @@ def summary_merge(
         "merges": merges,
         "documents": documents,
     }
+
+
+def integral(value: object) -> int | None:
+    """A JSON integer as an int: ``5`` and ``5.0`` are one number (JSON Schema agrees); ``true`` is not."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is a JSON integer (:func:`integral`)."""
+    return integral(value) is not None

@@ -55,7 +55,7 @@ from service.store.execute import notify
 from service.store.models import EventRow, HandoffRow, RequestRow, SessionRow
 from service.store.records import request_record
 from service.store.sessions import find_session, lock_or_create_session
-from service.store.settings import SETTINGS_FIELDS
+from service.store.settings import SETTINGS_FIELDS, stored_setting
 from service.vocabulary import EVENTS_CHANNEL as NOTIFY_CHANNEL
 from service.vocabulary import TERMINAL as TERMINAL_STATUSES
 from service.vocabulary import Status, utc_iso
@@ -275,7 +275,9 @@ async def _restore(
     if archive.settings is not None:
         # Only set fields are stored (unset ones are absent, as after a PUT with null).
         session_values["settings"] = {
-            k: v for k, v in archive.settings.items() if k in SETTINGS_FIELDS and v is not None
+            k: stored_setting(k, v)
+            for k, v in archive.settings.items()
+            if k in SETTINGS_FIELDS and v is not None
         }
     await session.execute(update(SessionRow).where(SessionRow.id == target.id).values(**session_values))
     # The hand-offs belong to the history being restored: earlier ones of this session go with it.

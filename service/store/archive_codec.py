@@ -20,7 +20,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from service.errors import SidequestError
-from service.store.archive_fields import ARCHIVE_VERSIONS, Loc, integral, loc_text, problem_message
+from service.store.archive_fields import ARCHIVE_VERSIONS, Loc, loc_text, problem_message
 from service.store.archive_schema import (
     MODELS,
     ArchiveV1,
@@ -33,7 +33,7 @@ from service.store.archive_schema import (
 from service.store.models import EMPTY_MEMORY, RequestRow
 from service.store.records import EMPTY_USAGE
 from service.store.settings import public_settings
-from service.vocabulary import Status, iso_or_none, utc_iso
+from service.vocabulary import Status, integral, iso_or_none, utc_iso
 
 # A malformed archive may have thousands of problems; the first ones are enough to fix it.
 _MAX_REPORTED_ERRORS: Final = 50

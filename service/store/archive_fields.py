@@ -17,7 +17,7 @@ from typing import Annotated, Any, Final, NoReturn
 from pydantic import BeforeValidator, Field, PlainValidator, ValidationError, ValidationInfo, WithJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from service.vocabulary import TERMINAL, Status, unstorable_reason
+from service.vocabulary import TERMINAL, Status, integral, unstorable_reason
 
 ARCHIVE_VERSIONS: Final = (1, 2, 3)
 
@@ -117,22 +117,6 @@ def _scan(value: object, path: list[str | int], found: list[tuple[Loc, str]]) ->
 
 # --------------------------------------------------------------------------------------------
 # Field types: each an annotated type with its validator (our messages) and its JSON Schema.
-
-
-def integral(value: object) -> int | None:
-    """A JSON integer as an int: ``5`` and ``5.0`` are one number (JSON Schema agrees); ``true`` is not."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def is_int(value: object) -> bool:
-    """Whether ``value`` is a JSON integer (:func:`integral`)."""
-    return integral(value) is not None
 
 
 def text_check(

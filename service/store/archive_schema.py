@@ -33,6 +33,7 @@ from service.store.archive_fields import (
     OPENAPI_REFS,
     REF,
     STANDALONE_REFS,
+    STORABLE,
     STORABLE_JSON,
     STORABLE_OBJECT,
     TIMESTAMP_NOTE,
@@ -57,7 +58,6 @@ from service.store.archive_fields import (
     Version1,
     Version2,
     Version3,
-    is_int,
     list_of,
     optional,
     problem,
@@ -78,6 +78,7 @@ from service.store.settings import (
     OUTPUT_CAP_MIN,
     settings_problems,
 )
+from service.vocabulary import is_int
 
 # --------------------------------------------------------------------------------------------
 # The models. One base validates an object the archive's way (_Part.validate_part).
@@ -232,7 +233,7 @@ class _Handoff(_Part):
         where(lambda v: v in HANDOFF_FORMATS, "must be one of anthropic, openai, text"),
         WithJsonSchema({"enum": list(HANDOFF_FORMATS)}),
     ]
-    text: Annotated[str, text(), WithJsonSchema({"type": "string"})]
+    text: Annotated[str, text(), WithJsonSchema({"type": "string", **NO_NUL})]
     ordinals: Annotated[
         list[int],
         where(
@@ -250,7 +251,9 @@ class _Handoff(_Part):
         WithJsonSchema(
             {
                 "type": ["object", "null"],
-                "properties": {"role": {"const": "user"}, "content": {"type": "string"}},
+                "properties": {"role": {"const": "user"}, "content": {"type": "string", **NO_NUL}},
+                "propertyNames": NO_NUL,
+                "additionalProperties": STORABLE,
             }
         ),
     ] = optional()
@@ -271,7 +274,9 @@ class _Handoff(_Part):
 
 
 def _handoff_schema(schema: dict[str, Any]) -> None:
-    schema.pop("additionalProperties", None)
+    # Open, as every part (_Part): other keys are kept, stored as they are, so storable at any depth.
+    schema["propertyNames"] = NO_NUL
+    schema["additionalProperties"] = STORABLE
     schema["required"].sort()  # the fields are in the order they are checked; the schema lists them a-z
     schema["description"] = "a hand-off (SPEC §11.1) without its id and parent_id"
     schema["not"] = {"anyOf": [{"required": ["id"]}, {"required": ["parent_id"]}]}

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import SidequestError
 from service.store.sessions import SETTINGS_FIELDS, find_session, lock_or_create_session
-from service.vocabulary import unstorable_reason
+from service.vocabulary import integral, unstorable_reason
 
 ON_BUSY_CHOICES: Final = ("enqueue", "reject", "interrupt")
 # SPEC §11.2: summary instructions are at most 4 KiB, measured in UTF-8 bytes (not characters).
@@ -31,12 +31,23 @@ OUTPUT_CAP_MIN: Final = 256
 OUTPUT_CAP_MAX: Final = 32768
 
 
+_INTEGER_FIELDS: Final = ("context_window", "max_output_tokens")
+
+
 def _int_problem(value: object, low: int, high: int) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    number = integral(value)  # 4096.0 is the integer 4096, as JSON Schema says (an archive may say so)
+    if number is None:
         return "must be an integer or null"
-    if not low <= value <= high:
+    if not low <= number <= high:
         return f"must be from {low} to {high}"
     return None
+
+
+def stored_setting(name: str, value: Any) -> Any:
+    """A valid setting's value as stored: a number field as an int (``4096.0`` → ``4096``)."""
+    if name in _INTEGER_FIELDS and value is not None:
+        return integral(value)
+    return value
 
 
 def field_problem(name: str, value: object) -> str | None:
@@ -131,7 +142,7 @@ async def update_settings(
         if value is None:
             merged.pop(name, None)
         else:
-            merged[name] = value
+            merged[name] = stored_setting(name, value)
     owner.settings = merged
     owner.updated_at = func.now()
     await session.flush()
@@ -148,5 +159,6 @@ __all__ = [
     "public_settings",
     "read_settings",
     "settings_problems",
+    "stored_setting",
     "update_settings",
 ]

@@ -187,3 +187,27 @@ async def test_a_session_restored_up_to_the_last_ordinal_refuses_new_questions_w
     assert [r["ordinal"] for r in history["items"]] == [MAX_ORDINAL]
     async with db.sessions() as session:
         assert await session.scalar(select(func.count()).select_from(RequestRow)) == 1
+
+
+async def test_archived_settings_written_as_integral_floats_restore_as_integers(server: Server) -> None:
+    """JSON Schema counts 4096.0 as an integer, and so does restore (the settings' one rule); it is
+    stored as the integer."""
+    archive = {
+        "version": 3,
+        "parent_id": "p",
+        "questions": [],
+        "session": {"settings": {"context_window": 4096.0, "max_output_tokens": 1024.0}},
+    }
+    async with server.client() as client:
+        restored = await post_archive(client, "floats", json.dumps(archive).encode())
+        assert restored.status_code == 200, restored.text
+        settings = (await client.get("/v1/sessions/floats/settings")).json()
+        exported = (await client.get("/v1/sessions/floats/archive", params={"version": 3})).json()
+    assert (settings["context_window"], settings["max_output_tokens"]) == (4096, 1024)
+    assert isinstance(settings["context_window"], int)
+    assert exported["session"]["settings"]["context_window"] == 4096
+    # A fractional number is still refused.
+    archive["session"]["settings"]["context_window"] = 4096.5
+    async with server.client() as client:
+        refused = await post_archive(client, "floats-2", json.dumps(archive).encode())
+    assert refused.status_code == 422

@@ -85,12 +85,30 @@ def _archive(answer: str = "an answer", detail: dict[str, Any] | None = None) ->
     }
 
 
+def _with_handoff(changes: dict[str, Any]) -> dict[str, Any]:
+    """A v3 archive with one hand-off of the first question, changed by ``changes``."""
+    handoff = {
+        "created_at": "2026-11-29T10:05:00Z",
+        "format": "text",
+        "text": "handed off",
+        "ordinals": [1],
+        **changes,
+    }
+    return {**_archive(), "session": {"handoffs": [handoff], "handed_off_through": 1}}
+
+
 @pytest.mark.parametrize(
     "archive",
     [
         pytest.param(_archive(answer=f"a{NUL}"), id="answer"),
         pytest.param(_archive(detail={"x": f"{NUL}"}), id="context_info"),
         pytest.param({**_archive(), "parent_id": f"p{NUL}"}, id="parent_id"),
+        pytest.param(_with_handoff({"extra": {f"k{NUL}": 1}}), id="handoff_extra_key"),
+        pytest.param(_with_handoff({"note": f"n{NUL}"}), id="handoff_extra_value"),
+        pytest.param(_with_handoff({"text": f"t{NUL}"}), id="handoff_text"),
+        pytest.param(
+            _with_handoff({"message": {"role": "user", "content": "c", f"x{NUL}": 1}}), id="message_key"
+        ),
     ],
 )
 async def test_nul_in_an_archive_is_refused_and_the_schema_says_so(
@@ -104,3 +122,14 @@ async def test_nul_in_an_archive_is_refused_and_the_schema_says_so(
     assert response.status_code == 422, response.text
     assert not jsonschema.Draft202012Validator({**document, **schema}).is_valid(archive)
     assert jsonschema.Draft202012Validator({**document, **schema}).is_valid(_archive())
+
+
+async def test_a_clean_handoff_in_an_archive_is_valid_and_restores(server: Server) -> None:
+    archive = _with_handoff({"note": {"kept": "as is"}})
+    async with server.client() as client:
+        document = (await client.get("/openapi.json")).json()
+        body = document["paths"]["/v1/sessions/{parent_id}/archive"]["post"]["requestBody"]
+        schema = body["content"]["application/json"]["schema"]
+        response = await client.post("/v1/sessions/clean-handoff/archive", json=archive)
+    assert response.status_code == 200, response.text
+    assert jsonschema.Draft202012Validator({**document, **schema}).is_valid(archive)
