@@ -2,7 +2,7 @@
 
 Admission is the API's hottest route, and for it FastAPI's per-request machinery (routing through the
 included routers, resolving the dependency tree, validating each parameter, the exit stack) cost
-about as much CPU as the rest of the admission in this process (~60 µs of ~125, measured in-process;
+most of the CPU the app spent on an admission (~100 µs of ~125, measured in-process;
 docs/benchmarks.md). This middleware answers the requests it can validate itself and hands every
 other one, untouched, to the app:
 
@@ -26,12 +26,14 @@ import json
 import re
 from typing import Any
 
+from fastapi.routing import APIRoute
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api import routes_sessions
 from service.api.deps import DEFAULT_TENANT, tenant_for_token
 from service.api.routes_common import PARENT_ID_MAX
 from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
@@ -39,8 +41,18 @@ from service.api.schemas import QuestionIn
 from service.config import Settings
 from service.vocabulary import unstorable_reason
 
-# The route's path (``router`` prefix + ``/{parent_id}/questions``; Starlette's ``str`` convertor).
-_PATH = re.compile(r"/v1/sessions/(?P<parent_id>[^/]+)/questions")
+
+def _route_path() -> re.Pattern[str]:
+    """The route's own path (its router's prefix included), with Starlette's ``str`` convertor."""
+    (path,) = {
+        route.path
+        for route in routes_sessions.router.routes
+        if isinstance(route, APIRoute) and route.endpoint is routes_sessions.post_question
+    }
+    return re.compile(re.escape(path).replace(re.escape("{parent_id}"), "(?P<parent_id>[^/]+)"))
+
+
+_PATH = _route_path()
 
 
 class AdmissionFastPath:
