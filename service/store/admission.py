@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.errors import SidequestError
-from service.store.db import Database
+from service.store.db import Database, driver_chain
 from service.store.execute import json_text, notify
 from service.store.jobs import cancel_session_jobs
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
@@ -102,17 +102,7 @@ def _ordinal_overflow(exc: BaseException) -> bool:
     """Whether ``exc`` (or a driver error it wraps) is PostgreSQL's "integer out of range", which in
     the admission can only be the session's ``next_ordinal + 1``: every other number is bounded
     before it reaches SQL."""
-    pending: list[BaseException | None] = [exc]
-    seen: set[int] = set()
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, asyncpg.NumericValueOutOfRangeError):
-            return True
-        pending += [getattr(current, "orig", None), current.__cause__]
-    return False
+    return any(isinstance(e, asyncpg.NumericValueOutOfRangeError) for e in driver_chain(exc))
 
 
 class SessionBusyRejected(SidequestError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sysconfig
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,19 +61,12 @@ class DatabaseUnavailable(Exception):
 _SHUTDOWN_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
 
 
-def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool:
-    """Whether ``exc`` (or what it wraps) means the database is unreachable rather than a bug.
+def driver_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every error the driver's wrappers hold inside it, each once: SQLAlchemy's
+    ``DBAPIError.orig`` and the ``__cause__`` of SQLAlchemy's errors, down to the asyncpg error.
 
-    Walks the driver's wrapper chain (SQLAlchemy's ``DBAPIError.orig`` and its ``__cause__``, the
-    asyncpg error):
-    connection refused / reset and DNS failures (``OSError``), timeouts (connect, command, pool
-    checkout), asyncpg's connection errors, PostgreSQL's shutdown states, and any SQLAlchemy error
-    whose connection was invalidated as a disconnect.
-
-    asyncpg raises a connect or command timeout as a bare ``TimeoutError``, which cannot be told
-    from any other deadline; ``include_timeouts=False`` leaves bare timeouts out, for callers (the
-    pipeline) that have deadlines of their own. SQLAlchemy's pool timeout always counts.
-    """
+    Only the driver's wrappers are unwrapped: another library's error that merely happened while
+    handling an OSError (an HTTP timeout, say) is not the database's."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [exc]
     while pending:
@@ -81,6 +74,24 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
+        yield current
+        if isinstance(current, sa_exc.DBAPIError):
+            pending.append(current.orig)
+        if isinstance(current, sa_exc.SQLAlchemyError) or type(current).__module__.startswith("sqlalchemy"):
+            pending.append(current.__cause__)
+
+
+def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool:
+    """Whether ``exc`` (or what it wraps, :func:`driver_chain`) means the database is unreachable
+    rather than a bug: connection refused / reset and DNS failures (``OSError``), timeouts (connect,
+    command, pool checkout), asyncpg's connection errors, PostgreSQL's shutdown states, and any
+    SQLAlchemy error whose connection was invalidated as a disconnect.
+
+    asyncpg raises a connect or command timeout as a bare ``TimeoutError``, which cannot be told
+    from any other deadline; ``include_timeouts=False`` leaves bare timeouts out, for callers (the
+    pipeline) that have deadlines of their own. SQLAlchemy's pool timeout always counts.
+    """
+    for current in driver_chain(exc):
         if isinstance(current, TimeoutError):  # before OSError: TimeoutError is one
             if include_timeouts:
                 return True
@@ -97,14 +108,8 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
             return True
         if isinstance(current, asyncpg.InterfaceError) and "connection is closed" in str(current):
             return True
-        if isinstance(current, sa_exc.DBAPIError):
-            if current.connection_invalidated:
-                return True
-            pending.append(current.orig)
-        if isinstance(current, sa_exc.SQLAlchemyError) or type(current).__module__.startswith("sqlalchemy"):
-            # Only the driver's wrappers are unwrapped: another library's error that merely
-            # happened while handling an OSError (an HTTP timeout, say) is not an outage.
-            pending.append(current.__cause__)
+        if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
+            return True
     return False
 
 
