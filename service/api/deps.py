@@ -43,6 +43,11 @@ def tenant_for_token(settings: Settings, token: str | None) -> str | None:
     return found
 
 
+def tenant_of(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    """The tenant of what :data:`bearer_scheme` found (:func:`tenant_for_token`), else None."""
+    return tenant_for_token(settings, credentials.credentials if credentials is not None else None)
+
+
 # Dependencies are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency
 # in a worker thread, and that hand-off cost a third of admission's CPU (docs/benchmarks.md).
 async def bearer_tenant(
@@ -50,8 +55,7 @@ async def bearer_tenant(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> str | None:
     """The tenant of the bearer token if one is sent and valid, else None (the caller decides)."""
-    settings: Settings = request.app.state.settings
-    return tenant_for_token(settings, credentials.credentials if credentials is not None else None)
+    return tenant_of(request.app.state.settings, credentials)
 
 
 async def require_tenant(
@@ -62,8 +66,7 @@ async def require_tenant(
 
     Beside :func:`bearer_tenant` rather than on top of it: every level of dependencies costs FastAPI
     a resolution per request, and this one is on every route (admission's hot path included)."""
-    settings: Settings = request.app.state.settings
-    tenant = tenant_for_token(settings, credentials.credentials if credentials is not None else None)
+    tenant = tenant_of(request.app.state.settings, credentials)
     if tenant is None:
         raise unauthorized()
     return tenant

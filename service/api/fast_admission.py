@@ -9,7 +9,7 @@ other one, untouched, to the app:
 - it *accepts* only what the route would accept: ``Content-Type: application/json``; a JSON object
   that :class:`~service.api.schemas.QuestionIn` validates (the route's own model); a parent id and an
   Idempotency-Key within the route's own limits (``PARENT_ID_MAX``, ``IDEMPOTENCY_KEY_MAX``) and
-  storable; the tenant of a valid bearer token, or the default tenant when tokens are off — and then
+  storable; the tenant the route's own bearer scheme and rule find (``deps.tenant_of``) — and then
   runs the route's own body, :func:`~service.api.routes_sessions.admit_question`;
 - it *declines* everything else — any doubt, any error, NaN or UTF-16 in the body, another media
   type, a second header of a kind — and the app then handles the request exactly as it always has,
@@ -27,18 +27,16 @@ import re
 from typing import Any
 
 from fastapi.routing import APIRoute
-from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import routes_sessions
-from service.api.deps import DEFAULT_TENANT, tenant_for_token
+from service.api.deps import bearer_scheme, tenant_of
 from service.api.routes_common import PARENT_ID_MAX
-from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
+from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question, needs_strict_parse
 from service.api.schemas import QuestionIn
-from service.config import Settings
 from service.vocabulary import unstorable_reason
 
 
@@ -84,12 +82,19 @@ class AdmissionFastPath:
         """Answer the request and return True, or return False (having sent nothing) to decline."""
         try:
             accepted = _accept(scope, parent_id, body)
-        except Exception:  # any doubt at all (a misconfigured token list, say): the app's to answer
+        except Exception:  # any doubt at all: the app's to answer
             return False
         if accepted is None:
             return False
-        question, parsed, tenant, key = accepted
+        question, parsed, key = accepted
         request = Request(scope, receive)
+        try:
+            # The route's own scheme and rule: None where the route would answer 401.
+            tenant = tenant_of(scope["app"].state.settings, await bearer_scheme(request))
+        except Exception:  # a misconfigured token list, say: the app's to answer
+            return False
+        if tenant is None:
+            return False
         try:
             response: Response = await admit_question(request, parent_id, question, tenant, key, parsed)
         except Exception as exc:
@@ -100,7 +105,7 @@ class AdmissionFastPath:
 
 def _accept(
     scope: Scope, parent_id: str, body: bytes
-) -> tuple[QuestionIn, dict[str, Any], str, str | None] | None:
+) -> tuple[QuestionIn, dict[str, Any], str | None] | None:
     """The route's arguments when the route would accept the request as it is, else None."""
     headers: dict[bytes, bytes] = {}
     for name, value in scope["headers"]:
@@ -117,11 +122,7 @@ def _accept(
         key = headers[b"idempotency-key"].decode("latin-1")  # as Starlette decodes header values
         if not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
             return None
-    tenant = _tenant(scope["app"].state.settings, headers.get(b"authorization"))
-    if tenant is None:
-        return None
-    # The route re-parses strictly a body with these (NaN, Infinity; UTF-16/32 JSON): its path.
-    if b"NaN" in body or b"Infinity" in body or b"\x00" in body[:4]:
+    if needs_strict_parse(body):  # the route's own strict parse decides what such a body is
         return None
     try:
         parsed = json.loads(body)
@@ -130,18 +131,7 @@ def _accept(
         return None
     if not isinstance(parsed, dict):
         return None
-    return question, parsed, tenant, key
-
-
-def _tenant(settings: Settings, authorization: bytes | None) -> str | None:
-    """The tenant the route's ``require_tenant`` would find, or None where it would refuse."""
-    if not settings.tenant_tokens():
-        return DEFAULT_TENANT
-    value = authorization.decode("latin-1") if authorization is not None else None
-    scheme, credentials = get_authorization_scheme_param(value)
-    if not value or not scheme or not credentials or scheme.lower() != "bearer":
-        return None
-    return tenant_for_token(settings, credentials)
+    return question, parsed, key
 
 
 async def _handled(app: Any, request: Request, exc: Exception) -> Response:

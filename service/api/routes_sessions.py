@@ -196,11 +196,16 @@ async def _parsed_body(request: Request) -> Any:
     """
     parsed = await request.json()
     raw = await request.body()
-    # The constants can only appear as those bytes, unless the body is UTF-16/32 (which Python's
-    # parser also accepts; such JSON has a NUL in its first four bytes): then check it all.
-    if b"NaN" in raw or b"Infinity" in raw or b"\x00" in raw[:4]:
+    if needs_strict_parse(raw):
         _raw_json(raw)
     return parsed
+
+
+def needs_strict_parse(raw: bytes) -> bool:
+    """Whether a body must be parsed again strictly before it is stored: the constants NaN and
+    Infinity can only appear as those bytes, unless the body is UTF-16/32 (which Python's parser also
+    accepts; such JSON has a NUL in its first four bytes), and then all of it is checked."""
+    return b"NaN" in raw or b"Infinity" in raw or b"\x00" in raw[:4]
 
 
 @router.get("/{parent_id}/questions", response_model=HistoryPage, responses=errors(401, 404, 422))
