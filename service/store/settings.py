@@ -31,7 +31,11 @@ OUTPUT_CAP_MIN: Final = 256
 OUTPUT_CAP_MAX: Final = 32768
 
 
-_INTEGER_FIELDS: Final = ("context_window", "max_output_tokens")
+# The number fields and their bounds: the one table both the check and the stored form read.
+_INTEGER_BOUNDS: Final = {
+    "context_window": (CONTEXT_WINDOW_MIN, CONTEXT_WINDOW_MAX),
+    "max_output_tokens": (OUTPUT_CAP_MIN, OUTPUT_CAP_MAX),
+}
 
 
 def _int_problem(value: object, low: int, high: int) -> str | None:
@@ -45,7 +49,7 @@ def _int_problem(value: object, low: int, high: int) -> str | None:
 
 def stored_setting(name: str, value: Any) -> Any:
     """A valid setting's value as stored: a number field as an int (``4096.0`` → ``4096``)."""
-    if name in _INTEGER_FIELDS and value is not None:
+    if name in _INTEGER_BOUNDS and value is not None:
         return integral(value)
     return value
 
@@ -70,10 +74,8 @@ def field_problem(name: str, value: object) -> str | None:
         if len(value) > MAX_MODEL_CHARS:
             return f"must be at most {MAX_MODEL_CHARS} characters"
         return unstorable_reason(value)
-    if name == "context_window":
-        return _int_problem(value, CONTEXT_WINDOW_MIN, CONTEXT_WINDOW_MAX)
-    if name == "max_output_tokens":
-        return _int_problem(value, OUTPUT_CAP_MIN, OUTPUT_CAP_MAX)
+    if name in _INTEGER_BOUNDS:
+        return _int_problem(value, *_INTEGER_BOUNDS[name])
     if name == "on_busy":
         if value not in ON_BUSY_CHOICES:
             return "must be one of enqueue, reject, interrupt (or null)"
