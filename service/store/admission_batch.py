@@ -87,9 +87,9 @@ class AdmissionBatcher:
         self._waiting.append((args, future))
         if len(self._senders) < IN_FLIGHT:
             self._senders.add(asyncio.create_task(self._send_waiting()))
-        # The CALL goes on if this caller is cancelled (a client that hung up): shielded, so its
-        # cancellation does not cancel the future the sender will resolve.
-        return await asyncio.shield(future)
+        # A caller cancelled meanwhile (a client that hung up) cancels only this future: the sender
+        # still sends the admission, and skips answering it.
+        return await future
 
     async def drain(self) -> None:
         """Wait until every admission handed in has been answered (before the pool closes)."""
@@ -151,18 +151,10 @@ class AdmissionBatcher:
                         future.set_exception(alone)
             return
         self.calls += 1
-        self.admissions += len(ordered)
         assert row is not None
         for i, (_, future) in enumerate(ordered):
-            superseded = row["superseded"][i]
-            result = AdmitResult(
-                outcome=row["outcome"][i],
-                detail=row["detail"][i],
-                superseded=tuple(uuid.UUID(s) for s in (superseded or ())),
-                request=row["req"][i],
-            )
-            if not future.done():
-                future.set_result(result)
+            superseded = tuple(uuid.UUID(s) for s in (row["superseded"][i] or ()))
+            self._answer(future, row["outcome"][i], row["detail"][i], superseded, row["req"][i])
 
     async def _send_alone(
         self, pool: asyncpg.Pool, args: Arguments, future: asyncio.Future[AdmitResult]
@@ -170,16 +162,21 @@ class AdmissionBatcher:
         async with pool.acquire() as conn:
             row = await conn.fetchrow(_ADMIT_NOW, *args)
         self.calls += 1
-        self.admissions += 1
         assert row is not None
-        result = AdmitResult(
-            outcome=row["outcome"],
-            detail=row["detail"],
-            superseded=tuple(row["superseded"] or ()),
-            request=row["req"],
-        )
+        self._answer(future, row["outcome"], row["detail"], tuple(row["superseded"] or ()), row["req"])
+
+    def _answer(
+        self,
+        future: asyncio.Future[AdmitResult],
+        outcome: str,
+        detail: dict[str, Any] | None,
+        superseded: tuple[uuid.UUID, ...],
+        request: Mapping[str, Any] | None,
+    ) -> None:
+        """One admission's committed result, to its caller unless the caller is gone."""
+        self.admissions += 1
         if not future.done():
-            future.set_result(result)
+            future.set_result(AdmitResult(outcome, detail, superseded, request))
 
 
 __all__ = ["IN_FLIGHT", "MAX_BATCH", "AdmissionBatcher", "AdmitResult"]
