@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import jsonschema
 import pytest
 
@@ -114,22 +115,26 @@ def _with_handoff(changes: dict[str, Any]) -> dict[str, Any]:
 async def test_nul_in_an_archive_is_refused_and_the_schema_says_so(
     server: Server, archive: dict[str, Any]
 ) -> None:
-    async with server.client() as client:
-        document = (await client.get("/openapi.json")).json()
-        body = document["paths"]["/v1/sessions/{parent_id}/archive"]["post"]["requestBody"]
-        schema = body["content"]["application/json"]["schema"]
-        response = await client.post("/v1/sessions/nul-archive/archive", json=archive)
+    validator, response = await _restore_beside_its_schema(server, "nul-archive", archive)
     assert response.status_code == 422, response.text
-    assert not jsonschema.Draft202012Validator({**document, **schema}).is_valid(archive)
-    assert jsonschema.Draft202012Validator({**document, **schema}).is_valid(_archive())
+    assert not validator.is_valid(archive)
+    assert validator.is_valid(_archive())
 
 
 async def test_a_clean_handoff_in_an_archive_is_valid_and_restores(server: Server) -> None:
     archive = _with_handoff({"note": {"kept": "as is"}})
+    validator, response = await _restore_beside_its_schema(server, "clean-handoff", archive)
+    assert response.status_code == 200, response.text
+    assert validator.is_valid(archive)
+
+
+async def _restore_beside_its_schema(
+    server: Server, parent_id: str, archive: dict[str, Any]
+) -> tuple[jsonschema.Draft202012Validator, httpx.Response]:
+    """The OpenAPI's validator of a restore's body, and the service's answer to restoring ``archive``."""
     async with server.client() as client:
         document = (await client.get("/openapi.json")).json()
         body = document["paths"]["/v1/sessions/{parent_id}/archive"]["post"]["requestBody"]
         schema = body["content"]["application/json"]["schema"]
-        response = await client.post("/v1/sessions/clean-handoff/archive", json=archive)
-    assert response.status_code == 200, response.text
-    assert jsonschema.Draft202012Validator({**document, **schema}).is_valid(archive)
+        response = await client.post(f"/v1/sessions/{parent_id}/archive", json=archive)
+    return jsonschema.Draft202012Validator({**document, **schema}), response
