@@ -394,7 +394,10 @@ def posted_json(content: dict[str, Any], encoded: EncodedSnapshot) -> str:
     What orjson would write differently in value — a NaN or an infinity (it writes null), an integer
     beyond 64 bits (it refuses) — goes the ``json.dumps`` way, so nothing stored changes meaning.
     """
-    if _NON_FINITE.search(encoded.canonical) is None:
+    canonical = encoded.canonical
+    # The two substring tests are C-speed (~0.8 ms for 600 KB, against ~4 ms for the regex alone);
+    # the regex only runs where one of the words occurs.
+    if (b"NaN" not in canonical and b"Infinity" not in canonical) or _NON_FINITE.search(canonical) is None:
         try:
             return orjson.dumps(content).decode("utf-8")
         except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits, say
