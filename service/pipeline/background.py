@@ -31,7 +31,6 @@ from service.pipeline.runtime import PipelineDeps
 from service.store import jobs, memory
 from service.store.execute import transaction
 from service.store.history import iter_history
-from service.store.sessions import job_session_inputs
 from service.summary.context import compact_context
 from service.summary.material import QAPair
 from service.summary.policy import SummaryCallBudget
@@ -61,11 +60,9 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
     deadline = deps.clock() + timeout
     budget = SummaryCallBudget(deps.settings.max_summary_calls)
     try:
-        async with deps.db.connection() as conn:
-            inputs = await job_session_inputs(conn, job.session_id)
-        if inputs is None or inputs.clear_version != job.clear_version:
+        if job.cleared:  # the claim read the session: cleared (or gone) since the job was queued
             return await _end(deps, job, JobOutcome(Status.CANCELLED, error=_gone()))
-        models = choose_models(deps.settings, inputs.settings, None, deps.provider.default_model)
+        models = choose_models(deps.settings, job.settings, None, deps.provider.default_model)
         book = CalibrationBook(deps.db, deps.settings.provider, enabled=deps.settings.calibration_on)
         calibration = await book.snapshot(models.summary)
 
@@ -85,18 +82,18 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 job_id=str(job.id),
                 clock=deps.clock,
                 parallelism=deps.settings.summary_parallelism,
-                instructions=text_setting(inputs.settings, "summary_instructions"),
+                instructions=text_setting(job.settings, "summary_instructions"),
                 calibration=calibration,
                 on_sample=book.sample,
             )
 
         async with asyncio.timeout(timeout + 1.0):  # the calls' own deadline should always win
             if job.kind == JobKind.QA_FOLD:
-                outcome = await _qa_fold(deps, job, inputs, runner)
+                outcome = await _qa_fold(deps, job, runner)
             else:
                 # The fit is decided as a question's would be: the answer model's learned ratio (§5.1).
                 fit = calibration if models.answer == models.summary else await book.snapshot(models.answer)
-                outcome = await _context_summary(deps, job, inputs, runner, models.summary, fit)
+                outcome = await _context_summary(deps, job, runner, models.summary, fit)
         outcome.calls = budget.calls_made
         return await _end(deps, job, outcome)
     except Exception as exc:
@@ -139,9 +136,9 @@ async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) ->
     return outcome if written else JobOutcome("lost", calls=outcome.calls)
 
 
-async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner: Any) -> JobOutcome:
+async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any) -> JobOutcome:
     through = int(job.params.get("through_ordinal") or 0)
-    qa = parse_qa_summary(inputs.memory.get("qa_summary"))
+    qa = parse_qa_summary(job.memory.get("qa_summary"))
     covered = qa.covered_through_ordinal if qa else 0
     if through <= covered:
         return JobOutcome(
@@ -160,7 +157,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner
         return JobOutcome(
             Status.SUCCEEDED, covered={"covered_through_ordinal": covered, "reason": "nothing_to_fold"}
         )
-    plan = plan_numbers(deps.settings, inputs.settings, {}, None)
+    plan = plan_numbers(deps.settings, job.settings, {}, None)
     batches = [pairs[i : i + 20] for i in range(0, len(pairs), 20)]
     folded = await fold_qa(runner(plan.window, plan.safety_margin), qa, batches, None)
     assert folded is not None
@@ -173,7 +170,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner
 
 
 async def _context_summary(
-    deps: PipelineDeps, job: jobs.ClaimedJob, inputs: Any, runner: Any, model: str, fit: Calibration
+    deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any, model: str, fit: Calibration
 ) -> JobOutcome:
     snapshot_id = str(job.params.get("snapshot_id") or "")
     snapshot = await deps.snapshots.load(deps.db, job.session_id, snapshot_id)
@@ -186,7 +183,7 @@ async def _context_summary(
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": cut.reason})
     until = cut.summarize_until
     # A 6.7 follow-up carries its question's window and cap; a snapshot's job has the session's.
-    plan = plan_numbers(deps.settings, inputs.settings, job.params, snapshot)
+    plan = plan_numbers(deps.settings, job.settings, job.params, snapshot)
     if fit.fits(snapshot.total_tokens, plan.input_budget):
         # Queued on the raw estimate (the admission reads no calibration); with the learned ratio the
         # snapshot fits, so a question on it needs no summary: none is made (SPEC §5.1: the ratio
@@ -194,7 +191,7 @@ async def _context_summary(
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": "not_needed"})
     summarizer = runner(plan.window, plan.safety_margin)
     key = snapshot.cache_key(until, model, summarizer.prompt_version)
-    cache = parse_cache(inputs.memory.get("context_summaries") or [])
+    cache = parse_cache(job.memory.get("context_summaries") or [])
     if any(entry.key == key for entry in cache):
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": until, "reason": "cached"})
     async with deps.db.connection() as conn:

@@ -22,9 +22,9 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.store.execute import Executor, fetch_one, fetch_value, json_text, notify
+from service.store.execute import Executor, fetch_one, json_text
 from service.store.models import EventRow, RequestRow
-from service.vocabulary import EVENTS_CHANNEL, utc_iso
+from service.vocabulary import utc_iso
 
 TERMINAL_EVENT_TYPES = frozenset({"done", "error"})
 
@@ -87,13 +87,10 @@ async def append_event(
     return Event(row["event_id"], request_id, row["session_id"], row["seq"], event_type, data)
 
 
+# THE insert of a session-level event (migration 0009_claim_job): the session's event lock before the
+# row's id is drawn, the row with its envelope, the NOTIFY; it returns the id and the stored data.
 _APPEND_SESSION_EVENT = text(
-    """
-    WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(CAST(CAST(:sid AS uuid) AS text), 7)))
-    INSERT INTO side_question_events (request_id, session_id, seq, type, data)
-    SELECT NULL, CAST(:sid AS uuid), NULL, :type, CAST(:data AS jsonb) FROM locked
-    RETURNING id
-    """
+    "SELECT event_id, data FROM sidequest_append_session_event(:sid, :type, CAST(:fields AS jsonb), :at)"
 )
 
 
@@ -106,19 +103,16 @@ async def append_session_event(
     drawn), so session streams resume without gaps; ``data`` gets ``request_id``/``ordinal``/``seq``
     null and ``at``.
     """
-    data = {"request_id": None, "ordinal": None, "seq": None, "at": utc_iso(), **fields}
-    event_id = await fetch_value(
+    row = await fetch_one(
         session,
         _APPEND_SESSION_EVENT,
-        {
-            "sid": session_id,
-            "type": event_type,
-            "data": json_text(data),
-        },
+        {"sid": session_id, "type": event_type, "fields": json_text(fields), "at": utc_iso()},
     )
-    payload = json.dumps({"id": event_id, "request_id": None, "session_id": str(session_id)})
-    await notify(session, EVENTS_CHANNEL, payload)
-    return Event(int(event_id), None, session_id, None, event_type, data)
+    assert row is not None
+    data = row["data"]
+    if isinstance(data, str):  # SQLAlchemy's text() leaves a jsonb column of a function as text
+        data = json.loads(data)
+    return Event(int(row["event_id"]), None, session_id, None, event_type, dict(data))
 
 
 async def request_events_after(

@@ -22,14 +22,13 @@ statements of both tables). What differs is only what a job is:
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.store.events import append_session_event
 from service.store.execute import (
     Executor,
     Row,
@@ -40,29 +39,14 @@ from service.store.execute import (
     fetch_value,
     json_text,
     notify,
-    transaction,
 )
-from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, JobKind, Status, TerminalStatus
+from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
 
 # Key of the advisory lock that serialises job claims (requests have their own).
 JOB_CLAIM_LOCK_KEY = 0x5EDE_0002
 
 # Marks a single-flight registration made by a request (not a background job).
 _BACKGROUND = "coalesce(params->>'made_by', 'background') = 'background'"
-
-_PICK_JOB = text(
-    f"""
-    SELECT j.id FROM side_question_jobs j
-    WHERE j.status = 'queued' AND {_BACKGROUND}
-      AND NOT EXISTS (
-          SELECT 1 FROM side_question_jobs x
-          WHERE x.session_id = j.session_id AND x.kind = j.kind AND x.status = 'running'
-      )
-    ORDER BY j.created_at, j.id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-    """
-)
 
 
 @dataclass(frozen=True)
@@ -76,6 +60,16 @@ class ClaimedJob:
     params: dict[str, Any]
     clear_version: int
     attempt: int
+    # What the job reads of its session, read by the claim itself: the session's clear_version now
+    # (None: the session is gone), its memory and settings.
+    session_clear_version: int | None = None
+    memory: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cleared(self) -> bool:
+        """Whether the session was cleared (or deleted) since the job was queued: it must write nothing."""
+        return self.session_clear_version != self.clear_version
 
 
 @dataclass(frozen=True)
@@ -90,6 +84,12 @@ class JobState:
     error: dict[str, Any] | None
 
 
+# THE ``memory`` event of a job's transition (SPEC §6.6; migration 0009_claim_job).
+_MEMORY_EVENT = text(
+    "SELECT sidequest_memory_event(:sid, :job_id, :kind, :status, :calls, CAST(:covered AS jsonb), :at)"
+)
+
+
 async def _memory_event(
     session: Executor,
     session_id: uuid.UUID,
@@ -99,11 +99,18 @@ async def _memory_event(
     calls: int,
     covered: dict[str, Any] | None,
 ) -> None:
-    await append_session_event(
+    await execute(
         session,
-        session_id,
-        "memory",
-        {"job_id": str(job_id), "kind": kind, "status": status, "calls": calls, "covered": covered},
+        _MEMORY_EVENT,
+        {
+            "sid": session_id,
+            "job_id": job_id,
+            "kind": str(kind),
+            "status": str(status),
+            "calls": calls,
+            "covered": json_text(covered) if covered is not None else None,
+            "at": utc_iso(),
+        },
     )
 
 
@@ -213,46 +220,45 @@ async def end_inline(session: AsyncSession, registration_id: uuid.UUID, *, ok: b
         )
 
 
-_CLAIM_JOB_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
-_RUNNING_JOBS = text(f"SELECT count(*) FROM side_question_jobs WHERE status = 'running' AND {_BACKGROUND}")
-_START_JOB = text(
-    """
-    UPDATE side_question_jobs
-    SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
-        lease_expires_at = now() + make_interval(secs => :lease_s),
-        heartbeat_at = now(), started_at = coalesce(started_at, now())
-    WHERE id = :id
-    RETURNING id, session_id, kind, key, params, clear_version, attempt, calls
-    """
-)
+# THE claim of a background job (migration 0009_claim_job): one round trip.
+_CLAIM_JOB = text("SELECT * FROM sidequest_claim_job(:owner, :lease_s, :max_running, :lock_key, :at)")
 
 
 async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
     """Claim the oldest queued background job under the global background cap; commits.
 
-    One running job per (session, kind): folds of one session build on each other, and so do
-    extensions of one session's context summary. The worker runs it on a plain connection.
+    One statement (``sidequest_claim_job``), as a request's claim: the job claims' advisory lock,
+    the cap (running background jobs, never a request's registration), the pick — one running job
+    per (session, kind): folds of one session build on each other, and so do extensions of one
+    session's context summary — the start under a lease, the ``running`` memory event; and what the
+    job reads of its session. The worker runs it on a plain connection.
     """
-    async with transaction(x):
-        await execute(x, _CLAIM_JOB_LOCK, {"key": JOB_CLAIM_LOCK_KEY})
-        running = await fetch_value(x, _RUNNING_JOBS, {})
-        if int(running or 0) >= max_running:
-            return None
-        picked = await fetch_value(x, _PICK_JOB, {})
-        if picked is None:
-            return None
-        row = await fetch_one(x, _START_JOB, {"id": picked, "owner": owner, "lease_s": float(lease_s)})
-        assert row is not None  # locked by the pick, in this transaction
-        await _memory_event(x, row["session_id"], row["id"], row["kind"], Status.RUNNING, row["calls"], None)
-        return ClaimedJob(
-            id=row["id"],
-            session_id=row["session_id"],
-            kind=row["kind"],
-            key=row["key"],
-            params=dict(row["params"] or {}),
-            clear_version=row["clear_version"],
-            attempt=row["attempt"],
+    async with committed(x):
+        row = await fetch_one(
+            x,
+            _CLAIM_JOB,
+            {
+                "owner": owner,
+                "lease_s": float(lease_s),
+                "max_running": max_running,
+                "lock_key": JOB_CLAIM_LOCK_KEY,
+                "at": utc_iso(),
+            },
         )
+    if row is None:
+        return None
+    return ClaimedJob(
+        id=row["id"],
+        session_id=row["session_id"],
+        kind=JobKind(row["kind"]),
+        key=row["key"],
+        params=dict(row["params"] or {}),
+        clear_version=row["clear_version"],
+        attempt=row["attempt"],
+        session_clear_version=row["session_clear_version"],
+        memory=dict(row["memory"] or {}),
+        settings=dict(row["settings"] or {}),
+    )
 
 
 _FINISH_JOB = text(

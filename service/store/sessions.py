@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import JSON, Text, cast, func, literal, select, text
+from sqlalchemy import JSON, Text, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -27,7 +27,7 @@ from service.budget.prepared import (
     prepare_snapshot,
 )
 from service.errors import SidequestError
-from service.store.execute import Executor, fetch_one, json_text
+from service.store.execute import json_text
 from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
@@ -83,28 +83,6 @@ def encode_or_refuse(content: dict[str, Any]) -> EncodedSnapshot:
         return encode_snapshot(content)
     except UnstorableSnapshot as exc:
         raise InvalidSnapshot(str(exc)) from None
-
-
-@dataclass(frozen=True)
-class JobSessionInputs:
-    """What a background job reads of its session before it starts."""
-
-    clear_version: int
-    memory: dict[str, Any]
-    settings: dict[str, Any]
-
-
-_JOB_SESSION_INPUTS = text(
-    "SELECT clear_version, memory, settings FROM side_question_sessions WHERE id = :id"
-)
-
-
-async def job_session_inputs(x: Executor, session_id: uuid.UUID) -> JobSessionInputs | None:
-    """The session's clear_version, memory and settings (None when the session is gone)."""
-    row = await fetch_one(x, _JOB_SESSION_INPUTS, {"id": session_id})
-    if row is None:
-        return None
-    return JobSessionInputs(row["clear_version"], dict(row["memory"] or {}), dict(row["settings"] or {}))
 
 
 async def find_session(session: AsyncSession, tenant: str, parent_id: str) -> SessionRow | None:

@@ -1,0 +1,126 @@
+"""A background job's claim in one statement (migration 0009_claim_job), on real PostgreSQL.
+
+The claim keeps the rules it had as a transaction of eight statements — the global background cap
+(a request's single-flight registration takes no slot), one running job per (session, kind), the
+oldest first, the ``running`` memory event — and now also returns what the job reads of its session.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import text
+
+from service.store import jobs
+from service.store.db import Database
+from service.store.events import session_events_after
+from service.vocabulary import JobKind
+from tests.factories import make_session
+
+_CLEAR_VERSION = text("SELECT clear_version FROM side_question_sessions WHERE id = :s")
+
+
+async def _enqueue(db: Database, sid: uuid.UUID, kind: JobKind, key: str) -> uuid.UUID:
+    async with db.sessions() as session, session.begin():
+        cv = await session.scalar(
+            text("SELECT clear_version FROM side_question_sessions WHERE id = :s"), {"s": sid}
+        )
+        job_id = await jobs.enqueue_job(
+            session, sid, kind=kind, key=key, params={"k": key}, clear_version=int(cv)
+        )
+    assert job_id is not None
+    return job_id
+
+
+async def _claim(db: Database, max_running: int = 10) -> jobs.ClaimedJob | None:
+    async with db.connection() as conn:
+        return await jobs.claim_job(conn, owner="w1", lease_s=30, max_running=max_running)
+
+
+async def _sql(db: Database, statement: str, **params: Any) -> Any:
+    async with db.sessions() as session, session.begin():
+        result = await session.execute(text(statement), params)
+        return result.scalar() if result.returns_rows else None
+
+
+async def test_the_claim_returns_the_job_and_what_it_reads_of_its_session(db: Database) -> None:
+    sid = await make_session(db)
+    await _sql(
+        db,
+        "UPDATE side_question_sessions SET settings = CAST(:s AS jsonb), "
+        "memory = memory || CAST(:m AS jsonb) WHERE id = :id",
+        s='{"context_window": 64000}',
+        m='{"note": "kept"}',
+        id=sid,
+    )
+    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-3")
+    claimed = await _claim(db)
+    assert claimed is not None
+    assert (claimed.id, claimed.session_id, claimed.kind, claimed.key) == (job_id, sid, "qa_fold", "1-3")
+    assert claimed.params["k"] == "1-3" and claimed.params["made_by"] == "background"
+    assert claimed.attempt == 1 and claimed.clear_version == 0 and not claimed.cleared
+    assert claimed.settings == {"context_window": 64000}
+    assert claimed.memory["note"] == "kept"
+    status = await _sql(
+        db, "SELECT status || ':' || lease_owner FROM side_question_jobs WHERE id = :id", id=job_id
+    )
+    assert status == "running:w1"
+    async with db.sessions() as session:
+        events = await session_events_after(session, sid, 0)
+    memory_events = [e.data for e in events if e.type == "memory"]
+    assert [(e["job_id"], e["status"], e["calls"], e["covered"]) for e in memory_events] == [
+        (str(job_id), "queued", 0, None),
+        (str(job_id), "running", 0, None),
+    ]
+    assert memory_events[-1]["request_id"] is None and memory_events[-1]["seq"] is None
+    assert memory_events[-1]["at"].endswith("Z")
+
+
+async def test_a_job_whose_session_was_cleared_since_it_was_queued_is_claimed_as_cleared(
+    db: Database,
+) -> None:
+    sid = await make_session(db)
+    await _enqueue(db, sid, JobKind.QA_FOLD, "1-3")
+    await _sql(
+        db, "UPDATE side_question_sessions SET clear_version = clear_version + 1 WHERE id = :id", id=sid
+    )
+    claimed = await _claim(db)
+    assert claimed is not None and claimed.cleared and claimed.session_clear_version == 1
+
+
+async def test_the_claim_keeps_the_cap_and_one_running_job_per_session_and_kind(db: Database) -> None:
+    one, two = await make_session(db, "p-1"), await make_session(db, "p-2")
+    first = await _enqueue(db, one, JobKind.QA_FOLD, "1-3")
+    same_kind = await _enqueue(db, one, JobKind.QA_FOLD, "4-6")
+    other_kind = await _enqueue(db, one, JobKind.CONTEXT_SUMMARY, "snapshot:s")
+    other_session = await _enqueue(db, two, JobKind.QA_FOLD, "1-3")
+    # A request's registration is running, but takes no background slot and is never claimed.
+    async with db.sessions() as session:
+        registered = await jobs.register_inline(
+            session,
+            two,
+            kind=JobKind.CONTEXT_SUMMARY,
+            key="registered",
+            request_id=uuid.uuid4(),
+            owner="w2",
+            clear_version=0,
+            lease_s=30,
+        )
+    assert registered is not None
+    claimed = [await _claim(db, max_running=3) for _ in range(4)]
+    # Oldest first; the second fold of session one waits for the first (same session and kind);
+    # the cap of 3 stops the fourth claim although session one's second fold is still queued.
+    assert [c.id if c else None for c in claimed] == [first, other_kind, other_session, None]
+    assert await _sql(db, "SELECT status FROM side_question_jobs WHERE id = :id", id=same_kind) == "queued"
+    async with db.connection() as conn:
+        ended = await jobs.finish_job(
+            conn, first, "w1", status="succeeded", calls=0, covered=None, error=None
+        )
+    assert ended
+    after = await _claim(db, max_running=3)
+    assert after is not None and after.id == same_kind
+
+
+async def test_nothing_queued_claims_nothing(db: Database) -> None:
+    assert await _claim(db) is None
