@@ -351,14 +351,14 @@ async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
         await _notify_jobs(session, "queued")
 
 
-_COUNT_CALL = text("UPDATE side_question_jobs SET calls = calls + 1 WHERE id = :id AND status = 'running'")
+_COUNT_CALLS = text("UPDATE side_question_jobs SET calls = calls + :n WHERE id = :id AND status = 'running'")
 
 
-async def count_call(x: Executor, job_id: uuid.UUID) -> None:
-    """One more call started by a running job (commits on its own): its ``calls`` stay current, so a
-    clear that cancels it mid-call reports the call in flight (its usage arrives when it ends)."""
+async def count_calls(x: Executor, job_id: uuid.UUID, n: int = 1) -> None:
+    """``n`` more calls started by a running job (commits on its own): its ``calls`` stay current, so
+    a clear that cancels it mid-call reports the calls in flight (their usage arrives when they end)."""
     async with committed(x):
-        await execute(x, _COUNT_CALL, {"id": job_id})
+        await execute(x, _COUNT_CALLS, {"id": job_id, "n": n})
 
 
 async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
@@ -565,7 +565,7 @@ __all__ = [
     "background_overview",
     "cancel_session_jobs",
     "claim_job",
-    "count_call",
+    "count_calls",
     "end_inline",
     "enqueue_job",
     "finish_job",

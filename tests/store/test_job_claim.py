@@ -1,17 +1,23 @@
-"""A background job's claim in one statement (migration 0009_claim_job), on real PostgreSQL.
+"""A background job's claim in one statement (migration 0009_claim_job) and its call counting, on
+real PostgreSQL.
 
 The claim keeps the rules it had as a transaction of eight statements — the global background cap
 (a request's single-flight registration takes no slot), one running job per (session, kind), the
 oldest first, the ``running`` memory event — and now also returns what the job reads of its session.
+A job's parallel calls are counted on its row in one write per round, each call starting only once
+it is counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
+from service.pipeline.recorder import JobRecorder
 from service.store import jobs
 from service.store.db import Database
 from service.store.events import session_events_after
@@ -124,3 +130,49 @@ async def test_the_claim_keeps_the_cap_and_one_running_job_per_session_and_kind(
 
 async def test_nothing_queued_claims_nothing(db: Database) -> None:
     assert await _claim(db) is None
+
+
+@pytest.fixture
+async def running_job(db: Database) -> uuid.UUID:
+    sid = await make_session(db)
+    await _enqueue(db, sid, JobKind.QA_FOLD, "1-3")
+    claimed = await _claim(db)
+    assert claimed is not None
+    return claimed.id
+
+
+async def _calls(db: Database, job_id: uuid.UUID) -> int:
+    return int(await _sql(db, "SELECT calls FROM side_question_jobs WHERE id = :id", id=job_id))
+
+
+async def test_attempts_starting_together_are_counted_in_one_write(
+    db: Database, running_job: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes: list[int] = []
+    count = jobs.count_calls
+
+    async def spy(x: Any, job_id: uuid.UUID, n: int = 1) -> None:
+        writes.append(n)
+        await count(x, job_id, n)
+
+    monkeypatch.setattr(jobs, "count_calls", spy)
+    recorder = JobRecorder(db, running_job)
+    await asyncio.gather(*(recorder.attempt_started() for _ in range(4)))
+    # Every attempt returned only after the write: the row says 4 now.
+    assert writes == [4] and await _calls(db, running_job) == 4
+    await recorder.attempt_started()  # a later attempt (a retry, the merge) has its own write
+    assert writes == [4, 1] and await _calls(db, running_job) == 5
+
+
+async def test_a_cancelled_attempt_leaves_the_round_s_write_to_the_others(
+    db: Database, running_job: uuid.UUID
+) -> None:
+    recorder = JobRecorder(db, running_job)
+    first = asyncio.ensure_future(recorder.attempt_started())
+    others = [asyncio.ensure_future(recorder.attempt_started()) for _ in range(2)]
+    await asyncio.sleep(0)  # all three have joined the round
+    first.cancel()
+    await asyncio.gather(*others)
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await _calls(db, running_job) == 3
