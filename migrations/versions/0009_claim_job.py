@@ -21,7 +21,8 @@ same order, in one call:
   the job claims' advisory lock, the global background cap, the pick (oldest queued background job
   of a (session, kind) with nothing running; ``SKIP LOCKED``), the start under a lease, the
   ``running`` memory event; returns the job and what it reads of its session (clear_version, memory,
-  settings). No row: the cap is reached or nothing is eligible.
+  settings, and the content hash of the snapshot a ``context_summary`` job names, which keys the
+  worker's preparations). No row: the cap is reached or nothing is eligible.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ CREATE OR REPLACE FUNCTION sidequest_claim_job(
 ) RETURNS TABLE (
     id uuid, session_id uuid, kind text, key text, params jsonb, clear_version integer,
     attempt integer, calls integer,
-    session_clear_version integer, memory jsonb, settings jsonb
+    session_clear_version integer, memory jsonb, settings jsonb, snapshot_hash text
 )
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -135,9 +136,11 @@ BEGIN
     -- The session's part is null when the session is gone (the job then ends cancelled).
     RETURN QUERY
         SELECT v_job.id, v_job.session_id, v_job.kind::text, v_job.key::text, v_job.params,
-               v_job.clear_version, v_job.attempt, v_job.calls, s.clear_version, s.memory, s.settings
-          FROM (SELECT v_job.session_id AS sid) AS job
-          LEFT JOIN side_question_sessions s ON s.id = job.sid;
+               v_job.clear_version, v_job.attempt, v_job.calls, s.clear_version, s.memory, s.settings,
+               m.content_hash::text
+          FROM (SELECT v_job.session_id AS sid, v_job.params->>'snapshot_id' AS snapshot_id) AS job
+          LEFT JOIN side_question_sessions s ON s.id = job.sid
+          LEFT JOIN main_snapshots m ON m.session_id = job.sid AND m.snapshot_id = job.snapshot_id;
 END
 $fn$;
 """

@@ -41,7 +41,6 @@ from service.api.schemas import (
 from service.api.sse import database_now, session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
-from service.config import Settings
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (
     SnapshotJobPolicy,
@@ -76,15 +75,6 @@ def _too_large(code: str, what: str, size: int, limit: int) -> ApiError:
         code,
         f"{what} is {size} bytes of UTF-8; the limit is {limit} bytes",
         {"size_bytes": size, "limit_bytes": limit},
-    )
-
-
-def snapshot_job_policy(settings: Settings) -> SnapshotJobPolicy:
-    """The service's part of SPEC §6.6's snapshot trigger (the session's settings come from its row)."""
-    return SnapshotJobPolicy(
-        enabled=settings.background_on,
-        context_window=settings.context_window,
-        max_output_tokens=settings.max_output_tokens,
     )
 
 
@@ -173,7 +163,7 @@ async def admit_question(
         # Key-sorted compact JSON: the same body in another key order or spacing hashes the same.
         body_hash=content_hash(parsed) if idempotency_key is not None else None,
         on_busy=body.on_busy,
-        snapshot_jobs=snapshot_job_policy(settings),
+        snapshot_jobs=SnapshotJobPolicy.of(settings),
     )
     admitted = await admit(
         database(request), tenant, parent_id, admission, max_queued=settings.max_queued_per_session
@@ -274,7 +264,7 @@ async def put_snapshot(
         snapshot_id,
         content,
         owner=owner,
-        jobs=snapshot_job_policy(settings),
+        jobs=SnapshotJobPolicy.of(settings),
         encoded=encoded,
         prepared=prepared,
     )

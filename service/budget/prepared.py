@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from service.budget.estimate import estimate_message, estimate_system, estimate_tools
@@ -210,6 +210,10 @@ class PreparedSnapshot:
     # only OpenAI tool messages and system messages): the stored form then leaves them out, and the
     # store reads them from the snapshot's content instead of a second copy of the transcript.
     messages_as_posted: bool = False
+    # Values derived from this preparation that a later layer computes at most once per snapshot —
+    # the summary layer's transcript pieces (service.summary.context.group_pieces) — kept with it in
+    # the worker's memory, never stored.
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def messages(self) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from service.pipeline.runtime import PipelineDeps
 from service.store import jobs, memory
 from service.store.execute import transaction
 from service.store.history import iter_history
-from service.summary.context import compact_context
+from service.summary.context import compact_snapshot
 from service.summary.material import QAPair
 from service.summary.policy import SummaryCallBudget
 from service.summary.rolling import fold_qa
@@ -173,7 +173,7 @@ async def _context_summary(
     deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any, model: str, fit: Calibration
 ) -> JobOutcome:
     snapshot_id = str(job.params.get("snapshot_id") or "")
-    snapshot = await deps.snapshots.load(deps.db, job.session_id, snapshot_id)
+    snapshot = await deps.snapshots.load(deps.db, job.session_id, snapshot_id, job.snapshot_hash)
     if snapshot is None:
         return JobOutcome(
             Status.FAILED, error={"code": "snapshot_missing", "message": "snapshot gone", "detail": {}}
@@ -201,16 +201,7 @@ async def _context_summary(
                 Status.SUCCEEDED, covered={"covered_messages": until, "reason": "made_elsewhere"}
             )
     started = time.monotonic()
-    result = await compact_context(
-        summarizer,
-        snapshot_id,
-        snapshot.messages,
-        cut,
-        cache,
-        snapshot.taken_at,
-        groups=snapshot.groups,
-        digests=snapshot.digests,
-    )
+    result = await compact_snapshot(summarizer, snapshot_id, snapshot, cut, cache, snapshot.taken_at)
     summary: dict[str, dict[str, Any]] = {}
     if result.new_entry is not None:
         entry = dataclasses.replace(result.new_entry, made_by="background")

@@ -31,7 +31,7 @@ from service.summary.context import (
     CachedContextSummary,
     CacheHit,
     ContextCompaction,
-    compact_context,
+    compact_snapshot,
     find_reusable,
     longest_cached_prefix,
 )
@@ -263,15 +263,8 @@ async def _make(
     snapshot = prepared.snapshot
     assert snapshot is not None
     try:
-        result = await compact_context(
-            runner,
-            prepared.claimed.snapshot_id,
-            snapshot.messages,
-            cut,
-            cache,
-            prepared.context_time,
-            groups=snapshot.groups,
-            digests=snapshot.digests,
+        result = await compact_snapshot(
+            runner, prepared.claimed.snapshot_id, snapshot, cut, cache, prepared.context_time
         )
     finally:
         rt.sync_calls()

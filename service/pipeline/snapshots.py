@@ -15,6 +15,8 @@ count: each entry holds one snapshot's canonical messages (1.8 MB for a 600 KB o
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections import OrderedDict
 from typing import Final
@@ -22,6 +24,7 @@ from typing import Final
 from service.budget.prepared import PreparedSnapshot
 from service.store.db import Database
 from service.store.history import load_prepared_snapshot, snapshot_content_hash
+from service.summary.context import warm_snapshot_pieces
 
 CAPACITY: Final = 8
 
@@ -34,6 +37,7 @@ class PreparedSnapshots:
         self._entries: OrderedDict[str, PreparedSnapshot] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self._warming: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -46,6 +50,25 @@ class PreparedSnapshots:
         self._entries.move_to_end(content_hash)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
+
+    def offer(self, content_hash: str, prepared: PreparedSnapshot, *, warm: bool) -> None:
+        """:meth:`put`, and with ``warm`` (a summary of this snapshot is likely) render its transcript
+        pieces in the background meanwhile (:func:`~service.summary.context.warm_snapshot_pieces`):
+        the API offers a preparation before it stores the snapshot, so the rendering fills the time
+        it then waits on the database."""
+        self.put(content_hash, prepared)
+        if warm and self.capacity > 0:
+            task = asyncio.get_running_loop().create_task(warm_snapshot_pieces(prepared))
+            self._warming.add(task)
+            task.add_done_callback(self._warming.discard)
+
+    async def close(self) -> None:
+        """Stop the renderings still running (the worker stops)."""
+        for task in list(self._warming):
+            task.cancel()
+        for task in list(self._warming):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def load(
         self, db: Database, session_id: uuid.UUID, snapshot_id: str, content_hash: str | None = None

@@ -65,6 +65,8 @@ class ClaimedJob:
     session_clear_version: int | None = None
     memory: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    # The content hash of the snapshot a context_summary job names (None: no such snapshot stored).
+    snapshot_hash: str | None = None
 
     @property
     def cleared(self) -> bool:
@@ -258,6 +260,7 @@ async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int
         session_clear_version=row["session_clear_version"],
         memory=dict(row["memory"] or {}),
         settings=dict(row["settings"] or {}),
+        snapshot_hash=row["snapshot_hash"],
     )
 
 

@@ -26,6 +26,7 @@ from service.budget.prepared import (
     encode_snapshot,
     prepare_snapshot,
 )
+from service.config import Settings
 from service.errors import SidequestError
 from service.store.execute import json_text
 from service.store.jobs import background_overviews, enqueue_job
@@ -287,6 +288,15 @@ class SnapshotJobPolicy:
     enabled: bool
     context_window: int | None
     max_output_tokens: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> SnapshotJobPolicy:
+        """The service's part, from its settings (the session's come from its row)."""
+        return cls(
+            enabled=settings.background_on,
+            context_window=settings.context_window,
+            max_output_tokens=settings.max_output_tokens,
+        )
 
 
 def needs_compaction(

@@ -16,13 +16,14 @@ Saving is the store's job: this module only returns what to save, and only valid
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from service import vocabulary
 from service.budget import CutPlan, MessageGroup, estimate_text, group_messages
-from service.budget.prepared import prefix_digests, summary_cache_key
+from service.budget.prepared import PreparedSnapshot, prefix_digests, summary_cache_key
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import render_messages
 from service.summary.policy import CallTally
@@ -173,15 +174,56 @@ class ContextCompaction:
     new_entry: CachedContextSummary | None
 
 
+def _piece(messages: Sequence[Mapping[str, Any]], group: MessageGroup) -> str:
+    return render_messages([dict(m) for m in messages[group.start : group.end]], group.start)
+
+
 def _pieces(
     messages: Sequence[Mapping[str, Any]], groups: Sequence[MessageGroup], start: int, end: int
 ) -> list[str]:
     """One transcript piece per group in ``[start, end)`` (the chunker prefers to cut between them)."""
-    return [
-        render_messages([dict(m) for m in messages[g.start : g.end]], g.start)
-        for g in groups
-        if g.start >= start and g.end <= end
-    ]
+    return [_piece(messages, g) for g in groups if g.start >= start and g.end <= end]
+
+
+# Where a preparation keeps the transcript pieces rendered so far (PreparedSnapshot.memo), by group.
+_PIECES = "summary.group_pieces"
+# Groups rendered per turn of the event loop while warming: ~0.3 ms of CPU at a time.
+WARM_SLICE = 64
+
+
+def _rendered(prepared: PreparedSnapshot) -> dict[int, str]:
+    rendered: dict[int, str] = prepared.memo.setdefault(_PIECES, {})
+    return rendered
+
+
+def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int) -> list[str]:
+    """:func:`_pieces` of a prepared snapshot, each group rendered at most once per snapshot (what
+    :func:`warm_snapshot_pieces` rendered already is reused)."""
+    rendered = _rendered(prepared)
+    pieces = []
+    for index, group in enumerate(prepared.groups):
+        if group.start >= start and group.end <= end:
+            piece = rendered.get(index)
+            if piece is None:
+                piece = rendered[index] = _piece(prepared.messages, group)
+            pieces.append(piece)
+    return pieces
+
+
+async def warm_snapshot_pieces(prepared: PreparedSnapshot, slice_groups: int = WARM_SLICE) -> None:
+    """Render every group's piece ahead of time, a slice per turn of the event loop.
+
+    For a snapshot a summary will likely be made of (issue 11: a long snapshot posted inline):
+    rendering 1500 messages costs ~7 ms of CPU, which then fills the time the process waits on the
+    database while it stores the snapshot, instead of delaying the summary's first call. Slices keep
+    every other task of the loop waiting at most one slice.
+    """
+    rendered = _rendered(prepared)
+    for index, group in enumerate(prepared.groups):
+        if index not in rendered:
+            rendered[index] = _piece(prepared.messages, group)
+        if index % slice_groups == slice_groups - 1:
+            await asyncio.sleep(0)
 
 
 def longest_cached_prefix(
@@ -217,13 +259,15 @@ async def compact_context(
     *,
     groups: Sequence[MessageGroup] | None = None,
     digests: Sequence[bytes] | None = None,
+    material: Callable[[int, int], list[str]] | None = None,
 ) -> ContextCompaction:
     """Summarise ``messages[:cut_plan.summarize_until]`` (canonical messages), reusing the cache.
 
     Hit: no call. Prefix: only the messages after the cached prefix are summarised, as an update of the
     cached document. Miss: everything before the cut is summarised. Material larger than one call is
     chunked (ordered: each chunk an update of the running summary; parallel: chunks at once, then
-    merged); the whole plan is checked against the call cap before the first call.
+    merged); the whole plan is checked against the call cap before the first call. ``material(start,
+    end)``: the transcript pieces of ``messages[start:end]`` (default: rendered here, :func:`_pieces`).
     Raises the summary / provider errors of the runner.
     """
     until = cut_plan.summarize_until
@@ -273,7 +317,8 @@ async def compact_context(
         start, previous, outcome = 0, None, "miss"
         await report("miss", new_messages=until)
 
-    chunks = runner.chunk("context", _pieces(messages, groups, start, until))
+    pieces = material(start, until) if material is not None else _pieces(messages, groups, start, until)
+    chunks = runner.chunk("context", pieces)
     # Its own tally: a Q&A fold may be running on the same runner at the same time.
     tally = CallTally()
     document = await runner.summarize("context", chunks, previous, tally=tally)
@@ -311,6 +356,29 @@ async def compact_context(
     )
 
 
+async def compact_snapshot(
+    runner: SummaryRunner,
+    snapshot_id: str | None,
+    prepared: PreparedSnapshot,
+    cut_plan: CutPlan,
+    cache_entries: Sequence[CachedContextSummary],
+    context_time: str | None,
+) -> ContextCompaction:
+    """:func:`compact_context` of a prepared snapshot: its groups and digests as prepared, its
+    transcript pieces rendered at most once per snapshot (:func:`snapshot_pieces`)."""
+    return await compact_context(
+        runner,
+        snapshot_id,
+        prepared.messages,
+        cut_plan,
+        cache_entries,
+        context_time,
+        groups=prepared.groups,
+        digests=prepared.digests,
+        material=lambda start, end: snapshot_pieces(prepared, start, end),
+    )
+
+
 __all__ = [
     "CacheHit",
     "CacheMiss",
@@ -320,7 +388,10 @@ __all__ = [
     "PrefixReuse",
     "Reuse",
     "compact_context",
+    "compact_snapshot",
     "find_reusable",
     "longest_cached_prefix",
     "prefix_key",
+    "snapshot_pieces",
+    "warm_snapshot_pieces",
 ]

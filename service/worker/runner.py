@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, Protocol, TypeVar
 
 from service.aio import wait_event
+from service.budget.prepared import PreparedSnapshot
 from service.config import Settings
 from service.pipeline import PipelineDeps, run_request
 from service.pipeline.background import run_job
@@ -41,6 +42,7 @@ from service.store import jobs, queue, terminal
 from service.store.admission import purge_cleared
 from service.store.db import Database
 from service.store.listener import WORKER_CHANNELS, Listener
+from service.store.sessions import SnapshotJobPolicy, needs_compaction
 from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status
 
 log = logging.getLogger(__name__)
@@ -226,6 +228,14 @@ class Worker:
         """The prepared snapshots this worker keeps in memory (``sidequest serve``'s API feeds it)."""
         return self._deps_now().snapshots
 
+    def snapshot_prepared(self, content_hash: str, prepared: PreparedSnapshot) -> None:
+        """The API of this process prepared a snapshot it is about to store (``sidequest serve``):
+        keep the preparation, and when a question on it would need compaction with the service's
+        defaults — its summary will be made soon, by a job or a request — render its transcript
+        pieces while the API waits on the database (:meth:`PreparedSnapshots.offer`)."""
+        warm = needs_compaction(prepared, SnapshotJobPolicy.of(self.settings), {})
+        self.snapshots.offer(content_hash, prepared, warm=warm)
+
     @property
     def running(self) -> set[uuid.UUID]:
         """Ids of the requests this process runs right now."""
@@ -279,6 +289,7 @@ class Worker:
                 await loop
         await self.requests.stop()
         await self.jobs.stop()
+        await self.snapshots.close()
         if self._own_listener:
             await self._listener.stop()
         for unsubscribe in self._unsubscribe:

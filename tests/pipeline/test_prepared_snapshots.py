@@ -3,8 +3,10 @@ read once, bounded, keyed by content hash (never stale, whatever was shared befo
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import uuid
 
 from service.budget.prepared import prepare_snapshot
 from service.pipeline.snapshots import PreparedSnapshots
@@ -75,3 +77,57 @@ async def test_an_entry_is_found_by_content_so_a_preparation_shared_early_is_nev
     assert await cache.load(db, sid, "t", _hash(shared)) is not None
     assert await cache.load(db, sid, "t") is not None  # without the hash: one small read, then a hit
     assert (cache.hits, cache.misses) == (2, 1)
+
+
+def _long(turns: int) -> dict[str, object]:
+    return {"messages": [{"role": "user", "content": f"turn {i}: " + "word " * 60} for i in range(turns)]}
+
+
+async def test_a_warm_offer_renders_the_transcript_pieces_in_the_background() -> None:
+    from service.summary.context import snapshot_pieces
+
+    cache = PreparedSnapshots()
+    cold, warm = prepare_snapshot(_long(50)), prepare_snapshot(_long(51))
+    cache.offer("cold", cold, warm=False)
+    cache.offer("warm", warm, warm=True)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert cold.memo == {}  # nothing rendered for a snapshot no summary is expected of
+    pieces = warm.memo["summary.group_pieces"]
+    assert len(pieces) == len(warm.groups)
+    assert snapshot_pieces(warm, 0, len(warm.messages)) == [pieces[i] for i in range(len(warm.groups))]
+    await cache.close()
+
+
+async def test_closing_stops_a_rendering_in_progress() -> None:
+    cache = PreparedSnapshots()
+    big = prepare_snapshot(_long(2000))
+    cache.offer("big", big, warm=True)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    await cache.close()
+    rendered = len(big.memo.get("summary.group_pieces", {}))
+    assert 0 < rendered < len(big.groups)
+    await asyncio.sleep(0.01)
+    assert len(big.memo["summary.group_pieces"]) == rendered  # nothing more once closed
+
+
+async def test_the_worker_warms_only_a_snapshot_that_would_need_compaction(
+    db: Database, database_url: str
+) -> None:
+    from service.worker import start_worker
+    from tests.factories import scripted_settings
+
+    settings = scripted_settings(database_url, "http://127.0.0.1:9", context_window=16000)
+    worker = await start_worker(settings, db)
+    try:
+        small, large = prepare_snapshot(_long(10)), prepare_snapshot(_long(400))  # ~30k tokens
+        worker.snapshot_prepared("small", small)
+        worker.snapshot_prepared("large", large)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert small.memo == {}
+        assert len(large.memo["summary.group_pieces"]) == len(large.groups)
+        assert await worker.snapshots.load(db, uuid.uuid4(), "x", "large") is large
+    finally:
+        await worker.stop()

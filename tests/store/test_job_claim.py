@@ -22,18 +22,20 @@ from service.store import jobs
 from service.store.db import Database
 from service.store.events import session_events_after
 from service.vocabulary import JobKind
-from tests.factories import make_session
+from tests.factories import add_snapshot, make_session
 
 _CLEAR_VERSION = text("SELECT clear_version FROM side_question_sessions WHERE id = :s")
 
 
-async def _enqueue(db: Database, sid: uuid.UUID, kind: JobKind, key: str) -> uuid.UUID:
+async def _enqueue(
+    db: Database, sid: uuid.UUID, kind: JobKind, key: str, params: dict[str, Any] | None = None
+) -> uuid.UUID:
     async with db.sessions() as session, session.begin():
         cv = await session.scalar(
             text("SELECT clear_version FROM side_question_sessions WHERE id = :s"), {"s": sid}
         )
         job_id = await jobs.enqueue_job(
-            session, sid, kind=kind, key=key, params={"k": key}, clear_version=int(cv)
+            session, sid, kind=kind, key=key, params=params or {"k": key}, clear_version=int(cv)
         )
     assert job_id is not None
     return job_id
@@ -176,3 +178,19 @@ async def test_a_cancelled_attempt_leaves_the_round_s_write_to_the_others(
     with pytest.raises(asyncio.CancelledError):
         await first
     assert await _calls(db, running_job) == 3
+
+
+async def test_a_context_summary_job_is_claimed_with_its_snapshot_s_content_hash(db: Database) -> None:
+    sid = await make_session(db)
+    await add_snapshot(db, sid, "s-1", {"messages": [{"role": "user", "content": "hello"}]})
+    stored = await _sql(
+        db, "SELECT content_hash FROM main_snapshots WHERE session_id = :s AND snapshot_id = 's-1'", s=sid
+    )
+    named = await _enqueue(db, sid, JobKind.CONTEXT_SUMMARY, "snapshot:s-1", {"snapshot_id": "s-1"})
+    missing = await _enqueue(db, sid, JobKind.CONTEXT_SUMMARY, "snapshot:gone", {"snapshot_id": "gone"})
+    first = await _claim(db)
+    assert first is not None and first.id == named and first.snapshot_hash == stored
+    async with db.connection() as conn:
+        assert await jobs.finish_job(conn, named, "w1", status="succeeded", calls=0)
+    second = await _claim(db)
+    assert second is not None and second.id == missing and second.snapshot_hash is None
