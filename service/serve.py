@@ -29,7 +29,8 @@ def with_worker(app: FastAPI, settings: Settings) -> FastAPI:
             worker = await start_worker(settings, running.state.db, listener=running.state.listener)
             running.state.worker = worker
             # The API hands each snapshot it stores, prepared, to the worker of this process.
-            running.state.snapshot_prepared = worker.snapshot_prepared
+            running.state.snapshot_prepared = worker.snapshots.put
+            running.state.snapshot_job_expected = worker.snapshot_job_expected
             try:
                 yield state
             finally:

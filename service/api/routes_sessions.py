@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
@@ -163,7 +164,7 @@ async def admit_question(
         # Key-sorted compact JSON: the same body in another key order or spacing hashes the same.
         body_hash=content_hash(parsed) if idempotency_key is not None else None,
         on_busy=body.on_busy,
-        snapshot_jobs=SnapshotJobPolicy.of(settings),
+        snapshot_jobs=SnapshotJobPolicy.of(settings, expecting=_summary_expected(request)),
     )
     admitted = await admit(
         database(request), tenant, parent_id, admission, max_queued=settings.max_queued_per_session
@@ -264,7 +265,7 @@ async def put_snapshot(
         snapshot_id,
         content,
         owner=owner,
-        jobs=SnapshotJobPolicy.of(settings),
+        jobs=SnapshotJobPolicy.of(settings, expecting=_summary_expected(request)),
         encoded=encoded,
         prepared=prepared,
     )
@@ -285,6 +286,15 @@ def _prepare_and_share(
     if hook is not None:
         hook(encoded.content_hash, prepared)
     return prepared
+
+
+def _summary_expected(request: Request) -> Callable[[PreparedSnapshot], None] | None:
+    """Whom to tell that a snapshot's background summary will be queued (``sidequest serve`` sets
+    ``app.state.snapshot_job_expected``: its worker renders the summary's material meanwhile)."""
+    hook: Callable[[PreparedSnapshot], None] | None = getattr(
+        request.app.state, "snapshot_job_expected", None
+    )
+    return hook
 
 
 @router.get("/{parent_id}", response_model=SessionOut, responses=errors(401, 404, 422))

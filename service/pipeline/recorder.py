@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from service.providers.base import CallUsage
 from service.store import jobs, ledger
 from service.store.db import Database
+
+T = TypeVar("T")
 
 
 def call_entry(
@@ -29,16 +31,65 @@ def call_entry(
     )
 
 
+class GroupWrite(Generic[T]):
+    """Writes of one row that arrive while one is in flight go together in the next (group commit).
+
+    :meth:`add` returns once its item is written (or raises what the write raised), so nothing is
+    reported written before it is; the items added in the same turn of the event loop as the first
+    go in its write. A caller that is cancelled while it waits leaves the write to the others.
+    """
+
+    def __init__(self, write: Callable[[list[T]], Awaitable[None]]) -> None:
+        self._write = write
+        self._pending: list[T] = []
+        self._next: asyncio.Future[None] | None = None  # the write the pending items wait for
+        self._writer: asyncio.Task[None] | None = None
+
+    async def add(self, item: T) -> None:
+        self._pending.append(item)
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+            # Retrieved even when every waiter was cancelled (no "exception never retrieved").
+            self._next.add_done_callback(lambda done: done.cancelled() or done.exception())
+        written = self._next
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._drain())
+        await asyncio.shield(written)
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                items, written = self._pending, self._next
+                self._pending, self._next = [], None
+                assert written is not None
+                try:
+                    await self._write(items)
+                except BaseException as exc:
+                    written.set_exception(exc)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                else:
+                    written.set_result(None)
+        finally:
+            self._writer = None
+
+
 class JobRecorder:
     """A background job's recorder: each call persisted on the job's row the moment it ends (the
-    session's ``background.usage``); a job has no request stream to tell."""
+    session's ``background.usage``), each attempt counted on it before it starts; a job has no
+    request stream to tell.
+
+    Both writes go to the job's one row, so those that come together share one write
+    (:class:`GroupWrite`): the four calls of a parallel round start after one count instead of four
+    writes each waiting for the last one's commit (~10 ms for the fourth, issue 11), and their four
+    ends are appended in one or two writes before the merge call.
+    """
 
     def __init__(self, db: Database, job_id: uuid.UUID) -> None:
         self._db = db
         self._job_id = job_id
-        # The count write the attempts starting now join, and how many have joined it.
-        self._round: asyncio.Future[None] | None = None
-        self._joined = 0
+        self._ends: GroupWrite[ledger.CallEntry] = GroupWrite(self._append)
+        self._starts: GroupWrite[None] = GroupWrite(self._count)
 
     async def record_call(
         self,
@@ -49,30 +100,20 @@ class JobRecorder:
         usage: CallUsage,
         latency_ms: int = 0,
     ) -> None:
-        """Append one call to the job's usage."""
-        async with self._db.connection() as conn:
-            await ledger.append_call(
-                conn, self._job_id, call_entry(purpose, model, status, usage, latency_ms), job=True
-            )
+        """Append one call to the job's usage (returns once it is written)."""
+        await self._ends.add(call_entry(purpose, model, status, usage, latency_ms))
 
     async def attempt_started(self) -> None:
-        """Count a call on the job's row before it starts (what a clear reports if it cancels the job).
+        """Count a call on the job's row before it starts (what a clear reports if it cancels the job)."""
+        await self._starts.add(None)
 
-        The attempts that start in the same turn of the event loop — a round of parallel chunks —
-        share one write: four writes of the same row, each waiting for the last one's commit, held
-        the fourth chunk's call back by ~10 ms (issue 11). The call still starts only once it is
-        counted. A joiner that is cancelled leaves the write to the others (it is shielded).
-        """
-        if self._round is None:
-            self._round = asyncio.ensure_future(self._count_round())
-        self._joined += 1
-        await asyncio.shield(self._round)
-
-    async def _count_round(self) -> None:
-        await asyncio.sleep(0)  # the other attempts of this turn join first
-        joined, self._joined, self._round = self._joined, 0, None
+    async def _append(self, entries: list[ledger.CallEntry]) -> None:
         async with self._db.connection() as conn:
-            await jobs.count_calls(conn, self._job_id, joined)
+            await ledger.append_calls(conn, self._job_id, entries, job=True)
+
+    async def _count(self, attempts: list[None]) -> None:
+        async with self._db.connection() as conn:
+            await jobs.count_calls(conn, self._job_id, len(attempts))
 
 
 class LedgerRecorder:

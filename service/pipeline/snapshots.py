@@ -51,16 +51,12 @@ class PreparedSnapshots:
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
-    def offer(self, content_hash: str, prepared: PreparedSnapshot, *, warm: bool) -> None:
-        """:meth:`put`, and with ``warm`` (a summary of this snapshot is likely) render its transcript
-        pieces in the background meanwhile (:func:`~service.summary.context.warm_snapshot_pieces`):
-        the API offers a preparation before it stores the snapshot, so the rendering fills the time
-        it then waits on the database."""
-        self.put(content_hash, prepared)
-        if warm and self.capacity > 0:
-            task = asyncio.get_running_loop().create_task(warm_snapshot_pieces(prepared))
-            self._warming.add(task)
-            task.add_done_callback(self._warming.discard)
+    def warm(self, prepared: PreparedSnapshot) -> None:
+        """Render ``prepared``'s transcript pieces in the background
+        (:func:`~service.summary.context.warm_snapshot_pieces`): a summary of it will be made soon."""
+        task = asyncio.get_running_loop().create_task(warm_snapshot_pieces(prepared))
+        self._warming.add(task)
+        task.add_done_callback(self._warming.discard)
 
     async def close(self) -> None:
         """Stop the renderings still running (the worker stops)."""

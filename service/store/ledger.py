@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,9 +88,17 @@ async def append_call(
     The totals are recomputed from the calls in the same statement, and the row lock taken by the
     ``UPDATE`` serialises concurrent appends. Returns the new usage object.
     """
+    return await append_calls(x, request_id, [entry], job=job)
+
+
+async def append_calls(
+    x: Executor, request_id: uuid.UUID, entries: Sequence[CallEntry], *, job: bool = False
+) -> dict[str, Any]:
+    """:func:`append_call` of several calls, in this order, in one statement; commits."""
     statement = _APPEND_JOB_CALL if job else _APPEND_CALL
+    calls = json.dumps([entry.as_json() for entry in entries])
     async with committed(x):
-        usage = await fetch_value(x, statement, {"id": request_id, "call": json.dumps([entry.as_json()])})
+        usage = await fetch_value(x, statement, {"id": request_id, "call": calls})
     if usage is None:
         raise LookupError(f"{'job' if job else 'request'} {request_id} does not exist")
     return dict(usage)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,19 +284,35 @@ class SnapshotJobPolicy:
 
     ``enabled`` is ``SIDEQUEST_BACKGROUND_SUMMARIES=on``; the window and cap are the service's
     defaults, used after the session's settings and the snapshot's own numbers (SPEC §5 order).
+    ``expecting``, when set, is told of a snapshot whose job will be queued, before the snapshot is
+    written (``sidequest serve``: the worker of this process renders the summary's material while
+    the database stores it).
     """
 
     enabled: bool
     context_window: int | None
     max_output_tokens: int
+    expecting: Callable[[PreparedSnapshot], None] | None = None
 
     @classmethod
-    def of(cls, settings: Settings) -> SnapshotJobPolicy:
+    def of(
+        cls, settings: Settings, expecting: Callable[[PreparedSnapshot], None] | None = None
+    ) -> SnapshotJobPolicy:
         """The service's part, from its settings (the session's come from its row)."""
         return cls(
             enabled=settings.background_on,
             context_window=settings.context_window,
             max_output_tokens=settings.max_output_tokens,
+            expecting=expecting,
+        )
+
+    def applies(self, owner: SessionRow, prepared: PreparedSnapshot) -> bool:
+        """Whether storing ``prepared`` for the session ``owner`` queues its job: background summaries
+        on, the session asked before, and a question on it would need compaction."""
+        return (
+            self.enabled
+            and owner.next_ordinal > 1
+            and needs_compaction(prepared, self, dict(owner.settings or {}))
         )
 
 
@@ -330,11 +347,9 @@ async def maybe_queue_snapshot_job(
     prepared: PreparedSnapshot,
     policy: SnapshotJobPolicy | None,
 ) -> uuid.UUID | None:
-    """Queue the snapshot's background context summary when SPEC §6.6 says so (caller's transaction):
-    background summaries on, the session asked before, and a question on it would need compaction."""
-    if policy is None or not policy.enabled or owner.next_ordinal <= 1:
-        return None
-    if not needs_compaction(prepared, policy, dict(owner.settings or {})):
+    """Queue the snapshot's background context summary when SPEC §6.6 says so (caller's transaction;
+    :meth:`SnapshotJobPolicy.applies`)."""
+    if policy is None or not policy.applies(owner, prepared):
         return None
     return await enqueue_job(
         session,
@@ -424,6 +439,13 @@ async def store_snapshot(
     if prepared is None:
         prepared = prepare_or_refuse(content, encoded)
     tokens = prepared.total_tokens
+    if (
+        owner is not None
+        and jobs is not None
+        and jobs.expecting is not None
+        and jobs.applies(owner, prepared)
+    ):
+        jobs.expecting(prepared)
     inserted = await session.scalar(
         pg_insert(SnapshotRow)
         .values(

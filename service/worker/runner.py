@@ -42,7 +42,6 @@ from service.store import jobs, queue, terminal
 from service.store.admission import purge_cleared
 from service.store.db import Database
 from service.store.listener import WORKER_CHANNELS, Listener
-from service.store.sessions import SnapshotJobPolicy, needs_compaction
 from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status
 
 log = logging.getLogger(__name__)
@@ -228,13 +227,11 @@ class Worker:
         """The prepared snapshots this worker keeps in memory (``sidequest serve``'s API feeds it)."""
         return self._deps_now().snapshots
 
-    def snapshot_prepared(self, content_hash: str, prepared: PreparedSnapshot) -> None:
-        """The API of this process prepared a snapshot it is about to store (``sidequest serve``):
-        keep the preparation, and when a question on it would need compaction with the service's
-        defaults — its summary will be made soon, by a job or a request — render its transcript
-        pieces while the API waits on the database (:meth:`PreparedSnapshots.offer`)."""
-        warm = needs_compaction(prepared, SnapshotJobPolicy.of(self.settings), {})
-        self.snapshots.offer(content_hash, prepared, warm=warm)
+    def snapshot_job_expected(self, prepared: PreparedSnapshot) -> None:
+        """The API of this process is storing a snapshot whose background summary it will queue
+        (``sidequest serve``): render the summary's material while the API waits on the database
+        (:meth:`PreparedSnapshots.warm`), so the job, likely claimed here, starts its calls sooner."""
+        self.snapshots.warm(prepared)
 
     @property
     def running(self) -> set[uuid.UUID]:

@@ -364,6 +364,37 @@ async def _store(
         await session.commit()
 
 
+async def test_storing_a_snapshot_announces_exactly_the_snapshots_whose_job_it_queues(
+    db: Database, server: ScriptedServer, database_url: str
+) -> None:
+    """``expecting`` (sidequest serve: its worker renders the summary's material while the snapshot
+    is written) hears of the snapshots whose job is queued — the session asked before and a question
+    would need compaction, background summaries on — and of no other."""
+    settings = _settings(database_url, server, context_window=64000)
+    heard: list[int] = []  # the announced snapshots' message counts
+
+    async def store(snapshot_id: str, content: dict[str, Any], *, enabled: bool = True) -> None:
+        policy = SnapshotJobPolicy(
+            enabled=enabled,
+            context_window=settings.context_window,
+            max_output_tokens=settings.max_output_tokens,
+            expecting=lambda prepared: heard.append(len(prepared.messages)),
+        )
+        async with db.sessions() as session:
+            owner = await lock_or_create_session(session, "default", "parent-1")
+            await store_snapshot(session, owner.id, snapshot_id, content, owner=owner, jobs=policy)
+            await session.commit()
+
+    sid = await make_session(db)
+    await store("first", _snapshot(60))  # the session never asked: no job
+    await add_history(db, sid, _history(1))
+    await store("small", _snapshot(5))  # fits: no job
+    await store("off", _snapshot(61), enabled=False)  # background summaries off: no job
+    await store("long", _snapshot(62))
+    assert heard == [62]
+    assert [j.key for j in await _background(db, sid)] == ["snapshot:long"]
+
+
 async def test_a_stored_snapshot_is_summarised_before_the_question_comes(
     db: Database, server: ScriptedServer, database_url: str
 ) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import uuid
 
 from service.budget.prepared import prepare_snapshot
 from service.pipeline.snapshots import PreparedSnapshots
@@ -83,26 +82,27 @@ def _long(turns: int) -> dict[str, object]:
     return {"messages": [{"role": "user", "content": f"turn {i}: " + "word " * 60} for i in range(turns)]}
 
 
-async def test_a_warm_offer_renders_the_transcript_pieces_in_the_background() -> None:
+async def test_warming_renders_the_transcript_pieces_in_the_background() -> None:
     from service.summary.context import snapshot_pieces
 
     cache = PreparedSnapshots()
-    cold, warm = prepare_snapshot(_long(50)), prepare_snapshot(_long(51))
-    cache.offer("cold", cold, warm=False)
-    cache.offer("warm", warm, warm=True)
+    prepared = prepare_snapshot(_long(51))
+    cache.warm(prepared)
+    assert prepared.memo == {}  # nothing yet: it renders when the loop is free
     for _ in range(10):
         await asyncio.sleep(0)
-    assert cold.memo == {}  # nothing rendered for a snapshot no summary is expected of
-    pieces = warm.memo["summary.group_pieces"]
-    assert len(pieces) == len(warm.groups)
-    assert snapshot_pieces(warm, 0, len(warm.messages)) == [pieces[i] for i in range(len(warm.groups))]
+    pieces = prepared.memo["summary.group_pieces"]
+    assert len(pieces) == len(prepared.groups)
+    assert snapshot_pieces(prepared, 0, len(prepared.messages)) == [
+        pieces[i] for i in range(len(prepared.groups))
+    ]
     await cache.close()
 
 
 async def test_closing_stops_a_rendering_in_progress() -> None:
     cache = PreparedSnapshots()
     big = prepare_snapshot(_long(2000))
-    cache.offer("big", big, warm=True)
+    cache.warm(big)
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     await cache.close()
@@ -112,22 +112,18 @@ async def test_closing_stops_a_rendering_in_progress() -> None:
     assert len(big.memo["summary.group_pieces"]) == rendered  # nothing more once closed
 
 
-async def test_the_worker_warms_only_a_snapshot_that_would_need_compaction(
+async def test_the_worker_renders_a_snapshot_whose_job_the_api_expects(
     db: Database, database_url: str
 ) -> None:
     from service.worker import start_worker
     from tests.factories import scripted_settings
 
-    settings = scripted_settings(database_url, "http://127.0.0.1:9", context_window=16000)
-    worker = await start_worker(settings, db)
+    worker = await start_worker(scripted_settings(database_url, "http://127.0.0.1:9"), db)
     try:
-        small, large = prepare_snapshot(_long(10)), prepare_snapshot(_long(400))  # ~30k tokens
-        worker.snapshot_prepared("small", small)
-        worker.snapshot_prepared("large", large)
+        prepared = prepare_snapshot(_long(400))
+        worker.snapshot_job_expected(prepared)
         for _ in range(50):
             await asyncio.sleep(0)
-        assert small.memo == {}
-        assert len(large.memo["summary.group_pieces"]) == len(large.groups)
-        assert await worker.snapshots.load(db, uuid.uuid4(), "x", "large") is large
+        assert len(prepared.memo["summary.group_pieces"]) == len(prepared.groups)
     finally:
         await worker.stop()

@@ -1,4 +1,4 @@
-"""A background job's claim in one statement (migration 0009_claim_job) and its call counting, on
+"""A background job's claim in one statement (migration 0009_claim_job) and its row's writes, on
 real PostgreSQL.
 
 The claim keeps the rules it had as a transaction of eight statements — the global background cap
@@ -194,3 +194,58 @@ async def test_a_context_summary_job_is_claimed_with_its_snapshot_s_content_hash
         assert await jobs.finish_job(conn, named, "w1", status="succeeded", calls=0)
     second = await _claim(db)
     assert second is not None and second.id == missing and second.snapshot_hash is None
+
+
+async def test_call_ends_that_come_together_are_appended_in_order_in_few_writes(
+    db: Database, running_job: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.providers.base import CallUsage
+    from service.store import ledger
+
+    writes: list[list[int]] = []
+    append = ledger.append_calls
+    release, writing = asyncio.Event(), asyncio.Event()
+
+    async def spy(x: Any, job_id: uuid.UUID, entries: Any, *, job: bool = False) -> Any:
+        writes.append([e.input_tokens for e in entries])
+        writing.set()
+        await release.wait()  # the first write is in flight until the test lets it go
+        return await append(x, job_id, entries, job=job)
+
+    monkeypatch.setattr(ledger, "append_calls", spy)
+    recorder = JobRecorder(db, running_job)
+
+    async def end(tokens: int) -> None:
+        usage = CallUsage(reported=True, input_tokens=tokens, output_tokens=1)
+        await recorder.record_call(purpose="context_summary", model="m", status="ok", usage=usage)
+
+    first = asyncio.ensure_future(end(1))
+    await writing.wait()
+    rest = [asyncio.ensure_future(end(n)) for n in (2, 3, 4)]  # they come while the first is written
+    await asyncio.sleep(0.01)
+    assert writes == [[1]] and not any(task.done() for task in [first, *rest])
+    release.set()
+    await asyncio.gather(first, *rest)
+    assert writes == [[1], [2, 3, 4]]  # the three that waited share one write, in order
+    usage = await _sql(db, "SELECT usage::text FROM side_question_jobs WHERE id = :id", id=running_job)
+    assert '"input_tokens": 10' in usage  # the totals of all four
+
+
+async def test_a_failed_group_write_fails_each_of_its_callers_and_the_next_write_runs() -> None:
+    from service.pipeline.recorder import GroupWrite
+
+    written: list[list[int]] = []
+    fail = True
+
+    async def write(items: list[int]) -> None:
+        await asyncio.sleep(0.001)
+        if fail:
+            raise ConnectionError("database gone")
+        written.append(items)
+
+    group: GroupWrite[int] = GroupWrite(write)
+    results = await asyncio.gather(group.add(1), group.add(2), return_exceptions=True)
+    assert [type(r) for r in results] == [ConnectionError, ConnectionError]
+    fail = False
+    await asyncio.gather(group.add(3), group.add(4))
+    assert written == [[3, 4]]
