@@ -16,7 +16,8 @@ same order, in one call:
   the row with its envelope, the NOTIFY; returns the id and the stored data. THE insert of a
   session event: ``service.store.events.append_session_event`` calls it.
 - ``sidequest_memory_event``: THE ``memory`` event of a job's transition (SPEC §6.6: ``{job_id, kind,
-  status, calls, covered}``), for every transition (``service.store.jobs``) and for the claim here.
+  status, calls, covered}``), for every transition (``service.store.jobs``) and for the claim here,
+  with the transition's ``NOTIFY sidequest_jobs`` when it has one (work queued, a slot freed).
 - ``sidequest_claim_job``: THE claim of a background job (the rules are in service/store/jobs.py):
   the job claims' advisory lock, the global background cap, the pick (oldest queued background job
   of a (session, kind) with nothing running; ``SKIP LOCKED``), the start under a lease, the
@@ -72,10 +73,14 @@ CREATE OR REPLACE FUNCTION sidequest_memory_event(
     p_status text,
     p_calls integer,
     p_covered jsonb,
-    p_at text
+    p_at text,
+    p_jobs_notify text   -- NULL, or what to NOTIFY sidequest_jobs with ('queued': work to do; 'freed')
 ) RETURNS bigint
-LANGUAGE sql AS $fn$
-    SELECT event_id FROM sidequest_append_session_event(
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id bigint;
+BEGIN
+    SELECT event_id INTO v_id FROM sidequest_append_session_event(
         p_session_id,
         'memory',
         jsonb_build_object(
@@ -84,6 +89,11 @@ LANGUAGE sql AS $fn$
         ),
         p_at
     );
+    IF p_jobs_notify IS NOT NULL THEN
+        PERFORM pg_notify('sidequest_jobs', p_jobs_notify);
+    END IF;
+    RETURN v_id;
+END
 $fn$;
 """
 
@@ -131,7 +141,7 @@ BEGIN
      WHERE j.id = v_picked
     RETURNING j.* INTO v_job;
     PERFORM sidequest_memory_event(
-        v_job.session_id, v_job.id, v_job.kind, 'running', v_job.calls, NULL, p_at
+        v_job.session_id, v_job.id, v_job.kind, 'running', v_job.calls, NULL, p_at, NULL
     );
     -- The session's part is null when the session is gone (the job then ends cancelled).
     RETURN QUERY
@@ -154,5 +164,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP FUNCTION IF EXISTS sidequest_claim_job(text, double precision, integer, bigint, text)")
-    op.execute("DROP FUNCTION IF EXISTS sidequest_memory_event(uuid, uuid, text, text, integer, jsonb, text)")
+    op.execute("DROP FUNCTION IF EXISTS sidequest_memory_event(uuid, uuid, text, text, integer, jsonb, text, text)")
     op.execute("DROP FUNCTION IF EXISTS sidequest_append_session_event(uuid, text, jsonb, text)")

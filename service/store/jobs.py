@@ -40,7 +40,7 @@ from service.store.execute import (
     json_text,
     notify,
 )
-from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
+from service.vocabulary import CANCEL_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
 
 # Key of the advisory lock that serialises job claims (requests have their own).
 JOB_CLAIM_LOCK_KEY = 0x5EDE_0002
@@ -88,7 +88,8 @@ class JobState:
 
 # THE ``memory`` event of a job's transition (SPEC §6.6; migration 0009_claim_job).
 _MEMORY_EVENT = text(
-    "SELECT sidequest_memory_event(:sid, :job_id, :kind, :status, :calls, CAST(:covered AS jsonb), :at)"
+    "SELECT sidequest_memory_event(:sid, :job_id, :kind, :status, :calls, CAST(:covered AS jsonb), :at, "
+    "CAST(:notify AS text))"
 )
 
 
@@ -100,7 +101,10 @@ async def _memory_event(
     status: str,
     calls: int,
     covered: dict[str, Any] | None,
+    notify: str | None = None,
 ) -> None:
+    """The transition's ``memory`` event and, with ``notify``, its ``NOTIFY sidequest_jobs`` (``queued``:
+    work to do; ``freed``: a slot freed), in the caller's transaction, one round trip."""
     await execute(
         session,
         _MEMORY_EVENT,
@@ -112,12 +116,9 @@ async def _memory_event(
             "calls": calls,
             "covered": json_text(covered) if covered is not None else None,
             "at": utc_iso(),
+            "notify": notify,
         },
     )
-
-
-async def _notify_jobs(session: Executor, payload: str) -> None:
-    await notify(session, JOBS_CHANNEL, payload)
 
 
 _ENQUEUE_JOB = text(
@@ -159,8 +160,7 @@ async def enqueue_job(
     )
     if job_id is None:
         return None
-    await _memory_event(session, session_id, job_id, kind, Status.QUEUED, 0, None)
-    await _notify_jobs(session, "queued")
+    await _memory_event(session, session_id, job_id, kind, Status.QUEUED, 0, None, notify="queued")
     return job_id
 
 
@@ -308,8 +308,7 @@ async def finish_job(
     if row is None:
         return False
     if row["made_by"] == "background":
-        await _memory_event(x, row["session_id"], job_id, row["kind"], status, calls, covered)
-        await _notify_jobs(x, "freed")
+        await _memory_event(x, row["session_id"], job_id, row["kind"], status, calls, covered, notify="freed")
     return True
 
 
@@ -330,8 +329,9 @@ async def release_job(session: AsyncSession, job_id: uuid.UUID, owner: str) -> N
         )
     ).one_or_none()
     if row is not None:
-        await _memory_event(session, row.session_id, job_id, row.kind, Status.QUEUED, row.calls, None)
-        await _notify_jobs(session, "queued")
+        await _memory_event(
+            session, row.session_id, job_id, row.kind, Status.QUEUED, row.calls, None, notify="queued"
+        )
 
 
 async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
@@ -350,8 +350,9 @@ async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
         )
     ).one_or_none()
     if row is not None:
-        await _memory_event(session, row.session_id, job_id, row.kind, Status.QUEUED, row.calls, None)
-        await _notify_jobs(session, "queued")
+        await _memory_event(
+            session, row.session_id, job_id, row.kind, Status.QUEUED, row.calls, None, notify="queued"
+        )
 
 
 _COUNT_CALLS = text("UPDATE side_question_jobs SET calls = calls + :n WHERE id = :id AND status = 'running'")

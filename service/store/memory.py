@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from service.store.execute import Executor, execute, fetch_value, json_text, transaction
+from service.store.execute import Executor, fetch_value, json_text, transaction
 from service.store.models import EMPTY_MEMORY
 
 # Newest context summaries kept per session: a cache, not history; old snapshots' prefixes age out.
@@ -84,11 +84,14 @@ _GUARDED_JOB_WRITE = text(
 )
 
 
-_WRITER_SESSION = {
-    table: text(f"SELECT session_id FROM {table} WHERE id = :id")
+# The writer's session row, locked (one round trip); the guarded write then reads the writer again.
+_LOCK_WRITER_SESSION = {
+    table: text(
+        "SELECT s.id FROM side_question_sessions s "
+        f"WHERE s.id = (SELECT w.session_id FROM {table} w WHERE w.id = :id) FOR NO KEY UPDATE"
+    )
     for table in ("side_question_jobs", "side_question_requests")
 }
-_LOCK_SESSION = text("SELECT id FROM side_question_sessions WHERE id = :id FOR NO KEY UPDATE")
 _LOAD_MEMORY = text("SELECT memory FROM side_question_sessions WHERE id = :id")
 
 
@@ -132,13 +135,12 @@ async def save_memory_in(
     if context_summary is not None and "key" not in context_summary:
         raise ValueError("a context summary needs its cache key")
     table = "side_question_jobs" if job else "side_question_requests"
-    # Lock the session row first and only then read the writer: the guard below then runs on a
-    # snapshot taken after every earlier clear/cancel committed (READ COMMITTED, new statement), and
-    # a single row lock can never deadlock with the API's multi-row clear.
-    session_id = await fetch_value(x, _WRITER_SESSION[table], {"id": request_id})
-    if session_id is None:
+    # Lock the session row first and only then check the writer: the guard below is the next
+    # statement, so it runs on a snapshot taken after every earlier clear/cancel committed (READ
+    # COMMITTED, new statement), and a single row lock can never deadlock with the API's multi-row
+    # clear.
+    if await fetch_value(x, _LOCK_WRITER_SESSION[table], {"id": request_id}) is None:
         return False
-    await execute(x, _LOCK_SESSION, {"id": session_id})
     written = await fetch_value(
         x,
         _GUARDED_JOB_WRITE if job else _GUARDED_WRITE,
