@@ -249,3 +249,21 @@ async def test_a_failed_group_write_fails_each_of_its_callers_and_the_next_write
     fail = False
     await asyncio.gather(group.add(3), group.add(4))
     assert written == [[3, 4]]
+
+
+async def test_the_sql_functions_restate_the_python_rules_they_share_exactly(db: Database) -> None:
+    """The job claim and the session events are SQL functions (0004, 0009) that restate, in SQL,
+    names and a condition the Python store also uses: the channels the listener subscribes to, and
+    what makes a row a background job rather than a request's registration. Changing one home without
+    the other breaks this test rather than the service."""
+    from service.vocabulary import EVENTS_CHANNEL, JOBS_CHANNEL
+
+    async def source(name: str) -> str:
+        return str(await _sql(db, f"SELECT pg_get_functiondef('{name}'::regproc)"))
+
+    background = jobs._BACKGROUND.replace("params", "j.params")
+    claim = await source("sidequest_claim_job")
+    assert claim.count(background) == 2  # the cap's count and the pick
+    assert f"pg_notify('{JOBS_CHANNEL}'" in await source("sidequest_memory_event")
+    for events in ("sidequest_append_session_event", "sidequest_append_event"):
+        assert f"'{EVENTS_CHANNEL}'" in await source(events)
