@@ -10,7 +10,8 @@ the commit). A request knows its snapshot's hash from its claim; a background jo
 small query). Reading the preparation of a 2000-message snapshot from PostgreSQL and rebuilding it
 costs ~10 ms per request (the transfer, the JSON decode, the groups and digests); a session's next
 questions — and the background job its snapshot triggered — mostly name the same one. Bounded by
-count: each entry holds one snapshot's canonical messages (1.8 MB for a 600 KB one).
+count: each entry holds one snapshot's canonical messages (1.8 MB for a 600 KB one) and, once a
+summary of it was made or expected, its rendered transcript (about its size as posted again).
 """
 
 from __future__ import annotations
