@@ -6,8 +6,8 @@ can never be stale — no invalidation, no coherence between processes, and shar
 snapshot's transaction committed is safe whatever becomes of that transaction (``sidequest serve``'s
 API hands each preparation to its worker as soon as it is made, so the question it came with never
 reads it back, even when the worker claims that question before the API's own code resumed after
-the commit). A request knows its snapshot's hash from its claim; a background job reads it (one
-small query). Reading the preparation of a 2000-message snapshot from PostgreSQL and rebuilding it
+the commit). A request and a background job know their snapshot's hash from their claims.
+Reading the preparation of a 2000-message snapshot from PostgreSQL and rebuilding it
 costs ~10 ms per request (the transfer, the JSON decode, the groups and digests); a session's next
 questions — and the background job its snapshot triggered — mostly name the same one. Bounded by
 count: each entry holds one snapshot's canonical messages (1.8 MB for a 600 KB one) and, once a
