@@ -13,7 +13,6 @@ Callers keep the transaction that appends an event short (never across a model c
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -109,10 +108,7 @@ async def append_session_event(
         {"sid": session_id, "type": event_type, "fields": json_text(fields), "at": utc_iso()},
     )
     assert row is not None
-    data = row["data"]
-    if isinstance(data, str):  # SQLAlchemy's text() leaves a jsonb column of a function as text
-        data = json.loads(data)
-    return Event(int(row["event_id"]), None, session_id, None, event_type, dict(data))
+    return Event(int(row["event_id"]), None, session_id, None, event_type, dict(row["data"]))
 
 
 async def request_events_after(
