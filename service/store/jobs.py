@@ -121,13 +121,19 @@ async def _memory_event(
     )
 
 
+# The job and its ``queued`` memory event (with the NOTIFY) in one round trip: the event is written
+# only for a row the INSERT returned.
 _ENQUEUE_JOB = text(
     """
-    INSERT INTO side_question_jobs (id, session_id, kind, key, params, clear_version)
-    SELECT :id, s.id, :kind, :key, CAST(:params AS jsonb), s.clear_version
-    FROM side_question_sessions s WHERE s.id = :sid AND s.clear_version = :cv
-    ON CONFLICT (session_id, kind, key) WHERE status IN ('queued', 'running') DO NOTHING
-    RETURNING id
+    WITH queued AS (
+        INSERT INTO side_question_jobs (id, session_id, kind, key, params, clear_version)
+        SELECT :id, s.id, :kind, :key, CAST(:params AS jsonb), s.clear_version
+        FROM side_question_sessions s WHERE s.id = :sid AND s.clear_version = :cv
+        ON CONFLICT (session_id, kind, key) WHERE status IN ('queued', 'running') DO NOTHING
+        RETURNING id, session_id, kind
+    )
+    SELECT q.id, sidequest_memory_event(q.session_id, q.id, q.kind, 'queued', 0, NULL, :at, 'queued')
+    FROM queued q
     """
 )
 
@@ -156,11 +162,9 @@ async def enqueue_job(
             "key": key,
             "params": json_text({**params, "made_by": "background"}),
             "cv": clear_version,
+            "at": utc_iso(),
         },
     )
-    if job_id is None:
-        return None
-    await _memory_event(session, session_id, job_id, kind, Status.QUEUED, 0, None, notify="queued")
     return job_id
 
 
