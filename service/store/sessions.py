@@ -340,17 +340,9 @@ def needs_compaction(
     return not Calibration.empty().fits(prepared.total_tokens, plan_window(window, cap).input_budget)
 
 
-async def maybe_queue_snapshot_job(
-    session: AsyncSession,
-    owner: SessionRow,
-    snapshot_id: str,
-    prepared: PreparedSnapshot,
-    policy: SnapshotJobPolicy | None,
-) -> uuid.UUID | None:
-    """Queue the snapshot's background context summary when SPEC §6.6 says so (caller's transaction;
-    :meth:`SnapshotJobPolicy.applies`)."""
-    if policy is None or not policy.applies(owner, prepared):
-        return None
+async def queue_snapshot_job(session: AsyncSession, owner: SessionRow, snapshot_id: str) -> uuid.UUID | None:
+    """Queue the snapshot's background context summary (caller's transaction), once
+    :meth:`SnapshotJobPolicy.applies` said SPEC §6.6 wants it; None when it is queued already."""
     return await enqueue_job(
         session,
         owner.id,
@@ -439,13 +431,9 @@ async def store_snapshot(
     if prepared is None:
         prepared = prepare_or_refuse(content, encoded)
     tokens = prepared.total_tokens
-    if (
-        owner is not None
-        and jobs is not None
-        and jobs.expecting is not None
-        and jobs.applies(owner, prepared)
-    ):
-        jobs.expecting(prepared)
+    queues_job = owner is not None and jobs is not None and jobs.applies(owner, prepared)
+    if queues_job and jobs is not None and jobs.expecting is not None:
+        jobs.expecting(prepared)  # before the INSERT: the longest wait of the admission
     inserted = await session.scalar(
         pg_insert(SnapshotRow)
         .values(
@@ -464,8 +452,8 @@ async def store_snapshot(
         .returning(SnapshotRow.created_at)
     )
     if inserted is not None:
-        if owner is not None:
-            await maybe_queue_snapshot_job(session, owner, key, prepared, jobs)
+        if queues_job and owner is not None:
+            await queue_snapshot_job(session, owner, key)
         return StoredSnapshot(key, digest, tokens, size, utc_iso(inserted), created=True)
     existing = (
         await session.execute(
