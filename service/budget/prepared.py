@@ -211,7 +211,7 @@ class PreparedSnapshot:
     # store reads them from the snapshot's content instead of a second copy of the transcript.
     messages_as_posted: bool = False
     # Values derived from this preparation that a later layer computes at most once per snapshot —
-    # the summary layer's transcript pieces (service.summary.context.group_pieces) — kept with it in
+    # the summary layer's transcript pieces (service.summary.context.snapshot_pieces) — kept with it in
     # the worker's memory, never stored.
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

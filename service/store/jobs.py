@@ -132,7 +132,7 @@ _ENQUEUE_JOB = text(
         ON CONFLICT (session_id, kind, key) WHERE status IN ('queued', 'running') DO NOTHING
         RETURNING id, session_id, kind
     )
-    SELECT q.id, sidequest_memory_event(q.session_id, q.id, q.kind, 'queued', 0, NULL, :at, 'queued')
+    SELECT q.id, sidequest_memory_event(q.session_id, q.id, q.kind, :status, 0, NULL, :at, :notify)
     FROM queued q
     """
 )
@@ -162,7 +162,9 @@ async def enqueue_job(
             "key": key,
             "params": json_text({**params, "made_by": "background"}),
             "cv": clear_version,
+            "status": str(Status.QUEUED),
             "at": utc_iso(),
+            "notify": "queued",
         },
     )
     return job_id
