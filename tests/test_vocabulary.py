@@ -28,7 +28,14 @@ from service.vocabulary import (
 )
 
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=2**63, max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats(min_value=1e-10, max_value=1e-4)  # where float reprs switch to exponents
+    | st.text()
+    | st.text(alphabet=st.characters(max_codepoint=0x3F)),  # control characters, quotes, escapes
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )
@@ -50,6 +57,14 @@ def test_canonical_json_is_the_key_sorted_compact_json_hashes_always_used(value:
     assert canonical_json(value) == old
     assert canonical_bytes(value) == old.encode()
     assert content_hash(value) == hashlib.sha256(old.encode("utf-8")).hexdigest()
+
+
+def test_canonical_json_writes_what_json_dumps_writes_beyond_plain_json_values_too() -> None:
+    odd = {"at": datetime(2026, 12, 1, 10, 0, tzinfo=UTC), "status": Status.FAILED, "t": (1, 2), "s": "x"}
+    old = json.dumps(odd, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+    assert canonical_json(odd) == old
+    assert canonical_json("a bare string") == '"a bare string"'
+    assert canonical_json(float("nan")) == "NaN"  # as json.dumps: the callers refuse NaN before
 
 
 def test_equal_documents_hash_equal_whatever_their_key_order() -> None:
