@@ -38,6 +38,9 @@ class QASummaryInfo(_Open):
     """The rolling Q&A summary this request used."""
 
     used: bool = False
+    # The first ordinal the summary covers (extra field): after a clear, ordinals go on counting, so
+    # a summary made since covers #first–#through, not #1–#through.
+    first_ordinal: int | None = None
     covered_through_ordinal: int | None = None
     updated: bool = False
     calls: int = 0

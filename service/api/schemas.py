@@ -344,6 +344,9 @@ class Counts(BaseModel):
 class QaSummaryOverview(BaseModel):
     """Coverage of the rolling Q&A summary."""
 
+    first_ordinal: int | None = Field(
+        default=None, description="First ordinal it covers (ordinals go on counting after a clear)."
+    )
     covered_through_ordinal: int | None
     tokens: int | None
     updated_at: str | None

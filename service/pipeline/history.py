@@ -195,6 +195,7 @@ def update_qa_info(rt: RequestRuntime, plan: HistoryPlan) -> None:
     info = rt.info.qa_summary
     assert info is not None
     info.used = plan.qa is not None
+    info.first_ordinal = plan.qa.first_ordinal if plan.qa else None
     info.covered_through_ordinal = plan.qa.covered_through_ordinal if plan.qa else None
     info.updated = plan.folded
     info.calls = plan.calls

@@ -199,6 +199,7 @@ def memory_overview(memory: dict[str, Any] | None) -> dict[str, Any]:
     qa_view = None
     if isinstance(qa, dict):
         qa_view = {
+            "first_ordinal": _int_or_none(qa.get("first_ordinal")),
             "covered_through_ordinal": _int_or_none(qa.get("covered_through_ordinal")),
             "tokens": _int_or_none(qa.get("tokens")),
             "updated_at": _str_or_none(qa.get("updated_at")),

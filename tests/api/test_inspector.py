@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import update
 
 from service.api.routes_inspector import inspector_page
+from service.store.db import Database
+from service.store.models import SessionRow
 from tests.api.cdp import Browser
 from tests.api.conftest import Server
 from tests.api.helpers import ask
@@ -277,6 +280,26 @@ async def test_a_question_asked_from_the_page_streams_its_answer_into_the_page(
     # The new session is in the list, and the history shows the request as succeeded.
     await browser.wait_for("!!document.querySelector('#session-list button[data-parent-id=\"p-live\"]')")
     await browser.wait_for("document.querySelector('#history .meta')?.textContent.startsWith('succeeded')")
+    assert browser.console_errors == []
+
+
+async def test_summary_coverage_starts_where_the_summary_does_after_a_clear(
+    stack: Stack, browser: Browser, db: Database
+) -> None:
+    """Ordinals go on counting after a clear, so a rolling summary made since covers #26–#29, not #1–#29
+    (an outside check found the page saying #1)."""
+    await _answered(stack, "p-cover", "First question?")
+    qa = {"first_ordinal": 26, "covered_through_ordinal": 29, "tokens": 120, "updated_at": None}
+    async with db.sessions() as session:
+        await session.execute(
+            update(SessionRow).where(SessionRow.parent_id == "p-cover").values(memory={"qa_summary": qa})
+        )
+        await session.commit()
+    await connect(browser, stack.url, "tok-acme")
+    await open_session(browser, "p-cover")
+    await browser.wait_for("document.getElementById('session-memory').innerText.includes('Rolling')")
+    memory = await browser.evaluate("document.getElementById('session-memory').innerText")
+    assert "Rolling Q&A summary covers #26–#29" in memory
     assert browser.console_errors == []
 
 

@@ -50,6 +50,7 @@ async def test_session_overview_counts_and_memory(server: Server, db: Database) 
         await ask(client, "p-ov")
         memory = {
             "qa_summary": {
+                "first_ordinal": 9,
                 "covered_through_ordinal": 12,
                 "tokens": 340,
                 "updated_at": "2026-11-29T10:00:00.000000Z",
@@ -76,6 +77,7 @@ async def test_session_overview_counts_and_memory(server: Server, db: Database) 
         assert body["counts"] == {"queued": 2, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0}
         assert body["memory"] == {
             "qa_summary": {
+                "first_ordinal": 9,
                 "covered_through_ordinal": 12,
                 "tokens": 340,
                 "updated_at": "2026-11-29T10:00:00.000000Z",

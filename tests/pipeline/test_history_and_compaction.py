@@ -64,6 +64,7 @@ async def test_replay_window_of_19_20_21_50_groups(
     if folded_calls:
         assert qa == {
             "used": True,
+            "first_ordinal": 1,
             "covered_through_ordinal": first - 1,
             "updated": True,
             "calls": folded_calls,

@@ -248,7 +248,7 @@
     const summaries = memory.context_summaries || [];
     memoryBox.append(el("h3", { text: "Memory" }));
     memoryBox.append(el("p", { class: "hint", text: qa
-      ? `Rolling Q&A summary covers #1–#${qa.covered_through_ordinal} (${fmt(qa.tokens)} tokens, updated ${when(qa.updated_at)}).`
+      ? `Rolling Q&A summary covers #${qa.first_ordinal ?? 1}–#${qa.covered_through_ordinal} (${fmt(qa.tokens)} tokens, updated ${when(qa.updated_at)}).`
       : "No rolling Q&A summary yet (every earlier answer still fits the replay window)." }));
     if (summaries.length) {
       memoryBox.append(table(
@@ -604,7 +604,7 @@
     facts(dl, [
       ["replayed Q&A", `${fmt(info.replayed_groups ?? 0)} groups verbatim, ordinals ${range(info.replayed_ordinals)}`],
       ["Q&A summary", qa.used
-        ? `used, covers #1–#${qa.covered_through_ordinal}${qa.updated ? " (updated by this request)" : ""}${num(qa.calls) ? `, ${qa.calls} calls` : ""}${madeBy(qa) ? `; ${madeBy(qa)}` : ""}`
+        ? `used, covers #${qa.first_ordinal ?? 1}–#${qa.covered_through_ordinal}${qa.updated ? " (updated by this request)" : ""}${num(qa.calls) ? `, ${qa.calls} calls` : ""}${madeBy(qa) ? `; ${madeBy(qa)}` : ""}`
         : "not used"],
       ["main context", cs.used
         ? `${fmt(cs.summarized_messages)} older messages summarised, ${fmt(cs.kept_messages)} recent kept verbatim`
