@@ -23,6 +23,9 @@ The steps, each taken only when the previous one was not enough:
   then their questions shortened (pinned before the newest), down to nothing if the limit leaves no
   choice, and last the pinned ones left out — never the newest.
 
+Then a pinned Q&A cut to the bare marker (question and answer) is left out instead (it stays pinned),
+and what room a later step freed is given back to the cuts, the last made first.
+
 Every cut is UTF-8-safe (never inside a character) and visible (:data:`SHORTENED_MARKER`). The last step
 always ends with a block that fits: the framing plus the newest Q&A at its smallest fits the smallest
 allowed ``max_tokens`` (256), which the property tests pin.
@@ -153,9 +156,10 @@ def summary_header(summary: HandoffSummary) -> str:
 
 
 def omitted_line(ordinals: Sequence[int]) -> str:
+    first, last = min(ordinals), max(ordinals)
+    which = f"#{first}" if first == last else f"#{first}–#{last}"
     return (
-        f"--- {len(ordinals)} older side answer{'s' if len(ordinals) != 1 else ''} "
-        f"(#{min(ordinals)}–#{max(ordinals)}) left out to fit."
+        f"--- {len(ordinals)} older side answer{'s' if len(ordinals) != 1 else ''} ({which}) left out to fit."
     )
 
 
@@ -191,6 +195,8 @@ class _Plan:
     summary_used: bool = False
     summary_shortened: bool = False
     omitted: list[int] = field(default_factory=list)
+    # Every cut of a question or an answer, in the order made: :func:`_give_back` undoes them last first.
+    cuts: list[tuple[_Entry, str]] = field(default_factory=list)
 
     def parts(self) -> list[str]:
         parts = [FRAMING]
@@ -253,7 +259,51 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
             continue  # already at or below this pass's floor (or too small for the marker to pay)
         setattr(entry, attr, replacement)
         entry.shortened = True
+        plan.cuts.append((entry, attr))
         total += _size(replacement) - current_size
+
+
+def _leave_out_bare_pinned(plan: _Plan) -> None:
+    """A pinned Q&A cut to the bare marker, question and answer, carries nothing: it is left out
+    instead (said so), so that it stays pinned for the next hand-off and its room goes to the others."""
+    for entry in plan.entries:
+        if (
+            entry.item.pinned
+            and entry is not plan.entries[-1]
+            and not (entry.omitted or entry.summarized)
+            and entry.question == SHORTENED_MARKER
+            and entry.answer == SHORTENED_MARKER
+        ):
+            entry.omitted = True
+    plan.omitted = sorted(e.item.ordinal for e in plan.entries if e.omitted)
+
+
+def _give_back(plan: _Plan, limit: int) -> None:
+    """Undo cuts, the last made first, as far as the room left allows: a later step (leaving Q&A out)
+    can free more than the cuts before it took, which they then did not need to take."""
+    marker_cost = _size(SHORTENED_MARKER) + 1
+    undone: set[tuple[int, str]] = set()
+    for entry, attr in reversed(plan.cuts):
+        if (id(entry), attr) in undone or entry.omitted or entry.summarized:
+            continue
+        undone.add((id(entry), attr))
+        room = limit - plan.size()
+        if room <= 0:
+            return
+        original: str = getattr(entry.item, attr).strip()
+        current: str = getattr(entry, attr)
+        grown = original if _size(original) - _size(current) <= room else ""
+        if not grown:
+            grown = _shorten(original, _size(current) + room - marker_cost)
+        if _size(grown) <= _size(current):
+            continue
+        setattr(entry, attr, grown)
+        if plan.size() > limit:  # pragma: no cover - the sizes above are exact
+            setattr(entry, attr, current)
+            continue
+        entry.shortened = (
+            entry.question != entry.item.question.strip() or entry.answer != entry.item.answer.strip()
+        )
 
 
 def _use_summary(plan: _Plan, limit: int) -> None:
@@ -362,6 +412,8 @@ def build_handoff(
         if plan.size() <= limit:
             break
         step()
+    _leave_out_bare_pinned(plan)
+    _give_back(plan, limit)
     text = _SEPARATOR.join(plan.parts())
     estimate = estimate_handoff(text)
     if estimate > max_tokens:  # pragma: no cover - guarded by the property tests

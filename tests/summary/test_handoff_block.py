@@ -243,3 +243,29 @@ def test_no_answer_is_reduced_to_the_bare_marker_while_older_qa_can_be_left_out(
     assert block.omitted_ordinals and max(block.omitted_ordinals) < min(
         o for o in block.ordinals if o not in block.summarized_ordinals
     )
+
+
+def _section(block_text: str, ordinal: int) -> str:
+    return block_text.split(f"--- Side question #{ordinal} ")[1].split("\n\n")[0]
+
+
+def test_room_freed_by_leaving_pinned_qa_out_goes_back_to_the_newest_question() -> None:
+    # The outside check's case: two long pinned Q&A and the newest, in 256 tokens. Before, both the
+    # newest and a pinned one were cut to the bare marker (the pinned one then counted as carried and
+    # was unpinned) while leaving the other pinned one out freed enough room for the newest question.
+    items = [
+        item(2, "pinned answer two " * 40, pinned=True, question="pinned question two " * 12),
+        item(5, "pinned answer five " * 40, pinned=True, question="pinned question five " * 12),
+        item(32, "the newest answer " * 40, question="newest widgets question 日本語"),
+    ]
+    block = build_handoff(items, None, HANDOFF_MIN_TOKENS)
+    assert block is not None and block.estimate_tokens <= HANDOFF_MIN_TOKENS
+    assert "Q: newest widgets question 日本語\n" in _section(block.text, 32)
+    for carried in block.ordinals:  # nothing is carried as nothing but markers
+        section = _section(block.text, carried)
+        assert f"Q: {SHORTENED_MARKER}\nA: {SHORTENED_MARKER}" not in section
+    assert set(block.ordinals) | set(block.omitted_ordinals) == {2, 5, 32}
+    assert 32 in block.ordinals and 2 in block.omitted_ordinals
+    left_out = block.omitted_ordinals
+    one = f"(#{left_out[0]})" if len(left_out) == 1 else f"(#{left_out[0]}–#{left_out[-1]})"
+    assert f"older side answer{'s' if len(left_out) > 1 else ''} {one} left out to fit" in block.text
