@@ -131,6 +131,21 @@ def _unsupported(version: object) -> ArchiveUnreadable:
     )
 
 
+def _watermark_problems(parsed: ArchiveV1 | ArchiveV2 | ArchiveV3) -> list[tuple[Loc, str]]:
+    """``handed_off_through`` beyond every ordinal of the archive: the session's next questions would
+    then count as handed off already and never come in an ``include: "new"`` hand-off (SPEC §11.1). A
+    hand-off only ever moves it to an ordinal it carried, so an exported archive never has one."""
+    if not isinstance(parsed, ArchiveV3) or parsed.session is None:
+        return []
+    through = parsed.session.handed_off_through
+    highest = max((q.ordinal for q in parsed.questions), default=0)
+    if through <= highest:
+        return []
+    return [
+        (("session", "handed_off_through"), f"is {through}, beyond the archive's highest ordinal ({highest})")
+    ]
+
+
 def _with_repeated_ordinals(problems: list[tuple[Loc, str]], questions: object) -> list[tuple[Loc, str]]:
     """``problems`` and every repeated ordinal among the questions that have none, in question order."""
     if not isinstance(questions, list):
@@ -170,6 +185,8 @@ def parse_archive(document: object) -> Archive:
         parsed = None
         problems = [(e["loc"], problem_message(e)) for e in exc.errors()]
     problems = _with_repeated_ordinals(problems, document.get("questions"))
+    if parsed is not None:
+        problems += _watermark_problems(parsed)
     if problems:
         errors = [{"loc": loc_text(loc), "message": message} for loc, message in problems]
         errors = errors[:_MAX_REPORTED_ERRORS]

@@ -395,6 +395,12 @@ MALFORMED: list[tuple[str, object, type[Exception], str]] = [
         ArchiveInvalid,
         "ordinal 1 repeats",
     ),
+    (
+        "handed off beyond every ordinal",  # would hide the next questions from "new" hand-offs
+        _broken(lambda d: d["session"].update(handed_off_through=999)),
+        ArchiveInvalid,
+        "handed_off_through is 999, beyond the archive's highest ordinal (2)",
+    ),
     ("zero ordinal", _broken(lambda d: d["questions"][0].update(ordinal=0)), ArchiveInvalid, "ordinal"),
     ("string ordinal", _broken(lambda d: d["questions"][0].update(ordinal="1")), ArchiveInvalid, "ordinal"),
     ("huge ordinal", _broken(lambda d: d["questions"][0].update(ordinal=2**31)), ArchiveInvalid, "ordinal"),
