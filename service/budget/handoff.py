@@ -33,8 +33,9 @@ allowed ``max_tokens`` (256), which the property tests pin.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS, estimate_message
@@ -60,6 +61,15 @@ FRAMING: Final = (
 )
 END_LINE: Final = "--- End of side findings."
 _SEPARATOR: Final = "\n\n"
+# The block's own structure lines begin with "---" (each Q&A's header, the end line): in the text of a
+# question, an answer or the summary, such a line is written "- - -" (still a rule in Markdown), so
+# that no Q&A can fake the end of the block and put words after it, outside the framing.
+_STRUCTURE_LINE: Final = re.compile(r"^---", re.MULTILINE)
+
+
+def unframed(text: str) -> str:
+    """``text`` with every line that begins like one of the block's structure lines defused."""
+    return _STRUCTURE_LINE.sub("- - -", text) if "---" in text else text
 
 
 @dataclass(frozen=True)
@@ -387,9 +397,14 @@ def build_handoff(
         raise ValueError(f"max_tokens must be from {HANDOFF_MIN_TOKENS} to {HANDOFF_MAX_TOKENS}")
     if not items:
         return None
-    ordered = sorted(items, key=lambda i: i.ordinal)
+    ordered = [
+        replace(i, question=unframed(i.question), answer=unframed(i.answer))
+        for i in sorted(items, key=lambda i: i.ordinal)
+    ]
     if len({i.ordinal for i in ordered}) != len(ordered):
         raise ValueError("hand-off items must have distinct ordinals")
+    if summary is not None:
+        summary = replace(summary, text=unframed(summary.text))
     plan = _Plan(
         entries=[_Entry(i, item_header(i), i.question.strip(), i.answer.strip()) for i in ordered],
         summary=summary,
@@ -445,4 +460,5 @@ __all__ = [
     "cut_utf8",
     "estimate_handoff",
     "item_header",
+    "unframed",
 ]
