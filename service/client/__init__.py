@@ -294,6 +294,11 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 # ------------------------------------------------------------------------------------ hand-off
 
 
+def _ordinal_range(ordinals: list[int]) -> str:
+    first, last = min(ordinals), max(ordinals)
+    return f"#{first}" if first == last else f"#{first}–#{last}"
+
+
 def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``sidequest handoff``: hand the session's side findings off and print the block to stdout.
 
@@ -322,10 +327,19 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         out.write(str(result.get("text", "")) + "\n")
     out.flush()
-    notes = [f"handed off {plural(len(ordinals), 'side answer')} (#{ordinals[0]}–#{ordinals[-1]})"]
+    notes = [f"handed off {plural(len(ordinals), 'side answer')} ({_ordinal_range(ordinals)})"]
     if result.get("summarized_ordinals"):
         notes.append(f"{len(result['summarized_ordinals'])} through the Q&A summary")
-    if result.get("truncated"):
+    if result.get("shortened_ordinals"):
+        notes.append("shortened to fit")
+    omitted = result.get("omitted_ordinals") or []
+    if omitted:
+        # Not carried, and below handed_off_through now (unless pinned): only --all brings them again.
+        notes.append(
+            f"{plural(len(omitted), 'older side answer')} ({_ordinal_range(omitted)}) left out to fit:"
+            " --all with a larger --max-tokens carries them"
+        )
+    elif result.get("truncated") and not result.get("shortened_ordinals"):
         notes.append("shortened to fit")
     err.write(", ".join(notes) + f"; about {result.get('estimate_tokens')} tokens\n")
     return EXIT_OK

@@ -89,3 +89,24 @@ async def test_hand_off_shows_the_block_and_moves_handed_off_through(stack: Stac
     # The hand-off unpinned what it carried, and the open request shows it.
     await browser.wait_for("document.getElementById('pin').getAttribute('aria-pressed') === 'false'")
     assert browser.console_errors == []
+
+
+async def test_the_page_says_which_answers_were_left_out_to_fit(stack: Stack, browser: Browser) -> None:
+    stack.model.set_default("answer", Step.text("The parser details: " + "token stream, " * 300))
+    async with stack.client("tok-acme") as client:
+        for i in range(1, 7):
+            record = await ask(client, "p-long-handoff", f"What about parser part {i}?")
+            finished = await stack.until_finished("tok-acme", record["id"])
+            assert finished["status"] == "succeeded", finished
+    await connect(browser, stack.url, "tok-acme")
+    await open_session(browser, "p-long-handoff")
+    await browser.evaluate("document.getElementById('handoff').click()")
+    await browser.wait_for("!document.getElementById('handoff-result').hidden")
+    meta = await browser.evaluate("document.getElementById('handoff-meta').textContent")
+    async with stack.client("tok-acme") as client:
+        (made,) = (await client.get("/v1/sessions/p-long-handoff/handoffs")).json()["items"]
+    omitted = made["omitted_ordinals"]
+    assert omitted, made  # six long answers do not fit 2000 tokens, even shortened
+    which = f"#{omitted[0]}" if len(omitted) == 1 else f"#{omitted[0]}–#{omitted[-1]}"
+    assert f"left out to fit: {which}" in meta, meta
+    assert browser.console_errors == []

@@ -53,7 +53,7 @@ async def test_handoff_prints_the_text_block_then_nothing_new_and_all_brings_eve
     code, out, err = await run("handoff", "task-7", "--url", url)
     assert code == 0, err
     assert out.startswith(FRAMING) and "Side question #1 " in out and "Q: which file?" in out
-    assert "handed off 1 side answer (#1–#1)" in err
+    assert "handed off 1 side answer (#1)" in err
     code, out, err = await run("handoff", "task-7", "--url", url)
     assert code == 0 and out == "" and "nothing to hand off" in err
     await answered(url, db, "task-7", "and the tests?")
@@ -62,6 +62,20 @@ async def test_handoff_prints_the_text_block_then_nothing_new_and_all_brings_eve
     code, out, _ = await run("handoff", "task-7", "--all", "--format", "openai", "--url", url)
     message = json.loads(out)
     assert message["role"] == "user" and message["content"].startswith(FRAMING)
+
+
+async def test_what_is_left_out_to_fit_is_said_on_stderr(url: str, db: Database) -> None:
+    for i in range(1, 7):
+        async with httpx.AsyncClient(base_url=url) as http:
+            record = await ask(http, "task-long", f"question {i}?")
+        await mark_running(db, record["id"])
+        await finish(db, record["id"], answer=f"answer {i}: " + "details of the parser " * 60)
+    code, out, err = await run("handoff", "task-long", "--max-tokens", "256", "--url", url)
+    assert code == 0, err
+    assert "Side question #6 " in out and "left out to fit." in out
+    assert "older side answers (#1–#" in err and "left out to fit: --all with a larger --max-tokens" in err
+    code, out, err = await run("handoff", "task-long", "--all", "--url", url)
+    assert code == 0 and "Side question #1 " in out and "left out" not in err
 
 
 async def test_bad_arguments_and_refusals_exit_2(url: str, db: Database) -> None:

@@ -710,6 +710,13 @@
     await loadSessions(false);
   }
 
+  // Q&A left out to fit are not carried (docs/handoff.md): the person should know which.
+  function leftOut(omitted) {
+    if (!omitted || !omitted.length) return "";
+    const first = Math.min(...omitted), last = Math.max(...omitted);
+    return ` · left out to fit: ${first === last ? `#${first}` : `#${first}–#${last}`}`;
+  }
+
   async function handoff(event) {
     event.preventDefault();
     const body = { format: $("handoff-format").value };
@@ -718,7 +725,7 @@
     $("handoff-result").hidden = false;
     const ordinals = result.ordinals || [];
     $("handoff-meta").textContent = ordinals.length
-      ? `ordinals ${ordinals.map((o) => `#${o}`).join(", ")} · ~${fmt(result.estimate_tokens)} tokens${(result.summarized_ordinals || []).length ? ` · summarised: ${result.summarized_ordinals.map((o) => `#${o}`).join(", ")}` : ""}${result.truncated ? " · shortened to fit" : ""}`
+      ? `ordinals ${ordinals.map((o) => `#${o}`).join(", ")} · ~${fmt(result.estimate_tokens)} tokens${(result.summarized_ordinals || []).length ? ` · summarised: ${result.summarized_ordinals.map((o) => `#${o}`).join(", ")}` : ""}${(result.shortened_ordinals || []).length ? " · shortened to fit" : ""}${leftOut(result.omitted_ordinals)}`
       : "nothing new to hand off";
     $("handoff-text").textContent = result.message && body.format !== "text" ? JSON.stringify(result.message, null, 2) : result.text || "";
     notice(ordinals.length ? `handed off ${ordinals.length} answers` : "nothing to hand off");
