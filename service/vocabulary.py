@@ -126,6 +126,47 @@ def unstorable_reason(value: str) -> str | None:
 _NUL_ESCAPE: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
+class NotJson(ValueError):
+    """Bytes that are not JSON text as RFC 8259 has it; the message says why."""
+
+
+# What JSON that Python's parser would decode as UTF-16/32, or past a byte order mark, begins with: a
+# BOM, or a NUL among its first four bytes (JSON text begins with an ASCII character, which they pad).
+_BOMS: Final = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
+
+
+def may_be_lenient_json(raw: bytes) -> bool:
+    """Whether Python's parser might read ``raw`` although :func:`strict_json` refuses it — C-speed,
+    so that only the rare body that could be such is parsed strictly: the constants can only appear
+    as those bytes, UTF-16/32 and a BOM show in the first bytes."""
+    return b"NaN" in raw or b"Infinity" in raw or b"\x00" in raw[:4] or raw.startswith(_BOMS)
+
+
+def _no_constant(name: str) -> Any:
+    raise NotJson(f"{name} is not a JSON number")
+
+
+def strict_json(raw: bytes | str) -> Any:
+    """``raw`` parsed as JSON text (key order kept), or :class:`NotJson`: THE rule of what JSON a
+    client may send. Python's parser is lenient where RFC 8259 is not — it reads ``NaN`` and
+    ``Infinity`` as numbers, and decodes UTF-16, UTF-32 and a byte order mark."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise NotJson("it is not UTF-8") from None
+    if raw.startswith("\ufeff"):
+        raise NotJson("it starts with a byte order mark (send plain UTF-8)")
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except NotJson:
+        raise
+    except ValueError as exc:  # json.JSONDecodeError
+        raise NotJson(str(exc)) from None
+    except RecursionError:
+        raise NotJson("it is nested too deeply to parse") from None
+
+
 def json_has_nul(encoded: bytes) -> bool:
     """Whether JSON text (UTF-8, as :func:`canonical_bytes` writes it) holds a NUL in a string or key.
 

@@ -119,3 +119,33 @@ def test_progress_events_keep_their_keys_in_order() -> None:
     )
     merge = vocabulary.summary_merge(vocabulary.Stage.COMPACTING_CONTEXT, "context_summary", 1, 2, 3, 4)
     assert keys(merge) == ["stage", "what", "purpose", "round", "merge", "merges", "documents"]
+
+
+def test_strict_json_is_rfc_8259_text_and_says_why_not() -> None:
+    from service.vocabulary import NotJson, may_be_lenient_json, strict_json
+
+    assert strict_json(b'{"b": 1, "a": ["NaN in a string", 1.5]}') == {"b": 1, "a": ["NaN in a string", 1.5]}
+    assert list(strict_json(b'{"b": 1, "a": 2}')) == ["b", "a"]  # key order kept
+    refused = {
+        b'{"x": NaN}': "NaN is not a JSON number",
+        b"[-Infinity]": "-Infinity is not a JSON number",
+        '{"x": 1}'.encode("utf-16"): "not UTF-8",
+        '{"x": 1}'.encode("utf-32"): "not UTF-8",
+        '{"x": 1}'.encode("utf-16-le"): "",  # no BOM, NULs: not JSON text either way
+        b'\xef\xbb\xbf{"x": 1}': "byte order mark",
+        b'{"x": "\xff"}': "not UTF-8",
+        b"[" * 100_000 + b"]" * 100_000: "nested too deeply",
+        b"{": "",
+    }
+    for raw, why in refused.items():
+        try:
+            strict_json(raw)
+        except NotJson as exc:
+            assert why in str(exc), (raw[:20], exc)
+        else:
+            raise AssertionError(f"accepted {raw[:20]!r}")
+    # The C-speed prefilter flags every lenient kind (and may flag a string that only mentions one).
+    for raw in refused:
+        if raw not in (b"{", b'{"x": "\xff"}', b"[" * 100_000 + b"]" * 100_000):
+            assert may_be_lenient_json(raw), raw[:20]
+    assert not may_be_lenient_json(b'{"question": "plain"}')

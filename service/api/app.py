@@ -27,6 +27,7 @@ from service.api.metrics import Metrics
 from service.api.routes_common import errors
 from service.api.sse import EventHub
 from service.api.stream_tokens import StreamTokens, stream_secret
+from service.api.strict_input import StrictJsonBodies, Utf8Paths
 from service.config import Settings
 from service.store.archive_fields import OPENAPI_REFS
 from service.store.archive_schema import storable_json_defs
@@ -179,8 +180,11 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     app.include_router(routes_archive.router, responses=errors(401, 404, 503))
     app.include_router(routes_inspector.router)
 
-    # Innermost of ours: the body limit (and CORS) apply to the fast path too.
+    # Innermost of ours: the body limit (and CORS) apply to the fast path too, and only strict JSON
+    # bodies reach it or a route.
     app.add_middleware(AdmissionFastPath)
+    app.add_middleware(StrictJsonBodies)
+    app.add_middleware(Utf8Paths)
     app.add_middleware(
         BodyLimit, limit=settings.max_snapshot_bytes + settings.max_question_bytes + BODY_SLACK_BYTES
     )
@@ -191,7 +195,8 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
             allow_origins=origins,
             allow_methods=["GET", "POST", "PUT", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
-            expose_headers=["Location"],
+            # Retry-After: a browser client must see how long to wait after a 503 or a 429.
+            expose_headers=["Location", "Retry-After"],
             max_age=600,
         )
 

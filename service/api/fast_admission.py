@@ -11,8 +11,8 @@ other one, untouched, to the app:
   Idempotency-Key within the route's own limits (``PARENT_ID_MAX``, ``IDEMPOTENCY_KEY_MAX``) and
   storable; the tenant the route's own bearer scheme and rule find (``deps.tenant_of``) — and then
   runs the route's own body, :func:`~service.api.routes_sessions.admit_question`;
-- it *declines* everything else — any doubt, any error, NaN or UTF-16 in the body, another media
-  type, a second header of a kind — and the app then handles the request exactly as it always has,
+- it *declines* everything else — any doubt, any error, another media type, a second header of a
+  kind — and the app then handles the request exactly as it always has,
   error bodies included, from the body this middleware read and replays.
 
 So the contract has one home, the FastAPI route (its parameters, its OpenAPI, its errors), and this
@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api import routes_sessions
 from service.api.deps import bearer_scheme, tenant_of
 from service.api.routes_common import PARENT_ID_MAX
-from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question, needs_strict_parse
+from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
 from service.api.schemas import QuestionIn
 from service.vocabulary import unstorable_reason
 
@@ -122,9 +122,7 @@ def _accept(
         key = headers[b"idempotency-key"].decode("latin-1")  # as Starlette decodes header values
         if not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
             return None
-    if needs_strict_parse(body):  # the route's own strict parse decides what such a body is
-        return None
-    try:
+    try:  # strict JSON already (StrictJsonBodies sits outside): Python's parser reads it the same
         parsed = json.loads(body)
         question = QuestionIn.model_validate(parsed)
     except (ValueError, ValidationError, RecursionError):  # RecursionError: JSON nested too deep

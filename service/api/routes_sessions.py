@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -41,6 +40,7 @@ from service.api.schemas import (
 )
 from service.api.sse import database_now, session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
+from service.api.strict_input import strict_json
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (
@@ -77,16 +77,6 @@ def _too_large(code: str, what: str, size: int, limit: int) -> ApiError:
         f"{what} is {size} bytes of UTF-8; the limit is {limit} bytes",
         {"size_bytes": size, "limit_bytes": limit},
     )
-
-
-def _reject_constant(name: str) -> Any:
-    raise ApiError(400, "malformed_json", f"the request body is not valid JSON ({name} is not a JSON number)")
-
-
-def _raw_json(raw: bytes) -> Any:
-    """The body as sent (key order kept), strictly: Python's parser would accept NaN and Infinity,
-    which are not JSON and which PostgreSQL refuses to store."""
-    return json.loads(raw, parse_constant=_reject_constant)
 
 
 @router.post(
@@ -180,23 +170,9 @@ async def admit_question(
 
 
 async def _parsed_body(request: Request) -> Any:
-    """The request's JSON as sent (key order kept), strictly.
-
-    Python's parser (FastAPI's too) accepts NaN and Infinity, which are not JSON and which
-    PostgreSQL refuses to store; only a body that contains those words is parsed again, strictly.
-    """
-    parsed = await request.json()
-    raw = await request.body()
-    if needs_strict_parse(raw):
-        _raw_json(raw)
-    return parsed
-
-
-def needs_strict_parse(raw: bytes) -> bool:
-    """Whether a body must be parsed again strictly before it is stored: the constants NaN and
-    Infinity can only appear as those bytes, unless the body is UTF-16/32 (which Python's parser also
-    accepts; such JSON has a NUL in its first four bytes), and then all of it is checked."""
-    return b"NaN" in raw or b"Infinity" in raw or b"\x00" in raw[:4]
+    """The request's JSON as sent (key order kept). Strict already: a body Python's parser reads but
+    JSON is not (NaN, UTF-16, a BOM) never gets here (:class:`service.api.strict_input.StrictJsonBodies`)."""
+    return await request.json()
 
 
 @router.get("/{parent_id}/questions", response_model=HistoryPage, responses=errors(401, 404, 422))
@@ -252,7 +228,7 @@ async def put_snapshot(
     """
     del body  # validated; the stored content is the raw JSON as sent
     settings = settings_of(request)
-    content = _raw_json(await request.body())
+    content = strict_json(await request.body())
     assert isinstance(content, dict)
     encoded = encode_or_refuse(content)
     if encoded.size > settings.max_snapshot_bytes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 from typing_extensions import TypedDict
 
 from service.config import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
@@ -19,6 +19,20 @@ from service.store.settings import MAX_SUMMARY_INSTRUCTIONS_BYTES
 from service.vocabulary import UNSTORABLE_TEXT, unstorable_reason
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+
+
+def _json_number(value: Any) -> Any:
+    """A number as JSON writes one: pydantic's lax mode would read ``"5000"`` and ``true`` as integers
+    (and an inline snapshot's own fields are then used as posted, as strings: ignored)."""
+    if isinstance(value, str | bool):
+        raise ValueError("must be a JSON number, not a string or a boolean")
+    return value
+
+
+# An integer field of a request body: a JSON integer (an integral number such as 4096.0 too, which JSON
+# Schema counts as one), never a string or a boolean.
+JsonInt = Annotated[int, BeforeValidator(_json_number)]
+ORDINAL_MAX = 2_147_483_647
 
 NO_NUL: dict[str, Any] = {"pattern": NO_NUL_PATTERN}
 # Open JSON (content blocks, tool schemas, extra keys) without NUL at any depth: the recursive
@@ -80,8 +94,8 @@ class Snapshot(BaseModel):
     system: NulFreeText | list[NulFreeObject] | None = None
     tools: list[SnapshotTool] | None = None
     messages: list[SnapshotMessage] = Field(default_factory=list)
-    context_window: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
-    max_output_tokens: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+    context_window: Annotated[JsonInt, Field(ge=1, le=100_000_000)] | None = None
+    max_output_tokens: Annotated[JsonInt, Field(ge=1, le=100_000_000)] | None = None
 
     _text = field_validator("snapshot_id")(_check_optional_text)
 
@@ -120,9 +134,9 @@ class QuestionIn(BaseModel):
     snapshot_id: Annotated[str, Field(min_length=1, max_length=500, json_schema_extra=NO_NUL)] | None = None
     snapshot: Snapshot | None = None
     model: Annotated[str, Field(min_length=1, max_length=200, json_schema_extra=NO_NUL)] | None = None
-    context_window: Annotated[int, Field(ge=1024, le=10_000_000)] | None = None
-    max_output_tokens: Annotated[int, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = None
-    main_max_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    context_window: Annotated[JsonInt, Field(ge=1024, le=10_000_000)] | None = None
+    max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = None
+    main_max_output_tokens: Annotated[JsonInt, Field(ge=1, le=10_000_000)] | None = None
     on_busy: Literal["enqueue", "reject", "interrupt"] | None = Field(
         default=None,
         description="While the session has queued or running requests (SPEC 11.2): enqueue behind "
@@ -229,10 +243,10 @@ class SessionSettingsIn(BaseModel):
     answer_model: ModelName | None = Field(
         default=None, description="Model for answers (a request's own wins)."
     )
-    context_window: Annotated[int, Field(ge=1024, le=10_000_000)] | None = Field(
+    context_window: Annotated[JsonInt, Field(ge=1024, le=10_000_000)] | None = Field(
         default=None, description="Session default window, below a request's own value."
     )
-    max_output_tokens: Annotated[int, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = Field(
+    max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = Field(
         default=None, description="Session default side output cap, below a request's own value."
     )
     on_busy: OnBusy | None = Field(
@@ -273,7 +287,7 @@ class HandoffIn(BaseModel):
         default="anthropic",
         description="`anthropic` / `openai`: `message` is set; `text`: `message` is null.",
     )
-    max_tokens: Annotated[int, Field(ge=256, le=32768)] = Field(
+    max_tokens: Annotated[JsonInt, Field(ge=256, le=32768)] = Field(
         default=2000, description="The block's SPEC §5 estimate stays within this."
     )
     include: Literal["new", "all"] = Field(
@@ -282,7 +296,7 @@ class HandoffIn(BaseModel):
         "`all`: every succeeded one.",
     )
     ordinals: (
-        Annotated[list[Annotated[int, Field(ge=1, le=2_147_483_647)]], Field(min_length=1, max_length=1000)]
+        Annotated[list[Annotated[JsonInt, Field(ge=1, le=ORDINAL_MAX)]], Field(min_length=1, max_length=1000)]
         | None
     ) = Field(
         default=None,

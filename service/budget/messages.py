@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from service.budget.estimate import compact_json, estimate_message
+from service.budget.window import positive_setting
 
 Message = dict[str, Any]
 
@@ -241,13 +242,6 @@ def _normalize_tool(tool: object) -> dict[str, Any]:
     return tool if isinstance(tool, dict) else dict(tool)
 
 
-def _positive_int(value: object) -> int | None:
-    """``value`` if it is a positive int (bools excluded), else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
-
-
 def normalize_snapshot(snapshot: Mapping[str, Any]) -> NormalizedSnapshot:
     """A snapshot (either style) in canonical form.
 
@@ -267,8 +261,8 @@ def normalize_snapshot(snapshot: Mapping[str, Any]) -> NormalizedSnapshot:
         system="\n\n".join(parts) if parts else None,
         tools=tools,
         messages=messages,
-        context_window=_positive_int(snapshot.get("context_window")),
-        max_output_tokens=_positive_int(snapshot.get("max_output_tokens")),
+        context_window=positive_setting(snapshot.get("context_window")),
+        max_output_tokens=positive_setting(snapshot.get("max_output_tokens")),
     )
 
 

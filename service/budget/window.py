@@ -23,7 +23,11 @@ def _given(value: int | None) -> bool:
 
 
 def positive_setting(value: object) -> int | None:
-    """A window or cap from JSON (options, session settings): a positive int, not a bool; else None."""
+    """A window or cap from JSON (options, session settings, a snapshot's own fields): a positive
+    integer, not a bool — an integral float such as ``4096.0`` counts, as it does in JSON; else None.
+    The API refuses other values of these fields (422)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 

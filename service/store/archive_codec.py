@@ -33,7 +33,7 @@ from service.store.archive_schema import (
 from service.store.models import EMPTY_MEMORY, RequestRow
 from service.store.records import EMPTY_USAGE
 from service.store.settings import public_settings
-from service.vocabulary import Status, integral, iso_or_none, utc_iso
+from service.vocabulary import NotJson, Status, integral, iso_or_none, strict_json, utc_iso
 
 # A malformed archive may have thousands of problems; the first ones are enough to fix it.
 _MAX_REPORTED_ERRORS: Final = 50
@@ -117,11 +117,9 @@ class Archive:
 def load_archive_json(body: bytes | str) -> object:
     """Decode an archive body; anything that is not JSON is a 400 with the parser's reason."""
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        return strict_json(body)
+    except NotJson as exc:
         raise ArchiveUnreadable(f"the archive is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ArchiveUnreadable("the archive is nested too deeply to be an archive") from None
 
 
 def _unsupported(version: object) -> ArchiveUnreadable:

@@ -210,6 +210,9 @@ async def test_the_text_backslash_u0000_in_a_snapshot_is_stored_not_refused(
         assert stored is not None and stored.content["messages"][0]["content"] == text
 
 
+VALIDATION = "validation_error"
+
+
 async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Database) -> None:
     url = "/v1/sessions/p-bad/questions"
     cases: list[tuple[bytes, int, str]] = [
@@ -224,6 +227,18 @@ async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Da
         (b'{"question": "q", "max_output_tokens": 100}', 422, "validation_error"),
         (b'{"question": "q", "max_output_tokens": "lots"}', 422, "validation_error"),
         (b'{"question": "q", "unknown_field": 1}', 422, "validation_error"),
+        # Numbers are JSON numbers: a string or a boolean is refused, not read as an integer (an
+        # inline snapshot's own fields were then ignored as posted; outside check).
+        (b'{"question": "q", "context_window": "100000"}', 422, "validation_error"),
+        (b'{"question": "q", "context_window": true}', 422, "validation_error"),
+        (b'{"question": "q", "snapshot": {"messages": [], "context_window": "5000"}}', 422, VALIDATION),
+        (b'{"question": "q", "snapshot": {"messages": [], "max_output_tokens": true}}', 422, VALIDATION),
+        # Not JSON: NaN anywhere (also in a typed field), and text that is not UTF-8 (RFC 8259 §8.1).
+        (b'{"question": NaN}', 400, "malformed_json"),
+        (b'{"question": "q", "max_output_tokens": Infinity}', 400, "malformed_json"),
+        ('{"question": "utf-16"}'.encode("utf-16"), 400, "malformed_json"),
+        ('{"question": "utf-32"}'.encode("utf-32"), 400, "malformed_json"),
+        (b'\xef\xbb\xbf{"question": "a byte order mark"}', 400, "malformed_json"),
         (b'{"question": "nul \\u0000 inside"}', 422, "validation_error"),
         (b'{"question": "lone \\ud800 surrogate"}', 422, "validation_error"),
         (b'{"question": "q", "snapshot": {"messages": "not a list"}}', 422, "validation_error"),
@@ -257,6 +272,14 @@ async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Da
         assert response.status_code == 422
         nul_parent = await client.post("/v1/sessions/a%00b/questions", json={"question": "q"})
         assert nul_parent.status_code == 422
+        # An id that is not UTF-8 once percent-decoded: refused, not read as U+FFFD (which made %FF and
+        # %C3 one session; outside check).
+        for bad in ("%FF", "a%C3", "%ED%A0%80"):
+            response = await client.post(f"/v1/sessions/{bad}/questions", json={"question": "q"})
+            assert response.status_code == 422, (bad, response.text)
+            assert response.json()["error"]["code"] == "validation_error"
+            put = await client.put(f"/v1/sessions/p-ok/snapshots/{bad}", json={"messages": []})
+            assert put.status_code == 422, (bad, put.text)
     assert await _row_counts(db) == (0, 0, 0, 0)
 
 

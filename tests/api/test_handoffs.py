@@ -130,6 +130,9 @@ async def test_idempotency_key_replays_with_200_and_another_body_is_409(server: 
         ({"ordinals": [2]}, 422, "unknown_ordinals"),  # failed
         ({"ordinals": [1, 99]}, 422, "unknown_ordinals"),  # unknown
         ({"whatever": 1}, 422, "validation_error"),
+        ({"max_tokens": "2000"}, 422, "validation_error"),  # JSON numbers, not strings or booleans
+        ({"ordinals": ["1"]}, 422, "validation_error"),
+        ({"max_tokens": True}, 422, "validation_error"),
         ("not json", 400, "malformed_json"),
     ],
 )

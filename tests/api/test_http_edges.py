@@ -18,6 +18,8 @@ async def test_cors_only_when_origins_are_configured(start_server: StartServer, 
         assert preflight.headers["access-control-allow-origin"] == "https://ui.example"
         simple = await client.get("/healthz", headers={"Origin": "https://other.example"})
         assert simple.headers["access-control-allow-origin"] == "https://other.example"
+        exposed = {h.strip().lower() for h in simple.headers["access-control-expose-headers"].split(",")}
+        assert {"location", "retry-after"} <= exposed
         stranger = await client.get("/healthz", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in stranger.headers
     async with server.client() as client:
@@ -62,3 +64,28 @@ async def test_openapi_describes_every_v1_route(server: Server) -> None:
         "text/event-stream"
         in paths["/v1/questions/{request_id}/events"]["get"]["responses"]["200"]["content"]
     )
+
+
+async def test_a_body_that_is_not_json_text_is_400_on_every_route(server: Server) -> None:
+    """RFC 8259 text only: Python's parser would read NaN and decode UTF-16 or a BOM (outside check)."""
+    not_json = [b'{"context_window": NaN}', '{"on_busy": "reject"}'.encode("utf-16"), b"\xef\xbb\xbf{}"]
+    async with server.client() as client:
+        for method, url in (
+            ("PUT", "/v1/sessions/p-json/settings"),
+            ("POST", "/v1/sessions/p-json/handoffs"),
+            ("PUT", "/v1/sessions/p-json/snapshots/s"),
+            ("POST", "/v1/sessions/p-json/questions"),
+        ):
+            for body in not_json:
+                response = await client.request(
+                    method, url, content=body, headers={"Content-Type": "application/json"}
+                )
+                assert response.status_code == 400, (url, body, response.text)
+                assert response.json()["error"]["code"] == "malformed_json"
+        archive = await client.post(
+            "/v1/sessions/p-json/archive",
+            content='{"version": 1}'.encode("utf-16"),
+            headers={"Content-Type": "application/json"},
+        )
+        assert archive.status_code == 400 and archive.json()["error"]["code"] == "invalid_archive"
+        assert (await client.get("/v1/sessions/p-json")).status_code == 404  # nothing written

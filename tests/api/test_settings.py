@@ -79,6 +79,8 @@ async def test_instructions_of_exactly_4_kib_are_accepted_multibyte_counted_in_b
         {"summary_model": ""},
         {"answer_model": "a\u0000b"},
         {"unknown": 1},
+        {"max_output_tokens": "512"},  # a number is a JSON number, not a string or a boolean
+        {"context_window": True},
         {"on_busy": "reject", "max_output_tokens": 100},  # one bad field refuses the whole PUT
     ],
 )

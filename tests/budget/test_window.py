@@ -74,3 +74,15 @@ def test_budget_is_window_minus_output_minus_clamped_margin(window: int, output:
     assert 128 <= plan.safety_margin <= 8192
     assert plan.safety_margin >= min(8192, window * 5 / 100)
     assert plan.input_budget == window - output - plan.safety_margin
+
+
+def test_a_window_or_cap_from_json_is_a_positive_integer_an_integral_float_too() -> None:
+    from service.budget.messages import normalize_snapshot
+    from service.budget.window import positive_setting
+
+    assert positive_setting(5000) == 5000 and positive_setting(5000.0) == 5000
+    for not_one in (0, -3, 5000.5, "5000", True, None, float("inf")):
+        assert positive_setting(not_one) is None, not_one
+    # A snapshot's own fields follow the same rule (JSON counts 64000.0 as an integer).
+    snapshot = normalize_snapshot({"messages": [], "context_window": 64000.0, "max_output_tokens": 700})
+    assert (snapshot.context_window, snapshot.max_output_tokens) == (64000, 700)

@@ -1,0 +1,130 @@
+"""What a request's bytes may be: a path that is UTF-8 once percent-decoded, and a JSON body that is
+RFC 8259 text — UTF-8, no byte order mark, no NaN or Infinity.
+
+The server decodes a path's percent-escapes with replacement: ``%FF`` and ``%C3`` both became
+``U+FFFD``, two ids one session (an outside check). :class:`Utf8Paths` answers 422 for such a path.
+
+Python's parser (FastAPI's and Starlette's too) is lenient in two ways the contract is not: it reads
+the constants ``NaN``, ``Infinity`` and ``-Infinity`` as numbers, and it detects UTF-16 and UTF-32
+and a byte order mark and decodes them. A request body that is not JSON is 400 ``malformed_json``
+(docs/api.md), whichever route it goes to and whether or not its fields would validate: a NaN in a
+typed field was a 422 ``validation_error``, and a UTF-16 body was accepted (an outside check).
+
+The rule has one home, :func:`service.vocabulary.strict_json` (archive restore applies it too, with
+its own code); :func:`service.vocabulary.may_be_lenient_json` says, at C speed, whether a body could
+break it at all (almost none do), and :class:`StrictJsonBodies` applies it to every JSON body before
+a route (or the admission's fast path) reads it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+from urllib.parse import unquote_to_bytes
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import vocabulary
+from service.api.errors import ApiError, error_response
+from service.vocabulary import NotJson, may_be_lenient_json
+
+_JSON_TYPES: Final = (b"application/json",)
+_WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
+# Archive restore reads its body itself, by the same rule, and answers with its own code
+# (``invalid_archive``: docs/api.md).
+_OWN_PARSER: Final = re.compile(r"/v1/sessions/[^/]+/archive")
+
+
+def strict_json(raw: bytes) -> Any:
+    """:func:`service.vocabulary.strict_json` with the API's refusal: 400 ``malformed_json``."""
+    try:
+        return vocabulary.strict_json(raw)
+    except NotJson as exc:
+        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
+
+
+def _is_json(scope: Scope) -> bool:
+    for name, value in scope.get("headers") or []:
+        if name == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() in _JSON_TYPES
+    return False
+
+
+class StrictJsonBodies:
+    """ASGI middleware: a POST/PUT/PATCH body sent as ``application/json`` that :func:`strict_json`
+    refuses is answered 400 ``malformed_json`` here; every other request goes on, its body replayed.
+
+    Sits inside the body limit (which bounds what is read here) and outside the admission's fast
+    path and the app."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in _WITH_BODY
+            or not _is_json(scope)
+            or _OWN_PARSER.fullmatch(scope["path"])
+        ):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        message: Message = {"type": "http.request", "body": b"", "more_body": True}
+        while message["type"] == "http.request" and message.get("more_body", False):
+            message = await receive()
+            if message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+        if message["type"] != "http.request":  # the client went away while sending
+            return
+        body = b"".join(chunks)
+        if body and may_be_lenient_json(body):
+            try:
+                strict_json(body)
+            except ApiError as exc:
+                response: JSONResponse = error_response(exc)
+                await response(scope, receive, send)
+                return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class Utf8Paths:
+    """ASGI middleware: 422 ``validation_error`` for a path whose percent-escapes are not UTF-8 (an id
+    must be text: the server would have read each bad byte as U+FFFD). Only a path holding U+FFFD
+    after decoding is checked again, from its raw bytes."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and "\ufffd" in scope.get("path", ""):
+            raw = scope.get("raw_path") or scope["path"].encode("utf-8")
+            try:
+                unquote_to_bytes(raw).decode("utf-8")
+            except UnicodeDecodeError:
+                error = ApiError(
+                    422,
+                    "validation_error",
+                    "invalid request: the path is not UTF-8 once its %-escapes are decoded",
+                    {
+                        "errors": [
+                            {"loc": ["path"], "msg": "not UTF-8 once percent-decoded", "type": "path_utf8"}
+                        ]
+                    },
+                )
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+__all__ = ["StrictJsonBodies", "Utf8Paths", "strict_json"]
