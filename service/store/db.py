@@ -81,6 +81,11 @@ def driver_chain(exc: BaseException) -> Iterator[BaseException]:
             pending.append(current.__cause__)
 
 
+# asyncpg's words for a connection left mid-protocol: "cannot switch to state N; another operation
+# (M) is in progress".
+_BROKEN_PROTOCOL: Final = "another operation"
+
+
 def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool:
     """Whether ``exc`` (or what it wraps, :func:`driver_chain`) means the database is unreachable
     rather than a bug: connection refused / reset and DNS failures (``OSError``), timeouts (connect,
@@ -107,6 +112,10 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
         ):
             return True
         if isinstance(current, asyncpg.InterfaceError) and "connection is closed" in str(current):
+            return True
+        if isinstance(current, asyncpg.InternalClientError) and _BROKEN_PROTOCOL in str(current):
+            # A connection left mid-protocol by a failure (its server went away between an error
+            # response and ReadyForQuery): the connection is unusable, not the statement wrong.
             return True
         if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
             return True
@@ -169,10 +178,22 @@ class Database:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """A plain asyncpg connection from the raw pool (waits at most :data:`POOL_TIMEOUT_S`)."""
+        """A plain asyncpg connection from the raw pool (waits at most :data:`POOL_TIMEOUT_S`).
+
+        A connection whose work ended in a database error of the unavailable kind, a driver
+        interface error or a cancellation is terminated, never put back: it may be mid-protocol (an
+        error response read, its ReadyForQuery not yet), and the next statement on it failed with
+        asyncpg's "cannot switch to state …; another operation is in progress" — an
+        ``internal_error`` on a request after a database restart (outside check). Releasing it
+        would also try a ROLLBACK on it, whose failure replaced the original error."""
         pool = await self.raw_pool()
         async with pool.acquire(timeout=POOL_TIMEOUT_S) as conn:
-            yield conn
+            try:
+                yield conn
+            except BaseException as exc:
+                if isinstance(exc, asyncio.CancelledError | asyncpg.InterfaceError) or is_unavailable(exc):
+                    conn.terminate()
+                raise
 
     async def dispose(self) -> None:
         await self.admissions.drain()

@@ -82,3 +82,45 @@ async def test_bugs_and_refusals_are_not_outages(database_url: str) -> None:
     assert is_unavailable(DatabaseUnavailable("x"))
     # A bare timeout is an outage for the API, not for the pipeline (which has deadlines of its own).
     assert is_unavailable(TimeoutError()) and not is_unavailable(TimeoutError(), include_timeouts=False)
+
+
+async def test_a_raw_connection_that_failed_mid_protocol_is_never_reused(database_url: str) -> None:
+    """Outside check: after a database restart a request failed with asyncpg's "cannot switch to state
+    12; another operation (2) is in progress" as ``internal_error``: a connection left mid-protocol
+    went back into the raw pool. Now an outage-kind error, a driver interface error or a
+    cancellation terminates the connection instead; an ordinary SQL error keeps it."""
+    import asyncpg
+
+    db = connect(database_url, pool_size=1)
+
+    async def pid() -> int:
+        async with db.connection() as conn:
+            value: int = await conn.fetchval("SELECT pg_backend_pid()")
+            return value
+
+    async def failing(exc: BaseException) -> None:
+        with pytest.raises(type(exc)):
+            async with db.connection():
+                raise exc
+
+    try:
+        first = await pid()
+        with pytest.raises(asyncpg.PostgresSyntaxError):
+            async with db.connection() as conn:
+                await conn.execute("SELEC 1")
+        assert await pid() == first  # a statement's own error leaves the connection usable
+        seen = {first}
+        for exc in (
+            asyncpg.ConnectionDoesNotExistError("gone"),
+            asyncpg.InterfaceError("cannot perform operation: another operation is in progress"),
+            asyncio.CancelledError(),
+        ):
+            await failing(exc)
+            fresh = await pid()
+            assert fresh not in seen, exc  # terminated, replaced by a new connection
+            seen.add(fresh)
+    finally:
+        await db.dispose()
+    broken = asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
+    assert is_unavailable(broken)
+    assert not is_unavailable(asyncpg.InternalClientError("something else entirely"))
