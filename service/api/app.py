@@ -21,7 +21,12 @@ from service.api import (
     routes_session_list,
     routes_sessions,
 )
-from service.api.errors import UNAVAILABLE_RETRY_AFTER_S, error_body, install_error_handlers
+from service.api.errors import (
+    UNAVAILABLE_RETRY_AFTER_S,
+    error_body,
+    install_error_handlers,
+    service_unavailable,
+)
 from service.api.fast_admission import AdmissionFastPath
 from service.api.metrics import Metrics
 from service.api.routes_common import errors
@@ -215,15 +220,24 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
         try:
             current = await current_revision(db)
         except Exception as exc:  # any driver error means "not ready", never a 500
+            # SPEC §9: 503 service_unavailable with the error body every route has (SPEC §3), and
+            # the readiness facts beside it for an operator.
+            unavailable = service_unavailable()
+            body = error_body(
+                unavailable.code, unavailable.message, {**unavailable.detail, "cause": str(exc)[:200]}
+            )
             return JSONResponse(
-                {"status": "unavailable", "database": "unreachable", "detail": str(exc)[:200]},
+                {**body, "status": "unavailable", "database": "unreachable"},
                 status_code=503,
-                headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
+                headers=unavailable.headers,
             )
         if current != head:
+            message = f"the database schema is at {current}, not at {head}: run `sidequest migrate`"
+            body = error_body("service_unavailable", message, {"schema": current, "head": head})
             return JSONResponse(
-                {"status": "unavailable", "database": "reachable", "schema": current, "head": head},
+                {**body, "status": "unavailable", "database": "reachable", "schema": current, "head": head},
                 status_code=503,
+                headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
             )
         return JSONResponse({"status": "ok", "schema": current})
 
