@@ -49,9 +49,10 @@ _MEMORY_VALUE = """
                 base.m, '{context_summaries}',
                 coalesce((SELECT jsonb_agg(c ORDER BY n) FROM newest), '[]'::jsonb), true)
             FROM base
-        ),
-        updated_at = now()
+        )
 """
+# (No ``updated_at = now()``: the session row's updated_at is its *activity* — what a client did,
+# which orders the session list — and a summary written in the background is none; docs/api.md.)
 
 # The writer is a running request (its lease, when ``owner`` is given) …
 _GUARDED_WRITE = text(

@@ -1,9 +1,10 @@
 """The tenant's sessions, most recently active first (``GET /v1/sessions``), keyset-paginated.
 
-"Activity" is the session row's ``updated_at``: admission, a clear and an archive restore move it
-(docs/api.md). Pages are ordered by ``(updated_at, id)`` descending — the id breaks ties between
-sessions touched in the same microsecond — and walk the index ``ix_sessions_tenant_activity``
-(tenant, updated_at, id) backwards, so a page costs the same however deep it is.
+"Activity" is the session row's ``updated_at``: what a client did — admission, a clear, an archive
+restore, a settings PUT, a hand-off — moves it; a background summary does not (docs/api.md). Pages
+are ordered by ``(updated_at, id)`` descending — the id breaks ties between sessions touched in the
+same microsecond — and walk the index ``ix_sessions_tenant_activity`` (tenant, updated_at, id)
+backwards, so a page costs the same however deep it is.
 
 The cursor is opaque to clients: URL-safe base64 of ``[updated_at, id]`` of the last session of the
 previous page. A session that becomes active while a client pages moves to the front; it is then

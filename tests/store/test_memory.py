@@ -86,3 +86,23 @@ async def test_a_clear_racing_summary_writes_never_brings_data_back(db: Database
         # A write after the clear is refused outright.
         async with db.sessions() as session:
             assert not await memory.save_memory(session, rid, owner="w1", qa_summary={"text": "late"})
+
+
+async def test_a_summary_written_is_not_session_activity(db: Database) -> None:
+    """The session list orders by activity (what a client did); a summary written by the service —
+    in a request or a background job — must not move a session ahead of one asked later (outside
+    check: a background fold reordered the list)."""
+    from sqlalchemy import select
+
+    from service.store.models import SessionRow
+
+    sid, rid = await _running(db)
+    async with db.sessions() as session:
+        before = await session.scalar(select(SessionRow.updated_at).where(SessionRow.id == sid))
+    await asyncio.sleep(0.01)
+    async with db.sessions() as session:
+        assert await memory.save_memory(session, rid, owner="w1", qa_summary={"covered_through_ordinal": 1})
+    async with db.sessions() as session:
+        after = await session.scalar(select(SessionRow.updated_at).where(SessionRow.id == sid))
+        assert (await memory.load_memory(session, sid))["qa_summary"] == {"covered_through_ordinal": 1}
+    assert after == before
