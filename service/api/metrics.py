@@ -101,6 +101,11 @@ class _SnapshotCollector(Collector):
             family = CounterMetricFamily(name, help_text)
             family.add_metric([], float(value))
             yield family
+        if not snap.ok:
+            # Nothing was read: the families below are left out rather than written as zeros,
+            # which would read as real values ("0 running") while the database is away; alert on
+            # sidequest_database_up instead (outside check).
+            return
 
         statuses: dict[str, int] = dict.fromkeys(Status, 0)
         terminal: dict[tuple[str, str], int] = {}

@@ -70,3 +70,24 @@ async def test_metrics_report_admissions_statuses_calls_latency_and_subscribers(
         assert values[("sidequest_sse_subscribers", ())] == 1
         assert values[("sidequest_database_up", ())] == 1
         assert "secret-parent-id" not in text and "default" not in text
+
+
+async def test_numbers_the_database_did_not_give_are_left_out_not_zero() -> None:
+    """While PostgreSQL is away a scrape reads nothing: database_up 0, and no "0 running" that would
+    read as a real value (outside check); what this process counts itself is still there."""
+    from service.api.metrics import Metrics
+    from service.store.db import connect
+    from tests.e2e.test_serve import free_port
+
+    db = connect(f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/nothing")
+    try:
+        values = _samples((await Metrics(lambda: 3).render(db)).decode())
+    finally:
+        await db.dispose()
+    assert values[("sidequest_database_up", ())] == 0
+    assert values[("sidequest_sse_subscribers", ())] == 3
+    assert ("sidequest_admission_calls_total", ()) in values
+    left = {name for name, _ in values if not name.startswith("sidequest_requests_admitted")}
+    assert not any(
+        name.startswith(("sidequest_requests", "sidequest_provider", "sidequest_jobs")) for name in left
+    )
