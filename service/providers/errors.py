@@ -84,6 +84,8 @@ _OVERFLOW_PATTERNS = _compile(
     r"is longer than the maximum model length",  # vLLM input processor
     r"model'?s context length is only \d+ tokens",  # vLLM ≥ 0.10 ("You passed N input tokens …")
     r"exceeds the maximum number of tokens allowed",  # Gemini / Vertex AI
+    r"input token count is \d+ but (?:the )?model only supports up to \d+",  # Vertex AI
+    r"exceeded model token limit: \d+",  # Moonshot (Kimi)
     r"input is too long for requested model",  # Bedrock
     r"input tokens exceed the configured limit",  # Azure OpenAI / OpenAI (Responses)
     r"maximum prompt length is \d+",  # xAI
@@ -167,7 +169,19 @@ _COUNTS: tuple[tuple[re.Pattern[str], str | None, str | None], ...] = tuple(
             "p",
             "l",
         ),
-        (r"Prompt contains (?P<p>\d+) tokens, too large for model with (?P<l>\d+)", "p", "l"),  # Mistral
+        (
+            r"Prompt contains (?P<p>\d+) tokens(?: and \d+ draft tokens)?, "
+            r"too large for model with (?P<l>\d+)",
+            "p",
+            "l",
+        ),  # Mistral (the draft tokens: its newer wording)
+        (
+            r"input token count is (?P<p>\d+) but (?:the )?model only supports up to (?P<l>\d+)",
+            "p",
+            "l",
+        ),  # Vertex
+        (r"maximum prompt length is (?P<l>\d+) but the request contains (?P<p>\d+) tokens", "p", "l"),  # xAI
+        (r"exceeded model token limit: (?P<l>\d+)", None, "l"),  # Moonshot: "requested" adds the output
         (
             r"input token count \((?P<p>\d+)\) exceeds the maximum number of tokens allowed \((?P<l>\d+)",
             "p",
