@@ -11,6 +11,7 @@ from service.budget.chunk import (
     chunk_pieces,
     split_text,
     summary_capacity,
+    summary_output_caps,
 )
 from service.budget.cut import (
     ALL_FIT_RECENT,
@@ -139,6 +140,7 @@ __all__ = [
     "select_replay",
     "split_text",
     "summary_capacity",
+    "summary_output_caps",
     "tool_result_ids",
     "tool_result_text",
     "tool_use_ids",

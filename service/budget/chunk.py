@@ -18,12 +18,32 @@ from service.budget.estimate import BYTES_PER_TOKEN, Calibration, utf8_length
 FIRST_OUTPUT_TOKENS: Final = 2048
 RETRY_OUTPUT_TOKENS: Final = 8192
 
+# Material a summary call must be able to carry for the retry to keep its SPEC cap of 8192: below it
+# (a window of ~8k tokens, common for local models), the caps shrink to fit (:func:`summary_output_caps`).
+MIN_SUMMARY_MATERIAL: Final = 1024
+
 # The smallest capacity that can hold any code point: a 4-byte character (emoji, rare CJK) is
 # ceil(4 / 3) = 2 tokens, so a capacity of 1 could not be honoured without splitting a character.
 MIN_CHUNK_CAPACITY: Final = 2
 
 _ZWJ: Final = "\u200d"
 _ZWNJ: Final = "\u200c"
+
+
+def summary_output_caps(window: int, prompt_tokens: int, safety_margin: int) -> tuple[int, int]:
+    """The output caps of a summary call's (first attempt, retry): SPEC §6.3's 2048 and 8192.
+
+    Unless the window is too small to reserve 8192 for the retry and still carry
+    :data:`MIN_SUMMARY_MATERIAL` tokens of material: then the retry's cap is half of what the window
+    leaves after the prompt and the safety margin (the other half is material), and the first
+    attempt's at most that. An 8000-token window made every summary impossible before (an outside
+    check: each question after the replay window filled failed ``context_overflow``).
+    """
+    room = window - safety_margin - prompt_tokens
+    if room - RETRY_OUTPUT_TOKENS >= MIN_SUMMARY_MATERIAL:
+        return FIRST_OUTPUT_TOKENS, RETRY_OUTPUT_TOKENS
+    retry = max(1, room // 2)
+    return min(FIRST_OUTPUT_TOKENS, retry), retry
 
 
 def summary_capacity(

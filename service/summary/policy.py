@@ -7,6 +7,7 @@ each chunk — and each merge call — is one call with at most one retry:
 - empty / thinking-only, truncated (stop reason ``length``), invalid, or body over 2200 tokens →
   exactly one retry from the *original* material (same chunk, same previous valid summary) with output
   cap 8192 (``RETRY_OUTPUT_TOKENS``), asking for a body under 600 tokens;
+- both caps smaller only in a window too small for them (:meth:`SummaryCaller.output_caps`);
 - a tool call → :class:`SummaryToolCall` at once; a provider error → propagates at once, unchanged;
 - the retry failing too → the error of *that* failure (truncated / empty / invalid / too long).
 
@@ -24,14 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.budget import (
-    FIRST_OUTPUT_TOKENS,
     MIN_CHUNK_CAPACITY,
-    RETRY_OUTPUT_TOKENS,
     Calibration,
     chunk_pieces,
     estimate_messages,
     estimate_system,
     summary_capacity,
+    summary_output_caps,
 )
 from service.providers.base import ContextOverflow, Provider, ProviderCall, Purpose
 from service.providers.calling import CallRecorder, CallResult, run_call
@@ -209,6 +209,13 @@ class SummaryCaller:
     # Attempts made through this caller (for context_info "calls"); the budget counts the same.
     attempts_made: int = field(default=0, init=False)
 
+    def output_caps(self, kind: SummaryKind) -> tuple[int, int]:
+        """The (first attempt, retry) output caps of this kind's calls: 2048 and 8192, smaller only
+        in a window too small for those (:func:`service.budget.chunk.summary_output_caps`)."""
+        return summary_output_caps(
+            self.window, summary_prompt_reserve(kind, self.instructions), self.safety_margin
+        )
+
     def capacity(self, kind: SummaryKind) -> int:
         """Material tokens one call may carry, reserving the retry's output (8192) and prompt.
 
@@ -218,7 +225,7 @@ class SummaryCaller:
             self.window,
             summary_prompt_reserve(kind, self.instructions),
             self.safety_margin,
-            RETRY_OUTPUT_TOKENS,
+            self.output_caps(kind)[1],
             calibration=self.calibration,
         )
 
@@ -237,7 +244,7 @@ class SummaryCaller:
         if capacity < MIN_CHUNK_CAPACITY:
             raise ContextOverflow(
                 f"a {self.window}-token window leaves no room for summary material once the retry's "
-                f"{RETRY_OUTPUT_TOKENS}-token output, the prompt and the safety margin are reserved"
+                f"{self.output_caps(kind)[1]}-token output, the prompt and the safety margin are reserved"
             )
         return chunk_pieces(pieces, capacity)
 
@@ -310,7 +317,7 @@ class SummaryCaller:
         reservation: CallReservation | None,
         tally: CallTally | None,
     ) -> SummaryDocument:
-        cap = RETRY_OUTPUT_TOKENS if retry else FIRST_OUTPUT_TOKENS
+        cap = self.output_caps(kind)[1 if retry else 0]
         call = ProviderCall(
             model=self.model,
             messages=prompt.messages,

@@ -86,3 +86,22 @@ def test_a_window_or_cap_from_json_is_a_positive_integer_an_integral_float_too()
     # A snapshot's own fields follow the same rule (JSON counts 64000.0 as an integer).
     snapshot = normalize_snapshot({"messages": [], "context_window": 64000.0, "max_output_tokens": 700})
     assert (snapshot.context_window, snapshot.max_output_tokens) == (64000, 700)
+
+
+def test_summary_caps_are_the_specs_unless_the_window_cannot_hold_them() -> None:
+    from service.budget.chunk import (
+        FIRST_OUTPUT_TOKENS,
+        MIN_SUMMARY_MATERIAL,
+        RETRY_OUTPUT_TOKENS,
+        summary_capacity,
+        summary_output_caps,
+    )
+
+    assert summary_output_caps(200_000, 900, 8192) == (FIRST_OUTPUT_TOKENS, RETRY_OUTPUT_TOKENS)
+    assert summary_output_caps(12_000, 900, 600) == (FIRST_OUTPUT_TOKENS, RETRY_OUTPUT_TOKENS)
+    first, retry = summary_output_caps(8000, 900, 400)
+    assert retry == (8000 - 400 - 900) // 2 and first == FIRST_OUTPUT_TOKENS  # 3350: room for both
+    assert summary_capacity(8000, 900, 400, retry) >= MIN_SUMMARY_MATERIAL
+    first, retry = summary_output_caps(4096, 900, 205)
+    assert first == retry == (4096 - 205 - 900) // 2  # the first attempt never reserves more than the retry
+    assert summary_capacity(4096, 900, 205, retry) > 0

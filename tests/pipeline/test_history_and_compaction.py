@@ -310,3 +310,23 @@ async def test_overflow_recovery_compacts_harder_and_usage_events_are_cumulative
     assert usage_events[-1] == ran.row.usage
     totals = [u["input_tokens"] for u in usage_events]
     assert totals == sorted(totals)
+
+
+async def test_an_8k_window_still_folds_older_qa_with_smaller_summary_caps(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    """Outside check: with context_window 8000 every question after the replay window filled failed
+    context_overflow with no call made — the retry's 8192-token output could not be reserved. The
+    caps now shrink to fit such a window (service.budget.chunk.summary_output_caps)."""
+    sid = await make_session(db, "small-window")
+    await add_history(db, sid, [(f"question {i}?", f"answer {i}: " + "detail " * 128) for i in range(1, 8)])
+    rid = await admit(db, sid, "and now?", options={"context_window": 8000, "max_output_tokens": 1024})
+
+    ran = await run_one(db, model_settings, provider, rid)
+
+    assert ran.outcome.status == "succeeded", ran.row.error
+    info = ran.row.context_info
+    assert info["window"] == 8000 and info["qa_summary"]["used"] and info["qa_summary"]["calls"] >= 1
+    for call in server.requests("qa_summary"):
+        cap = call.body.get("max_tokens") or call.body.get("max_completion_tokens")
+        assert cap is not None and cap < 8000 // 2, cap  # what the window leaves, halved at most
