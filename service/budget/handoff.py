@@ -64,12 +64,14 @@ _SEPARATOR: Final = "\n\n"
 # The block's own structure lines begin with "---" (each Q&A's header, the end line): in the text of a
 # question, an answer or the summary, such a line is written "- - -" (still a rule in Markdown), so
 # that no Q&A can fake the end of the block and put words after it, outside the framing.
-_STRUCTURE_LINE: Final = re.compile(r"^---", re.MULTILINE)
+# Indented too: Markdown reads up to three leading spaces as the same rule, and a reader may ignore any.
+_STRUCTURE_LINE: Final = re.compile(r"^([ \t]*)---", re.MULTILINE)
 
 
 def unframed(text: str) -> str:
-    """``text`` with every line that begins like one of the block's structure lines defused."""
-    return _STRUCTURE_LINE.sub("- - -", text) if "---" in text else text
+    """``text`` with every line that begins like one of the block's structure lines (after any
+    indentation) defused."""
+    return _STRUCTURE_LINE.sub(r"\1- - -", text) if "---" in text else text
 
 
 @dataclass(frozen=True)
@@ -165,12 +167,21 @@ def summary_header(summary: HandoffSummary) -> str:
     )
 
 
+def ordinal_runs(ordinals: Sequence[int]) -> str:
+    """``#1–#3, #7``: the ordinals, each run of consecutive ones as its ends (a range never holds
+    one that is not in the list: an outside check found "#1–#3" naming a carried #2)."""
+    runs: list[list[int]] = []
+    for ordinal in sorted(set(ordinals)):
+        if runs and ordinal == runs[-1][1] + 1:
+            runs[-1][1] = ordinal
+        else:
+            runs.append([ordinal, ordinal])
+    return ", ".join(f"#{a}" if a == b else f"#{a}–#{b}" for a, b in runs)
+
+
 def omitted_line(ordinals: Sequence[int]) -> str:
-    first, last = min(ordinals), max(ordinals)
-    which = f"#{first}" if first == last else f"#{first}–#{last}"
-    return (
-        f"--- {len(ordinals)} older side answer{'s' if len(ordinals) != 1 else ''} ({which}) left out to fit."
-    )
+    count = len(set(ordinals))
+    return f"--- {count} side answer{'s' if count != 1 else ''} left out to fit: {ordinal_runs(ordinals)}."
 
 
 def _shorten(text: str, max_bytes: int) -> str:
@@ -460,5 +471,6 @@ __all__ = [
     "cut_utf8",
     "estimate_handoff",
     "item_header",
+    "ordinal_runs",
     "unframed",
 ]

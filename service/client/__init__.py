@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import httpx
 
+from service.budget.handoff import ordinal_runs
 from service.client.render import Outcome, Renderer, format_error, plural
 from service.client.sse import iter_sse
 from service.vocabulary import Status
@@ -294,11 +295,6 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 # ------------------------------------------------------------------------------------ hand-off
 
 
-def _ordinal_range(ordinals: list[int]) -> str:
-    first, last = min(ordinals), max(ordinals)
-    return f"#{first}" if first == last else f"#{first}–#{last}"
-
-
 def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``sidequest handoff``: hand the session's side findings off and print the block to stdout.
 
@@ -327,7 +323,7 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         out.write(str(result.get("text", "")) + "\n")
     out.flush()
-    notes = [f"handed off {plural(len(ordinals), 'side answer')} ({_ordinal_range(ordinals)})"]
+    notes = [f"handed off {plural(len(ordinals), 'side answer')} ({ordinal_runs(ordinals)})"]
     if result.get("summarized_ordinals"):
         notes.append(f"{len(result['summarized_ordinals'])} through the Q&A summary")
     if result.get("shortened_ordinals"):
@@ -336,7 +332,7 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if omitted:
         # Not carried, and below handed_off_through now (unless pinned): only --all brings them again.
         notes.append(
-            f"{plural(len(omitted), 'older side answer')} ({_ordinal_range(omitted)}) left out to fit:"
+            f"{plural(len(omitted), 'side answer')} ({ordinal_runs(omitted)}) left out to fit:"
             " --all with a larger --max-tokens carries them"
         )
     elif result.get("truncated") and not result.get("shortened_ordinals"):

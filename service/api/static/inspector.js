@@ -711,10 +711,15 @@
   }
 
   // Q&A left out to fit are not carried (docs/handoff.md): the person should know which.
+  // Runs of consecutive ordinals as ranges, as the block itself writes them (#1–#3, #7).
   function leftOut(omitted) {
     if (!omitted || !omitted.length) return "";
-    const first = Math.min(...omitted), last = Math.max(...omitted);
-    return ` · left out to fit: ${first === last ? `#${first}` : `#${first}–#${last}`}`;
+    const runs = [];
+    for (const o of [...new Set(omitted)].sort((a, b) => a - b)) {
+      if (runs.length && o === runs[runs.length - 1][1] + 1) runs[runs.length - 1][1] = o;
+      else runs.push([o, o]);
+    }
+    return ` · left out to fit: ${runs.map(([a, b]) => (a === b ? `#${a}` : `#${a}–#${b}`)).join(", ")}`;
   }
 
   async function handoff(event) {
