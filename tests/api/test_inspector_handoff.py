@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from service.budget.handoff import ordinal_runs
 from tests.api.cdp import Browser
 from tests.api.helpers import ask
 from tests.api.inspector_support import Stack, browser, connect, open_request, open_session, stack
@@ -107,6 +108,5 @@ async def test_the_page_says_which_answers_were_left_out_to_fit(stack: Stack, br
         (made,) = (await client.get("/v1/sessions/p-long-handoff/handoffs")).json()["items"]
     omitted = made["omitted_ordinals"]
     assert omitted, made  # six long answers do not fit 2000 tokens, even shortened
-    which = f"#{omitted[0]}" if len(omitted) == 1 else f"#{omitted[0]}–#{omitted[-1]}"
-    assert f"left out to fit: {which}" in meta, meta
+    assert f"left out to fit: {ordinal_runs(omitted)}" in meta, meta  # as the block writes them
     assert browser.console_errors == []
