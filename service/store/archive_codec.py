@@ -130,18 +130,27 @@ def _unsupported(version: object) -> ArchiveUnreadable:
 
 
 def _watermark_problems(parsed: ArchiveV1 | ArchiveV2 | ArchiveV3) -> list[tuple[Loc, str]]:
-    """``handed_off_through`` beyond every ordinal of the archive: the session's next questions would
-    then count as handed off already and never come in an ``include: "new"`` hand-off (SPEC §11.1). A
-    hand-off only ever moves it to an ordinal it carried, so an exported archive never has one."""
+    """``handed_off_through`` (or a recorded hand-off's ordinals) beyond every ordinal of the archive:
+    the session's next questions would then count as handed off already and never come in an
+    ``include: "new"`` hand-off (SPEC §11.1). A hand-off only ever carries ordinals the session has,
+    so an exported archive never has such a one."""
     if not isinstance(parsed, ArchiveV3) or parsed.session is None:
         return []
     through = parsed.session.handed_off_through
     highest = max((q.ordinal for q in parsed.questions), default=0)
-    if through <= highest:
-        return []
-    return [
-        (("session", "handed_off_through"), f"is {through}, beyond the archive's highest ordinal ({highest})")
-    ]
+    problems: list[tuple[Loc, str]] = []
+    if through > highest:
+        message = f"is {through}, beyond the archive's highest ordinal ({highest})"
+        problems.append((("session", "handed_off_through"), message))
+    # Likewise a recorded hand-off can only have carried ordinals the session had.
+    for index, handoff in enumerate(parsed.session.handoffs):
+        carried = [integral(o) for o in handoff.raw.get("ordinals") or []]
+        carried.append(integral(handoff.raw.get("through_ordinal")))
+        beyond = [o for o in carried if o is not None and o > highest]
+        if beyond:
+            message = f"names ordinal {max(beyond)}, beyond the archive's highest ordinal ({highest})"
+            problems.append((("session", "handoffs", index), message))
+    return problems
 
 
 def _with_repeated_ordinals(problems: list[tuple[Loc, str]], questions: object) -> list[tuple[Loc, str]]:

@@ -396,6 +396,12 @@ MALFORMED: list[tuple[str, object, type[Exception], str]] = [
         "ordinal 1 repeats",
     ),
     (
+        "a hand-off of an ordinal the archive lacks",
+        _broken(lambda d: d["session"]["handoffs"][0].update(ordinals=[50], through_ordinal=50)),
+        ArchiveInvalid,
+        "names ordinal 50, beyond the archive's highest ordinal (2)",
+    ),
+    (
         "handed off beyond every ordinal",  # would hide the next questions from "new" hand-offs
         _broken(lambda d: d["session"].update(handed_off_through=999)),
         ArchiveInvalid,
