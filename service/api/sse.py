@@ -491,8 +491,9 @@ async def session_stream(
     """Events of every request of a session with global ``id > after``; never ends by itself.
 
     A fresh stream does not replay requests that were cleared before it opened (they are gone for
-    everyone), but it does deliver the final ``cancelled`` events of a clear that happens while it
-    is open, and a resumed stream delivers everything after its cursor. A fresh stream therefore
+    everyone), nor the session-level events of the history a clear or an archive restore replaced,
+    but it does deliver the final ``cancelled`` events of a clear that happens while it is open, and
+    a resumed stream delivers everything after its cursor. A fresh stream therefore
     reads its history itself (``deleted_at`` as of now); a resumed one may start from memory.
     """
     yield retry_hint()
@@ -517,7 +518,7 @@ async def session_stream(
                     resumed
                     or item.deleted_at is None
                     or item.deleted_at > opened_at
-                    or event.request_id in seen
+                    or (event.request_id is not None and event.request_id in seen)
                 ):
                     seen.add(event.request_id)
                     chunks.append(item.wire)

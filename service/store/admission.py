@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.errors import SidequestError
 from service.store.db import Database, driver_chain
+from service.store.events import mark_session_events_cleared
 from service.store.execute import json_text, notify
 from service.store.jobs import cancel_session_jobs
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
@@ -395,6 +396,8 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
     removed = hidden.rowcount
     # Background jobs of the session end too (SPEC §6.6); their late writes are refused anyway.
     await cancel_session_jobs(session, owner.id)
+    # The old history's hand-off and memory events are hidden like its requests' (theirs included).
+    await mark_session_events_cleared(session, owner.id)
     # SPEC §11.1: a clear deletes the hand-offs and resets the mark; settings are kept (§11.2).
     await session.execute(delete(HandoffRow).where(HandoffRow.session_id == owner.id))
     owner.handed_off_through = 0

@@ -51,6 +51,7 @@ from service.store.archive_codec import (
 )
 from service.store.archive_fields import ARCHIVE_VERSIONS
 from service.store.archive_schema import archive_json_schema
+from service.store.events import mark_session_events_cleared
 from service.store.execute import notify
 from service.store.models import EventRow, HandoffRow, RequestRow, SessionRow
 from service.store.records import request_record
@@ -280,8 +281,11 @@ async def _restore(
             if k in SETTINGS_FIELDS and v is not None
         }
     await session.execute(update(SessionRow).where(SessionRow.id == target.id).values(**session_values))
-    # The hand-offs belong to the history being restored: earlier ones of this session go with it.
+    # The hand-offs belong to the history being restored: earlier ones of this session go with it,
+    # and the session-level events (hand-offs, background summaries) of the history replaced are
+    # hidden from streams opened from now on.
     await session.execute(delete(HandoffRow).where(HandoffRow.session_id == target.id))
+    await mark_session_events_cleared(session, target.id)
     session.add_all(
         HandoffRow(
             id=uuid.uuid4(),

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import and_, case, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store.execute import Executor, fetch_one, json_text
-from service.store.models import EventRow, RequestRow
+from service.store.models import EventRow, RequestRow, SessionRow
 from service.vocabulary import utc_iso
 
 TERMINAL_EVENT_TYPES = frozenset({"done", "error"})
@@ -156,16 +156,48 @@ async def session_events_with_deletion(
 ) -> list[tuple[Event, datetime | None]]:
     """Events of a session after ``after_id``, each with its request's ``deleted_at``.
 
-    Session-level events (no request) come with ``deleted_at`` None.
+    A session-level event (no request) comes with the ``cleared_at`` of the clear that replaced its
+    history (:func:`mark_session_events_cleared`), None while its history is the current one.
     """
+    # A session-level event of a history since replaced counts as deleted when that clear was.
+    hidden = case(
+        (
+            and_(EventRow.request_id.is_(None), EventRow.id <= SessionRow.cleared_through_event),
+            SessionRow.cleared_at,
+        ),
+        else_=RequestRow.deleted_at,
+    )
     rows = await session.execute(
-        select(EventRow, RequestRow.deleted_at)
+        select(EventRow, hidden)
         .outerjoin(RequestRow, RequestRow.id == EventRow.request_id)
+        .join(SessionRow, SessionRow.id == EventRow.session_id)
         .where(EventRow.session_id == session_id, EventRow.id > after_id)
         .order_by(EventRow.id)
         .limit(limit)
     )
     return [(_event(row), deleted_at) for row, deleted_at in rows]
+
+
+_MARK_CLEARED = text(
+    """
+    UPDATE side_question_sessions
+    SET cleared_at = now(),
+        cleared_through_event = coalesce(
+            (SELECT max(id) FROM side_question_events WHERE session_id = :sid AND request_id IS NULL), 0)
+    WHERE id = :sid
+    """
+)
+
+
+async def mark_session_events_cleared(session: AsyncSession, session_id: uuid.UUID) -> None:
+    """The session-level events (``memory``, ``handoff``: no request) written so far belong to the
+    history a clear or an archive restore is replacing: mark where it ends, so that a session stream
+    opened afterwards does not replay them (a fresh stream replayed the old history's hand-offs: an
+    outside check), while one that resumes still gets everything after its cursor — the rule of a
+    cleared request's events. Called after the clear has cancelled the session's jobs, in its
+    transaction, so their ``cancelled`` events are part of the old history too (streams open now get
+    them live); a job's own event transactions serialise with the clear on the rows both lock."""
+    await session.execute(_MARK_CLEARED, {"sid": session_id})
 
 
 async def session_high_water(session: AsyncSession, session_id: uuid.UUID) -> int:

@@ -72,6 +72,10 @@ class SessionRow(Base):
     handed_off_through: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     # Round-robin fairness (SPEC §9): the session that last started a request longest ago goes first.
     last_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The last clear or archive restore (migration 0010): session-level events up to this id belong to
+    # the history it replaced, hidden from session streams opened after ``cleared_at``.
+    cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cleared_through_event: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )

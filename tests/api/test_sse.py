@@ -270,6 +270,39 @@ async def test_fresh_session_stream_hides_cleared_history_but_shows_new_requests
         assert json.loads(first.data)["status"] == "queued"
 
 
+async def test_a_fresh_session_stream_replays_no_hand_off_of_a_cleared_or_replaced_history(
+    server: Server, db: Database
+) -> None:
+    """Outside check: after a clear (or an archive restore with mode=replace) a fresh session stream
+    still replayed the old history's ``handoff`` events, naming hand-offs that no longer exist."""
+    async with server.client() as client:
+        rid = (await ask(client, "p-ho-clear"))["id"]
+        await mark_running(db, rid)
+        await finish(db, rid)
+        assert (await client.post("/v1/sessions/p-ho-clear/handoffs", json={})).status_code == 201
+        archive = (await client.get("/v1/sessions/p-ho-clear/archive")).json()
+        assert (await client.delete("/v1/sessions/p-ho-clear/questions")).status_code == 200
+        new = (await ask(client, "p-ho-clear"))["id"]
+        async with client.stream("GET", "/v1/sessions/p-ho-clear/events") as response:
+            first = await anext(events(response))
+        assert first.event == "status" and first.json()["request_id"] == new
+        # The same after a replace: the restored history has its hand-offs, not the old events.
+        rid2 = (await ask(client, "p-ho-replace"))["id"]
+        await mark_running(db, rid2)
+        await finish(db, rid2)
+        assert (await client.post("/v1/sessions/p-ho-replace/handoffs", json={})).status_code == 201
+        restored = await client.post("/v1/sessions/p-ho-replace/archive?mode=replace", json=archive)
+        assert restored.status_code == 200, restored.text
+        newer = (await ask(client, "p-ho-replace"))["id"]
+        seen = []
+        async with client.stream("GET", "/v1/sessions/p-ho-replace/events") as response:
+            async for message in events(response):  # the restored history's events, then the new one
+                seen.append(message.event)
+                if message.json().get("request_id") == newer:
+                    break
+        assert "handoff" not in seen and seen[-1] == "status", seen
+
+
 async def test_a_cursor_beyond_any_seq_is_answered_not_crashed(server: Server, db: Database) -> None:
     async with server.client() as client:
         rid = (await ask(client, "p-huge"))["id"]
