@@ -186,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a line per plugin, each start
     if args.command in ("ask", "archive", "handoff", "sessions"):
         from service import client
 

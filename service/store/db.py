@@ -254,6 +254,9 @@ def head_revision() -> str:
     from alembic.script import ScriptDirectory
 
     config = Config(str(ALEMBIC_INI))
+    # The service's own logging stays as it is: alembic.ini's would set the root logger to WARNING and
+    # silence every INFO line of the process after start-up (an outside check found the logs empty).
+    config.attributes["configure_logger"] = False
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     head = ScriptDirectory.from_config(config).get_current_head()
     if head is None:
@@ -277,6 +280,9 @@ def upgrade_to_head(sync_url: str) -> None:
     from alembic.config import Config
 
     config = Config(str(ALEMBIC_INI))
+    # The service's own logging stays as it is: alembic.ini's would set the root logger to WARNING and
+    # silence every INFO line of the process after start-up (an outside check found the logs empty).
+    config.attributes["configure_logger"] = False
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("sqlalchemy.url", sync_url.replace("%", "%%"))
     command.upgrade(config, "head")

@@ -105,3 +105,20 @@ def test_the_admission_notifies_in_a_transaction_that_does_not_wait_for_a_flush(
     assert commit < async_commit < notify
     command.downgrade(config, "0006_snapshot_lz4")
     assert "synchronous_commit" not in _admit_now_source(scratch_url)
+
+
+def test_migrating_from_the_service_leaves_its_logging_as_it_was(scratch_url: str) -> None:
+    """Outside check: alembic.ini's logging setup ran inside `sidequest serve` and set the root logger
+    to WARNING, so no INFO line of the service (worker started, request ended…) ever showed."""
+    import logging
+
+    from service.store.db import upgrade_to_head
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    root.setLevel(logging.INFO)
+    try:
+        upgrade_to_head(scratch_url)
+        assert root.level == logging.INFO and root.handlers == handlers
+    finally:
+        root.setLevel(level)
