@@ -118,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument(
         "--snapshot", metavar="FILE", help="a snapshot JSON file to send inline (- for stdin)"
     )
-    snapshot.add_argument("--snapshot-id", help="a snapshot already stored with PUT")
+    snapshot.add_argument(
+        "--snapshot-id", help="a snapshot already stored (with PUT, or inline by an earlier question)"
+    )
     ask.add_argument("--model", default=None, help="model for this question (default: the server's)")
     ask.add_argument("--max-output-tokens", type=int, default=None, help="side answer output cap (256-32768)")
     ask.add_argument(
