@@ -21,10 +21,21 @@ MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
 
 
+def validation_error(loc: list[str], message: str) -> ApiError:
+    """422 ``validation_error`` for one field, with the ``detail.errors`` every such refusal carries
+    (docs/api.md): a parameter the route checks itself, beyond what FastAPI validated."""
+    return ApiError(
+        422,
+        "validation_error",
+        f"invalid request: {'.'.join(loc)}: {message}",
+        {"errors": [{"loc": loc, "msg": message, "type": "value_error"}]},
+    )
+
+
 def storable_path_text(name: str, value: str) -> str:
     """A path parameter PostgreSQL can store as text, else 422 ``validation_error`` naming it."""
     if unstorable_reason(value) is not None:
-        raise ApiError(422, "validation_error", f"{name}: {UNSTORABLE_TEXT}")
+        raise validation_error(["path", name], UNSTORABLE_TEXT)
     return value
 
 

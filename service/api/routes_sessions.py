@@ -25,6 +25,7 @@ from service.api.routes_common import (
     storable_path_text,
     stream_tenant,
     stream_token_response,
+    validation_error,
 )
 from service.api.schemas import (
     NO_NUL,
@@ -122,7 +123,9 @@ async def admit_question(
     if size > settings.max_question_bytes:
         raise _too_large("question_too_large", "the question", size, settings.max_question_bytes)
     if body.snapshot_id is not None and body.snapshot is not None:
-        raise ApiError(422, "validation_error", "send either snapshot_id or an inline snapshot, not both")
+        raise validation_error(
+            ["body", "snapshot"], "send either snapshot_id or an inline snapshot, not both"
+        )
     # The JSON FastAPI already parsed (Starlette caches it), not a second parse of the bytes.
     if parsed is None:
         parsed = await _parsed_body(request)

@@ -267,11 +267,14 @@ async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Da
             error = response.json()["error"]
             assert error["code"] == code, (body, error)
             assert error["message"] and isinstance(error["detail"], dict)
+            if code == "validation_error":  # each names its field (docs/api.md)
+                assert error["detail"]["errors"] and error["detail"]["errors"][0]["loc"], (body, error)
         long_parent = "p" * 501
         response = await client.post(f"/v1/sessions/{long_parent}/questions", json={"question": "q"})
         assert response.status_code == 422
         nul_parent = await client.post("/v1/sessions/a%00b/questions", json={"question": "q"})
         assert nul_parent.status_code == 422
+        assert nul_parent.json()["error"]["detail"]["errors"][0]["loc"] == ["path", "parent_id"]
         # An id that is not UTF-8 once percent-decoded: refused, not read as U+FFFD (which made %FF and
         # %C3 one session; outside check).
         for bad in ("%FF", "a%C3", "%ED%A0%80"):
