@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.errors import SidequestError
 from service.store.db import Database, driver_chain
-from service.store.events import mark_session_events_cleared
+from service.store.events import mark_session_events_cleared, purge_cleared_session_events
 from service.store.execute import json_text, notify
 from service.store.jobs import cancel_session_jobs
 from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
@@ -417,11 +417,13 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
 
 
 async def purge_cleared(session: AsyncSession, older_than_s: float) -> int:
-    """Delete requests (and, by cascade, their events) cleared more than ``older_than_s`` ago.
+    """Delete requests (and, by cascade, their events) cleared more than ``older_than_s`` ago, and
+    the session-level events of the histories those clears replaced.
 
     For the worker's sweep; runs in the caller's transaction (the caller commits). Returns how many
     requests were purged.
     """
+    await purge_cleared_session_events(session, older_than_s)
     result: Any = await session.execute(
         delete(RequestRow)
         .where(

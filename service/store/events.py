@@ -200,6 +200,23 @@ async def mark_session_events_cleared(session: AsyncSession, session_id: uuid.UU
     await session.execute(_MARK_CLEARED, {"sid": session_id})
 
 
+_PURGE_CLEARED_SESSION_EVENTS = text(
+    """
+    DELETE FROM side_question_events e
+    USING side_question_sessions s
+    WHERE e.session_id = s.id AND e.request_id IS NULL AND e.id <= s.cleared_through_event
+      AND s.cleared_at < now() - make_interval(secs => :older_than_s)
+    """
+)
+
+
+async def purge_cleared_session_events(session: AsyncSession, older_than_s: float) -> int:
+    """Delete the session-level events a clear or a restore replaced (:func:`mark_session_events_cleared`)
+    more than ``older_than_s`` ago, as the sweep purges cleared requests with theirs. Returns how many."""
+    result: Any = await session.execute(_PURGE_CLEARED_SESSION_EVENTS, {"older_than_s": older_than_s})
+    return int(result.rowcount or 0)
+
+
 async def session_high_water(session: AsyncSession, session_id: uuid.UUID) -> int:
     """The highest event id of a session (0 when it has none).
 

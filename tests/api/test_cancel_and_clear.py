@@ -11,6 +11,7 @@ from sqlalchemy import select, update
 from service.config import Settings
 from service.store.admission import purge_cleared
 from service.store.db import Database
+from service.store.events import append_session_event
 from service.store.listener import asyncpg_dsn
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
 from tests.api.conftest import Server
@@ -95,6 +96,9 @@ async def test_clear_cancels_hides_resets_and_keeps_counting(server: Server, db:
                     memory={"qa_summary": {"covered_through_ordinal": 1}, "context_summaries": [{"key": "k"}]}
                 )
             )
+            owner_id = await session.scalar(select(SessionRow.id).where(SessionRow.parent_id == "p-clr"))
+            assert owner_id is not None
+            await append_session_event(session, owner_id, "handoff", {"handoff": {"ordinals": [1]}})
             await session.commit()
         response = await client.delete("/v1/sessions/p-clr/questions")
         assert response.status_code == 200
@@ -122,12 +126,15 @@ async def test_clear_cancels_hides_resets_and_keeps_counting(server: Server, db:
         assert nxt["ordinal"] == 4 and nxt["clear_version"] == 1
     async with db.sessions() as session:
         assert await session.scalar(select(SnapshotRow.snapshot_id)) is not None  # snapshots kept
-        # The sweep purges cleared requests (and their events) once they are old enough.
+        # The sweep purges cleared requests (and their events) once they are old enough, and the
+        # session-level events of the history the clear replaced (the hand-off event above) with them.
+        assert await session.scalar(select(EventRow.id).where(EventRow.request_id.is_(None))) is not None
         assert await purge_cleared(session, 3600) == 0
         assert await purge_cleared(session, 0) == 3
         await session.commit()
         remaining = list(await session.scalars(select(RequestRow.ordinal)))
         assert remaining == [4]
+        assert await session.scalar(select(EventRow.id).where(EventRow.request_id.is_(None))) is None
 
 
 async def test_clear_of_an_unknown_session_is_404(server: Server) -> None:
