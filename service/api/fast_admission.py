@@ -30,13 +30,14 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import routes_sessions
 from service.api.deps import bearer_scheme, tenant_of
 from service.api.routes_common import PARENT_ID_MAX
 from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
 from service.api.schemas import QuestionIn
+from service.api.strict_input import read_body, replaying
 from service.vocabulary import unstorable_reason
 
 
@@ -69,8 +70,10 @@ class AdmissionFastPath:
         if match is None:
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive)
-        replay = _replaying(body, receive)
+        body = await read_body(receive)
+        if body is None:  # the client went away while sending
+            return
+        replay = replaying(body, receive)
         handled = await self._admit(scope, replay, send, match["parent_id"], body)
         if handled:
             self.taken += 1
@@ -140,32 +143,6 @@ async def _handled(app: Any, request: Request, exc: Exception) -> Response:
             response: Response = await handler(request, exc)
             return response
     raise exc
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def _replaying(body: bytes, receive: Receive) -> Receive:
-    """A receive that gives ``body`` once, then whatever the connection says next (a disconnect)."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def fast_path_of(app: Any) -> AdmissionFastPath | None:

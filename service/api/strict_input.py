@@ -44,6 +44,33 @@ def strict_json(raw: bytes) -> Any:
         raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
 
 
+async def read_body(receive: Receive) -> bytes | None:
+    """The request's whole body, or None when the client went away before sending all of it."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives ``body`` once, then whatever the connection says next (a disconnect):
+    for a middleware that read the body to hand the request on."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 def _is_json(scope: Scope) -> bool:
     for name, value in scope.get("headers") or []:
         if name == b"content-type":
@@ -70,15 +97,9 @@ class StrictJsonBodies:
         ):
             await self.app(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        message: Message = {"type": "http.request", "body": b"", "more_body": True}
-        while message["type"] == "http.request" and message.get("more_body", False):
-            message = await receive()
-            if message["type"] == "http.request":
-                chunks.append(message.get("body", b""))
-        if message["type"] != "http.request":  # the client went away while sending
+        body = await read_body(receive)
+        if body is None:  # the client went away while sending
             return
-        body = b"".join(chunks)
         if body and may_be_lenient_json(body):
             try:
                 strict_json(body)
@@ -86,16 +107,7 @@ class StrictJsonBodies:
                 response: JSONResponse = error_response(exc)
                 await response(scope, receive, send)
                 return
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 class Utf8Paths:
@@ -127,4 +139,4 @@ class Utf8Paths:
         await self.app(scope, receive, send)
 
 
-__all__ = ["StrictJsonBodies", "Utf8Paths", "strict_json"]
+__all__ = ["StrictJsonBodies", "Utf8Paths", "read_body", "replaying", "strict_json"]
