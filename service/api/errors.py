@@ -46,6 +46,18 @@ def not_found(what: str) -> ApiError:
     return ApiError(404, "not_found", f"{what} not found")
 
 
+def validation_error(loc: list[str], message: str) -> ApiError:
+    """422 ``validation_error`` for one field, with the ``detail.errors`` every such refusal carries
+    (docs/api.md): a parameter the route checks itself, beyond what FastAPI validated (FastAPI's
+    own refusals get the same body from :func:`_validation_error`)."""
+    return ApiError(
+        422,
+        "validation_error",
+        f"invalid request: {'.'.join(loc)}: {message}",
+        {"errors": [{"loc": loc, "msg": message, "type": "value_error"}]},
+    )
+
+
 def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
     """SPEC's error body."""
     return {"error": {"code": code, "message": message, "detail": detail or {}}}

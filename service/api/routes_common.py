@@ -10,7 +10,7 @@ from fastapi import Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from service.api.deps import bearer_tenant, unauthorized
-from service.api.errors import ApiError
+from service.api.errors import ApiError, validation_error
 from service.api.schemas import NO_NUL, ErrorBody
 from service.api.sse import PING_S, SEND_TIMEOUT_S, EventHub
 from service.api.sse_response import StreamResponse
@@ -19,17 +19,6 @@ from service.vocabulary import UNSTORABLE_TEXT, content_hash, unstorable_reason,
 
 MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
-
-
-def validation_error(loc: list[str], message: str) -> ApiError:
-    """422 ``validation_error`` for one field, with the ``detail.errors`` every such refusal carries
-    (docs/api.md): a parameter the route checks itself, beyond what FastAPI validated."""
-    return ApiError(
-        422,
-        "validation_error",
-        f"invalid request: {'.'.join(loc)}: {message}",
-        {"errors": [{"loc": loc, "msg": message, "type": "value_error"}]},
-    )
 
 
 def storable_path_text(name: str, value: str) -> str:

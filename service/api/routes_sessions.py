@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.api.deps import DbSession, Tenant, database, settings_of
-from service.api.errors import ApiError, not_found
+from service.api.errors import ApiError, not_found, validation_error
 from service.api.metrics import Metrics
 from service.api.routes_common import (
     MAX_INT32,
@@ -25,7 +25,6 @@ from service.api.routes_common import (
     storable_path_text,
     stream_tenant,
     stream_token_response,
-    validation_error,
 )
 from service.api.schemas import (
     NO_NUL,
@@ -41,7 +40,6 @@ from service.api.schemas import (
 )
 from service.api.sse import database_now, session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
-from service.api.strict_input import strict_json
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (
@@ -231,7 +229,7 @@ async def put_snapshot(
     """
     del body  # validated; the stored content is the raw JSON as sent
     settings = settings_of(request)
-    content = strict_json(await request.body())
+    content = await _parsed_body(request)
     assert isinstance(content, dict)
     encoded = encode_or_refuse(content)
     if encoded.size > settings.max_snapshot_bytes:

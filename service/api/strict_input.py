@@ -19,29 +19,19 @@ a route (or the admission's fast path) reads it.
 from __future__ import annotations
 
 import re
-from typing import Any, Final
+from typing import Final
 from urllib.parse import unquote_to_bytes
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import vocabulary
-from service.api.errors import ApiError, error_response
-from service.vocabulary import NotJson, may_be_lenient_json
+from service.api.errors import ApiError, error_response, validation_error
+from service.vocabulary import NotJson, may_be_lenient_json, strict_json
 
 _JSON_TYPES: Final = (b"application/json",)
 _WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
 # Archive restore reads its body itself, by the same rule, and answers with its own code
 # (``invalid_archive``: docs/api.md).
 _OWN_PARSER: Final = re.compile(r"/v1/sessions/[^/]+/archive")
-
-
-def strict_json(raw: bytes) -> Any:
-    """:func:`service.vocabulary.strict_json` with the API's refusal: 400 ``malformed_json``."""
-    try:
-        return vocabulary.strict_json(raw)
-    except NotJson as exc:
-        raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from None
 
 
 async def read_body(receive: Receive) -> bytes | None:
@@ -103,9 +93,9 @@ class StrictJsonBodies:
         if body and may_be_lenient_json(body):
             try:
                 strict_json(body)
-            except ApiError as exc:
-                response: JSONResponse = error_response(exc)
-                await response(scope, receive, send)
+            except NotJson as exc:
+                refusal = ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}")
+                await error_response(refusal)(scope, receive, send)
                 return
         await self.app(scope, replaying(body, receive), send)
 
@@ -124,19 +114,10 @@ class Utf8Paths:
             try:
                 unquote_to_bytes(raw).decode("utf-8")
             except UnicodeDecodeError:
-                error = ApiError(
-                    422,
-                    "validation_error",
-                    "invalid request: the path is not UTF-8 once its %-escapes are decoded",
-                    {
-                        "errors": [
-                            {"loc": ["path"], "msg": "not UTF-8 once percent-decoded", "type": "path_utf8"}
-                        ]
-                    },
-                )
+                error = validation_error(["path"], "not UTF-8 once its %-escapes are decoded")
                 await error_response(error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-__all__ = ["StrictJsonBodies", "Utf8Paths", "read_body", "replaying", "strict_json"]
+__all__ = ["StrictJsonBodies", "Utf8Paths", "read_body", "replaying"]
