@@ -30,7 +30,9 @@ def with_worker(app: FastAPI, settings: Settings) -> FastAPI:
             running.state.worker = worker
             # The API hands each snapshot it stores, prepared, to the worker of this process.
             running.state.snapshot_prepared = worker.snapshots.put
-            running.state.snapshot_job_expected = worker.snapshot_job_expected
+            # … and tells it of a snapshot whose background summary it will queue: the worker renders
+            # the summary's material while the API waits on the database (the job is likely ours).
+            running.state.snapshot_job_expected = worker.snapshots.warm
             try:
                 yield state
             finally:

@@ -248,17 +248,24 @@ def connect(url: str, *, pool_size: int = 10) -> Database:
     )
 
 
-def head_revision() -> str:
-    """The newest migration revision shipped with this code."""
+def _alembic_config() -> Any:
+    """The service's Alembic configuration: alembic.ini, the migrations shipped with this code, and
+    the service's own logging left as it is (alembic.ini's would set the root logger to WARNING in
+    env.py and silence every INFO line of the process after start-up: an outside check found the
+    logs empty)."""
     from alembic.config import Config
-    from alembic.script import ScriptDirectory
 
     config = Config(str(ALEMBIC_INI))
-    # The service's own logging stays as it is: alembic.ini's would set the root logger to WARNING and
-    # silence every INFO line of the process after start-up (an outside check found the logs empty).
     config.attributes["configure_logger"] = False
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    head = ScriptDirectory.from_config(config).get_current_head()
+    return config
+
+
+def head_revision() -> str:
+    """The newest migration revision shipped with this code."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
     if head is None:
         raise RuntimeError("no migrations found")
     return head
@@ -277,12 +284,7 @@ async def current_revision(db: Database) -> str | None:
 def upgrade_to_head(sync_url: str) -> None:
     """Run ``alembic upgrade head`` against ``sync_url`` (any SQLAlchemy URL; asyncpg is fine)."""
     from alembic import command
-    from alembic.config import Config
 
-    config = Config(str(ALEMBIC_INI))
-    # The service's own logging stays as it is: alembic.ini's would set the root logger to WARNING and
-    # silence every INFO line of the process after start-up (an outside check found the logs empty).
-    config.attributes["configure_logger"] = False
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config = _alembic_config()
     config.set_main_option("sqlalchemy.url", sync_url.replace("%", "%%"))
     command.upgrade(config, "head")

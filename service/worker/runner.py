@@ -31,7 +31,6 @@ from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, Protocol, TypeVar
 
 from service.aio import wait_event
-from service.budget.prepared import PreparedSnapshot
 from service.config import Settings
 from service.pipeline import PipelineDeps, run_request
 from service.pipeline.background import run_job
@@ -226,12 +225,6 @@ class Worker:
     def snapshots(self) -> PreparedSnapshots:
         """The prepared snapshots this worker keeps in memory (``sidequest serve``'s API feeds it)."""
         return self._deps_now().snapshots
-
-    def snapshot_job_expected(self, prepared: PreparedSnapshot) -> None:
-        """The API of this process is storing a snapshot whose background summary it will queue
-        (``sidequest serve``): render the summary's material while the API waits on the database
-        (:meth:`PreparedSnapshots.warm`), so the job, likely claimed here, starts its calls sooner."""
-        self.snapshots.warm(prepared)
 
     @property
     def running(self) -> set[uuid.UUID]:
