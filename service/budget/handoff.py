@@ -313,15 +313,13 @@ def _give_back(plan: _Plan, limit: int) -> None:
             return
         original: str = getattr(entry.item, attr).strip()
         current: str = getattr(entry, attr)
-        grown = original if _size(original) - _size(current) <= room else ""
-        if not grown:
+        if _size(original) - _size(current) <= room:
+            grown = original
+        else:  # the kept prefix, the marker and its space within what the cut had plus the room
             grown = _shorten(original, _size(current) + room - marker_cost)
         if _size(grown) <= _size(current):
             continue
         setattr(entry, attr, grown)
-        if plan.size() > limit:  # pragma: no cover - the sizes above are exact
-            setattr(entry, attr, current)
-            continue
         entry.shortened = (
             entry.question != entry.item.question.strip() or entry.answer != entry.item.answer.strip()
         )

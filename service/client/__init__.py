@@ -326,17 +326,16 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     notes = [f"handed off {plural(len(ordinals), 'side answer')} ({ordinal_runs(ordinals)})"]
     if result.get("summarized_ordinals"):
         notes.append(f"{len(result['summarized_ordinals'])} through the Q&A summary")
-    if result.get("shortened_ordinals"):
-        notes.append("shortened to fit")
     omitted = result.get("omitted_ordinals") or []
+    # Truncated with nothing left out: something was cut (an answer, a question or the summary).
+    if result.get("shortened_ordinals") or (result.get("truncated") and not omitted):
+        notes.append("shortened to fit")
     if omitted:
         # Not carried, and below handed_off_through now (unless pinned): only --all brings them again.
         notes.append(
             f"{plural(len(omitted), 'side answer')} ({ordinal_runs(omitted)}) left out to fit:"
             " --all with a larger --max-tokens carries them"
         )
-    elif result.get("truncated") and not result.get("shortened_ordinals"):
-        notes.append("shortened to fit")
     err.write(", ".join(notes) + f"; about {result.get('estimate_tokens')} tokens\n")
     return EXIT_OK
 
