@@ -31,12 +31,11 @@ from service.providers.base import (
     TextDelta,
     ToolCall,
     UsageReport,
+    sdk_api_key,
 )
 from service.providers.errors import classify_http_error, classify_stream_error
 
 DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
-
-_NO_KEY = "sidequest-no-api-key"
 
 _STOP_REASONS: dict[str, str] = {
     "end_turn": STOP,
@@ -76,8 +75,7 @@ class AnthropicProvider:
     ) -> None:
         self._sdk = _import_sdk()
         self.default_model = default_model
-        if api_key is None and base_url is not None:
-            api_key = _NO_KEY
+        api_key = sdk_api_key(api_key, base_url)
         self._client = self._sdk.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0)
 
     async def aclose(self) -> None:

@@ -33,13 +33,11 @@ from service.providers.base import (
     TextDelta,
     ToolCall,
     UsageReport,
+    sdk_api_key,
 )
 from service.providers.errors import classify_http_error, classify_stream_error
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
-
-# Local servers need no key, but the SDK insists on one; this placeholder is never a real credential.
-_NO_KEY = "sidequest-no-api-key"
 
 _FINISH_REASONS: dict[str, str] = {
     "stop": STOP,
@@ -78,8 +76,7 @@ class OpenAIProvider:
         output_cap_param: OutputCapParam | None = None,
     ) -> None:
         self.default_model = default_model
-        if api_key is None and base_url is not None:
-            api_key = _NO_KEY
+        api_key = sdk_api_key(api_key, base_url)
         try:
             self._client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
         except openai.OpenAIError as exc:
