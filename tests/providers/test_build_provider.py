@@ -7,6 +7,7 @@ import pytest
 from service.config import Settings
 from service.providers import DEFAULT_MODELS, build_provider
 from service.providers.anthropic_provider import AnthropicProvider
+from service.providers.base import sdk_api_key
 from service.providers.offline import OfflineProvider
 from service.providers.openai_compat import OpenAIProvider
 from tests.providers.helpers import collect, make_call
@@ -53,3 +54,28 @@ async def test_openai_key_and_base_url_are_read_from_openai_variables(
     finally:
         await provider.aclose()
     assert server.requests()[0].headers["authorization"] == "Bearer from-env"
+
+
+@pytest.mark.parametrize("adapter", ["openai", "anthropic"])
+async def test_a_local_server_without_a_key_gets_the_placeholder_and_a_real_key_wins(
+    adapter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server of one's own needs no key, but the SDKs refuse to start without one."""
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    assert sdk_api_key(None, "http://127.0.0.1:9/v1") == "sidequest-no-api-key"
+    assert sdk_api_key("real", "http://127.0.0.1:9/v1") == "real"
+    assert sdk_api_key(None, None) is None  # the SDK's own environment variable then decides
+    with ScriptedServer() as server:
+        provider: OpenAIProvider | AnthropicProvider = (
+            OpenAIProvider(server.base_url, None, "scripted-model")
+            if adapter == "openai"
+            else AnthropicProvider(server.root_url, None, "claude-scripted")
+        )
+        try:
+            await collect(provider, make_call())
+        finally:
+            await provider.aclose()
+        (request,) = server.requests()
+        sent = request.headers.get("authorization") or request.headers.get("x-api-key", "")
+        assert sent.removeprefix("Bearer ") == "sidequest-no-api-key"
