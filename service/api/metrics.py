@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -37,6 +38,29 @@ LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 SCRAPE_TIMEOUT_S = 5.0
 # Drift ratio buckets: the clamp range of the calibration ratio (0.5–2.0) finely around 1, then out.
 DRIFT_BUCKETS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0)
+
+
+def _gauge(name: str, help_text: str, labels: Sequence[str], rows: Iterable[Sequence[Any]]) -> Metric:
+    """A gauge family; each row is its label values followed by its value."""
+    family = GaugeMetricFamily(name, help_text, labels=list(labels))
+    for *values, n in rows:
+        family.add_metric([str(v) for v in values], float(n))
+    return family
+
+
+def _histogram(
+    name: str, help_text: str, label: str, observed: Iterable[tuple[str, float]], bounds: Sequence[float]
+) -> Metric:
+    """A histogram family with one series per label value, from its observations."""
+    family = HistogramMetricFamily(name, help_text, labels=[label])
+    per_label: dict[str, list[float]] = {}
+    for value, observation in observed:
+        per_label.setdefault(value, []).append(observation)
+    for value, observations in sorted(per_label.items()):
+        buckets = [(str(b), float(sum(1 for o in observations if o <= b))) for b in bounds]
+        buckets.append(("+Inf", float(len(observations))))
+        family.add_metric([value], buckets, sum_value=sum(observations))
+    return family
 
 
 class DatabaseSnapshot:
@@ -78,12 +102,12 @@ class _SnapshotCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         snap = self.snapshot
-        up = GaugeMetricFamily("sidequest_database_up", "1 when the scrape could read PostgreSQL")
-        up.add_metric([], 1.0 if snap.ok else 0.0)
-        yield up
-        subs = GaugeMetricFamily("sidequest_sse_subscribers", "Open SSE streams in this API process")
-        subs.add_metric([], float(self._subscribers()))
-        yield subs
+        yield _gauge(
+            "sidequest_database_up", "1 when the scrape could read PostgreSQL", (), [(int(snap.ok),)]
+        )
+        yield _gauge(
+            "sidequest_sse_subscribers", "Open SSE streams in this API process", (), [(self._subscribers(),)]
+        )
         for name, help_text, value in zip(
             (
                 "sidequest_admission_calls",
@@ -113,53 +137,34 @@ class _SnapshotCollector(Collector):
             statuses[status] = statuses.get(status, 0) + n
             if status in TERMINAL:
                 terminal[(status, code)] = terminal.get((status, code), 0) + n
-        by_status = GaugeMetricFamily("sidequest_requests", "Stored requests by status", labels=["status"])
-        for status, n in statuses.items():
-            by_status.add_metric([status], float(n))
-        yield by_status
-        queued = GaugeMetricFamily("sidequest_requests_queued", "Requests waiting for a worker")
-        queued.add_metric([], float(statuses[Status.QUEUED]))
-        yield queued
-        running = GaugeMetricFamily("sidequest_requests_running", "Requests running now (all workers)")
-        running.add_metric([], float(statuses[Status.RUNNING]))
-        yield running
-        term = GaugeMetricFamily(
+        yield _gauge("sidequest_requests", "Stored requests by status", ("status",), statuses.items())
+        yield _gauge(
+            "sidequest_requests_queued", "Requests waiting for a worker", (), [(statuses[Status.QUEUED],)]
+        )
+        yield _gauge(
+            "sidequest_requests_running",
+            "Requests running now (all workers)",
+            (),
+            [(statuses[Status.RUNNING],)],
+        )
+        yield _gauge(
             "sidequest_requests_terminal",
             "Stored terminal requests by status and error code (code empty on success)",
-            labels=["status", "code"],
+            ("status", "code"),
+            [(status, code, n) for (status, code), n in sorted(terminal.items())],
         )
-        for (status, code), n in sorted(terminal.items()):
-            term.add_metric([status, code], float(n))
-        yield term
-
-        calls = GaugeMetricFamily(
-            "sidequest_provider_calls", "Provider calls of stored requests", labels=["purpose", "status"]
+        yield _gauge(
+            "sidequest_provider_calls", "Provider calls of stored requests", ("purpose", "status"), snap.calls
         )
-        summary_total = 0
-        for purpose, status, n in snap.calls:
-            calls.add_metric([purpose, status], float(n))
-            if purpose in ("qa_summary", "context_summary"):
-                summary_total += n
-        yield calls
-        summaries = GaugeMetricFamily("sidequest_summary_calls", "Summary calls of stored requests")
-        summaries.add_metric([], float(summary_total))
-        yield summaries
-
-        latency = HistogramMetricFamily(
+        summary_total = sum(n for purpose, _, n in snap.calls if purpose in ("qa_summary", "context_summary"))
+        yield _gauge("sidequest_summary_calls", "Summary calls of stored requests", (), [(summary_total,)])
+        yield _histogram(
             "sidequest_provider_latency_seconds",
             "Provider call latency of stored requests",
-            labels=["purpose"],
+            "purpose",
+            snap.latencies,
+            LATENCY_BUCKETS_S,
         )
-        per_purpose: dict[str, list[float]] = {}
-        for purpose, seconds in snap.latencies:
-            per_purpose.setdefault(purpose, []).append(seconds)
-        for purpose, values in sorted(per_purpose.items()):
-            buckets: list[tuple[str, float]] = [
-                (str(b), float(sum(1 for v in values if v <= b))) for b in LATENCY_BUCKETS_S
-            ]
-            buckets.append(("+Inf", float(len(values))))
-            latency.add_metric([purpose], buckets, sum_value=sum(values))
-        yield latency
         yield from _calibration_families(snap, self._calibration_on)
         yield from _job_families(snap)
 
@@ -181,47 +186,35 @@ def _calibration_families(snap: DatabaseSnapshot, calibration_on: bool) -> Itera
         samples.add_metric([provider, model], float(count))
     yield ratio
     yield samples
-    drift = HistogramMetricFamily(
+    yield _histogram(
         "sidequest_prompt_drift_ratio",
         "Answer calls: provider prompt tokens / estimated prompt tokens (raw estimate, uncalibrated)",
-        labels=["model"],
+        "model",
+        snap.drift,
+        DRIFT_BUCKETS,
     )
-    per_model: dict[str, list[float]] = {}
-    for model, value in snap.drift:
-        per_model.setdefault(model, []).append(value)
-    for model, values in sorted(per_model.items()):
-        buckets = [(str(b), float(sum(1 for v in values if v <= b))) for b in DRIFT_BUCKETS]
-        buckets.append(("+Inf", float(len(values))))
-        drift.add_metric([model], buckets, sum_value=sum(values))
-    yield drift
 
 
 def _job_families(snap: DatabaseSnapshot) -> Iterable[Metric]:
     """Background summary jobs (SPEC §6.6): by kind and outcome, their calls and tokens."""
-    jobs = GaugeMetricFamily(
+    yield _gauge(
         "sidequest_background_jobs",
         "Background summary jobs by kind and status",
-        labels=["kind", "status"],
+        ("kind", "status"),
+        snap.jobs.by_outcome,
     )
-    for kind, status, n in snap.jobs.by_outcome:
-        jobs.add_metric([kind, status], float(n))
-    yield jobs
-    job_calls = GaugeMetricFamily(
+    yield _gauge(
         "sidequest_background_calls",
         "Provider calls of background jobs by kind and call status",
-        labels=["kind", "status"],
+        ("kind", "status"),
+        snap.jobs.calls,
     )
-    for kind, status, n in snap.jobs.calls:
-        job_calls.add_metric([kind, status], float(n))
-    yield job_calls
-    job_tokens = GaugeMetricFamily(
+    yield _gauge(
         "sidequest_background_tokens",
         "Tokens reported for background jobs' calls by kind and direction",
-        labels=["kind", "direction"],
+        ("kind", "direction"),
+        snap.jobs.tokens,
     )
-    for kind, direction, n in snap.jobs.tokens:
-        job_tokens.add_metric([kind, direction], float(n))
-    yield job_tokens
 
 
 class Metrics:
