@@ -43,7 +43,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from deployed import deployed
+from deployed import bare, deployed
 
 from service.client.sse import SseParser
 from tests.scripted_provider import ScriptedServer, Step
@@ -245,6 +245,20 @@ async def one_run(client: httpx.AsyncClient, server: ScriptedServer, run: int, g
     return results
 
 
+async def bare_run(client: httpx.AsyncClient, run: int, gap: float) -> tuple[float, float]:
+    """The floor and case 2 against the bare app (``bare_first_token.py``): (floor, case 2) seconds."""
+    floor, _ = await first_token(
+        client, f"bare-floor-{run}", {"question": "what is the agent doing?", "snapshot": snapshot(1)}
+    )
+    await asyncio.sleep(gap)
+    long = snapshot(400, seed=run * 10_000)
+    case2, _ = await first_token(
+        client, f"bare-{run}", {"question": "which module calls parse_7()?", "snapshot": long}
+    )
+    await asyncio.sleep(gap)
+    return floor, case2
+
+
 def fast(server: ScriptedServer) -> None:
     for purpose in ("qa_summary", "context_summary"):
         server.set_default(purpose, Step.valid_summary())
@@ -267,6 +281,9 @@ async def main() -> None:
         "--gap", type=float, default=3.0, help="seconds between an answer and the next question"
     )
     parser.add_argument("--explain", action="store_true", help="print each request's stages and summaries")
+    parser.add_argument(
+        "--no-bare", dest="bare", action="store_false", help="skip the bare app's floor and case 2"
+    )
     args = parser.parse_args()
     global EXPLAIN
     EXPLAIN = args.explain
@@ -295,6 +312,27 @@ async def main() -> None:
         runs = ", ".join(f"{v:.2f}" for v in values)
         verdict = "ok" if ok else "MISSED"
         print(f"{CASES[case]:42} {runs:28} {median:7.2f} {median / floor:8.2f}  {target} {verdict}")
+    if args.bare:
+        # The same model, the same client, the same two cases against a bare app doing only what
+        # case 2 must do (bare_first_token.py): what "floor + 2 summary-call latencies" costs without
+        # any of Sidequest's own work.
+        with ScriptedServer() as scripted:
+            slow(scripted)
+            async with (
+                bare("bare_first_token.py", scripted) as url,
+                httpx.AsyncClient(base_url=url, timeout=120) as client,
+            ):
+                pairs = [await bare_run(client, run, args.gap) for run in range(args.runs)]
+        print(f"\nbare FastAPI + asyncpg app, same model, {args.runs} runs (bare_first_token.py)")
+        for name, values in (("floor", [f for f, _ in pairs]), (CASES[1], [c for _, c in pairs])):
+            print(f"{name:42} {', '.join(f'{v:.2f}' for v in values):28} {statistics.median(values):7.2f}")
+        excess = [c - f - 2 * SUMMARY_DELAY_S for f, c in pairs]
+        ours = statistics.median(table[1]) - floor - 2 * SUMMARY_DELAY_S
+        print(
+            f"case 2 beyond floor + {2 * SUMMARY_DELAY_S:g} s: bare "
+            + ", ".join(f"{x * 1000:+.0f}" for x in excess)
+            + f" ms (median {statistics.median(excess) * 1000:+.0f}); Sidequest {ours * 1000:+.0f} ms"
+        )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

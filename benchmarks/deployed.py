@@ -78,26 +78,64 @@ async def deployed(command: str = "serve", **env_overrides: str) -> AsyncIterato
                     cwd=ROOT,
                 )
             base = f"http://127.0.0.1:{port}"
-            async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-                for _ in range(600):
-                    try:
-                        if (await client.get("/readyz")).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    await asyncio.sleep(0.1)
-                else:
-                    raise SystemExit(f"service did not start:\n{log.read_text()}")
+            await _ready(base, log)
             yield Deployed(base, proc.pid, scripted, url)
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(proc)
         await pg.drop_database(server_pg.admin_url, url)
         server_pg.stop()
+
+
+@asynccontextmanager
+async def bare(script: str, scripted: ScriptedServer) -> AsyncIterator[str]:
+    """Run ``benchmarks/<script>`` (a bare FastAPI + asyncpg floor) in its own process on a fresh
+    database, its model ``scripted``; yield its base URL; stop it and drop the database after."""
+    server_pg = await asyncio.to_thread(pg.find_server)
+    url = await pg.create_database(server_pg.admin_url)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            port = free_port()
+            dsn = url.replace("postgresql+asyncpg://", "postgresql://", 1)
+            log = Path(tmp) / "bare.log"
+            with log.open("wb") as out:
+                argv = [sys.executable, str(ROOT / "benchmarks" / script), "--port", str(port)]
+                proc = subprocess.Popen(  # noqa: ASYNC220 (started once, before any measurement)
+                    [*argv, "--dsn", dsn, "--model-url", scripted.base_url],
+                    env={**os.environ, "NO_PROXY": "127.0.0.1,localhost"},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                )
+            base = f"http://127.0.0.1:{port}"
+            await _ready(base, log)
+            yield base
+    finally:
+        _stop(proc)
+        await pg.drop_database(server_pg.admin_url, url)
+        server_pg.stop()
+
+
+async def _ready(base: str, log: Path) -> None:
+    """Wait until ``base``'s /readyz answers 200 (at most a minute)."""
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        for _ in range(600):
+            try:
+                if (await client.get("/readyz")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"{base} did not start:\n{log.read_text()}")  # noqa: ASYNC240 (it gave up)
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -105,4 +143,4 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-__all__ = ["Deployed", "deployed", "free_port", "parse_at", "percentile"]
+__all__ = ["Deployed", "bare", "deployed", "free_port", "parse_at", "percentile"]
