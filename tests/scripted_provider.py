@@ -221,7 +221,7 @@ class Step:
         text: str,
         *,
         chunks: int = 1,
-        usage: Usage | None = None,
+        usage: Usage | CountedUsage | None = None,
         finish: str = "stop",
         reasoning: str = "",
         delay_before_s: float = 0.0,
@@ -378,6 +378,12 @@ class RecordedRequest:
     @property
     def request_id(self) -> str | None:
         return self.headers.get("x-sidequest-request-id")
+
+
+def _resolved(step: Step) -> Usage:
+    """The usage of a step being rendered: ``_route`` has resolved a :class:`CountedUsage` by then."""
+    assert isinstance(step.usage, Usage), step.usage
+    return step.usage
 
 
 def default_steps() -> dict[str, Step]:
@@ -645,14 +651,13 @@ class ScriptedServer:
             return _Event.sse(data)
 
         def usage_chunk() -> _Event:
-            assert step.usage is not None
-            data = {
+            data: dict[str, Any] = {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
                 "created": int(time.time()),
                 "model": model,
                 "choices": [],
-                "usage": step.usage.openai(),
+                "usage": _resolved(step).openai(),
             }
             return _Event.sse(data)
 
@@ -713,7 +718,7 @@ class ScriptedServer:
             ],
         }
         if step.usage is not None:
-            reply["usage"] = step.usage.openai()
+            reply["usage"] = _resolved(step).openai()
         return reply
 
     # ---- Anthropic rendering ---------------------------------------------------------------------
@@ -728,7 +733,7 @@ class ScriptedServer:
             "stop_sequence": None,
         }
         if step.usage is not None:
-            message["usage"] = {**step.usage.anthropic_input(), "output_tokens": 1}
+            message["usage"] = {**_resolved(step).anthropic_input(), "output_tokens": 1}
         events: list[_Event] = [
             _Event.anthropic("message_start", {"type": "message_start", "message": message})
         ]
@@ -805,7 +810,7 @@ class ScriptedServer:
                 [{"type": "input_json_delta", "partial_json": call.arguments}],
             )
         stop = _ANTHROPIC_STOP.get(step.finish_reason or "", step.finish_reason)
-        delta_usage = {"output_tokens": step.usage.completion_tokens} if step.usage is not None else None
+        delta_usage = {"output_tokens": _resolved(step).completion_tokens} if step.usage is not None else None
         message_delta: dict[str, Any] = {
             "type": "message_delta",
             "delta": {"stop_reason": stop, "stop_sequence": None},
@@ -844,7 +849,10 @@ class ScriptedServer:
             "stop_sequence": None,
         }
         if step.usage is not None:
-            reply["usage"] = {**step.usage.anthropic_input(), "output_tokens": step.usage.completion_tokens}
+            reply["usage"] = {
+                **_resolved(step).anthropic_input(),
+                "output_tokens": _resolved(step).completion_tokens,
+            }
         return reply
 
 
