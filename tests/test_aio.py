@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import uuid
+from dataclasses import dataclass
 
 import pytest
 
@@ -51,18 +53,22 @@ async def test_the_race_is_real_with_asyncio_wait_for() -> None:
 async def test_a_slot_pool_woken_as_it_is_cancelled_still_stops() -> None:
     claims = 0
 
-    async def claim() -> tuple[None, bool]:
+    @dataclass
+    class Work:
+        id: uuid.UUID
+
+    async def claim() -> tuple[Work | None, bool]:
         nonlocal claims
         claims += 1
         return None, False
 
-    async def run(_work: object) -> None:
+    async def run(_work: Work) -> None:
         raise AssertionError("nothing to run")
 
-    async def settle(_work: object, _reason: str) -> None:
+    async def settle(_work: Work, _reason: str) -> None:
         raise AssertionError("nothing to settle")
 
-    pool: SlotPool[object] = SlotPool("request", 2, claim=claim, run=run, settle=settle, poll_s=30)  # type: ignore[type-var]
+    pool: SlotPool[Work] = SlotPool("request", 2, claim=claim, run=run, settle=settle, poll_s=30)
     task = asyncio.ensure_future(pool.loop())
     await _waiting(task)
     assert claims == 1

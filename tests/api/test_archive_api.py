@@ -161,7 +161,7 @@ async def test_a_session_restored_up_to_the_last_ordinal_refuses_new_questions_w
     from service.store.archive_fields import MAX_ORDINAL
     from service.store.models import RequestRow
 
-    archive = {
+    archive: dict[str, Any] = {
         "version": 1,
         "parent_id": "full",
         "questions": [
@@ -192,7 +192,7 @@ async def test_a_session_restored_up_to_the_last_ordinal_refuses_new_questions_w
 async def test_archived_settings_written_as_integral_floats_restore_as_integers(server: Server) -> None:
     """JSON Schema counts 4096.0 as an integer, and so does restore (the settings' one rule); it is
     stored as the integer."""
-    archive = {
+    archive: dict[str, Any] = {
         "version": 3,
         "parent_id": "p",
         "questions": [],

@@ -123,13 +123,14 @@ def test_rewritten_messages_are_encoded_not_borrowed() -> None:
 
 
 def test_nul_and_lone_surrogates_are_refused_wherever_they_are() -> None:
-    for content, reason in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"messages": [{"role": "user", "content": "a\x00b"}]}, "nul"),
         ({"system": "\x00", "messages": []}, "nul"),
         ({"a": "\x00", "messages": [1]}, "nul"),  # a key before "messages" holding the mark itself
         ({"messages": "x\x00"}, "nul"),
         ({"messages": [{"role": "user", "content": "\ud800"}]}, "surrogate"),
-    ]:
+    ]
+    for content, reason in cases:
         with pytest.raises(UnstorableSnapshot) as refused:
             encode_snapshot(content)
         assert refused.value.reason == reason, content

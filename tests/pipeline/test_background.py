@@ -5,6 +5,7 @@ test waits for (the job's row is ``running``), not a race."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -162,7 +163,7 @@ async def test_a_request_waits_for_a_running_fold_instead_of_making_it_again(
     sid = await make_session(db)
     await add_history(db, sid, _history(21))
     server.script("qa_summary", Step.valid_summary().with_delay(before_s=1.5))
-    job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
+    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
     # Two requests race the job for the same summary: one set of calls in all.
     first = await admit(db, sid, "question 22?")
@@ -200,7 +201,7 @@ async def test_a_failed_job_is_made_by_the_request_itself_and_never_fails_it(
     sid = await make_session(db)
     await add_history(db, sid, _history(21))
     server.script("qa_summary", Step.server_error().with_delay(before_s=1.5), Step.valid_summary())
-    job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
+    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
     rid = await admit(db, sid, "question 22?")
     await wait_for(lambda: _done(db, rid), within=30)
@@ -218,7 +219,7 @@ async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
     sid = await make_session(db)
     await add_history(db, sid, _history(21))
     server.script("qa_summary", Step.valid_summary().with_delay(before_s=1.5))
-    job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
+    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
 
     async def call_in_flight() -> bool:
@@ -249,7 +250,7 @@ async def test_a_job_whose_worker_died_runs_again_and_requests_are_unaffected(
     sid = await make_session(db)
     await add_history(db, sid, _history(21))
     await worker.jobs.stop()  # this process runs no jobs until the dead one's lease expired
-    job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
+    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     async with db.sessions() as session:
         dead = await jobs.claim_job(session, owner="dead-worker", lease_s=0.5, max_running=10)
     assert dead is not None and dead.id == job_id
@@ -267,7 +268,7 @@ async def test_a_job_whose_worker_died_runs_again_and_requests_are_unaffected(
 
 async def test_the_sweep_reruns_a_lost_job_once_then_fails_it(db: Database) -> None:
     sid = await make_session(db)
-    job_id = await _enqueue(db, sid, "qa_fold", "1-1", {"through_ordinal": 1})
+    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     for attempt in (1, 2):
         async with db.sessions() as session:
             claimed = await jobs.claim_job(session, owner=f"dead-{attempt}", lease_s=0.01, max_running=10)
@@ -286,11 +287,12 @@ async def test_the_sweep_reruns_a_lost_job_once_then_fails_it(db: Database) -> N
 
 async def test_one_job_per_session_kind_and_key_is_enforced_by_the_database(db: Database) -> None:
     sid = await make_session(db)
-    await _enqueue(db, sid, "qa_fold", "1-5", {"through_ordinal": 5})
+    await _enqueue(db, sid, JobKind.QA_FOLD, "1-5", {"through_ordinal": 5})
     async with db.sessions() as session, session.begin():
-        again = await jobs.enqueue_job(session, sid, kind="qa_fold", key="1-5", params={}, clear_version=0)
-        other = await jobs.enqueue_job(session, sid, kind="qa_fold", key="6-9", params={}, clear_version=0)
-        stale = await jobs.enqueue_job(session, sid, kind="qa_fold", key="10-11", params={}, clear_version=7)
+        fold = JobKind.QA_FOLD
+        again = await jobs.enqueue_job(session, sid, kind=fold, key="1-5", params={}, clear_version=0)
+        other = await jobs.enqueue_job(session, sid, kind=fold, key="6-9", params={}, clear_version=0)
+        stale = await jobs.enqueue_job(session, sid, kind=fold, key="10-11", params={}, clear_version=7)
     assert again is None and other is not None and stale is None
 
 
@@ -307,9 +309,9 @@ async def test_two_workers_never_run_the_same_job(
     await a.start()
     await b.start()
     try:
-        ids = [await _enqueue(db, sid, "qa_fold", "1-3", {"through_ordinal": 3}) for sid in sessions]
+        ids = [await _enqueue(db, sid, JobKind.QA_FOLD, "1-3", {"through_ordinal": 3}) for sid in sessions]
         for job_id in ids:
-            await wait_for(lambda job_id=job_id: _job_is(db, job_id, "succeeded"), within=30)
+            await wait_for(functools.partial(_job_is, db, job_id, "succeeded"), within=30)
     finally:
         await a.stop()
         await b.stop()

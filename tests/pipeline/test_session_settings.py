@@ -14,10 +14,10 @@ from service.providers import build_provider
 from service.providers.base import Provider
 from service.store.db import Database
 from service.store.models import SessionRow
-from service.summary.prompts import summary_system_prompt
+from service.summary.prompts import SummaryKind, summary_system_prompt
 from tests.factories import add_history, add_snapshot, admit, make_session, scripted_settings
 from tests.pipeline.conftest import run_one
-from tests.scripted_provider import ScriptedServer
+from tests.scripted_provider import RecordedRequest, ScriptedServer
 
 INSTRUCTIONS = "Always keep ticket numbers like JIRA-1234 and every file path verbatim."
 SNAPSHOT_SYSTEM = "You are the main coding agent of the billing service."
@@ -59,7 +59,8 @@ async def test_instructions_go_with_every_summary_call_after_the_built_in_prompt
     assert ran.outcome.status == "succeeded", ran.row.error
     qa_calls, context_calls = server.requests("qa_summary"), server.requests("context_summary")
     assert qa_calls and context_calls
-    for kind, calls in (("qa", qa_calls), ("context", context_calls)):
+    kinds: list[tuple[SummaryKind, list[RecordedRequest]]] = [("qa", qa_calls), ("context", context_calls)]
+    for kind, calls in kinds:
         for call in calls:
             system = system_of(call.body)
             assert system is not None and system.startswith(summary_system_prompt(kind))  # built-in whole

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from service.config import Settings
 from service.providers.base import Provider
@@ -11,7 +12,7 @@ from tests.factories import add_snapshot, admit, make_session
 from tests.pipeline.conftest import run_one
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
-SNAPSHOT = {
+SNAPSHOT: dict[str, Any] = {
     "taken_at": "2026-11-29T10:00:00Z",
     "system": "You are the main agent.",
     "tools": [{"name": "grep", "description": "search", "input_schema": {"type": "object"}}],

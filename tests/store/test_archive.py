@@ -279,7 +279,7 @@ async def test_restored_requests_get_fresh_ids_session_clear_version_and_termina
                 select(EventRow).where(EventRow.session_id == owner.id).order_by(EventRow.id)
             )
         )
-    by_request: dict[uuid.UUID, list[tuple[int, str]]] = {}
+    by_request: dict[uuid.UUID | None, list[tuple[int | None, str]]] = {}
     for event in events:
         by_request.setdefault(event.request_id, []).append((event.seq, event.type))
     expected = {"succeeded": "done", "failed": "error", "cancelled": "error"}

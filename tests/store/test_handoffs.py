@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from service.store.admission import clear_session
 from service.store.db import Database
@@ -161,7 +161,7 @@ async def test_the_rolling_summary_stands_in_for_older_qa_when_the_block_is_too_
         assert owner is not None
         long_answer = "a long side answer about the parser " * 40
         await session.execute(
-            RequestRow.__table__.update().where(RequestRow.session_id == sid).values(answer=long_answer)
+            update(RequestRow).where(RequestRow.session_id == sid).values(answer=long_answer)
         )
         provenance = Provenance.for_qa(
             first_ordinal=1,

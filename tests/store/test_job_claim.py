@@ -21,7 +21,7 @@ from service.pipeline.recorder import JobRecorder
 from service.store import jobs
 from service.store.db import Database
 from service.store.events import session_events_after
-from service.vocabulary import JobKind
+from service.vocabulary import JobKind, Status
 from tests.factories import add_snapshot, make_session
 
 _CLEAR_VERSION = text("SELECT clear_version FROM side_question_sessions WHERE id = :s")
@@ -49,7 +49,7 @@ async def _claim(db: Database, max_running: int = 10) -> jobs.ClaimedJob | None:
 async def _sql(db: Database, statement: str, **params: Any) -> Any:
     async with db.sessions() as session, session.begin():
         result = await session.execute(text(statement), params)
-        return result.scalar() if result.returns_rows else None
+        return result.scalar() if result.returns_rows else None  # type: ignore[attr-defined]
 
 
 async def test_the_claim_returns_the_job_and_what_it_reads_of_its_session(db: Database) -> None:
@@ -123,7 +123,7 @@ async def test_the_claim_keeps_the_cap_and_one_running_job_per_session_and_kind(
     assert await _sql(db, "SELECT status FROM side_question_jobs WHERE id = :id", id=same_kind) == "queued"
     async with db.connection() as conn:
         ended = await jobs.finish_job(
-            conn, first, "w1", status="succeeded", calls=0, covered=None, error=None
+            conn, first, "w1", status=Status.SUCCEEDED, calls=0, covered=None, error=None
         )
     assert ended
     after = await _claim(db, max_running=3)
@@ -191,7 +191,7 @@ async def test_a_context_summary_job_is_claimed_with_its_snapshot_s_content_hash
     first = await _claim(db)
     assert first is not None and first.id == named and first.snapshot_hash == stored
     async with db.connection() as conn:
-        assert await jobs.finish_job(conn, named, "w1", status="succeeded", calls=0)
+        assert await jobs.finish_job(conn, named, "w1", status=Status.SUCCEEDED, calls=0)
     second = await _claim(db)
     assert second is not None and second.id == missing and second.snapshot_hash is None
 

@@ -69,7 +69,7 @@ def test_snapshots_are_lz4_compressed_where_the_server_has_lz4(scratch_url: str)
             except Exception as exc:  # psycopg2's FeatureNotSupported, wrapped by SQLAlchemy
                 assert "lz4" in str(exc)
                 has_lz4 = False
-            methods = dict(
+            methods: dict[str, str] = dict(
                 conn.exec_driver_sql(
                     "SELECT attname, attcompression FROM pg_attribute "
                     "WHERE attrelid = 'main_snapshots'::regclass AND attname IN ('content', 'prepared')"

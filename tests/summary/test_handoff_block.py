@@ -132,7 +132,7 @@ def test_cut_utf8_never_splits_a_character() -> None:
     assert cut_utf8("abc", 0) == ""
 
 
-_chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+_chars = st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00")
 _text = st.text(alphabet=_chars, max_size=3000) | st.builds(
     lambda a, b: f"{a}\n--- End of side findings.\n---\n{b}",  # text that looks like the block's structure
     st.text(alphabet=_chars, max_size=60),

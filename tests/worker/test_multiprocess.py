@@ -19,6 +19,7 @@ from sqlalchemy import text
 from service.config import Settings
 from service.store import jobs
 from service.store.db import Database
+from service.vocabulary import JobKind
 from tests.factories import add_history, admit, make_session
 from tests.scripted_provider import ScriptedServer, Step, Usage
 from tests.worker.conftest import events_of, row_of, status_of, wait_for
@@ -231,7 +232,7 @@ async def test_two_processes_never_run_the_same_background_job(
         await add_history(db, sid, [(f"q{n}", f"a{n}") for n in range(1, 4)])
         async with db.sessions() as session, session.begin():
             job_id = await jobs.enqueue_job(
-                session, sid, kind="qa_fold", key="1-3", params={"through_ordinal": 3}, clear_version=0
+                session, sid, kind=JobKind.QA_FOLD, key="1-3", params={"through_ordinal": 3}, clear_version=0
             )
         assert job_id is not None
         ids.append(job_id)
