@@ -55,9 +55,9 @@ def _migrate(url: str) -> None:
 
 
 def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool) -> int:
-    if api and not settings.api_tokens and not _is_loopback(host):
+    if api and not settings.tenant_tokens() and not _is_loopback(host):
         print(
-            f"refusing to bind {host}: SIDEQUEST_API_TOKENS is unset, so the API has no auth; "
+            f"refusing to bind {host}: SIDEQUEST_API_TOKENS names no token, so the API has no auth; "
             "bind 127.0.0.1 or configure tokens",
             file=sys.stderr,
         )

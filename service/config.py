@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -53,18 +54,28 @@ class Settings(BaseSettings):
     calibration: Literal["on", "off"] = "on"
 
     # Not in SPEC's table but needed to run: documented in docs/operations.md.
-    lease_s: float = Field(default=30.0, gt=0)
-    heartbeat_s: float = Field(default=5.0, gt=0)
-    poll_s: float = Field(default=1.0, gt=0)
+    lease_s: float = Field(default=30.0, gt=0, le=3600)
+    heartbeat_s: float = Field(default=5.0, gt=0, le=3600)
+    poll_s: float = Field(default=1.0, gt=0, le=3600)
     stream_token_secret: str | None = None
-    max_question_bytes: int = 65536
-    max_snapshot_bytes: int = 32 * 1024 * 1024
-    max_queued_per_session: int = 20
+    max_question_bytes: int = Field(default=65536, ge=1)
+    max_snapshot_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    max_queued_per_session: int = Field(default=20, ge=1)
 
     @field_validator("database_url")
     @classmethod
     def _asyncpg_url(cls, value: str | None) -> str | None:
-        return asyncpg_url(value)
+        url = asyncpg_url(value)
+        if url is None:
+            return None
+        if not url.startswith("postgresql+asyncpg://"):
+            raise ValueError("must be a postgresql:// URL (postgresql+asyncpg:// is accepted too)")
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (a port that is not a number raises here)
+        except ValueError as exc:
+            raise ValueError(f"is not a URL that can be read ({exc})") from None
+        return url
 
     @property
     def background_on(self) -> bool:
@@ -77,7 +88,8 @@ class Settings(BaseSettings):
         return self.calibration == "on"
 
     def tenant_tokens(self) -> dict[str, str]:
-        """Map token → tenant from ``tenant:token,tenant:token``."""
+        """Map token → tenant from ``tenant:token,tenant:token``. Empty (auth off) when the variable is
+        unset or holds no entry at all (``","``, blanks); a token given to two tenants is refused."""
         result: dict[str, str] = {}
         if not self.api_tokens:
             return result
@@ -88,6 +100,11 @@ class Settings(BaseSettings):
             tenant, sep, token = item.partition(":")
             if not sep or not tenant or not token:
                 raise ValueError("SIDEQUEST_API_TOKENS entries must look like tenant:token")
+            if result.get(token, tenant) != tenant:
+                raise ValueError(
+                    "SIDEQUEST_API_TOKENS gives one token to two tenants "
+                    f"({result[token]!r} and {tenant!r}); a token must name one tenant"
+                )
             result[token] = tenant
         return result
 
@@ -134,6 +151,11 @@ def load_settings(**overrides: object) -> Settings:
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]
         settings.tenant_tokens()
+        if settings.heartbeat_s > settings.lease_s / 2:
+            raise ValueError(
+                f"SIDEQUEST_HEARTBEAT_S ({settings.heartbeat_s:g}) must be at most half of SIDEQUEST_LEASE_S "
+                f"({settings.lease_s:g}), so that a lease outlives one late heartbeat"
+            )
     except ValidationError as exc:
         lines = []
         for err in exc.errors():

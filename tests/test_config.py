@@ -62,3 +62,58 @@ def test_cli_exits_non_zero_naming_the_variable_and_range() -> None:
     assert proc.returncode != 0
     assert "SIDEQUEST_MAX_OUTPUT_TOKENS" in proc.stderr
     assert "accepted range 256–32768" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SIDEQUEST_LEASE_S", "inf"),
+        ("SIDEQUEST_LEASE_S", "0"),
+        ("SIDEQUEST_POLL_S", "nan"),
+        ("SIDEQUEST_MAX_QUEUED_PER_SESSION", "0"),
+        ("SIDEQUEST_MAX_QUEUED_PER_SESSION", "-1"),
+        ("SIDEQUEST_MAX_QUESTION_BYTES", "-1"),
+        ("SIDEQUEST_MAX_SNAPSHOT_BYTES", "-5"),
+        ("SIDEQUEST_DATABASE_URL", "not-a-url"),
+        ("SIDEQUEST_DATABASE_URL", "mysql://root@127.0.0.1/x"),
+        ("SIDEQUEST_DATABASE_URL", "postgresql://u@h:port/d"),
+    ],
+)
+def test_values_the_service_cannot_run_with_stop_it_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError, match=name):
+        load_settings()
+
+
+def test_a_heartbeat_slower_than_half_the_lease_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIDEQUEST_HEARTBEAT_S", "100")
+    with pytest.raises(SettingsError, match="SIDEQUEST_HEARTBEAT_S.*SIDEQUEST_LEASE_S"):
+        load_settings()
+    monkeypatch.setenv("SIDEQUEST_LEASE_S", "200")
+    assert load_settings().heartbeat_s == 100
+
+
+def test_a_token_given_to_two_tenants_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIDEQUEST_API_TOKENS", "alice:same,bob:same")
+    with pytest.raises(SettingsError, match="two tenants"):
+        load_settings()
+    monkeypatch.setenv("SIDEQUEST_API_TOKENS", "alice:old,alice:new")  # a rotation: both are alice's
+    assert load_settings().tenant_tokens() == {"old": "alice", "new": "alice"}
+
+
+@pytest.mark.parametrize("value", [",", " ", " , "])
+def test_tokens_that_name_no_token_leave_auth_off_and_the_loopback_guard_on(value: str) -> None:
+    """SPEC 1: no auth, and then the server refuses to bind anything but loopback — whether the
+    variable is unset or holds only separators and blanks."""
+    env = {**os.environ, "SIDEQUEST_API_TOKENS": value}
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--host", "0.0.0.0", "--port", "9"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "refusing to bind 0.0.0.0" in proc.stderr
