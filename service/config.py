@@ -142,6 +142,10 @@ def _accepted_range(field_name: str) -> str:
     return f"; accepted: {described}" if described else ""
 
 
+# Settings whose values may hold credentials: never repeated in an error message.
+_SECRET_FIELDS = frozenset({"database_url", "api_key", "api_tokens", "stream_token_secret"})
+
+
 class SettingsError(Exception):
     """Settings are invalid; the message names each variable and its accepted range."""
 
@@ -161,7 +165,10 @@ def load_settings(**overrides: object) -> Settings:
         for err in exc.errors():
             name = "SIDEQUEST_" + "_".join(str(p) for p in err["loc"]).upper()
             accepted = _accepted_range(str(err["loc"][0])) if err["loc"] else ""
-            lines.append(f"{name}: {err['msg']} (got {err.get('input')!r}){accepted}")
+            field = str(err["loc"][0]) if err["loc"] else ""
+            # A URL or key can carry a password: say what was wrong, never echo the value.
+            got = "" if field in _SECRET_FIELDS else f" (got {err.get('input')!r})"
+            lines.append(f"{name}: {err['msg']}{got}{accepted}")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
     except ValueError as exc:
         raise SettingsError(f"invalid configuration: {exc}") from None

@@ -87,9 +87,16 @@ def test_values_the_service_cannot_run_with_stop_it_naming_the_variable(
         load_settings()
 
 
+def test_a_refused_database_url_is_not_repeated_with_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIDEQUEST_DATABASE_URL", "mysql://root:s3cret@db/x")
+    with pytest.raises(SettingsError, match=r"SIDEQUEST_DATABASE_URL: .*postgresql://") as refused:
+        load_settings()
+    assert "s3cret" not in str(refused.value)
+
+
 def test_a_heartbeat_slower_than_half_the_lease_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIDEQUEST_HEARTBEAT_S", "100")
-    with pytest.raises(SettingsError, match="SIDEQUEST_HEARTBEAT_S.*SIDEQUEST_LEASE_S"):
+    with pytest.raises(SettingsError, match=r"SIDEQUEST_HEARTBEAT_S.*SIDEQUEST_LEASE_S"):
         load_settings()
     monkeypatch.setenv("SIDEQUEST_LEASE_S", "200")
     assert load_settings().heartbeat_s == 100
