@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -146,10 +147,18 @@ def _no_constant(name: str) -> Any:
     raise NotJson(f"{name} is not a JSON number")
 
 
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):  # RFC 8259 §6 lets a parser limit the range of numbers: a double's
+        raise NotJson(f"the number {literal[:40]} is beyond the range of a 64-bit float")
+    return value
+
+
 def strict_json(raw: bytes | str) -> Any:
     """``raw`` parsed as JSON text (key order kept), or :class:`NotJson`: THE rule of what JSON a
     client may send. Python's parser is lenient where RFC 8259 is not — it reads ``NaN`` and
-    ``Infinity`` as numbers, and decodes UTF-16, UTF-32 and a byte order mark."""
+    ``Infinity`` as numbers, and decodes UTF-16, UTF-32 and a byte order mark; and a number beyond a
+    double (``1e400``) would be an infinity that nothing downstream can store or send."""
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")
@@ -158,7 +167,7 @@ def strict_json(raw: bytes | str) -> Any:
     if raw.startswith("\ufeff"):
         raise NotJson("it starts with a byte order mark (send plain UTF-8)")
     try:
-        return json.loads(raw, parse_constant=_no_constant)
+        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
     except NotJson:
         raise
     except ValueError as exc:  # json.JSONDecodeError

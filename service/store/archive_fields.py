@@ -176,7 +176,8 @@ _RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:(\d\d)(\.\d+)?([Zz]|[+-]\d\
 
 
 def _parse_timestamp(text: str) -> datetime | None:
-    """An RFC 3339 timestamp; a leap second counts, as in PostgreSQL, as the next minute's first instant."""
+    """An RFC 3339 timestamp; a leap second counts, as in PostgreSQL, as the next minute's first instant
+    (OverflowError when that is past year 9999)."""
     match = _RFC3339.fullmatch(text)
     if match is None:
         return None
@@ -199,7 +200,10 @@ def _timestamp(*, nullable: bool = False) -> Any:
             return None
         if not isinstance(value, str):
             raise problem("must be an ISO 8601 timestamp string" + (" or null" if nullable else ""))
-        moment = _parse_timestamp(value)
+        try:
+            moment = _parse_timestamp(value)
+        except OverflowError:  # 9999-12-31T23:59:60Z: its next minute is past year 9999
+            raise problem("is out of range (a leap second at the end of year 9999)") from None
         if moment is None:
             if _RFC3339_NO_ZONE.fullmatch(value):
                 raise problem("must carry a time zone (e.g. a trailing Z)")

@@ -129,6 +129,8 @@ def test_nul_and_lone_surrogates_are_refused_wherever_they_are() -> None:
         ({"a": "\x00", "messages": [1]}, "nul"),  # a key before "messages" holding the mark itself
         ({"messages": "x\x00"}, "nul"),
         ({"messages": [{"role": "user", "content": "\ud800"}]}, "surrogate"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "x": 1e400}]}]}, "number"),
+        ({"tools": [{"name": "t", "input_schema": {"maximum": -1e400}}], "messages": []}, "number"),
     ]
     for content, reason in cases:
         with pytest.raises(UnstorableSnapshot) as refused:

@@ -540,6 +540,25 @@ def test_rfc3339_spellings_are_accepted() -> None:
     assert second.created_at == datetime(2026, 11, 29, 10, 0, 0, 500000, tzinfo=UTC)
 
 
+def test_a_leap_second_past_year_9999_is_out_of_range_not_an_error() -> None:
+    document = {
+        "version": 1,
+        "parent_id": "p",
+        "questions": [{"ordinal": 1, "question": "q", "answer": "a", "created_at": "9999-12-31T23:59:60Z"}],
+    }
+    with pytest.raises(ArchiveInvalid, match="created_at is out of range") as refused:
+        parse_archive(document)
+    assert refused.value.status == 422
+
+
+@pytest.mark.parametrize("body", [b'{"version": 1e400, "parent_id": "p", "questions": []}', b"[-1e999]"])
+def test_a_number_beyond_a_double_makes_the_archive_unreadable(body: bytes) -> None:
+    """Python would read it as an infinity, which an error's own detail could not even be written with."""
+    with pytest.raises(ArchiveUnreadable, match="beyond the range of a 64-bit float") as refused:
+        load_archive_json(body)
+    assert refused.value.status == 400
+
+
 def test_integral_numbers_count_as_integers_as_in_json_schema() -> None:
     document = _broken(lambda d: d.update(version=3.0))
     document["questions"][0]["ordinal"] = 5.0
