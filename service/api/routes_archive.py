@@ -102,10 +102,17 @@ async def restore_session_archive(
     limit = settings_of(request).max_snapshot_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, "payload_too_large", f"an archive may be at most {limit} bytes", {"limit": limit})
+        raise _archive_too_large(limit)
     body = await request.body()
     if len(body) > limit:
-        raise ApiError(413, "payload_too_large", f"an archive may be at most {limit} bytes", {"limit": limit})
+        raise _archive_too_large(limit)
     archive = parse_archive(load_archive_json(body))
     result = await restore_archive(db, tenant, parent_id, archive, replace=mode == "replace")
     return ArchiveRestored(**result.as_json())
+
+
+def _archive_too_large(limit: int) -> ApiError:
+    """413 with the detail the body limit's own 413 has (``limit_bytes``)."""
+    return ApiError(
+        413, "payload_too_large", f"an archive may be at most {limit} bytes", {"limit_bytes": limit}
+    )

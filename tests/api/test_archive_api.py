@@ -148,6 +148,9 @@ async def test_archive_larger_than_the_limit_is_413(start_server: StartServer) -
     async with server.client() as client:
         response = await post_archive(client, "p", fixture_bytes("v3.json"))
         assert response.status_code == 413
+        # The same detail as the body limit's own 413 (outside check: it said "limit" here).
+        assert response.json()["error"]["code"] == "payload_too_large"
+        assert response.json()["error"]["detail"] == {"limit_bytes": 2048}
         assert (await client.get("/v1/sessions/p")).status_code == 404
 
 
