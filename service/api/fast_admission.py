@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import routes_sessions
 from service.api.deps import bearer_scheme, tenant_of
-from service.api.routes_common import PARENT_ID_MAX
+from service.api.routes_common import DOT_SEGMENTS, PARENT_ID_MAX
 from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
 from service.api.schemas import QuestionIn
 from service.api.strict_input import read_body, replaying
@@ -119,6 +119,8 @@ def _accept(
     if content_type != b"application/json":
         return None
     if not 1 <= len(parent_id) <= PARENT_ID_MAX or unstorable_reason(parent_id) is not None:
+        return None
+    if parent_id in DOT_SEGMENTS:
         return None
     key: str | None = None
     if b"idempotency-key" in headers:

@@ -21,8 +21,16 @@ MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
 
 
-def storable_path_text(name: str, value: str) -> str:
-    """A path parameter PostgreSQL can store as text, else 422 ``validation_error`` naming it."""
+# Path segments that are never ids: a URL's dot segments, which clients (browsers, httpx, curl
+# without --path-as-is) resolve away before sending, so a session under one could not be reached.
+DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def path_id(name: str, value: str) -> str:
+    """A path id: ``.`` and ``..`` (also sent as ``%2E``) → 404 ``not_found``, as the URL they stand
+    for matches no route (docs/api.md); text PostgreSQL cannot store → 422 ``validation_error``."""
+    if value in DOT_SEGMENTS:
+        raise ApiError(404, "not_found", f"no such path: {value!r} is not a {name}")
     if unstorable_reason(value) is not None:
         raise validation_error(["path", name], UNSTORABLE_TEXT)
     return value
@@ -35,7 +43,7 @@ PARENT_ID_MAX = 500
 async def _parent_id(
     parent_id: Annotated[str, Path(min_length=1, max_length=PARENT_ID_MAX, json_schema_extra=NO_NUL)],
 ) -> str:
-    return storable_path_text("parent_id", parent_id)
+    return path_id("parent_id", parent_id)
 
 
 ParentId = Annotated[str, Depends(_parent_id)]

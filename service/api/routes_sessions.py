@@ -20,9 +20,9 @@ from service.api.routes_common import (
     StreamTokenParam,
     errors,
     hub_of,
+    path_id,
     resume_point,
     sse_response,
-    storable_path_text,
     stream_tenant,
     stream_token_response,
 )
@@ -203,7 +203,7 @@ async def clear_questions(parent_id: ParentId, tenant: Tenant, session: DbSessio
 async def _snapshot_id(
     snapshot_id: Annotated[str, Path(min_length=1, max_length=500, json_schema_extra=NO_NUL)],
 ) -> str:
-    return storable_path_text("snapshot_id", snapshot_id)
+    return path_id("snapshot_id", snapshot_id)
 
 
 @router.put(

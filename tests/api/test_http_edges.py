@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
+import pytest
+
 from tests.api.conftest import Server, StartServer
 
 
@@ -89,3 +94,41 @@ async def test_a_body_that_is_not_json_text_is_400_on_every_route(server: Server
         )
         assert archive.status_code == 400 and archive.json()["error"]["code"] == "invalid_archive"
         assert (await client.get("/v1/sessions/p-json")).status_code == 404  # nothing written
+
+
+async def _raw(
+    server: Server, method: str, target: str, body: bytes = b"", extra: str = ""
+) -> tuple[int, bytes]:
+    """One request sent as written (no client resolves its dot segments): (status, body)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        head = f"{method} {target} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}"
+        writer.write(f"{head}content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+        await writer.drain()
+        response = await reader.read()
+    finally:
+        writer.close()
+    status = int(response.split(b" ", 2)[1])
+    return status, response.split(b"\r\n\r\n", 1)[1]
+
+
+@pytest.mark.parametrize("segment", [".", "..", "%2E", "%2e%2E"])
+async def test_dot_segments_are_no_ids(server: Server, segment: str) -> None:
+    """A session under "." or ".." could not be reached by any client that resolves dot segments
+    (browsers, httpx, the inspector): such a path names no session, 404 (docs/api.md)."""
+    question = b'{"question": "q"}'
+    twice = "x-twice: 1\r\nx-twice: 2\r\n"  # a repeated header: the fast path leaves it to the route
+    for method, target, body, extra in (
+        ("POST", f"/v1/sessions/{segment}/questions", question, ""),  # the admission's fast path
+        ("POST", f"/v1/sessions/{segment}/questions", question, twice),  # the route
+        ("PUT", f"/v1/sessions/p/snapshots/{segment}", b'{"messages": []}', ""),
+        ("GET", f"/v1/sessions/{segment}", b"", ""),
+    ):
+        status, text = await _raw(server, method, target, body, extra)
+        if status != 404:  # some dot paths never reach a route: the server's own 404
+            raise AssertionError((method, target, status, text))
+        if text.startswith(b"{"):
+            assert json.loads(text)["error"]["code"] == "not_found", text
+    async with server.client() as client:
+        assert (await client.get("/v1/sessions")).json()["items"] == []
