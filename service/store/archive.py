@@ -274,11 +274,16 @@ async def _restore(
         "updated_at": func.now(),
     }
     if archive.settings is not None:
-        # Only set fields are stored (unset ones are absent, as after a PUT with null).
+        # The archive's set fields are written over the session's own; its null (unset) ones clear
+        # nothing: settings are cleared by nothing but PUT (SPEC 11.2). Into a fresh parent id, as an
+        # export's round trip goes, that is exactly the archive's settings.
         session_values["settings"] = {
-            k: stored_setting(k, v)
-            for k, v in archive.settings.items()
-            if k in SETTINGS_FIELDS and v is not None
+            **(target.settings or {}),
+            **{
+                k: stored_setting(k, v)
+                for k, v in archive.settings.items()
+                if k in SETTINGS_FIELDS and v is not None
+            },
         }
     await session.execute(update(SessionRow).where(SessionRow.id == target.id).values(**session_values))
     # The hand-offs belong to the history being restored: earlier ones of this session go with it,

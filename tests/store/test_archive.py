@@ -31,6 +31,7 @@ from service.store.archive import (
 from service.store.db import Database
 from service.store.models import EMPTY_MEMORY, EventRow, RequestRow, SessionRow
 from service.store.records import EMPTY_USAGE
+from service.store.settings import read_settings, update_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "archives"
@@ -579,3 +580,25 @@ async def test_early_years_export_with_four_digits(db: Database) -> None:
     exported = await export(db, "p", 1)
     assert exported["questions"][0]["created_at"] == "0002-01-01T00:00:01.000000Z"
     jsonschema.validate(exported, schema(1), format_checker=jsonschema.FormatChecker())
+
+
+async def test_restore_writes_the_archives_set_settings_and_clears_none(db: Database) -> None:
+    """SPEC 11.2: settings are cleared by nothing but PUT — an archive's null (unset) fields leave the
+    target session's own as they are; its set fields are written."""
+    async with db.sessions() as session:
+        await update_settings(session, TENANT, "t", {"on_busy": "reject", "summary_model": "cheap"})
+    document = fixture("v3-minimal.json")
+    document.setdefault("session", {})["settings"] = {
+        **dict.fromkeys(("summary_instructions", "summary_model", "context_window", "max_output_tokens")),
+        "answer_model": "big",
+        "on_busy": "interrupt",
+    }
+    await restore(db, "t", document)
+    async with db.sessions() as session:
+        settings = await read_settings(session, TENANT, "t")
+    assert settings is not None
+    assert (settings["summary_model"], settings["answer_model"], settings["on_busy"]) == (
+        "cheap",
+        "big",
+        "interrupt",
+    )
