@@ -322,7 +322,7 @@ async def _restore(
             model=item.model,
             attempt=0,
             event_seq=2,
-            pinned=item.pinned and item.status == Status.SUCCEEDED,
+            pinned=item.pinned,  # only on a succeeded request (the archive schema refuses another)
             created_at=item.created_at,
             started_at=item.started_at,
             finished_at=item.finished_at,

@@ -78,7 +78,7 @@ from service.store.settings import (
     OUTPUT_CAP_MIN,
     settings_problems,
 )
-from service.vocabulary import is_int
+from service.vocabulary import Status, is_int
 
 # --------------------------------------------------------------------------------------------
 # The models. One base validates an object the archive's way (_Part.validate_part).
@@ -369,11 +369,35 @@ class QuestionV2(_Closed):
     finished_at: NullableTimestamp = optional(description=TIMESTAMP_NOTE)
 
 
+def _question_v3_schema(schema: dict[str, Any]) -> None:
+    _question_v2_schema(schema)
+    schema["allOf"].append(
+        {
+            "if": {"properties": {"status": {"enum": ["failed", "cancelled"]}}, "required": ["status"]},
+            "then": {"properties": {"pinned": {"const": False}}},
+        }
+    )
+
+
+def _pinned(value: object, info: ValidationInfo) -> bool:
+    # Only a succeeded request can be pinned (SPEC §11.1: 409 not_pinnable otherwise), so no export
+    # has another one pinned; restored, it would be dropped, not written back as the archive says.
+    if not isinstance(value, bool):
+        raise problem("must be true or false")
+    if value and info.data.get("status", Status.SUCCEEDED) != Status.SUCCEEDED:
+        raise problem("can only be true on a succeeded request")
+    return value
+
+
 class QuestionV3(QuestionV2):
+    model_config = ConfigDict(json_schema_extra=_question_v3_schema)
     context_info: StorableObject = Field(
         {}, description="the request's budget report (SPEC §3 context_info); missing → {}"
     )
-    pinned: Flag = Field(False, description="pinned for the next hand-off (SPEC §11.1); missing → false")
+    pinned: Annotated[bool, PlainValidator(_pinned), WithJsonSchema({"type": "boolean"})] = Field(
+        False,
+        description="pinned for the next hand-off (SPEC §11.1), succeeded requests only; missing → false",
+    )
 
 
 _PARENT_NOTE: Final = "the session it was exported from; restore uses the parent id of its URL"

@@ -433,6 +433,14 @@ MALFORMED: list[tuple[str, object, type[Exception], str]] = [
     ),
     ("NUL in text", _broken(lambda d: d["questions"][0].update(question="a\x00b")), ArchiveInvalid, "NUL"),
     (
+        "a failed request pinned",  # SPEC 11.1: only a succeeded request can be; restore would drop it
+        _broken(
+            lambda d: d["questions"][1].update(status="failed", error={"code": "timeout", "message": "m"})
+        ),
+        ArchiveInvalid,
+        "pinned can only be true on a succeeded request",
+    ),
+    (
         "surrogate in usage",
         _broken(lambda d: d["questions"][0]["usage"]["calls"][0].update(model="\ud800")),
         ArchiveInvalid,
