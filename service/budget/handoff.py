@@ -167,21 +167,41 @@ def summary_header(summary: HandoffSummary) -> str:
     )
 
 
-def ordinal_runs(ordinals: Sequence[int]) -> str:
-    """``#1–#3, #7``: the ordinals, each run of consecutive ones as its ends (a range never holds
-    one that is not in the list: an outside check found "#1–#3" naming a carried #2)."""
+def _runs(ordinals: Sequence[int]) -> list[tuple[int, int]]:
+    """The ordinals' runs of consecutive ones, ascending, each as its (first, last)."""
     runs: list[list[int]] = []
     for ordinal in sorted(set(ordinals)):
         if runs and ordinal == runs[-1][1] + 1:
             runs[-1][1] = ordinal
         else:
             runs.append([ordinal, ordinal])
-    return ", ".join(f"#{a}" if a == b else f"#{a}–#{b}" for a, b in runs)
+    return [(a, b) for a, b in runs]
 
 
-def omitted_line(ordinals: Sequence[int]) -> str:
+def _run_text(run: tuple[int, int]) -> str:
+    a, b = run
+    return f"#{a}" if a == b else f"#{a}–#{b}"
+
+
+def ordinal_runs(ordinals: Sequence[int]) -> str:
+    """``#1–#3, #7``: the ordinals, each run of consecutive ones as its ends (a range never holds
+    one that is not in the list: an outside check found "#1–#3" naming a carried #2)."""
+    return ", ".join(_run_text(run) for run in _runs(ordinals))
+
+
+def omitted_line(ordinals: Sequence[int], shown_runs: int | None = None) -> str:
+    """``--- 4 side answers left out to fit: #1–#3, #7.`` — with ``shown_runs``, only that many runs
+    (the oldest) are named and the rest counted: ``#1–#3 and 1 more.`` (0: none named)."""
     count = len(set(ordinals))
-    return f"--- {count} side answer{'s' if count != 1 else ''} left out to fit: {ordinal_runs(ordinals)}."
+    head = f"--- {count} side answer{'s' if count != 1 else ''} left out to fit"
+    runs = _runs(ordinals)
+    if shown_runs is None or shown_runs >= len(runs):
+        return f"{head}: {', '.join(_run_text(run) for run in runs)}."
+    if shown_runs <= 0:
+        return f"{head}."
+    named = runs[:shown_runs]
+    rest = count - sum(b - a + 1 for a, b in named)
+    return f"{head}: {', '.join(_run_text(run) for run in named)} and {rest} more."
 
 
 def _shorten(text: str, max_bytes: int) -> str:
@@ -216,13 +236,15 @@ class _Plan:
     summary_used: bool = False
     summary_shortened: bool = False
     omitted: list[int] = field(default_factory=list)
+    # How many runs of the left-out line name their ordinals (None: all; see _shorten_omitted_line).
+    omitted_runs_shown: int | None = None
     # Every cut of a question or an answer, in the order made: :func:`_give_back` undoes them last first.
     cuts: list[tuple[_Entry, str]] = field(default_factory=list)
 
     def parts(self) -> list[str]:
         parts = [FRAMING]
         if self.omitted:
-            parts.append(omitted_line(self.omitted))
+            parts.append(omitted_line(self.omitted, self.omitted_runs_shown))
         if self.summary_used and self.summary is not None:
             parts.append(summary_header(self.summary) + "\n" + self.summary_text)
         parts.extend(e.render() for e in self.entries if not (e.summarized or e.omitted))
@@ -233,7 +255,7 @@ class _Plan:
         """UTF-8 bytes of the rendered text, computed from the parts' sizes."""
         sizes = [_size(FRAMING), _size(END_LINE)]
         if self.omitted:
-            sizes.append(_size(omitted_line(self.omitted)))
+            sizes.append(_size(omitted_line(self.omitted, self.omitted_runs_shown)))
         if self.summary_used and self.summary is not None:
             sizes.append(_size(summary_header(self.summary)) + 1 + _size(self.summary_text))
         sizes.extend(e.size() for e in self.entries if not (e.summarized or e.omitted))
@@ -393,6 +415,19 @@ def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
     plan.omitted = sorted(omitted)
 
 
+def _shorten_omitted_line(plan: _Plan, limit: int) -> None:
+    """Name fewer runs of the left-out line, the newest first to go, until the block fits: leaving
+    many scattered Q&A out can make the line that lists them longer than what leaving them out freed
+    (a property test found one). The response's ``omitted_ordinals`` still lists every one."""
+    if not plan.omitted:
+        return
+    runs = len(_runs(plan.omitted))
+    for shown in range(runs - 1, -1, -1):
+        plan.omitted_runs_shown = shown
+        if plan.size() <= limit:
+            return
+
+
 def build_handoff(
     items: Sequence[HandoffItem], summary: HandoffSummary | None, max_tokens: int
 ) -> HandoffBlock | None:
@@ -431,6 +466,7 @@ def build_handoff(
         lambda: _shrink_field(plan, limit, "question", QUESTION_FLOOR_BYTES, protected=True),
         lambda: _shrink_field(plan, limit, "question", 0, protected=True),
         lambda: _omit_oldest(plan, limit, protected=True),
+        lambda: _shorten_omitted_line(plan, limit),
     )
     for step in steps:
         if plan.size() <= limit:

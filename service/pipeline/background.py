@@ -25,6 +25,7 @@ from typing import Any, Literal
 from service.budget import Calibration, CutRefusal, plan_cut
 from service.pipeline.calibration import CalibrationBook
 from service.pipeline.failures import error_object
+from service.pipeline.history import folded_context_time
 from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers, text_setting
 from service.pipeline.recorder import JobRecorder
 from service.pipeline.runtime import PipelineDeps
@@ -159,7 +160,8 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any) -> Job
         )
     plan = plan_numbers(deps.settings, job.settings, {}, None)
     batches = [pairs[i : i + 20] for i in range(0, len(pairs), 20)]
-    folded = await fold_qa(runner(plan.window, plan.safety_margin), qa, batches, None)
+    context_time = await folded_context_time(deps.db, job.session_id, qa, batches, job.clear_version)
+    folded = await fold_qa(runner(plan.window, plan.safety_margin), qa, batches, context_time)
     assert folded is not None
     folded = dataclasses.replace(folded, made_by="background")
     return JobOutcome(

@@ -12,6 +12,7 @@ Split in two so that a needed fold can run *while* the context is compacted (iss
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,7 +23,8 @@ from service.pipeline.prepare import Prepared, parse_qa_summary
 from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_background_jobs
 from service.store import jobs, memory
-from service.store.history import iter_history
+from service.store.db import Database
+from service.store.history import iter_history, latest_context_time
 from service.summary.material import QAPair, render_qa_pair
 from service.summary.rolling import StoredQASummary, fold_qa
 from service.summary.runner import SummaryRunner
@@ -155,10 +157,36 @@ async def fold_history(
     return plan
 
 
+async def folded_context_time(
+    db: Database,
+    session_id: uuid.UUID,
+    previous: StoredQASummary | None,
+    batches: Sequence[Sequence[QAPair]],
+    clear_version: int,
+) -> str | None:
+    """The context time of a fold of ``batches`` into ``previous``: that of the newest folded Q&A
+    asked on a snapshot (a request's fold and a background job's alike, whatever snapshot the
+    request that folds has)."""
+    if not batches or not batches[-1]:
+        return None
+    async with db.connection() as conn:
+        return await latest_context_time(
+            conn,
+            session_id,
+            after_ordinal=previous.covered_through_ordinal if previous is not None else 0,
+            through_ordinal=batches[-1][-1].ordinal,
+            clear_version=clear_version,
+        )
+
+
 async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runner: SummaryRunner) -> None:
     before = runner.attempts_made
     try:
-        folded = await fold_qa(runner, plan.qa, plan.fold_batches, prepared.context_time)
+        claimed = prepared.claimed
+        context_time = await folded_context_time(
+            rt.db, claimed.session_id, plan.qa, plan.fold_batches, claimed.clear_version
+        )
+        folded = await fold_qa(runner, plan.qa, plan.fold_batches, context_time)
     finally:
         plan.calls += runner.attempts_made - before
         rt.sync_calls()

@@ -110,6 +110,41 @@ _HISTORY_PAGE = text(
 )
 
 
+# The main context time of the newest folded Q&A that was asked on a snapshot: its snapshot's
+# taken_at (from the preparation, ~100 KB of JSON text to read, not the snapshot's own).
+_LATEST_CONTEXT_TIME = text(
+    """
+    SELECT t.taken_at FROM side_question_requests r
+    JOIN main_snapshots s ON s.session_id = r.session_id AND s.snapshot_id = r.snapshot_id
+    CROSS JOIN LATERAL (SELECT COALESCE(s.prepared ->> 'taken_at', s.content ->> 'taken_at') AS taken_at) t
+    WHERE r.session_id = :sid AND r.status = :succeeded AND r.deleted_at IS NULL
+      AND r.clear_version = :cv AND r.ordinal > :after AND r.ordinal <= :through
+      AND t.taken_at IS NOT NULL
+    ORDER BY r.ordinal DESC
+    LIMIT 1
+    """
+)
+
+
+async def latest_context_time(
+    x: Executor, session_id: uuid.UUID, *, after_ordinal: int, through_ordinal: int, clear_version: int
+) -> str | None:
+    """When the main context was taken for the newest succeeded Q&A in ``(after, through]`` asked on a
+    snapshot with a ``taken_at`` (SPEC 6.1: a rolling summary states its context time), or None."""
+    value = await fetch_value(
+        x,
+        _LATEST_CONTEXT_TIME,
+        {
+            "sid": session_id,
+            "succeeded": str(Status.SUCCEEDED),
+            "cv": clear_version,
+            "after": after_ordinal,
+            "through": through_ordinal,
+        },
+    )
+    return None if value is None else str(value)
+
+
 async def iter_history(
     db: Database,
     session_id: uuid.UUID,

@@ -95,6 +95,10 @@ async def fold_qa(
 ) -> StoredQASummary | None:
     """Fold ``batches`` of Q&A pairs (ascending ordinals) into ``previous``.
 
+    ``context_time``: when the main context was taken for the newest of the folded Q&A asked on a
+    snapshot (``service.store.history.latest_context_time``); None when none was, and the new summary
+    then keeps ``previous``'s (SPEC 6.1: a summary states its context time).
+
     All chunks of all batches are planned first and the whole plan (chunks, plus merge calls in
     parallel mode) is reserved against the call cap before any call is made. Ordered mode: each batch
     is one update of the running summary (more than one call only when a batch is larger than one
@@ -147,7 +151,7 @@ async def fold_qa(
         covered_through_ordinal=through,
         model=runner.model,
         created_at=runner.now(),
-        context_time=context_time,
+        context_time=context_time or (previous.provenance.context_time if previous is not None else None),
     )
     return StoredQASummary(
         document=document,

@@ -19,6 +19,7 @@ from service.budget.handoff import (
     build_handoff,
     cut_utf8,
     estimate_handoff,
+    omitted_line,
     ordinal_runs,
     unframed,
 )
@@ -121,6 +122,28 @@ def test_what_cannot_fit_at_all_is_left_out_oldest_first_and_said_so() -> None:
     assert block.omitted_ordinals and block.omitted_ordinals[0] == 1
     assert 199 in block.ordinals and not set(block.ordinals) & set(block.omitted_ordinals)
     assert f"side answers left out to fit: {ordinal_runs(block.omitted_ordinals)}." in block.text
+
+
+def test_many_scattered_left_out_ordinals_name_fewer_runs_to_fit() -> None:
+    """Leaving scattered Q&A out can make the line that lists them grow faster than what it frees (a
+    property test found 28 such within 256 tokens, 1 token over): the line then names its oldest runs
+    and counts the rest, while omitted_ordinals lists them all."""
+    ordinals = [99, 100, 102, 103, 105, 106, 229, 763, 999, 1000, 1002, 1003, 1005, 1974, 6618, 9999, 10000]
+    ordinals += [10002, 10003, 10005, 10006, 10008, 16744, 21252, 100000, 938115, 1000000, 1490149, 8109286]
+    ordinals += [20_000_000 + 2 * i for i in range(10)]
+    items = [HandoffItem(o, "", "", None, None, None, False) for o in ordinals]
+    block = build_handoff(items, None, HANDOFF_MIN_TOKENS)
+    assert block is not None and block.estimate_tokens <= HANDOFF_MIN_TOKENS
+    assert block.ordinals == (ordinals[-1],) and list(block.omitted_ordinals) == ordinals[:-1]
+    assert "side answers left out to fit: #99–#100, #102–#103" in block.text
+    assert " more.\n" in block.text
+
+
+def test_the_left_out_line_names_as_many_runs_as_asked() -> None:
+    assert omitted_line([1, 2, 3, 7]) == "--- 4 side answers left out to fit: #1–#3, #7."
+    assert omitted_line([1, 2, 3, 7], 5) == omitted_line([1, 2, 3, 7])
+    assert omitted_line([1, 2, 3, 7, 9], 1) == "--- 5 side answers left out to fit: #1–#3 and 2 more."
+    assert omitted_line([4], 0) == "--- 1 side answer left out to fit."
 
 
 def test_cut_utf8_never_splits_a_character() -> None:
