@@ -11,18 +11,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 
 from service.config import Settings
 from service.store import calibration, jobs, memory, queue
 from service.store.admission import clear_session
 from service.store.db import Database
 from service.store.events import session_events_after
-from service.store.models import JobRow, RequestRow
+from service.store.history import latest_context_time
+from service.store.models import JobRow, RequestRow, SessionRow
 from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, session_overview, store_snapshot
 from service.vocabulary import JobKind
 from service.worker import Worker, start_worker
-from tests.factories import add_history, admit, make_session, scripted_settings
+from tests.factories import add_history, add_snapshot, admit, make_session, scripted_settings
 from tests.scripted_provider import ScriptedServer, Step
 from tests.worker.conftest import row_of, wait_for
 
@@ -150,6 +151,35 @@ async def test_an_answer_queues_a_fold_and_the_next_question_finds_the_summary_c
     assert [c["purpose"] for c in background["usage"]["calls"]][:1] == ["qa_summary"]
     statuses = [e["status"] for e in await _memory_events(db, sid) if e["job_id"] == str(job.id)]
     assert statuses == ["queued", "running", "succeeded"]
+
+
+async def test_a_folds_context_time_is_that_of_the_newest_folded_qa_asked_on_a_snapshot(
+    worker: Worker, db: Database, server: ScriptedServer
+) -> None:
+    """SPEC 6.1: the summary states its context time — a job's fold too (outside check: it had none)."""
+    sid = await make_session(db)
+    await add_snapshot(db, sid, "old", {"taken_at": "2026-12-01T09:00:00Z", "messages": []})
+    await add_snapshot(db, sid, "new", {"taken_at": "2026-12-01T10:00:00Z", "messages": []})
+    ids = await add_history(db, sid, _history(3))
+    async with db.sessions() as session, session.begin():
+        for rid, snapshot_id in zip(ids, ("old", "new", None), strict=True):
+            await session.execute(
+                update(RequestRow).where(RequestRow.id == rid).values(snapshot_id=snapshot_id)
+            )
+    async with db.connection() as conn:
+        times = [
+            await latest_context_time(conn, sid, after_ordinal=a, through_ordinal=t, clear_version=0)
+            for a, t in ((0, 3), (0, 1), (2, 3))
+        ]
+    assert times == ["2026-12-01T10:00:00Z", "2026-12-01T09:00:00Z", None]
+
+    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-3", {"through_ordinal": 3})
+    await wait_for(lambda: _job_is(db, job_id, "succeeded"), within=20)
+    async with db.sessions() as session:
+        owner = await session.get(SessionRow, sid)
+    assert owner is not None
+    assert owner.memory["qa_summary"]["provenance"]["context_time"] == "2026-12-01T10:00:00Z"
+    assert "main context as of 2026-12-01T10:00:00Z" in owner.memory["qa_summary"]["rendered"]
 
 
 async def _all_jobs_ended(db: Database, sid: uuid.UUID) -> bool:
