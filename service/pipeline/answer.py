@@ -93,7 +93,8 @@ async def answer(
         try:
             result = await _call(rt, prepared, request, deltas)
         except ContextOverflow as exc:
-            if deltas.streamed_chars or rt.info.overflow_retries:
+            # SPEC 7: only a first reply that streamed nothing yet (no text, no tool call) is retried.
+            if deltas.streamed_chars or exc.after_output or rt.info.overflow_retries:
                 raise
             await rt.progress(vocabulary.overflow_retry(estimate_before=request.estimate.total))
             target: int | None = None

@@ -105,7 +105,8 @@ ProviderEvent = TextDelta | ReasoningDelta | ToolCall | UsageReport | Finish
 class ProviderError(Exception):
     """A provider call failed. ``status`` is the HTTP status when there was one.
 
-    ``usage`` carries usage the provider reported before failing (else None). Not a
+    ``usage`` carries usage the provider reported before failing (else None); ``after_output`` says
+    whether text or a tool call had streamed before it (the calling policy sets it). Not a
     :class:`~service.errors.SidequestError`: there ``status`` is the status *we* would answer with,
     here it is the provider's own (reported in the error detail), and no provider error ever ends an
     HTTP request of ours. It speaks the rest of the protocol: ``code`` and :meth:`to_error`.
@@ -124,6 +125,7 @@ class ProviderError(Exception):
         self.message = message
         self.status = status
         self.usage = usage
+        self.after_output = False
 
     def to_error(self) -> dict[str, Any]:
         """SPEC §8's error object of a side request this failure ended (detail: status, message)."""

@@ -197,6 +197,8 @@ async def _attempt(
     except ProviderError as exc:
         if exc.usage is None and state.usage is not None:
             exc.usage = state.usage
+        # A reply that had begun (text, or a tool call: SPEC 7 retries neither) failed part-way.
+        exc.after_output = bool(state.text or state.tool_calls)
         await record("failed", exc.usage)
         raise
     except Exception:

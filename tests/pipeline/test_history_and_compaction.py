@@ -228,6 +228,23 @@ async def test_overflow_after_streamed_text_is_not_retried(
     assert server.requests("qa_summary") == []
 
 
+async def test_overflow_after_a_streamed_tool_call_is_not_retried(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    """SPEC 7: retried only while no text *or tool call* has streamed (outside check: a tool call's
+    deltas, then an in-stream overflow, was answered by a second call)."""
+    from tests.scripted_provider import STREAM_OVERFLOW_ERROR
+
+    sid = await make_session(db)
+    await add_history(db, sid, [(f"q{i}", f"a{i} " * 50) for i in range(1, 6)])  # a replay to shrink
+    rid = await admit(db, sid, "q")
+    tool = Step.tool_call("grep").tool
+    server.script("answer", Step(tool=tool, stream_error=STREAM_OVERFLOW_ERROR), Step.text("never"))
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "context_overflow"
+    assert len(server.requests("answer")) == 1
+
+
 async def test_a_second_overflow_fails(
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
