@@ -103,9 +103,18 @@ async def wait_for_background_jobs(rt: RequestRuntime, active: Iterable[jobs.Job
     waited: int | None = None
     for job in active:
         await rt.progress(waiting_for_background(str(job.id), job.kind, job.key))
-        _state, ms = await wait_for_job(
-            rt.db, rt.deps.waiter, job.id, remaining_s=rt.remaining_s, clock=rt.deps.clock
-        )
+        started = rt.deps.clock()
+        try:
+            _state, ms = await wait_for_job(
+                rt.db, rt.deps.waiter, job.id, remaining_s=rt.remaining_s, clock=rt.deps.clock
+            )
+        except TimeoutError:
+            # The request fails with timeout: its record still says how long it waited, and for what.
+            ms = int((rt.deps.clock() - started) * 1000)
+            part = rt.info.qa_summary if job.kind == JobKind.QA_FOLD else rt.info.context_summary
+            if part is not None:
+                part.waited_ms += (waited or 0) + ms
+            raise
         waited = (waited or 0) + ms
     return waited
 

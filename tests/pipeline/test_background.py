@@ -352,6 +352,27 @@ async def test_two_workers_never_run_the_same_job(
     assert attempts == [1] * 6
 
 
+async def test_a_request_that_times_out_waiting_for_a_job_says_how_long_it_waited(
+    db: Database, server: ScriptedServer, database_url: str
+) -> None:
+    """SPEC 3: waited_ms is the time spent waiting for a background job — also when the request's
+    deadline passes during that wait (outside check: it said 0)."""
+    handle = await start_worker(_settings(database_url, server, request_timeout_s=1.5), db)
+    try:
+        sid = await make_session(db)
+        await add_history(db, sid, _history(21))
+        server.script("qa_summary", Step.valid_summary().with_delay(before_s=6.0))
+        job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+        await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
+        rid = await admit(db, sid, "question 22?")
+        await wait_for(lambda: _done(db, rid), within=20)
+        row = await row_of(db, rid)
+    finally:
+        await handle.stop()
+    assert row.status == "failed" and row.error is not None and row.error["code"] == "timeout"
+    assert 0 < row.context_info["qa_summary"]["waited_ms"] <= 1500  # within the request's deadline
+
+
 async def test_background_off_makes_no_jobs(db: Database, server: ScriptedServer, database_url: str) -> None:
     settings = _settings(database_url, server, background_summaries="off")
     handle = await start_worker(settings, db)
