@@ -29,7 +29,7 @@ from service.store.db import Database, connect
 from service.summary.prompts import build_answer_request
 from tests.factories import add_snapshot, admit, make_session
 from tests.pipeline.conftest import Ran, run_one
-from tests.scripted_provider import ScriptedServer, Step, Usage, wire_estimate
+from tests.scripted_provider import VALID_SUMMARY, ScriptedServer, Step, Usage, wire_estimate
 
 WINDOW = 60_000
 OUTPUT_CAP = 1024
@@ -306,3 +306,35 @@ async def test_an_overflow_that_states_the_real_count_is_a_sample_and_sizes_the_
     # …and the retry was sized to fit it: at the stated ratio, the retry's estimate fits the budget.
     retry_estimate = info["estimate"]["total"]
     assert retry_estimate * stated // raw <= budget
+
+
+async def test_a_retry_after_a_stated_count_fits_even_when_its_new_summary_is_larger(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    """SPEC 5.1: the retry shrinks to fit the stated count, not by a guess — also when the request was
+    compacted already and the summary of the longer old part comes back larger than the one it had
+    (outside check: a retry 17 tokens over)."""
+    sid = await make_session(db, "stated-again")
+    messages: list[dict[str, Any]] = []
+    for i in range(50):
+        messages.append({"role": "user", "content": f"step {i}: " + "u" * 1500})
+        messages.append({"role": "assistant", "content": f"done {i}: " + "a" * 1500})
+    snapshot = {"system": "You are the main agent.", "messages": messages, "context_window": 40_000}
+    await add_snapshot(db, sid, "s-big", snapshot)
+    options = {"max_output_tokens": OUTPUT_CAP}
+    first = await ask(db, model_settings, provider, sid, "warm?", snapshot_id="s-big", options=options)
+    assert first.row.context_info["context_summary"]["used"] is True
+    larger = {**VALID_SUMMARY, "state": "The agent refactored the parser. " * 40}
+    server.script("context_summary", Step.valid_summary(larger))
+    stated = 40_000
+    message = (
+        "This model's maximum context length is 40000 tokens. "
+        f"However, your messages resulted in {stated} tokens."
+    )
+    body = {"error": {"message": message, "type": "x", "code": "context_length_exceeded"}}
+    server.script("answer", Step.overflow(body), Step.text("Shrunk answer."))
+    ran = await ask(db, model_settings, provider, sid, "again?", snapshot_id="s-big", options=options)
+    info = ran.row.context_info
+    assert info["overflow_retries"] == 1
+    before = next(p["estimate_before"] for p in ran.of("progress") if p.get("estimate_before"))
+    assert info["estimate"]["total"] * stated // before <= info["input_budget"]
