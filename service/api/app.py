@@ -36,7 +36,7 @@ from service.api.strict_input import StrictJsonBodies, Utf8Paths
 from service.config import Settings
 from service.store.archive_fields import OPENAPI_REFS
 from service.store.archive_schema import storable_json_defs
-from service.store.db import Database, connect, current_revision, head_revision
+from service.store.db import Database, accepts_writes, connect, current_revision, head_revision
 from service.store.listener import Listener
 
 log = logging.getLogger(__name__)
@@ -230,6 +230,19 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
                 {**body, "status": "unavailable", "database": "unreachable"},
                 status_code=503,
                 headers=unavailable.headers,
+            )
+        try:
+            writable = await accepts_writes(db)
+        except Exception:
+            writable = False
+        if not writable:
+            # A standby, or a primary demoted in a failover: reads work, every write would fail.
+            message = "the database is read-only (a standby, or a failover in progress)"
+            body = error_body("service_unavailable", message, {"read_only": True})
+            return JSONResponse(
+                {**body, "status": "unavailable", "database": "read-only", "schema": current},
+                status_code=503,
+                headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
             )
         if current != head:
             message = f"the database schema is at {current}, not at {head}: run `sidequest migrate`"

@@ -57,8 +57,11 @@ class DatabaseUnavailable(Exception):
 
 # PostgreSQL's own "cannot serve you now" states: admin shutdown (57P01, ``pg_ctl stop -m fast``),
 # crash shutdown (57P02), cannot connect now (57P03: starting up or shutting down), too many
-# connections (53300: every slot taken, e.g. by other clients of a shared server).
-_SHUTDOWN_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
+# connections (53300: every slot taken, e.g. by other clients of a shared server), a database not
+# accepting connections (55000: ``ALLOW_CONNECTIONS false`` for maintenance; no statement of ours
+# can raise it otherwise — no currval, lastval or concurrent refresh), and a read-only transaction
+# (25006: a write that reached a standby, or a primary demoted in a failover).
+_SHUTDOWN_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300", "55000", "25006"})
 
 
 def driver_chain(exc: BaseException) -> Iterator[BaseException]:
@@ -269,6 +272,13 @@ def head_revision() -> str:
     if head is None:
         raise RuntimeError("no migrations found")
     return head
+
+
+async def accepts_writes(db: Database) -> bool:
+    """Whether a transaction opened now could write: false on a standby (or a primary demoted in a
+    failover) and while ``default_transaction_read_only`` is on."""
+    async with db.engine.connect() as conn:
+        return bool(await conn.scalar(text("SELECT current_setting('transaction_read_only') = 'off'")))
 
 
 async def current_revision(db: Database) -> str | None:
