@@ -154,6 +154,23 @@ async def _candidates(session: AsyncSession, owner: SessionRow, ask: HandoffAsk)
     return rows
 
 
+async def _summary_for(session: AsyncSession, owner: SessionRow, ask: HandoffAsk) -> HandoffSummary | None:
+    """The rolling summary the block may use: with ``ordinals`` (SPEC 11.1: exactly those), only when
+    every succeeded Q&A it covers was asked for — it cannot carry part of what it summarises."""
+    summary = _summary_of(owner.memory)
+    if summary is None or ask.ordinals is None:
+        return summary
+    covered = await session.scalars(
+        select(RequestRow.ordinal).where(
+            RequestRow.session_id == owner.id,
+            RequestRow.deleted_at.is_(None),
+            RequestRow.status == Status.SUCCEEDED,
+            RequestRow.ordinal.between(summary.first_ordinal, summary.covered_through_ordinal),
+        )
+    )
+    return summary if set(covered) <= set(ask.ordinals) else None
+
+
 async def _snapshot_times(
     session: AsyncSession, session_id: uuid.UUID, snapshot_ids: set[str]
 ) -> dict[str, str]:
@@ -210,7 +227,7 @@ async def create_handoff(
         )
         for r in rows
     ]
-    block = build_handoff(items, _summary_of(owner.memory), ask.max_tokens)
+    block = build_handoff(items, await _summary_for(session, owner, ask), ask.max_tokens)
     if block is None:
         await session.commit()
         return HandoffOutcome(_empty(owner.parent_id, ask), created=False)

@@ -179,6 +179,13 @@ async def test_the_rolling_summary_stands_in_for_older_qa_when_the_block_is_too_
     assert block["summarized_ordinals"] and max(block["summarized_ordinals"]) <= 20
     assert "Objective: Port the parser." in block["text"]
     assert block["ordinals"][-1] == 30 and await mark(db) == 30
+    # "ordinals — exactly those" (SPEC 11.1): a summary of #1–#20 cannot stand in for #1 and #25
+    # alone (it would carry #2–#20 too); for all of #1–#20 and more, it can.
+    some = await handoff(db, max_tokens=1000, ordinals=[1, 25])
+    assert some["summarized_ordinals"] == [] and "Objective: Port the parser." not in some["text"]
+    assert some["ordinals"] == [1, 25] and some["truncated"] is True
+    covering = await handoff(db, max_tokens=3000, ordinals=list(range(1, 26)))
+    assert covering["summarized_ordinals"] and "Objective: Port the parser." in covering["text"]
 
 
 async def test_idempotency_key_replays_the_original_and_refuses_another_body(db: Database) -> None:
