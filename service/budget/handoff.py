@@ -52,6 +52,9 @@ ANSWER_FLOOR_BYTES: Final = 480
 QUESTION_FLOOR_BYTES: Final = 160
 # Client-given labels are capped in the header line, so that one Q&A at its smallest stays small.
 LABEL_MAX_CHARS: Final = 32
+# …and at most this many UTF-8 bytes: a header of two labels of 4-byte characters must still leave the
+# framing and the newest Q&A at their smallest room within 256 tokens (an outside check found 266).
+LABEL_MAX_BYTES: Final = 48
 
 FRAMING: Final = (
     "[Sidequest hand-off] While you worked, the person running this task asked side questions; "
@@ -64,14 +67,19 @@ _SEPARATOR: Final = "\n\n"
 # The block's own structure lines begin with "---" (each Q&A's header, the end line): in the text of a
 # question, an answer or the summary, such a line is written "- - -" (still a rule in Markdown), so
 # that no Q&A can fake the end of the block and put words after it, outside the framing.
-# Indented too: Markdown reads up to three leading spaces as the same rule, and a reader may ignore any.
-_STRUCTURE_LINE: Final = re.compile(r"^([ \t]*)---", re.MULTILINE)
+# Indented too: Markdown reads up to three leading spaces as the same rule, and a reader may ignore any
+# — any whitespace or zero-width character, that is. And a line is what any reader splits on: every
+# line break str.splitlines() knows (CR, VT, FF, NEL, U+2028…) is written as a newline first.
+_LINE_BREAKS: Final = re.compile("\r\n|[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_STRUCTURE_LINE: Final = re.compile(r"^((?:[^\S\n]|[\u200b\u200c\u200d\u2060\ufeff])*)---", re.MULTILINE)
 
 
 def unframed(text: str) -> str:
     """``text`` with every line that begins like one of the block's structure lines (after any
     indentation) defused."""
-    return _STRUCTURE_LINE.sub(r"\1- - -", text) if "---" in text else text
+    if "---" not in text:
+        return text
+    return _STRUCTURE_LINE.sub(r"\1- - -", _LINE_BREAKS.sub("\n", text))
 
 
 @dataclass(frozen=True)
@@ -138,9 +146,13 @@ def cut_utf8(text: str, max_bytes: int) -> str:
 
 
 def _label(value: str) -> str:
-    """A client-given label in one line, capped at :data:`LABEL_MAX_CHARS` (``…`` when cut)."""
+    """A client-given label in one line, capped at :data:`LABEL_MAX_CHARS` characters and
+    :data:`LABEL_MAX_BYTES` bytes (``…`` when cut)."""
     one_line = " ".join(value.split())
-    return one_line if len(one_line) <= LABEL_MAX_CHARS else one_line[: LABEL_MAX_CHARS - 1] + "…"
+    if len(one_line) <= LABEL_MAX_CHARS and _size(one_line) <= LABEL_MAX_BYTES:
+        return one_line
+    kept = cut_utf8(one_line[: LABEL_MAX_CHARS - 1], LABEL_MAX_BYTES - _size("…"))
+    return kept + "…"
 
 
 def item_header(item: HandoffItem) -> str:
@@ -307,14 +319,14 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
 
 
 def _leave_out_bare_pinned(plan: _Plan) -> None:
-    """A pinned Q&A cut to the bare marker, question and answer, carries nothing: it is left out
-    instead (said so), so that it stays pinned for the next hand-off and its room goes to the others."""
+    """A pinned Q&A whose answer was cut to the bare marker carries no finding: it is left out instead
+    (said so), so that it stays pinned for the next hand-off and its room goes to the others (an
+    outside check saw one carried as "A: [… shortened]", unpinned, its finding gone)."""
     for entry in plan.entries:
         if (
             entry.item.pinned
             and entry is not plan.entries[-1]
             and not (entry.omitted or entry.summarized)
-            and entry.question == SHORTENED_MARKER
             and entry.answer == SHORTENED_MARKER
         ):
             entry.omitted = True
