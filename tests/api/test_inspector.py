@@ -141,6 +141,15 @@ async def test_lists_the_tenants_sessions_and_not_another_tenants(stack: Stack, 
     await browser.evaluate("document.querySelector('#session-list button').focus()")
     await browser.press("Enter", 13)
     await browser.wait_for("document.getElementById('session-title').textContent === 'globex-secret'")
+    # Another token typed in and connected without Forget (or a reload): nothing of the last tenant's
+    # stays on screen (outside check: its session, request and answer did).
+    await browser.evaluate("document.getElementById('token').value = ''")
+    await browser.type_text("#token", "tok-acme")
+    await browser.evaluate("document.getElementById('connect').click()")
+    await browser.wait_for("document.querySelectorAll('#session-list button').length === 2")
+    assert await browser.evaluate("document.getElementById('session').hidden") is True
+    assert "globex-secret" not in await browser.evaluate("document.body.innerText")
+    assert "globex" not in await browser.evaluate("location.hash")
     assert browser.console_errors == []
 
 

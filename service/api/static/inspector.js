@@ -799,16 +799,8 @@
     });
   }
 
-  $("token").value = token();
-  on("token-form", "submit", (event) => {
-    event.preventDefault();
-    // An empty token is kept too: it means "this server has no auth", and a reload reconnects.
-    sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
-    return connect();
-  }, "listing sessions");
-  on("forget", "click", () => {
-    sessionStorage.removeItem(TOKEN_KEY);
-    $("token").value = "";
+  // Nothing of the last token's tenant stays on screen: no session, request, answer or hand-off.
+  function resetView() {
     closeRequest();
     state.parentId = null;
     state.requestId = null;
@@ -818,6 +810,23 @@
     $("sessions-more").hidden = true;
     $("sessions-empty").hidden = false;
     $("sessions-empty").textContent = CONNECT_HINT;
+  }
+
+  $("token").value = token();
+  on("token-form", "submit", (event) => {
+    event.preventDefault();
+    const next = $("token").value.trim();
+    // Another token may be another tenant's: start clean, as after Forget (an outside check saw the
+    // last tenant's session and answer stay on screen).
+    if (sessionStorage.getItem(TOKEN_KEY) !== next) resetView();
+    // An empty token is kept too: it means "this server has no auth", and a reload reconnects.
+    sessionStorage.setItem(TOKEN_KEY, next);
+    return connect();
+  }, "listing sessions");
+  on("forget", "click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    $("token").value = "";
+    resetView();
     notice("token forgotten");
   }, "forgetting the token");
   on("open-form", "submit", (event) => {
