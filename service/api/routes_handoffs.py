@@ -101,7 +101,6 @@ async def get_handoffs(
     before: Annotated[
         str | None,
         Query(
-            max_length=36,
             description="`next_before` of the previous page (a hand-off id); anything else → 400 "
             "`invalid_cursor`, an id of no hand-off here → an empty page.",
             json_schema_extra={"format": "uuid"},

@@ -31,8 +31,9 @@ async def list_sessions(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     before: Annotated[
         str | None,
-        # No min_length: an empty cursor is one this service did not issue, 400 as on the hand-off list.
-        Query(max_length=200, description="`next_before` of the previous page (opaque)."),
+        # No length bounds: an empty or overlong cursor is one this service did not issue, 400 as on
+        # the hand-off list (the refusal quotes at most its first 100 characters).
+        Query(description="`next_before` of the previous page (opaque)."),
     ] = None,
 ) -> JSONResponse:
     """The tenant's sessions, most recently active first: `{items, has_more, next_before}`.

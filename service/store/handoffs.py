@@ -295,7 +295,7 @@ def _handoff_cursor(before: str) -> uuid.UUID:
     except ValueError:
         # Not an id at all, so not a next_before this service issued: 400, like the session list's.
         raise InvalidCursor(
-            "before must be the next_before of an earlier page (a hand-off id)", {"before": before}
+            "before must be the next_before of an earlier page (a hand-off id)", {"before": before[:100]}
         ) from None
 
 

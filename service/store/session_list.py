@@ -62,7 +62,7 @@ class Cursor:
             return cls(parsed, uuid.UUID(session_id))
         except (ValueError, TypeError, UnicodeError, binascii.Error, AttributeError) as exc:
             raise InvalidCursor(
-                "before is not a cursor from a previous page's next_before", {"before": text}
+                "before is not a cursor from a previous page's next_before", {"before": text[:100]}
             ) from exc
 
 

@@ -70,10 +70,10 @@ async def test_post_handoff_is_201_then_nothing_new_is_200_and_get_lists_newest_
             "next_before": None,
         }
         # Not an id at all: no cursor this service issued, 400 like the session list's.
-        for garbage in ("not-an-id", "zzz"):
+        for garbage in ("not-an-id", "zzz", "", "0" * 37, "f" * 5000):  # any length (outside check: 422)
             bad = await client.get("/v1/sessions/p/handoffs", params={"before": garbage})
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
-            assert bad.json()["error"]["detail"] == {"before": garbage}
+            assert bad.json()["error"]["detail"] == {"before": garbage[:100]}
 
         session = (await client.get("/v1/sessions/p")).json()
         assert session["handed_off_through"] == 2

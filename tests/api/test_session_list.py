@@ -124,7 +124,10 @@ async def test_bad_cursor_and_limit_are_refused_with_the_error_body(auth_server:
             assert (
                 error["code"] == "invalid_cursor" and error["message"] and isinstance(error["detail"], dict)
             )
-        for params in ({"limit": 0}, {"limit": 101}, {"limit": "x"}, {"before": "x" * 201}):
+        overlong = await client.get("/v1/sessions", params={"before": "x" * 5000})
+        assert overlong.status_code == 400 and overlong.json()["error"]["code"] == "invalid_cursor"
+        assert overlong.json()["error"]["detail"] == {"before": "x" * 100}
+        for params in ({"limit": 0}, {"limit": 101}, {"limit": "x"}):
             response = await client.get("/v1/sessions", params=params)
             assert response.status_code == 422, (params, response.text)
             assert response.json()["error"]["code"] == "validation_error"
