@@ -10,7 +10,9 @@ retries with a bigger cap) is the caller's business: this layer never retries an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ from service.providers.base import (
     ToolCall,
     UsageReport,
 )
+
+log = logging.getLogger(__name__)
 
 # Waits between rate-limit retries when the provider sends no Retry-After.
 DEFAULT_BACKOFF_S: tuple[float, ...] = (1.0, 2.0)
@@ -101,7 +105,8 @@ async def run_call(
     awaited, once the attempt is certain (a background job counts it on its row). Text deltas go to
     ``on_text`` as they arrive. A :class:`RateLimited` that is not a quota is retried after its
     ``Retry-After`` (else 1 s, then 2 s) at most ``max_rate_limit_retries`` times and only if the wait
-    ends before the deadline; the final :class:`RateLimited` carries ``attempts``. Every other error is
+    ends before the deadline — and, for a call whose text streams out (``on_text``), only while none
+    has; the final :class:`RateLimited` carries ``attempts``. Every other error is
     recorded and re-raised as it came.
     """
     attempts = 0
@@ -127,6 +132,10 @@ async def run_call(
         except RateLimited as exc:
             exc.attempts = attempts
             if exc.quota_exhausted or retries >= max_rate_limit_retries:
+                raise
+            if exc.after_output and on_text is not None:
+                # Text already streamed to the client cannot be taken back: a partially streamed
+                # reply is never retried (SPEC 7; an outside check saw "PARTIAL-ONE SECOND").
                 raise
             wait = exc.retry_after_s
             if wait is None:
@@ -154,13 +163,27 @@ async def _attempt(
     started = time.monotonic()
 
     async def record(status: CallStatus, usage: CallUsage | None) -> None:
-        await recorder.record_call(
-            purpose=call.purpose,
-            model=model,
-            status=status,
-            usage=usage if usage is not None else CallUsage(reported=False),
-            latency_ms=round((time.monotonic() - started) * 1000),
+        # Written even when this task is cancelled meanwhile: parallel calls that pass one deadline
+        # together each record their end while the first failure cancels the rest (an outside check
+        # found two of three calls missing from usage.calls). A cancel waits for the write, then holds.
+        write = asyncio.ensure_future(
+            recorder.record_call(
+                purpose=call.purpose,
+                model=model,
+                status=status,
+                usage=usage if usage is not None else CallUsage(reported=False),
+                latency_ms=round((time.monotonic() - started) * 1000),
+            )
         )
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            while not write.done():  # a second cancel waits for it too (the write is bounded by the
+                with contextlib.suppress(asyncio.CancelledError):  # statement timeout)
+                    await asyncio.shield(write)
+            if not write.cancelled() and write.exception() is not None:
+                log.warning("a cancelled call's usage could not be recorded: %r", write.exception())
+            raise
 
     try:
         async with asyncio.timeout(remaining):

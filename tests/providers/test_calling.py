@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -355,3 +356,64 @@ async def test_before_attempt_runs_before_every_attempt_and_can_refuse_one(
     assert calls == 2
     assert len(server.requests()) == 1  # the refused attempt never reached the provider
     assert [c.status for c in recorder.calls] == ["failed"]
+
+
+async def test_a_rate_limit_after_streamed_text_is_not_retried(
+    server: ScriptedServer, provider: OpenAIProvider
+) -> None:
+    """SPEC 7: a partially streamed reply is never retried — its text reached the client already
+    (outside check: the deltas read "PARTIAL-ONE SECOND")."""
+    in_stream = {"error": {"message": "Rate limit reached", "type": "rate_limit_error", "code": 429}}
+    server.script("answer", Step.error_after_partial("PARTIAL-ONE ", error=in_stream), Step.text("SECOND"))
+    streamed: list[str] = []
+
+    async def on_text(text: str) -> None:
+        streamed.append(text)
+
+    recorder = ListRecorder()
+    fake = FakeTime()
+    with pytest.raises(RateLimited) as refused:
+        await run_call(
+            provider,
+            make_call(purpose="answer"),
+            recorder=recorder,
+            deadline=fake.now + 60,
+            on_text=on_text,
+            clock=fake.clock,
+            sleep=fake.sleep,
+        )
+    assert refused.value.attempts == 1 and fake.sleeps == []
+    assert "".join(streamed) == "PARTIAL-ONE " and len(server.requests(purpose="answer")) == 1
+    assert [c.status for c in recorder.calls] == ["failed"]
+
+
+class _SlowRecorder(ListRecorder):
+    """A recorder whose writes take a moment, as the ledger's do, the first quickest: the cancel the
+    first failure sends lands in the others' writes."""
+
+    started = 0
+
+    async def record_call(self, **kwargs: Any) -> None:
+        self.started += 1
+        await asyncio.sleep(0.0 if self.started == 1 else 0.2)
+        await super().record_call(**kwargs)
+
+
+async def test_parallel_calls_that_pass_one_deadline_are_each_recorded(
+    server: ScriptedServer, provider: OpenAIProvider
+) -> None:
+    """The first to time out cancels the others, which were recording their own timeouts: each is
+    still recorded, with its usage (outside check: two of three missing from usage.calls)."""
+    from service.summary.runner import _all_or_nothing
+
+    for _ in range(3):
+        server.script("context_summary", Step.hang(text="partial"))
+    recorder = _SlowRecorder()
+    deadline = time.monotonic() + 0.5
+    calls = [
+        run_call(provider, make_call(purpose="context_summary"), recorder=recorder, deadline=deadline)
+        for _ in range(3)
+    ]
+    with pytest.raises(ProviderTimeout):
+        await _all_or_nothing(calls)
+    assert len(recorder.calls) == 3, recorder.calls
