@@ -7,7 +7,9 @@ OpenRouter, nginx) re-wrap upstream errors under 400, 413, 422, 500 or 503. The 
 the real bodies they were written against kept as test fixtures under ``tests/fixtures/provider_errors/``
 and tabled in ``docs/providers.md``:
 
-1. **Model unavailable** — HTTP 404, a model-not-found code (``model_not_found``, Together's
+1. **Model unavailable** — HTTP 404 whose body names a model or a deployment (a 404 that does not
+   is a wrong endpoint — most often a base URL with or without its ``/v1`` — and a provider error
+   that says so), a model-not-found code (``model_not_found``, Together's
    ``model_not_available``, Azure's ``DeploymentNotFound``), or a message that says the model does not
    exist or cannot be served to this key ("not a valid model ID", "Unable to access non-serverless
    model", "Invalid model name passed in model=", "The API deployment for this resource does not
@@ -50,7 +52,6 @@ from service.providers.base import (
     ContextOverflow,
     ModelUnavailable,
     ProviderError,
-    ProviderTimeout,
     RateLimited,
 )
 
@@ -229,6 +230,7 @@ _MODEL_UNSERVABLE = re.compile(
     r"|the api deployment for this resource does not exist",  # Azure OpenAI (DeploymentNotFound)
     re.IGNORECASE,
 )
+_NAMES_A_MODEL = re.compile(r"\bmodels?\b|deployment", re.IGNORECASE)
 _MODEL_MISSING_CODES = frozenset(
     {"model_not_found", "model_not_available", "DeploymentNotFound", "dedicated_endpoint_not_running"}
 )
@@ -321,8 +323,14 @@ def classify_http_error(
     if verdict == "parameter":
         return ProviderError(message, status=effective, usage=usage)
 
-    if effective == 408:
-        return ProviderTimeout(message, status=effective, usage=usage)
+    if effective == 404:
+        # Not a model (rule 1): the endpoint itself is not there.
+        message += (
+            " (HTTP 404 naming no model: is SIDEQUEST_BASE_URL right? The openai provider wants it "
+            "with /v1, the anthropic provider without)"
+        )
+    # A 408 is the provider's own timeout, not the side request's deadline: a provider error with
+    # the provider's words (an outside check read "did not finish within its 30s deadline" after 0.2 s).
     return ProviderError(message, status=effective, usage=usage)
 
 
@@ -494,8 +502,12 @@ def _describe(status: int | None, info: _ErrorInfo) -> str:
 
 
 def _is_model_missing(status: int | None, info: _ErrorInfo) -> bool:
-    if status == 404 or info.code in _MODEL_MISSING_CODES:
+    if info.code in _MODEL_MISSING_CODES:
         return True
+    if status == 404:
+        # "The model `x` does not exist", "model: sonnet4", "models/gemini-1.0-pro is not found": a
+        # model; "Not Found", {"detail": "Not Found"}, "404 page not found": a route that is not there.
+        return bool(_NAMES_A_MODEL.search(info.message + "\n" + info.text))
     if status in (429, 529):
         return False  # a rate limit may name its model ("Rate limit reached for model …")
     # Servers answer an unknown model with 400 too (OpenRouter, Together, LiteLLM's proxy, LM Studio),

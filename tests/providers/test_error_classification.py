@@ -257,8 +257,24 @@ def test_overflow_wording_in_a_gateway_5xx_is_an_overflow_but_a_plain_5xx_is_not
     assert type(classify_http_error(500, "Payload Too Large", {})) is ProviderError
 
 
-def test_request_timeout_status_is_a_timeout() -> None:
-    assert type(classify_http_error(408, "Request Timeout", {})) is ProviderTimeout
+def test_a_providers_408_is_its_own_error_not_the_side_requests_deadline() -> None:
+    """SPEC 8's timeout is the side request's deadline (detail timeout_s, stage); a 408 is the
+    provider's: provider_error with its status and words (outside check)."""
+    error = classify_http_error(408, {"error": {"message": "Request timed out."}}, {})
+    assert type(error) is ProviderError and (error.status, error.message) == (408, "Request timed out.")
+
+
+@pytest.mark.parametrize(
+    "body", [{"detail": "Not Found"}, "404 page not found", {"error": {"message": "no route"}}]
+)
+def test_a_404_that_names_no_model_is_a_wrong_endpoint_not_a_missing_model(body: object) -> None:
+    """SPEC 7 counts a 404 *on the model* as model_unavailable; a route that is not there (a base URL
+    with or without its /v1) is a provider error that says where to look."""
+    error = classify_http_error(404, body, {})
+    assert type(error) is ProviderError and error.status == 404
+    assert "SIDEQUEST_BASE_URL" in error.message
+    named = classify_http_error(404, {"error": {"message": "model 'x' not found"}}, {})
+    assert type(named) is ModelUnavailable
 
 
 def test_413_without_rate_wording_is_an_overflow_but_with_it_a_rate_limit() -> None:
