@@ -230,10 +230,18 @@ async def _finish(
         )
     truncated = result.stop_reason == "length" or result.raw_stop_reason in ("length", "max_tokens")
     if not result.text and not truncated:
+        filtered = result.stop_reason == "content_filter"
         raise PipelineFailure(
             "provider_error",
-            "the model returned an empty answer",
-            {"status": None, "message": "empty answer", "stop_reason": result.stop_reason},
+            "the provider's content filter (or the model's refusal) stopped the answer before any text"
+            if filtered
+            else "the model returned an empty answer",
+            {
+                "status": None,
+                "message": "stopped by a content filter" if filtered else "empty answer",
+                "stop_reason": result.stop_reason,
+                "raw_stop_reason": result.raw_stop_reason,
+            },
         )
     claimed = rt.claimed
     own = QAItem(

@@ -151,6 +151,10 @@ class OpenAIProvider:
                             yield ReasoningDelta(reasoning)
                         if delta.content:
                             yield TextDelta(delta.content)
+                        # A refusal is what the model answered (OpenAI streams it apart from content).
+                        refusal = getattr(delta, "refusal", None)
+                        if isinstance(refusal, str) and refusal:
+                            yield TextDelta(refusal)
                         for tool_call in delta.tool_calls or []:
                             index = tool_call.index if tool_call.index is not None else len(seen_tool_calls)
                             if index in seen_tool_calls:

@@ -347,3 +347,24 @@ async def test_an_8k_window_still_folds_older_qa_with_smaller_summary_caps(
     for call in server.requests("qa_summary"):
         cap = call.body.get("max_tokens") or call.body.get("max_completion_tokens")
         assert cap is not None and cap < 8000 // 2, cap  # what the window leaves, halved at most
+
+
+@pytest.mark.parametrize(
+    ("finish", "words"), [("content_filter", "content filter"), ("stop", "empty answer")]
+)
+async def test_an_answer_with_no_text_says_why_it_failed(
+    db: Database,
+    model_settings: Settings,
+    provider: Provider,
+    server: ScriptedServer,
+    finish: str,
+    words: str,
+) -> None:
+    """A reply with no text fails as provider_error; a content filter's stop says so, with its stop
+    reason (outside check: it read "empty answer" for a filtered reply)."""
+    sid = await make_session(db)
+    rid = await admit(db, sid, "q")
+    server.script("answer", Step.text("", finish=finish))
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "provider_error"
+    assert words in ran.row.error["message"] and ran.row.error["detail"]["stop_reason"] == finish

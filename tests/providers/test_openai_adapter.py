@@ -131,6 +131,16 @@ async def test_tool_call_is_reported_once_and_finishes_with_tool_calls(
     assert got.finish.stop_reason == "tool_calls"
 
 
+async def test_a_refusal_streams_as_the_answers_text(server: ScriptedServer, provider: OpenAIProvider) -> None:
+    """OpenAI streams a refusal apart from content (``delta.refusal``): it is what the model answered
+    (outside check: it was dropped, and the request failed as an empty answer)."""
+    server.script("answer", Step(reasoning="I can't help with that.", reasoning_field="refusal"))
+
+    got = await collect(provider, make_call())
+
+    assert got.text == "I can't help with that." and got.reasoning == ""
+
+
 async def test_content_filter_finish_is_normalised(server: ScriptedServer, provider: OpenAIProvider) -> None:
     server.script("answer", Step.text("I can't", finish="content_filter"))
 
