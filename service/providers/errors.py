@@ -251,9 +251,22 @@ _RATE_LIMIT_WORDING = re.compile(
     r"|too many (?:requests|tokens), please wait|RESOURCE_EXHAUSTED",
     re.IGNORECASE,
 )
+# One part of a wait: "250ms", "6.5s", "60 seconds", "2 minutes", and OpenAI's compound "1m30s" / "1h2m".
+_WAIT_UNIT = r"(ms|milliseconds?|seconds?|secs?|s|minutes?|mins?|m|hours?|h)(?![a-z])"
+_WAIT_PART = re.compile(rf"(\d+(?:\.\d+)?)\s*{_WAIT_UNIT}", re.IGNORECASE)
 _TRY_AGAIN_IN = re.compile(
-    r"(?:try again|retry) (?:in|after) (\d+(?:\.\d+)?)\s*(ms|s|seconds?)\b", re.IGNORECASE
+    rf"(?:try again|retry) (?:in|after) ((?:\d+(?:\.\d+)?\s*{_WAIT_UNIT}\s*)+)", re.IGNORECASE
 )
+def _unit_seconds(unit: str) -> float:
+    unit = unit.lower()
+    if unit == "ms" or unit.startswith("milli"):
+        return 0.001
+    return {"s": 1.0, "m": 60.0, "h": 3600.0}[unit[0]]
+
+
+def _wait_seconds(text: str) -> float:
+    """``1m30s`` → 90.0: the sum of the wait's parts."""
+    return sum(float(number) * _unit_seconds(unit) for number, unit in _WAIT_PART.findall(text))
 # Gemini / Vertex put the wait in a google.rpc.RetryInfo detail: "retryDelay": "26s".
 _RETRY_DELAY = re.compile(r"\"retryDelay\"\s*:\s*\"(\d+(?:\.\d+)?)s\"")
 
@@ -415,8 +428,7 @@ def parse_retry_after(
     if message:
         match = _TRY_AGAIN_IN.search(message)
         if match:
-            value = float(match.group(1))
-            return value / 1000.0 if match.group(2).lower() == "ms" else value
+            return _wait_seconds(match.group(1))
         match = _RETRY_DELAY.search(message)
         if match:
             return float(match.group(1))

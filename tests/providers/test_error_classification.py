@@ -297,6 +297,10 @@ def test_413_without_rate_wording_is_an_overflow_but_with_it_a_rate_limit() -> N
         ({"llm_provider-retry-after": "3", "retry-after": "5"}, None, 5.0),
         ({}, "Please try again in 6s.", 6.0),
         ({}, "Please try again in 820ms.", 0.82),
+        ({}, "Rate limit reached for requests. Please try again in 1m30s.", 90.0),  # outside check: 1 s
+        ({}, "Please try again in 2m0.5s.", 120.5),
+        ({}, "Please try again in 1h2m.", 3720.0),
+        ({}, "Please retry after 2 minutes.", 120.0),
         ({}, "Please retry after 9 seconds. Please go here: https://aka.ms/oai/quotaincrease", 9.0),
         ({}, "Please retry in 20.04466179s.", 20.04466179),
         ({}, '{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"}', 26.0),
