@@ -257,6 +257,8 @@ _WAIT_PART = re.compile(rf"(\d+(?:\.\d+)?)\s*{_WAIT_UNIT}", re.IGNORECASE)
 _TRY_AGAIN_IN = re.compile(
     rf"(?:try again|retry) (?:in|after) ((?:\d+(?:\.\d+)?\s*{_WAIT_UNIT}\s*)+)", re.IGNORECASE
 )
+
+
 def _unit_seconds(unit: str) -> float:
     unit = unit.lower()
     if unit == "ms" or unit.startswith("milli"):
@@ -267,6 +269,8 @@ def _unit_seconds(unit: str) -> float:
 def _wait_seconds(text: str) -> float:
     """``1m30s`` → 90.0: the sum of the wait's parts."""
     return sum(float(number) * _unit_seconds(unit) for number, unit in _WAIT_PART.findall(text))
+
+
 # Gemini / Vertex put the wait in a google.rpc.RetryInfo detail: "retryDelay": "26s".
 _RETRY_DELAY = re.compile(r"\"retryDelay\"\s*:\s*\"(\d+(?:\.\d+)?)s\"")
 

@@ -131,7 +131,9 @@ async def test_tool_call_is_reported_once_and_finishes_with_tool_calls(
     assert got.finish.stop_reason == "tool_calls"
 
 
-async def test_a_refusal_streams_as_the_answers_text(server: ScriptedServer, provider: OpenAIProvider) -> None:
+async def test_a_refusal_streams_as_the_answers_text(
+    server: ScriptedServer, provider: OpenAIProvider
+) -> None:
     """OpenAI streams a refusal apart from content (``delta.refusal``): it is what the model answered
     (outside check: it was dropped, and the request failed as an empty answer)."""
     server.script("answer", Step(reasoning="I can't help with that.", reasoning_field="refusal"))
