@@ -25,6 +25,11 @@ Cases:
 A person reads an answer before asking the next "by the way" question: each question comes
 ``--gap`` seconds (default 3) after the previous answer ended. Targets: every case ≤ 1.3× the floor,
 except case 2 ≤ floor + 2 summary-call latencies (4 s).
+
+Then (unless ``--no-bare``) the floor and case 2 again against ``bare_first_token.py``, a bare FastAPI +
+asyncpg app in its own process doing only what case 2 must (store the snapshot, four parallel summary
+calls, a merge, the answer), on a scripted model with the same delays: what case 2 costs in this
+harness without any of Sidequest's own work.
 """
 
 from __future__ import annotations
