@@ -6,11 +6,12 @@ import asyncio
 from logging.config import fileConfig
 
 from alembic import context
-from sqlalchemy import pool
+from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from service.config import SettingsError, asyncpg_url, load_settings
+from service.store.db import MIGRATION_LOCK_KEY
 from service.store.models import Base
 
 config = context.config
@@ -45,6 +46,10 @@ def run_migrations_offline() -> None:
 def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
     with context.begin_transaction():
+        # One migration at a time: processes started together on a fresh database (an api and a
+        # worker, a fleet) each migrate first, and without this raced to create the same tables (an
+        # outside check: 3 of 4 exited). The next one waits here, then finds the schema at head.
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         context.run_migrations()
 
 

@@ -291,6 +291,10 @@ async def current_revision(db: Database) -> str | None:
         return str(revision) if revision is not None else None
 
 
+# The advisory lock every migration run holds (migrations/env.py): one at a time per database.
+MIGRATION_LOCK_KEY: Final = 0x51DE0E57
+
+
 def upgrade_to_head(sync_url: str) -> None:
     """Run ``alembic upgrade head`` against ``sync_url`` (any SQLAlchemy URL; asyncpg is fine)."""
     from alembic import command

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -122,3 +125,22 @@ def test_migrating_from_the_service_leaves_its_logging_as_it_was(scratch_url: st
         assert root.level == logging.INFO and root.handlers == handlers
     finally:
         root.setLevel(level)
+
+
+def test_processes_started_together_on_a_fresh_database_all_migrate(scratch_url: str) -> None:
+    """An api and workers each migrate first: started at once on an empty database they raced to
+    create the same tables (outside check: 3 of 4 exited with a duplicate key). One at a time now."""
+    env = {**os.environ, "SIDEQUEST_DATABASE_URL": scratch_url}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "migrate"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 4, outputs
+    assert "alembic_version" in _tables(scratch_url)
