@@ -319,8 +319,19 @@ class Worker:
             )
 
     async def _run_request(self, claimed: queue.Claimed) -> None:
+        log.info("request %s claimed (ordinal %s, attempt %s)", claimed.id, claimed.ordinal, claimed.attempt)
         outcome = await run_request(self._deps_now(), claimed)
-        log.info("request %s ended: %s", claimed.id, outcome.status)
+        if outcome.error is not None:
+            # The code and the provider's own words: what an operator looks for first.
+            log.info(
+                "request %s ended: %s: %s: %s",
+                claimed.id,
+                outcome.status,
+                outcome.error.get("code"),
+                str(outcome.error.get("message", ""))[:300],
+            )
+        else:
+            log.info("request %s ended: %s", claimed.id, outcome.status)
 
     async def _settle_request(self, claimed: queue.Claimed, reason: CancelReason) -> None:
         async with self.db.sessions() as session:
@@ -350,6 +361,7 @@ class Worker:
         return job, False
 
     async def _run_job(self, job: jobs.ClaimedJob) -> None:
+        log.info("background job %s (%s %s) claimed", job.id, job.kind, job.key)
         outcome = await run_job(self._deps_now(), job)
         log.info("background job %s (%s) ended: %s", job.id, job.kind, outcome.status)
 

@@ -180,3 +180,23 @@ async def test_stop_gives_running_requests_back_to_the_queue(
         await wait_for(lambda: _is(db, rid, "succeeded"))
     finally:
         await handle.stop()
+
+
+async def test_the_log_says_what_was_claimed_and_why_a_request_failed(
+    worker: Worker, db: Database, server: ScriptedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/operations.md: one line per claim, and a failure's code and the provider's own words
+    (outside check: neither was logged)."""
+    caplog.set_level("INFO", logger="service.worker.runner")
+    server.script("answer", Step.http_error(500, {"error": {"message": "upstream exploded"}}))
+    sid = await make_session(db)
+    rid = await admit(db, sid, "hello?")
+    await wait_for(lambda: _is(db, rid, "failed"))
+    await wait_for(lambda: _logged(caplog, f"request {rid} ended"))
+    lines = [r.getMessage() for r in caplog.records if str(rid) in r.getMessage()]
+    assert any("claimed (ordinal 1, attempt 1)" in line for line in lines), lines
+    assert any("ended: failed: provider_error: upstream exploded" in line for line in lines), lines
+
+
+async def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return any(text in r.getMessage() for r in caplog.records)
