@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -14,8 +14,17 @@ OUTPUT_CAP_MIN = 256
 OUTPUT_CAP_MAX = 32768
 
 
+# Query parameters as libpq spells them, which asyncpg reads from a DSN itself (sslmode, sslrootcert,
+# application_name, target_session_attrs, options…): SQLAlchemy's spelling of one is renamed, and
+# libpq's connect_timeout, which asyncpg would send on as a server setting, gives way to the service's
+# own connect timeout (5 s).
+_QUERY_RENAMED = {"ssl": "sslmode"}
+_QUERY_DROPPED = frozenset({"connect_timeout"})
+
+
 def asyncpg_url(value: str | None) -> str | None:
-    """Accept plain ``postgresql://`` URLs too, and use asyncpg for them (``None`` for unset or empty).
+    """Accept plain ``postgresql://`` URLs too, and use asyncpg for them (``None`` for unset or empty);
+    query parameters in libpq's spelling (``?sslmode=require`` for a managed PostgreSQL).
 
     The one home of this rewrite: the settings and the Alembic environment both use it.
     """
@@ -23,8 +32,17 @@ def asyncpg_url(value: str | None) -> str | None:
         return None
     for prefix in ("postgresql://", "postgres://"):
         if value.startswith(prefix):
-            return "postgresql+asyncpg://" + value[len(prefix) :]
-    return value
+            value = "postgresql+asyncpg://" + value[len(prefix) :]
+            break
+    parts = urlsplit(value)
+    if not parts.query:
+        return value
+    query = [
+        (_QUERY_RENAMED.get(name, name), item)
+        for name, item in parse_qsl(parts.query, keep_blank_values=True)
+        if name not in _QUERY_DROPPED
+    ]
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 class Settings(BaseSettings):

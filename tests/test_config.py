@@ -124,3 +124,19 @@ def test_tokens_that_name_no_token_leave_auth_off_and_the_loopback_guard_on(valu
     )
     assert proc.returncode == 2, proc.stderr
     assert "refusing to bind 0.0.0.0" in proc.stderr
+
+
+def test_libpq_style_query_parameters_are_kept_for_asyncpg(monkeypatch: pytest.MonkeyPatch) -> None:
+    """?sslmode=… is how a managed PostgreSQL is reached: asyncpg reads it from the DSN (outside
+    check: it crashed every command); SQLAlchemy's ?ssl= spelling is renamed, and connect_timeout
+    gives way to the service's own."""
+    monkeypatch.setenv(
+        "SIDEQUEST_DATABASE_URL",
+        "postgresql://u:p@h:5432/d?sslmode=require&application_name=sq&connect_timeout=10",
+    )
+    assert (
+        load_settings().database_url
+        == "postgresql+asyncpg://u:p@h:5432/d?sslmode=require&application_name=sq"
+    )
+    monkeypatch.setenv("SIDEQUEST_DATABASE_URL", "postgresql+asyncpg://u@h/d?ssl=require")
+    assert load_settings().database_url == "postgresql+asyncpg://u@h/d?sslmode=require"

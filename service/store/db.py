@@ -168,7 +168,7 @@ class Database:
             async with self._raw_lock:
                 if self._raw is None:
                     self._raw = await asyncpg.create_pool(
-                        self.url.replace("postgresql+asyncpg://", "postgresql://", 1),
+                        plain_dsn(self.url),
                         min_size=1,
                         max_size=self.pool_size,
                         init=_init_raw,
@@ -226,6 +226,11 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     asyncpg still rolls back a transaction left open before calling this."""
 
 
+def plain_dsn(url: str) -> str:
+    """``postgresql+asyncpg://…`` → the DSN asyncpg reads (every connection of the service uses it)."""
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
 def connect(url: str, *, pool_size: int = 10) -> Database:
     """Create the engine for ``url`` (``postgresql+asyncpg://…``).
 
@@ -233,13 +238,23 @@ def connect(url: str, *, pool_size: int = 10) -> Database:
     while idle, and a connection that dies mid-statement is invalidated by SQLAlchemy and replaced on
     the next checkout. The timeouts bound every wait (module docstring).
     """
+    dsn = plain_dsn(url)
+
+    async def connect_asyncpg() -> asyncpg.Connection:
+        # asyncpg reads the DSN's libpq-style query itself (sslmode, application_name…), as the raw
+        # pool and the listener do: SQLAlchemy would pass each as a keyword asyncpg does not take.
+        conn: asyncpg.Connection = await asyncpg.connect(
+            dsn, timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S
+        )
+        return conn
+
     engine = create_async_engine(
         url,
+        async_creator=connect_asyncpg,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         pool_timeout=POOL_TIMEOUT_S,
-        connect_args={"timeout": CONNECT_TIMEOUT_S, "command_timeout": COMMAND_TIMEOUT_S},
         # JSONB columns hold our documents; keep key order as written.
         json_serializer=json_text,
     )

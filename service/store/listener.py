@@ -24,6 +24,7 @@ from collections.abc import Callable
 import asyncpg
 
 from service.aio import wait_event
+from service.store.db import plain_dsn
 from service.vocabulary import ALL_CHANNELS, CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -41,16 +42,11 @@ PROBE_TIMEOUT_S = 3.0
 Callback = Callable[[str, str], None]  # (channel, payload); must not block
 
 
-def asyncpg_dsn(sqlalchemy_url: str) -> str:
-    """``postgresql+asyncpg://…`` → a DSN asyncpg accepts."""
-    return sqlalchemy_url.replace("postgresql+asyncpg://", "postgresql://", 1)
-
-
 class Listener:
     """Holds the LISTEN connection, reconnects when it drops, and calls subscribers' callbacks."""
 
     def __init__(self, database_url: str, channels: tuple[str, ...] = ALL_CHANNELS) -> None:
-        self._dsn = asyncpg_dsn(database_url)
+        self._dsn = plain_dsn(database_url)
         self._channels = channels
         self._subscribers: dict[str, set[Callback]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None

@@ -10,9 +10,8 @@ from sqlalchemy import select, update
 
 from service.config import Settings
 from service.store.admission import purge_cleared
-from service.store.db import Database
+from service.store.db import Database, plain_dsn
 from service.store.events import append_session_event
-from service.store.listener import asyncpg_dsn
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
 from tests.api.conftest import Server
 from tests.api.helpers import ask, finish, mark_running
@@ -47,7 +46,7 @@ async def test_cancel_a_running_request_notifies_its_worker(
     server: Server, db: Database, settings: Settings
 ) -> None:
     heard: asyncio.Queue[str] = asyncio.Queue()
-    conn = await asyncpg.connect(asyncpg_dsn(settings.database_url or ""))
+    conn = await asyncpg.connect(plain_dsn(settings.database_url or ""))
     try:
         await conn.add_listener("sidequest_cancel", lambda *args: heard.put_nowait(args[3]))
         async with server.client() as client:

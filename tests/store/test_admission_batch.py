@@ -28,8 +28,7 @@ from service.store.admission import (
     _arguments,
     admit,
 )
-from service.store.db import Database, connect, is_unavailable
-from service.store.listener import asyncpg_dsn
+from service.store.db import Database, connect, is_unavailable, plain_dsn
 from service.store.models import EventRow, RequestRow, SessionRow
 
 TENANT = "t1"
@@ -52,7 +51,7 @@ async def test_waiting_admissions_share_one_call_and_each_gets_its_own_answer(db
     earlier = await _admit(db, "p-key", "keyed", idempotency_key="k1", body_hash="h1")
     calls_before = db.admissions.calls
     heard: list[str] = []
-    conn = await asyncpg.connect(asyncpg_dsn(db.url))
+    conn = await asyncpg.connect(plain_dsn(db.url))
     try:
         await conn.add_listener("sidequest_events", lambda _c, _p, _ch, payload: heard.append(payload))
         jobs = [_admit(db, f"p-{i % 6}", f"q{i}", max_queued=100) for i in range(30)]

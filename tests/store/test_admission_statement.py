@@ -26,8 +26,7 @@ from service.store.admission import (
     SnapshotMissing,
     admit,
 )
-from service.store.db import Database
-from service.store.listener import asyncpg_dsn
+from service.store.db import Database, plain_dsn
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
 from tests.factories import merge_session_settings
@@ -116,7 +115,7 @@ async def test_the_record_is_request_record_of_the_stored_row_and_the_queued_eve
 
 async def test_the_queued_event_and_the_queue_wakeup_are_notified(db: Database) -> None:
     heard: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
-    conn = await asyncpg.connect(asyncpg_dsn(db.url))
+    conn = await asyncpg.connect(plain_dsn(db.url))
     try:
         for channel in ("sidequest_events", "sidequest_queue"):
             await conn.add_listener(channel, lambda _c, _p, ch, payload: heard.put_nowait((ch, payload)))
@@ -240,7 +239,7 @@ async def test_on_busy_interrupt_supersedes_queued_and_running_requests(db: Data
     queued = [(await _admit(db, "p-int", f"queued {i}")).record for i in range(2)]
     finished = (await _admit(db, "p-int-other", "other session")).record
     heard: asyncio.Queue[str] = asyncio.Queue()
-    conn = await asyncpg.connect(asyncpg_dsn(db.url))
+    conn = await asyncpg.connect(plain_dsn(db.url))
     try:
         await conn.add_listener("sidequest_cancel", lambda _c, _p, _ch, payload: heard.put_nowait(payload))
         new = await _admit(db, "p-int", "newer", on_busy="interrupt")

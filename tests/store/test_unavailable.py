@@ -124,3 +124,21 @@ async def test_a_raw_connection_that_failed_mid_protocol_is_never_reused(databas
     broken = asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
     assert is_unavailable(broken)
     assert not is_unavailable(asyncpg.InternalClientError("something else entirely"))
+
+
+async def test_every_connection_of_the_service_takes_a_dsn_with_libpq_parameters(database_url: str) -> None:
+    """The engine, the raw pool and the listener all read sslmode / application_name from the DSN
+    (outside check: the engine passed them to asyncpg as keywords and crashed; ?ssl= made the raw
+    pool's every statement a 500)."""
+    from service.config import asyncpg_url
+
+    url = asyncpg_url(f"{database_url}?sslmode=disable&application_name=sq-check&connect_timeout=3")
+    assert url is not None
+    db = connect(url)
+    try:
+        async with db.sessions() as session:
+            assert await session.scalar(text("SELECT current_setting('application_name')")) == "sq-check"
+        async with db.connection() as conn:
+            assert await conn.fetchval("SELECT current_setting('application_name')") == "sq-check"
+    finally:
+        await db.dispose()
