@@ -92,6 +92,8 @@ class HandoffItem:
     asked_at: str | None = None
     snapshot_id: str | None = None
     snapshot_time: str | None = None
+    # When the service stored the snapshot: the time shown for one that has no ``taken_at``.
+    snapshot_stored: str | None = None
     pinned: bool = False
 
 
@@ -164,6 +166,8 @@ def item_header(item: HandoffItem) -> str:
         snapshot = f"snapshot {_label(item.snapshot_id)}"
         if item.snapshot_time:
             snapshot += f" taken {_label(item.snapshot_time)}"
+        elif item.snapshot_stored:  # SPEC 11.1: (snapshot_id, time) — no taken_at, so when it came
+            snapshot += f" received {_label(item.snapshot_stored)}"
         facts.append(snapshot)
     else:
         facts.append("no snapshot: from earlier side answers only")

@@ -173,17 +173,24 @@ async def _summary_for(session: AsyncSession, owner: SessionRow, ask: HandoffAsk
 
 async def _snapshot_times(
     session: AsyncSession, session_id: uuid.UUID, snapshot_ids: set[str]
-) -> dict[str, str]:
-    """``taken_at`` of each named snapshot that has one (read from the stored content)."""
+) -> dict[str, tuple[str | None, str | None]]:
+    """``(taken_at, stored)`` of each named snapshot: its own ``taken_at`` when it has one (read from
+    the stored content), and when the service stored it (UTC, seconds)."""
     if not snapshot_ids:
         return {}
     taken = SnapshotRow.content["taken_at"].as_string()
     rows = await session.execute(
-        select(SnapshotRow.snapshot_id, taken).where(
+        select(SnapshotRow.snapshot_id, taken, SnapshotRow.created_at).where(
             SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id.in_(sorted(snapshot_ids))
         )
     )
-    return {snapshot_id: value for snapshot_id, value in rows if isinstance(value, str) and value}
+    return {
+        snapshot_id: (
+            value if isinstance(value, str) and value else None,
+            utc_iso(stored)[:19] + "Z" if stored is not None else None,
+        )
+        for snapshot_id, value, stored in rows
+    }
 
 
 def _iso_seconds(row: RequestRow) -> str | None:
@@ -222,7 +229,8 @@ async def create_handoff(
             answer=r.answer or "",
             asked_at=_iso_seconds(r),
             snapshot_id=r.snapshot_id,
-            snapshot_time=times.get(r.snapshot_id) if r.snapshot_id else None,
+            snapshot_time=times.get(r.snapshot_id, (None, None))[0] if r.snapshot_id else None,
+            snapshot_stored=times.get(r.snapshot_id, (None, None))[1] if r.snapshot_id else None,
             pinned=r.pinned,
         )
         for r in rows

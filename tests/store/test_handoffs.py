@@ -22,7 +22,7 @@ from service.store.handoffs import (
     list_handoffs,
     set_pinned,
 )
-from service.store.models import HandoffRow, RequestRow, SessionRow
+from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow
 from service.summary.document import Provenance, SummaryDocument
 from service.summary.rolling import StoredQASummary
 from tests.factories import add_snapshot, make_session
@@ -151,6 +151,17 @@ async def test_each_qa_names_its_snapshot_and_time(db: Database) -> None:
     block = await handoff(db)
     assert "#1 (asked 2026-11-29T10:01:00Z, snapshot s-42 taken 2026-11-29T09:58:00Z)" in block["text"]
     assert "#2 (asked 2026-11-29T10:02:00Z, no snapshot" in block["text"]
+    # A snapshot without taken_at: the time it reached the service stands in (SPEC 11.1: the snapshot
+    # it was asked against, id and time; an outside check found no time at all).
+    await add_snapshot(db, sid, "s-untimed", {"messages": []})
+    await add_requests(db, sid, ["succeeded"], snapshot_id="s-untimed")
+    async with db.sessions() as session:
+        stored = await session.scalar(
+            select(SnapshotRow.created_at).where(SnapshotRow.snapshot_id == "s-untimed")
+        )
+    assert stored is not None
+    block = await handoff(db, ordinals=[3])
+    assert f"snapshot s-untimed received {stored.astimezone(UTC):%Y-%m-%dT%H:%M:%S}Z)" in block["text"]
 
 
 async def test_the_rolling_summary_stands_in_for_older_qa_when_the_block_is_too_large(db: Database) -> None:
