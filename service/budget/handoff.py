@@ -92,9 +92,9 @@ class HandoffItem:
     asked_at: str | None = None
     snapshot_id: str | None = None
     snapshot_time: str | None = None
+    pinned: bool = False
     # When the service stored the snapshot: the time shown for one that has no ``taken_at``.
     snapshot_stored: str | None = None
-    pinned: bool = False
 
 
 @dataclass(frozen=True)
