@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final, Literal
 
 from sqlalchemy import and_, delete, func, or_, select, tuple_, update
@@ -185,16 +186,14 @@ async def _snapshot_times(
         )
     )
     return {
-        snapshot_id: (
-            value if isinstance(value, str) and value else None,
-            utc_iso(stored)[:19] + "Z" if stored is not None else None,
-        )
+        snapshot_id: (value if isinstance(value, str) and value else None, _iso_seconds(stored))
         for snapshot_id, value, stored in rows
     }
 
 
-def _iso_seconds(row: RequestRow) -> str | None:
-    return utc_iso(row.created_at)[:19] + "Z" if row.created_at is not None else None
+def _iso_seconds(moment: datetime | None) -> str | None:
+    """A block's times: UTC to the second."""
+    return utc_iso(moment)[:19] + "Z" if moment is not None else None
 
 
 async def create_handoff(
@@ -222,19 +221,21 @@ async def create_handoff(
             return HandoffOutcome(public_handoff(earlier, owner.parent_id), created=False)
     rows = await _candidates(session, owner, ask)
     times = await _snapshot_times(session, owner.id, {r.snapshot_id for r in rows if r.snapshot_id})
-    items = [
-        HandoffItem(
-            ordinal=r.ordinal,
-            question=r.question,
-            answer=r.answer or "",
-            asked_at=_iso_seconds(r),
-            snapshot_id=r.snapshot_id,
-            snapshot_time=times.get(r.snapshot_id, (None, None))[0] if r.snapshot_id else None,
-            snapshot_stored=times.get(r.snapshot_id, (None, None))[1] if r.snapshot_id else None,
-            pinned=r.pinned,
+    items: list[HandoffItem] = []
+    for r in rows:
+        taken, stored = times.get(r.snapshot_id, (None, None)) if r.snapshot_id else (None, None)
+        items.append(
+            HandoffItem(
+                ordinal=r.ordinal,
+                question=r.question,
+                answer=r.answer or "",
+                asked_at=_iso_seconds(r.created_at),
+                snapshot_id=r.snapshot_id,
+                snapshot_time=taken,
+                snapshot_stored=stored,
+                pinned=r.pinned,
+            )
         )
-        for r in rows
-    ]
     block = build_handoff(items, await _summary_for(session, owner, ask), ask.max_tokens)
     if block is None:
         await session.commit()
