@@ -36,7 +36,7 @@ from service.api.strict_input import StrictJsonBodies, Utf8Paths
 from service.config import Settings
 from service.store.archive_fields import OPENAPI_REFS
 from service.store.archive_schema import storable_json_defs
-from service.store.db import Database, accepts_writes, connect, current_revision, head_revision
+from service.store.db import Database, connect, head_revision, readiness
 from service.store.listener import Listener
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
         db: Database = app.state.db
         head = head_revision()
         try:
-            current = await current_revision(db)
+            current, writable = await readiness(db)
         except Exception as exc:  # any driver error means "not ready", never a 500
             # SPEC §9: 503 service_unavailable with the error body every route has (SPEC §3), and
             # the readiness facts beside it for an operator.
@@ -231,10 +231,6 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
                 status_code=503,
                 headers=unavailable.headers,
             )
-        try:
-            writable = await accepts_writes(db)
-        except Exception:
-            writable = False
         if not writable:
             # A standby, or a primary demoted in a failover: reads work, every write would fail.
             message = "the database is read-only (a standby, or a failover in progress)"

@@ -289,21 +289,24 @@ def head_revision() -> str:
     return head
 
 
-async def accepts_writes(db: Database) -> bool:
-    """Whether a transaction opened now could write: false on a standby (or a primary demoted in a
-    failover) and while ``default_transaction_read_only`` is on."""
+async def readiness(db: Database) -> tuple[str | None, bool]:
+    """``(revision, accepts writes)`` on one connection: the schema's revision (None when never
+    migrated) and whether a transaction opened now could write — false on a standby (or a primary
+    demoted in a failover) and while ``default_transaction_read_only`` is on."""
     async with db.engine.connect() as conn:
-        return bool(await conn.scalar(text("SELECT current_setting('transaction_read_only') = 'off'")))
-
-
-async def current_revision(db: Database) -> str | None:
-    """The revision the database is at, or None when it was never migrated."""
-    async with db.engine.connect() as conn:
-        exists = await conn.scalar(text("SELECT to_regclass('public.alembic_version') IS NOT NULL"))
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT to_regclass('public.alembic_version') IS NOT NULL,"
+                    " current_setting('transaction_read_only') = 'off'"
+                )
+            )
+        ).one()
+        exists, writable = bool(row[0]), bool(row[1])
         if not exists:
-            return None
+            return None, writable
         revision = await conn.scalar(text("SELECT version_num FROM alembic_version"))
-        return str(revision) if revision is not None else None
+        return (str(revision) if revision is not None else None), writable
 
 
 # The advisory lock every migration run holds (migrations/env.py): one at a time per database.
