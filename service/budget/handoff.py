@@ -185,13 +185,13 @@ def summary_header(summary: HandoffSummary) -> str:
 
 def _runs(ordinals: Sequence[int]) -> list[tuple[int, int]]:
     """The ordinals' runs of consecutive ones, ascending, each as its (first, last)."""
-    runs: list[list[int]] = []
+    runs: list[tuple[int, int]] = []
     for ordinal in sorted(set(ordinals)):
         if runs and ordinal == runs[-1][1] + 1:
-            runs[-1][1] = ordinal
+            runs[-1] = (runs[-1][0], ordinal)
         else:
-            runs.append([ordinal, ordinal])
-    return [(a, b) for a, b in runs]
+            runs.append((ordinal, ordinal))
+    return runs
 
 
 def _run_text(run: tuple[int, int]) -> str:
@@ -212,7 +212,7 @@ def omitted_line(ordinals: Sequence[int], shown_runs: int | None = None) -> str:
     head = f"--- {count} side answer{'s' if count != 1 else ''} left out to fit"
     runs = _runs(ordinals)
     if shown_runs is None or shown_runs >= len(runs):
-        return f"{head}: {', '.join(_run_text(run) for run in runs)}."
+        return f"{head}: {ordinal_runs(ordinals)}."
     if shown_runs <= 0:
         return f"{head}."
     named = runs[:shown_runs]
@@ -322,7 +322,7 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
         total += _size(replacement) - current_size
 
 
-def _leave_out_bare_pinned(plan: _Plan) -> None:
+def _leave_out_pinned_without_answer(plan: _Plan) -> None:
     """A pinned Q&A whose answer was cut to the bare marker carries no finding: it is left out instead
     (said so), so that it stays pinned for the next hand-off and its room goes to the others (an
     outside check saw one carried as "A: [… shortened]", unpinned, its finding gone)."""
@@ -488,7 +488,7 @@ def build_handoff(
         if plan.size() <= limit:
             break
         step()
-    _leave_out_bare_pinned(plan)
+    _leave_out_pinned_without_answer(plan)
     _give_back(plan, limit)
     text = _SEPARATOR.join(plan.parts())
     estimate = estimate_handoff(text)
