@@ -78,13 +78,17 @@ def create_app(dsn: str, pool_size: int = 10) -> FastAPI:
     return app
 
 
+def run(app: FastAPI, port: int) -> None:
+    """Serve a floor app with the same uvicorn settings as `sidequest serve` / `api` (service/cli.py)."""
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="info", access_log=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dsn", required=True)
     args = parser.parse_args()
-    # The same uvicorn settings as `sidequest api` (service/cli.py).
-    uvicorn.run(create_app(args.dsn), host="127.0.0.1", port=args.port, log_level="info", access_log=False)
+    run(create_app(args.dsn), args.port)
 
 
 if __name__ == "__main__":

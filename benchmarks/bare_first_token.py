@@ -28,7 +28,7 @@ from typing import Any
 
 import asyncpg
 import httpx
-import uvicorn
+from bare_app import run  # run as a script from benchmarks/, beside it
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -180,9 +180,7 @@ def main() -> None:
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--model-url", required=True)
     args = parser.parse_args()
-    # The same uvicorn settings as `sidequest serve` (service/cli.py).
-    app = create_app(args.dsn, args.model_url)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="info", access_log=False)
+    run(create_app(args.dsn, args.model_url), args.port)
 
 
 if __name__ == "__main__":
