@@ -129,26 +129,36 @@ def _unsupported(version: object) -> ArchiveUnreadable:
     )
 
 
+# Every list of ordinals a recorded hand-off names (SPEC §11.1, and the left-out and shortened ones).
+_HANDOFF_ORDINAL_LISTS: Final = ("ordinals", "summarized_ordinals", "shortened_ordinals", "omitted_ordinals")
+
+
 def _watermark_problems(parsed: ArchiveV1 | ArchiveV2 | ArchiveV3) -> list[tuple[Loc, str]]:
-    """``handed_off_through`` (or a recorded hand-off's ordinals) beyond every ordinal of the archive:
-    the session's next questions would then count as handed off already and never come in an
-    ``include: "new"`` hand-off (SPEC §11.1). A hand-off only ever carries ordinals the session has,
-    so an exported archive never has such a one."""
+    """``handed_off_through`` beyond every ordinal of the archive, or a recorded hand-off naming an
+    ordinal that is not a succeeded request of the archive: the session's next questions would then
+    count as handed off already and never come in an ``include: "new"`` hand-off, and the hand-off
+    would name Q&A the session never had to hand off (SPEC §11.1: a hand-off carries succeeded
+    requests only; a clear deletes hand-offs with the history). An exported archive never has such a
+    one."""
     if not isinstance(parsed, ArchiveV3) or parsed.session is None:
         return []
     through = parsed.session.handed_off_through
     highest = max((q.ordinal for q in parsed.questions), default=0)
+    succeeded = {q.ordinal for q in parsed.questions if q.status == Status.SUCCEEDED}
     problems: list[tuple[Loc, str]] = []
     if through > highest:
         message = f"is {through}, beyond the archive's highest ordinal ({highest})"
         problems.append((("session", "handed_off_through"), message))
-    # Likewise a recorded hand-off can only have carried ordinals the session had.
     for index, handoff in enumerate(parsed.session.handoffs):
-        carried = [integral(o) for o in handoff.raw.get("ordinals") or []]
-        carried.append(integral(handoff.raw.get("through_ordinal")))
-        beyond = [o for o in carried if o is not None and o > highest]
+        named = [integral(o) for key in _HANDOFF_ORDINAL_LISTS for o in handoff.raw.get(key) or []]
+        named += [integral(handoff.raw.get(key)) for key in ("from_ordinal", "through_ordinal")]
+        beyond = [o for o in named if o is not None and o > highest]
+        others = sorted({o for o in named if o is not None and o <= highest and o not in succeeded})
         if beyond:
             message = f"names ordinal {max(beyond)}, beyond the archive's highest ordinal ({highest})"
+            problems.append((("session", "handoffs", index), message))
+        elif others:
+            message = f"names ordinal {others[0]}, which is not a succeeded request of the archive"
             problems.append((("session", "handoffs", index), message))
     return problems
 

@@ -403,6 +403,27 @@ MALFORMED: list[tuple[str, object, type[Exception], str]] = [
         "names ordinal 50, beyond the archive's highest ordinal (2)",
     ),
     (
+        "a hand-off of a request that did not succeed",
+        _broken(
+            lambda d: (
+                d["questions"][1].update(
+                    status="failed", answer=None, pinned=False, error={"code": "x", "message": "y"}
+                )
+                or d["session"]["handoffs"][0].update(ordinals=[2], from_ordinal=2, through_ordinal=2)
+            )
+        ),
+        ArchiveInvalid,
+        "names ordinal 2, which is not a succeeded request of the archive",
+    ),
+    (
+        "a hand-off summarising an ordinal the archive lacks",
+        _broken(
+            lambda d: d["questions"].pop(0) and d["session"]["handoffs"][0].update(summarized_ordinals=[1])
+        ),
+        ArchiveInvalid,
+        "names ordinal 1, which is not a succeeded request of the archive",
+    ),
+    (
         "handed off beyond every ordinal",  # would hide the next questions from "new" hand-offs
         _broken(lambda d: d["session"].update(handed_off_through=999)),
         ArchiveInvalid,
@@ -571,6 +592,7 @@ def test_a_number_beyond_a_double_makes_the_archive_unreadable(body: bytes) -> N
 def test_integral_numbers_count_as_integers_as_in_json_schema() -> None:
     document = _broken(lambda d: d.update(version=3.0))
     document["questions"][0]["ordinal"] = 5.0
+    document["session"]["handoffs"][0].update(ordinals=[5.0], from_ordinal=5.0, through_ordinal=5)
     archive = parse_archive(document)
     assert archive.version == 3 and [r.ordinal for r in archive.requests] == [2, 5]
     assert isinstance(archive.requests[1].ordinal, int)
