@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from sqlalchemy import and_, delete, func, or_, select, tuple_, update
+from sqlalchemy import and_, delete, func, literal_column, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.elements import ColumnElement
 
 from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff
 from service.errors import SidequestError
 from service.store.events import append_session_event
-from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow
+from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow, snapshot_taken_at_sql
 from service.store.records import request_record
 from service.store.session_list import InvalidCursor
 from service.store.sessions import find_request, find_session, lock_session
@@ -175,18 +176,18 @@ async def _summary_for(session: AsyncSession, owner: SessionRow, ask: HandoffAsk
 async def _snapshot_times(
     session: AsyncSession, session_id: uuid.UUID, snapshot_ids: set[str]
 ) -> dict[str, tuple[str | None, str | None]]:
-    """``(taken_at, stored)`` of each named snapshot: its own ``taken_at`` when it has one (read from
-    the stored content), and when the service stored it (UTC, seconds)."""
+    """``(taken_at, stored)`` of each named snapshot: its own ``taken_at`` when it has one, and when
+    the service stored it (UTC, seconds)."""
     if not snapshot_ids:
         return {}
-    taken = SnapshotRow.content["taken_at"].as_string()
+    taken: ColumnElement[str | None] = literal_column(snapshot_taken_at_sql(SnapshotRow.__tablename__))
     rows = await session.execute(
         select(SnapshotRow.snapshot_id, taken, SnapshotRow.created_at).where(
             SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id.in_(sorted(snapshot_ids))
         )
     )
     return {
-        snapshot_id: (value if isinstance(value, str) and value else None, _iso_seconds(stored))
+        snapshot_id: (None if value is None else str(value), _iso_seconds(stored))
         for snapshot_id, value, stored in rows
     }
 

@@ -18,7 +18,7 @@ from service.budget import HISTORY_BATCH_SIZE
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
 from service.store.db import Database
 from service.store.execute import Executor, fetch_all, fetch_value
-from service.store.models import SnapshotRow
+from service.store.models import SnapshotRow, snapshot_taken_at_sql
 from service.vocabulary import Status
 
 
@@ -111,12 +111,12 @@ _HISTORY_PAGE = text(
 
 
 # The main context time of the newest folded Q&A that was asked on a snapshot: its snapshot's
-# taken_at (from the preparation, ~100 KB of JSON text to read, not the snapshot's own).
+# taken_at.
 _LATEST_CONTEXT_TIME = text(
-    """
+    f"""
     SELECT t.taken_at FROM side_question_requests r
     JOIN main_snapshots s ON s.session_id = r.session_id AND s.snapshot_id = r.snapshot_id
-    CROSS JOIN LATERAL (SELECT COALESCE(s.prepared ->> 'taken_at', s.content ->> 'taken_at') AS taken_at) t
+    CROSS JOIN LATERAL (SELECT {snapshot_taken_at_sql("s")} AS taken_at) t
     WHERE r.session_id = :sid AND r.status = :succeeded AND r.deleted_at IS NULL
       AND r.clear_version = :cv AND r.ordinal > :after AND r.ordinal <= :through
       AND t.taken_at IS NOT NULL

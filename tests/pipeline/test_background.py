@@ -160,9 +160,10 @@ async def test_a_folds_context_time_is_that_of_the_newest_folded_qa_asked_on_a_s
     sid = await make_session(db)
     await add_snapshot(db, sid, "old", {"taken_at": "2026-12-01T09:00:00Z", "messages": []})
     await add_snapshot(db, sid, "new", {"taken_at": "2026-12-01T10:00:00Z", "messages": []})
+    await add_snapshot(db, sid, "blank", {"taken_at": "", "messages": []})  # an empty one says no time
     ids = await add_history(db, sid, _history(3))
     async with db.sessions() as session, session.begin():
-        for rid, snapshot_id in zip(ids, ("old", "new", None), strict=True):
+        for rid, snapshot_id in zip(ids, ("old", "new", "blank"), strict=True):
             await session.execute(
                 update(RequestRow).where(RequestRow.id == rid).values(snapshot_id=snapshot_id)
             )
