@@ -42,6 +42,22 @@ class NormalizedSnapshot:
     messages: list[Message]
     context_window: int | None = None
     max_output_tokens: int | None = None
+    # The snapshot's ``system`` as posted, when it is a list of text blocks and no system message
+    # joins it (empty otherwise): a provider that takes blocks (Anthropic) gets them as they are, so
+    # the main session's prefix cache, and its ``cache_control`` breakpoints, still match (SPEC §7).
+    # ``system`` is their text, for the estimate and for providers that take a string.
+    system_blocks: tuple[dict[str, Any], ...] = ()
+
+
+def _posted_system_blocks(system: object) -> tuple[dict[str, Any], ...]:
+    """A snapshot's ``system`` when it is a non-empty list of text blocks, as posted; else ()."""
+    if not isinstance(system, (list, tuple)) or not system:
+        return ()
+    if all(
+        isinstance(b, Mapping) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in system
+    ):
+        return tuple(dict(b) for b in system)
+    return ()
 
 
 # slots: plans build thousands of groups, and slotted instances are smaller and quicker to make.
@@ -246,7 +262,8 @@ def normalize_snapshot(snapshot: Mapping[str, Any]) -> NormalizedSnapshot:
     """A snapshot (either style) in canonical form.
 
     The system text is the snapshot's ``system`` (a string, or text blocks joined) followed by the
-    text of any system messages, separated by a blank line; None when there is none.
+    text of any system messages, separated by a blank line; None when there is none. A ``system`` of
+    text blocks that nothing joins is also kept as posted (``system_blocks``).
     """
     parts: list[str] = []
     top_system = _text_of(snapshot.get("system"))
@@ -263,6 +280,7 @@ def normalize_snapshot(snapshot: Mapping[str, Any]) -> NormalizedSnapshot:
         messages=messages,
         context_window=positive_setting(snapshot.get("context_window")),
         max_output_tokens=positive_setting(snapshot.get("max_output_tokens")),
+        system_blocks=() if inline_system else _posted_system_blocks(snapshot.get("system")),
     )
 
 

@@ -24,7 +24,8 @@ from service.budget.messages import MessageGroup, NormalizedSnapshot, group_mess
 from service.vocabulary import canonical_bytes, json_has_nul
 
 # 2: the canonical messages are not stored again when they are the snapshot's own (``messages_as_posted``).
-PREPARED_VERSION: Final = 2
+# 3: a system of text blocks is kept as posted (``system_blocks``).
+PREPARED_VERSION: Final = 3
 
 # The seed of the prefix digest chain: part of every cache key, so changing it invalidates them all.
 _CHAIN_SEED: Final = b"sidequest-context-prefix-v1"
@@ -271,6 +272,7 @@ class PreparedSnapshot:
         return {
             "version": PREPARED_VERSION,
             "system": snap.system,
+            "system_blocks": list(snap.system_blocks),
             "tools": snap.tools,
             "messages": None if self.messages_as_posted else snap.messages,
             "messages_as_posted": self.messages_as_posted,
@@ -319,6 +321,7 @@ class PreparedSnapshot:
             messages=list(messages),
             context_window=value.get("context_window"),
             max_output_tokens=value.get("max_output_tokens"),
+            system_blocks=tuple(value["system_blocks"]),
         )
         return cls(
             snapshot=snapshot,

@@ -44,6 +44,7 @@ def build_answer(
     return build_answer_request(
         question=prepared.claimed.question,
         system=snap.snapshot.system if snap else None,
+        system_blocks=snap.snapshot.system_blocks if snap else (),
         tools=snap.snapshot.tools if snap else (),
         messages=kept,
         messages_tokens=kept_tokens,
@@ -161,6 +162,7 @@ async def _call(
         purpose="answer",
         request_id=rt.request_id,
         system=request.system,
+        system_blocks=request.system_blocks,
         tools=request.tools,
     )
     result = await run_call(

@@ -90,7 +90,9 @@ class AnthropicProvider:
             "messages": [dict(message) for message in call.messages],
             "stream": True,
         }
-        if call.system:
+        if call.system_blocks:  # as the main session sent them, cache_control breakpoints included
+            body["system"] = [dict(block) for block in call.system_blocks]
+        elif call.system:
             body["system"] = call.system
         if call.tools:
             body["tools"] = [to_anthropic_tool(tool) for tool in call.tools]

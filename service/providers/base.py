@@ -50,6 +50,9 @@ class ProviderCall:
     purpose: Purpose
     request_id: str
     system: str | None = None
+    # ``system`` as the snapshot's own text blocks (NormalizedSnapshot.system_blocks), for an adapter
+    # that takes blocks; empty when it came as a string (or is Sidequest's own prompt).
+    system_blocks: tuple[dict[str, Any], ...] = ()
     tools: list[dict[str, Any]] = field(default_factory=list)
     # Seconds left before the side request's deadline; the adapter uses it as its HTTP timeout.
     timeout_s: float = 120.0

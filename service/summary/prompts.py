@@ -271,6 +271,8 @@ class AnswerRequest:
     tools: list[dict[str, Any]]
     messages: list[dict[str, Any]]
     estimate: SegmentEstimate
+    # The system as the snapshot's text blocks, when it came as such (NormalizedSnapshot.system_blocks).
+    system_blocks: tuple[dict[str, Any], ...] = ()
 
 
 def _text_block(text: str) -> dict[str, Any]:
@@ -281,6 +283,7 @@ def build_answer_request(
     *,
     question: str,
     system: str | None = None,
+    system_blocks: Sequence[Mapping[str, Any]] = (),
     tools: Sequence[Mapping[str, Any]] = (),
     messages: Sequence[Mapping[str, Any]] = (),
     messages_tokens: int | None = None,
@@ -291,7 +294,7 @@ def build_answer_request(
 ) -> AnswerRequest:
     """Assemble the side answer request in the SPEC §7 order, for the main session's prefix cache.
 
-    1. ``system`` and ``tools`` exactly as the snapshot had them.
+    1. ``system`` (or its text blocks, ``system_blocks``) and ``tools`` exactly as the snapshot had them.
     2. The snapshot's canonical ``messages`` exactly as given — or, when compacted, a user turn carrying
        ``context_summary`` and a short assistant acknowledgement (dropped if the kept messages start with
        an assistant turn, so roles still alternate), then the kept ``messages`` unchanged.
@@ -372,6 +375,7 @@ def build_answer_request(
         tools=[dict(t) for t in tools],
         messages=out,
         estimate=estimate,
+        system_blocks=tuple(dict(b) for b in system_blocks),
     )
 
 

@@ -52,7 +52,18 @@ def snapshots(draw: st.DrawFn) -> dict[str, Any]:
                     "content": [{"type": "tool_result", "tool_use_id": tid, "content": draw(texts)}],
                 }
             )
-    return {"system": draw(texts), "tools": [{"name": "grep", "input_schema": {}}], "messages": messages}
+    # A system prompt as a string, or as Anthropic text blocks (kept as posted: system_blocks).
+    block = st.builds(
+        lambda text, cached: {
+            "type": "text",
+            "text": text,
+            **({"cache_control": {"type": "ephemeral"}} if cached else {}),
+        },
+        texts,
+        st.booleans(),
+    )
+    system = draw(st.one_of(texts, st.lists(block, min_size=1, max_size=3)))
+    return {"system": system, "tools": [{"name": "grep", "input_schema": {}}], "messages": messages}
 
 
 @settings(max_examples=60, deadline=None)
@@ -64,6 +75,7 @@ def test_prepared_matches_what_a_request_would_compute(content: dict[str, Any]) 
     assert list(prepared.message_tokens) == [estimate_message(m) for m in normal.messages]
     assert list(prepared.groups) == group_messages(normal.messages)
     assert prepared.system_tokens == estimate_system(normal.system)
+    assert prepared.snapshot.system_blocks == normal.system_blocks
     assert prepared.tools_tokens == estimate_tools(normal.tools)
     assert list(prepared.digests) == prefix_digests(normal.messages)
     for length in range(len(normal.messages) + 1):
@@ -83,6 +95,30 @@ def test_the_stored_form_round_trips_through_json(content: dict[str, Any]) -> No
     if prepared.messages_as_posted:
         with pytest.raises(ValueError):
             PreparedSnapshot.from_json(stored)
+
+
+def test_a_system_of_text_blocks_is_kept_as_posted_unless_system_messages_join_it() -> None:
+    """SPEC §7: the main session's system prompt is sent as it had it (its cache breakpoints too)."""
+    blocks = [
+        {"type": "text", "text": "You are"},
+        {"type": "text", "text": "the agent.", "cache_control": {"type": "ephemeral"}},
+    ]
+    user = {"role": "user", "content": "hi"}
+    kept = normalize_snapshot({"system": blocks, "messages": [user]})
+    assert kept.system_blocks == tuple(blocks) and kept.system == "You are\nthe agent."
+    stored = prepare_snapshot({"system": blocks, "messages": [user]}).to_json()
+    assert PreparedSnapshot.from_json(json.loads(json.dumps(stored)), [user]).snapshot.system_blocks == tuple(
+        blocks
+    )
+    # Joined with a system message's text, or not all text blocks, or a string: only the text.
+    joined = normalize_snapshot(
+        {"system": blocks, "messages": [{"role": "system", "content": "More."}, user]}
+    )
+    assert joined.system_blocks == () and joined.system == "You are\nthe agent.\n\nMore."
+    assert (
+        normalize_snapshot({"system": [*blocks, {"type": "image"}], "messages": [user]}).system_blocks == ()
+    )
+    assert normalize_snapshot({"system": "plain", "messages": [user]}).system_blocks == ()
 
 
 def test_another_version_is_refused_so_it_is_recomputed() -> None:

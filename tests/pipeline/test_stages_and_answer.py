@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from service.config import Settings
+from service.providers import build_provider
 from service.providers.base import Provider
 from service.store.db import Database
 from tests.factories import add_snapshot, admit, make_session
@@ -91,6 +92,35 @@ async def test_success_walks_the_stages_and_ends_with_done(
     assert sent.body["max_tokens"] == 4000 and sent.body["tool_choice"] == "none"
     assert sent.body["messages"][0] == {"role": "system", "content": "You are the main agent."}
     assert "Which file is flaky?" in str(sent.body["messages"][-1])
+
+
+async def test_a_system_prompt_of_blocks_reaches_anthropic_as_posted_and_openai_as_its_text(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    """SPEC §7: the answer starts with the snapshot's own system prompt exactly as the main session had
+    it, so its prefix cache serves the side question. Anthropic takes blocks: they go as posted, their
+    cache_control breakpoints included (outside check: they were joined into one string)."""
+    blocks = [
+        {"type": "text", "text": "You are the main agent."},
+        {"type": "text", "text": "Project rules.", "cache_control": {"type": "ephemeral"}},
+    ]
+    sid = await make_session(db, "parent-blocks")
+    await add_snapshot(db, sid, "s1", {**SNAPSHOT, "system": blocks})
+    anthropic_settings = model_settings.model_copy(
+        update={"provider": "anthropic", "base_url": server.root_url}
+    )
+    anthropic = build_provider(anthropic_settings)
+    try:
+        rid = await admit(db, sid, "Which file?", snapshot_id="s1")
+        assert (await run_one(db, anthropic_settings, anthropic, rid)).outcome.status == "succeeded"
+    finally:
+        await anthropic.aclose()
+    assert server.requests("answer")[-1].body["system"] == blocks
+
+    rid = await admit(db, sid, "Which file, again?", snapshot_id="s1")
+    assert (await run_one(db, model_settings, provider, rid)).outcome.status == "succeeded"
+    first = server.requests("answer")[-1].body["messages"][0]
+    assert first == {"role": "system", "content": "You are the main agent.\nProject rules."}
 
 
 async def test_each_call_records_its_latency_for_the_metrics(
