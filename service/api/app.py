@@ -70,13 +70,15 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise BodyTooLarge()
+                    raise BodyTooLarge(more=bool(message.get("more_body", False)))
             return message
 
         try:
             await self.app(scope, counting_receive, send)
-        except BodyTooLarge:
-            await self._refuse(scope, receive, send, drain=True)
+        except BodyTooLarge as refused:
+            # Drain only a body still coming: after its last chunk, another receive() would wait for
+            # the client to go away, and the 413 would never be sent.
+            await self._refuse(scope, receive, send, drain=refused.more)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, *, drain: bool) -> None:
         # Read and discard the rest (bounded) so the client gets the 413 instead of a connection
@@ -102,7 +104,12 @@ class BodyLimit:
 
 
 class BodyTooLarge(Exception):
-    """Raised from inside ``receive`` when a streamed body passes the limit."""
+    """Raised from inside ``receive`` when a streamed body passes the limit; ``more``: the chunk that
+    passed it was not the body's last."""
+
+    def __init__(self, *, more: bool) -> None:
+        super().__init__()
+        self.more = more
 
 
 class RedactStreamTokens(logging.Filter):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy import func, select
 
+from service.api.app import BODY_SLACK_BYTES
 from service.store.db import Database
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
 from tests.api.conftest import Server, StartServer
@@ -356,3 +358,32 @@ async def test_admission_does_not_wait_for_a_lock_a_worker_holds_on_a_running_re
             await worker_tx.rollback()
         assert response.status_code == 202 and response.json()["ordinal"] == 2
         assert elapsed < 2.0
+
+
+async def test_a_chunked_body_whose_last_chunk_passes_the_limit_is_413_at_once(
+    start_server: StartServer, db: Database
+) -> None:
+    """Outside check: a body sent without Content-Length that passed the limit in its last chunk hung
+    (the refusal waited for more body that would never come) instead of answering 413."""
+    server = await start_server(max_snapshot_bytes=2000, max_question_bytes=1000)
+    limit = 2000 + 1000 + BODY_SLACK_BYTES
+
+    async def chunked(size: int) -> AsyncIterator[bytes]:
+        body = b'{"question": "q", "pad": "' + b"a" * (size - 28) + b'"}'
+        assert len(body) == size
+        for start in range(0, size, 1 << 20):
+            yield body[start : start + (1 << 20)]
+
+    async with server.client() as client:
+        for excess in (1, 26, 65536, 70000):
+            refused = await asyncio.wait_for(
+                client.post(
+                    "/v1/sessions/p-c/questions",
+                    content=chunked(limit + excess),
+                    headers={"Content-Type": "application/json"},
+                ),
+                timeout=10,
+            )
+            assert refused.status_code == 413, excess
+            assert refused.json()["error"]["code"] == "payload_too_large"
+    assert await _row_counts(db) == (0, 0, 0, 0)
