@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -294,7 +295,8 @@ async def session_stream_token(
         request,
         tenant,
         session_stream_name(parent_id),
-        str(request.url_for("session_events", parent_id=parent_id)),
+        # The id percent-encoded: a "#", "?" or space in it would otherwise end the path early.
+        str(request.url_for("session_events", parent_id=quote(parent_id, safe=""))),
     )
 
 

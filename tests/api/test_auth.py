@@ -107,6 +107,17 @@ async def test_stream_token_opens_its_stream_only(auth_server: Server, db: Datab
         assert wrong.status_code == 401
 
 
+async def test_a_session_stream_tokens_url_percent_encodes_the_parent_id(auth_server: Server) -> None:
+    """Outside check: the url held "x#1" and "a b?c" raw, so a client asked for /v1/sessions/x."""
+    async with auth_server.client("tok-acme") as acme, auth_server.client() as browser:
+        for parent, encoded in (("x#1", "x%231"), ("a b?c", "a%20b%3Fc"), ("é%", "%C3%A9%25")):
+            assert (await acme.put(f"/v1/sessions/{encoded}/settings", json={})).status_code == 200
+            issued = (await acme.post(f"/v1/sessions/{encoded}/stream-token")).json()
+            assert f"/v1/sessions/{encoded}/events?token=" in issued["url"], issued["url"]
+            async with browser.stream("GET", issued["url"] + "&after=0") as response:
+                assert response.status_code == 200, parent
+
+
 def test_stream_tokens_expire_and_resist_tampering() -> None:
     settings = Settings(api_tokens=TOKENS)
     tokens = StreamTokens(stream_secret(settings))
