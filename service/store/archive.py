@@ -48,6 +48,7 @@ from service.store.archive_codec import (
     encode_archive,
     load_archive_json,
     parse_archive,
+    superseding_ids,
 )
 from service.store.archive_fields import ARCHIVE_VERSIONS
 from service.store.archive_schema import archive_json_schema
@@ -150,6 +151,19 @@ async def export_archive(session: AsyncSession, tenant: str, parent_id: str, ver
             .order_by(RequestRow.ordinal)
         )
     ).all()
+    named = superseding_ids(rows)
+    ordinal_of = {
+        str(rid): ordinal
+        for rid, ordinal in (
+            await session.execute(
+                select(RequestRow.id, RequestRow.ordinal).where(
+                    RequestRow.session_id == row.id, RequestRow.id.in_(sorted(named))
+                )
+            )
+            if named
+            else ()
+        )
+    }
     bodies = list(
         await session.scalars(
             select(HandoffRow.body)
@@ -165,6 +179,7 @@ async def export_archive(session: AsyncSession, tenant: str, parent_id: str, ver
         handoffs=bodies,
         handed_off_through=row.handed_off_through,
         settings=row.settings,
+        ordinal_of=ordinal_of,
     )
 
 

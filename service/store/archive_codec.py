@@ -12,7 +12,7 @@ stored verbatim. What a schema cannot say is checked here (unique ordinals).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
@@ -226,7 +226,7 @@ def _request(item: QuestionV1 | QuestionV2) -> ArchivedRequest:
         if key in given and getattr(item, key) is not None
     }
     if item.error is not None:
-        extras["error"] = item.error.raw
+        extras["error"] = archived_error(item.error.raw, {})
     if "usage" in given:
         extras["usage"] = item.usage.raw
     if isinstance(item, QuestionV3):
@@ -266,8 +266,39 @@ def _archive(document: ArchiveV1 | ArchiveV2 | ArchiveV3, version: int) -> Archi
 # Encoding: rows → the document of one version.
 
 
-def encode_request(row: RequestRow, version: int) -> dict[str, Any]:
-    """One request in the given archive version; no request id (ordinals identify requests)."""
+# The error detail that names another request by its id: a superseded request's (SPEC §11.2).
+SUPERSEDED_BY: Final = "superseded_by"
+
+
+def archived_error(error: dict[str, Any] | None, ordinal_of: Mapping[str, int]) -> dict[str, Any] | None:
+    """A request's error as an archive holds it: archives carry no request ids (SPEC §10), so the
+    request that superseded this one is named by its ordinal (``superseded_by_ordinal``, from
+    ``ordinal_of``: request id → ordinal), and an id no ordinal is known for (one in another
+    session's archive, restored) is left out."""
+    detail = error.get("detail") if error else None
+    if error is None or not isinstance(detail, dict) or SUPERSEDED_BY not in detail:
+        return error
+    detail = dict(detail)
+    ordinal = ordinal_of.get(str(detail.pop(SUPERSEDED_BY)))
+    if ordinal is not None:
+        detail["superseded_by_ordinal"] = ordinal
+    return {**error, "detail": detail}
+
+
+def superseding_ids(rows: Sequence[RequestRow]) -> set[str]:
+    """The ids of the requests that superseded any of ``rows`` (for :func:`archived_error`)."""
+    return {
+        str(row.error["detail"][SUPERSEDED_BY])
+        for row in rows
+        if row.error and isinstance(row.error.get("detail"), dict) and SUPERSEDED_BY in row.error["detail"]
+    }
+
+
+def encode_request(
+    row: RequestRow, version: int, ordinal_of: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """One request in the given archive version; no request id (ordinals identify requests, and
+    ``ordinal_of`` maps the ids an error names to theirs)."""
     item: dict[str, Any] = {
         "ordinal": row.ordinal,
         "question": row.question,
@@ -277,7 +308,7 @@ def encode_request(row: RequestRow, version: int) -> dict[str, Any]:
     if version >= 2:
         item.update(
             status=row.status,
-            error=row.error,
+            error=archived_error(row.error, ordinal_of or {}),
             usage=row.usage or json.loads(json.dumps(EMPTY_USAGE)),
             model=row.model,
             started_at=iso_or_none(row.started_at),
@@ -302,9 +333,11 @@ def encode_archive(
     handoffs: Sequence[dict[str, Any]] = (),
     handed_off_through: int = 0,
     settings: dict[str, Any] | None = None,
+    ordinal_of: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The archive document; ``rows`` must already be the exportable requests in ordinal order and
-    ``handoffs`` the hand-off bodies oldest first (v3 only)."""
+    """The archive document; ``rows`` must already be the exportable requests in ordinal order,
+    ``handoffs`` the hand-off bodies oldest first (v3 only), and ``ordinal_of`` the ordinals of the
+    requests the rows' errors name (:func:`superseding_ids`)."""
     if version not in ARCHIVE_VERSIONS:
         raise ArchiveUnreadable(f"unsupported archive version {version!r}: supported versions are 1, 2 and 3")
     document: dict[str, Any] = {
@@ -319,5 +352,5 @@ def encode_archive(
             "handed_off_through": handed_off_through,
             "settings": public_settings(settings),
         }
-    document["questions"] = [encode_request(row, version) for row in rows]
+    document["questions"] = [encode_request(row, version, ordinal_of) for row in rows]
     return document

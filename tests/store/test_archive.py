@@ -112,6 +112,7 @@ async def live_session(db: Database, parent_id: str) -> None:
         )
         session.add(owner)
         await session.flush()
+        ids = {n: uuid.uuid4() for n in range(2, 9)}
         rows: list[dict[str, Any]] = [
             {"ordinal": 2, "status": "cancelled", "deleted_at": base},  # cleared: invisible
             {
@@ -122,10 +123,10 @@ async def live_session(db: Database, parent_id: str) -> None:
                 "stop_reason": "length",
             },
             {"ordinal": 4, "status": "failed", "error": {"code": "timeout", "message": "t", "detail": {}}},
-            {
+            {  # interrupted by #8 (SPEC §11.2), whose id its error names
                 "ordinal": 5,
                 "status": "cancelled",
-                "error": {"code": "cancelled", "message": "c", "detail": {}},
+                "error": {"code": "superseded", "message": "c", "detail": {"superseded_by": str(ids[8])}},
             },
             {"ordinal": 6, "status": "succeeded", "answer": "six ✓", "model": "m1", "snapshot_id": "s1"},
             {"ordinal": 7, "status": "running"},
@@ -136,7 +137,7 @@ async def live_session(db: Database, parent_id: str) -> None:
             terminal = spec["status"] in ("succeeded", "failed", "cancelled")
             session.add(
                 RequestRow(
-                    id=uuid.uuid4(),
+                    id=ids[n],
                     session_id=owner.id,
                     question=f"question {n}",
                     clear_version=2,
@@ -257,6 +258,11 @@ async def test_export_holds_finished_visible_requests_without_ids(db: Database) 
     v3 = await export(db, "origin", 3)
     assert [q["ordinal"] for q in v3["questions"]] == [3, 4, 5, 6]
     assert all("id" not in q for q in v3["questions"])
+    # Not even in an error: the request that superseded #5 is named by its ordinal (SPEC §10).
+    async with db.sessions() as session:
+        ids = [str(i) for i in await session.scalars(select(RequestRow.id))]
+    assert not any(i in json.dumps(v3) for i in ids)
+    assert v3["questions"][2]["error"]["detail"] == {"superseded_by_ordinal": 8}
     assert v3["session"]["memory"]["qa_summary"]["document"] == {"objective": "ö"}
     v1 = await export(db, "origin", 1)
     # v1 restores as succeeded history, so it may only hold succeeded requests.
@@ -632,3 +638,23 @@ async def test_restore_writes_the_archives_set_settings_and_clears_none(db: Data
         "big",
         "interrupt",
     )
+
+
+async def test_a_restored_error_naming_a_request_id_keeps_no_id(db: Database) -> None:
+    """An archive written before errors named ordinals may hold a superseded request's id: restored,
+    it would name a request of another session, so it is left out (SPEC §10: no request ids)."""
+    document = _broken(
+        lambda d: d["questions"][1].update(
+            status="cancelled",
+            answer=None,
+            pinned=False,
+            error={
+                "code": "superseded",
+                "message": "s",
+                "detail": {"superseded_by": str(uuid.uuid4()), "x": 1},
+            },
+        )
+    )
+    await restore(db, "p", document)
+    exported = await export(db, "p", 3)
+    assert exported["questions"][1]["error"]["detail"] == {"x": 1}
