@@ -204,7 +204,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "worker": lambda: _serve(settings, "127.0.0.1", 0, api=False, worker=True),
         "migrate": lambda: _cmd_migrate(settings, args),
     }
-    return commands[args.command]()
+    try:
+        return commands[args.command]()
+    except Exception as exc:
+        from service.store.db import shown_url, startup_refusal
+
+        reason = startup_refusal(exc)
+        if reason is None:
+            raise
+        where = shown_url(settings.database_url) if settings.database_url else "the embedded PostgreSQL"
+        print(
+            f"sidequest: cannot use the database ({where}, SIDEQUEST_DATABASE_URL): {reason}", file=sys.stderr
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -140,3 +140,40 @@ def test_libpq_style_query_parameters_are_kept_for_asyncpg(monkeypatch: pytest.M
     )
     monkeypatch.setenv("SIDEQUEST_DATABASE_URL", "postgresql+asyncpg://u@h/d?ssl=require")
     assert load_settings().database_url == "postgresql+asyncpg://u@h/d?sslmode=require"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("command", ["migrate", "worker"])
+def test_a_database_that_cannot_be_used_at_start_is_one_clear_line_without_its_password(
+    database_url: str, command: str
+) -> None:
+    """Outside check: an unreachable database, or one that does not exist, ended in a 138-line
+    traceback; now one line names SIDEQUEST_DATABASE_URL (password hidden) and the driver's reason."""
+    from sqlalchemy.engine import make_url
+
+    existing = make_url(database_url)
+    cases = {
+        f"postgresql://postgres:s3cret@127.0.0.1:{_free_port()}/x": "Connect call failed",
+        existing.set(database="sidequest_no_such_db").render_as_string(hide_password=False): "does not exist",
+    }
+    for url, reason in cases.items():
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SIDEQUEST_")}
+        done = subprocess.run(
+            [sys.executable, "-m", "service.cli", command],
+            env={**env, "SIDEQUEST_DATABASE_URL": url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert lines[-1].startswith("sidequest: cannot use the database (") and reason in lines[-1], lines
+        assert "SIDEQUEST_DATABASE_URL" in lines[-1] and "s3cret" not in done.stderr
+        assert "Traceback" not in done.stderr

@@ -21,6 +21,7 @@ from typing import Any, Final
 import asyncpg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from service.store.admission_batch import AdmissionBatcher
@@ -123,6 +124,30 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
         if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
             return True
     return False
+
+
+def startup_refusal(exc: BaseException) -> str | None:
+    """Why the database cannot be used at all, in the driver's words, when ``exc`` says so: it is
+    unreachable (:func:`is_unavailable`), refuses our credentials (SQLSTATE class 28) or has no such
+    database (3D000); None for anything else (a bug, to be raised as it is)."""
+    for current in driver_chain(exc):
+        state = getattr(current, "sqlstate", None) if isinstance(current, asyncpg.PostgresError) else None
+        if state is not None and (state.startswith("28") or state == "3D000"):
+            return str(current)
+    if not is_unavailable(exc):
+        return None
+    for current in driver_chain(exc):  # the driver's own words, not SQLAlchemy's wrapping of them
+        if isinstance(current, OSError | asyncpg.PostgresError | asyncpg.InterfaceError):
+            return str(current) or type(current).__name__
+    return str(exc) or "the database did not answer in time"
+
+
+def shown_url(url: str) -> str:
+    """A database URL fit for a message: its password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unreadable URL is refused by the settings before this
+        return "(the configured URL)"
 
 
 # What a best-effort database step (a calibration sample, a metrics scrape) catches: the errors
