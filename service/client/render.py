@@ -80,6 +80,9 @@ class Outcome:
     error: dict[str, Any] | None = None
 
 
+# Error codes of a cancelled request (SPEC §8): cancelled, and superseded by a newer question (§11.2).
+_CANCELLED_CODES = frozenset({"cancelled", "superseded"})
+
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 
@@ -94,6 +97,8 @@ class Renderer:
     stage: str = Status.QUEUED
     answer: str = ""
     answering: bool = False
+    # The terminal status the stream announced (SPEC §4: right before done / error).
+    terminal: str | None = None
     _live_line: bool = False
     _frame: int = 0
 
@@ -133,6 +138,7 @@ class Renderer:
             stage = data.get("stage")
             self.stage = str(stage or status)
             if isinstance(status, str) and status in TERMINAL:
+                self.terminal = status
                 return None  # the done / error event right after it carries the result
             active = isinstance(status, str) and status in ACTIVE
             label = f"{status}" if active and not stage else f"stage {self.stage}"
@@ -170,7 +176,12 @@ class Renderer:
             self.lasting(summary)
             return Outcome(Status.SUCCEEDED, record=record)
         elif event == "error":
-            status = Status.CANCELLED if data.get("code") == "cancelled" else Status.FAILED
+            # The terminal status event right before says which (a superseded request is cancelled);
+            # without it, the code.
+            if self.terminal in (Status.CANCELLED, Status.FAILED):
+                status = Status(self.terminal)
+            else:
+                status = Status.CANCELLED if data.get("code") in _CANCELLED_CODES else Status.FAILED
             self.lasting(f"{status}: {format_error(data)}")
             return Outcome(status, error=data)
         return None

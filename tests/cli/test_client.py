@@ -217,6 +217,23 @@ def test_a_worker_lost_rerun_discards_the_streamed_text() -> None:
     assert "answer truncated: stop reason length" in err.getvalue()
 
 
+def test_a_superseded_request_ends_as_cancelled_not_failed() -> None:
+    """Outside check: `sidequest ask` said "failed: superseded…" of a request whose status is cancelled."""
+    error = {
+        "code": "superseded",
+        "message": "cancelled because a newer question interrupted it",
+        "detail": {},
+    }
+    for stream in (
+        [("status", {"status": "cancelled", "stage": "answering"}), ("error", error)],
+        [("error", error)],
+    ):
+        render, _, err = renderer()
+        outcomes = [render.handle(event, data) for event, data in stream]
+        assert outcomes[-1] is not None and outcomes[-1].status == "cancelled"
+        assert "cancelled: superseded" in err.getvalue()
+
+
 def test_on_a_terminal_the_status_is_one_live_line_and_the_answer_owns_the_screen() -> None:
     out, err = io.StringIO(), io.StringIO()
     render = Renderer(out=out, err=err, live=True)
