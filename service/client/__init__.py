@@ -266,7 +266,12 @@ def archive_export(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``sidequest archive import``: restore an archive file into a session."""
     raw, document = _read_json_file(args.file, "archive")
-    parent_id = args.parent_id or (document.get("parent_id") if isinstance(document, dict) else None)
+    if not isinstance(document, dict):
+        raise ClientError(
+            f"{args.file} is not an archive: an archive is a JSON object with a version, "
+            "a parent_id and questions"
+        )
+    parent_id = args.parent_id or document.get("parent_id")
     if not isinstance(parent_id, str) or not parent_id:
         raise ClientError("the archive names no parent_id; pass --parent-id")
     endpoint = Endpoint.from_args(args)
