@@ -91,6 +91,9 @@ class FeedItem:
     event: Event
     deleted_at: datetime | None  # the request's, as of the read (session streams' visibility rule)
     wire: bytes
+    # Written before its request was cleared (or its session-level history replaced): the deleted
+    # history's content, served to no stream once the clear is read.
+    cleared_content: bool = False
 
 
 def _wire(event: Event, event_id: int) -> bytes:
@@ -106,8 +109,8 @@ def _request_item(event: Event) -> FeedItem:
     return FeedItem(event.seq, event, None, _wire(event, event.seq))
 
 
-def _session_item(event: Event, deleted_at: datetime | None) -> FeedItem:
-    return FeedItem(event.id, event, deleted_at, _wire(event, event.id))
+def _session_item(event: Event, deleted_at: datetime | None, cleared_content: bool) -> FeedItem:
+    return FeedItem(event.id, event, deleted_at, _wire(event, event.id), cleared_content)
 
 
 class Subscriber:
@@ -229,7 +232,7 @@ class Feed:
                 events = await events_store.request_events_after(session, self.key, self.last, PAGE)
                 return [_request_item(event) for event in events]
             rows = await events_store.session_events_with_deletion(session, self.key, self.last, PAGE)
-            return [_session_item(event, deleted_at) for event, deleted_at in rows]
+            return [_session_item(*row) for row in rows]
 
     async def _high_water(self) -> int:
         async with self.db.sessions() as session:
@@ -430,7 +433,7 @@ async def _catch_up_session(db: Database, hub: EventHub, session_id: uuid.UUID, 
     hub.catchup_reads += 1
     async with db.sessions() as session:
         rows = await events_store.session_events_with_deletion(session, session_id, after, PAGE)
-    return [_session_item(event, deleted_at) for event, deleted_at in rows]
+    return [_session_item(*row) for row in rows]
 
 
 async def request_stream(
@@ -490,11 +493,13 @@ async def session_stream(
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """Events of every request of a session with global ``id > after``; never ends by itself.
 
-    A fresh stream does not replay requests that were cleared before it opened (they are gone for
-    everyone), nor the session-level events of the history a clear or an archive restore replaced,
-    but it does deliver the final ``cancelled`` events of a clear that happens while it is open, and
-    a resumed stream delivers everything after its cursor. A fresh stream therefore
-    reads its history itself (``deleted_at`` as of now); a resumed one may start from memory.
+    A clear deletes the history (SPEC §3): no stream serves what a cleared request (or the
+    session-level events of a history a clear or an archive restore replaced) wrote before the
+    clear, once the clear is read — not even one that resumes from before it. What the clear itself
+    wrote (the ``cancelled`` events of the requests it cancelled) reaches a stream open when it
+    happened and one that resumes from before it, not a fresh stream opened after it. A fresh
+    stream therefore reads its history itself (``deleted_at`` as of now); a resumed one may start
+    from memory.
     """
     yield retry_hint()
     seen: set[uuid.UUID | None] = set()
@@ -514,11 +519,13 @@ async def session_stream(
                     continue
                 delivered = item.cursor
                 event = item.event
-                if (
-                    resumed
-                    or item.deleted_at is None
-                    or item.deleted_at > opened_at
-                    or (event.request_id is not None and event.request_id in seen)
+                if item.deleted_at is None or (
+                    not item.cleared_content
+                    and (
+                        resumed
+                        or item.deleted_at > opened_at
+                        or (event.request_id is not None and event.request_id in seen)
+                    )
                 ):
                     seen.add(event.request_id)
                     chunks.append(item.wire)

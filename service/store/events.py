@@ -153,8 +153,10 @@ async def request_exists(session: AsyncSession, request_id: uuid.UUID) -> bool:
 
 async def session_events_with_deletion(
     session: AsyncSession, session_id: uuid.UUID, after_id: int, limit: int = 500
-) -> list[tuple[Event, datetime | None]]:
-    """Events of a session after ``after_id``, each with its request's ``deleted_at``.
+) -> list[tuple[Event, datetime | None, bool]]:
+    """Events of a session after ``after_id``, each with its request's ``deleted_at`` and whether
+    it was written before that (the cleared history's own content, which no stream serves after
+    the clear; what the clear itself wrote, its ``cancelled`` events, has the clear's time).
 
     A session-level event (no request) comes with the ``cleared_at`` of the clear that replaced its
     history (:func:`mark_session_events_cleared`), None while its history is the current one.
@@ -168,14 +170,14 @@ async def session_events_with_deletion(
         else_=RequestRow.deleted_at,
     )
     rows = await session.execute(
-        select(EventRow, hidden)
+        select(EventRow, hidden, func.coalesce(EventRow.created_at < hidden, False))
         .outerjoin(RequestRow, RequestRow.id == EventRow.request_id)
         .join(SessionRow, SessionRow.id == EventRow.session_id)
         .where(EventRow.session_id == session_id, EventRow.id > after_id)
         .order_by(EventRow.id)
         .limit(limit)
     )
-    return [(_event(row), deleted_at) for row, deleted_at in rows]
+    return [(_event(row), deleted_at, bool(before)) for row, deleted_at, before in rows]
 
 
 _MARK_CLEARED = text(

@@ -270,6 +270,39 @@ async def test_fresh_session_stream_hides_cleared_history_but_shows_new_requests
         assert json.loads(first.data)["status"] == "queued"
 
 
+async def test_no_stream_replays_what_a_cleared_history_wrote_not_even_one_resuming_from_before(
+    server: Server, db: Database
+) -> None:
+    """SPEC §3: a clear deletes the history. Outside check: a session stream resumed from before the
+    clear (Last-Event-ID: 0, ?after=0) replayed the cleared requests' questions and answers. It gets
+    what the clear itself wrote (the cancellation of a running request) and what came after."""
+    async with server.client() as client:
+        done = (await ask(client, "p-gone", "secret question"))["id"]
+        await mark_running(db, done, "answering")
+        await append(db, done, "delta", {"text": "secret answer"})
+        await finish(db, done, "secret answer")
+        running = (await ask(client, "p-gone"))["id"]
+        await mark_running(db, running, "answering")
+        assert (await client.delete("/v1/sessions/p-gone/questions")).status_code == 200
+        new = (await ask(client, "p-gone", "after the clear"))["id"]
+        for headers, params in (({"Last-Event-ID": "0"}, {}), ({}, {"after": 0})):
+            got: list[SseMessage] = []
+            async with client.stream(
+                "GET", "/v1/sessions/p-gone/events", headers=headers, params=params
+            ) as response:
+                async for message in events(response):
+                    got.append(message)
+                    if message.json()["request_id"] == new:
+                        break
+            assert not any("secret" in m.data for m in got)
+            assert [(m.json()["request_id"], m.event) for m in got] == [
+                (running, "status"),
+                (running, "error"),
+                (new, "status"),
+            ]
+            assert got[1].json()["code"] == "cancelled"
+
+
 async def test_a_fresh_session_stream_replays_no_hand_off_of_a_cleared_or_replaced_history(
     server: Server, db: Database
 ) -> None:
