@@ -258,6 +258,34 @@ def _normalize_tool(tool: object) -> dict[str, Any]:
     return tool if isinstance(tool, dict) else dict(tool)
 
 
+def _tool_name(tool: object) -> object:
+    if not isinstance(tool, Mapping):
+        return None
+    function = tool.get("function")
+    if tool.get("type") == "function" and isinstance(function, Mapping):
+        return function.get("name")
+    return tool.get("name")
+
+
+def snapshot_shape_problem(snapshot: Mapping[str, Any]) -> str | None:
+    """What makes a posted snapshot one no provider would take, where normalising it would lose it
+    without a word, or None: a tool without a name (Anthropic's ``name``, OpenAI's ``function.name``),
+    or a content block that is an object without a ``type``. Checked when a snapshot is stored, never
+    when a stored one is read (those were accepted before the rule)."""
+    tools = snapshot.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else ()):
+        name = _tool_name(tool)
+        if not isinstance(name, str) or not name:
+            return f"tools[{index}] has no name"
+    messages = snapshot.get("messages")
+    for index, message in enumerate(messages if isinstance(messages, list) else ()):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        for at, block in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(block, Mapping) and not isinstance(block.get("type"), str):
+                return f"messages[{index}].content[{at}] has no type"
+    return None
+
+
 def normalize_snapshot(snapshot: Mapping[str, Any]) -> NormalizedSnapshot:
     """A snapshot (either style) in canonical form.
 

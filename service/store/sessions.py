@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget import Calibration, plan_window, positive_setting, resolve_output_cap, resolve_window
+from service.budget.messages import snapshot_shape_problem
 from service.budget.prepared import (
     PREPARED_VERSION,
     EncodedSnapshot,
@@ -69,8 +70,12 @@ def prepare_or_refuse(content: dict[str, Any], encoded: EncodedSnapshot | None =
     """Prepare a snapshot once (normalise, estimate, group, hash: :mod:`service.budget.prepared`).
 
     Raises :class:`InvalidSnapshot` when the snapshot does not normalise (e.g. a tool that is not an
-    object): refusing it at admission is better than failing the request later in the worker.
+    object) or is one no provider would take (:func:`snapshot_shape_problem`): refusing it at
+    admission is better than failing the request later in the worker.
     """
+    problem = snapshot_shape_problem(content)
+    if problem is not None:
+        raise InvalidSnapshot(f"snapshot is not a valid main-session context: {problem}")
     try:
         return prepare_snapshot(content, encoded)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:

@@ -307,6 +307,42 @@ async def test_the_literal_text_of_a_nul_escape_is_not_a_nul(server: Server) -> 
             assert error["message"] == "the snapshot contains NUL characters"
 
 
+async def test_a_nameless_tool_or_a_typeless_block_is_refused_not_sent_or_dropped(
+    server: Server, db: Database
+) -> None:
+    """Outside check: a tool without a name went to the provider as "name": "" (which refuses it),
+    and a content block without a type was dropped, its message with it, without a word."""
+    user = {"role": "user", "content": "hi"}
+    cases = {
+        "tools[0] has no name": {"messages": [user], "tools": [{"description": "d"}]},
+        "tools[1] has no name": {
+            "messages": [user],
+            "tools": [{"name": "grep"}, {"type": "function", "function": {"name": "", "parameters": {}}}],
+        },
+        "messages[1].content[0] has no type": {
+            "messages": [user, {"role": "user", "content": [{"text": "hi"}]}]
+        },
+    }
+    async with server.client() as client:
+        for reason, snapshot in cases.items():
+            for response in (
+                await client.post(
+                    "/v1/sessions/p-shape/questions", json={"question": "q", "snapshot": snapshot}
+                ),
+                await client.put("/v1/sessions/p-shape/snapshots/s1", json=snapshot),
+            ):
+                assert response.status_code == 422, response.text
+                error = response.json()["error"]
+                assert error["code"] == "invalid_snapshot" and reason in error["message"], error
+        # Both styles of a named tool, and typed blocks, are fine.
+        fine = {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "tools": [{"name": "grep"}, {"type": "function", "function": {"name": "ls"}}],
+        }
+        assert (await client.put("/v1/sessions/p-shape/snapshots/s1", json=fine)).status_code == 201
+    assert await _row_counts(db) == (1, 0, 0, 1)  # the session and the one stored snapshot
+
+
 async def test_idempotency_key_replays_the_original_or_conflicts(server: Server, db: Database) -> None:
     url = "/v1/sessions/p-idem/questions"
     async with server.client() as client:
