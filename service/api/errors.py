@@ -87,11 +87,20 @@ async def _sidequest_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc)
 
 
-async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = _clean_validation_errors(exc.errors())
     if any(e["type"] == "json_invalid" for e in errors):
         return error_response(ApiError(400, "malformed_json", "the request body is not valid JSON"))
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if "json" not in media and any(tuple(e["loc"]) == ("body",) for e in errors):
+        # The framework reads a body as JSON only when it is declared so; anything else arrives as
+        # text and fails as "not a valid dictionary", which says nothing of the real cause.
+        declared = f"Content-Type {media!r}" if media else "no Content-Type"
+        message = (
+            f"invalid request: the body must be JSON, sent as Content-Type: application/json ({declared})"
+        )
+        return error_response(ApiError(422, "validation_error", message, {"errors": errors}))
     summary = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
     return error_response(
         ApiError(422, "validation_error", f"invalid request: {summary}", {"errors": errors})

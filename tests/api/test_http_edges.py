@@ -96,6 +96,25 @@ async def test_a_body_that_is_not_json_text_is_400_on_every_route(server: Server
         assert (await client.get("/v1/sessions/p-json")).status_code == 404  # nothing written
 
 
+async def test_a_json_body_not_declared_as_json_says_so(server: Server) -> None:
+    """Outside check: a valid body sent as text/plain (or without a Content-Type) got "Input should be
+    a valid dictionary", which does not say that the content type is the problem."""
+    async with server.client() as client:
+        for method, url, body in (
+            ("PUT", "/v1/sessions/p-ct/settings", b'{"on_busy": "reject"}'),
+            ("POST", "/v1/sessions/p-ct/handoffs", b"{}"),
+            ("PUT", "/v1/sessions/p-ct/snapshots/s", b'{"messages": []}'),
+            ("POST", "/v1/sessions/p-ct/questions", b'{"question": "q"}'),
+        ):
+            for headers in ({"Content-Type": "text/plain"}, {"Content-Type": ""}):
+                response = await client.request(method, url, content=body, headers=headers)
+                assert response.status_code == 422, (url, headers, response.text)
+                error = response.json()["error"]
+                assert error["code"] == "validation_error"
+                assert "Content-Type: application/json" in error["message"], (url, error)
+        assert (await client.get("/v1/sessions/p-ct")).status_code == 404  # nothing written
+
+
 async def _raw(
     server: Server, method: str, target: str, body: bytes = b"", extra: str = ""
 ) -> tuple[int, bytes]:
