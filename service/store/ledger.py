@@ -41,13 +41,19 @@ _APPEND_CALL_SQL = """
         )
         FROM jsonb_array_elements(coalesce(r.usage->'calls', '[]'::jsonb) || CAST(:call AS jsonb))
             WITH ORDINALITY AS e(c, n)
-    )
+    ){also}
     WHERE r.id = :id
     RETURNING r.usage
     """
+# A request's record names its answer model (SPEC §3 ``model``) from its first answer call on, so a
+# request cancelled while answering names it too (the cancel writes its terminal state without it).
+_ANSWER_MODEL = """,
+    model = coalesce(r.model, (
+        SELECT c->>'model' FROM jsonb_array_elements(CAST(:call AS jsonb)) AS a(c)
+        WHERE c->>'purpose' = 'answer' LIMIT 1))"""
 # Requests and background jobs keep the same usage object (SPEC §3), each in its own table.
-_APPEND_CALL = text(_APPEND_CALL_SQL.format(table="side_question_requests"))
-_APPEND_JOB_CALL = text(_APPEND_CALL_SQL.format(table="side_question_jobs"))
+_APPEND_CALL = text(_APPEND_CALL_SQL.format(table="side_question_requests", also=_ANSWER_MODEL))
+_APPEND_JOB_CALL = text(_APPEND_CALL_SQL.format(table="side_question_jobs", also=""))
 
 
 @dataclass(frozen=True)

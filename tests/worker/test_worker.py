@@ -66,6 +66,8 @@ async def test_cancel_stops_a_running_answer_within_a_second_and_keeps_usage(
     assert row.status == "cancelled"
     calls = [(c["purpose"], c["status"]) for c in row.usage["calls"]]
     assert calls == [("qa_summary", "ok"), ("answer", "cancelled")]
+    # The record names the answer model it was cancelled in (outside check: it was null).
+    assert row.model is not None and row.model == row.usage["calls"][1]["model"]
     # The summary's reported usage is kept (the default step counts its prompt from the body).
     assert row.usage["input_tokens"] == row.usage["calls"][0]["input_tokens"] > 0
     events = await events_of(db, rid)
