@@ -282,6 +282,20 @@ async def create_handoff(
         .values(pinned=False)
         .execution_options(synchronize_session=False)
     )
+    if block.omitted_ordinals:
+        # What had to be left out to fit is pinned, so the next include: "new" hand-off carries it
+        # (first, verbatim) although the mark has moved past it: no finding is lost to the mark.
+        await session.execute(
+            update(RequestRow)
+            .where(
+                RequestRow.session_id == owner.id,
+                RequestRow.ordinal.in_(block.omitted_ordinals),
+                RequestRow.status == Status.SUCCEEDED,
+                RequestRow.deleted_at.is_(None),
+            )
+            .values(pinned=True)
+            .execution_options(synchronize_session=False)
+        )
     await session.flush()
     await append_session_event(
         session,

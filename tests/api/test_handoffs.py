@@ -105,6 +105,31 @@ async def test_pin_unpin_and_the_pinned_answer_goes_in_the_next_handoff(server: 
         assert (await client.post("/v1/questions/not-a-uuid/pin")).status_code == 404
 
 
+async def test_what_a_handoff_leaves_out_is_pinned_so_the_next_new_one_carries_it(
+    server: Server, db: Database
+) -> None:
+    """Outside check: a Q&A left out to fit was never shown to the main agent, and the mark moved past
+    it, so no include: "new" hand-off would ever carry it. It is pinned instead: the next one does."""
+    async with server.client() as client:
+        records = []
+        for n in range(1, 6):
+            records.append(await answered(client, db, "p-left", f"question {n} " + "x" * 900))
+        first = (await client.post("/v1/sessions/p-left/handoffs", json={"max_tokens": 256})).json()
+        assert first["omitted_ordinals"] and 5 in first["ordinals"], first
+        for record in records:
+            got = (await client.get(f"/v1/questions/{record['id']}")).json()
+            assert got["pinned"] is (got["ordinal"] in first["omitted_ordinals"]), got["ordinal"]
+        carried = set(first["ordinals"])
+        for _ in range(5):  # each carries what fits of the rest, until nothing is left
+            nxt = await client.post("/v1/sessions/p-left/handoffs", json={"max_tokens": 256})
+            if nxt.status_code == 200:
+                break
+            carried |= set(nxt.json()["ordinals"])
+        assert carried == {1, 2, 3, 4, 5}
+        for record in records:
+            assert (await client.get(f"/v1/questions/{record['id']}")).json()["pinned"] is False
+
+
 async def test_idempotency_key_replays_with_200_and_another_body_is_409(server: Server, db: Database) -> None:
     async with server.client() as client:
         await answered(client, db, "p")

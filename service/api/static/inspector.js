@@ -710,7 +710,7 @@
     await loadSessions(false);
   }
 
-  // Q&A left out to fit are not carried (docs/handoff.md): the person should know which.
+  // Q&A left out to fit are not carried but pinned for the next (docs/handoff.md): say which.
   // Runs of consecutive ordinals as ranges, as the block itself writes them (#1–#3, #7).
   function leftOut(omitted) {
     if (!omitted || !omitted.length) return "";
@@ -719,7 +719,8 @@
       if (runs.length && o === runs[runs.length - 1][1] + 1) runs[runs.length - 1][1] = o;
       else runs.push([o, o]);
     }
-    return ` · left out to fit: ${runs.map(([a, b]) => (a === b ? `#${a}` : `#${a}–#${b}`)).join(", ")}`;
+    const named = runs.map(([a, b]) => (a === b ? `#${a}` : `#${a}–#${b}`)).join(", ");
+    return ` · left out to fit: ${named} (pinned for the next hand-off)`;
   }
 
   async function handoff(event) {
