@@ -58,7 +58,8 @@ def _import_sdk() -> Any:
         return importlib.import_module("anthropic")
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise ValueError(
-            "SIDEQUEST_PROVIDER=anthropic needs the anthropic SDK: pip install 'sidequest[anthropic]'"
+            "SIDEQUEST_PROVIDER=anthropic needs the anthropic SDK, a dependency of Sidequest: "
+            "reinstall Sidequest (pip install 'sidequest[anthropic]')"
         ) from exc
 
 
