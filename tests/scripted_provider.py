@@ -1,9 +1,9 @@
 """A scripted model server for tests: OpenAI-compatible and Anthropic-compatible, over real HTTP.
 
-The provider is the only thing the tests fake, and only at the wire (DESIGN.md): the real SDKs talk to
-this server on ``127.0.0.1`` (a free port), so every adapter, error path and header is exercised for
-real. The server runs its own asyncio loop in a background thread, so it serves sync tests, async tests
-and other processes (a worker subprocess) alike.
+The provider is the only thing the tests fake, and only at the wire (docs/architecture.md): the real
+SDKs talk to this server on ``127.0.0.1`` (a free port), so every adapter, error path and header is
+exercised for real. The server runs its own asyncio loop in a background thread, so it serves sync
+tests, async tests and other processes (a worker subprocess) alike.
 
 Usage::
 

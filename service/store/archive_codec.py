@@ -123,8 +123,9 @@ def load_archive_json(body: bytes | str) -> object:
 
 
 def _unsupported(version: object) -> ArchiveUnreadable:
+    named = "the archive has no version" if version is None else f"unsupported archive version {version!r}"
     return ArchiveUnreadable(
-        f"unsupported archive version {version!r}: supported versions are 1, 2 and 3",
+        f"{named}: supported versions are 1, 2 and 3",
         {"version": version if isinstance(version, (int, float, str)) else None},
     )
 

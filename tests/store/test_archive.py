@@ -389,7 +389,12 @@ def _broken(mutate: Any) -> dict[str, Any]:
 
 MALFORMED: list[tuple[str, object, type[Exception], str]] = [
     ("not an object", [1, 2], ArchiveUnreadable, "JSON object"),
-    ("no version", {"parent_id": "p", "questions": []}, ArchiveUnreadable, "unsupported archive version"),
+    (
+        "no version",
+        {"parent_id": "p", "questions": []},
+        ArchiveUnreadable,
+        "the archive has no version: supported",
+    ),
     ("future version", {"version": 4, "parent_id": "p", "questions": []}, ArchiveUnreadable, "1, 2 and 3"),
     ("bool version", {"version": True, "parent_id": "p", "questions": []}, ArchiveUnreadable, "version"),
     ("questions not a list", {"version": 1, "parent_id": "p", "questions": {}}, ArchiveInvalid, "questions"),
