@@ -184,6 +184,21 @@ def _handoff_tokens(value: str) -> int:
     return tokens
 
 
+def _provider_problem(settings: Settings) -> str | None:
+    """Why the configured provider cannot be built (its SDK missing, say), before anything starts: a
+    process that serves or works needs it, and failing later is a traceback per process."""
+    import asyncio
+
+    from service.providers import build_provider
+
+    try:
+        provider = build_provider(settings)
+    except ValueError as exc:
+        return str(exc)
+    asyncio.run(provider.aclose())
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
@@ -197,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
     except SettingsError as exc:
         print(f"sidequest: {exc}", file=sys.stderr)
+        return 2
+    problem = _provider_problem(settings) if args.command in ("serve", "api", "worker") else None
+    if problem is not None:
+        print(f"sidequest: {problem}", file=sys.stderr)
         return 2
     commands: dict[str, Callable[[], int]] = {
         "serve": lambda: _serve(settings, args.host, args.port, api=True, worker=True),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +178,34 @@ def test_a_database_that_cannot_be_used_at_start_is_one_clear_line_without_its_p
         assert lines[-1].startswith("sidequest: cannot use the database (") and reason in lines[-1], lines
         assert "SIDEQUEST_DATABASE_URL" in lines[-1] and "s3cret" not in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_provider_that_cannot_be_built_stops_the_process_with_one_line(
+    tmp_path: Path,
+) -> None:
+    """Outside check: with the anthropic SDK missing, serve died in its start-up with 44 lines of
+    tracebacks, the worker with 65 ending in an unrelated AssertionError. An importable stand-in that
+    raises ImportError plays the missing SDK."""
+    fake = tmp_path / "anthropic"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('no anthropic here')\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIDEQUEST_")}
+    for command in ("worker", "api"):
+        done = subprocess.run(
+            [sys.executable, "-m", "service.cli", command],
+            env={
+                **env,
+                "PYTHONPATH": str(tmp_path),
+                "SIDEQUEST_PROVIDER": "anthropic",
+                "SIDEQUEST_API_KEY": "x",
+                "SIDEQUEST_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{_free_port()}/never-reached",
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            "sidequest: SIDEQUEST_PROVIDER=anthropic needs the anthropic SDK, a dependency of Sidequest: "
+            "reinstall Sidequest (pip install 'sidequest[anthropic]')"
+        ]
