@@ -77,3 +77,41 @@ async def test_a_slot_pool_woken_as_it_is_cancelled_still_stops() -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.wait_for(task, 2)  # before the fix: TimeoutError, the loop ran on
     assert task.cancelled()
+
+
+async def test_work_claimed_again_while_its_stale_run_goes_on_stops_that_run_and_keeps_the_new() -> None:
+    """Outside check: after a database outage longer than the lease, the sweep re-queued a request
+    this very process was still running and it claimed it again. The stale run's end removed the new
+    run from the pool, so the heartbeat stopped renewing its lease and it failed as worker_lost."""
+
+    @dataclass
+    class Work:
+        id: uuid.UUID
+        attempt: int
+
+    release = asyncio.Event()
+    settled: list[tuple[int, str]] = []
+
+    async def claim() -> tuple[Work | None, bool]:
+        return None, False
+
+    async def run(work: Work) -> None:
+        await release.wait()
+
+    async def settle(work: Work, reason: str) -> None:
+        settled.append((work.attempt, reason))
+
+    pool: SlotPool[Work] = SlotPool("request", 2, claim=claim, run=run, settle=settle, poll_s=30)
+    wid = uuid.uuid4()
+    pool._spawn(Work(wid, 1))
+    first = pool.tasks[wid]
+    await asyncio.sleep(0)
+    pool._spawn(Work(wid, 2))  # the same request, claimed again
+    second = pool.tasks[wid]
+    assert second is not first
+    await asyncio.wait_for(asyncio.gather(first, return_exceptions=True), 2)
+    assert settled == [(1, "lost")]  # the stale run was stopped as lost, nothing written for it
+    assert pool.tasks == {wid: second} and not second.done()  # the new run is still the pool's
+    pool.cancel(wid, "cancelled")  # and can still be cancelled (its reason is its own)
+    await asyncio.wait_for(asyncio.gather(second, return_exceptions=True), 2)
+    assert settled == [(1, "lost"), (2, "cancelled")] and pool.tasks == {}

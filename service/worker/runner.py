@@ -90,7 +90,10 @@ class SlotPool(Generic[W]):
         self._settle = settle
         self._poll_s = poll_s
         self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
-        self._cancel_reasons: dict[uuid.UUID, CancelReason] = {}
+        # Keyed by task, not by work id: a unit claimed again while its stale run still ends
+        # (its lease expired during a database outage) has two tasks for a while.
+        self._cancel_reasons: dict[asyncio.Task[None], CancelReason] = {}
+        self._stale: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._cluster_full = False
         self._stopping = False
@@ -113,11 +116,15 @@ class SlotPool(Generic[W]):
 
     def cancel(self, work_id: uuid.UUID, reason: CancelReason) -> None:
         task = self.tasks.get(work_id)
-        if task is None or task.done() or work_id in self._cancel_reasons:
+        if task is not None:
+            self._cancel_task(task, reason)
+
+    def _cancel_task(self, task: asyncio.Task[None], reason: CancelReason) -> None:
+        if task.done() or task in self._cancel_reasons:
             # Cancel once only: a second cancel (NOTIFY and heartbeat both noticing) would interrupt
             # the cancelled task while it records its in-flight call's usage.
             return
-        self._cancel_reasons[work_id] = reason
+        self._cancel_reasons[task] = reason
         task.cancel()
 
     async def loop(self) -> None:
@@ -139,22 +146,35 @@ class SlotPool(Generic[W]):
                 self._cluster_full = False  # the poll fallback always tries again
 
     def _spawn(self, work: W) -> None:
+        stale = self.tasks.get(work.id)
+        if stale is not None and not stale.done():
+            # Claimed again while its earlier run here still goes on: that run lost its lease (the
+            # heartbeat could not reach the database for longer than the lease) and was re-queued.
+            # It is stopped as lost (its in-flight call's usage is still recorded); the new run
+            # owns the request. Both share this process's lease owner, so only one may run.
+            self._stale.add(stale)
+            self._cancel_task(stale, "lost")
         task = asyncio.create_task(self._guarded(work), name=f"sidequest-{self.name}-{work.id}")
         self.tasks[work.id] = task
 
     async def _guarded(self, work: W) -> None:
+        task = asyncio.current_task()
+        assert task is not None
         try:
             await self._run(work)
         except asyncio.CancelledError:
             try:
-                await self._settle(work, self._cancel_reasons.get(work.id, "cancelled"))
+                await self._settle(work, self._cancel_reasons.get(task, "cancelled"))
             except Exception:
                 log.exception("could not settle cancelled %s %s", self.name, work.id)
         except Exception:
             log.exception("%s %s crashed", self.name, work.id)
         finally:
-            self.tasks.pop(work.id, None)
-            self._cancel_reasons.pop(work.id, None)
+            # Only this run's entry: a newer run of the same work (see _spawn) keeps its own.
+            if self.tasks.get(work.id) is task:
+                del self.tasks[work.id]
+            self._stale.discard(task)
+            self._cancel_reasons.pop(task, None)
             # Instant hand-off: the freed local slot is claimed again now, not at the next poll.
             self._cluster_full = False
             self._wake.set()
@@ -164,7 +184,7 @@ class SlotPool(Generic[W]):
         self._wake.set()
         for work_id in list(self.tasks):
             self.cancel(work_id, "shutdown")
-        pending = list(self.tasks.values())
+        pending = [*self.tasks.values(), *self._stale]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 
