@@ -20,6 +20,7 @@ from service.providers.base import ContextOverflow, ProviderCall
 from service.providers.calling import CallResult, run_call
 from service.store import terminal
 from service.store.calibration import Sample
+from service.store.db import is_unavailable
 from service.summary.material import QAPair
 from service.summary.prompts import AnswerRequest, build_answer_request
 from service.vocabulary import JobKind
@@ -251,21 +252,30 @@ async def _finish(
         qa_group_tokens(QAPair(claimed.ordinal, claimed.question, result.text, claimed.created_at)),
     )
     await rt.flushed()  # the stage events the call started with come before the success
-    async with rt.db.connection() as conn:
-        record = await terminal.finish_succeeded(
-            conn,
-            claimed.id,
-            rt.owner,
-            answer=result.text,
-            truncated=truncated,
-            stop_reason=result.stop_reason,
-            model=prepared.models.answer,
-            context_info=rt.info.to_json(),
-            qa_tokens=own.tokens,
-            follow_ups=follow_ups(rt, prepared, history, context, own),
-            # Taken only now: until this commit, a failure above writes them on its own (answer()).
-            tail=terminal.AnswerTail(rest, rt.recorder.take_held(), sample),
-        )
+    # Taken only now: until this commit, a failure above writes them on its own (answer()).
+    call = rt.recorder.take_held()
+    try:
+        async with rt.db.connection() as conn:
+            record = await terminal.finish_succeeded(
+                conn,
+                claimed.id,
+                rt.owner,
+                answer=result.text,
+                truncated=truncated,
+                stop_reason=result.stop_reason,
+                model=prepared.models.answer,
+                context_info=rt.info.to_json(),
+                qa_tokens=own.tokens,
+                follow_ups=follow_ups(rt, prepared, history, context, own),
+                tail=terminal.AnswerTail(rest, call, sample),
+            )
+    except Exception as exc:
+        if is_unavailable(exc):
+            # The database went away before the success was written (a dropped connection is the
+            # usual case, refused before anything ran): the call's tokens were spent, so it is held
+            # again and answer() writes it on its own; the request is run again (SPEC §9).
+            rt.recorder.held = call
+        raise
     if record is None:
         raise RequestLost()
     return record

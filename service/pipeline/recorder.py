@@ -9,7 +9,10 @@ from typing import Generic, Literal, TypeVar
 
 from service.providers.base import CallUsage
 from service.store import jobs, ledger
-from service.store.db import Database
+from service.store.db import Database, is_unavailable
+
+# Between the tries of a ledger write while the database is unavailable (then one last try).
+LEDGER_RETRY_WAITS_S: tuple[float, ...] = (0.2, 1.0, 2.0)
 
 T = TypeVar("T")
 
@@ -154,9 +157,24 @@ class LedgerRecorder:
         # The streamed text comes before the usage event; the ledger and the event are one commit.
         if self.before_usage is not None and status != "cancelled":
             await self.before_usage()
+        await self._write(entry)
+        self.calls += 1
+
+    async def _write(self, entry: ledger.CallEntry) -> None:
+        """The ledger entry and its usage event, tried again over a fresh connection while the
+        database is unavailable (a pooled connection dropped by a restart fails its first use):
+        tokens were spent, and the ledger is what SPEC §9 keeps when the request is run again."""
+        for wait_s in LEDGER_RETRY_WAITS_S:
+            try:
+                async with self._db.sessions() as session:
+                    await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
+                return
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
+            await asyncio.sleep(wait_s)
         async with self._db.sessions() as session:
             await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
-        self.calls += 1
 
     def take_held(self) -> ledger.CallEntry | None:
         """The held call, now the caller's to write."""
@@ -167,5 +185,4 @@ class LedgerRecorder:
         """Write a held call on its own, with its usage event (the success it waited for did not come)."""
         entry = self.take_held()
         if entry is not None:
-            async with self._db.sessions() as session:
-                await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
+            await self._write(entry)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from service.config import Settings
 from service.providers import build_provider
 from service.providers.base import Provider
-from service.store.db import Database
-from tests.factories import add_snapshot, admit, make_session
+from service.store import ledger, terminal
+from service.store.db import Database, DatabaseUnavailable
+from tests.factories import add_history, add_snapshot, admit, make_session
 from tests.pipeline.conftest import run_one
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
@@ -121,6 +124,60 @@ async def test_a_system_prompt_of_blocks_reaches_anthropic_as_posted_and_openai_
     assert (await run_one(db, model_settings, provider, rid)).outcome.status == "succeeded"
     first = server.requests("answer")[-1].body["messages"][0]
     assert first == {"role": "system", "content": "You are the main agent.\nProject rules."}
+
+
+async def test_an_answer_whose_success_the_database_refused_keeps_its_call_in_the_ledger(
+    db: Database,
+    model_settings: Settings,
+    provider: Provider,
+    server: ScriptedServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SPEC §9: usage already recorded is kept when the request is run again. Outside check: an
+    answer that finished right after a PostgreSQL restart, its success refused on a dropped
+    connection, lost its call's usage (it was held for that one commit)."""
+    sid = await make_session(db, "parent-outage")
+    await add_snapshot(db, sid, "s1", SNAPSHOT)
+    rid = await admit(db, sid, "Which file?", snapshot_id="s1")
+    server.script("answer", Step.text("It is io.", usage=Usage(120, 9)))
+    real = terminal.finish_succeeded
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(terminal, "finish_succeeded", real)
+        raise DatabaseUnavailable("connection dropped")
+
+    monkeypatch.setattr(terminal, "finish_succeeded", refused)
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.outcome.status == "lost"  # written nothing else: run again once the lease expires
+    calls = [(c["purpose"], c["status"], c["input_tokens"]) for c in ran.row.usage["calls"]]
+    assert calls == [("answer", "ok", 120)]
+
+
+async def test_a_call_whose_ledger_write_meets_a_dropped_connection_is_written_on_the_next_try(
+    db: Database,
+    model_settings: Settings,
+    provider: Provider,
+    server: ScriptedServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pooled connection dropped by a PostgreSQL restart fails its first use: the ledger write is
+    tried again over a fresh one (tokens were spent), and the request goes on."""
+    sid = await make_session(db, "parent-retry")
+    await add_history(db, sid, [(f"q{i}", f"a{i}") for i in range(1, 22)])  # a Q&A fold first
+    rid = await admit(db, sid, "Still there?")
+    real = ledger.append_call_and_emit
+    failures: list[int] = []
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append(1)
+            raise DatabaseUnavailable("connection dropped")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(ledger, "append_call_and_emit", flaky)
+    ran = await run_one(db, model_settings, provider, rid)
+    assert failures == [1] and ran.outcome.status == "succeeded"
+    assert [c["purpose"] for c in ran.row.usage["calls"]] == ["qa_summary", "answer"]
 
 
 async def test_each_call_records_its_latency_for_the_metrics(
