@@ -226,9 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return commands[args.command]()
     except Exception as exc:
-        from service.store.db import shown_url, startup_refusal
+        from service.store.db import shown_url, unusable_reason
 
-        reason = startup_refusal(exc)
+        reason = unusable_reason(exc)
         if reason is None:
             raise
         where = shown_url(settings.database_url) if settings.database_url else "the embedded PostgreSQL"

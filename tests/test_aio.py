@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 import uuid
 from dataclasses import dataclass
@@ -115,3 +116,29 @@ async def test_work_claimed_again_while_its_stale_run_goes_on_stops_that_run_and
     pool.cancel(wid, "cancelled")  # and can still be cancelled (its reason is its own)
     await asyncio.wait_for(asyncio.gather(second, return_exceptions=True), 2)
     assert settled == [(1, "lost"), (2, "cancelled")] and pool.tasks == {}
+
+
+async def test_a_worker_loop_logs_the_database_being_away_as_one_line_now_and_then(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Outside check: each worker loop logged a ~65-line traceback a second while PostgreSQL was
+    stopped. A bug still gets its traceback."""
+    from service.store.db import DatabaseUnavailable
+    from service.worker import runner
+
+    runner._outage_logged.clear()
+    caplog.set_level(logging.WARNING, logger=runner.log.name)
+    for _ in range(5):
+        try:
+            raise DatabaseUnavailable("connection refused")
+        except DatabaseUnavailable:
+            runner.log_loop_failure("heartbeat failed")
+    outage = [r for r in caplog.records if r.message.startswith("heartbeat failed")]
+    assert len(outage) == 1 and outage[0].levelno == logging.WARNING and outage[0].exc_info is None
+    assert "the database is unavailable" in outage[0].message
+    try:
+        raise KeyError("a bug")
+    except KeyError:
+        runner.log_loop_failure("recovery sweep failed")
+    bug = [r for r in caplog.records if r.message == "recovery sweep failed"]
+    assert len(bug) == 1 and bug[0].levelno == logging.ERROR and bug[0].exc_info is not None

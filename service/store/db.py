@@ -126,7 +126,7 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
     return False
 
 
-def startup_refusal(exc: BaseException) -> str | None:
+def unusable_reason(exc: BaseException) -> str | None:
     """Why the database cannot be used at all, in the driver's words, when ``exc`` says so: it is
     unreachable (:func:`is_unavailable`), refuses our credentials (SQLSTATE class 28) or has no such
     database (3D000); None for anything else (a bug, to be raised as it is)."""

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, Protocol, TypeVar
@@ -39,7 +40,7 @@ from service.providers import build_provider
 from service.providers.base import Provider
 from service.store import jobs, queue, terminal
 from service.store.admission import purge_cleared
-from service.store.db import Database
+from service.store.db import Database, is_unavailable, unusable_reason
 from service.store.listener import WORKER_CHANNELS, Listener
 from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status
 
@@ -59,6 +60,25 @@ class _Work(Protocol):
 
 
 W = TypeVar("W", bound=_Work)
+
+
+# While the database is away, each loop says so once in this many seconds, in one line (not a
+# traceback a second per loop: an outside check counted 3600 lines in a 15 s outage).
+OUTAGE_LOG_EVERY_S = 30.0
+_outage_logged: dict[str, float] = {}
+
+
+def log_loop_failure(what: str) -> None:
+    """Log the exception being handled by a worker loop: a bug with its traceback, the database
+    being unavailable as one warning line per ``what`` per :data:`OUTAGE_LOG_EVERY_S`."""
+    exc = sys.exc_info()[1]
+    if exc is None or not is_unavailable(exc):
+        log.exception("%s", what)
+        return
+    now = asyncio.get_running_loop().time()
+    if now - _outage_logged.get(what, -OUTAGE_LOG_EVERY_S) >= OUTAGE_LOG_EVERY_S:
+        _outage_logged[what] = now
+        log.warning("%s: the database is unavailable (%s); retrying", what, unusable_reason(exc) or exc)
 
 
 def worker_id() -> str:
@@ -140,7 +160,7 @@ class SlotPool(Generic[W]):
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("%s claim failed; retrying after the poll interval", self.name)
+                log_loop_failure(f"{self.name} claim failed; retrying after the poll interval")
             await wait_event(self._wake, self._poll_s)
             if not self._wake.is_set():
                 self._cluster_full = False  # the poll fallback always tries again
@@ -166,7 +186,7 @@ class SlotPool(Generic[W]):
             try:
                 await self._settle(work, self._cancel_reasons.get(task, "cancelled"))
             except Exception:
-                log.exception("could not settle cancelled %s %s", self.name, work.id)
+                log_loop_failure(f"could not settle cancelled {self.name} {work.id}")
         except Exception:
             log.exception("%s %s crashed", self.name, work.id)
         finally:
@@ -413,7 +433,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("heartbeat failed")
+                log_loop_failure("heartbeat failed")
                 continue
             for request_id in request_ids:
                 if request_id not in held.requests:
@@ -443,5 +463,5 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("recovery sweep failed")
+                log_loop_failure("recovery sweep failed")
             await asyncio.sleep(interval)
