@@ -135,8 +135,16 @@ async def run_call(
                 raise
             if exc.after_output and on_text is not None:
                 # Text already streamed to the client cannot be taken back: a partially streamed
-                # reply is never retried (SPEC 7; an outside check saw "PARTIAL-ONE SECOND").
-                raise
+                # reply is never retried (SPEC 7; an outside check saw "PARTIAL-ONE SECOND"). Not
+                # retried, it is a stream that broke (SPEC 8 provider_error), not a limit "still
+                # refused after up to two waits".
+                broke = ProviderError(
+                    f"the reply broke off after it had begun: {exc.message}",
+                    status=exc.status,
+                    usage=exc.usage,
+                )
+                broke.after_output = True
+                raise broke from exc
             wait = exc.retry_after_s
             if wait is None:
                 wait = DEFAULT_BACKOFF_S[min(retries, len(DEFAULT_BACKOFF_S) - 1)]
