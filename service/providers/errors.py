@@ -25,11 +25,11 @@ and tabled in ``docs/providers.md``:
    min … reduce" is a *rate* limit, not an overflow.
 4. **Context overflow** — a message in one of the known overflow phrasings, in any status (a 500 from a
    gateway that quotes "prompt is too long" is an overflow too); the bare "Payload Too Large" family
-   only in a 413. When the message carries the window and the requested output, an output cap that
-   alone fills the window is a parameter error (no prompt, however short, would fit), while a prompt
-   plus output that together overflow *is* an overflow, even when the message names ``max_tokens``
-   (vLLM's "'max_tokens' … is too large: 4096. This model's maximum context length is 8192 tokens and
-   your request has 5000 input tokens").
+   only in a 413. A message that says the prompt and the requested output together exceed the
+   window *is* an overflow (SPEC §7), even when it names ``max_tokens`` (vLLM's "'max_tokens' … is
+   too large: 4096. This model's maximum context length is 8192 tokens and your request has 5000
+   input tokens"), and even when the output alone fills the window — then no shrinking can help,
+   and the message adds which setting to change.
    Where the body states the prompt's token count or the window, they are parsed into
    :attr:`ContextOverflow.prompt_tokens` / :attr:`ContextOverflow.context_limit` (SPEC §5.1).
 5. **Parameter caps** — ``max_tokens`` too large and friends: a plain provider error.
@@ -330,6 +330,13 @@ def classify_http_error(
     verdict = _overflow_verdict(effective, info)
     if verdict == "overflow":
         prompt_tokens, context_limit = overflow_counts(info.message + "\n" + info.text, info.fields)
+        filled = _output_filling_window(info.message + "\n" + info.text)
+        if filled is not None:
+            message += (
+                f" (the requested output alone, {filled[1]} tokens, fills the model's {filled[0]}-token "
+                "window: set context_window to the model's window, in the request, the session's "
+                "settings or SIDEQUEST_CONTEXT_WINDOW, or a smaller max_output_tokens)"
+            )
         return ContextOverflow(
             message,
             status=effective,
@@ -554,16 +561,23 @@ def _is_rate_limit(status: int | None, info: _ErrorInfo) -> bool:
     return status in (413, None) and bool(_RATE_LIMIT_WORDING.search(info.message))
 
 
-def _overflow_verdict(status: int | None, info: _ErrorInfo) -> str | None:
-    """``"overflow"``, ``"parameter"`` (an output-cap error) or None (neither)."""
-    text = info.message + "\n" + info.text
+def _output_filling_window(text: str) -> tuple[int, int] | None:
+    """``(window, output)`` when the message names both and the output alone fills the window."""
     for pattern in _WINDOW_AND_OUTPUT:
         match = pattern.search(text)
         if match:
-            window = int(match.group("window"))
-            output = int(match.group("output"))
-            # The requested output alone fills the window: no prompt, however short, would fit.
-            return "parameter" if output >= window else "overflow"
+            window, output = int(match.group("window")), int(match.group("output"))
+            return (window, output) if output >= window else None
+    return None
+
+
+def _overflow_verdict(status: int | None, info: _ErrorInfo) -> str | None:
+    """``"overflow"``, ``"parameter"`` (an output-cap error) or None (neither)."""
+    text = info.message + "\n" + info.text
+    if any(pattern.search(text) for pattern in _WINDOW_AND_OUTPUT):
+        # Input and requested output together exceed the window: an overflow (SPEC §7), also when
+        # the output alone fills it (then no shrinking helps, and the message says why).
+        return "overflow"
     if info.param in _PARAMETER_CAP_PARAMS:
         return "parameter"
     if any(p.search(text) for p in _PARAMETER_CAP_PATTERNS):

@@ -132,10 +132,29 @@ def test_rate_limit_quota_and_model_unavailable_bodies_are_collected_across_serv
         "Azure OpenAI",
         "Gemini",
     } <= _servers_with("model_unavailable")
-    # Parameter-cap look-alikes that must stay plain provider errors.
-    assert {"OpenAI", "Anthropic", "vLLM", "Groq", "Hugging Face TGI", "OpenRouter"} <= _servers_with(
-        "provider_error"
-    )
+    # Parameter-cap look-alikes (a max_tokens refused with no word of the window) stay provider errors.
+    assert {"OpenAI", "Anthropic", "Groq", "Hugging Face TGI"} <= _servers_with("provider_error")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "openai_completion_alone_fills_window",
+        "openrouter_output_fills_window_in_body",
+        "vllm_completion_alone_too_large",
+        "vllm_max_tokens_too_large",
+    ],
+)
+def test_input_and_output_together_over_the_window_is_an_overflow_even_when_the_output_fills_it(
+    name: str,
+) -> None:
+    """SPEC §7: "an error that says the input and the requested output together exceed the context
+    length *is* an overflow, even when it names max_tokens". When the output cap alone fills the
+    window no shrinking helps: the message says which setting to change (outside check: a 4096-token
+    local model and the default 8192 output cap read as a plain provider_error)."""
+    error = _classify(_load(FIXTURES / f"{name}.json"))
+    assert type(error) is ContextOverflow
+    assert "fills the model's" in error.message and "set context_window" in error.message
 
 
 def test_the_issue_phrasings_are_overflows_with_their_counts() -> None:

@@ -228,7 +228,6 @@ async def test_overflow_before_output_is_a_context_overflow(
     [
         ("groq_tpm_413", 413, RateLimited),
         ("openai_max_tokens_too_large", 400, ProviderError),
-        ("vllm_max_tokens_too_large", 400, ProviderError),
         ("openai_invalid_temperature", 400, ProviderError),
         ("openrouter_requires_more_credits_402", 402, RateLimited),
         ("together_non_serverless_model", 400, ModelUnavailable),
