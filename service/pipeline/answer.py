@@ -98,12 +98,15 @@ async def answer(
             # SPEC 7: only a first reply that streamed nothing yet (no text, no tool call) is retried.
             if deltas.streamed_chars or exc.after_output or rt.info.overflow_retries:
                 raise
+            if exc.prompt_tokens:
+                # The error states the prompt's real count: a calibration sample (SPEC §5.1).
+                await rt.book.sample(prepared.models.answer, request.estimate.total, exc.prompt_tokens)
+            if exc.output_fills_window:
+                raise  # the provider says the output cap alone fills its window: no prompt would fit
             await rt.progress(vocabulary.overflow_retry(estimate_before=request.estimate.total))
             target: int | None = None
             if exc.prompt_tokens:
-                # The error states the prompt's real count: a calibration sample, and the size to
-                # shrink to (SPEC §5.1) instead of a guess.
-                await rt.book.sample(prepared.models.answer, request.estimate.total, exc.prompt_tokens)
+                # …and the size to shrink to, instead of a guess.
                 target = overflow_target(prepared.input_budget, request.estimate.total, exc.prompt_tokens)
             shrunk = await shrink(request, target)
             if shrunk is None:

@@ -144,7 +144,8 @@ class ContextOverflow(ProviderError):
 
     ``prompt_tokens`` is the prompt's real token count when the error body states it ("your request
     has N input tokens"): a calibration sample, and what the overflow retry shrinks to (SPEC §5.1).
-    ``context_limit`` is the window the body names, when it names one.
+    ``context_limit`` is the window the body names, when it names one. ``output_fills_window``: the
+    body says the requested output alone fills that window, so no smaller prompt can fit.
     """
 
     code = "context_overflow"
@@ -157,10 +158,12 @@ class ContextOverflow(ProviderError):
         usage: CallUsage | None = None,
         prompt_tokens: int | None = None,
         context_limit: int | None = None,
+        output_fills_window: bool = False,
     ) -> None:
         super().__init__(message, status=status, usage=usage)
         self.prompt_tokens = prompt_tokens
         self.context_limit = context_limit
+        self.output_fills_window = output_fills_window
 
 
 class ModelUnavailable(ProviderError):

@@ -343,6 +343,7 @@ def classify_http_error(
             usage=usage,
             prompt_tokens=prompt_tokens,
             context_limit=context_limit,
+            output_fills_window=filled is not None,
         )
     if verdict == "parameter":
         return ProviderError(message, status=effective, usage=usage)

@@ -213,6 +213,32 @@ async def test_overflow_with_nothing_to_shrink_stops_at_once(
     assert ran.row.context_info["overflow_retries"] == 0
 
 
+async def test_an_overflow_whose_window_the_output_cap_alone_fills_is_not_retried(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    """A 4096-token local model, no window configured (200 000 assumed), the 8192 output cap: the
+    overflow says so, no smaller prompt can fit, so no summary call is spent on a retry — the request
+    fails context_overflow at once, saying what to change (outside check)."""
+    sid = await make_session(db)
+    await add_history(db, sid, [(f"q{i}", f"a{i} " * 50) for i in range(1, 6)])  # a replay to fold
+    rid = await admit(db, sid, "q")
+    body = {
+        "object": "error",
+        "message": "This model's maximum context length is 4096 tokens. However, you requested 8292 "
+        "tokens (100 in the messages, 8192 in the completion). Please reduce the length of the messages "
+        "or completion.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+    server.script("answer", Step.overflow(body))
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "context_overflow"
+    assert "fills the model's 4096-token window" in ran.row.error["message"]
+    assert len(server.requests("answer")) == 1 and not server.requests("qa_summary")
+    assert ran.row.context_info["overflow_retries"] == 0
+
+
 async def test_overflow_after_streamed_text_is_not_retried(
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:

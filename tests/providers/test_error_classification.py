@@ -154,7 +154,14 @@ def test_input_and_output_together_over_the_window_is_an_overflow_even_when_the_
     local model and the default 8192 output cap read as a plain provider_error)."""
     error = _classify(_load(FIXTURES / f"{name}.json"))
     assert type(error) is ContextOverflow
-    assert "fills the model's" in error.message and "set context_window" in error.message
+    # An input that overflows beside an output that leaves room: shrinking helps, retried as usual.
+    room = _classify(_load(FIXTURES / "anthropic_input_plus_max_tokens.json"))
+    assert isinstance(room, ContextOverflow) and not room.output_fills_window
+    assert (
+        error.output_fills_window
+        and "fills the model's" in error.message
+        and "set context_window" in error.message
+    )
 
 
 def test_the_issue_phrasings_are_overflows_with_their_counts() -> None:
