@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import SidequestError
 from service.store.models import SessionRow
-from service.store.sessions import session_overviews
+from service.store.sessions import read_one_snapshot, session_overviews
 from service.vocabulary import utc_iso
 
 
@@ -74,6 +74,7 @@ async def sessions_page(
     ``next_before`` is the cursor after this page's last session when more remain, else None.
     Overviews are built for the whole page at once (:func:`session_overviews`), not one by one.
     """
+    await read_one_snapshot(session)  # each overview's row and counts agree, as in GET /v1/sessions/{id}
     query = select(SessionRow).where(SessionRow.tenant == tenant)
     if before is not None:
         query = query.where(

@@ -224,8 +224,19 @@ def memory_overview(memory: dict[str, Any] | None) -> dict[str, Any]:
     return {"qa_summary": qa_view, "context_summaries": summaries}
 
 
+async def read_one_snapshot(session: AsyncSession) -> None:
+    """Make the reads of ``session``'s next transaction see one snapshot of the database: under READ
+    COMMITTED an admission committing between a session row's read and its counts' showed counts
+    beyond ``next_ordinal`` (outside check). REPEATABLE READ is set on the transaction's own BEGIN
+    (no statement of its own); a no-op when the transaction has begun already."""
+    if not session.in_transaction():
+        await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+
+
 async def session_overview(session: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
-    """SPEC's session object, or None when the tenant has no session for ``parent_id``."""
+    """SPEC's session object, or None when the tenant has no session for ``parent_id``; its parts
+    read from one snapshot."""
+    await read_one_snapshot(session)
     row = await find_session(session, tenant, parent_id)
     if row is None:
         return None
