@@ -326,6 +326,9 @@ async def test_cancel_clear_after_confirmation_and_archive_download(
     cancelled = await stack.until_finished("tok-acme", record["id"])
     assert cancelled["status"] == "cancelled"
     await browser.wait_for("document.getElementById('answer-state').textContent === 'cancelled'")
+    # The call the cancel stopped is recorded just after it: the page reads the record again and
+    # shows it (outside check: "No provider calls yet" and "model —" stayed until it was reopened).
+    await browser.wait_for("document.getElementById('usage').textContent.includes('cancelled')", within=10)
     # Archive: downloaded through the page, the same document the API exports.
     downloads = tmp_path / "downloads"
     downloads.mkdir()
@@ -350,6 +353,45 @@ async def test_cancel_clear_after_confirmation_and_archive_download(
         history = (await client.get("/v1/sessions/p-actions/questions")).json()
     assert overview["clear_version"] == 1 and history["items"] == []
     assert browser.console_errors == []
+
+
+async def test_what_changed_elsewhere_shows_on_refresh_and_forget_leaves_no_draft(
+    stack: Stack, browser: Browser, tmp_path: Path
+) -> None:
+    """Outside checks: after a clear from elsewhere, Refresh still listed the deleted requests; the
+    session list's counts never changed ("1 in progress" forever); Forget left the last tenant's draft
+    question and snapshot file in the Ask form, and the next tenant's question took that file along."""
+    async with stack.client("tok-acme") as client:
+        first = await ask(client, "p-elsewhere", "Before the clear?")
+    await stack.until_finished("tok-acme", first["id"])
+    await connect(browser, stack.url, "tok-acme")
+    await open_session(browser, "p-elsewhere")
+    await browser.wait_for("document.querySelectorAll('#history button').length === 1")
+    async with stack.client("tok-acme") as client:
+        assert (await client.delete("/v1/sessions/p-elsewhere/questions")).status_code == 200
+        second = await ask(client, "p-elsewhere", "After the clear?")
+    await stack.until_finished("tok-acme", second["id"])
+    await browser.evaluate("document.getElementById('refresh').click()")
+    await browser.wait_for(
+        "(() => { const b = [...document.querySelectorAll('#history button .q')];"
+        " return b.length === 1 && b[0].textContent === '#2 After the clear?'; })()"
+    )
+    # The list entry says what the session holds now: one question, none in progress.
+    entry = json.dumps('#session-list button[data-parent-id="p-elsewhere"] .meta')
+    await browser.wait_for(f"document.querySelector({entry}).textContent.startsWith('1 question · ')")
+    assert "in progress" not in await browser.evaluate(f"document.querySelector({entry}).textContent")
+
+    # A draft and a chosen snapshot file do not outlive Forget.
+    snapshot = tmp_path / "acme-snapshot.json"
+    snapshot.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "acme only"}]}), encoding="utf-8"
+    )
+    await browser.evaluate("document.getElementById('question').value = 'acme draft'")
+    await browser.set_files("#snapshot-file", snapshot)
+    assert await browser.evaluate("document.getElementById('snapshot-file').files.length") == 1
+    await browser.evaluate("document.getElementById('forget').click()")
+    assert await browser.evaluate("document.getElementById('question').value") == ""
+    assert await browser.evaluate("document.getElementById('snapshot-file').files.length") == 0
 
 
 async def test_screenshots_at_phone_and_desktop_sizes_without_horizontal_scrolling(

@@ -18,7 +18,8 @@
   const state = {
     parentId: null, sessionsBefore: null, historyBefore: null, history: new Map(),
     requestId: null, record: null, events: [], streamed: "", deltas: 0, source: null, lastEventId: null, terminal: false,
-    pollTimer: null, tickTimer: null, connected: false, known: new Set(), listComplete: false,
+    pollTimer: null, tickTimer: null, recordTimer: null, connected: false, known: new Set(), listComplete: false,
+    clearVersion: null,
   };
 
   // ------------------------------------------------------------------ small helpers
@@ -164,7 +165,7 @@
     const busy = num(counts.queued) + num(counts.running);
     const total = Object.values(counts).reduce((a, b) => a + num(b), 0);
     return el("li", {},
-      el("button", { type: "button", class: "session", "data-parent-id": item.parent_id, onclick: () => openSession(item.parent_id).catch(failed("opening the session")) },
+      el("button", { type: "button", class: "session", "data-parent-id": item.parent_id, onclick: () => openSession(item.parent_id, true).catch(failed("opening the session")) },
         el("span", { class: "pid", text: item.parent_id }),
         el("span", { class: "meta", text: `${total} question${total === 1 ? "" : "s"}${busy ? ` · ${busy} in progress` : ""} · ${when(item.updated_at)}` })));
   }
@@ -175,7 +176,7 @@
     }
   }
 
-  async function openSession(parentId) {
+  async function openSession(parentId, reveal) {
     if (state.parentId !== parentId) closeRequest();
     state.parentId = parentId;
     setHash();
@@ -183,6 +184,9 @@
     $("session").hidden = false;
     $("session-title").textContent = parentId;
     $("handoff-result").hidden = true;
+    // On a narrow screen the session opens below the list: bring it into view (an outside check
+    // tapped a session at 390 px and saw nothing happen).
+    if (reveal && window.matchMedia("(max-width: 1100px)").matches) $("session").scrollIntoView({ block: "start" });
     await loadSession();
   }
 
@@ -216,6 +220,7 @@
     const memoryBox = $("session-memory");
     memoryBox.replaceChildren();
     for (const id of ["clear", "archive", "handoff"]) $(id).disabled = !overview;
+    state.clearVersion = overview ? overview.clear_version : null;
     if (!overview) {
       facts(dl, [["status", "new (no questions yet)"]]);
       return;
@@ -299,6 +304,12 @@
     const parentId = state.parentId;
     const overview = await api("GET", `/v1/sessions/${enc(parentId)}`);
     if (parentId !== state.parentId) return;
+    if (state.clearVersion !== null && overview.clear_version !== state.clearVersion) {
+      // Cleared (or restored) since it was loaded, perhaps elsewhere: its history is another one now.
+      if (state.record && state.record.clear_version !== overview.clear_version) closeRequest();
+      await loadSession();
+      return;
+    }
     renderOverview(overview);
     const page = await api("GET", `/v1/sessions/${enc(parentId)}/questions?limit=20`);
     if (parentId !== state.parentId) return;
@@ -323,6 +334,7 @@
     if (state.source) state.source.close();
     state.source = null;
     clearInterval(state.tickTimer);
+    clearTimeout(state.recordTimer);
     state.requestId = null;
     state.record = null;
     $("request").hidden = true;
@@ -367,6 +379,8 @@
           source.close();
           state.terminal = true;
           refreshSession().catch(failed("refreshing the session"));
+          loadSessions(false).catch(failed("listing sessions")); // its entry's counts changed
+          refreshRecord(requestId, 1500); // a cancelled call's usage lands just after the end
         }
       });
     }
@@ -396,6 +410,9 @@
     if (type === "status") {
       record.status = data.status;
       record.stage = data.stage;
+      // The budget and what was summarised are the record's context_info, written with each stage
+      // change: read it again (an outside check saw the pre-compaction budget during answering).
+      if (!TERMINAL.has(data.status)) refreshRecord(record.id, 300);
     }
     if (type === "usage" && data.usage) record.usage = data.usage;
     if (type === "done" && data.record) Object.assign(record, data.record);
@@ -405,6 +422,24 @@
     }
     if (state.history.has(record.id)) state.history.set(record.id, { ...state.history.get(record.id), status: record.status, stage: record.stage });
     renderRequest();
+  }
+
+  // Re-read the open request's record after ``delay`` ms and take its context_info, usage and model
+  // (never its answer: the stream owns that while it runs). One pending read at a time.
+  function refreshRecord(requestId, delay) {
+    clearTimeout(state.recordTimer);
+    state.recordTimer = setTimeout(async () => {
+      if (requestId !== state.requestId || !state.record) return;
+      try {
+        const fresh = await api("GET", `/v1/questions/${enc(requestId)}`);
+        if (requestId !== state.requestId || !state.record) return;
+        Object.assign(state.record, { context_info: fresh.context_info, usage: fresh.usage, model: fresh.model });
+        if (TERMINAL.has(fresh.status)) Object.assign(state.record, fresh);
+        renderRequest();
+      } catch (_) {
+        // A cleared request (404) or a passing outage: the next refresh says what is wrong.
+      }
+    }, delay);
   }
 
   function renderRequest() {
@@ -683,6 +718,7 @@
     notice(`request #${record.ordinal} is ${record.status}`);
     Object.assign(state.record, record);
     renderRequest();
+    refreshRecord(record.id, 1500); // the stopped call's usage and model land just after the cancel
     await refreshSession();
   }
 
@@ -811,6 +847,12 @@
     $("sessions-more").hidden = true;
     $("sessions-empty").hidden = false;
     $("sessions-empty").textContent = CONNECT_HINT;
+    // The Ask form too: a draft question and a chosen snapshot file are the last tenant's (an outside
+    // check saw one tenant's snapshot file sent into the next tenant's session).
+    $("question").value = "";
+    $("snapshot-file").value = "";
+    $("open-parent").value = "";
+    $("handoff-result").hidden = true;
   }
 
   $("token").value = token();
@@ -837,7 +879,10 @@
   }, "opening the session");
   on("sessions-more", "click", () => loadSessions(true), "listing sessions");
   on("history-more", "click", () => loadHistory(true), "loading history");
-  on("refresh", "click", () => refreshSession(), "refreshing the session");
+  on("refresh", "click", async () => {
+    await refreshSession();
+    await loadSessions(false);
+  }, "refreshing the session");
   on("ask-form", "submit", ask, "asking");
   on("cancel", "click", cancel, "cancelling");
   on("pin", "click", pin, "pinning");
