@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from service import vocabulary
-from service.budget import QAItem, overflow_target, pressure, prompt_drift
+from service.budget import QAItem, WindowPlan, overflow_target, plan_window, pressure, prompt_drift
 from service.context_info import EstimateInfo
 from service.pipeline.compaction import ContextPlan, snapshot_job_key
 from service.pipeline.deltas import DeltaCoalescer
@@ -68,8 +68,21 @@ def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None
     rt.info.pressure = pressure(answer.estimate.total, prepared.input_budget)  # type: ignore[assignment]
 
 
-# Shrink the request (overflow recovery); the int, when given, is the raw estimate to reach.
-Shrink = Callable[[AnswerRequest, int | None], Awaitable[AnswerRequest | None]]
+# Shrink the request (overflow recovery): the first int, when given, is the raw estimate to reach;
+# the second the window the provider stated, when it is smaller than the one planned with.
+Shrink = Callable[[AnswerRequest, int | None, int | None], Awaitable[AnswerRequest | None]]
+
+
+def stated_plan(prepared: Prepared, context_limit: int | None) -> WindowPlan:
+    """The window plan for an overflow retry: the provider's stated window when it is smaller than
+    the one planned with (no window configured: 200 000 assumed, a local model's 32 768 stated), so
+    the retry and its summary calls are sized for the model that answers; else the request's own —
+    also when the output cap would leave the stated window no input budget: a server that counts
+    only the prompt against its window (llama.cpp) may still take the shrunk one."""
+    if context_limit is None or context_limit >= prepared.plan.window:
+        return prepared.plan
+    stated = plan_window(context_limit, prepared.plan.max_output_tokens)
+    return stated if stated.input_budget > 0 else prepared.plan
 
 
 async def answer(
@@ -104,11 +117,14 @@ async def answer(
             if exc.output_fills_window:
                 raise  # the provider says the output cap alone fills its window: no prompt would fit
             await rt.progress(vocabulary.overflow_retry(estimate_before=request.estimate.total))
+            plan = stated_plan(prepared, exc.context_limit)
             target: int | None = None
             if exc.prompt_tokens:
                 # …and the size to shrink to, instead of a guess.
-                target = overflow_target(prepared.input_budget, request.estimate.total, exc.prompt_tokens)
-            shrunk = await shrink(request, target)
+                target = overflow_target(plan.input_budget, request.estimate.total, exc.prompt_tokens)
+            elif plan is not prepared.plan:
+                target = plan.input_budget  # a stated window without a count: fit its budget
+            shrunk = await shrink(request, target, None if plan is prepared.plan else plan.window)
             if shrunk is None:
                 raise PipelineFailure(
                     "context_overflow",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from service.budget import RECENT_BUDGET_TOKENS, recent_budget_within
-from service.pipeline.answer import answer, build_answer, fits_budget, meter
+from service.pipeline.answer import answer, build_answer, fits_budget, meter, stated_plan
 from service.pipeline.compaction import ContextPlan, compact, uncompacted
 from service.pipeline.failures import RequestLost, error_object
 from service.pipeline.history import HistoryPlan, fold_history, plan_history
@@ -108,9 +108,18 @@ class _Request:
         meter(rt, prepared, request)
         await rt.enter(Stage.ANSWERING)
 
-        async def shrink(current: AnswerRequest, target: int | None) -> AnswerRequest | None:
+        async def shrink(
+            current: AnswerRequest, target: int | None, window: int | None
+        ) -> AnswerRequest | None:
             nonlocal context
-            shrunk = await self.shrink(prepared, history, context, current, target)
+            # The provider stated a smaller window than planned with: the retry's summary calls are
+            # sized for it (an outside check saw a 32k model sent a 158 KB summary call).
+            planned = (
+                prepared
+                if window is None
+                else dataclasses.replace(prepared, plan=stated_plan(prepared, window))
+            )
+            shrunk = await self.shrink(planned, history, context, current, target)
             if shrunk is None:
                 return None
             context, smaller = shrunk

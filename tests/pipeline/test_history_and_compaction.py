@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from service.budget import estimate_text
 from service.config import Settings
 from service.providers.base import Provider
 from service.store import memory
@@ -353,6 +354,38 @@ async def test_overflow_recovery_compacts_harder_and_usage_events_are_cumulative
     assert usage_events[-1] == ran.row.usage
     totals = [u["input_tokens"] for u in usage_events]
     assert totals == sorted(totals)
+
+
+async def test_an_overflow_stating_a_smaller_window_sizes_the_retry_and_its_summaries_for_it(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    """No window configured (200 000 assumed) and a 32k model: its overflow states the window. The
+    retry's summary calls and the retry itself are sized for 32 768 (outside check: the retry sent a
+    158 KB summary call, which a real 32k server refuses)."""
+    sid = await make_session(db)
+    await add_snapshot(db, sid, "big", _big_snapshot(61, 3000))
+    rid = await admit(db, sid, "q", snapshot_id="big")
+    stated = {
+        "error": {
+            "message": "This model's maximum context length is 32768 tokens. However, your messages "
+            "resulted in 70000 tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+    server.script("answer", Step.overflow(stated), Step.text("Fits the stated window.", usage=Usage(100, 5)))
+
+    ran = await run_one(db, model_settings, provider, rid)
+
+    assert ran.outcome.status == "succeeded", ran.row.error
+    assert ran.row.context_info["overflow_retries"] == 1
+    summaries = server.requests("context_summary")
+    assert summaries
+    for call in summaries:  # each summary call, prompt and output cap, fits the stated window
+        assert estimate_text(json.dumps(call.body["messages"])) + call.body["max_tokens"] < 32768
+    retry = server.requests("answer")[-1].body
+    assert estimate_text(json.dumps(retry["messages"])) + retry["max_tokens"] < 32768
 
 
 async def test_an_8k_window_still_folds_older_qa_with_smaller_summary_caps(
