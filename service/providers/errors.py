@@ -411,7 +411,7 @@ def parse_retry_after(
     """Seconds to wait before retrying, from ``retry-after-ms``, ``retry-after`` (seconds or HTTP date;
     also under LiteLLM's ``llm_provider-`` prefix) or, failing both, a hint in the provider's message:
     "try again in 6s" / "in 250ms", Azure's "Please retry after 60 seconds", Gemini's "Please retry in
-    20.04s" or its ``"retryDelay": "26s"``."""
+    20.04s" or its ``"retryDelay": "26s"``; last, OpenAI's ``x-ratelimit-reset-*`` headers."""
     lowered = {k.lower(): v for k, v in (headers or {}).items()}
     for name in ("retry-after-ms", "retry-after"):
         # LiteLLM's proxy passes the upstream's headers on under an ``llm_provider-`` prefix.
@@ -444,7 +444,22 @@ def parse_retry_after(
         match = _RETRY_DELAY.search(message)
         if match:
             return float(match.group(1))
-    return None
+    return _reset_header_wait(lowered, message or "")
+
+
+def _reset_header_wait(headers: Mapping[str, str], message: str) -> float | None:
+    """OpenAI's ``x-ratelimit-reset-requests`` / ``-tokens`` ("1s", "6m0s", "20ms"): when the limit
+    reset — the one the message names ("… for requests", "… tokens per min"), else the later."""
+    waits: dict[str, float] = {}
+    for kind in ("requests", "tokens"):
+        raw = headers.get(f"x-ratelimit-reset-{kind}")
+        if raw is not None and _WAIT_PART.search(raw):
+            waits[kind] = _wait_seconds(raw)
+    if not waits:
+        return None
+    lowered = message.lower()
+    named = [k for k in waits if k in lowered or (k == "tokens" and "tpm" in lowered)]
+    return waits[named[0]] if len(named) == 1 else max(waits.values())
 
 
 def _parse_body(body: Any) -> _ErrorInfo:

@@ -332,6 +332,22 @@ def test_413_without_rate_wording_is_an_overflow_but_with_it_a_rate_limit() -> N
         ({}, '{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"}', 26.0),
         ({}, "no hint", None),
         (None, None, None),
+        # OpenAI's reset headers, last (outside check: the default 1 s was waited, and the limit hit
+        # again): the limit the message names, else the later reset.
+        (
+            {"x-ratelimit-reset-requests": "4s", "x-ratelimit-reset-tokens": "6m0s"},
+            "Rate limit reached for requests",
+            4.0,
+        ),
+        (
+            {"x-ratelimit-reset-requests": "4s", "x-ratelimit-reset-tokens": "6m0s"},
+            "on tokens per min (TPM)",
+            360.0,
+        ),
+        ({"x-ratelimit-reset-requests": "4s", "x-ratelimit-reset-tokens": "20ms"}, "Too many requests", 4.0),
+        ({"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "20ms"}, "no hint", 1.0),
+        ({"x-ratelimit-reset-tokens": "20ms", "retry-after": "2"}, None, 2.0),
+        ({"x-ratelimit-reset-requests": "soon"}, None, None),
     ],
 )
 def test_retry_after_is_parsed_from_seconds_dates_milliseconds_and_messages(
