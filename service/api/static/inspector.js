@@ -572,12 +572,20 @@
   // output cap and the safety margin — together the model's window. Widths are proportional to
   // tokens (a request over its budget makes the bar longer than the window, and the line shows
   // where the input budget ends).
+  // Why a request has no context_info: not prepared yet, or it ended before (or was restored from an
+  // archive without one: a v1 or v2 archive carries none).
+  function unprepared(what) {
+    const r = state.record;
+    if (r && TERMINAL.has(r.status)) return `${what}: it ended before it was prepared, or was restored from an archive that does not carry one.`;
+    return `${what} yet: the request has not been prepared.`;
+  }
+
   function renderBudget(info) {
     const box = $("budget");
     box.replaceChildren();
     const estimate = info.estimate;
     if (!estimate || typeof info.input_budget !== "number") {
-      box.append(el("p", { class: "hint", text: "No budget yet (the request has not been prepared)." }));
+      box.append(el("p", { class: "hint", text: unprepared("No budget") }));
       return;
     }
     const budget = num(info.input_budget);
@@ -630,7 +638,7 @@
     const box = $("memory");
     box.replaceChildren();
     if (!info || !Object.keys(info).length) {
-      box.append(el("p", { class: "hint", text: "Nothing yet: the request has not been prepared." }));
+      box.append(el("p", { class: "hint", text: unprepared("Nothing recorded") }));
       return;
     }
     const qa = info.qa_summary || {};
