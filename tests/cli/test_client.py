@@ -224,10 +224,11 @@ def test_a_superseded_request_ends_as_cancelled_not_failed() -> None:
         "message": "cancelled because a newer question interrupted it",
         "detail": {},
     }
-    for stream in (
+    streams: list[list[tuple[str, dict[str, Any]]]] = [
         [("status", {"status": "cancelled", "stage": "answering"}), ("error", error)],
         [("error", error)],
-    ):
+    ]
+    for stream in streams:
         render, _, err = renderer()
         outcomes = [render.handle(event, data) for event, data in stream]
         assert outcomes[-1] is not None and outcomes[-1].status == "cancelled"
