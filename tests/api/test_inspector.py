@@ -394,6 +394,46 @@ async def test_what_changed_elsewhere_shows_on_refresh_and_forget_leaves_no_draf
     assert await browser.evaluate("document.getElementById('snapshot-file').files.length") == 0
 
 
+async def test_the_budget_follows_a_running_request_and_a_narrow_screen_shows_the_opened_session(
+    stack: Stack, browser: Browser
+) -> None:
+    """Outside checks: opened before it was compacted, a request showed its pre-compaction budget
+    ("over budget", "sent verbatim") all through answering; at 390 px, tapping a session showed
+    nothing (it opened far below the list)."""
+    stack.model.script("answer", Step.hang(text="Still answering "))
+    # The compaction's summary takes a while, so the page opens the request before it is compacted.
+    stack.model.script("context_summary", Step.valid_summary().with_delay(before_s=3))
+    async with stack.client("tok-acme") as client:
+        record = await ask(client, "p-live-budget", "Which module parses batch 3?", snapshot=big_snapshot())
+    await connect(browser, stack.url, "tok-acme")
+    await open_session(browser, "p-live-budget")
+    await open_request(browser, record["id"])
+    assert "older messages summarised" not in await browser.evaluate(
+        "document.getElementById('memory').innerText"
+    )
+    await browser.wait_for("document.getElementById('answer').textContent === 'Still answering '")
+    await browser.wait_for(
+        "document.getElementById('memory').innerText.includes('older messages summarised')", within=10
+    )
+    async with stack.client("tok-acme") as client:
+        assert (await client.post(f"/v1/questions/{record['id']}/cancel")).status_code == 200
+
+    async with stack.client("tok-acme") as client:  # a list as long as the outside check's
+        for n in range(19):
+            assert (await client.put(f"/v1/sessions/p-filler-{n}/settings", json={})).status_code == 200
+    await browser.viewport(390, 844)
+    await browser.goto(f"{stack.url}/")
+    await browser.wait_for("document.querySelectorAll('#session-list button').length > 0")
+    selector = json.dumps('#session-list button[data-parent-id="p-live-budget"]')
+    await browser.evaluate(f"document.querySelector({selector}).click()")
+    await browser.wait_for("window.scrollY > 500")  # the panel is below the whole list
+    # In view (below the page's sticky header), not ~1500 px down as before.
+    await browser.wait_for(
+        "(() => { const t = document.getElementById('session').getBoundingClientRect().top;"
+        " return t >= 0 && t < window.innerHeight / 2; })()"
+    )
+
+
 async def test_screenshots_at_phone_and_desktop_sizes_without_horizontal_scrolling(
     stack: Stack, browser: Browser
 ) -> None:
