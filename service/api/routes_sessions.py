@@ -327,5 +327,15 @@ async def session_events(
     opened_at = await database_now(db)
     return sse_response(
         request,
-        session_stream(db, hub_of(request), owner.id, cursor, resumed=resumed, opened_at=opened_at),
+        session_stream(
+            db,
+            hub_of(request),
+            owner.id,
+            cursor,
+            resumed=resumed,
+            opened_at=opened_at,
+            # A live feed's buffer may hold what a clear deleted since it was read (with the flags
+            # of that read): after any clear, a resumed stream reads its rows itself.
+            from_memory=resumed and owner.cleared_at is None,
+        ),
     )

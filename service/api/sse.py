@@ -490,6 +490,7 @@ async def session_stream(
     *,
     resumed: bool,
     opened_at: datetime,
+    from_memory: bool | None = None,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """Events of every request of a session with global ``id > after``; never ends by itself.
 
@@ -499,11 +500,13 @@ async def session_stream(
     wrote (the ``cancelled`` events of the requests it cancelled) reaches a stream open when it
     happened and one that resumes from before it, not a fresh stream opened after it. A fresh
     stream therefore reads its history itself (``deleted_at`` as of now); a resumed one may start
-    from memory.
+    from memory (``from_memory``, default ``resumed``), unless the session was ever cleared: the
+    buffer's flags are those of when it was read, perhaps before the clear.
     """
     yield retry_hint()
     seen: set[uuid.UUID | None] = set()
-    async with hub.join(db, SESSION, session_id, after, from_memory=resumed) as (subscriber, catch_up):
+    memory = resumed if from_memory is None else from_memory
+    async with hub.join(db, SESSION, session_id, after, from_memory=memory) as (subscriber, catch_up):
         delivered = after
         while True:
             if catch_up:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -301,6 +302,48 @@ async def test_no_stream_replays_what_a_cleared_history_wrote_not_even_one_resum
                 (new, "status"),
             ]
             assert got[1].json()["code"] == "cancelled"
+
+
+async def test_a_stream_resumed_after_a_clear_is_not_served_the_cleared_history_from_a_live_feed(
+    server: Server, db: Database
+) -> None:
+    """The rule holds while another stream keeps the session's feed (and its buffer of events read
+    before the clear) alive: a stream resuming from before the clear gets only the cancellation.
+    (A review feared the buffer would serve the cleared deltas; after any clear a resumed session
+    stream now reads its rows itself, which this checks the result of.)"""
+    async with server.client() as client:
+        rid = (await ask(client, "p-buffered", "kept alive"))["id"]
+        seen: list[SseMessage] = []
+
+        async def keep_open() -> None:
+            async with client.stream("GET", "/v1/sessions/p-buffered/events") as response:
+                async for message in events(response):
+                    seen.append(message)
+
+        watcher = asyncio.create_task(keep_open())
+        try:
+            await mark_running(db, rid, "answering")
+            await append(db, rid, "delta", {"text": "secret answer"})
+            for _ in range(200):  # the watcher has read the delta (the feed buffered it)
+                if any(m.event == "delta" for m in seen):
+                    break
+                await asyncio.sleep(0.05)
+            assert any(m.event == "delta" for m in seen)
+            first_id = seen[0].id
+            assert (await client.delete("/v1/sessions/p-buffered/questions")).status_code == 200
+            got: list[SseMessage] = []
+            headers = {"Last-Event-ID": str(first_id)}
+            async with client.stream("GET", "/v1/sessions/p-buffered/events", headers=headers) as response:
+                async for message in events(response):
+                    got.append(message)
+                    if message.event == "error":
+                        break
+            assert not any("secret" in m.data for m in got)
+            assert [m.event for m in got] == ["status", "error"] and got[-1].json()["code"] == "cancelled"
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
 
 
 async def test_a_fresh_session_stream_replays_no_hand_off_of_a_cleared_or_replaced_history(
