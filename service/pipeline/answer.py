@@ -164,8 +164,12 @@ async def answer(
         # the success was attempted, the call is no longer held: that transaction wrote them or not.
         if rt.recorder.held is not None:
             if rest and not cancelled():
-                with contextlib.suppress(RequestLost):
+                try:
                     await rt.emit_delta(rest)
+                except Exception as lost:
+                    # Lost, or the database away: the call is still written (tokens were spent).
+                    if not (isinstance(lost, RequestLost) or is_unavailable(lost)):
+                        raise
             await rt.recorder.write_held()
             if sample is not None:
                 await rt.book.sample(sample.model, sample.estimate, sample.reported_prompt_tokens)

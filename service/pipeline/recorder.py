@@ -170,7 +170,10 @@ class LedgerRecorder:
                     await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
                 return
             except Exception as exc:
-                if not is_unavailable(exc):
+                task = asyncio.current_task()
+                # Not while the task is being cancelled (a shutdown, a cancel): it waits for this
+                # write, and one try is what it gets then.
+                if not is_unavailable(exc) or (task is not None and task.cancelling()):
                     raise
             await asyncio.sleep(wait_s)
         async with self._db.sessions() as session:

@@ -127,6 +127,14 @@ class RestoreResult:
 # SQL: export and restore.
 
 
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
 async def export_archive(session: AsyncSession, tenant: str, parent_id: str, version: int) -> dict[str, Any]:
     """Export the session's finished history as a version ``version`` archive.
 
@@ -151,7 +159,7 @@ async def export_archive(session: AsyncSession, tenant: str, parent_id: str, ver
             .order_by(RequestRow.ordinal)
         )
     ).all()
-    named = superseding_ids(rows)
+    named = {i for i in superseding_ids(rows) if _is_uuid(i)}  # one stored before ids were checked
     ordinal_of = {
         str(rid): ordinal
         for rid, ordinal in (

@@ -186,7 +186,7 @@ class SlotPool(Generic[W]):
             try:
                 await self._settle(work, self._cancel_reasons.get(task, "cancelled"))
             except Exception:
-                log_loop_failure(f"could not settle cancelled {self.name} {work.id}")
+                log_loop_failure(f"could not settle a cancelled {self.name}")
         except Exception:
             log.exception("%s %s crashed", self.name, work.id)
         finally:

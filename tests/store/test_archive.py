@@ -663,3 +663,15 @@ async def test_a_restored_error_naming_a_request_id_keeps_no_id(db: Database) ->
     await restore(db, "p", document)
     exported = await export(db, "p", 3)
     assert exported["questions"][1]["error"]["detail"] == {"x": 1}
+
+
+async def test_an_error_naming_a_request_by_something_not_an_id_still_exports(db: Database) -> None:
+    """Review: an error restored before ids were checked could hold any text as superseded_by; the
+    export's lookup of those ids must not fail on it (it did: a 500)."""
+    await live_session(db, "origin")
+    async with db.sessions() as session, session.begin():
+        row = await session.scalar(select(RequestRow).where(RequestRow.ordinal == 5))
+        assert row is not None
+        row.error = {"code": "superseded", "message": "c", "detail": {"superseded_by": "not-a-uuid"}}
+    exported = await export(db, "origin", 3)
+    assert exported["questions"][2]["error"]["detail"] == {}

@@ -366,6 +366,8 @@
     const grant = await api("POST", `/v1/questions/${enc(requestId)}/stream-token`);
     if (requestId !== state.requestId) return;
     const url = new URL(grant.url, location.href);
+    // Opened while it still ran: its end changes the session's counts (a finished one's replay does not).
+    const live = Boolean(state.record) && !TERMINAL.has(state.record.status);
     const source = new EventSource(url.pathname + url.search + (after !== null ? `&after=${enc(after)}` : ""));
     state.source = source;
     for (const type of STREAM_TYPES) {
@@ -379,8 +381,10 @@
           source.close();
           state.terminal = true;
           refreshSession().catch(failed("refreshing the session"));
-          loadSessions(false).catch(failed("listing sessions")); // its entry's counts changed
-          refreshRecord(requestId, 1500); // a cancelled call's usage lands just after the end
+          if (live) {
+            loadSessions(false).catch(failed("listing sessions")); // its entry's counts changed
+            refreshRecord(requestId, 1500); // a cancelled call's usage lands just after the end
+          }
         }
       });
     }
@@ -433,7 +437,10 @@
       try {
         const fresh = await api("GET", `/v1/questions/${enc(requestId)}`);
         if (requestId !== state.requestId || !state.record) return;
-        Object.assign(state.record, { context_info: fresh.context_info, usage: fresh.usage, model: fresh.model });
+        const calls = (u) => (u && Array.isArray(u.calls) ? u.calls.length : 0);
+        // Never back: a usage event may have brought a newer object than this read.
+        const usage = calls(fresh.usage) >= calls(state.record.usage) ? fresh.usage : state.record.usage;
+        Object.assign(state.record, { context_info: fresh.context_info, usage, model: fresh.model || state.record.model });
         if (TERMINAL.has(fresh.status)) Object.assign(state.record, fresh);
         renderRequest();
       } catch (_) {
