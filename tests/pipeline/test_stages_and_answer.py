@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from service.config import Settings
+from service.pipeline.runtime import RequestRuntime
 from service.providers import build_provider
 from service.providers.base import Provider
 from service.store import ledger, terminal
@@ -178,6 +179,31 @@ async def test_a_call_whose_ledger_write_meets_a_dropped_connection_is_written_o
     ran = await run_one(db, model_settings, provider, rid)
     assert failures == [1] and ran.outcome.status == "succeeded"
     assert [c["purpose"] for c in ran.row.usage["calls"]] == ["qa_summary", "answer"]
+
+
+async def test_a_refused_answers_call_is_written_even_when_its_last_text_meets_the_database_away(
+    db: Database,
+    model_settings: Settings,
+    provider: Provider,
+    server: ScriptedServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review: when an answer is refused before its success (a tool call) and its buffered text cannot
+    be written because the database is away, the held call (tokens spent) must still be written."""
+    rid = await admit(db, await make_session(db), "q")
+    server.script("answer", Step.tool_call("grep", text="Let me look", usage=Usage(40, 3)))
+    real = RequestRuntime.emit_delta
+
+    async def away(self: RequestRuntime, text: str) -> bool:
+        if text:
+            raise DatabaseUnavailable("connection dropped")
+        return await real(self, text)
+
+    monkeypatch.setattr(RequestRuntime, "emit_delta", away)
+    ran = await run_one(db, model_settings, provider, rid)
+    assert [(c["purpose"], c["status"], c["input_tokens"]) for c in ran.row.usage["calls"]] == [
+        ("answer", "ok", 40)
+    ]
 
 
 async def test_each_call_records_its_latency_for_the_metrics(
