@@ -270,8 +270,9 @@ def _tool_name(tool: object) -> object:
 def snapshot_shape_problem(snapshot: Mapping[str, Any]) -> str | None:
     """What makes a posted snapshot one no provider would take, where normalising it would lose it
     without a word, or None: a tool without a name (Anthropic's ``name``, OpenAI's ``function.name``),
-    or a content block that is an object without a ``type``. Checked when a snapshot is stored, never
-    when a stored one is read (those were accepted before the rule)."""
+    a tool call without one (a ``tool_use`` block, an OpenAI ``tool_calls`` entry), or a content
+    block that is an object without a ``type`` (also inside a ``tool_result``). Checked when a
+    snapshot is stored, never when a stored one is read (those were accepted before the rule)."""
     tools = snapshot.get("tools")
     for index, tool in enumerate(tools if isinstance(tools, list) else ()):
         name = _tool_name(tool)
@@ -279,10 +280,38 @@ def snapshot_shape_problem(snapshot: Mapping[str, Any]) -> str | None:
             return f"tools[{index}] has no name"
     messages = snapshot.get("messages")
     for index, message in enumerate(messages if isinstance(messages, list) else ()):
-        content = message.get("content") if isinstance(message, Mapping) else None
-        for at, block in enumerate(content if isinstance(content, list) else ()):
-            if isinstance(block, Mapping) and not isinstance(block.get("type"), str):
-                return f"messages[{index}].content[{at}] has no type"
+        if not isinstance(message, Mapping):
+            continue
+        where = f"messages[{index}]"
+        calls = message.get("tool_calls")
+        for at, call in enumerate(calls if isinstance(calls, list) else ()):
+            if isinstance(call, Mapping) and not _named(_tool_name({**call, "type": "function"})):
+                return f"{where}.tool_calls[{at}] has no name"
+        problem = _blocks_problem(message.get("content"), f"{where}.content")
+        if problem is not None:
+            return problem
+    return None
+
+
+def _named(name: object) -> bool:
+    return isinstance(name, str) and bool(name)
+
+
+def _blocks_problem(content: object, where: str) -> str | None:
+    """A content list's first block without a ``type`` (an object), or ``tool_use`` without a name —
+    also inside a ``tool_result``'s own content list."""
+    for at, block in enumerate(content if isinstance(content, list) else ()):
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if not isinstance(kind, str):
+            return f"{where}[{at}] has no type"
+        if kind == "tool_use" and not _named(block.get("name")):
+            return f"{where}[{at}] has no name"
+        if kind == "tool_result":
+            inner = _blocks_problem(block.get("content"), f"{where}[{at}].content")
+            if inner is not None:
+                return inner
     return None
 
 

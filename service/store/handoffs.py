@@ -270,6 +270,7 @@ async def create_handoff(
     )
     session.add(row)
     # Never down: a hand-off of older pinned Q&A alone leaves the mark where it was.
+    marked_before = owner.handed_off_through
     owner.handed_off_through = max(owner.handed_off_through, ordinals[-1])
     owner.updated_at = func.now()
     await session.execute(
@@ -282,14 +283,17 @@ async def create_handoff(
         .values(pinned=False)
         .execution_options(synchronize_session=False)
     )
-    if block.omitted_ordinals:
-        # What had to be left out to fit is pinned, so the next include: "new" hand-off carries it
-        # (first, verbatim) although the mark has moved past it: no finding is lost to the mark.
+    # What had to be left out to fit, and the main conversation never had, is pinned, so the next
+    # include: "new" hand-off carries it although the mark has moved past it: no finding is lost to
+    # the mark. One handed off before (an "all" or "ordinals" hand-off of older Q&A) is not: the main
+    # conversation has it, and pinning it would carry it twice.
+    unseen = [o for o in block.omitted_ordinals if o > marked_before]
+    if unseen:
         await session.execute(
             update(RequestRow)
             .where(
                 RequestRow.session_id == owner.id,
-                RequestRow.ordinal.in_(block.omitted_ordinals),
+                RequestRow.ordinal.in_(unseen),
                 RequestRow.status == Status.SUCCEEDED,
                 RequestRow.deleted_at.is_(None),
             )

@@ -322,6 +322,33 @@ async def test_a_nameless_tool_or_a_typeless_block_is_refused_not_sent_or_droppe
         "messages[1].content[0] has no type": {
             "messages": [user, {"role": "user", "content": [{"text": "hi"}]}]
         },
+        # Outside check: inside a tool_result the block was replaced by "[content omitted]"; a tool
+        # call without a name went to the provider as "name": "".
+        "messages[1].content[0].content[0] has no type": {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t1", "name": "g", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"text": "S"}]}],
+                },
+            ]
+        },
+        "messages[0].content[0] has no name": {
+            "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "input": {}}]}]
+        },
+        "messages[1].tool_calls[0] has no name": {
+            "messages": [
+                user,
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"arguments": "{}"}}],
+                },
+            ]
+        },
     }
     async with server.client() as client:
         for reason, snapshot in cases.items():

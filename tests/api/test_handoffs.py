@@ -130,6 +130,26 @@ async def test_what_a_handoff_leaves_out_is_pinned_so_the_next_new_one_carries_i
             assert (await client.get(f"/v1/questions/{record['id']}")).json()["pinned"] is False
 
 
+async def test_an_all_handoff_pins_nothing_the_main_conversation_already_has(
+    server: Server, db: Database
+) -> None:
+    """Outside check: an include: "all" hand-off that left out Q&A handed off before pinned them, and
+    the next include: "new" hand-off carried them a second time."""
+    async with server.client() as client:
+        records = []
+        for n in range(1, 4):
+            records.append(await answered(client, db, "p-all-left", f"question {n} " + "x" * 900))
+        first = (await client.post("/v1/sessions/p-all-left/handoffs", json={"max_tokens": 8000})).json()
+        assert first["ordinals"] == [1, 2, 3]
+        tight = (
+            await client.post("/v1/sessions/p-all-left/handoffs", json={"max_tokens": 256, "include": "all"})
+        ).json()
+        assert tight["omitted_ordinals"]
+        for record in records:
+            assert (await client.get(f"/v1/questions/{record['id']}")).json()["pinned"] is False
+        assert (await client.post("/v1/sessions/p-all-left/handoffs", json={})).json()["ordinals"] == []
+
+
 async def test_idempotency_key_replays_with_200_and_another_body_is_409(server: Server, db: Database) -> None:
     async with server.client() as client:
         await answered(client, db, "p")
