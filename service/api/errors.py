@@ -87,20 +87,31 @@ async def _sidequest_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc)
 
 
+def undeclared_json(request: Request, errors: list[dict[str, Any]] | None = None) -> ApiError | None:
+    """The one rule for a body that is not declared as JSON (no ``…json`` Content-Type): a 422
+    ``validation_error`` that names the content type as the problem, or None when it is declared."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if "json" in media:
+        return None
+    declared = f"Content-Type {media!r}" if media else "no Content-Type"
+    message = f"invalid request: the body must be JSON, sent as Content-Type: application/json ({declared})"
+    detail = {
+        "errors": errors if errors is not None else [{"loc": ["header", "content-type"], "msg": message}]
+    }
+    return ApiError(422, "validation_error", message, detail)
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = _clean_validation_errors(exc.errors())
     if any(e["type"] == "json_invalid" for e in errors):
         return error_response(ApiError(400, "malformed_json", "the request body is not valid JSON"))
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if "json" not in media and any(tuple(e["loc"]) == ("body",) for e in errors):
+    if any(tuple(e["loc"]) == ("body",) for e in errors):
         # The framework reads a body as JSON only when it is declared so; anything else arrives as
         # text and fails as "not a valid dictionary", which says nothing of the real cause.
-        declared = f"Content-Type {media!r}" if media else "no Content-Type"
-        message = (
-            f"invalid request: the body must be JSON, sent as Content-Type: application/json ({declared})"
-        )
-        return error_response(ApiError(422, "validation_error", message, {"errors": errors}))
+        refused = undeclared_json(request, errors)
+        if refused is not None:
+            return error_response(refused)
     summary = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
     return error_response(
         ApiError(422, "validation_error", f"invalid request: {summary}", {"errors": errors})

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from service.api.deps import DbSession, Tenant, settings_of
-from service.api.errors import ApiError
+from service.api.errors import ApiError, undeclared_json
 from service.api.routes_common import ParentId
 from service.api.schemas import ErrorBody
 from service.store.archive import (
@@ -99,6 +99,9 @@ async def restore_session_archive(
     ] = None,
 ) -> ArchiveRestored:
     """Restore an archive of any version into this session; nothing is written unless all of it is."""
+    refused = undeclared_json(request)
+    if refused is not None:
+        raise refused  # read as raw bytes, so the framework's own check never runs here
     limit = settings_of(request).max_snapshot_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:

@@ -105,6 +105,8 @@ async def test_a_json_body_not_declared_as_json_says_so(server: Server) -> None:
             ("POST", "/v1/sessions/p-ct/handoffs", b"{}"),
             ("PUT", "/v1/sessions/p-ct/snapshots/s", b'{"messages": []}'),
             ("POST", "/v1/sessions/p-ct/questions", b'{"question": "q"}'),
+            # Read as raw bytes, so it needs the rule itself (outside check: restored as text/plain).
+            ("POST", "/v1/sessions/p-ct/archive", b'{"version": 1, "parent_id": "p", "questions": []}'),
         ):
             for headers in ({"Content-Type": "text/plain"}, {"Content-Type": ""}):
                 response = await client.request(method, url, content=body, headers=headers)
