@@ -68,9 +68,9 @@ def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None
     rt.info.pressure = pressure(answer.estimate.total, prepared.input_budget)  # type: ignore[assignment]
 
 
-# Shrink the request (overflow recovery): the first int, when given, is the raw estimate to reach;
-# the second the window the provider stated, when it is smaller than the one planned with.
-Shrink = Callable[[AnswerRequest, int | None, int | None], Awaitable[AnswerRequest | None]]
+# Shrink the request (overflow recovery): the int, when given, is the raw estimate to reach; the plan,
+# when given, the one for the smaller window the provider stated (:func:`stated_plan`).
+Shrink = Callable[[AnswerRequest, int | None, WindowPlan | None], Awaitable[AnswerRequest | None]]
 
 
 def stated_plan(prepared: Prepared, context_limit: int | None) -> WindowPlan:
@@ -124,7 +124,7 @@ async def answer(
                 target = overflow_target(plan.input_budget, request.estimate.total, exc.prompt_tokens)
             elif plan is not prepared.plan:
                 target = plan.input_budget  # a stated window without a count: fit its budget
-            shrunk = await shrink(request, target, None if plan is prepared.plan else plan.window)
+            shrunk = await shrink(request, target, None if plan is prepared.plan else plan)
             if shrunk is None:
                 raise PipelineFailure(
                     "context_overflow",

@@ -19,8 +19,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from service.budget import RECENT_BUDGET_TOKENS, recent_budget_within
-from service.pipeline.answer import answer, build_answer, fits_budget, meter, stated_plan
+from service.budget import RECENT_BUDGET_TOKENS, WindowPlan, recent_budget_within
+from service.pipeline.answer import answer, build_answer, fits_budget, meter
 from service.pipeline.compaction import ContextPlan, compact, uncompacted
 from service.pipeline.failures import RequestLost, error_object
 from service.pipeline.history import HistoryPlan, fold_history, plan_history
@@ -109,16 +109,12 @@ class _Request:
         await rt.enter(Stage.ANSWERING)
 
         async def shrink(
-            current: AnswerRequest, target: int | None, window: int | None
+            current: AnswerRequest, target: int | None, stated: WindowPlan | None
         ) -> AnswerRequest | None:
             nonlocal context
             # The provider stated a smaller window than planned with: the retry's summary calls are
             # sized for it (an outside check saw a 32k model sent a 158 KB summary call).
-            planned = (
-                prepared
-                if window is None
-                else dataclasses.replace(prepared, plan=stated_plan(prepared, window))
-            )
+            planned = prepared if stated is None else dataclasses.replace(prepared, plan=stated)
             shrunk = await self.shrink(planned, history, context, current, target)
             if shrunk is None:
                 return None
