@@ -334,8 +334,6 @@ async def session_events(
             cursor,
             resumed=resumed,
             opened_at=opened_at,
-            # A live feed's buffer may hold what a clear deleted since it was read (with the flags
-            # of that read): after any clear, a resumed stream reads its rows itself.
-            from_memory=resumed and owner.cleared_at is None,
+            ever_cleared=owner.cleared_at is not None,
         ),
     )

@@ -490,7 +490,7 @@ async def session_stream(
     *,
     resumed: bool,
     opened_at: datetime,
-    from_memory: bool | None = None,
+    ever_cleared: bool = False,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """Events of every request of a session with global ``id > after``; never ends by itself.
 
@@ -500,12 +500,12 @@ async def session_stream(
     wrote (the ``cancelled`` events of the requests it cancelled) reaches a stream open when it
     happened and one that resumes from before it, not a fresh stream opened after it. A fresh
     stream therefore reads its history itself (``deleted_at`` as of now); a resumed one may start
-    from memory (``from_memory``, default ``resumed``), unless the session was ever cleared: the
-    buffer's flags are those of when it was read, perhaps before the clear.
+    from memory, unless the session was ever cleared (or restored: ``ever_cleared``): a live feed's
+    buffer has the flags of when it was read, perhaps before the clear.
     """
     yield retry_hint()
     seen: set[uuid.UUID | None] = set()
-    memory = resumed if from_memory is None else from_memory
+    memory = resumed and not ever_cleared
     async with hub.join(db, SESSION, session_id, after, from_memory=memory) as (subscriber, catch_up):
         delivered = after
         while True:
