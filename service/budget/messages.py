@@ -275,8 +275,7 @@ def snapshot_shape_problem(snapshot: Mapping[str, Any]) -> str | None:
     snapshot is stored, never when a stored one is read (those were accepted before the rule)."""
     tools = snapshot.get("tools")
     for index, tool in enumerate(tools if isinstance(tools, list) else ()):
-        name = _tool_name(tool)
-        if not isinstance(name, str) or not name:
+        if not _named(_tool_name(tool)):
             return f"tools[{index}] has no name"
     messages = snapshot.get("messages")
     for index, message in enumerate(messages if isinstance(messages, list) else ()):
@@ -285,7 +284,10 @@ def snapshot_shape_problem(snapshot: Mapping[str, Any]) -> str | None:
         where = f"messages[{index}]"
         calls = message.get("tool_calls")
         for at, call in enumerate(calls if isinstance(calls, list) else ()):
-            if isinstance(call, Mapping) and not _named(_tool_name({**call, "type": "function"})):
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(call, Mapping) and not (
+                isinstance(function, Mapping) and _named(function.get("name"))
+            ):
                 return f"{where}.tool_calls[{at}] has no name"
         problem = _blocks_problem(message.get("content"), f"{where}.content")
         if problem is not None:

@@ -164,7 +164,7 @@ class LedgerRecorder:
         """The ledger entry and its usage event, tried again over a fresh connection while the
         database is unavailable (a pooled connection dropped by a restart fails its first use):
         tokens were spent, and the ledger is what SPEC §9 keeps when the request is run again."""
-        for wait_s in LEDGER_RETRY_WAITS_S:
+        for wait_s in (*LEDGER_RETRY_WAITS_S, None):
             try:
                 async with self._db.sessions() as session:
                     await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
@@ -173,11 +173,9 @@ class LedgerRecorder:
                 task = asyncio.current_task()
                 # Not while the task is being cancelled (a shutdown, a cancel): it waits for this
                 # write, and one try is what it gets then.
-                if not is_unavailable(exc) or (task is not None and task.cancelling()):
+                if wait_s is None or not is_unavailable(exc) or (task is not None and task.cancelling()):
                     raise
             await asyncio.sleep(wait_s)
-        async with self._db.sessions() as session:
-            await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
 
     def take_held(self) -> ledger.CallEntry | None:
         """The held call, now the caller's to write."""
