@@ -127,12 +127,23 @@ class RestoreResult:
 # SQL: export and restore.
 
 
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
+async def _ordinals_of(session: AsyncSession, session_id: uuid.UUID, ids: set[str]) -> dict[str, int]:
+    """Request id → ordinal of the session's requests among ``ids`` (an error's ``superseded_by``);
+    text that is no id (stored by a restore before ids were checked) names none."""
+    valid = []
+    for text_id in ids:
+        try:
+            valid.append(uuid.UUID(text_id))
+        except ValueError:
+            continue
+    if not valid:
+        return {}
+    rows = await session.execute(
+        select(RequestRow.id, RequestRow.ordinal).where(
+            RequestRow.session_id == session_id, RequestRow.id.in_(sorted(valid))
+        )
+    )
+    return {str(rid): ordinal for rid, ordinal in rows}
 
 
 async def export_archive(session: AsyncSession, tenant: str, parent_id: str, version: int) -> dict[str, Any]:
@@ -159,19 +170,7 @@ async def export_archive(session: AsyncSession, tenant: str, parent_id: str, ver
             .order_by(RequestRow.ordinal)
         )
     ).all()
-    named = {i for i in superseding_ids(rows) if _is_uuid(i)}  # one stored before ids were checked
-    ordinal_of = {
-        str(rid): ordinal
-        for rid, ordinal in (
-            await session.execute(
-                select(RequestRow.id, RequestRow.ordinal).where(
-                    RequestRow.session_id == row.id, RequestRow.id.in_(sorted(named))
-                )
-            )
-            if named
-            else ()
-        )
-    }
+    ordinal_of = await _ordinals_of(session, row.id, superseding_ids(rows))
     bodies = list(
         await session.scalars(
             select(HandoffRow.body)

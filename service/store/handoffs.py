@@ -273,33 +273,22 @@ async def create_handoff(
     marked_before = owner.handed_off_through
     owner.handed_off_through = max(owner.handed_off_through, ordinals[-1])
     owner.updated_at = func.now()
+    # What it carried is unpinned. What it had to leave out, and the main conversation never had,
+    # is pinned, so the next include: "new" hand-off carries it although the mark has moved past it:
+    # no finding is lost to the mark. One handed off before (an "all" or "ordinals" hand-off of
+    # older Q&A) is not: the main conversation has it, and pinning it would carry it twice.
+    unseen = [o for o in block.omitted_ordinals if o > marked_before]
     await session.execute(
         update(RequestRow)
         .where(
             RequestRow.session_id == owner.id,
-            RequestRow.ordinal.in_(ordinals),
-            RequestRow.pinned.is_(True),
+            RequestRow.ordinal.in_([*ordinals, *unseen]),
+            RequestRow.status == Status.SUCCEEDED,
+            RequestRow.deleted_at.is_(None),
         )
-        .values(pinned=False)
+        .values(pinned=RequestRow.ordinal.in_(unseen))
         .execution_options(synchronize_session=False)
     )
-    # What had to be left out to fit, and the main conversation never had, is pinned, so the next
-    # include: "new" hand-off carries it although the mark has moved past it: no finding is lost to
-    # the mark. One handed off before (an "all" or "ordinals" hand-off of older Q&A) is not: the main
-    # conversation has it, and pinning it would carry it twice.
-    unseen = [o for o in block.omitted_ordinals if o > marked_before]
-    if unseen:
-        await session.execute(
-            update(RequestRow)
-            .where(
-                RequestRow.session_id == owner.id,
-                RequestRow.ordinal.in_(unseen),
-                RequestRow.status == Status.SUCCEEDED,
-                RequestRow.deleted_at.is_(None),
-            )
-            .values(pinned=True)
-            .execution_options(synchronize_session=False)
-        )
     await session.flush()
     await append_session_event(
         session,
