@@ -127,6 +127,22 @@ async def test_a_system_prompt_of_blocks_reaches_anthropic_as_posted_and_openai_
     assert first == {"role": "system", "content": "You are the main agent.\nProject rules."}
 
 
+def fail_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
+    """Make the coroutine function ``owner.name`` raise DatabaseUnavailable (a dropped connection) on
+    its first call and run as itself after; the returned list gets an entry when it failed."""
+    real = getattr(owner, name)
+    failed: list[int] = []
+
+    async def once(*args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(1)
+            raise DatabaseUnavailable("connection dropped")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, once)
+    return failed
+
+
 async def test_an_answer_whose_success_the_database_refused_keeps_its_call_in_the_ledger(
     db: Database,
     model_settings: Settings,
@@ -141,13 +157,7 @@ async def test_an_answer_whose_success_the_database_refused_keeps_its_call_in_th
     await add_snapshot(db, sid, "s1", SNAPSHOT)
     rid = await admit(db, sid, "Which file?", snapshot_id="s1")
     server.script("answer", Step.text("It is io.", usage=Usage(120, 9)))
-    real = terminal.finish_succeeded
-
-    async def refused(*args: Any, **kwargs: Any) -> Any:
-        monkeypatch.setattr(terminal, "finish_succeeded", real)
-        raise DatabaseUnavailable("connection dropped")
-
-    monkeypatch.setattr(terminal, "finish_succeeded", refused)
+    fail_once(monkeypatch, terminal, "finish_succeeded")
     ran = await run_one(db, model_settings, provider, rid)
     assert ran.outcome.status == "lost"  # written nothing else: run again once the lease expires
     calls = [(c["purpose"], c["status"], c["input_tokens"]) for c in ran.row.usage["calls"]]
@@ -166,16 +176,7 @@ async def test_a_call_whose_ledger_write_meets_a_dropped_connection_is_written_o
     sid = await make_session(db, "parent-retry")
     await add_history(db, sid, [(f"q{i}", f"a{i}") for i in range(1, 22)])  # a Q&A fold first
     rid = await admit(db, sid, "Still there?")
-    real = ledger.append_call_and_emit
-    failures: list[int] = []
-
-    async def flaky(*args: Any, **kwargs: Any) -> Any:
-        if not failures:
-            failures.append(1)
-            raise DatabaseUnavailable("connection dropped")
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(ledger, "append_call_and_emit", flaky)
+    failures = fail_once(monkeypatch, ledger, "append_call_and_emit")
     ran = await run_one(db, model_settings, provider, rid)
     assert failures == [1] and ran.outcome.status == "succeeded"
     assert [c["purpose"] for c in ran.row.usage["calls"]] == ["qa_summary", "answer"]
