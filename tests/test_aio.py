@@ -57,6 +57,7 @@ async def test_a_slot_pool_woken_as_it_is_cancelled_still_stops() -> None:
     @dataclass
     class Work:
         id: uuid.UUID
+        owner: str = "w1"
 
     async def claim() -> tuple[Work | None, bool]:
         nonlocal claims
@@ -89,6 +90,7 @@ async def test_work_claimed_again_while_its_stale_run_goes_on_stops_that_run_and
     class Work:
         id: uuid.UUID
         attempt: int
+        owner: str = "w1"
 
     release = asyncio.Event()
     settled: list[tuple[int, str]] = []
@@ -104,12 +106,13 @@ async def test_work_claimed_again_while_its_stale_run_goes_on_stops_that_run_and
 
     pool: SlotPool[Work] = SlotPool("request", 2, claim=claim, run=run, settle=settle, poll_s=30)
     wid = uuid.uuid4()
-    pool._spawn(Work(wid, 1))
+    pool._spawn(Work(wid, 1, "w1#first"))
     first = pool.tasks[wid]
     await asyncio.sleep(0)
-    pool._spawn(Work(wid, 2))  # the same request, claimed again
+    pool._spawn(Work(wid, 2, "w1#second"))  # the same request, claimed again
     second = pool.tasks[wid]
     assert second is not first
+    assert pool.held() == {wid: "w1#second"}  # the heartbeat renews the new claim's lease only
     await asyncio.wait_for(asyncio.gather(first, return_exceptions=True), 2)
     assert settled == [(1, "lost")]  # the stale run was stopped as lost, nothing written for it
     assert pool.tasks == {wid: second} and not second.done()  # the new run is still the pool's

@@ -120,13 +120,13 @@ async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) ->
     status = Status.FAILED if outcome.status == "lost" else outcome.status
     async with deps.db.connection() as conn, transaction(conn):
         if outcome.summary and not await memory.save_memory_in(
-            conn, job.id, owner=deps.owner, job=True, **outcome.summary
+            conn, job.id, owner=job.owner, job=True, **outcome.summary
         ):
             return JobOutcome("lost", calls=outcome.calls)
         written = await jobs.finish_job(
             conn,
             job.id,
-            deps.owner,
+            job.owner,
             status=status,
             calls=outcome.calls,
             covered=outcome.covered,

@@ -41,7 +41,6 @@ class PipelineDeps:
     db: Database
     settings: Settings
     provider: Provider
-    owner: str
     clock: Callable[[], float] = time.monotonic
     # Wakes requests waiting for a background job (the worker feeds it from NOTIFY sidequest_jobs).
     waiter: JobWaiter = field(default_factory=JobWaiter)
@@ -56,12 +55,12 @@ class RequestRuntime:
         self.deps = deps
         self.claimed = claimed
         self.db = deps.db
-        self.owner = deps.owner
+        self.owner = claimed.owner  # this claim's lease owner: a stale run's writes are refused
         self.timeout_s = deps.settings.request_timeout_s
         self.deadline = deps.clock() + self.timeout_s
         self.stage: str = Stage.PREPARING
         self.info = ContextInfo.starting(claimed.attempt)
-        self.recorder = LedgerRecorder(deps.db, claimed.id, deps.owner)
+        self.recorder = LedgerRecorder(deps.db, claimed.id, claimed.owner)
         self.budget = SummaryCallBudget(deps.settings.max_summary_calls)
         # SPEC §5.1: the learned ratio per (provider, model), as it stood when the request was prepared.
         self.book = CalibrationBook(deps.db, deps.settings.provider, enabled=deps.settings.calibration_on)

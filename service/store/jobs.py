@@ -60,6 +60,8 @@ class ClaimedJob:
     params: dict[str, Any]
     clear_version: int
     attempt: int
+    # The lease owner of this claim (service.store.lease.claim_owner): every write of this run names it.
+    owner: str
     # What the job reads of its session, read by the claim itself: the session's clear_version now
     # (None: the session is gone), its memory and settings.
     session_clear_version: int | None = None
@@ -263,6 +265,7 @@ async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int
         params=dict(row["params"] or {}),
         clear_version=row["clear_version"],
         attempt=row["attempt"],
+        owner=owner,
         session_clear_version=row["session_clear_version"],
         memory=dict(row["memory"] or {}),
         settings=dict(row["settings"] or {}),

@@ -1,9 +1,13 @@
 """The lease guard: every write a worker makes to a request it runs is conditional on still holding it.
 
 A claim (:mod:`service.store.queue`) sets ``lease_owner`` and ``lease_expires_at``; heartbeats extend
-them. :func:`lock_if_held` locks the row inside the caller's transaction only while the request is
-``running`` under this worker, so a request cancelled, cleared or taken over by the sweep is never
-written by a worker that lost it, and no event ever follows a terminal one.
+them. The lease owner names one *claim*, not just the worker process (:func:`claim_owner`): a request
+(or job) whose lease expired while its run here went on, and that this same process then claimed again,
+has two runs for a moment, and only the newer one's writes may land — a statement the stale run still
+had in flight finds another owner on the row. :func:`lock_if_held` locks the row inside the caller's
+transaction only while the request is ``running`` under this claim, so a request cancelled, cleared or
+taken over by the sweep is never written by a worker that lost it, and no event ever follows a terminal
+one.
 """
 
 from __future__ import annotations
@@ -15,6 +19,20 @@ from sqlalchemy import text
 
 from service.store.execute import Executor, committed, fetch_value, json_text
 from service.vocabulary import utc_iso
+
+# Between the worker's name and the claim's own token; a host name never holds one.
+_CLAIM_TOKEN_MARK = "#"
+
+
+def claim_owner(worker: str) -> str:
+    """The lease owner of one claim by ``worker``: its name and a token of this claim alone."""
+    return f"{worker}{_CLAIM_TOKEN_MARK}{uuid.uuid4().hex[:8]}"
+
+
+def worker_of(owner: str) -> str:
+    """The worker process a lease owner (:func:`claim_owner`) belongs to."""
+    return owner.split(_CLAIM_TOKEN_MARK, 1)[0]
+
 
 # Both guards are SQL functions (migration 0005_worker_statements), so the rule has one home.
 _LOCK_IF_HELD = text("SELECT sidequest_lock_if_held(:id, :owner)")
@@ -98,4 +116,11 @@ async def emit_if_held(
     return await emit_batch_if_held(session, request_id, owner, [(event_type, fields)])
 
 
-__all__ = ["emit_batch_if_held", "emit_if_held", "lock_if_held", "write_if_held"]
+__all__ = [
+    "claim_owner",
+    "emit_batch_if_held",
+    "emit_if_held",
+    "lock_if_held",
+    "worker_of",
+    "write_if_held",
+]

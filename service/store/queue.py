@@ -39,6 +39,7 @@ Invariants, and how each is kept:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,8 @@ class Claimed:
     ordinal: int
     attempt: int
     clear_version: int
+    # The lease owner of this claim (service.store.lease.claim_owner): every write of this run names it.
+    owner: str
     question: str = ""
     snapshot_id: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
@@ -130,6 +133,7 @@ async def try_claim(
         ordinal=row["ordinal"],
         attempt=row["attempt"],
         clear_version=row["clear_version"],
+        owner=owner,
         question=row["question"],
         snapshot_id=row["snapshot_id"],
         options=dict(row["options"] or {}),
@@ -153,47 +157,50 @@ class Held:
 async def heartbeat(
     session: AsyncSession,
     *,
-    owner: str,
-    request_ids: list[uuid.UUID],
+    requests: Mapping[uuid.UUID, str],
     lease_s: float,
-    job_ids: list[uuid.UUID] | None = None,
+    jobs: Mapping[uuid.UUID, str] | None = None,
 ) -> Held:
-    """Extend the leases of the requests and background jobs this worker holds, in one transaction.
+    """Extend the leases of the requests and background jobs a worker holds, in one transaction.
 
-    An id missing from the result was cancelled, cleared, finished or taken over: its task must stop.
-    A request with ``cancel_requested`` set is treated as lost too.
+    ``requests`` and ``jobs`` map each id to the lease owner of the claim its run holds: a lease is
+    extended only for that claim, never for an earlier one of the same process. An id missing from
+    the result was cancelled, cleared, finished or taken over: its task must stop. A request with
+    ``cancel_requested`` set is treated as lost too.
     """
-    job_ids = job_ids or []
-    if not request_ids and not job_ids:
+    jobs = jobs or {}
+    if not requests and not jobs:
         return Held(set(), set())
     held_requests: set[uuid.UUID] = set()
     held_jobs: set[uuid.UUID] = set()
     async with session.begin():
-        if request_ids:
+        if requests:
             rows = await session.execute(
                 text(
                     """
-                    UPDATE side_question_requests
+                    UPDATE side_question_requests AS r
                     SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
-                    WHERE id = ANY(:ids) AND status = 'running' AND lease_owner = :owner
-                      AND deleted_at IS NULL
-                    RETURNING id, cancel_requested
+                    FROM unnest(CAST(:ids AS uuid[]), CAST(:owners AS text[])) AS h(id, owner)
+                    WHERE r.id = h.id AND r.lease_owner = h.owner AND r.status = 'running'
+                      AND r.deleted_at IS NULL
+                    RETURNING r.id, r.cancel_requested
                     """
                 ),
-                {"ids": request_ids, "owner": owner, "lease_s": lease_s},
+                {"ids": list(requests), "owners": list(requests.values()), "lease_s": lease_s},
             )
             held_requests = {r.id for r in rows if not r.cancel_requested}
-        if job_ids:
+        if jobs:
             rows = await session.execute(
                 text(
                     """
-                    UPDATE side_question_jobs
+                    UPDATE side_question_jobs AS j
                     SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
-                    WHERE id = ANY(:ids) AND status = 'running' AND lease_owner = :owner
-                    RETURNING id
+                    FROM unnest(CAST(:ids AS uuid[]), CAST(:owners AS text[])) AS h(id, owner)
+                    WHERE j.id = h.id AND j.lease_owner = h.owner AND j.status = 'running'
+                    RETURNING j.id
                     """
                 ),
-                {"ids": job_ids, "owner": owner, "lease_s": lease_s},
+                {"ids": list(jobs), "owners": list(jobs.values()), "lease_s": lease_s},
             )
             held_jobs = {r.id for r in rows}
     return Held(held_requests, held_jobs)

@@ -38,7 +38,7 @@ from service.pipeline.background import run_job
 from service.pipeline.snapshots import PreparedSnapshots
 from service.providers import build_provider
 from service.providers.base import Provider
-from service.store import jobs, queue, terminal
+from service.store import jobs, lease, queue, terminal
 from service.store.admission import purge_cleared
 from service.store.db import Database, is_unavailable, unusable_reason
 from service.store.listener import WORKER_CHANNELS, Listener
@@ -57,6 +57,9 @@ MAX_CHECK_INTERVAL_S = 1.0
 class _Work(Protocol):
     @property
     def id(self) -> uuid.UUID: ...
+
+    @property
+    def owner(self) -> str: ...  # the lease owner of its claim
 
 
 W = TypeVar("W", bound=_Work)
@@ -82,7 +85,8 @@ def log_loop_failure(what: str) -> None:
 
 
 def worker_id() -> str:
-    """A lease owner name unique to this process: host, pid and a random suffix."""
+    """This worker process's name, unique: host, pid and a random suffix. Each of its claims' lease
+    owners adds a token of that claim (:func:`service.store.lease.claim_owner`)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
@@ -110,6 +114,7 @@ class SlotPool(Generic[W]):
         self._settle = settle
         self._poll_s = poll_s
         self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self._work: dict[uuid.UUID, W] = {}  # the unit each entry of ``tasks`` runs
         # Keyed by task, not by work id: a unit claimed again while its stale run still ends
         # (its lease expired during a database outage) has two tasks for a while.
         self._cancel_reasons: dict[asyncio.Task[None], CancelReason] = {}
@@ -121,6 +126,10 @@ class SlotPool(Generic[W]):
     @property
     def free(self) -> int:
         return self.slots - len(self.tasks)
+
+    def held(self) -> dict[uuid.UUID, str]:
+        """The lease owner of each unit this pool runs now (its newest run's claim)."""
+        return {work_id: self._work[work_id].owner for work_id in self.tasks}
 
     def wake(self, *, freed: bool) -> None:
         """Work may be there: a slot freed somewhere (``freed``) or work was admitted / queued.
@@ -171,11 +180,13 @@ class SlotPool(Generic[W]):
             # Claimed again while its earlier run here still goes on: that run lost its lease (the
             # heartbeat could not reach the database for longer than the lease) and was re-queued.
             # It is stopped as lost (its in-flight call's usage is still recorded); the new run
-            # owns the request. Both share this process's lease owner, so only one may run.
+            # owns the request: its claim's lease owner is not the stale run's, so nothing the stale
+            # run still writes (a statement already in flight included) lands.
             self._stale.add(stale)
             self._cancel_task(stale, "lost")
         task = asyncio.create_task(self._guarded(work), name=f"sidequest-{self.name}-{work.id}")
         self.tasks[work.id] = task
+        self._work[work.id] = work
 
     async def _guarded(self, work: W) -> None:
         task = asyncio.current_task()
@@ -193,6 +204,7 @@ class SlotPool(Generic[W]):
             # Only this run's entry: a newer run of the same work (see _spawn) keeps its own.
             if self.tasks.get(work.id) is task:
                 del self.tasks[work.id]
+                del self._work[work.id]
             self._stale.discard(task)
             self._cancel_reasons.pop(task, None)
             # Instant hand-off: the freed local slot is claimed again now, not at the next poll.
@@ -284,9 +296,7 @@ class Worker:
         """Connect the listener and start the loops; returns at once."""
         if self._provider is None:
             self._provider = build_provider(self.settings)
-        self._deps = PipelineDeps(
-            db=self.db, settings=self.settings, provider=self._provider, owner=self.owner
-        )
+        self._deps = PipelineDeps(db=self.db, settings=self.settings, provider=self._provider)
         waiter = self._deps.waiter
         self._unsubscribe = [
             self._listener.subscribe(QUEUE_CHANNEL, self._on_queue_notify),
@@ -353,7 +363,7 @@ class Worker:
         async with self.db.connection() as conn:
             return await queue.try_claim(
                 conn,
-                owner=self.owner,
+                owner=lease.claim_owner(self.owner),
                 lease_s=self.settings.lease_s,
                 max_running=self.settings.max_concurrency,
             )
@@ -376,13 +386,13 @@ class Worker:
     async def _settle_request(self, claimed: queue.Claimed, reason: CancelReason) -> None:
         async with self.db.sessions() as session:
             if reason == "shutdown":
-                await queue.release(session, claimed.id, self.owner)
+                await queue.release(session, claimed.id, claimed.owner)
             elif reason == "cancelled":
                 # Normally the API wrote the terminal state already and this is a no-op.
                 await terminal.finish_failed(
                     session,
                     claimed.id,
-                    self.owner,
+                    claimed.owner,
                     code="cancelled",
                     message="the request was cancelled",
                     status=Status.CANCELLED,
@@ -394,7 +404,7 @@ class Worker:
         async with self.db.connection() as conn:
             job = await jobs.claim_job(
                 conn,
-                owner=self.owner,
+                owner=lease.claim_owner(self.owner),
                 lease_s=self.settings.lease_s,
                 max_running=self.settings.max_background_concurrency,
             )
@@ -409,7 +419,7 @@ class Worker:
         # A shutdown gives the job back (attempt not counted); a clear already ended it.
         async with self.db.sessions() as session, session.begin():
             if reason == "shutdown":
-                await jobs.release_job(session, job.id, self.owner)
+                await jobs.release_job(session, job.id, job.owner)
 
     # ------------------------------------------------------------------ liveness
 
@@ -417,28 +427,23 @@ class Worker:
         interval = min(self.settings.heartbeat_s, MAX_CHECK_INTERVAL_S)
         while True:
             await asyncio.sleep(interval)
-            request_ids = list(self.requests.tasks)
-            job_ids = list(self.jobs.tasks)
-            if not request_ids and not job_ids:
+            requests, job_owners = self.requests.held(), self.jobs.held()
+            if not requests and not job_owners:
                 continue
             try:
                 async with self.db.sessions() as session:
                     held = await queue.heartbeat(
-                        session,
-                        owner=self.owner,
-                        request_ids=request_ids,
-                        job_ids=job_ids,
-                        lease_s=self.settings.lease_s,
+                        session, requests=requests, jobs=job_owners, lease_s=self.settings.lease_s
                     )
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log_loop_failure("heartbeat failed")
                 continue
-            for request_id in request_ids:
+            for request_id in requests:
                 if request_id not in held.requests:
                     self.requests.cancel(request_id, "lost")
-            for job_id in job_ids:
+            for job_id in job_owners:
                 if job_id not in held.jobs:
                     self.jobs.cancel(job_id, "lost")
 

@@ -122,10 +122,10 @@ async def test_heartbeat_extends_lease_and_reports_lost_requests(db: Database) -
     claimed = await _claim(db, lease_s=1.0)
     assert claimed is not None
     async with db.sessions() as session:
-        held = await queue.heartbeat(session, owner="w1", request_ids=[claimed.id], lease_s=60.0)
+        held = await queue.heartbeat(session, requests={claimed.id: "w1"}, lease_s=60.0)
         assert held.requests == {claimed.id}
         assert (
-            await queue.heartbeat(session, owner="other", request_ids=[claimed.id], lease_s=60.0)
+            await queue.heartbeat(session, requests={claimed.id: "other"}, lease_s=60.0)
         ).requests == set()
         expires = await session.scalar(
             text("SELECT lease_expires_at - now() > interval '50 seconds' FROM side_question_requests")
@@ -134,7 +134,7 @@ async def test_heartbeat_extends_lease_and_reports_lost_requests(db: Database) -
     await clear(db, "parent-1")
     async with db.sessions() as session:
         assert (
-            await queue.heartbeat(session, owner="w1", request_ids=[claimed.id], lease_s=60.0)
+            await queue.heartbeat(session, requests={claimed.id: "w1"}, lease_s=60.0)
         ).requests == set()
 
 
@@ -214,6 +214,32 @@ async def test_sweep_reruns_once_then_fails_worker_lost_keeping_usage(db: Databa
     # The old owner cannot write anything any more.
     async with db.sessions() as session:
         assert not await lease.emit_if_held(session, rid, "w2", "delta", {"text": "x"})
+
+
+async def test_a_stale_run_of_the_same_process_cannot_write_once_its_request_is_claimed_again(
+    db: Database,
+) -> None:
+    """Each claim has its own lease owner: after the sweep re-queued a request whose heartbeat could
+    not reach the database, and this same process claimed it again, the stale run's writes (a
+    statement it had in flight included) and its heartbeat find another owner on the row."""
+    sid = await make_session(db)
+    rid = await admit(db, sid, "q")
+    stale = await _claim(db, owner=lease.claim_owner("host:1:abc"), lease_s=0.05)
+    assert stale is not None
+    await asyncio.sleep(0.1)
+    async with db.sessions() as session:
+        assert (await queue.sweep_expired(session)).requeued == [rid]
+    fresh = await _claim(db, owner=lease.claim_owner("host:1:abc"), lease_s=30.0)
+    assert fresh is not None and fresh.id == rid and fresh.owner != stale.owner
+    assert lease.worker_of(fresh.owner) == lease.worker_of(stale.owner) == "host:1:abc"
+    async with db.sessions() as session:
+        assert not await lease.emit_if_held(session, rid, stale.owner, "delta", {"text": "stale"})
+        held = await queue.heartbeat(session, requests={rid: stale.owner}, lease_s=60.0)
+        assert held.requests == set()
+        assert await lease.emit_if_held(session, rid, fresh.owner, "delta", {"text": "fresh"})
+        assert (await queue.heartbeat(session, requests={rid: fresh.owner}, lease_s=60.0)).requests == {rid}
+        deltas = [e.data["text"] for e in await request_events_after(session, rid, 0) if e.type == "delta"]
+    assert deltas == ["fresh"]
 
 
 async def test_sweep_leaves_live_leases_alone(db: Database) -> None:

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import text
 
 from service.config import Settings
-from service.store import jobs
+from service.store import jobs, lease
 from service.store.db import Database
 from service.vocabulary import JobKind
 from tests.factories import add_history, admit, make_session
@@ -115,7 +115,7 @@ async def test_two_processes_share_the_cap_in_order_and_round_robin(
             for row in rows:
                 per_session[row.session_id] += 1
                 if row.lease_owner:
-                    owners.add(row.lease_owner)
+                    owners.add(lease.worker_of(row.lease_owner))
             max_per_session = max([max_per_session, *per_session.values()])
             await asyncio.sleep(0.01)
 
