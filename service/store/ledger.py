@@ -7,6 +7,10 @@ call the provider sent no usage for is recorded with zeros and ``reported: false
 
 Usage is recorded even after the request left ``running`` (a call cancelled by a clear still cost
 tokens); only events are guarded by the lease (see :mod:`service.store.queue`).
+
+Each call carries its own ``call_id``, and an append whose calls are already in the list changes
+nothing: a write tried again because the database's reply was lost — its COMMIT may have been applied —
+never counts a call twice.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import text
@@ -42,7 +46,10 @@ _APPEND_CALL_SQL = """
         FROM jsonb_array_elements(coalesce(r.usage->'calls', '[]'::jsonb) || CAST(:call AS jsonb))
             WITH ORDINALITY AS e(c, n)
     ){also}
-    WHERE r.id = :id
+    WHERE r.id = :id AND NOT EXISTS (
+        SELECT 1 FROM jsonb_array_elements(coalesce(r.usage->'calls', '[]'::jsonb)) AS o(c)
+        WHERE o.c->>'call_id' IN (
+            SELECT a.c->>'call_id' FROM jsonb_array_elements(CAST(:call AS jsonb)) AS a(c)))
     RETURNING r.usage
     """
 # A request's record names its answer model (SPEC §3 ``model``) from its first answer call on, so a
@@ -54,6 +61,11 @@ _ANSWER_MODEL = """,
 # Requests and background jobs keep the same usage object (SPEC §3), each in its own table.
 _APPEND_CALL = text(_APPEND_CALL_SQL.format(table="side_question_requests", also=_ANSWER_MODEL))
 _APPEND_JOB_CALL = text(_APPEND_CALL_SQL.format(table="side_question_jobs", also=""))
+# The usage as it stands, when the append changed nothing (its calls were recorded already).
+_USAGE_OF = {
+    False: text("SELECT usage FROM side_question_requests WHERE id = :id"),
+    True: text("SELECT usage FROM side_question_jobs WHERE id = :id"),
+}
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,8 @@ class CallEntry:
     cached_tokens: int = 0
     # Wall time of the call; not in SPEC's list, kept for the provider latency metric.
     latency_ms: int | None = None
+    # This call's identity: an append tried again after a lost reply does not count it twice.
+    call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def as_json(self) -> dict[str, Any]:
         extra = {} if self.latency_ms is None else {"latency_ms": self.latency_ms}
@@ -83,6 +97,7 @@ class CallEntry:
             "reasoning_tokens": self.reasoning_tokens,
             "cached_tokens": self.cached_tokens,
             **extra,
+            "call_id": self.call_id,
         }
 
 
@@ -101,13 +116,29 @@ async def append_calls(
     x: Executor, request_id: uuid.UUID, entries: Sequence[CallEntry], *, job: bool = False
 ) -> dict[str, Any]:
     """:func:`append_call` of several calls, in this order, in one statement; commits."""
-    statement = _APPEND_JOB_CALL if job else _APPEND_CALL
-    calls = json.dumps([entry.as_json() for entry in entries])
     async with committed(x):
-        usage = await fetch_value(x, statement, {"id": request_id, "call": calls})
+        appended = await _append(x, request_id, entries, job=job)
+    return appended.usage
+
+
+@dataclass(frozen=True)
+class Appended:
+    """The usage after an append, and whether the append added its calls (False: already there)."""
+
+    usage: dict[str, Any]
+    added: bool
+
+
+async def _append(x: Executor, row_id: uuid.UUID, entries: Sequence[CallEntry], *, job: bool) -> Appended:
+    statement = _APPEND_JOB_CALL if job else _APPEND_CALL
+    params = {"id": row_id, "call": json.dumps([entry.as_json() for entry in entries])}
+    usage = await fetch_value(x, statement, params)
+    if usage is not None:
+        return Appended(dict(usage), added=True)
+    usage = await fetch_value(x, _USAGE_OF[job], {"id": row_id})
     if usage is None:
-        raise LookupError(f"{'job' if job else 'request'} {request_id} does not exist")
-    return dict(usage)
+        raise LookupError(f"{'job' if job else 'request'} {row_id} does not exist")
+    return Appended(dict(usage), added=False)
 
 
 async def append_call_and_emit(
@@ -117,23 +148,19 @@ async def append_call_and_emit(
     ``usage`` event with the new totals — one transaction; commits. Returns the new usage object.
 
     The ledger part is written whatever happened to the request (tokens were spent); only the event
-    is guarded by the lease (no event after a terminal one).
+    is guarded by the lease (no event after a terminal one). A call already recorded (a retried
+    write whose first COMMIT was applied) adds nothing, not even the event.
     """
     async with session.begin():
-        usage = await add_call(session, request_id, entry)
-        if await lock_if_held(session, request_id, owner):
-            await append_event(session, request_id, "usage", {"usage": usage})
-    return usage
+        appended = await add_call(session, request_id, entry)
+        if appended.added and await lock_if_held(session, request_id, owner):
+            await append_event(session, request_id, "usage", {"usage": appended.usage})
+    return appended.usage
 
 
-async def add_call(session: Executor, request_id: uuid.UUID, entry: CallEntry) -> dict[str, Any]:
-    """Append one call to the request's usage inside the caller's transaction; the new usage object."""
-    usage = await fetch_value(
-        session, _APPEND_CALL, {"id": request_id, "call": json.dumps([entry.as_json()])}
-    )
-    if usage is None:
-        raise LookupError(f"request {request_id} does not exist")
-    return dict(usage)
+async def add_call(session: Executor, request_id: uuid.UUID, entry: CallEntry) -> Appended:
+    """Append one call to the request's usage inside the caller's transaction."""
+    return await _append(session, request_id, [entry], job=False)
 
 
 async def merge_context_info(session: AsyncSession, request_id: uuid.UUID, fields: dict[str, Any]) -> None:

@@ -173,9 +173,11 @@ async def finish_succeeded(
     async with transaction(session):
         usage = None
         if tail is not None:
+            added = True  # a retried end whose first COMMIT was applied finds its call recorded
             if tail.call is not None:
-                usage = await ledger.add_call(session, request_id, tail.call)
-            if tail.sample is not None:
+                appended = await ledger.add_call(session, request_id, tail.call)
+                usage, added = (appended.usage if appended.added else None), appended.added
+            if tail.sample is not None and added:
                 sample = tail.sample
                 await calibration.add_sample(
                     session, sample.provider, sample.model, sample.estimate, sample.reported_prompt_tokens

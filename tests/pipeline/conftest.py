@@ -66,9 +66,7 @@ async def run_one(
     async with db.sessions() as session:
         claimed = await queue.claim_next(session, owner=owner, lease_s=settings.lease_s, max_running=100)
     assert claimed is not None and claimed.id == request_id
-    outcome = await run_request(
-        PipelineDeps(db=db, settings=settings, provider=provider), claimed
-    )
+    outcome = await run_request(PipelineDeps(db=db, settings=settings, provider=provider), claimed)
     return await collect(db, request_id, outcome)
 
 

@@ -304,7 +304,9 @@ async def test_provider_error_mid_stream_is_not_retried(
     ran = await run_one(db, model_settings, provider, rid)
     assert ran.row.error is not None and ran.row.error["code"] == "provider_error"
     assert len(server.requests("answer")) == 1
-    assert [{k: v for k, v in c.items() if k != "latency_ms"} for c in ran.row.usage["calls"]] == [
+    assert [
+        {k: v for k, v in c.items() if k not in ("latency_ms", "call_id")} for c in ran.row.usage["calls"]
+    ] == [
         {
             "purpose": "answer",
             "model": "scripted-model",

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from service.pipeline.recorder import JobRecorder
-from service.store import jobs
+from service.store import jobs, ledger
 from service.store.db import Database
 from service.store.events import session_events_after
 from service.vocabulary import JobKind, Status
@@ -267,3 +267,12 @@ async def test_the_sql_functions_restate_the_python_rules_they_share_exactly(db:
     assert f"pg_notify('{JOBS_CHANNEL}'" in await source("sidequest_memory_event")
     for events in ("sidequest_append_session_event", "sidequest_append_event"):
         assert f"'{EVENTS_CHANNEL}'" in await source(events)
+
+
+async def test_a_job_call_appended_twice_is_recorded_once(db: Database, running_job: uuid.UUID) -> None:
+    """A job's ledger write tried again after a lost reply (its first COMMIT applied) adds nothing."""
+    entry = ledger.CallEntry(purpose="qa_summary", model="m", status="ok", reported=True, input_tokens=40)
+    for _ in range(2):
+        async with db.connection() as conn:
+            usage = await ledger.append_calls(conn, running_job, [entry], job=True)
+    assert [c["call_id"] for c in usage["calls"]] == [entry.call_id] and usage["input_tokens"] == 40

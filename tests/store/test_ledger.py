@@ -81,3 +81,27 @@ async def test_merge_context_info_replaces_top_level_keys_only(db: Database) -> 
         row = await session.get(RequestRow, rid)
         assert row is not None
         assert row.context_info == {"stage": "answering", "window": 1000}
+
+
+async def test_a_retried_append_whose_first_commit_landed_counts_the_call_once(db: Database) -> None:
+    """The ledger's write is tried again when the database's reply is lost, and PostgreSQL may have
+    applied that COMMIT: the same call (its call_id) appended again adds nothing — no second entry,
+    no second usage event."""
+    from service.store import queue
+    from service.store.events import request_events_after
+
+    rid = await admit(db, await make_session(db), "q")
+    async with db.sessions() as session:
+        claimed = await queue.claim_next(session, owner="w1", lease_s=30.0, max_running=4)
+    assert claimed is not None and claimed.id == rid
+    entry = _entry(2)
+    for _ in range(2):
+        async with db.sessions() as session:
+            usage = await ledger.append_call_and_emit(session, rid, entry, owner="w1")
+        assert [c["call_id"] for c in usage["calls"]] == [entry.call_id] and usage["input_tokens"] == 20
+    async with db.sessions() as session:
+        usage = await ledger.append_call_and_emit(session, rid, _entry(3), owner="w1")
+        events = await request_events_after(session, rid, 0)
+    assert len(usage["calls"]) == 2 and usage["input_tokens"] == 50
+    assert [e.data["usage"]["input_tokens"] for e in events if e.type == "usage"] == [20, 50]
+    assert await _stored_usage(db, rid) == usage

@@ -133,9 +133,7 @@ async def test_heartbeat_extends_lease_and_reports_lost_requests(db: Database) -
         assert expires is True
     await clear(db, "parent-1")
     async with db.sessions() as session:
-        assert (
-            await queue.heartbeat(session, requests={claimed.id: "w1"}, lease_s=60.0)
-        ).requests == set()
+        assert (await queue.heartbeat(session, requests={claimed.id: "w1"}, lease_s=60.0)).requests == set()
 
 
 async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) -> None:
