@@ -1,21 +1,37 @@
-"""SPEC §11.2 model choice as a pure function."""
+"""SPEC §11.2 model choice (``prepare.choose_models``, its one home): plain values in, names out."""
 
 from __future__ import annotations
 
-from service.pipeline.choices import answer_model, summary_model
+from typing import Any
+
+from service.config import Settings
+from service.pipeline.prepare import choose_models
+
+
+def _settings(**values: Any) -> Settings:
+    return Settings(database_url="postgresql+asyncpg://x/y", **values)
 
 
 def test_answer_model_is_request_then_session_then_service_then_provider_default() -> None:
-    assert answer_model("req", "sess", "svc", "dflt") == "req"
-    assert answer_model(None, "sess", "svc", "dflt") == "sess"
-    assert answer_model("", None, "svc", "dflt") == "svc"
-    assert answer_model(None, None, None, "dflt") == "dflt"
+    svc = _settings(model="svc")
+    assert choose_models(svc, {"answer_model": "sess"}, "req", "dflt").answer == "req"
+    assert choose_models(svc, {"answer_model": "sess"}, None, "dflt").answer == "sess"
+    assert choose_models(svc, {"answer_model": ""}, "", "dflt").answer == "svc"  # empty counts as unset
+    assert choose_models(_settings(), {}, None, "dflt").answer == "dflt"
 
 
-def test_summary_model_is_session_then_summary_setting_then_answer_model_then_service() -> None:
-    assert summary_model("sess", "svc-sum", "answer", "svc", "dflt") == "sess"
-    assert summary_model(None, "svc-sum", "answer", "svc", "dflt") == "svc-sum"
-    assert summary_model(None, None, "answer", "svc", "dflt") == "answer"
-    # A background job has no request: straight to SIDEQUEST_MODEL, then the provider's default.
-    assert summary_model(None, None, None, "svc", "dflt") == "svc"
-    assert summary_model(None, None, None, None, "dflt") == "dflt"
+def test_summary_model_is_session_then_summary_setting_then_answer_model() -> None:
+    both = _settings(model="svc", summary_model="svc-sum")
+    assert choose_models(both, {"summary_model": "sess"}, "req", "dflt").summary == "sess"
+    assert choose_models(both, {}, "req", "dflt").summary == "svc-sum"
+    assert choose_models(_settings(model="svc"), {"answer_model": "sess-ans"}, "req", "dflt").summary == "req"
+    assert choose_models(_settings(model="svc"), {}, None, "dflt").summary == "svc"
+    assert choose_models(_settings(), {}, None, "dflt").summary == "dflt"
+
+
+def test_a_background_job_summarises_as_a_request_without_a_model_of_its_own_would() -> None:
+    """docs/summaries.md: the summary model is part of the cache key, so a job (no request model)
+    takes the session's answer model before SIDEQUEST_MODEL — what the next question looks up."""
+    job = choose_models(_settings(model="svc"), {"answer_model": "sess-ans"}, None, "dflt")
+    question = choose_models(_settings(model="svc"), {"answer_model": "sess-ans"}, None, "dflt")
+    assert job.summary == question.summary == "sess-ans"
