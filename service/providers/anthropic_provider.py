@@ -192,6 +192,10 @@ def to_anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
             converted["description"] = function["description"]
         return converted
     converted = dict(tool)
+    if tool.get("type") not in (None, "custom"):
+        # A server or versioned tool ({"type": "web_search_20250305", "name": …}): Anthropic defines
+        # its schema itself and refuses an input_schema on it; it goes as the main session sent it.
+        return converted
     converted.setdefault("input_schema", {"type": "object", "properties": {}})
     return converted
 

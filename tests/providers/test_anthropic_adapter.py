@@ -97,6 +97,23 @@ async def test_openai_style_tools_are_converted(server: ScriptedServer, provider
     assert server.requests()[0].body["tools"] == [{"name": "ls", "input_schema": {"type": "object"}}]
 
 
+async def test_server_tools_go_as_the_main_session_sent_them(
+    server: ScriptedServer, provider: AnthropicProvider
+) -> None:
+    """Outside check: a server tool got an input_schema added, which Anthropic refuses on one."""
+    search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
+    custom = {"name": "grep", "description": "search", "input_schema": {"type": "object"}}
+    bare = {"type": "custom", "name": "ls"}
+
+    await collect(provider, make_call(tools=[search, custom, bare]))
+
+    assert server.requests()[0].body["tools"] == [
+        search,
+        custom,
+        {"type": "custom", "name": "ls", "input_schema": {"type": "object", "properties": {}}},
+    ]
+
+
 @pytest.mark.parametrize(
     ("finish", "normalised", "raw"),
     [
