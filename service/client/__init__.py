@@ -336,10 +336,11 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if result.get("shortened_ordinals") or (result.get("truncated") and not omitted):
         notes.append("shortened to fit")
     if omitted:
-        # Not carried, and pinned for the next hand-off (docs/handoff.md).
+        # Not carried; pinned for the next hand-off unless handed off before (docs/handoff.md).
         notes.append(
-            f"{plural(len(omitted), 'side answer')} ({ordinal_runs(omitted)}) left out to fit,"
-            " pinned for the next hand-off (or a larger --max-tokens carries them now)"
+            f"{plural(len(omitted), 'side answer')} ({ordinal_runs(omitted)}) left out to fit"
+            " (each not handed off before is pinned for the next hand-off; a larger --max-tokens"
+            " carries them now)"
         )
     err.write(", ".join(notes) + f"; about {result.get('estimate_tokens')} tokens\n")
     return EXIT_OK

@@ -73,7 +73,7 @@ async def test_what_is_left_out_to_fit_is_said_on_stderr(url: str, db: Database)
     code, out, err = await run("handoff", "task-long", "--max-tokens", "256", "--url", url)
     assert code == 0, err
     assert "Side question #6 " in out and "left out to fit: #1" in out
-    assert "side answers (#1" in err and "left out to fit, pinned for the next hand-off" in err
+    assert "side answers (#1" in err and "left out to fit (each not handed off before is pinned" in err
     code, out, err = await run("handoff", "task-long", "--all", "--url", url)
     assert code == 0 and "Side question #1 " in out and "left out" not in err
 

@@ -761,7 +761,8 @@
     await loadSessions(false);
   }
 
-  // Q&A left out to fit are not carried but pinned for the next (docs/handoff.md): say which.
+  // Q&A left out to fit are not carried; those not handed off before are pinned for the next
+  // (docs/handoff.md): say which were left out.
   // Runs of consecutive ordinals as ranges, as the block itself writes them (#1–#3, #7).
   function leftOut(omitted) {
     if (!omitted || !omitted.length) return "";
@@ -771,7 +772,7 @@
       else runs.push([o, o]);
     }
     const named = runs.map(([a, b]) => (a === b ? `#${a}` : `#${a}–#${b}`)).join(", ");
-    return ` · left out to fit: ${named} (pinned for the next hand-off)`;
+    return ` · left out to fit: ${named} (pinned for the next hand-off unless handed off before)`;
   }
 
   async function handoff(event) {
