@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--host", default="127.0.0.1")
-        p.add_argument("--port", type=int, default=8080)
+        p.add_argument("--port", type=_port, default=8080)
     sub.add_parser("worker", help="the worker alone (migrates first)")
     sub.add_parser("migrate", help="alembic upgrade head")
 
@@ -171,6 +171,17 @@ def build_parser() -> argparse.ArgumentParser:
     hand.add_argument("--url", default=None)
     hand.add_argument("--token", default=None)
     return parser
+
+
+def _port(value: str) -> int:
+    """``--port``: a TCP port, 1–65535, refused by argparse (exit 2) before anything starts."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port from 1 to 65535, not {port}")
+    return port
 
 
 def _handoff_tokens(value: str) -> int:
