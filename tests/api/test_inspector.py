@@ -394,6 +394,24 @@ async def test_what_changed_elsewhere_shows_on_refresh_and_forget_leaves_no_draf
     assert await browser.evaluate("document.getElementById('snapshot-file').files.length") == 0
 
 
+async def test_a_request_that_ended_before_the_page_opened_it_leaves_the_list_current(
+    stack: Stack, browser: Browser
+) -> None:
+    """Outside check: the list loaded while a request ran kept "1 in progress" after it ended, when the
+    page opened that request only after its end (its stream then only replays)."""
+    stack.model.script("answer", Step.text("late but done").with_delay(before_s=1.5))
+    async with stack.client("tok-acme") as client:
+        record = await ask(client, "p-ended", "Still running when the page lists it?")
+    await connect(browser, stack.url, "tok-acme")
+    entry = json.dumps('#session-list button[data-parent-id="p-ended"] .meta')
+    await browser.wait_for(f"document.querySelector({entry}).textContent.includes('1 in progress')")
+    await stack.until_finished("tok-acme", record["id"])
+    await open_session(browser, "p-ended")
+    await browser.evaluate("document.querySelector('#history button').click()")
+    await browser.wait_for("document.querySelector('#request-facts .status-succeeded') !== null")
+    await browser.wait_for(f"!document.querySelector({entry}).textContent.includes('in progress')")
+
+
 async def test_the_budget_follows_a_running_request_and_a_narrow_screen_shows_the_opened_session(
     stack: Stack, browser: Browser
 ) -> None:

@@ -147,10 +147,13 @@
     if (!more) {
       list.replaceChildren();
       state.known = new Set();
+      state.listedBusy = new Set(); // sessions the list shows with work in progress
     }
     for (const item of page.items) {
       list.append(sessionEntry(item));
       state.known.add(item.parent_id);
+      const counts = item.counts || {};
+      if (num(counts.queued) + num(counts.running)) state.listedBusy.add(item.parent_id);
     }
     state.listComplete = !page.has_more;
     state.sessionsBefore = page.next_before;
@@ -381,10 +384,12 @@
           source.close();
           state.terminal = true;
           refreshSession().catch(failed("refreshing the session"));
-          if (live) {
-            loadSessions(false).catch(failed("listing sessions")); // its entry's counts changed
-            refreshRecord(requestId, 1500); // a cancelled call's usage lands just after the end
+          // Its end changes the session's entry in the list — also when it had ended before the
+          // stream opened, while the list (loaded at admission) still shows it in progress.
+          if (live || (state.listedBusy && state.listedBusy.has(state.parentId))) {
+            loadSessions(false).catch(failed("listing sessions"));
           }
+          if (live) refreshRecord(requestId, 1500); // a cancelled call's usage lands just after the end
         }
       });
     }
@@ -799,7 +804,8 @@
     link.click();
     link.remove();
     setTimeout(() => URL.revokeObjectURL(link.href), 10000);
-    notice(`archive v${version} of ${state.parentId} downloaded (${(document_.questions || []).length} requests)`);
+    const n = (document_.questions || []).length;
+    notice(`archive v${version} of ${state.parentId} downloaded (${n} request${n === 1 ? "" : "s"})`);
   }
 
   // ------------------------------------------------------------------ wiring
