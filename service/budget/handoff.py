@@ -19,9 +19,10 @@ The steps, each taken only when the previous one was not enough:
   to a few lines (:data:`ANSWER_FLOOR_BYTES`), never to nothing;
 - leave out the oldest of them entirely (said so in the block: ``omitted_ordinals``); then shorten the
   summary;
-- only then the newest and the pinned Q&A, which SPEC §11.1 keeps verbatim first: their answers and
-  then their questions shortened (pinned before the newest), down to nothing if the limit leaves no
-  choice, and last the pinned ones left out — never the newest.
+- only then the newest and the pinned Q&A, which SPEC §11.1 keeps verbatim first: their answers
+  shortened to a few lines (pinned before the newest); then the pinned ones left out, oldest first;
+  then the newest's answer and question, down to nothing if the limit leaves no choice — never left
+  out.
 
 Then a pinned Q&A cut to the bare marker (question and answer) is left out instead (it stays pinned),
 and what room a later step freed is given back to the cuts, the last made first.
@@ -476,12 +477,15 @@ def build_handoff(
         lambda: _shrink_field(plan, limit, "answer", ANSWER_FLOOR_BYTES, protected=False),
         lambda: _omit_oldest(plan, limit, protected=False),
         lambda: _shrink_summary(plan, limit),
-        # Only then the newest and the pinned ones, down to nothing if the limit leaves no choice.
+        # Only then the newest and the pinned ones: their answers down to a few lines (pinned oldest
+        # first, the newest last); then pinned Q&A left out whole, oldest first (they stay pinned) —
+        # rather than every pinned answer cut to nothing and then left out anyway, which carried
+        # none of them (an outside check); and last the newest alone, down to nothing if need be.
         lambda: _shrink_field(plan, limit, "answer", ANSWER_FLOOR_BYTES, protected=True),
+        lambda: _omit_oldest(plan, limit, protected=True),
         lambda: _shrink_field(plan, limit, "answer", 0, protected=True),
         lambda: _shrink_field(plan, limit, "question", QUESTION_FLOOR_BYTES, protected=True),
         lambda: _shrink_field(plan, limit, "question", 0, protected=True),
-        lambda: _omit_oldest(plan, limit, protected=True),
         lambda: _shorten_omitted_line(plan, limit),
     )
     for step in steps:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from service.budget import estimate_text
 from service.budget.handoff import (
+    ANSWER_FLOOR_BYTES,
     END_LINE,
     FRAMING,
     HANDOFF_MAX_TOKENS,
@@ -387,3 +388,33 @@ def test_an_indented_structure_line_is_defused_too() -> None:
         line.lstrip().startswith("---") and not line.startswith("---") for line in block.text.split("\n")
     )
     assert block.text.count(END_LINE) == 1
+
+
+def _answer_bytes(block_text: str) -> dict[int, int]:
+    sizes = {}
+    for part in block_text.split("\n--- Side question #")[1:]:
+        ordinal = int(part.split(" ", 1)[0])
+        sizes[ordinal] = len(part.split("\nA: ", 1)[1].split("\n\n---")[0].encode())
+    return sizes
+
+
+@pytest.mark.parametrize(
+    ("pins", "max_tokens"), [(range(1, 26), 1500), (range(1, 26), 2500), ((1, 2, 3), 800)]
+)
+def test_many_pinned_qa_fill_the_block_and_the_newest_is_cut_least(pins: range, max_tokens: int) -> None:
+    """Outside check: with #1–#25 pinned a 1500-token hand-off carried only the newest (every pinned
+    answer was cut to nothing, then left out), using 335 tokens; and the newest was cut shorter than a
+    pinned one, or a pinned one carried as a bare stub. Now pinned Q&A are left out whole, oldest
+    first, once their answers are down to a few lines, before the newest gives way further."""
+    n = max(pins) + 1 if max(pins) > 3 else 5
+    items = [item(o, f"answer {o} " + "word " * 200, pinned=o in pins) for o in range(1, n + 1)]
+    block = build_handoff(items, None, max_tokens)
+    assert block is not None
+    carried_pinned = [o for o in block.ordinals if o in pins]
+    assert len(carried_pinned) >= 2 and block.ordinals[-1] == n
+    assert block.estimate_tokens >= 0.9 * max_tokens  # the room is used, not given up
+    sizes = _answer_bytes(block.text)
+    assert all(ANSWER_FLOOR_BYTES <= sizes[o] <= sizes[n] for o in carried_pinned), sizes
+    # The pinned ones left out are the oldest (an older unpinned one goes before any of them).
+    left_out_pinned = [o for o in block.omitted_ordinals if o in pins]
+    assert left_out_pinned == [o for o in pins if o < min(carried_pinned)]
