@@ -182,11 +182,29 @@ def estimate_system(system: str | None) -> int:
     return estimate_text(system)
 
 
+# A canonical message or tool converted from an OpenAI-style one keeps what was posted under this key,
+# so that an OpenAI-compatible provider gets it back byte for byte (SPEC §7: the main session's
+# messages and tools exactly as it had them, for its prefix cache — re-encoding a tool call's
+# arguments, or joining content parts, changes the bytes from the first tool call on). On a message:
+# ``{"messages": [posted…], "blocks": n}`` — the posted message(s) stand for its first ``n`` content
+# blocks (blocks appended later, the answer's final turn, are rendered after them). On a tool: the
+# posted tool. Nothing else reads it: the estimate counts content (and a tool's schema without it),
+# and the Anthropic wire drops it.
+POSTED_FORM: Final = "_sidequest_posted"
+
+
 def estimate_tools(tools: Sequence[Mapping[str, Any]]) -> int:
     """Estimated tokens of the tool schemas: their compact JSON (0 when there are none)."""
     if not tools:
         return 0
-    return estimate_text(compact_json(list(tools)))
+    return estimate_text(compact_json([_as_sent(tool) for tool in tools]))
+
+
+def _as_sent(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A tool schema without what only Sidequest keeps beside it (:data:`POSTED_FORM`)."""
+    if POSTED_FORM not in tool:
+        return tool
+    return {k: v for k, v in tool.items() if k != POSTED_FORM}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from service.budget.estimate import compact_json, estimate_message
+from service.budget.estimate import POSTED_FORM, compact_json, estimate_message
 from service.budget.window import positive_setting
 
 Message = dict[str, Any]
@@ -209,9 +209,14 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
             }
             if open_results is None:
                 open_results = [block]
-                result.append({"role": "user", "content": open_results})
+                posted: list[Any] = [message]
+                result.append(
+                    {"role": "user", "content": open_results, POSTED_FORM: {"messages": posted, "blocks": 1}}
+                )
             else:
                 open_results.append(block)
+                posted.append(message)
+                result[-1][POSTED_FORM]["blocks"] = len(open_results)
             continue
         open_results = None
         if role in _SYSTEM_ROLES:
@@ -225,7 +230,13 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
             if isinstance(calls, (list, tuple)):
                 for call in calls:  # a loop, not extend(genexpr): cheaper for the usual 1–3 calls
                     blocks.append(_tool_use_block(call))
-            result.append({"role": "assistant", "content": blocks})
+            result.append(
+                {
+                    "role": "assistant",
+                    "content": blocks,
+                    POSTED_FORM: {"messages": [message], "blocks": len(blocks)},
+                }
+            )
             continue
         result.append(message if isinstance(message, dict) else dict(message))
     system = "\n\n".join(system_parts) if system_parts else None
@@ -254,6 +265,7 @@ def _normalize_tool(tool: object) -> dict[str, Any]:
         converted["input_schema"] = (
             dict(parameters) if isinstance(parameters, Mapping) else {"type": "object", "properties": {}}
         )
+        converted[POSTED_FORM] = dict(tool)
         return converted
     return tool if isinstance(tool, dict) else dict(tool)
 

@@ -25,7 +25,8 @@ from service.vocabulary import canonical_bytes, json_has_nul
 
 # 2: the canonical messages are not stored again when they are the snapshot's own (``messages_as_posted``).
 # 3: a system of text blocks is kept as posted (``system_blocks``).
-PREPARED_VERSION: Final = 3
+# 4: converted OpenAI messages and tools keep their posted form (``messages.POSTED_FORM``).
+PREPARED_VERSION: Final = 4
 
 # The seed of the prefix digest chain: part of every cache key, so changing it invalidates them all.
 _CHAIN_SEED: Final = b"sidequest-context-prefix-v1"

@@ -17,6 +17,7 @@ import httpx2
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from service.budget.estimate import POSTED_FORM
 from service.budget.messages import tool_result_text
 from service.providers.base import (
     CONTENT_FILTER,
@@ -225,6 +226,15 @@ def to_openai_messages(messages: list[dict[str, Any]], system: str | None) -> li
     for message in messages:
         role = message.get("role")
         content = message.get("content")
+        posted = message.get(POSTED_FORM)
+        if posted:
+            # Converted from the main session's own OpenAI messages: those, as posted; then any
+            # blocks added after them (the final turn merged into a trailing tool-result message).
+            out.extend(dict(m) for m in posted["messages"])
+            rest = content[posted["blocks"] :] if isinstance(content, list) else []
+            if rest:
+                out.extend(_user_messages(role or "user", rest))
+            continue
         if role in ("system", "tool", "developer") or "tool_calls" in message or isinstance(content, str):
             out.append(dict(message))
             continue
@@ -237,7 +247,10 @@ def to_openai_messages(messages: list[dict[str, Any]], system: str | None) -> li
 
 
 def to_openai_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """A canonical tool schema (``name``, ``description``, ``input_schema``) as an OpenAI function."""
+    """A canonical tool schema (``name``, ``description``, ``input_schema``) as an OpenAI function;
+    one converted from the main session's OpenAI tool is that tool as posted (``strict`` included)."""
+    if POSTED_FORM in tool:
+        return dict(tool[POSTED_FORM])
     if tool.get("type") == "function" and "function" in tool:
         return dict(tool)
     function: dict[str, Any] = {

@@ -17,6 +17,7 @@ from service.budget import (
     tool_result_ids,
     tool_use_ids,
 )
+from service.budget.estimate import POSTED_FORM
 
 from .strategies import transcripts
 
@@ -63,8 +64,18 @@ def test_anthropic_messages_come_back_equal_and_untouched() -> None:
     assert ANTHROPIC == original
 
 
+def _canonical(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Canonical messages or tools without the posted OpenAI form kept beside converted ones."""
+    return [{k: v for k, v in item.items() if k != POSTED_FORM} for item in items]
+
+
 def test_openai_messages_become_canonical() -> None:
-    assert normalize_messages(OPENAI) == ANTHROPIC
+    normalized = normalize_messages(OPENAI)
+    assert _canonical(normalized) == ANTHROPIC
+    # What was converted keeps what was posted: the assistant's tool calls, the two tool messages.
+    assert normalized[1][POSTED_FORM] == {"messages": [OPENAI[2]], "blocks": 3}
+    assert normalized[2][POSTED_FORM] == {"messages": OPENAI[3:5], "blocks": 2}
+    assert POSTED_FORM not in normalized[0] and POSTED_FORM not in normalized[3]
 
 
 def test_consecutive_tool_messages_become_one_user_message() -> None:
@@ -110,11 +121,12 @@ def test_snapshot_system_tools_and_numbers() -> None:
     }
     normalized = normalize_snapshot(snapshot)
     assert normalized.system == "you are main\n\nbe brief"
-    assert normalized.tools == [
+    assert _canonical(normalized.tools) == [
         {"name": "grep", "description": "search", "input_schema": {"type": "object"}},
         {"name": "read", "input_schema": {"type": "object"}},
     ]
-    assert normalized.messages == ANTHROPIC
+    assert normalized.tools[0][POSTED_FORM] == snapshot["tools"][0]
+    assert _canonical(normalized.messages) == ANTHROPIC
     assert (normalized.context_window, normalized.max_output_tokens) == (128000, 32000)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -125,6 +126,74 @@ async def test_a_system_prompt_of_blocks_reaches_anthropic_as_posted_and_openai_
     assert (await run_one(db, model_settings, provider, rid)).outcome.status == "succeeded"
     first = server.requests("answer")[-1].body["messages"][0]
     assert first == {"role": "system", "content": "You are the main agent.\nProject rules."}
+
+
+async def test_openai_style_messages_and_tools_reach_an_openai_provider_exactly_as_posted(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    """SPEC §7: the snapshot's messages and tools go first, exactly as the main session had them.
+    Outside check: a tool call's compact arguments were re-encoded ({"pattern":"foo"} → {"pattern":
+    "foo"}, 1e3 → 1000.0), content parts were joined into strings and an OpenAI tool lost "strict" —
+    the provider's prefix cache then stopped matching at the first tool call."""
+    tools: list[dict[str, Any]] = [
+        {
+            "type": "function",
+            "function": {
+                "name": "grep",
+                "description": "search",
+                "parameters": {"type": "object", "properties": {"pattern": {"type": "string"}}},
+                "strict": True,
+            },
+        }
+    ]
+    messages = [
+        {"role": "system", "content": "You are the main agent."},
+        {"role": "user", "content": "Find the bug."},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "Searching."}],
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "grep", "arguments": '{"pattern":"foo","n":1e3}'},  # compact
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "a.py:3: foo"}]},
+    ]
+    sid = await make_session(db, "parent-openai")
+    await add_snapshot(db, sid, "s1", {"tools": tools, "messages": messages})
+    rid = await admit(db, sid, "Which file?", snapshot_id="s1")
+    assert (await run_one(db, model_settings, provider, rid)).outcome.status == "succeeded"
+    body = server.requests("answer")[-1].body
+    assert body["tools"] == tools
+    assert body["messages"][:4] == messages  # the system message is the snapshot's own, then the rest
+    # The trailing tool message stays as posted; Sidequest's final turn follows it as its own message.
+    assert body["messages"][4]["role"] == "user" and "Which file?" in json.dumps(body["messages"][4])
+    assert len(body["messages"]) == 5
+
+    # The same snapshot on the Anthropic wire: canonical blocks, nothing of the posted form.
+    anthropic_settings = model_settings.model_copy(
+        update={"provider": "anthropic", "base_url": server.root_url}
+    )
+    anthropic = build_provider(anthropic_settings)
+    try:
+        rid = await admit(db, sid, "Which file, again?", snapshot_id="s1")
+        assert (await run_one(db, anthropic_settings, anthropic, rid)).outcome.status == "succeeded"
+    finally:
+        await anthropic.aclose()
+    body = server.requests("answer")[-1].body
+    assert "_sidequest_posted" not in json.dumps(body)
+    assert body["tools"] == [
+        {"name": "grep", "description": "search", "input_schema": tools[0]["function"]["parameters"]}
+    ]
+    assert body["messages"][1]["content"][1] == {
+        "type": "tool_use",
+        "id": "c1",
+        "name": "grep",
+        "input": {"pattern": "foo", "n": 1000.0},
+    }
 
 
 def fail_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
