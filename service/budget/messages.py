@@ -18,6 +18,7 @@ import json
 import json.scanner
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 from service.budget.estimate import POSTED_FORM, compact_json, estimate_message
@@ -282,9 +283,15 @@ def _tool_name(tool: object) -> object:
 def snapshot_shape_problem(snapshot: Mapping[str, Any]) -> str | None:
     """What makes a posted snapshot one no provider would take, where normalising it would lose it
     without a word, or None: a tool without a name (Anthropic's ``name``, OpenAI's ``function.name``),
-    a tool call without one (a ``tool_use`` block, an OpenAI ``tool_calls`` entry), or a content
-    block that is an object without a ``type`` (also inside a ``tool_result``). Checked when a
-    snapshot is stored, never when a stored one is read (those were accepted before the rule)."""
+    a tool call without one (a ``tool_use`` block, an OpenAI ``tool_calls`` entry), a content
+    block that is an object without a ``type`` (also inside a ``tool_result``), a message of no known
+    role or without content (unless it carries tool calls), a ``role: tool`` message without its
+    ``tool_call_id``, ``tool_calls`` that is not a list, or a ``taken_at`` that is not an ISO 8601
+    time. Checked when a snapshot is stored, never when a stored one is read (those were accepted
+    before the rule)."""
+    taken_at = snapshot.get("taken_at")
+    if taken_at is not None and not _is_timestamp(taken_at):
+        return "taken_at is not an ISO 8601 time (like 2026-11-29T10:00:00Z)"
     tools = snapshot.get("tools")
     for index, tool in enumerate(tools if isinstance(tools, list) else ()):
         if not _named(_tool_name(tool)):
@@ -294,7 +301,16 @@ def snapshot_shape_problem(snapshot: Mapping[str, Any]) -> str | None:
         if not isinstance(message, Mapping):
             continue
         where = f"messages[{index}]"
+        role = message.get("role")
+        if role not in _KNOWN_ROLES:
+            return f"{where} has no known role (user, assistant, system, developer, tool, function)"
+        if role == "tool" and not _named(message.get("tool_call_id")):
+            return f"{where} (role tool) has no tool_call_id"
         calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            return f"{where}.tool_calls is not a list"
+        if "content" not in message and not calls:
+            return f"{where} has no content"
         for at, call in enumerate(calls if isinstance(calls, list) else ()):
             function = call.get("function") if isinstance(call, Mapping) else None
             if isinstance(call, Mapping) and not (
@@ -305,6 +321,20 @@ def snapshot_shape_problem(snapshot: Mapping[str, Any]) -> str | None:
         if problem is not None:
             return problem
     return None
+
+
+# The roles a main session's transcript can hold (Anthropic's two, OpenAI's, its legacy "function").
+_KNOWN_ROLES: Final = frozenset({"user", "assistant", "system", "developer", "tool", "function"})
+
+
+def _is_timestamp(value: object) -> bool:
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value)
+    except ValueError:
+        return False
+    return True
 
 
 def _named(name: object) -> bool:

@@ -349,6 +349,16 @@ async def test_a_nameless_tool_or_a_typeless_block_is_refused_not_sent_or_droppe
                 },
             ]
         },
+        # Outside check (session 11): these were stored and sent on, for the provider to refuse.
+        "messages[1] has no known role": {"messages": [user, {"role": "wizard", "content": "x"}]},
+        "messages[1] has no content": {"messages": [user, {"role": "assistant"}]},
+        "messages[1] (role tool) has no tool_call_id": {
+            "messages": [user, {"role": "tool", "content": "result"}]
+        },
+        "messages[1].tool_calls is not a list": {
+            "messages": [user, {"role": "assistant", "content": "x", "tool_calls": "x"}]
+        },
+        "taken_at is not an ISO 8601 time": {"messages": [user], "taken_at": "yesterday"},
     }
     async with server.client() as client:
         for reason, snapshot in cases.items():
@@ -363,7 +373,12 @@ async def test_a_nameless_tool_or_a_typeless_block_is_refused_not_sent_or_droppe
                 assert error["code"] == "invalid_snapshot" and reason in error["message"], error
         # Both styles of a named tool, and typed blocks, are fine.
         fine = {
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "taken_at": "2026-11-29T10:00:00.5+01:00",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "ls"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
+            ],
             "tools": [{"name": "grep"}, {"type": "function", "function": {"name": "ls"}}],
         }
         assert (await client.put("/v1/sessions/p-shape/snapshots/s1", json=fine)).status_code == 201
