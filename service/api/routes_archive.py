@@ -109,7 +109,9 @@ async def restore_session_archive(
     body = await request.body()
     if len(body) > limit:
         raise _archive_too_large(limit)
-    archive = parse_archive(load_archive_json(body))
+    archive = parse_archive(
+        load_archive_json(body), max_question_bytes=settings_of(request).max_question_bytes
+    )
     result = await restore_archive(db, tenant, parent_id, archive, replace=mode == "replace")
     return ArchiveRestored(**result.as_json())
 

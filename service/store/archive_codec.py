@@ -184,8 +184,26 @@ def _with_repeated_ordinals(problems: list[tuple[Loc, str]], questions: object) 
     return sorted(problems, key=lambda p: p[0][1] if p[0][:1] == ("questions",) and len(p[0]) > 1 else -1)
 
 
-def parse_archive(document: object) -> Archive:
-    """Validate an archive of any version and return it as plain values.
+def _question_problems(
+    parsed: ArchiveV1 | ArchiveV2 | ArchiveV3, max_bytes: int | None
+) -> list[tuple[Loc, str]]:
+    """A question admission would refuse (SPEC §3): empty, or over the service's question limit. A
+    restore must not make history that no client could have asked."""
+    problems: list[tuple[Loc, str]] = []
+    questions: list[QuestionV1 | QuestionV2 | QuestionV3] = list(parsed.questions)
+    for index, q in enumerate(questions):
+        size = len(q.question.encode("utf-8"))
+        if size == 0:
+            problems.append((("questions", index, "question"), "is empty"))
+        elif max_bytes is not None and size > max_bytes:
+            message = f"is {size} bytes of UTF-8, over the limit of {max_bytes} a question may have"
+            problems.append((("questions", index, "question"), message))
+    return problems
+
+
+def parse_archive(document: object, *, max_question_bytes: int | None = None) -> Archive:
+    """Validate an archive of any version and return it as plain values (``max_question_bytes``:
+    the service's question limit, which a restored question keeps too).
 
     Raises :class:`ArchiveUnreadable` (400) when ``document`` is not an object with a supported
     ``version``, and :class:`ArchiveInvalid` (422) listing every problem otherwise.
@@ -204,7 +222,7 @@ def parse_archive(document: object) -> Archive:
         problems = [(e["loc"], problem_message(e)) for e in exc.errors()]
     problems = _with_repeated_ordinals(problems, document.get("questions"))
     if parsed is not None:
-        problems += _watermark_problems(parsed)
+        problems += _watermark_problems(parsed) + _question_problems(parsed, max_question_bytes)
     if problems:
         errors = [{"loc": loc_text(loc), "message": message} for loc, message in problems]
         errors = errors[:_MAX_REPORTED_ERRORS]

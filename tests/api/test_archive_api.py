@@ -89,6 +89,16 @@ async def test_history_conflict_is_409_unless_replace(server: Server) -> None:
         assert unknown_mode.status_code == 422
 
 
+def _v1(*, question: str) -> dict[str, object]:
+    return {
+        "version": 1,
+        "parent_id": "x",
+        "questions": [
+            {"ordinal": 1, "question": question, "answer": "a", "created_at": "2026-11-29T10:00:00Z"}
+        ],
+    }
+
+
 async def test_malformed_archives_get_400_or_422_and_nothing_is_written(server: Server) -> None:
     v3 = json.loads(fixture_bytes("v3.json"))
     v3["questions"][1]["ordinal"] = 1
@@ -99,6 +109,9 @@ async def test_malformed_archives_get_400_or_422_and_nothing_is_written(server: 
         (b'{"version": 9, "parent_id": "x", "questions": []}', 400),
         (json.dumps(v3).encode(), 422),
         (b'{"version": 2, "parent_id": "x", "questions": [{"ordinal": 1}]}', 422),
+        # Outside check: questions admission refuses were restored (empty, over the 64 KiB limit).
+        (json.dumps(_v1(question="")).encode(), 422),
+        (json.dumps(_v1(question="é" * 32769)).encode(), 422),
     ]
     async with server.client() as client:
         for body, status in cases:
