@@ -21,6 +21,7 @@ from service.api import (
     routes_session_list,
     routes_sessions,
 )
+from service.api.deps import TokenFirst
 from service.api.errors import (
     UNAVAILABLE_RETRY_AFTER_S,
     error_body,
@@ -200,6 +201,8 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     app.add_middleware(
         BodyLimit, limit=settings.max_snapshot_bytes + settings.max_question_bytes + BODY_SLACK_BYTES
     )
+    # Outermost of ours (inside CORS): no token, no answer about the input.
+    app.add_middleware(TokenFirst, settings=settings)
     origins = settings.cors_origin_list()
     if origins:
         app.add_middleware(

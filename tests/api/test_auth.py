@@ -70,6 +70,19 @@ async def test_without_a_valid_token_every_v1_route_is_401(auth_server: Server) 
                 assert response.headers["www-authenticate"] == "Bearer"
             for path in ("/healthz", "/readyz", "/metrics"):
                 assert (await anonymous.get(path)).status_code == 200
+            # Outside check: what is wrong with the input was said before the token was asked for
+            # (400 for a bad body, 404 for a bad id, 422 for a bad path or query).
+            for method, path, content in (
+                ("POST", f"/v1/sessions/{parent}/questions", b"{not json"),
+                ("GET", "/v1/questions/not-a-uuid/events", b""),
+                ("GET", "/v1/sessions/a%FFb", b""),
+                ("GET", f"/v1/sessions/{parent}/questions?limit=0", b""),
+                ("POST", "/v1/nowhere", b""),
+            ):
+                response = await anonymous.request(
+                    method, path, content=content, headers={"content-type": "application/json"}
+                )
+                assert response.status_code == 401, (method, path, response.text)
 
 
 async def test_stream_token_opens_its_stream_only(auth_server: Server, db: Database) -> None:
