@@ -262,10 +262,15 @@ async def _make(
 ) -> ContextCompaction:
     snapshot = prepared.snapshot
     assert snapshot is not None
+    before = runner.attempts_made
     try:
         result = await compact_snapshot(
             runner, prepared.claimed.snapshot_id, snapshot, cut, cache, prepared.context_time
         )
+    except BaseException:
+        if rt.info.context_summary is not None:  # a failed compaction's record counts its calls too
+            rt.info.context_summary.calls += runner.attempts_made - before
+        raise
     finally:
         rt.sync_calls()
     if result.new_entry is not None:

@@ -189,6 +189,8 @@ async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runne
         folded = await fold_qa(runner, plan.qa, plan.fold_batches, context_time)
     finally:
         plan.calls += runner.attempts_made - before
+        if rt.info.qa_summary is not None:  # a failed fold's record counts its calls too
+            rt.info.qa_summary.calls = plan.calls
         rt.sync_calls()
     if folded is not None and folded is not plan.qa:
         async with rt.db.connection() as conn:

@@ -297,8 +297,25 @@ async def test_summary_failure_fails_the_request_with_its_code(
     assert ran.types()[-2:] == ["status", "error"] and ran.events[-2].data["stage"] == "organizing_history"
     assert server.requests("answer") == []
     assert [c["purpose"] for c in ran.row.usage["calls"]] == ["qa_summary", "qa_summary"]
+    # Outside check: the failed summary's own count read 0 beside summary_calls 2.
+    assert ran.row.context_info["qa_summary"]["calls"] == ran.row.context_info["summary_calls"] == 2
     async with db.sessions() as session:
         assert (await memory.load_memory(session, sid))["qa_summary"] is None
+
+
+async def test_a_failed_compaction_counts_its_calls_in_its_record(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    sid = await make_session(db)
+    await add_snapshot(db, sid, "big", _big_snapshot(40, 3000))
+    options = {"context_window": 32000, "max_output_tokens": 1024}
+    rid = await admit(db, sid, "what is the state?", snapshot_id="big", options=options)
+    server.set_default("context_summary", Step.invalid_summary())
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.error is not None and ran.row.error["code"] == "summary_invalid"
+    made = len(server.requests("context_summary"))
+    assert made >= 2
+    assert ran.row.context_info["context_summary"]["calls"] == ran.row.context_info["summary_calls"] == made
 
 
 async def test_summary_call_cap_fails_before_spending_calls(
