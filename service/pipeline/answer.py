@@ -16,7 +16,7 @@ from service.pipeline.failures import PipelineFailure, RequestLost
 from service.pipeline.history import HistoryPlan, next_fold, qa_group_tokens
 from service.pipeline.prepare import Prepared
 from service.pipeline.runtime import RequestRuntime, cancelled
-from service.providers.base import ContextOverflow, ProviderCall
+from service.providers.base import ContextOverflow, ProviderCall, ProviderError
 from service.providers.calling import CallResult, run_call
 from service.store import terminal
 from service.store.calibration import Sample
@@ -142,10 +142,14 @@ async def answer(
             await rt.progress(vocabulary.overflow_retry(estimate_after=shrunk.estimate.total, retry=1))
             request = shrunk
             result = await _call(rt, prepared, request, deltas)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(RequestLost):  # lost meanwhile: the held call is still written
             await deltas.abort() if cancelled() else await deltas.close()
         await rt.recorder.write_held()
+        failed_tokens = exc.reported_prompt_tokens if isinstance(exc, ProviderError) else None
+        if failed_tokens is not None and not isinstance(exc, ContextOverflow):
+            # A failed answer call that reported its prompt tokens is a sample too (SPEC §5.1).
+            await rt.book.sample(prepared.models.answer, request.estimate.total, failed_tokens)
         raise
     finally:
         rt.recorder.before_usage = None

@@ -130,6 +130,13 @@ class ProviderError(Exception):
         self.usage = usage
         self.after_output = False
 
+    @property
+    def reported_prompt_tokens(self) -> int | None:
+        """The prompt tokens the provider reported before it failed, else None: SPEC §5.1 makes every
+        call whose usage reports them a calibration sample, a failed one too."""
+        usage = self.usage
+        return usage.input_tokens if usage is not None and usage.reported and usage.input_tokens > 0 else None
+
     def to_error(self) -> dict[str, Any]:
         """SPEC §8's error object of a side request this failure ended (detail: status, message)."""
         return {

@@ -33,7 +33,7 @@ from service.budget import (
     summary_capacity,
     summary_output_caps,
 )
-from service.providers.base import ContextOverflow, Provider, ProviderCall, Purpose
+from service.providers.base import ContextOverflow, Provider, ProviderCall, ProviderError, Purpose
 from service.providers.calling import CallRecorder, CallResult, run_call
 from service.summary.document import (
     SummaryDocument,
@@ -349,6 +349,12 @@ class SummaryCaller:
         except ContextOverflow as exc:
             if exc.prompt_tokens is not None:
                 await self._sample(prompt_estimate(prompt.system, prompt.messages), exc.prompt_tokens)
+            raise
+        except ProviderError as exc:
+            if exc.reported_prompt_tokens is not None:  # a failed call that reported usage (§5.1)
+                await self._sample(
+                    prompt_estimate(prompt.system, prompt.messages), exc.reported_prompt_tokens
+                )
             raise
         if result.usage.reported:
             await self._sample(prompt_estimate(prompt.system, prompt.messages), result.usage.input_tokens)

@@ -230,6 +230,22 @@ async def test_unreported_usage_adds_no_sample(
     assert rows == 0
 
 
+async def test_a_failed_call_that_reported_its_prompt_tokens_is_a_sample(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    """SPEC §5.1: every call whose usage reports prompt tokens adds a sample. Outside check: a broken
+    answer stream that had reported 222 prompt tokens added none."""
+    from tests.scripted_provider import Step, Usage
+
+    server.script("answer", Step.error_after_partial("half an ans", usage=Usage(222, 2)))
+    sid = await make_session(db, "broken")
+    ran = await run_one(db, model_settings, provider, await admit(db, sid, "q?"))
+    assert ran.row.error is not None and ran.row.error["code"] == "provider_error"
+    stored = await counters(db)
+    assert stored.samples == 1 and stored.provider_sum == 222
+    assert stored.estimate_sum == ran.row.context_info["estimate"]["total"]
+
+
 async def test_ratio_is_clamped_at_2(
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
