@@ -151,7 +151,13 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = "not found"
     if code == "bad_request" and "parsing the body" in message:
         # FastAPI's answer to a body it cannot decode (e.g. invalid UTF-8).
-        code, message = "malformed_json", "the request body could not be parsed as UTF-8 JSON"
+        code, message = (
+            "malformed_json",
+            (
+                "the request body is not JSON this service reads: not UTF-8, not well formed, nested too"
+                " deeply, or holding a number of more than 4300 digits"
+            ),
+        )
     return error_response(ApiError(exc.status_code, code, message, headers=headers))
 
 
