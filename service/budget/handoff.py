@@ -169,6 +169,8 @@ def item_header(item: HandoffItem) -> str:
             snapshot += f" taken {_label(item.snapshot_time)}"
         elif item.snapshot_stored:  # SPEC 11.1: (snapshot_id, time) — no taken_at, so when it came
             snapshot += f" received {_label(item.snapshot_stored)}"
+        else:  # not stored here (restored history): its time is not known, and the block says so
+            snapshot += ", time unknown"
         facts.append(snapshot)
     else:
         facts.append("no snapshot: from earlier side answers only")

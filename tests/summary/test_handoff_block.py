@@ -20,6 +20,7 @@ from service.budget.handoff import (
     build_handoff,
     cut_utf8,
     estimate_handoff,
+    item_header,
     omitted_line,
     ordinal_runs,
     unframed,
@@ -418,3 +419,13 @@ def test_many_pinned_qa_fill_the_block_and_the_newest_is_cut_least(pins: range, 
     # The pinned ones left out are the oldest (an older unpinned one goes before any of them).
     left_out_pinned = [o for o in block.omitted_ordinals if o in pins]
     assert left_out_pinned == [o for o in pins if o < min(carried_pinned)]
+
+
+def test_a_snapshot_not_stored_here_is_named_with_its_time_unknown() -> None:
+    """SPEC §11.1: each answer's snapshot (id, time). A restored request's snapshot may not be stored:
+    the block said "snapshot snapA" and nothing of when (outside check)."""
+    restored = HandoffItem(1, "Q?", "A.", "2026-11-29T10:00:00Z", "snapA", None, False)
+    assert (
+        item_header(restored)
+        == "--- Side question #1 (asked 2026-11-29T10:00:00Z, snapshot snapA, time unknown)"
+    )
