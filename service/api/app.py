@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import (
@@ -24,7 +25,9 @@ from service.api import (
 from service.api.deps import TokenFirst
 from service.api.errors import (
     UNAVAILABLE_RETRY_AFTER_S,
+    ApiError,
     error_body,
+    error_response,
     install_error_handlers,
     service_unavailable,
 )
@@ -151,6 +154,20 @@ def _add_storable_json_components(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+class SpecErrorCors(CORSMiddleware):
+    """Starlette's CORS, but a refused preflight gets SPEC's error body (it answered plain text)."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        reason = bytes(response.body).decode("utf-8", "replace")  # "Disallowed CORS origin, method"
+        headers = {
+            k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")
+        }
+        return error_response(ApiError(400, "bad_request", f"preflight refused: {reason}", headers=headers))
+
+
 def create_app(settings: Settings, database_url: str) -> FastAPI:
     """Build the app. The worker is not part of it: ``sidequest serve`` adds one (``service.serve``)."""
 
@@ -206,7 +223,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     origins = settings.cors_origin_list()
     if origins:
         app.add_middleware(
-            CORSMiddleware,
+            SpecErrorCors,
             allow_origins=origins,
             allow_methods=["GET", "POST", "PUT", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],

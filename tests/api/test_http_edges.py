@@ -27,6 +27,13 @@ async def test_cors_only_when_origins_are_configured(start_server: StartServer, 
         assert {"location", "retry-after"} <= exposed
         stranger = await client.get("/healthz", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in stranger.headers
+        # A refused preflight answers with SPEC's error body (outside check: Starlette's plain text).
+        refused = await client.options(
+            "/v1/sessions/p/questions", headers={**preflight_headers, "Origin": "https://evil.example"}
+        )
+        assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+        error = refused.json()["error"]
+        assert error["code"] == "bad_request" and "origin" in error["message"] and error["detail"] == {}
     async with server.client() as client:
         plain = await client.get("/healthz", headers={"Origin": "https://ui.example"})
         assert "access-control-allow-origin" not in plain.headers
