@@ -19,10 +19,11 @@ import json
 import uuid
 from typing import Any
 
+import pytest
 from sqlalchemy import select, text, update
 
 from service.config import Settings
-from service.store.db import Database
+from service.store.db import Database, DatabaseUnavailable
 from service.store.events import append_event
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.vocabulary import QUEUE_CHANNEL
@@ -149,3 +150,19 @@ async def merge_session_settings(session: Any, session_id: uuid.UUID, fields: di
         .where(SessionRow.id == session_id)
         .values(settings=SessionRow.settings.op("||")(fields))
     )
+
+
+def fail_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
+    """Make the coroutine function ``owner.name`` raise DatabaseUnavailable (a dropped connection) on
+    its first call and run as itself after; the returned list gets an entry when it failed."""
+    real = getattr(owner, name)
+    failed: list[int] = []
+
+    async def once(*args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(1)
+            raise DatabaseUnavailable("connection dropped")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, once)
+    return failed

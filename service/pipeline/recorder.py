@@ -11,8 +11,27 @@ from service.providers.base import CallUsage
 from service.store import jobs, ledger
 from service.store.db import Database, is_unavailable
 
-# Between the tries of a ledger write while the database is unavailable (then one last try).
-LEDGER_RETRY_WAITS_S: tuple[float, ...] = (0.2, 1.0, 2.0)
+# Between the tries of a ledger write while the database is unavailable (then one last try): about
+# half a minute in all, so a restart or a failover does not lose a call's tokens (an outside check saw
+# a ~3 s budget lose them). Tries are safe to repeat: an entry already recorded (its call_id) adds
+# nothing.
+LEDGER_RETRY_WAITS_S: tuple[float, ...] = (0.2, 1.0, 2.0, 4.0, 8.0, 15.0)
+
+
+async def write_retrying(write: Callable[[], Awaitable[None]]) -> None:
+    """``write()``, tried again over a fresh connection while the database is unavailable (a pooled
+    connection dropped by a restart fails its first use) — not while the task is being cancelled (a
+    shutdown or a cancel waits for this write; one try is what it gets then)."""
+    for wait_s in (*LEDGER_RETRY_WAITS_S, None):
+        try:
+            await write()
+            return
+        except Exception as exc:
+            task = asyncio.current_task()
+            if wait_s is None or not is_unavailable(exc) or (task is not None and task.cancelling()):
+                raise
+        await asyncio.sleep(wait_s)
+
 
 T = TypeVar("T")
 
@@ -111,8 +130,11 @@ class JobRecorder:
         await self._starts.add(None)
 
     async def _append(self, entries: list[ledger.CallEntry]) -> None:
-        async with self._db.connection() as conn:
-            await ledger.append_calls(conn, self._job_id, entries, job=True)
+        async def write() -> None:
+            async with self._db.connection() as conn:
+                await ledger.append_calls(conn, self._job_id, entries, job=True)
+
+        await write_retrying(write)
 
     async def _count(self, attempts: list[None]) -> None:
         async with self._db.connection() as conn:
@@ -161,21 +183,14 @@ class LedgerRecorder:
         self.calls += 1
 
     async def _write(self, entry: ledger.CallEntry) -> None:
-        """The ledger entry and its usage event, tried again over a fresh connection while the
-        database is unavailable (a pooled connection dropped by a restart fails its first use):
-        tokens were spent, and the ledger is what SPEC §9 keeps when the request is run again."""
-        for wait_s in (*LEDGER_RETRY_WAITS_S, None):
-            try:
-                async with self._db.sessions() as session:
-                    await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
-                return
-            except Exception as exc:
-                task = asyncio.current_task()
-                # Not while the task is being cancelled (a shutdown, a cancel): it waits for this
-                # write, and one try is what it gets then.
-                if wait_s is None or not is_unavailable(exc) or (task is not None and task.cancelling()):
-                    raise
-            await asyncio.sleep(wait_s)
+        """The ledger entry and its usage event (:func:`write_retrying`): tokens were spent, and the
+        ledger is what SPEC §9 keeps when the request is run again."""
+
+        async def write() -> None:
+            async with self._db.sessions() as session:
+                await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
+
+        await write_retrying(write)
 
     def take_held(self) -> ledger.CallEntry | None:
         """The held call, now the caller's to write."""

@@ -14,7 +14,7 @@ from service.providers import build_provider
 from service.providers.base import Provider
 from service.store import ledger, terminal
 from service.store.db import Database, DatabaseUnavailable
-from tests.factories import add_history, add_snapshot, admit, make_session
+from tests.factories import add_history, add_snapshot, admit, fail_once, make_session
 from tests.pipeline.conftest import run_one
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
@@ -194,22 +194,6 @@ async def test_openai_style_messages_and_tools_reach_an_openai_provider_exactly_
         "name": "grep",
         "input": {"pattern": "foo", "n": 1000.0},
     }
-
-
-def fail_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
-    """Make the coroutine function ``owner.name`` raise DatabaseUnavailable (a dropped connection) on
-    its first call and run as itself after; the returned list gets an entry when it failed."""
-    real = getattr(owner, name)
-    failed: list[int] = []
-
-    async def once(*args: Any, **kwargs: Any) -> Any:
-        if not failed:
-            failed.append(1)
-            raise DatabaseUnavailable("connection dropped")
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, once)
-    return failed
 
 
 async def test_an_answer_whose_success_the_database_refused_keeps_its_call_in_the_ledger(

@@ -22,7 +22,7 @@ from service.store import jobs, ledger
 from service.store.db import Database
 from service.store.events import session_events_after
 from service.vocabulary import JobKind, Status
-from tests.factories import add_snapshot, make_session
+from tests.factories import add_snapshot, fail_once, make_session
 
 _CLEAR_VERSION = text("SELECT clear_version FROM side_question_sessions WHERE id = :s")
 
@@ -276,3 +276,19 @@ async def test_a_job_call_appended_twice_is_recorded_once(db: Database, running_
         async with db.connection() as conn:
             usage = await ledger.append_calls(conn, running_job, [entry], job=True)
     assert [c["call_id"] for c in usage["calls"]] == [entry.call_id] and usage["input_tokens"] == 40
+
+
+async def test_a_job_call_is_recorded_across_a_dropped_connection(
+    db: Database, running_job: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside check: a job's call that ended while the database was away lost its tokens (a
+    request's ledger write was tried again, a job's was not)."""
+    from service.providers.base import CallUsage
+
+    failed = fail_once(monkeypatch, ledger, "append_calls")
+    recorder = JobRecorder(db, running_job)
+    usage = CallUsage(reported=True, input_tokens=7, output_tokens=1)
+    await recorder.record_call(purpose="qa_summary", model="m", status="ok", usage=usage)
+    assert failed == [1]
+    stored = await _sql(db, "SELECT usage::text FROM side_question_jobs WHERE id = :id", id=running_job)
+    assert '"input_tokens": 7' in stored
