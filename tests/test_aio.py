@@ -126,10 +126,11 @@ async def test_a_worker_loop_logs_the_database_being_away_as_one_line_now_and_th
 ) -> None:
     """Outside check: each worker loop logged a ~65-line traceback a second while PostgreSQL was
     stopped. A bug still gets its traceback."""
+    from service.store import db
     from service.store.db import DatabaseUnavailable
     from service.worker import runner
 
-    runner._outage_logged.clear()
+    db._outage_logged.clear()
     caplog.set_level(logging.WARNING, logger=runner.log.name)
     for _ in range(5):
         try:
@@ -145,3 +146,29 @@ async def test_a_worker_loop_logs_the_database_being_away_as_one_line_now_and_th
         runner.log_loop_failure("recovery sweep failed")
     bug = [r for r in caplog.records if r.message == "recovery sweep failed"]
     assert len(bug) == 1 and bug[0].levelno == logging.ERROR and bug[0].exc_info is not None
+
+
+def test_the_drivers_own_retries_log_one_line_now_and_then_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Outside check: asyncpg's pool logged "Failed to restore the pool connection floor" with a
+    ~20-line traceback on every try of an outage; the LISTEN loss once per reconnect try."""
+    from service.store import db
+
+    db._outage_logged.clear()
+    db.quiet_driver_outages()
+    pool_log = logging.getLogger("asyncpg.pool")
+    caplog.set_level(logging.WARNING, logger="asyncpg.pool")
+    for _ in range(4):
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except ConnectionRefusedError:
+            pool_log.warning("Failed to restore the pool connection floor; retrying", exc_info=True)
+    lines = [r for r in caplog.records if r.name == "asyncpg.pool"]
+    assert len(lines) == 1 and lines[0].exc_info is None
+    assert "the database is unavailable" in lines[0].getMessage()
+    try:
+        raise KeyError("a bug")
+    except KeyError:
+        pool_log.warning("something else broke", exc_info=True)
+    assert caplog.records[-1].exc_info is not None  # anything else keeps its traceback

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sysconfig
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -142,6 +144,47 @@ def unusable_reason(exc: BaseException) -> str | None:
     return str(exc) or "the database did not answer in time"
 
 
+# While the database is away, a loop (or a driver's own retry) says so once in this many seconds, in
+# one line — not a traceback per try (an outside check counted 3600 lines in a 15 s outage).
+OUTAGE_LOG_EVERY_S: Final = 30.0
+_outage_logged: dict[str, float] = {}
+
+
+def outage_line_due(what: str) -> bool:
+    """Whether the one line about ``what`` failing for want of the database is due now (then it is
+    counted as said): once per :data:`OUTAGE_LOG_EVERY_S` for each ``what``."""
+    now = time.monotonic()
+    if now - _outage_logged.get(what, -OUTAGE_LOG_EVERY_S) < OUTAGE_LOG_EVERY_S:
+        return False
+    _outage_logged[what] = now
+    return True
+
+
+class QuietOutages(logging.Filter):
+    """For asyncpg's pool: it logs "Failed to restore the pool connection floor; retrying" with a
+    traceback on every try while PostgreSQL is away. Such a record becomes one line per
+    :data:`OUTAGE_LOG_EVERY_S`, without the traceback; any other record passes as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or not is_unavailable(exc):
+            return True
+        if not outage_line_due(f"{record.name}: {record.msg}"):
+            return False
+        record.msg = f"{record.getMessage()} (the database is unavailable: {unusable_reason(exc) or exc})"
+        record.args = ()
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+def quiet_driver_outages() -> None:
+    """Install :class:`QuietOutages` on asyncpg's pool logger (once)."""
+    pool_log = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(f, QuietOutages) for f in pool_log.filters):
+        pool_log.addFilter(QuietOutages())
+
+
 def shown_url(url: str) -> str:
     """A database URL fit for a message: its password hidden."""
     try:
@@ -186,6 +229,7 @@ class Database:
 
     def __post_init__(self) -> None:
         self.admissions = AdmissionBatcher(self.raw_pool, is_unavailable)
+        quiet_driver_outages()
 
     async def raw_pool(self) -> asyncpg.Pool:
         """The plain asyncpg pool (created on first use); jsonb decodes to Python objects."""

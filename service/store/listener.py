@@ -24,7 +24,7 @@ from collections.abc import Callable
 import asyncpg
 
 from service.aio import wait_event
-from service.store.db import plain_dsn
+from service.store.db import is_unavailable, outage_line_due, plain_dsn
 from service.vocabulary import ALL_CHANNELS, CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,8 @@ class Listener:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("LISTEN connection lost (%s); reconnecting", exc)
+                if not is_unavailable(exc) or outage_line_due("LISTEN"):  # not once per reconnect try
+                    log.warning("LISTEN connection lost (%s); reconnecting", exc)
             finally:
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(Exception):

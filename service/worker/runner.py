@@ -40,7 +40,7 @@ from service.providers import build_provider
 from service.providers.base import Provider
 from service.store import jobs, lease, queue, terminal
 from service.store.admission import purge_cleared
-from service.store.db import Database, is_unavailable, unusable_reason
+from service.store.db import Database, is_unavailable, outage_line_due, unusable_reason
 from service.store.listener import WORKER_CHANNELS, Listener
 from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status
 
@@ -65,22 +65,14 @@ class _Work(Protocol):
 W = TypeVar("W", bound=_Work)
 
 
-# While the database is away, each loop says so once in this many seconds, in one line (not a
-# traceback a second per loop: an outside check counted 3600 lines in a 15 s outage).
-OUTAGE_LOG_EVERY_S = 30.0
-_outage_logged: dict[str, float] = {}
-
-
 def log_loop_failure(what: str) -> None:
     """Log the exception being handled by a worker loop: a bug with its traceback, the database
-    being unavailable as one warning line per ``what`` per :data:`OUTAGE_LOG_EVERY_S`."""
+    being unavailable as one warning line per ``what`` now and then (:func:`outage_line_due`)."""
     exc = sys.exc_info()[1]
     if exc is None or not is_unavailable(exc):
         log.exception("%s", what)
         return
-    now = asyncio.get_running_loop().time()
-    if now - _outage_logged.get(what, -OUTAGE_LOG_EVERY_S) >= OUTAGE_LOG_EVERY_S:
-        _outage_logged[what] = now
+    if outage_line_due(what):
         log.warning("%s: the database is unavailable (%s); retrying", what, unusable_reason(exc) or exc)
 
 
