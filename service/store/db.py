@@ -358,10 +358,21 @@ def head_revision() -> str:
     return head
 
 
+# A readiness probe answers within this (a database that accepts connections but never answers — a
+# frozen or overloaded server — is not ready; an outside check saw /readyz take 12 s to say so).
+READINESS_TIMEOUT_S: Final = 3.0
+
+
 async def readiness(db: Database) -> tuple[str | None, bool]:
     """``(revision, accepts writes)`` on one connection: the schema's revision (None when never
     migrated) and whether a transaction opened now could write — false on a standby (or a primary
-    demoted in a failover) and while ``default_transaction_read_only`` is on."""
+    demoted in a failover) and while ``default_transaction_read_only`` is on. ``TimeoutError``
+    after :data:`READINESS_TIMEOUT_S`."""
+    async with asyncio.timeout(READINESS_TIMEOUT_S):
+        return await _readiness(db)
+
+
+async def _readiness(db: Database) -> tuple[str | None, bool]:
     async with db.engine.connect() as conn:
         row = (
             await conn.execute(

@@ -142,3 +142,20 @@ async def test_every_connection_of_the_service_takes_a_dsn_with_libpq_parameters
             assert await conn.fetchval("SELECT current_setting('application_name')") == "sq-check"
     finally:
         await db.dispose()
+
+
+async def test_readiness_gives_up_after_its_own_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside check: with PostgreSQL frozen (SIGSTOP) /readyz took 12 s to answer 503; a probe must
+    hear "not ready" within its own deadline."""
+    import asyncio
+
+    from service.store import db as db_module
+
+    async def never(_db: object) -> tuple[str | None, bool]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(db_module, "_readiness", never)
+    monkeypatch.setattr(db_module, "READINESS_TIMEOUT_S", 0.05)
+    with pytest.raises(TimeoutError):
+        await db_module.readiness(object())  # type: ignore[arg-type]
