@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
+from service.budget.handoff import HANDOFF_MAX_TOKENS, HANDOFF_MIN_TOKENS
 from service.config import Settings, SettingsError, load_settings
 
 log = logging.getLogger("sidequest")
@@ -173,26 +174,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _port(value: str) -> int:
-    """``--port``: a TCP port, 1–65535, refused by argparse (exit 2) before anything starts."""
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port from 1 to 65535, not {port}")
-    return port
+def _int_in(low: int, high: int, what: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high``, refused (exit 2) before anything starts."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"must be {what}from {low} to {high}, not {number}")
+        return number
+
+    return parse
 
 
-def _handoff_tokens(value: str) -> int:
-    """``--max-tokens``: an integer in 256–32768, refused by argparse (exit 2) otherwise."""
-    try:
-        tokens = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if not 256 <= tokens <= 32768:
-        raise argparse.ArgumentTypeError(f"must be from 256 to 32768, not {tokens}")
-    return tokens
+_port = _int_in(1, 65535, "a TCP port ")  # ``--port`` (70000 would listen on 4464)
+_handoff_tokens = _int_in(HANDOFF_MIN_TOKENS, HANDOFF_MAX_TOKENS)  # ``--max-tokens`` of a hand-off
 
 
 def _provider_problem(settings: Settings) -> str | None:

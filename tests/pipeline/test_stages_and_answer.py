@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -99,6 +100,20 @@ async def test_success_walks_the_stages_and_ends_with_done(
     assert "Which file is flaky?" in str(sent.body["messages"][-1])
 
 
+async def succeed_on_anthropic(
+    db: Database, settings: Settings, server: ScriptedServer, sid: uuid.UUID, question: str
+) -> None:
+    """Ask ``question`` on snapshot ``s1`` of session ``sid`` through the Anthropic wire (the scripted
+    server's /v1/messages) and run it to success."""
+    anthropic_settings = settings.model_copy(update={"provider": "anthropic", "base_url": server.root_url})
+    anthropic = build_provider(anthropic_settings)
+    try:
+        rid = await admit(db, sid, question, snapshot_id="s1")
+        assert (await run_one(db, anthropic_settings, anthropic, rid)).outcome.status == "succeeded"
+    finally:
+        await anthropic.aclose()
+
+
 async def test_a_system_prompt_of_blocks_reaches_anthropic_as_posted_and_openai_as_its_text(
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
@@ -111,15 +126,7 @@ async def test_a_system_prompt_of_blocks_reaches_anthropic_as_posted_and_openai_
     ]
     sid = await make_session(db, "parent-blocks")
     await add_snapshot(db, sid, "s1", {**SNAPSHOT, "system": blocks})
-    anthropic_settings = model_settings.model_copy(
-        update={"provider": "anthropic", "base_url": server.root_url}
-    )
-    anthropic = build_provider(anthropic_settings)
-    try:
-        rid = await admit(db, sid, "Which file?", snapshot_id="s1")
-        assert (await run_one(db, anthropic_settings, anthropic, rid)).outcome.status == "succeeded"
-    finally:
-        await anthropic.aclose()
+    await succeed_on_anthropic(db, model_settings, server, sid, "Which file?")
     assert server.requests("answer")[-1].body["system"] == blocks
 
     rid = await admit(db, sid, "Which file, again?", snapshot_id="s1")
@@ -174,15 +181,7 @@ async def test_openai_style_messages_and_tools_reach_an_openai_provider_exactly_
     assert len(body["messages"]) == 5
 
     # The same snapshot on the Anthropic wire: canonical blocks, nothing of the posted form.
-    anthropic_settings = model_settings.model_copy(
-        update={"provider": "anthropic", "base_url": server.root_url}
-    )
-    anthropic = build_provider(anthropic_settings)
-    try:
-        rid = await admit(db, sid, "Which file, again?", snapshot_id="s1")
-        assert (await run_one(db, anthropic_settings, anthropic, rid)).outcome.status == "succeeded"
-    finally:
-        await anthropic.aclose()
+    await succeed_on_anthropic(db, model_settings, server, sid, "Which file, again?")
     body = server.requests("answer")[-1].body
     assert "_sidequest_posted" not in json.dumps(body)
     assert body["tools"] == [
