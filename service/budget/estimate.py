@@ -197,14 +197,13 @@ def estimate_tools(tools: Sequence[Mapping[str, Any]]) -> int:
     """Estimated tokens of the tool schemas: their compact JSON (0 when there are none)."""
     if not tools:
         return 0
-    return estimate_text(compact_json([_as_sent(tool) for tool in tools]))
+    return estimate_text(compact_json([without_posted_form(tool) for tool in tools]))
 
 
-def _as_sent(tool: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A tool schema without what only Sidequest keeps beside it (:data:`POSTED_FORM`)."""
-    if POSTED_FORM not in tool:
-        return tool
-    return {k: v for k, v in tool.items() if k != POSTED_FORM}
+def without_posted_form(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A message or tool schema without what only Sidequest keeps beside it (:data:`POSTED_FORM`):
+    what the estimate counts and what a wire that does not use the posted form is sent."""
+    return {k: v for k, v in item.items() if k != POSTED_FORM}
 
 
 @dataclass(frozen=True)

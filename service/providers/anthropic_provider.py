@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx2
 
-from service.budget.estimate import POSTED_FORM
+from service.budget.estimate import without_posted_form
 from service.providers.base import (
     CONTENT_FILTER,
     LENGTH,
@@ -90,7 +90,7 @@ class AnthropicProvider:
             "model": call.model or self.default_model,
             "max_tokens": call.max_output_tokens,
             # What Sidequest keeps beside a converted OpenAI message is not Anthropic's to see.
-            "messages": [{k: v for k, v in m.items() if k != POSTED_FORM} for m in call.messages],
+            "messages": [without_posted_form(message) for message in call.messages],
             "stream": True,
         }
         if call.system_blocks:  # as the main session sent them, cache_control breakpoints included
@@ -193,7 +193,7 @@ def to_anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
         if function.get("description"):
             converted["description"] = function["description"]
         return converted
-    converted = {k: v for k, v in tool.items() if k != POSTED_FORM}
+    converted = without_posted_form(tool)
     if tool.get("type") not in (None, "custom"):
         # A server or versioned tool ({"type": "web_search_20250305", "name": …}): Anthropic defines
         # its schema itself and refuses an input_schema on it; it goes as the main session sent it.

@@ -17,7 +17,7 @@ from service.budget import (
     tool_result_ids,
     tool_use_ids,
 )
-from service.budget.estimate import POSTED_FORM
+from service.budget.estimate import POSTED_FORM, without_posted_form
 
 from .strategies import transcripts
 
@@ -66,7 +66,7 @@ def test_anthropic_messages_come_back_equal_and_untouched() -> None:
 
 def _canonical(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Canonical messages or tools without the posted OpenAI form kept beside converted ones."""
-    return [{k: v for k, v in item.items() if k != POSTED_FORM} for item in items]
+    return [without_posted_form(item) for item in items]
 
 
 def test_openai_messages_become_canonical() -> None:
