@@ -3,6 +3,8 @@ and fitting — for any history and any max_tokens the estimate fits and the tex
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -400,14 +402,16 @@ def _answer_bytes(block_text: str) -> dict[int, int]:
 
 
 @pytest.mark.parametrize(
-    ("pins", "max_tokens"), [(range(1, 26), 1500), (range(1, 26), 2500), ((1, 2, 3), 800)]
+    ("pins", "n", "max_tokens"),
+    [(range(1, 26), 26, 1500), (range(1, 26), 26, 2500), ((1, 2, 3), 5, 800)],
 )
-def test_many_pinned_qa_fill_the_block_and_the_newest_is_cut_least(pins: range, max_tokens: int) -> None:
+def test_many_pinned_qa_fill_the_block_and_the_newest_is_cut_least(
+    pins: Sequence[int], n: int, max_tokens: int
+) -> None:
     """Outside check: with #1–#25 pinned a 1500-token hand-off carried only the newest (every pinned
     answer was cut to nothing, then left out), using 335 tokens; and the newest was cut shorter than a
     pinned one, or a pinned one carried as a bare stub. Now pinned Q&A are left out whole, oldest
     first, once their answers are down to a few lines, before the newest gives way further."""
-    n = max(pins) + 1 if max(pins) > 3 else 5
     items = [item(o, f"answer {o} " + "word " * 200, pinned=o in pins) for o in range(1, n + 1)]
     block = build_handoff(items, None, max_tokens)
     assert block is not None
