@@ -37,9 +37,8 @@ from service.api.routes_common import errors
 from service.api.sse import EventHub
 from service.api.stream_tokens import StreamTokens, stream_secret
 from service.api.strict_input import StrictJsonBodies, Utf8Paths
+from service.archive.schema import OPENAPI_REFS, storable_json_defs
 from service.config import Settings
-from service.store.archive_fields import OPENAPI_REFS
-from service.store.archive_schema import storable_json_defs
 from service.store.db import Database, connect, head_revision, readiness
 from service.store.listener import Listener
 

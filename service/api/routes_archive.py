@@ -1,8 +1,8 @@
 """Archive routes (SPEC §10): ``GET`` exports a session's history, ``POST`` restores one.
 
-Thin on purpose: validation and every SQL statement live in :mod:`service.store.archive`; its refusals
-are :class:`~service.errors.SidequestError` s, which the one handler answers; this module documents the
-routes for ``/openapi.json``.
+Thin on purpose: the format lives in :mod:`service.archive`, every SQL statement in
+:mod:`service.store.archive`; their refusals are :class:`~service.errors.SidequestError` s, which the
+one handler answers; this module documents the routes for ``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ from service.api.deps import DbSession, Tenant, settings_of
 from service.api.errors import ApiError, undeclared_json
 from service.api.routes_common import ParentId
 from service.api.schemas import ErrorBody
-from service.store.archive import (
-    ARCHIVE_VERSIONS,
-    archive_json_schema,
-    export_archive,
-    load_archive_json,
-    parse_archive,
-    restore_archive,
-)
+from service.archive import ARCHIVE_VERSIONS, archive_json_schema, load_archive_json, parse_archive
+from service.store.archive import export_archive, restore_archive
 
 router = APIRouter(prefix="/v1", tags=["archives"])
 

@@ -12,9 +12,10 @@ from typing import Annotated, Any, Literal, NotRequired
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 from typing_extensions import TypedDict
 
+from service.archive.model import NO_NUL_PATTERN
+from service.archive.schema import OPENAPI_REFS, STORABLE_JSON, STORABLE_OBJECT
 from service.config import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 from service.context_info import ContextInfo
-from service.store.archive_fields import NO_NUL_PATTERN, OPENAPI_REFS, STORABLE_JSON, STORABLE_OBJECT
 from service.store.settings import MAX_SUMMARY_INSTRUCTIONS_BYTES
 from service.vocabulary import UNSTORABLE_TEXT, unstorable_reason
 
@@ -36,7 +37,7 @@ ORDINAL_MAX = 2_147_483_647
 
 NO_NUL: dict[str, Any] = {"pattern": NO_NUL_PATTERN}
 # Open JSON (content blocks, tool schemas, extra keys) without NUL at any depth: the recursive
-# definitions live in the OpenAPI components (service/store/archive_schema.py: storable_json_defs; the app
+# definitions live in the OpenAPI components (service/archive/schema.py: storable_json_defs; the app
 # adds them), so the schema says what the snapshot routes refuse (422 invalid_snapshot).
 _STORABLE_JSON: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_JSON}
 _STORABLE_OBJECT: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_OBJECT}

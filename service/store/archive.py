@@ -1,33 +1,13 @@
-"""Side-question archives (SPEC §10): export a session's history and restore it elsewhere.
+"""Side-question archives (SPEC §10, docs/archive.md): the SQL of export and restore. The format —
+validation, upgrades, encoding, the JSON Schemas — is :mod:`service.archive`'s.
 
-Export and restore, the SQL; the codec (validation, encoding, the JSON Schemas) is
-:mod:`service.store.archive_codec` with the models of :mod:`service.store.archive_schema`, re-exported here
-so that one import serves the archive routes. Three formats, one codec each way:
-
-- ``version: 1`` — ``{version, parent_id, exported_at, questions}``, each question
-  ``{ordinal, question, answer, created_at}``;
-- ``version: 2`` — adds per request ``status, error, usage, model, started_at, finished_at, snapshot_id``
-  (and ``truncated``, ``stop_reason``, which a record carries too);
-- ``version: 3`` — adds ``session.memory`` (``qa_summary``, ``context_summaries``) and per request
-  ``context_info``; and, as SPEC §11's extra fields, ``session.handoffs`` (oldest first, without ids),
-  ``session.handed_off_through``, ``session.settings`` and per request ``pinned``. A v3 archive without
-  them restores with no hand-offs, ``handed_off_through`` 0, no pins, and the session's settings as
-  they were.
-
-Decisions (docs/archive.md explains them to users):
-
-- An archive is *history*: only terminal requests (``succeeded``, ``failed``, ``cancelled``) are
-  exported, and only they can be restored. Queued and running requests are work in flight, not
-  history; a restored ``queued`` request would make a worker answer it in a session that may not
-  hold its snapshot. A v1 archive holds only succeeded requests, because v1 restores as succeeded.
-- Cleared requests (``deleted_at`` set) are gone for users, so they are never exported.
-- Export emits only what restore reproduces, so export → restore → export is the identity apart
-  from ``parent_id`` and ``exported_at``.
-- Restore validates the whole document before writing anything, then writes in one transaction:
-  the archive's ordinals are kept, ``next_ordinal`` continues after the highest, restored requests
-  get fresh ids, the archive's status and the session's ``clear_version``. Every restored request
-  also gets its terminal ``status`` event and its ``done``/``error`` event, so that its event stream
-  replays and closes like any finished request's.
+- Only terminal requests (``succeeded``, ``failed``, ``cancelled``) are history: queued and running
+  ones are work in flight, and a restored ``queued`` request would make a worker answer it in a
+  session that may not hold its snapshot. A v1 export holds only succeeded ones (v1 restores as
+  succeeded). Cleared requests (``deleted_at`` set) are never exported.
+- Restore writes in one transaction: the archive's ordinals are kept, ``next_ordinal`` continues
+  after the highest, restored requests get fresh ids, the archive's status and the session's
+  ``clear_version``, and the two events a finished request ends its stream with.
 """
 
 from __future__ import annotations
@@ -40,44 +20,26 @@ from typing import Any
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.store.archive_codec import (
+from service.archive import (
+    ARCHIVE_VERSIONS,
     Archive,
+    ArchivedHandoff,
+    ArchivedRequest,
     ArchiveError,
-    ArchiveInvalid,
     ArchiveUnreadable,
+    archived_error,
     encode_archive,
-    load_archive_json,
-    parse_archive,
     superseding_ids,
 )
-from service.store.archive_fields import ARCHIVE_VERSIONS
-from service.store.archive_schema import archive_json_schema
 from service.store.events import mark_session_events_cleared
 from service.store.execute import notify
-from service.store.models import EventRow, HandoffRow, RequestRow, SessionRow
-from service.store.records import request_record
+from service.store.models import EMPTY_MEMORY, EventRow, HandoffRow, RequestRow, SessionRow
+from service.store.records import EMPTY_USAGE, request_record
 from service.store.sessions import find_session, lock_or_create_session
 from service.store.settings import SETTINGS_FIELDS, stored_setting
 from service.vocabulary import EVENTS_CHANNEL as NOTIFY_CHANNEL
 from service.vocabulary import TERMINAL as TERMINAL_STATUSES
 from service.vocabulary import Status, utc_iso
-
-__all__ = [
-    "ARCHIVE_VERSIONS",
-    "Archive",
-    "ArchiveError",
-    "ArchiveInvalid",
-    "ArchiveUnreadable",
-    "RestoreResult",
-    "SessionBusy",
-    "SessionHasHistory",
-    "SessionNotFound",
-    "archive_json_schema",
-    "export_archive",
-    "load_archive_json",
-    "parse_archive",
-    "restore_archive",
-]
 
 
 class SessionNotFound(ArchiveError):
@@ -170,23 +132,41 @@ async def export_archive(session: AsyncSession, tenant: str, parent_id: str, ver
             .order_by(RequestRow.ordinal)
         )
     ).all()
-    ordinal_of = await _ordinals_of(session, row.id, superseding_ids(rows))
-    bodies = list(
-        await session.scalars(
-            select(HandoffRow.body)
-            .where(HandoffRow.session_id == row.id)
-            .order_by(HandoffRow.created_at, HandoffRow.id)
-        )
+    ordinal_of = await _ordinals_of(session, row.id, superseding_ids(r.error for r in rows))
+    handoffs = await session.scalars(
+        select(HandoffRow)
+        .where(HandoffRow.session_id == row.id)
+        .order_by(HandoffRow.created_at, HandoffRow.id)
     )
-    return encode_archive(
-        version,
-        parent_id,
-        row.memory,
-        rows,
-        handoffs=bodies,
+    archive = Archive(
+        version=version,
+        parent_id=parent_id,
+        requests=tuple(_archived(r, ordinal_of) for r in rows),
+        memory={**EMPTY_MEMORY, **(row.memory or {})},
+        handoffs=tuple(ArchivedHandoff(h.created_at, h.body, h.through_ordinal) for h in handoffs),
         handed_off_through=row.handed_off_through,
         settings=row.settings,
-        ordinal_of=ordinal_of,
+    )
+    return encode_archive(archive)
+
+
+def _archived(row: RequestRow, ordinal_of: dict[str, int]) -> ArchivedRequest:
+    return ArchivedRequest(
+        ordinal=row.ordinal,
+        question=row.question,
+        answer=row.answer,
+        created_at=row.created_at,
+        status=row.status,
+        error=archived_error(row.error, ordinal_of),
+        usage=row.usage or json.loads(json.dumps(EMPTY_USAGE)),
+        model=row.model,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        snapshot_id=row.snapshot_id,
+        truncated=row.truncated,
+        stop_reason=row.stop_reason,
+        context_info=row.context_info or {},
+        pinned=row.pinned,
     )
 
 
@@ -289,7 +269,8 @@ async def _restore(
         )
     next_ordinal = max([target.next_ordinal, *(o + 1 for o in ordinals)])
     session_values: dict[str, Any] = {
-        "memory": archive.memory,
+        # Missing parts of the memory are empty, as in a fresh session; other keys are kept as they are.
+        "memory": {**EMPTY_MEMORY, **(archive.memory or {})},
         "clear_version": clear_version,
         "next_ordinal": next_ordinal,
         "handed_off_through": archive.handed_off_through,
@@ -337,7 +318,7 @@ async def _restore(
             truncated=item.truncated,
             stop_reason=item.stop_reason,
             error=item.error,
-            usage=item.usage,
+            usage=item.usage if item.usage is not None else json.loads(json.dumps(EMPTY_USAGE)),
             context_info=item.context_info,
             options={},
             clear_version=clear_version,

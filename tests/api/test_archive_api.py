@@ -174,7 +174,7 @@ async def test_a_session_restored_up_to_the_last_ordinal_refuses_new_questions_w
     taken, and an admission says so (409 ordinals_exhausted) instead of a 500, writing nothing."""
     from sqlalchemy import func, select
 
-    from service.store.archive_fields import MAX_ORDINAL
+    from service.archive import MAX_ORDINAL
     from service.store.models import RequestRow
 
     archive: dict[str, Any] = {

@@ -14,18 +14,21 @@ import jsonschema
 import pytest
 from sqlalchemy import func, select
 
+from service.archive import (
+    ArchiveError,
+    ArchiveInvalid,
+    ArchiveUnreadable,
+    archive_json_schema,
+    load_archive_json,
+    parse_archive,
+)
 from service.store import archive as archive_store
 from service.store.admission import Admission, admit, clear_session
 from service.store.archive import (
-    ArchiveInvalid,
-    ArchiveUnreadable,
     SessionBusy,
     SessionHasHistory,
     SessionNotFound,
-    archive_json_schema,
     export_archive,
-    load_archive_json,
-    parse_archive,
     restore_archive,
 )
 from service.store.db import Database
@@ -387,6 +390,8 @@ def _broken(mutate: Any) -> dict[str, Any]:
     return document
 
 
+# What each malformed archive is refused as: a 400 names what is wrong in its message; a 422 lists every
+# problem with its location (the wording is pydantic's, not a contract), and the case's location leads.
 MALFORMED: list[tuple[str, object, type[Exception], str]] = [
     ("not an object", [1, 2], ArchiveUnreadable, "JSON object"),
     (
@@ -398,20 +403,20 @@ MALFORMED: list[tuple[str, object, type[Exception], str]] = [
     ("future version", {"version": 4, "parent_id": "p", "questions": []}, ArchiveUnreadable, "1, 2 and 3"),
     ("bool version", {"version": True, "parent_id": "p", "questions": []}, ArchiveUnreadable, "version"),
     ("questions not a list", {"version": 1, "parent_id": "p", "questions": {}}, ArchiveInvalid, "questions"),
-    ("no parent_id", {"version": 1, "questions": []}, ArchiveInvalid, "parent_id is required"),
+    ("no parent_id", {"version": 1, "questions": []}, ArchiveInvalid, "parent_id"),
     ("unknown top key", _broken(lambda d: d.update(extra=1)), ArchiveInvalid, "extra"),
     ("v3 field in v1", {**fixture("v1.json"), "session": {}}, ArchiveInvalid, "session"),
     (
         "duplicate ordinal",
         _broken(lambda d: d["questions"][1].update(ordinal=1)),
         ArchiveInvalid,
-        "ordinal 1 repeats",
+        "questions[1].ordinal",
     ),
     (
         "a hand-off of an ordinal the archive lacks",
         _broken(lambda d: d["session"]["handoffs"][0].update(ordinals=[50], through_ordinal=50)),
         ArchiveInvalid,
-        "names ordinal 50, beyond the archive's highest ordinal (2)",
+        "session.handoffs[0]",
     ),
     (
         "a hand-off of a request that did not succeed",
@@ -424,7 +429,7 @@ MALFORMED: list[tuple[str, object, type[Exception], str]] = [
             )
         ),
         ArchiveInvalid,
-        "names ordinal 2, which is not a succeeded request of the archive",
+        "session.handoffs[0]",
     ),
     (
         "a hand-off summarising an ordinal the archive lacks",
@@ -432,69 +437,99 @@ MALFORMED: list[tuple[str, object, type[Exception], str]] = [
             lambda d: d["questions"].pop(0) and d["session"]["handoffs"][0].update(summarized_ordinals=[1])
         ),
         ArchiveInvalid,
-        "names ordinal 1, which is not a succeeded request of the archive",
+        "session.handoffs[0]",
     ),
     (
         "handed off beyond every ordinal",  # would hide the next questions from "new" hand-offs
         _broken(lambda d: d["session"].update(handed_off_through=999)),
         ArchiveInvalid,
-        "handed_off_through is 999, beyond the archive's highest ordinal (2)",
+        "session.handed_off_through",
     ),
-    ("zero ordinal", _broken(lambda d: d["questions"][0].update(ordinal=0)), ArchiveInvalid, "ordinal"),
-    ("string ordinal", _broken(lambda d: d["questions"][0].update(ordinal="1")), ArchiveInvalid, "ordinal"),
-    ("huge ordinal", _broken(lambda d: d["questions"][0].update(ordinal=2**31)), ArchiveInvalid, "ordinal"),
-    ("missing question", _broken(lambda d: d["questions"][0].pop("question")), ArchiveInvalid, "required"),
-    ("queued status", _broken(lambda d: d["questions"][0].update(status="queued")), ArchiveInvalid, "status"),
+    (
+        "zero ordinal",
+        _broken(lambda d: d["questions"][0].update(ordinal=0)),
+        ArchiveInvalid,
+        "questions[0].ordinal",
+    ),
+    (
+        "string ordinal",
+        _broken(lambda d: d["questions"][0].update(ordinal="1")),
+        ArchiveInvalid,
+        "questions[0].ordinal",
+    ),
+    (
+        "huge ordinal",
+        _broken(lambda d: d["questions"][0].update(ordinal=2**31)),
+        ArchiveInvalid,
+        "questions[0].ordinal",
+    ),
+    (
+        "missing question",
+        _broken(lambda d: d["questions"][0].pop("question")),
+        ArchiveInvalid,
+        "questions[0].question",
+    ),
+    (
+        "queued status",
+        _broken(lambda d: d["questions"][0].update(status="queued")),
+        ArchiveInvalid,
+        "questions[0].status",
+    ),
     (
         "succeeded without answer",
         _broken(lambda d: d["questions"][0].update(answer=None)),
         ArchiveInvalid,
-        "answer",
+        "questions[0].answer",
     ),
     (
         "naive time",
         _broken(lambda d: d["questions"][0].update(created_at="2026-11-29T10:00:00")),
         ArchiveInvalid,
-        "zone",
+        "questions[0].created_at",
     ),
     (
         "bad time",
         _broken(lambda d: d["questions"][0].update(created_at="yesterday")),
         ArchiveInvalid,
-        "ISO 8601",
+        "questions[0].created_at",
     ),
-    ("NUL in text", _broken(lambda d: d["questions"][0].update(question="a\x00b")), ArchiveInvalid, "NUL"),
+    (
+        "NUL in text",
+        _broken(lambda d: d["questions"][0].update(question="a\x00b")),
+        ArchiveInvalid,
+        "questions[0].question",
+    ),
     (
         "a failed request pinned",  # SPEC 11.1: only a succeeded request can be; restore would drop it
         _broken(
             lambda d: d["questions"][1].update(status="failed", error={"code": "timeout", "message": "m"})
         ),
         ArchiveInvalid,
-        "pinned can only be true on a succeeded request",
+        "questions[1].pinned",
     ),
     (
         "surrogate in usage",
         _broken(lambda d: d["questions"][0]["usage"]["calls"][0].update(model="\ud800")),
         ArchiveInvalid,
-        "surrogate",
+        "questions[0].usage.calls[0].model",
     ),
     (
         "NaN in context_info",
         _broken(lambda d: d["questions"][0]["context_info"].update(drift=float("nan"))),
         ArchiveInvalid,
-        "non-finite",
+        "questions[0].context_info.drift",
     ),
     (
         "negative tokens",
         _broken(lambda d: d["questions"][0]["usage"].update(input_tokens=-1)),
         ArchiveInvalid,
-        "non-negative",
+        "questions[0].usage.input_tokens",
     ),
     (
         "error without code",
         _broken(lambda d: d["questions"][1].update(error={"message": "x"})),
         ArchiveInvalid,
-        "code",
+        "questions[1].error.code",
     ),
     (
         "memory not object",
@@ -506,47 +541,61 @@ MALFORMED: list[tuple[str, object, type[Exception], str]] = [
         "summary without key",
         _broken(lambda d: d["session"]["memory"]["context_summaries"][0].pop("key")),
         ArchiveInvalid,
-        "key",
+        "session.memory.context_summaries[0].key",
     ),
     (
         "negative tokens in a call",
         _broken(lambda d: d["questions"][0]["usage"]["calls"][0].update(cached_tokens=-1)),
         ArchiveInvalid,
-        "calls[0].cached_tokens must be a non-negative integer",
+        "questions[0].usage.calls[0].cached_tokens",
     ),
     (
         "reported not a bool",
         _broken(lambda d: d["questions"][0]["usage"]["calls"][0].update(reported="yes")),
         ArchiveInvalid,
-        "reported",
+        "questions[0].usage.calls[0].reported",
     ),
     ("null exported_at", _broken(lambda d: d.update(exported_at=None)), ArchiveInvalid, "exported_at"),
     (
         "time without seconds",
         _broken(lambda d: d["questions"][0].update(created_at="2026-11-29T10:00Z")),
         ArchiveInvalid,
-        "ISO 8601",
+        "questions[0].created_at",
     ),
-    ("status not a string", _broken(lambda d: d["questions"][0].update(status={})), ArchiveInvalid, "status"),
+    (
+        "status not a string",
+        _broken(lambda d: d["questions"][0].update(status={})),
+        ArchiveInvalid,
+        "questions[0].status",
+    ),
     (
         "before year 1 in UTC",
         _broken(lambda d: d["questions"][0].update(created_at="0001-01-01T00:00:00+12:00")),
         ArchiveInvalid,
-        "out of range",
+        "questions[0].created_at",
     ),
-    ("long model", _broken(lambda d: d["questions"][0].update(model="m" * 201)), ArchiveInvalid, "200"),
+    (
+        "long model",
+        _broken(lambda d: d["questions"][0].update(model="m" * 201)),
+        ArchiveInvalid,
+        "questions[0].model",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("case", "document", "error", "needle"), MALFORMED, ids=[m[0] for m in MALFORMED])
-async def test_malformed_archives_are_rejected_with_a_clear_message_and_nothing_written(
-    db: Database, case: str, document: object, error: type[Exception], needle: str
+@pytest.mark.parametrize(("case", "document", "error", "where"), MALFORMED, ids=[m[0] for m in MALFORMED])
+async def test_malformed_archives_are_rejected_where_they_break_and_nothing_is_written(
+    db: Database, case: str, document: object, error: type[Exception], where: str
 ) -> None:
     with pytest.raises(error) as refused:
         await restore(db, "p", document)
-    assert isinstance(refused.value, archive_store.ArchiveError)
-    text = refused.value.message + json.dumps(refused.value.detail)
-    assert needle in text, f"{case}: {text}"
+    assert isinstance(refused.value, ArchiveError) and refused.value.code == "invalid_archive"
+    if isinstance(refused.value, ArchiveInvalid):
+        assert refused.value.status == 422
+        assert [e["loc"] for e in refused.value.detail["errors"]] == [where], case
+        assert f" archive: {where} " in refused.value.message, case
+    else:
+        assert refused.value.status == 400 and where in refused.value.message, case
     assert await table_counts(db) == (0, 0, 0)
 
 
@@ -587,9 +636,10 @@ def test_a_leap_second_past_year_9999_is_out_of_range_not_an_error() -> None:
         "parent_id": "p",
         "questions": [{"ordinal": 1, "question": "q", "answer": "a", "created_at": "9999-12-31T23:59:60Z"}],
     }
-    with pytest.raises(ArchiveInvalid, match="created_at is out of range") as refused:
+    with pytest.raises(ArchiveInvalid) as refused:
         parse_archive(document)
     assert refused.value.status == 422
+    assert [e["loc"] for e in refused.value.detail["errors"]] == ["questions[0].created_at"]
 
 
 @pytest.mark.parametrize("body", [b'{"version": 1e400, "parent_id": "p", "questions": []}', b"[-1e999]"])

@@ -11,13 +11,8 @@ import jsonschema
 import pytest
 from sqlalchemy import select
 
-from service.store.archive import (
-    ArchiveInvalid,
-    archive_json_schema,
-    export_archive,
-    parse_archive,
-    restore_archive,
-)
+from service.archive import ArchiveInvalid, archive_json_schema, parse_archive
+from service.store.archive import export_archive, restore_archive
 from service.store.db import Database
 from service.store.handoffs import HandoffAsk, create_handoff, list_handoffs, set_pinned
 from service.store.models import SessionRow

@@ -1,0 +1,301 @@
+"""The archive format (SPEC §10) as one pydantic model, version 3: it validates every restore (older
+versions are upgraded to it first, :mod:`service.archive.upgrade`) and is the source of the archives'
+JSON Schemas (:mod:`service.archive.schema`). Its errors are pydantic's own.
+
+What PostgreSQL keeps as JSON (usage, error, context_info, memory, hand-off bodies) is only checked for
+what the service relies on, with every other key allowed: the parser stores the archive's own objects,
+not the model's. Text PostgreSQL cannot store is found by one walk over the whole document
+(:func:`service.archive.codec.unstorable_places`), so the string types here only say so in the schema.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    Strict,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
+
+from service.vocabulary import Status
+
+NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
+NO_NUL: Final = {"pattern": NO_NUL_PATTERN}
+# The recursive NUL-free JSON definitions (schema.storable_json_defs), under a key pydantic leaves
+# alone: where they live (a standalone schema's $defs, the OpenAPI components) is known only later.
+STORABLE_REF: Final = "x-storable"
+STORABLE_JSON: Final = {STORABLE_REF: "StorableJson"}
+STORABLE_OBJECT: Final = {STORABLE_REF: "StorableObject"}
+_OPEN: Final[dict[str, Any]] = {"propertyNames": NO_NUL, "additionalProperties": STORABLE_JSON}
+
+# Column limits: a longer value must be a 422, never a database error (500).
+MAX_ORDINAL: Final = 2_147_483_646  # int4, and next_ordinal = highest + 1 must fit too
+TIMESTAMP_NOTE: Final = (
+    "ISO 8601 / RFC 3339 with a time zone; exports write UTC with microseconds, "
+    "e.g. 2026-11-29T10:00:00.123456Z"
+)
+
+
+def _integral(value: object) -> object:
+    # JSON Schema counts 5.0 as the integer 5; pydantic's strict int would refuse it.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _absent() -> Any:
+    return None
+
+
+def absent(**kwargs: Any) -> Any:
+    """A field that may be left out (None then; ``model_fields_set`` tells) and has no schema default."""
+    return Field(default_factory=_absent, **kwargs)
+
+
+JsonInt = Annotated[int, Strict(), BeforeValidator(_integral)]
+Text = Annotated[str, Strict(), Field(json_schema_extra=NO_NUL)]
+NonEmptyText = Annotated[Text, Field(min_length=1)]
+ParentId = Annotated[Text, Field(min_length=1, max_length=500)]
+ModelName = Annotated[Text, Field(max_length=200)]
+SnapshotId = Annotated[Text, Field(max_length=500)]
+StopReason = Annotated[Text, Field(max_length=60)]
+Counter = Annotated[int, Field(ge=0), Strict(), BeforeValidator(_integral)]
+# The bounds go before the validator, so that the schema carries them as minimum and maximum.
+Ordinal = Annotated[int, Field(ge=1, le=MAX_ORDINAL), Strict(), BeforeValidator(_integral)]
+Through = Annotated[int, Field(ge=0, le=MAX_ORDINAL), Strict(), BeforeValidator(_integral)]
+ContextWindow = Annotated[int, Field(ge=1024, le=10_000_000), Strict(), BeforeValidator(_integral)]
+OutputCap = Annotated[int, Field(ge=256, le=32768), Strict(), BeforeValidator(_integral)]
+Flag = Annotated[bool, Strict()]
+StorableObject = Annotated[dict[str, Any], WithJsonSchema({"type": "object", **_OPEN})]
+ObjectOrNull = Annotated[
+    dict[str, Any] | None, WithJsonSchema({"anyOf": [STORABLE_OBJECT, {"type": "null"}]})
+]
+
+
+# RFC 3339 (JSON Schema's "date-time"): a full date and time with seconds and an offset.
+_RFC3339: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:(\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)")
+
+
+def _timestamp(value: object) -> datetime:
+    """An RFC 3339 timestamp as an aware UTC datetime; a leap second is, as in PostgreSQL, the next
+    minute's first instant. pydantic's own datetime takes a timestamp without a zone (which would be
+    read as the server's) and refuses a leap second, so the archive reads its own."""
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 timestamp string")
+    text = value.upper()
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        raise ValueError("must be an RFC 3339 timestamp with seconds and a zone, e.g. 2026-11-29T10:00:00Z")
+    leap = match.group(1) == "60"
+    try:
+        moment = datetime.fromisoformat(
+            text[: match.start(1)] + "59" + text[match.end(1) :] if leap else text
+        )
+        return (moment + timedelta(seconds=1) if leap else moment).astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59:60Z, or 0001-01-01T00:00:00+12:00 in UTC
+        raise ValueError("is out of range once read as UTC") from None
+
+
+Timestamp = Annotated[
+    datetime, PlainValidator(_timestamp), WithJsonSchema({"type": "string", "format": "date-time"})
+]
+
+
+class _Open(BaseModel):
+    """A JSON object PostgreSQL keeps as the archive has it: any other key is allowed (and stored)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra=_OPEN)
+
+
+class Call(_Open):
+    purpose: Text = absent()
+    model: Text | None = absent()
+    status: Text = absent()
+    reported: Flag = absent()
+    input_tokens: Counter = absent()
+    output_tokens: Counter = absent()
+    reasoning_tokens: Counter = absent()
+    cached_tokens: Counter = absent()
+
+
+class Usage(_Open):
+    input_tokens: Counter = absent()
+    output_tokens: Counter = absent()
+    reasoning_tokens: Counter = absent()
+    cached_tokens: Counter = absent()
+    calls: list[Call] = absent()
+
+
+class Error(_Open):
+    code: Text
+    message: Text
+    detail: ObjectOrNull = absent()
+
+
+class ContextSummary(_Open):
+    key: NonEmptyText
+
+
+class Memory(_Open):
+    qa_summary: ObjectOrNull = Field(None, description="the rolling Q&A summary (document and provenance)")
+    context_summaries: list[ContextSummary] = Field(
+        [], description="the context-summary cache, keyed by the content hash of the summarised prefix"
+    )
+
+
+class HandoffMessage(_Open):
+    role: Literal["user"] = absent()
+    content: Text = absent()
+
+
+def _not_archived(value: object) -> object:
+    # A hand-off's ids are its session's: restore gives it fresh ones.
+    raise ValueError("is not archived (restore gives hand-offs fresh ids)")
+
+
+def _handoff_schema(schema: dict[str, Any]) -> None:
+    schema.update(_OPEN, description="a hand-off (SPEC §11.1) without its id and parent_id")
+    for key in ("id", "parent_id"):
+        schema["properties"].pop(key)
+    schema["not"] = {"anyOf": [{"required": ["id"]}, {"required": ["parent_id"]}]}
+
+
+class Handoff(_Open):
+    """A hand-off (SPEC §11.1) without its id and parent_id."""
+
+    model_config = ConfigDict(json_schema_extra=_handoff_schema)
+    created_at: Timestamp
+    format: Literal["anthropic", "openai", "text"]
+    ordinals: Annotated[list[JsonInt], Field(min_length=1)]
+    from_ordinal: JsonInt | None = absent()
+    through_ordinal: JsonInt | None = absent()
+    estimate_tokens: JsonInt = absent()
+    summarized_ordinals: list[JsonInt] = absent()
+    shortened_ordinals: list[JsonInt] = absent()
+    omitted_ordinals: list[JsonInt] = absent()
+    truncated: Flag = absent()
+    message: HandoffMessage | None = absent()
+    text: Text
+    id: Annotated[Any, PlainValidator(_not_archived)] = absent()
+    parent_id: Annotated[Any, PlainValidator(_not_archived)] = absent()
+
+
+def _within_4_kib(value: str) -> str:
+    if len(value.encode("utf-8")) > 4096:
+        raise ValueError("must be at most 4096 bytes of UTF-8")
+    return value
+
+
+# Characters in the schema (JSON Schema counts no bytes), bytes in the check.
+Instructions = Annotated[Text, Field(max_length=4096), AfterValidator(_within_4_kib)]
+SettingsModel = Annotated[Text, Field(min_length=1, max_length=200)]
+
+
+class Settings(BaseModel):
+    """The session's settings as a PUT takes them (SPEC §11.2); tests hold the two rules equal."""
+
+    model_config = ConfigDict(extra="forbid")
+    summary_instructions: Instructions | None = Field(None, description="at most 4096 bytes of UTF-8")
+    summary_model: SettingsModel | None = None
+    answer_model: SettingsModel | None = None
+    context_window: ContextWindow | None = None
+    max_output_tokens: OutputCap | None = None
+    on_busy: Literal["enqueue", "reject", "interrupt"] | None = None
+
+
+class Session(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    memory: Memory = absent(description="the session's memory; missing parts are empty, other keys are kept")
+    handoffs: list[Handoff] = Field([], description="the session's hand-offs, oldest first; missing → none")
+    handed_off_through: Through = Field(0, description="highest ordinal handed off (SPEC §11.1); missing → 0")
+    settings: Settings = absent(
+        description="the session's settings (SPEC §11.2); missing → the session keeps its own"
+    )
+
+
+def _question_schema(schema: dict[str, Any]) -> None:
+    schema.pop("description", None)
+    # The fields are in the order they are validated (status before the answer and pin it decides
+    # about); the schema lists the required ones in SPEC's order.
+    schema["required"] = ["ordinal", "question", "answer", "created_at"]
+    schema["allOf"] = [
+        {
+            "if": {"properties": {"status": {"const": "succeeded"}}},
+            "then": {"properties": {"answer": {"type": "string"}}},
+        },
+        {
+            "if": {"properties": {"status": {"enum": ["failed", "cancelled"]}}, "required": ["status"]},
+            "then": {"properties": {"pinned": {"const": False}}},
+        },
+    ]
+
+
+class Question(BaseModel):
+    """One finished request (a v1 archive's, upgraded, has succeeded)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_question_schema)
+    ordinal: Ordinal = Field(
+        description="identifies the request within its session; kept by restore; unique in an archive"
+    )
+    question: NonEmptyText
+    created_at: Timestamp = Field(description=TIMESTAMP_NOTE)
+    status: Literal["succeeded", "failed", "cancelled"] = Field(
+        "succeeded", description="archives hold finished requests only"
+    )
+    answer: Text | None = Field(description="required text when status is succeeded")
+    error: Error | None = None
+    usage: Usage = absent(description="cumulative usage (SPEC §3); missing → zeros and no calls")
+    model: ModelName | None = absent()
+    snapshot_id: SnapshotId | None = absent(
+        description="a reference only: archives carry no snapshot content"
+    )
+    stop_reason: StopReason | None = absent()
+    truncated: Flag = False
+    started_at: Timestamp | None = absent(description=TIMESTAMP_NOTE)
+    finished_at: Timestamp | None = absent(description=TIMESTAMP_NOTE)
+    context_info: StorableObject = Field(
+        {}, description="the request's budget report (SPEC §3 context_info); missing → {}"
+    )
+    pinned: Flag = Field(
+        False,
+        description="pinned for the next hand-off (SPEC §11.1), succeeded requests only; missing → false",
+    )
+
+    @field_validator("answer")
+    @classmethod
+    def _succeeded_has_answer(cls, answer: str | None, info: ValidationInfo) -> str | None:
+        if answer is None and info.data.get("status") == Status.SUCCEEDED:
+            raise ValueError("a succeeded request has an answer")
+        return answer
+
+    @field_validator("pinned")
+    @classmethod
+    def _only_succeeded_is_pinned(cls, pinned: bool, info: ValidationInfo) -> bool:
+        # SPEC §11.1 refuses to pin another (409 not_pinnable), so no export has one; restored, the
+        # pin would be dropped instead of written back as the archive says.
+        if pinned and info.data.get("status", Status.SUCCEEDED) != Status.SUCCEEDED:
+            raise ValueError("only a succeeded request can be pinned")
+        return pinned
+
+
+class ArchiveV3(BaseModel):
+    """A version 3 archive: older ones are upgraded to it before they are validated."""
+
+    model_config = ConfigDict(extra="forbid", title="Sidequest side-question archive, version 3")
+    version: Literal[3]
+    parent_id: ParentId = Field(
+        description="the session it was exported from; restore uses the parent id of its URL"
+    )
+    exported_at: Timestamp = absent(
+        description="when the archive was written (informational; ignored by restore)"
+    )
+    session: Session = absent(description="missing → empty memory")
+    questions: list[Question] = Field(description="finished requests in ascending ordinal")
