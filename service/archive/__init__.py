@@ -19,12 +19,13 @@ from service.archive.codec import (
     parse_archive,
     superseding_ids,
 )
-from service.archive.model import MAX_ORDINAL
+from service.archive.model import MAX_ORDINAL, QUESTION_FIELDS
 from service.archive.schema import ARCHIVE_VERSIONS, archive_json_schema, storable_json_defs
 
 __all__ = [
     "ARCHIVE_VERSIONS",
     "MAX_ORDINAL",
+    "QUESTION_FIELDS",
     "Archive",
     "ArchiveError",
     "ArchiveInvalid",

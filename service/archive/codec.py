@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from service.archive.model import ArchiveV3, Settings
+from service.archive.model import QUESTION_FIELDS, ArchiveV3, Settings
 from service.archive.schema import ARCHIVE_VERSIONS
 from service.archive.upgrade import v1_to_v3, v2_to_v3
 from service.errors import SidequestError
@@ -29,6 +29,10 @@ _MAX_REPORTED_ERRORS: Final = 50
 _MAX_DEPTH: Final = 64
 SETTINGS_FIELDS: Final = tuple(Settings.model_fields)
 _HANDOFF_ORDINALS: Final = ("ordinals", "summarized_ordinals", "shortened_ordinals", "omitted_ordinals")
+# What the model gives a request as it is; the JSON PostgreSQL keeps comes from the archive itself.
+_TYPED_FIELDS: Final = tuple(
+    name for name in QUESTION_FIELDS[3] if name not in ("error", "usage", "context_info")
+)
 # The error detail that names another request by its id: a superseded request's (SPEC §11.2).
 SUPERSEDED_BY: Final = "superseded_by"
 
@@ -248,21 +252,10 @@ def _archive(parsed: ArchiveV3, raw: dict[str, Any], version: int) -> Archive:
     """The validated archive as plain values, with the JSON PostgreSQL keeps as the archive has it."""
     requests = [
         ArchivedRequest(
-            ordinal=q.ordinal,
-            question=q.question,
-            answer=q.answer,
-            created_at=q.created_at,
-            status=q.status,
+            **{name: getattr(q, name) for name in _TYPED_FIELDS},
             error=archived_error(item.get("error"), {}),
             usage=item.get("usage"),
-            model=q.model,
-            started_at=q.started_at,
-            finished_at=q.finished_at,
-            snapshot_id=q.snapshot_id,
-            truncated=q.truncated,
-            stop_reason=q.stop_reason,
             context_info=item.get("context_info", {}),
-            pinned=q.pinned,
         )
         for q, item in zip(parsed.questions, raw["questions"], strict=True)
     ]
@@ -309,27 +302,8 @@ def superseding_ids(errors: Iterable[dict[str, Any] | None]) -> set[str]:
 
 
 def _encode_request(request: ArchivedRequest, version: int) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "ordinal": request.ordinal,
-        "question": request.question,
-        "answer": request.answer,
-        "created_at": iso_or_none(request.created_at),
-    }
-    if version >= 2:
-        item.update(
-            status=request.status,
-            error=request.error,
-            usage=request.usage,
-            model=request.model,
-            started_at=iso_or_none(request.started_at),
-            finished_at=iso_or_none(request.finished_at),
-            snapshot_id=request.snapshot_id,
-            truncated=request.truncated,
-            stop_reason=request.stop_reason,
-        )
-    if version >= 3:
-        item.update(context_info=request.context_info, pinned=request.pinned)
-    return item
+    values = {name: getattr(request, name) for name in QUESTION_FIELDS[version]}
+    return {name: iso_or_none(v) if isinstance(v, datetime) else v for name, v in values.items()}
 
 
 def encode_archive(archive: Archive, exported_at: datetime | None = None) -> dict[str, Any]:

@@ -40,6 +40,18 @@ _OPEN: Final[dict[str, Any]] = {"propertyNames": NO_NUL, "additionalProperties":
 
 # Column limits: a longer value must be a 422, never a database error (500).
 MAX_ORDINAL: Final = 2_147_483_646  # int4, and next_ordinal = highest + 1 must fit too
+# The request fields of each version, in the order an export writes them.
+V1_QUESTION_FIELDS: Final = ("ordinal", "question", "answer", "created_at")
+V2_QUESTION_FIELDS: Final = (
+    *V1_QUESTION_FIELDS,
+    *("status", "error", "usage", "model", "started_at", "finished_at", "snapshot_id", "truncated"),
+    "stop_reason",
+)
+QUESTION_FIELDS: Final = {
+    1: V1_QUESTION_FIELDS,
+    2: V2_QUESTION_FIELDS,
+    3: (*V2_QUESTION_FIELDS, "context_info", "pinned"),
+}
 TIMESTAMP_NOTE: Final = (
     "ISO 8601 / RFC 3339 with a time zone; exports write UTC with microseconds, "
     "e.g. 2026-11-29T10:00:00.123456Z"

@@ -10,8 +10,7 @@ from typing import Any, Final
 
 from pydantic.json_schema import GenerateJsonSchema
 
-from service.archive.model import NO_NUL_PATTERN, STORABLE_REF, ArchiveV3
-from service.archive.upgrade import V1_QUESTION_FIELDS, V2_QUESTION_FIELDS
+from service.archive.model import NO_NUL_PATTERN, QUESTION_FIELDS, STORABLE_REF, ArchiveV3
 
 ARCHIVE_VERSIONS: Final = (1, 2, 3)
 OPENAPI_REFS: Final = "#/components/schemas/"
@@ -94,8 +93,9 @@ def _older(schema: dict[str, Any], version: int) -> dict[str, Any]:
     older["title"] = older["title"].replace("version 3", f"version {version}")
     del older["properties"]["session"]
     questions = older["properties"]["questions"]["items"]
-    kept = V1_QUESTION_FIELDS if version == 1 else V2_QUESTION_FIELDS
-    questions["properties"] = {k: v for k, v in questions["properties"].items() if k in kept}
+    questions["properties"] = {
+        k: v for k, v in questions["properties"].items() if k in QUESTION_FIELDS[version]
+    }
     if version == 1:  # no status: every request succeeded and has its answer
         del questions["allOf"]
         questions["properties"]["answer"] = {"type": "string", "pattern": NO_NUL_PATTERN}

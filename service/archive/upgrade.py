@@ -9,13 +9,9 @@ from typing import Any, Final
 
 from pydantic_core import ErrorDetails
 
+from service.archive.model import V1_QUESTION_FIELDS, V2_QUESTION_FIELDS
+
 V1_DOCUMENT_FIELDS: Final = ("version", "parent_id", "exported_at", "questions")
-V1_QUESTION_FIELDS: Final = ("ordinal", "question", "answer", "created_at")
-V2_QUESTION_FIELDS: Final = (
-    *V1_QUESTION_FIELDS,
-    *("status", "error", "usage", "model", "snapshot_id", "stop_reason", "truncated"),
-    *("started_at", "finished_at"),
-)
 
 
 def _unknown(version: int, loc: tuple[str | int, ...], value: object) -> ErrorDetails:

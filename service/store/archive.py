@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, select, text, update
@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.archive import (
     ARCHIVE_VERSIONS,
+    QUESTION_FIELDS,
     Archive,
     ArchivedHandoff,
     ArchivedRequest,
@@ -75,14 +76,7 @@ class RestoreResult:
     clear_version: int
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "parent_id": self.parent_id,
-            "version": self.version,
-            "restored": self.restored,
-            "replaced": self.replaced,
-            "next_ordinal": self.next_ordinal,
-            "clear_version": self.clear_version,
-        }
+        return asdict(self)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,22 +145,14 @@ async def export_archive(session: AsyncSession, tenant: str, parent_id: str, ver
 
 
 def _archived(row: RequestRow, ordinal_of: dict[str, int]) -> ArchivedRequest:
+    values = {name: getattr(row, name) for name in QUESTION_FIELDS[3]}
     return ArchivedRequest(
-        ordinal=row.ordinal,
-        question=row.question,
-        answer=row.answer,
-        created_at=row.created_at,
-        status=row.status,
-        error=archived_error(row.error, ordinal_of),
-        usage=row.usage or json.loads(json.dumps(EMPTY_USAGE)),
-        model=row.model,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        snapshot_id=row.snapshot_id,
-        truncated=row.truncated,
-        stop_reason=row.stop_reason,
-        context_info=row.context_info or {},
-        pinned=row.pinned,
+        **{
+            **values,
+            "error": archived_error(row.error, ordinal_of),
+            "usage": row.usage or json.loads(json.dumps(EMPTY_USAGE)),
+            "context_info": row.context_info or {},
+        }
     )
 
 
