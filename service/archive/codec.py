@@ -236,9 +236,7 @@ def parse_archive(document: object, *, max_question_bytes: int | None = None) ->
         problems += _handoff_problems(parsed)
     if problems:
         # The document's own problems first, then each question's, in order.
-        problems.sort(
-            key=lambda p: p[0][1] if p[0][:1] == ("questions",) and isinstance(p[0][1:2], int) else -1
-        )
+        problems.sort(key=_question_index)
         listed = [{"loc": _loc_text(loc), "message": message} for loc, message in problems]
         more = f" (and {len(listed) - 1} more)" if len(listed) > 1 else ""
         first = listed[0]

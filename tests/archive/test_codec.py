@@ -89,3 +89,22 @@ def test_archived_settings_are_refused_exactly_when_a_put_would_refuse_them(name
     else:
         assert not refused
     assert SETTINGS_FIELDS == STORE_SETTINGS_FIELDS
+
+
+def test_problems_come_document_first_then_question_by_question() -> None:
+    document = fixture("v3.json")
+    document["questions"][1]["ordinal"] = -1
+    document["questions"][0]["question"] = ""
+    document["questions"][0]["usage"]["input_tokens"] = float("nan")
+    document["session"]["handed_off_through"] = "x"
+    with pytest.raises(ArchiveInvalid) as refused:
+        parse_archive(document)
+    # The NaN counter is reported once, as what PostgreSQL cannot store, not also as a wrong type.
+    assert locs(refused) == [
+        "session.handed_off_through",
+        "questions[0].usage.input_tokens",
+        "questions[0].question",
+        "questions[1].ordinal",
+    ]
+    assert refused.value.message.startswith("invalid version 3 archive: session.handed_off_through ")
+    assert refused.value.message.endswith(" (and 3 more)")
