@@ -291,30 +291,19 @@ async def _restore(
         for item in archive.handoffs
     )
 
+    # Each request as the archive has it (a pin only on a succeeded one: the archive refuses another),
+    # never run here: no stage, no attempt, its two terminal events.
     rows = [
         RequestRow(
+            **{name: getattr(item, name) for name in QUESTION_FIELDS[3] if name != "usage"},
+            usage=item.usage if item.usage is not None else json.loads(json.dumps(EMPTY_USAGE)),
             id=uuid.uuid4(),
             session_id=target.id,
-            ordinal=item.ordinal,
-            question=item.question,
-            snapshot_id=item.snapshot_id,
-            status=item.status,
             stage=None,
-            answer=item.answer,
-            truncated=item.truncated,
-            stop_reason=item.stop_reason,
-            error=item.error,
-            usage=item.usage if item.usage is not None else json.loads(json.dumps(EMPTY_USAGE)),
-            context_info=item.context_info,
             options={},
             clear_version=clear_version,
-            model=item.model,
             attempt=0,
             event_seq=2,
-            pinned=item.pinned,  # only on a succeeded request (the archive schema refuses another)
-            created_at=item.created_at,
-            started_at=item.started_at,
-            finished_at=item.finished_at,
         )
         for item in archive.requests
     ]
