@@ -52,10 +52,15 @@ def scripted_settings(database_url: str, base_url: str, **overrides: Any) -> Set
     return Settings(**values)
 
 
-async def make_session(db: Database, parent_id: str = "parent-1", tenant: str = "default") -> uuid.UUID:
-    """Create a session and return its id."""
+async def make_session(
+    db: Database,
+    parent_id: str = "parent-1",
+    tenant: str = "default",
+    settings: dict[str, Any] | None = None,
+) -> uuid.UUID:
+    """Create a session (with these session settings, SPEC §11.2) and return its id."""
     async with db.sessions() as session, session.begin():
-        row = SessionRow(tenant=tenant, parent_id=parent_id)
+        row = SessionRow(tenant=tenant, parent_id=parent_id, settings=settings or {})
         session.add(row)
         await session.flush()
         return row.id

@@ -517,7 +517,8 @@ async def test_a_grown_snapshot_is_answered_at_once_from_the_cached_prefix_then_
     handle = await start_worker(settings, db)
     options = {"context_window": 64000}
     try:
-        sid = await make_session(db)
+        # SPEC §6.7 as it was before masking: the first summary leaves the 8000-token tail verbatim.
+        sid = await make_session(db, settings={"mask_tool_results": False})
         first_snapshot = _snapshot(60)
         await _store(db, sid, "s1", first_snapshot, settings)  # never asked: no job
         first = await admit(db, sid, "what is going on?", snapshot_id="s1", options=options)
