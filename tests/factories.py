@@ -171,3 +171,31 @@ def fail_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list
 
     monkeypatch.setattr(owner, name, once)
     return failed
+
+
+def tool_session(groups: int, *, payload_bytes: int = 6000, start: int = 0) -> list[dict[str, Any]]:
+    """A coding-agent transcript: each group reads a file (a large result) and says a sentence."""
+    messages: list[dict[str, Any]] = []
+    for n in range(start, start + groups):
+        messages.append({"role": "user", "content": f"step {n}: look at module {n}"})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"Reading module {n}."},
+                    {
+                        "type": "tool_use",
+                        "id": f"t{n}",
+                        "name": "Read",
+                        "input": {"file_path": f"/src/mod_{n}.py"},
+                    },
+                ],
+            }
+        )
+        half = f"value_{n} = compute({n})\n" * (payload_bytes // 48)
+        body = f"# module {n}\n{half}inner_{n} = 1\n{half}"
+        messages.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{n}", "content": body}]}
+        )
+        messages.append({"role": "assistant", "content": f"Module {n} computes value_{n}."})
+    return messages

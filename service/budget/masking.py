@@ -221,9 +221,12 @@ def _mask_message(
             if size > PAYLOAD_THRESHOLD_BYTES:
                 use_id = str(block.get("tool_use_id") or "")
                 stub = result_stub(text, tools_by_id.get(use_id, ""), is_error=bool(block.get("is_error")))
-                replacement = {**block, "content": stub}
-                masked_results[use_id] = stub
-                elided += size
+                # A stub quotes two lines of up to 160 characters: in a script of 3–4-byte characters
+                # it can outweigh a payload just over the threshold, and masking must never grow a group.
+                if utf8_length(stub) < size:
+                    replacement = {**block, "content": stub}
+                    masked_results[use_id] = stub
+                    elided += size
         elif kind == "tool_use" and isinstance(block.get("input"), Mapping):
             masked_input = _mask_arguments(block["input"])
             if masked_input is not None:

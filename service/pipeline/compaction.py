@@ -50,6 +50,7 @@ from service.summary.context import (
     CacheHit,
     ContextCompaction,
     compact_snapshot,
+    covering_summary,
     find_reusable,
     longest_cached_prefix,
 )
@@ -314,7 +315,7 @@ async def _plan(
     cache = list(prepared.cache)
     key = snapshot.cache_key(until, model, version)
 
-    def find_hit(entries: Sequence[CachedContextSummary]) -> CachedContextSummary | None:
+    def find_hit(entries: Sequence[CachedContextSummary]) -> tuple[CachedContextSummary, int] | None:
         reuse = find_reusable(
             snapshot.messages,
             snapshot.groups,
@@ -324,14 +325,23 @@ async def _plan(
             prompt_version=version,
             digests=snapshot.digests,
         )
-        return reuse.entry if isinstance(reuse, CacheHit) else None
+        if isinstance(reuse, CacheHit):
+            return reuse.entry, until
+        if tier2.masked:
+            longer = covering_summary(
+                snapshot.groups, entries, snapshot.digests, until, model=model, prompt_version=version
+            )
+            if longer is not None:
+                return longer.entry, longer.covered_messages
+        return None
 
-    entry = find_hit(cache)
-    if entry is not None:
+    found = find_hit(cache)
+    if found is not None:
+        entry, covered = found
         await rt.progress(
-            vocabulary.context_summary_cache("hit", key=entry.key, covered_messages=until), defer=True
+            vocabulary.context_summary_cache("hit", key=entry.key, covered_messages=covered), defer=True
         )
-        return _hit(entry, until, mask_until)
+        return _hit(entry, covered, max(covered, mask_until))
 
     if not retrying:
         grown = longest_cached_prefix(
@@ -377,13 +387,14 @@ async def _plan(
             if waited is not None:
                 waited_ms += waited
                 cache = await _reload_cache(rt)
-                entry = find_hit(cache)
-                if entry is not None:
+                found = find_hit(cache)
+                if found is not None:
+                    entry, covered = found
                     await rt.progress(
                         vocabulary.context_summary_cache("hit", key=entry.key, waited_ms=waited_ms),
                         defer=True,
                     )
-                    return _hit(entry, until, mask_until, waited_ms)
+                    return _hit(entry, covered, max(covered, mask_until), waited_ms)
         async with registered(
             rt.db,
             rt.claimed.session_id,

@@ -270,6 +270,31 @@ def longest_cached_prefix(
     return best
 
 
+def covering_summary(
+    groups: Sequence[MessageGroup],
+    cache_entries: Sequence[CachedContextSummary],
+    digests: Sequence[bytes],
+    until: int,
+    *,
+    model: str,
+    prompt_version: str = PROMPT_VERSION,
+) -> PrefixReuse | None:
+    """The cached summary covering the *shortest* prefix of at least ``until`` messages (ending on a
+    group boundary): with masking on, one made for a longer question covers a shorter one's needs as
+    well (what it summarised beyond them is masked or verbatim in the other's plan, never both)."""
+    boundaries = {g.start for g in groups if g.start >= until} | {len(digests) - 1}
+    best: PrefixReuse | None = None
+    for entry in cache_entries:
+        length = entry.covered_messages
+        if length not in boundaries or length >= len(digests):
+            continue
+        if summary_cache_key(digests[length], model, prompt_version) != entry.key:
+            continue
+        if best is None or length < best.covered_messages:
+            best = PrefixReuse(entry, length)
+    return best
+
+
 async def compact_context(
     runner: SummaryRunner,
     snapshot_id: str | None,
@@ -418,6 +443,7 @@ __all__ = [
     "Reuse",
     "compact_context",
     "compact_snapshot",
+    "covering_summary",
     "find_reusable",
     "longest_cached_prefix",
     "prefix_key",
