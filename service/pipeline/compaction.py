@@ -358,9 +358,14 @@ async def _plan(
                     grown.entry.rendered(), snapshot.messages[grown.covered_messages :], tail
                 )
             if usable:
+                # With masking, a summary made for this very snapshot (by a question whose cut was
+                # deeper, or by its job) serves as it is: a hit, and nothing to extend. A summary of a
+                # shorter snapshot is §6.7's grown-snapshot prefix, extended afterwards.
+                same = tier2.masked and grown.entry.snapshot_id == prepared.claimed.snapshot_id
+                outcome = "hit" if same and grown.entry.snapshot_id is not None else "prefix"
                 await rt.progress(
                     vocabulary.context_summary_cache(
-                        "prefix",
+                        outcome,
                         key=grown.entry.key,
                         covered_messages=grown.covered_messages,
                         verbatim_tail_tokens=tail,
@@ -371,9 +376,9 @@ async def _plan(
                 return ContextPlan(
                     summary=grown.entry,
                     kept_from=grown.covered_messages,
-                    cache="prefix",
+                    cache=outcome,
                     made_by="background" if grown.entry.made_by == "background" else "request",
-                    extend_later=True,
+                    extend_later=outcome == "prefix",
                     mask_until=grown_mask or 0,
                 )
 

@@ -304,6 +304,7 @@ class _Settings(_Part):
         WithJsonSchema({"type": ["integer", "null"], "minimum": OUTPUT_CAP_MIN, "maximum": OUTPUT_CAP_MAX}),
     ] = None
     on_busy: Annotated[Any, WithJsonSchema({"enum": [*ON_BUSY_CHOICES, None]})] = None
+    mask_tool_results: Annotated[Any, WithJsonSchema({"type": ["boolean", "null"]})] = None
 
     @classmethod
     def problems(cls, data: dict[str, Any]) -> list[tuple[Loc, str]]:

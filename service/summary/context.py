@@ -215,17 +215,19 @@ def _rendered(prepared: PreparedSnapshot) -> dict[int, str]:
 def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int, *, masked: bool = False) -> list[str]:
     """:func:`_pieces` of a prepared snapshot (of its masked groups when ``masked``), each group
     rendered at most once per snapshot (what :func:`warm_snapshot_pieces` rendered already is reused)."""
-    rendered: dict[int, str] = prepared.memo.setdefault(_MASKED_PIECES, {}) if masked else _rendered(prepared)
+    raw = _rendered(prepared)
+    rendered: dict[int, str] = prepared.memo.setdefault(_MASKED_PIECES, {}) if masked else raw
     forms = prepared.masked() if masked else None
     pieces = []
     for index, group in enumerate(prepared.groups):
         if group.start >= start and group.end <= end:
             piece = rendered.get(index)
             if piece is None:
-                if forms is not None:
+                if forms is not None and forms[index].masked_messages:
                     piece = render_messages(list(forms[index].messages), group.start)
-                else:
-                    piece = _piece(prepared.messages, group)
+                else:  # a group masking leaves as it is reads as itself (and may be warmed already)
+                    piece = raw.get(index) or _piece(prepared.messages, group)
+                    raw[index] = piece
                 rendered[index] = piece
             pieces.append(piece)
     return pieces
