@@ -458,6 +458,8 @@ def verdicts(runs: list[list[Result]]) -> bool:
         on = [r for r in run if r.mask]
         off = [r for r in run if not r.mask]
         failed = [r for r in run if r.status != "succeeded"]
+        # A transcript that fits as it is keeps every artifact either way: it says nothing of the baseline.
+        compacted = [r for r in off if r.tier != "none"] or off
         artifact_misses = [r for r in on if r.share < ARTIFACT_TARGET]
         below_ceiling = [r for r in artifact_misses if r.ceiling is None or r.in_prompt_placed < r.ceiling]
         calls_on, calls_off = sum(r.summary_calls for r in on), sum(r.summary_calls for r in off)
@@ -472,8 +474,8 @@ def verdicts(runs: list[list[Result]]) -> bool:
         checks = [
             (
                 f"artifacts in prompt ≥ 95 % on every case: {len(on) - len(artifact_misses)}/{len(on)}"
-                f" (min {min(r.share for r in on) * 100:.1f} %; baseline"
-                f" {min(r.share for r in off) * 100:.1f}–{max(r.share for r in off) * 100:.1f} %)"
+                f" (min {min(r.share for r in on) * 100:.1f} %; baseline where it compacted"
+                f" {min(r.share for r in compacted) * 100:.1f}–{max(r.share for r in compacted) * 100:.1f} %)"
                 + (
                     f"; {len(artifact_misses) - len(below_ceiling)} below 95 % at their SPEC ceiling"
                     if artifact_misses
