@@ -249,6 +249,7 @@ class Result:
     summary_calls: int = 0
     summary_chars: int = 0
     job_calls: int = 0
+    stray_calls: int = 0
     estimate: int = 0
     budget: int = 0
     room: int = 0
@@ -354,6 +355,9 @@ async def one_case(
     summaries = [q for q in received if q.purpose in SUMMARY_PURPOSES]
     result.summary_calls = sum(1 for q in summaries if _of(q, rid))
     result.job_calls = sum(1 for q in summaries if "x-sidequest-job-id" in q.headers)
+    # Neither this request's nor a job's: a call the headers do not account for (SPEC 6.6 says every
+    # call carries one of them).
+    result.stray_calls = len(summaries) - result.summary_calls - result.job_calls
     result.summary_chars = sum(message_chars(q.body) for q in summaries)
     if answers:
         # The last answer call is the one the model answered (an overflow retry would come after).
@@ -447,6 +451,8 @@ def print_table(runs: list[list[Result]]) -> None:
                     )
                 if x.job_calls:
                     print(f"    {x.job_calls} background summary call(s) during this case")
+                if x.stray_calls:
+                    print(f"    {x.stray_calls} summary call(s) with neither this request's id nor a job id")
             if mask and r.missing:
                 print("    not in the prompt, e.g.: " + "; ".join(m[:60] for m in r.missing[:3]))
 
