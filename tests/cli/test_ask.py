@@ -183,9 +183,13 @@ async def test_ask_renders_the_stages_then_the_answer_and_exits_0(stack: Stack, 
 
 
 def long_snapshot_file(tmp_path: Path) -> Path:
-    """A main session far larger than its own 32k window: the copy must be compacted."""
+    """A main session far larger than its own 32k window: the copy must be compacted.
+
+    About 89k tokens of plain text, nearly three windows: tier 2 summarises only the fewest oldest
+    groups that make the question fit (SPEC 6.2), and those must still be more than one summary chunk
+    (at 44k tokens they were one since the compaction ladder)."""
     messages: list[dict[str, str]] = []
-    for i in range(75):
+    for i in range(150):
         messages.append({"role": "user", "content": f"step {i}: " + f"please look at module {i}. " * 40})
         messages.append({"role": "assistant", "content": f"done {i}: " + f"changed line {i}. " * 40})
     snapshot = {
