@@ -57,6 +57,11 @@ def describe_progress(data: dict[str, Any]) -> str:
         if data.get("covered_messages") is not None:
             text += f" ({data['covered_messages']} messages)"
         return text
+    if what == "context_masked":
+        return (
+            f"masked the tool output of {plural(data.get('masked_messages'), 'older message')}"
+            f" ({_size(_count(data.get('payload_bytes')))} elided) for tier {data.get('tier')}"
+        )
     if what in ("compaction_skipped", "compaction_refused"):
         reason = data.get("explanation") or data.get("reason") or ""
         return f"{str(what).replace('_', ' ')}: {reason}".rstrip(": ")

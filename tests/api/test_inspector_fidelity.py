@@ -103,6 +103,9 @@ async def test_fidelity_bar_shows_summarised_masked_and_verbatim_messages_and_th
     assert await no_horizontal_scroll(browser)
     # The whole stream replayed (the timeline is complete), so the page's height holds still for the shot.
     await browser.wait_for("document.getElementById('timeline').innerText.includes('succeeded')")
+    timeline = await browser.evaluate("document.getElementById('timeline').innerText")
+    payload = _kilobytes(fidelity["masked_payload_bytes"])
+    assert f"masked the tool output of {counts['masked']} older messages ({payload} elided)" in timeline
     await browser.screenshot(artifacts_dir() / "inspector-fidelity-1280x720.png")
 
     selector = json.dumps(f'#history button[data-request-id="{bare["id"]}"]')

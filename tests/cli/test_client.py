@@ -95,6 +95,17 @@ def test_progress_lines_name_what_is_being_done() -> None:
         "context overflow: retrying once"
     )
     assert describe_progress({"stage": "answering", "what": "something_new", "n": 2}) == "something new n=2"
+    masked = {
+        "what": "context_masked",
+        "tier": "masked",
+        "groups": 9,
+        "masked_messages": 9,
+        "payload_bytes": 7150,
+    }
+    assert (
+        describe_progress(masked)
+        == "masked the tool output of 9 older messages (7.2 KB elided) for tier masked"
+    )
 
 
 def test_errors_show_code_message_and_detail() -> None:

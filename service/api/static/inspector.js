@@ -573,6 +573,7 @@
     if (what === "summary_chunk") return `${String(d.purpose || "summary").replace("_", " ")} chunk ${d.chunk}/${d.chunks}`;
     if (what === "context_summary_cache") return `context summary cache ${d.cache}`;
     if (what === "waiting_for_background") return "waiting for a background summary job";
+    if (what === "context_masked") return `masked the tool output of ${fmt(num(d.masked_messages))} older messages (${bytes(num(d.payload_bytes))} elided) for tier ${d.tier}`;
     if (what === "overflow_retry") return "context overflow: retrying once, smaller";
     const rest = Object.entries(d).filter(([k]) => !["request_id", "ordinal", "seq", "at", "stage", "what"].includes(k));
     return [what ? String(what).replace(/_/g, " ") : "progress", ...rest.map(([k, v]) => `${k}=${JSON.stringify(v)}`)].join(" ");
