@@ -18,7 +18,7 @@ from service.providers.openai_compat import OpenAIProvider
 from tests.providers.helpers import collect, make_call
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
-# What SGLang sent (issue 31): JSON but for its \' escape, which makes it invalid JSON.
+# What SGLang sends: JSON but for its \' escape, which makes it invalid JSON.
 SGLANG_OVERFLOW_TEXT = (
     '{"object":"error","message":"The input (61709 tokens) is longer than the model\\\'s context length '
     '(40960 tokens).","type":"BadRequestError","param":null,"code":400}'

@@ -190,7 +190,7 @@ def test_every_exception_is_a_real_case_and_form() -> None:
 
 
 def test_sglangs_overflow_with_backslash_quote_escapes_is_an_overflow_with_its_counts() -> None:
-    """The body SGLang sent (issue 31): text that is JSON but for its ``\\'``."""
+    """The body SGLang sends: text that is JSON but for its ``\\'``."""
     body = (
         '{"object":"error","message":"The input (61709 tokens) is longer than the model\\\'s context '
         'length (40960 tokens).","type":"BadRequestError","param":null,"code":400}'
