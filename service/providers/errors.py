@@ -601,10 +601,10 @@ def _from_text(text: str, depth: int) -> _ErrorInfo:
     unescaped = _unescape(text)
     if any(isinstance(fields.get(key), str) for key in ("message", "detail", "msg", "error")):
         info = _from_mapping(fields, unescaped)
-        # The text around the fields stays searchable ("ContextWindowExceededError: {…}").
-        return _ErrorInfo(
-            info.message, info.type, info.code, info.param, info.status_hint, unescaped, info.fields
-        )
+        # Broken JSON: its message is the error's words. Prose around a printed dict ("litellm.
+        # NotFoundError: … {'error': …}") is the server's words too, and stays the message.
+        message = info.message if text.startswith(("{", "[")) else unescaped
+        return _ErrorInfo(message, info.type, info.code, info.param, info.status_hint, unescaped, info.fields)
     return _ErrorInfo(unescaped, None, None, None, None, unescaped, {})
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from service.providers.base import ContextOverflow, ProviderError, RateLimited
+from service.providers.base import ContextOverflow, ModelUnavailable, ProviderError, RateLimited
 from service.providers.errors import classify_http_error, classify_stream_error
 from tests.providers.test_error_classification import (
     CLASSES,
@@ -210,12 +210,23 @@ def test_sglangs_overflow_with_backslash_quote_escapes_is_an_overflow_with_its_c
         ('{"error": {"message": "path C:\\\\\'s end"}}', "path C:\\'s end"),
         # A surrogate pair becomes its character; a lone surrogate cannot be stored and is replaced.
         ('{"error": {"message": "hi \\ud83d\\ude00 and \\ud83d', "hi \U0001f600 and \ufffd"),
-        # Python's quotes, as a gateway printed the upstream dict.
-        ("Error code: 500 - {'error': {'message': \"model's gone\", 'code': 'x'}}", "model's gone"),
+        # A dict as a gateway printed it, in prose: the prose is the server's words too.
+        (
+            "Error code: 500 - {'error': {'message': 'model\\'s gone'}}",
+            "Error code: 500 - {'error': {'message': 'model's gone'}}",
+        ),
     ],
 )
 def test_the_message_of_a_body_that_does_not_parse_is_its_words_unescaped(body: str, message: str) -> None:
     assert classify_http_error(500, body, {}).message == message
+
+
+def test_prose_around_a_printed_dict_still_decides_and_its_fields_still_count() -> None:
+    body = "litellm.NotFoundError: Invalid model name passed in model=gpt-x - {'error': {'message': 'no'}}"
+    assert type(classify_http_error(400, body, {})) is ModelUnavailable
+    quota = "Error code: 429 - {'error': {'message': 'Quota exceeded.', 'type': 'insufficient_quota'}}"
+    error = classify_http_error(429, quota, {})
+    assert isinstance(error, RateLimited) and error.quota_exhausted
 
 
 def test_a_body_nested_without_end_is_read_as_text() -> None:
