@@ -281,8 +281,9 @@ def _wait_seconds(text: str) -> float:
     return sum(float(number) * _unit_seconds(unit) for number, unit in _WAIT_PART.findall(text))
 
 
-# Gemini / Vertex put the wait in a google.rpc.RetryInfo detail: "retryDelay": "26s".
-_RETRY_DELAY = re.compile(r"\"retryDelay\"\s*:\s*\"(\d+(?:\.\d+)?)s\"")
+# Gemini / Vertex put the wait in a google.rpc.RetryInfo detail: "retryDelay": "26s" (in Python's
+# quotes when a gateway printed the body).
+_RETRY_DELAY = re.compile(r"[\"']retryDelay[\"']\s*:\s*[\"'](\d+(?:\.\d+)?)s[\"']")
 
 
 # A body is unwrapped (JSON inside a JSON string inside …) at most this often: real gateways nest once

@@ -335,6 +335,7 @@ def test_413_without_rate_wording_is_an_overflow_but_with_it_a_rate_limit() -> N
         ({}, "Please retry after 9 seconds. Please go here: https://aka.ms/oai/quotaincrease", 9.0),
         ({}, "Please retry in 20.04466179s.", 20.04466179),
         ({}, '{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"}', 26.0),
+        ({}, "{'@type': 'type.googleapis.com/google.rpc.RetryInfo', 'retryDelay': '26s'}", 26.0),
         ({}, "no hint", None),
         (None, None, None),
         # OpenAI's reset headers, last (outside check: the default 1 s was waited, and the limit hit
