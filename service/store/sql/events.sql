@@ -68,3 +68,28 @@ BEGIN
     RETURN QUERY SELECT v_id, v_data;
 END
 $fn$;
+
+-- name: append_event
+-- One request event, inside the caller's transaction (the function above).
+SELECT event_id, session_id, seq, ordinal
+FROM sidequest_append_event(:request_id, :type, CAST(:fields AS jsonb), :at);
+
+-- name: append_session_event
+-- THE insert of a session-level event (the function above).
+SELECT event_id, data FROM sidequest_append_session_event(:sid, :type, CAST(:fields AS jsonb), :at);
+
+-- name: mark_session_events_cleared
+-- A clear or an archive restore: the session-level events written so far belong to the history
+-- it replaces (a fresh session stream does not replay them; a resuming one still gets them).
+UPDATE side_question_sessions
+SET cleared_at = now(),
+    cleared_through_event = coalesce(
+        (SELECT max(id) FROM side_question_events WHERE session_id = :sid AND request_id IS NULL), 0)
+WHERE id = :sid;
+
+-- name: purge_cleared_session_events
+-- The sweep: the session-level events a clear or a restore replaced long enough ago.
+DELETE FROM side_question_events e
+USING side_question_sessions s
+WHERE e.session_id = s.id AND e.request_id IS NULL AND e.id <= s.cleared_through_event
+  AND s.cleared_at < now() - make_interval(secs => :older_than_s);

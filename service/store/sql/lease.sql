@@ -45,3 +45,10 @@ BEGIN
     RETURN true;
 END
 $fn$;
+
+-- name: lock_if_held
+SELECT sidequest_lock_if_held(:id, :owner);
+
+-- name: emit_if_held
+SELECT sidequest_emit_if_held(:id, :owner, CAST(:events AS jsonb), :at,
+                              CAST(:stage AS text), CAST(:info AS jsonb));

@@ -93,3 +93,56 @@ BEGIN
     RETURN NEXT;
 END
 $fn$;
+
+-- name: claim_request
+-- THE claim: one round trip.
+SELECT * FROM sidequest_claim(:owner, :lease_s, :max_running, :lock_key, :at);
+
+-- name: heartbeat_requests
+-- Extend the leases of the requests a worker holds, each only for the claim its run holds; a
+-- request with cancel_requested set counts as lost.
+UPDATE side_question_requests AS r
+SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
+FROM unnest(CAST(:ids AS uuid[]), CAST(:owners AS text[])) AS h(id, owner)
+WHERE r.id = h.id AND r.lease_owner = h.owner AND r.status = 'running'
+  AND r.deleted_at IS NULL
+RETURNING r.id, r.cancel_requested;
+
+-- name: heartbeat_jobs
+-- The same for the background jobs a worker holds.
+UPDATE side_question_jobs AS j
+SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
+FROM unnest(CAST(:ids AS uuid[]), CAST(:owners AS text[])) AS h(id, owner)
+WHERE j.id = h.id AND j.lease_owner = h.owner AND j.status = 'running'
+RETURNING j.id;
+
+-- name: request_stage
+SELECT stage FROM side_question_requests WHERE id = :id;
+
+-- name: release_request
+-- A held request back to the queue (graceful worker stop): the attempt does not count.
+UPDATE side_question_requests
+SET status = 'queued', stage = NULL, attempt = greatest(attempt - 1, 0),
+    lease_owner = NULL, lease_expires_at = NULL
+WHERE id = :id RETURNING session_id;
+
+-- name: expired_requests
+-- The sweep: running requests whose lease expired (their worker died), oldest expiry first.
+SELECT id, session_id, attempt, stage FROM side_question_requests
+WHERE status = 'running' AND lease_expires_at < now()
+ORDER BY lease_expires_at
+FOR UPDATE SKIP LOCKED;
+
+-- name: requeue_request
+-- The sweep runs a request again.
+UPDATE side_question_requests
+SET status = 'queued', stage = NULL, lease_owner = NULL, lease_expires_at = NULL
+WHERE id = :id;
+
+-- name: expired_jobs
+-- The sweep: running jobs and registrations whose lease expired.
+SELECT id, attempt, calls, coalesce(params->>'made_by', 'background') AS made_by
+FROM side_question_jobs
+WHERE status = 'running' AND lease_expires_at < now()
+ORDER BY lease_expires_at
+FOR UPDATE SKIP LOCKED;

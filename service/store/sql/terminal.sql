@@ -66,3 +66,16 @@ BEGIN
     PERFORM pg_notify(p_queue_channel, 'freed:' || p_session_id::text);
 END
 $fn$;
+
+-- name: finish_request
+-- The lease guard and the guarded UPDATE, returning the row (``(f.req).*``: its columns, whatever
+-- they are) and its session's parent id.
+SELECT f.parent_id AS parent_of_row, (f.req).* FROM sidequest_finish_request(
+    :id, :status, CAST(:owner AS text), CAST(:from_statuses AS text[]), CAST(:answer AS text),
+    :truncated, CAST(:stop_reason AS text), CAST(:model AS text), CAST(:qa_tokens AS integer),
+    CAST(:error AS jsonb), CAST(:info AS jsonb)) f;
+
+-- name: end_request
+-- Once the record is built from that row: the terminal events and the slot NOTIFY.
+SELECT sidequest_end_request(:id, :sid, :status, CAST(:stage AS text), :type,
+                             CAST(:fields AS jsonb), :at, :channel);
