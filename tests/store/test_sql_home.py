@@ -148,3 +148,23 @@ def test_a_file_is_parsed_into_named_sections_without_their_comments() -> None:
 def test_a_malformed_file_is_refused(source: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         queries.parse(source, "f.sql")
+
+
+def _between(statement: str, start: str, end: str) -> str:
+    return statement[statement.index(start) : statement.index(end)]
+
+
+def test_the_statements_written_twice_in_the_files_stay_the_same() -> None:
+    """A rule two statements share is written out in each (a named query is one whole statement):
+    the memory value of both guarded writes, the ledger's append for both tables, the snapshot time
+    that the hand-off reads through ``models.snapshot_taken_at_sql``."""
+    from service.store.models import snapshot_taken_at_sql
+
+    request, job = queries.save_memory_of_request.text, queries.save_memory_of_job.text
+    assert _between(request, "SET memory", "FROM side_question_requests r\n") == _between(
+        job, "SET memory", "FROM side_question_jobs j\n"
+    )
+    request, job = queries.append_request_calls.text, queries.append_job_calls.text
+    model = _between(request, ",\n    model = ", "\n    WHERE r.id")
+    assert request.replace(model, "").replace("side_question_requests", "side_question_jobs") == job
+    assert snapshot_taken_at_sql("s") in queries.latest_context_time.text
