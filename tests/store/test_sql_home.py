@@ -168,3 +168,12 @@ def test_the_statements_written_twice_in_the_files_stay_the_same() -> None:
     model = _between(request, ",\n    model = ", "\n    WHERE r.id")
     assert request.replace(model, "").replace("side_question_requests", "side_question_jobs") == job
     assert snapshot_taken_at_sql("s") in queries.latest_context_time.text
+
+
+def test_the_admission_calls_take_their_parameters_in_the_order_the_batcher_passes_them() -> None:
+    """The batcher runs the CALLs on a plain asyncpg pool by position (admission._arguments)."""
+    from service.store.admission import _PARAMS
+    from service.store.execute import positional
+
+    assert positional(queries.admit_now)[1] == _PARAMS
+    assert positional(queries.admit_many)[1] == _PARAMS

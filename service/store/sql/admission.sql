@@ -296,3 +296,28 @@ BEGIN
        FROM generate_series(1, coalesce(array_length(v_notices, 1), 0), 2) AS j;
 END
 $fn$;
+
+-- name: admit_now
+-- The hot path, one admission: CALL outside a transaction block (the procedure commits). The
+-- parameters are in admission._PARAMS' order (the batcher passes them by position; a test checks).
+CALL sidequest_admit_now(:tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text),
+                         CAST(CAST(:options AS text) AS jsonb), CAST(:model AS text), :idempotency_key,
+                         :body_hash, :max_queued, CAST(:on_busy AS text), :superseded_message);
+
+-- name: admit_many
+-- Several admissions waiting at once, one CALL: each parameter an array aligned with the others but
+-- the one superseded message.
+CALL sidequest_admit_many(CAST(:tenant AS text[]), CAST(:parent_id AS text[]), CAST(:request_id AS uuid[]),
+                          CAST(:question AS text[]), CAST(:snapshot_id AS text[]),
+                          CAST(CAST(:options AS text[]) AS jsonb[]), CAST(:model AS text[]),
+                          CAST(:idempotency_key AS text[]), CAST(:body_hash AS text[]),
+                          CAST(:max_queued AS integer[]), CAST(:on_busy AS text[]),
+                          CAST(:superseded_message AS text));
+
+-- name: admit_in_transaction
+-- The function itself, inside a caller's transaction (an inline snapshot stored first), NOTIFYing
+-- there. ``(a.req).*`` expands the request row into its columns, whatever they are.
+SELECT a.outcome, a.detail, a.superseded, (a.req).* FROM sidequest_admit(
+    :tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text), :snapshot_stored,
+    CAST(CAST(:options AS text) AS jsonb), CAST(:model AS text), :idempotency_key, :body_hash,
+    :max_queued, CAST(:on_busy AS text), :superseded_message, true) a;

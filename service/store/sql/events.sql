@@ -93,3 +93,7 @@ DELETE FROM side_question_events e
 USING side_question_sessions s
 WHERE e.session_id = s.id AND e.request_id IS NULL AND e.id <= s.cleared_through_event
   AND s.cleared_at < now() - make_interval(secs => :older_than_s);
+
+-- name: notify
+-- NOTIFY inside the caller's transaction (delivered when it commits): execute.notify.
+SELECT pg_notify(:channel, :payload);
