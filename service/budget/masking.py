@@ -122,13 +122,14 @@ def group_artifacts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[Artifac
     return found
 
 
-def _edge_lines(text: str) -> tuple[str, str]:
-    """The first and last non-empty lines of ``text`` (stripped), each cut to the stub's limit."""
-    lines = [line.strip() for line in text.splitlines()]
-    filled = [line for line in lines if line]
-    if not filled:
+def _edge_lines(lines: list[str]) -> tuple[str, str]:
+    """The first and last non-empty ``lines`` (stripped), each cut to the stub's limit; scanned from
+    both ends, since a payload runs to thousands of lines and only two of them are quoted."""
+    first = next((stripped for line in lines if (stripped := line.strip())), "")
+    if not first:
         return "", ""
-    return _cut(filled[0], STUB_LINE_MAX_CHARS), _cut(filled[-1], STUB_LINE_MAX_CHARS)
+    last = next(stripped for line in reversed(lines) if (stripped := line.strip()))
+    return _cut(first, STUB_LINE_MAX_CHARS), _cut(last, STUB_LINE_MAX_CHARS)
 
 
 def _payload_text(content: Any) -> str:
@@ -137,11 +138,11 @@ def _payload_text(content: Any) -> str:
 
 def result_stub(text: str, tool: str, *, is_error: bool) -> str:
     """What a masked tool result says instead of its content (SPEC §6.8's wording)."""
-    first, last = _edge_lines(text)
-    lines = len(text.splitlines())
+    lines = text.splitlines()
+    first, last = _edge_lines(lines)
     flag = " (error)" if is_error else ""
     return (
-        f"{ELIDED_PREFIX}{utf8_length(text)} bytes, {lines} lines of {tool or 'tool'} output{flag};"
+        f"{ELIDED_PREFIX}{utf8_length(text)} bytes, {len(lines)} lines of {tool or 'tool'} output{flag};"
         f" first line: {first}; last line: {last}]"
     )
 
