@@ -28,7 +28,8 @@ COPY service ./service
 # /opt/venv/share/sidequest (pyproject's data-files), so /src can be left behind.
 RUN pip install . \
     && sidequest --help > /dev/null \
-    && test -f /opt/venv/share/sidequest/alembic.ini
+    && test -f /opt/venv/share/sidequest/alembic.ini \
+    && python -c "from service.store import queries; assert queries.definitions() and queries.named()"
 
 # ---------------------------------------------------------------------------------- runtime
 FROM python:${PYTHON_VERSION}-slim AS runtime

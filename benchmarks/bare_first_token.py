@@ -10,7 +10,8 @@ stream through memory. What it leaves out is everything Sidequest adds to that: 
 PostgreSQL, the queue and its leases, the job row and single flight, the ledger, the reply's
 validation and retry, the cache, budgets, calibration, the shared-prefix reuse.
 
-``bench_first_token.py`` runs it as its own process beside the service, on the same scripted model:
+``bench_first_token.py`` runs it as its own process beside the service, with a scripted model of the
+same delays, each run right after the service's; case 2's target is this app's time + 0.1 s:
 
     python benchmarks/bare_first_token.py --port 8124 --dsn postgresql://postgres@127.0.0.1/scratch \\
         --model-url http://127.0.0.1:PORT/v1

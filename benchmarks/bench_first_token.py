@@ -23,19 +23,22 @@ Cases:
 6. a new long snapshot PUT 8 s before its first question.
 
 A person reads an answer before asking the next "by the way" question: each question comes
-``--gap`` seconds (default 3) after the previous answer ended. Targets: every case ≤ 1.3× the floor,
-except case 2 ≤ floor + 2 summary-call latencies (4 s).
+``--gap`` seconds (default 3) after the previous answer ended.
 
-Then (unless ``--no-bare``) the floor and case 2 again against ``bare_first_token.py``, a bare FastAPI +
-asyncpg app in its own process doing only what case 2 must (store the snapshot, four parallel summary
-calls, a merge, the answer), on a scripted model with the same delays: what case 2 costs in this
-harness without any of Sidequest's own work.
+Each run also asks the floor and case 2 of ``bare_first_token.py``, a bare FastAPI + asyncpg app in its
+own process doing only what case 2 must (store the snapshot, four parallel summary calls, a merge, the
+answer), on its own scripted model with the same delays, right after the service's run: what case 2
+costs in this harness without any of Sidequest's own work, measured under the same machine load.
+
+Targets (medians over the runs): case 2 ≤ the bare app's case 2 + 0.1 s; every other case ≤ 1.3× the
+floor. ``--no-bare`` skips the bare app, and with it case 2's verdict.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -55,6 +58,10 @@ from tests.scripted_provider import ScriptedServer, Step
 
 SUMMARY_DELAY_S = 2.0
 ANSWER_DELAY_S = 0.3
+# Targets: case 2 may cost this much beyond the bare app doing the same work; every other case this
+# many times the floor.
+BARE_ALLOWANCE_S = 0.1
+FLOOR_FACTOR = 1.3
 WINDOW = 64000
 CASES = (
     "floor: empty session, tiny snapshot",
@@ -287,7 +294,10 @@ async def main() -> None:
     )
     parser.add_argument("--explain", action="store_true", help="print each request's stages and summaries")
     parser.add_argument(
-        "--no-bare", dest="bare", action="store_false", help="skip the bare app's floor and case 2"
+        "--no-bare",
+        dest="bare",
+        action="store_false",
+        help="skip the bare app's floor and case 2 (and with them case 2's verdict)",
     )
     args = parser.parse_args()
     global EXPLAIN
@@ -295,48 +305,59 @@ async def main() -> None:
 
     estimate = json.dumps(snapshot(400)).encode()
     print(f"long snapshot: 1600 messages, {len(estimate)} bytes of JSON")
-    async with deployed() as service, httpx.AsyncClient(base_url=service.url, timeout=120) as client:
+    table: list[list[float]] = [[] for _ in CASES]
+    pairs: list[tuple[float, float]] = []  # the bare app's (floor, case 2), one per run
+    async with contextlib.AsyncExitStack() as stack:
+        service = await stack.enter_async_context(deployed())
+        client = await stack.enter_async_context(httpx.AsyncClient(base_url=service.url, timeout=120))
         print(f"sidequest serve pid {service.pid}; load average {os.getloadavg()[0]:.1f}")
+        bare_client: httpx.AsyncClient | None = None
+        if args.bare:
+            # Its own model, slow from the start: the service's scripted model switches between fast
+            # (setup) and slow (measured) within each run.
+            scripted = stack.enter_context(ScriptedServer())
+            slow(scripted)
+            url = await stack.enter_async_context(bare("bare_first_token.py", scripted))
+            bare_client = await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=120))
         global SCRIPTED
         SCRIPTED = service.scripted if EXPLAIN else None
-        table: list[list[float]] = [[] for _ in CASES]
         for run in range(args.runs):
             for case, value in enumerate(await one_run(client, service.scripted, run, args.gap)):
                 table[case].append(value)
-            print(f"run {run + 1}: " + ", ".join(f"{v:.2f}" for v in (t[-1] for t in table)))
+            line = f"run {run + 1}: " + ", ".join(f"{v:.2f}" for v in (t[-1] for t in table))
+            if bare_client is not None:
+                # Right after the service's run, so both see the same load on a shared machine.
+                pairs.append(await bare_run(bare_client, run, args.gap))
+                line += f"; bare app floor {pairs[-1][0]:.2f}, case 2 {pairs[-1][1]:.2f}"
+            print(line)
     floor = statistics.median(table[0])
+    bare_case2 = statistics.median(c for _, c in pairs) if pairs else None
     print(f"\ntime to first token, {args.runs} runs (summary call {SUMMARY_DELAY_S} s, answer 0.3 s)")
     print(f"{'case':42} {'runs (s)':28} {'median':>7} {'× floor':>8}  target")
     for case, values in enumerate(table):
         median = statistics.median(values)
         if case == 1:
-            target = f"≤ floor + {2 * SUMMARY_DELAY_S:g} s = {floor + 2 * SUMMARY_DELAY_S:.2f} s"
-            ok = median <= floor + 2 * SUMMARY_DELAY_S
+            if bare_case2 is None:
+                target, verdict = f"≤ bare app's case 2 + {BARE_ALLOWANCE_S:g} s", "not judged (--no-bare)"
+            else:
+                limit = bare_case2 + BARE_ALLOWANCE_S
+                target = f"≤ bare app's case 2 + {BARE_ALLOWANCE_S:g} s = {limit:.2f} s"
+                verdict = "ok" if median <= limit else "MISSED"
         else:
-            target, ok = "≤ 1.3×", median <= 1.3 * floor
+            target = f"≤ {FLOOR_FACTOR:g}× = {FLOOR_FACTOR * floor:.2f} s"
+            verdict = "ok" if median <= FLOOR_FACTOR * floor else "MISSED"
         runs = ", ".join(f"{v:.2f}" for v in values)
-        verdict = "ok" if ok else "MISSED"
         print(f"{CASES[case]:42} {runs:28} {median:7.2f} {median / floor:8.2f}  {target} {verdict}")
-    if args.bare:
-        # The same model, the same client, the same two cases against a bare app doing only what
-        # case 2 must do (bare_first_token.py): what "floor + 2 summary-call latencies" costs without
-        # any of Sidequest's own work.
-        with ScriptedServer() as scripted:
-            slow(scripted)
-            async with (
-                bare("bare_first_token.py", scripted) as url,
-                httpx.AsyncClient(base_url=url, timeout=120) as client,
-            ):
-                pairs = [await bare_run(client, run, args.gap) for run in range(args.runs)]
-        print(f"\nbare FastAPI + asyncpg app, same model, {args.runs} runs (bare_first_token.py)")
+    if bare_case2 is not None:
+        print(f"\nbare FastAPI + asyncpg app, same harness, {args.runs} runs (bare_first_token.py)")
         for name, values in (("floor", [f for f, _ in pairs]), (CASES[1], [c for _, c in pairs])):
             print(f"{name:42} {', '.join(f'{v:.2f}' for v in values):28} {statistics.median(values):7.2f}")
-        excess = [c - f - 2 * SUMMARY_DELAY_S for f, c in pairs]
-        ours = statistics.median(table[1]) - floor - 2 * SUMMARY_DELAY_S
+        beyond = [ours - theirs for ours, (_, theirs) in zip(table[1], pairs, strict=True)]
         print(
-            f"case 2 beyond floor + {2 * SUMMARY_DELAY_S:g} s: bare "
-            + ", ".join(f"{x * 1000:+.0f}" for x in excess)
-            + f" ms (median {statistics.median(excess) * 1000:+.0f}); Sidequest {ours * 1000:+.0f} ms"
+            "case 2 beyond the bare app's, per run: "
+            + ", ".join(f"{x * 1000:+.0f}" for x in beyond)
+            + f" ms; medians {(statistics.median(table[1]) - bare_case2) * 1000:+.0f} ms"
+            + f" (target ≤ +{BARE_ALLOWANCE_S * 1000:.0f} ms)"
         )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 

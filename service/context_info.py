@@ -71,6 +71,24 @@ class CalibrationInfo(_Open):
     applied: bool = False
 
 
+class ArtifactsInfo(_Open):
+    """The snapshot's distinct artifacts (SPEC §6.8: what a person names a tool call by)."""
+
+    total: int = 0
+    in_prompt: int = Field(default=0, description="Those whose text the answer request carries.")
+
+
+class FidelityInfo(_Open):
+    """What of the snapshot reached the model (SPEC §6.10)."""
+
+    tier: Literal["none", "masked", "summary"] = "none"
+    verbatim_messages: int = 0
+    masked_messages: int = 0
+    masked_payload_bytes: int = 0
+    summarized_messages: int = 0
+    artifacts: ArtifactsInfo = Field(default_factory=ArtifactsInfo)
+
+
 class ContextInfo(_Open):
     """Budget metadata of a request (SPEC §3)."""
 
@@ -90,6 +108,7 @@ class ContextInfo(_Open):
     provider_prompt_tokens: int | None = None
     drift: int | float | None = None
     calibration: CalibrationInfo | None = None
+    fidelity: FidelityInfo | None = None
     attempt: int | None = None
 
     @classmethod
@@ -112,10 +131,12 @@ class ContextInfo(_Open):
 
 
 __all__ = [
+    "ArtifactsInfo",
     "CalibrationInfo",
     "ContextInfo",
     "ContextSummaryInfo",
     "EstimateInfo",
+    "FidelityInfo",
     "MadeBy",
     "QASummaryInfo",
 ]

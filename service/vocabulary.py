@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]  # (typeshed omits it)
@@ -223,6 +224,23 @@ def replay(replayed_groups: int, replayed_ordinals: list[int] | None, folded_gro
 def compaction_skipped(reason: str) -> dict[str, Any]:
     """Compaction had nothing to work on."""
     return {"what": "compaction_skipped", "reason": reason}
+
+
+def masks_tool_results(session_settings: Mapping[str, Any]) -> bool:
+    """SPEC §11.2 ``mask_tool_results``: masking is on unless the session set it to false (null and
+    unset mean the default)."""
+    return session_settings.get("mask_tool_results") is not False
+
+
+def context_masked(*, groups: int, masked_messages: int, payload_bytes: int, tier: str) -> dict[str, Any]:
+    """Tool payloads of the oldest ``groups`` groups elided (SPEC §6.8), as tier ``tier`` of §6.2."""
+    return {
+        "what": "context_masked",
+        "tier": tier,
+        "groups": groups,
+        "masked_messages": masked_messages,
+        "payload_bytes": payload_bytes,
+    }
 
 
 def compaction_refused(reason: str, explanation: str | None = None) -> dict[str, Any]:

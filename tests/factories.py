@@ -52,10 +52,15 @@ def scripted_settings(database_url: str, base_url: str, **overrides: Any) -> Set
     return Settings(**values)
 
 
-async def make_session(db: Database, parent_id: str = "parent-1", tenant: str = "default") -> uuid.UUID:
-    """Create a session and return its id."""
+async def make_session(
+    db: Database,
+    parent_id: str = "parent-1",
+    tenant: str = "default",
+    settings: dict[str, Any] | None = None,
+) -> uuid.UUID:
+    """Create a session (with these session settings, SPEC §11.2) and return its id."""
     async with db.sessions() as session, session.begin():
-        row = SessionRow(tenant=tenant, parent_id=parent_id)
+        row = SessionRow(tenant=tenant, parent_id=parent_id, settings=settings or {})
         session.add(row)
         await session.flush()
         return row.id
@@ -166,3 +171,31 @@ def fail_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list
 
     monkeypatch.setattr(owner, name, once)
     return failed
+
+
+def tool_session(groups: int, *, payload_bytes: int = 6000, start: int = 0) -> list[dict[str, Any]]:
+    """A coding-agent transcript: each group reads a file (a large result) and says a sentence."""
+    messages: list[dict[str, Any]] = []
+    for n in range(start, start + groups):
+        messages.append({"role": "user", "content": f"step {n}: look at module {n}"})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"Reading module {n}."},
+                    {
+                        "type": "tool_use",
+                        "id": f"t{n}",
+                        "name": "Read",
+                        "input": {"file_path": f"/src/mod_{n}.py"},
+                    },
+                ],
+            }
+        )
+        half = f"value_{n} = compute({n})\n" * (payload_bytes // 48)
+        body = f"# module {n}\n{half}inner_{n} = 1\n{half}"
+        messages.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{n}", "content": body}]}
+        )
+        messages.append({"role": "assistant", "content": f"Module {n} computes value_{n}."})
+    return messages

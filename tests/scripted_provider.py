@@ -209,6 +209,9 @@ class Step:
     headers: Mapping[str, str] = field(default_factory=dict)
     # After the text: an error object sent inside the stream, or the connection dropped mid-body.
     stream_error: Any = None
+    # After the text: this text as an SSE chunk's data, verbatim (not JSON-encoded): an error a server
+    # sent as words, or as JSON that does not parse.
+    stream_error_text: str | None = None
     break_stream: bool = False
     # Never answer (before anything when there is no text, else after the text).
     hangs: bool = False
@@ -279,7 +282,8 @@ class Step:
     # ---- failures ------------------------------------------------------------------------------
     @classmethod
     def http_error(cls, status: int, body: Any, *, headers: Mapping[str, str] | None = None) -> Step:
-        """Answer with HTTP ``status`` and ``body`` (a JSON value, or raw text when a str)."""
+        """Answer with HTTP ``status`` and ``body`` (a JSON value, or raw text when a str, sent as
+        ``text/plain`` unless ``headers`` name another content-type)."""
         return cls(status=status, body=body, headers=dict(headers or {}))
 
     @classmethod
@@ -295,6 +299,12 @@ class Step:
             usage=usage,
             usage_first=usage is not None,
         )
+
+    @classmethod
+    def text_error_in_stream(cls, data: str) -> Step:
+        """HTTP 200, then ``data`` as the first chunk's data exactly as given (the wire form of an
+        in-stream error that is plain text or broken JSON: ``data: {"error": {"message": "…\\'s"}}``)."""
+        return cls(stream_error_text=data)
 
     @classmethod
     def error_after_partial(
@@ -685,6 +695,9 @@ class ScriptedServer:
         if step.stream_error is not None:
             error = step.stream_error if "error" in step.stream_error else {"error": step.stream_error}
             return [*events, _Event.pause(), _Event.sse(error), _Event.raw(b"data: [DONE]\n\n")]
+        if step.stream_error_text is not None:
+            chunk_data = b"data: " + step.stream_error_text.encode() + b"\n\n"
+            return [*events, _Event.pause(), _Event.raw(chunk_data), _Event.raw(b"data: [DONE]\n\n")]
         if step.break_stream:
             return [*events, _Event.pause(), _Event.broken()]
         if step.hangs:
@@ -767,7 +780,12 @@ class ScriptedServer:
             block({"type": "thinking", "thinking": "", "signature": ""}, [*thinking, signature])
         if step.content:
             pieces = _split(step.content, step.chunks)
-            if step.stream_error is not None or step.break_stream or step.hangs:
+            if (
+                step.stream_error is not None
+                or step.stream_error_text is not None
+                or step.break_stream
+                or step.hangs
+            ):
                 # The failure comes mid-block: open the block and send the text, never close it.
                 events.append(
                     _Event.anthropic(
@@ -799,6 +817,9 @@ class ScriptedServer:
                 inner = error.get("error", error)
                 error = {"type": "error", "error": inner}
             return [*events, _Event.pause(), _Event.anthropic("error", error)]
+        if step.stream_error_text is not None:
+            chunk_data = b"event: error\ndata: " + step.stream_error_text.encode() + b"\n\n"
+            return [*events, _Event.pause(), _Event.raw(chunk_data)]
         if step.break_stream:
             return [*events, _Event.pause(), _Event.broken()]
         if step.hangs:
@@ -942,9 +963,13 @@ async def _send_json(
         payload, content_type = body.encode(), "text/plain; charset=utf-8"
     else:
         payload, content_type = json.dumps(body).encode(), "application/json"
+    headers = dict(headers or {})
+    # A scripted content-type wins: a server may label as JSON a body that does not parse.
+    for name in [n for n in headers if n.lower() == "content-type"]:
+        content_type = headers.pop(name)
     reason = http.HTTPStatus(status).phrase if status in http.HTTPStatus._value2member_map_ else "Status"
     head = [f"HTTP/1.1 {status} {reason}", f"content-type: {content_type}", f"content-length: {len(payload)}"]
-    head += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    head += [f"{name}: {value}" for name, value in headers.items()]
     head.append("connection: close")
     writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload)
     await writer.drain()

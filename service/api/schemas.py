@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    WithJsonSchema,
+    field_validator,
+)
 from typing_extensions import TypedDict
 
 from service.archive.model import NO_NUL_PATTERN
@@ -253,6 +261,11 @@ class SessionSettingsIn(BaseModel):
     on_busy: OnBusy | None = Field(
         default=None, description="What a new question does while the session has queued or running ones."
     )
+    mask_tool_results: StrictBool | None = Field(
+        default=None,
+        description="SPEC §6.8: elide old tool payloads before summarising (null: the default, true); "
+        "false: summarise the old messages as they are.",
+    )
 
     _texts = field_validator("summary_instructions", "summary_model", "answer_model")(_check_optional_text)
 
@@ -277,6 +290,7 @@ class SessionSettingsOut(BaseModel):
     context_window: int | None
     max_output_tokens: int | None
     on_busy: OnBusy | None
+    mask_tool_results: bool | None
 
 
 class HandoffIn(BaseModel):

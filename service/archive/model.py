@@ -221,6 +221,7 @@ class Settings(BaseModel):
     context_window: ContextWindow | None = None
     max_output_tokens: OutputCap | None = None
     on_busy: Literal["enqueue", "reject", "interrupt"] | None = None
+    mask_tool_results: Flag | None = None
 
 
 class Session(BaseModel):

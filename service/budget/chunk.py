@@ -14,6 +14,13 @@ from typing import Final
 
 from service.budget.estimate import BYTES_PER_TOKEN, Calibration, utf8_length
 
+# SPEC §6.3: a summary body estimated above this is "too long" and triggers the one retry; so a valid
+# summary is at most this, plus its provenance header (SUMMARY_HEADER_TOKENS at the most).
+SUMMARY_BODY_TOKEN_LIMIT: Final = 2200
+SUMMARY_HEADER_TOKENS: Final = 200
+# What a plan reserves for a summary it has not made yet: the largest valid one.
+SUMMARY_MAX_TOKENS: Final = SUMMARY_BODY_TOKEN_LIMIT + SUMMARY_HEADER_TOKENS
+
 # Output cap of a summary call's first attempt and of its single retry.
 FIRST_OUTPUT_TOKENS: Final = 2048
 RETRY_OUTPUT_TOKENS: Final = 8192

@@ -131,3 +131,22 @@ def plan_cut(
         gross_removed_tokens=gross,
         kept_tokens=kept_tokens,
     )
+
+
+def cut_at(groups: Sequence[MessageGroup], summarized_groups: int) -> CutPlan:
+    """The cut that summarises exactly the first ``summarized_groups`` groups (1 ≤ it < len(groups)
+    is not required: the ladder may summarise up to the end), as :func:`plan_cut` would describe it."""
+    _check_partition(groups)
+    if not 0 < summarized_groups <= len(groups):
+        raise ValueError("a cut summarises at least one group and at most all of them")
+    until = groups[summarized_groups - 1].end
+    total = groups[-1].end
+    return CutPlan(
+        summarize_until=until,
+        summarized_groups=summarized_groups,
+        kept_groups=len(groups) - summarized_groups,
+        summarized_messages=until,
+        kept_messages=total - until,
+        gross_removed_tokens=sum(group.tokens for group in groups[:summarized_groups]),
+        kept_tokens=sum(group.tokens for group in groups[summarized_groups:]),
+    )

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from service.budget.estimate import estimate_message, estimate_system, estimate_tools
+from service.budget.masking import Artifact, MaskedGroup, group_artifacts, mask_groups
 from service.budget.messages import MessageGroup, NormalizedSnapshot, group_messages, normalize_snapshot
+from service.budget.trail import TrailEntry, bound_trail, collect_trail
 from service.vocabulary import canonical_bytes, json_has_nul
 
 # 2: the canonical messages are not stored again when they are the snapshot's own (``messages_as_posted``).
@@ -31,6 +33,10 @@ PREPARED_VERSION: Final = 4
 # The seed of the prefix digest chain: part of every cache key, so changing it invalidates them all.
 _CHAIN_SEED: Final = b"sidequest-context-prefix-v1"
 
+
+# Where the masked groups and the artifacts are kept, once computed (PreparedSnapshot.memo).
+_MASKED: Final = "budget.masked_groups"
+_ARTIFACTS: Final = "budget.artifacts"
 
 # Deeper nesting than this is refused: it would only exhaust the pipeline's recursion later.
 MAX_SNAPSHOT_DEPTH: Final = 128
@@ -266,6 +272,45 @@ class PreparedSnapshot:
     def cache_key(self, length: int, model: str, prompt_version: str) -> str:
         """The context-summary cache key of ``messages[:length]``."""
         return summary_cache_key(self.digests[length], model, prompt_version)
+
+    def masked(self) -> tuple[MaskedGroup, ...]:
+        """Every group in its masked form (SPEC §6.8), computed at most once per preparation: the
+        snapshot is immutable, and so is a group's masked form."""
+        found: tuple[MaskedGroup, ...] | None = self.memo.get(_MASKED)
+        if found is None:
+            found = self.memo[_MASKED] = mask_groups(self.messages, self.groups, self.message_tokens)
+        return found
+
+    def masked_tokens(self) -> tuple[int, ...]:
+        """Each group's estimate in its masked form."""
+        return tuple(group.tokens for group in self.masked())
+
+    def artifacts(self) -> tuple[list[tuple[Artifact, bool]], ...]:
+        """Each group's artifacts in call order, with their results' error flags (SPEC §6.9)."""
+        found: tuple[list[tuple[Artifact, bool]], ...] | None = self.memo.get(_ARTIFACTS)
+        if found is None:
+            found = self.memo[_ARTIFACTS] = tuple(
+                group_artifacts(self.messages[g.start : g.end]) for g in self.groups
+            )
+        return found
+
+    def trail(self, groups: int) -> list[TrailEntry]:
+        """The bounded artifact trail of the first ``groups`` groups (what a summary of them covers)."""
+        return bound_trail(collect_trail(use for found in self.artifacts()[:groups] for use in found))
+
+    def group_index(self, message: int) -> int:
+        """The index of the group that starts at ``message`` (a group boundary; the count of groups
+        for the end of the transcript)."""
+        for index, group in enumerate(self.groups):
+            if group.start == message:
+                return index
+        if message == len(self.messages):
+            return len(self.groups)
+        raise ValueError(f"message {message} is not a group boundary")
+
+    def boundary(self, group: int) -> int:
+        """The message index where group ``group`` starts (the message count past the last group)."""
+        return self.groups[group].start if group < len(self.groups) else len(self.messages)
 
     def to_json(self) -> dict[str, Any]:
         """The stored form (``main_snapshots.prepared``)."""

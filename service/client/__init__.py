@@ -4,8 +4,10 @@
 ``ask`` posts a side question, then follows ``GET /v1/questions/{id}/events`` live: stage changes,
 progress (replayed groups, summary chunk i/n, cache hits, overflow retries) and usage go to stderr —
 as one live status line on a terminal, as plain timestamped lines otherwise — and the answer text goes
-to stdout as it streams, so ``sidequest ask … > answer.txt`` captures just the answer. A dropped stream
-is resumed with ``Last-Event-ID``, so nothing is shown twice or skipped.
+to stdout as it streams, so ``sidequest ask … > answer.txt`` captures just the answer. Once it is done,
+one stderr line says what of the snapshot reached the model (tier, verbatim / masked / summarised
+messages, artifacts in the prompt; SPEC §6.10), then the outcome line. A dropped stream is resumed
+with ``Last-Event-ID``, so nothing is shown twice or skipped.
 
 Exit codes (docs/quickstart.md): 0 the request succeeded; 1 it failed or was cancelled (the error
 code and message are printed); 2 the client could not do its job (bad arguments, unreadable file,

@@ -57,6 +57,11 @@ def describe_progress(data: dict[str, Any]) -> str:
         if data.get("covered_messages") is not None:
             text += f" ({data['covered_messages']} messages)"
         return text
+    if what == "context_masked":
+        return (
+            f"masked the tool output of {plural(data.get('masked_messages'), 'older message')}"
+            f" ({_size(_count(data.get('payload_bytes')))} elided) for tier {data.get('tier')}"
+        )
     if what in ("compaction_skipped", "compaction_refused"):
         reason = data.get("explanation") or data.get("reason") or ""
         return f"{str(what).replace('_', ' ')}: {reason}".rstrip(": ")
@@ -69,6 +74,52 @@ def describe_progress(data: dict[str, Any]) -> str:
     words = [str(what).replace("_", " ")] if isinstance(what, str) else []
     words.extend(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in data.items() if k not in _ENVELOPE)
     return " ".join(words) or "working"
+
+
+def _size(n_bytes: int) -> str:
+    """Bytes as a person reads them: 950 bytes, 1.5 KB, 310 KB, 1.2 MB (decimal units, as the
+    inspector writes them)."""
+    if n_bytes < 1000:
+        return plural(n_bytes, "byte")
+    value, unit = n_bytes / 1000, "KB"
+    for larger in ("MB", "GB"):
+        if round(value) < 1000:
+            break
+        value, unit = value / 1000, larger
+    return f"{value:.1f} {unit}" if value < 9.95 else f"{value:.0f} {unit}"
+
+
+def _count(value: object) -> int:
+    # A field another server version leaves out (or sends oddly) counts as 0, never a crash at the end.
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def describe_fidelity(fidelity: object) -> str | None:
+    """One line saying what of the snapshot reached the model (SPEC §6.10 ``context_info.fidelity``),
+    or None when the request had no snapshot or never built its answer request (``fidelity`` null)."""
+    if not isinstance(fidelity, dict):
+        return None
+    verbatim = _count(fidelity.get("verbatim_messages"))
+    masked = _count(fidelity.get("masked_messages"))
+    summarized = _count(fidelity.get("summarized_messages"))
+    artifacts = fidelity.get("artifacts") if isinstance(fidelity.get("artifacts"), dict) else {}
+    assert isinstance(artifacts, dict)
+    total, in_prompt = _count(artifacts.get("total")), _count(artifacts.get("in_prompt"))
+    tier = fidelity.get("tier")
+    if tier == "none":
+        # Nothing compacted: the counts would only repeat "all of it"; say so in words.
+        text = f"context: not compacted — the whole snapshot went verbatim ({plural(verbatim, 'message')})"
+    else:
+        elided = f" ({_size(_count(fidelity.get('masked_payload_bytes')))} elided)" if masked else ""
+        text = (
+            f"context: {tier} — {verbatim} verbatim, {masked} masked{elided},"
+            f" {summarized} summarised {'message' if summarized == 1 else 'messages'}"
+        )
+    if total:
+        text += f"; artifacts {in_prompt} of {total} in the prompt"
+    else:
+        text += "; no tool-call artifacts in the snapshot"
+    return text
 
 
 @dataclass
@@ -168,6 +219,12 @@ class Renderer:
             record = data.get("record") if isinstance(data.get("record"), dict) else {}
             assert isinstance(record, dict)
             self._finish_answer(record.get("answer"))
+            # What of the snapshot the model saw, beside the answer it gave (before the final line,
+            # which stays the outcome and usage).
+            info = record.get("context_info")
+            fidelity = describe_fidelity(info.get("fidelity")) if isinstance(info, dict) else None
+            if fidelity is not None:
+                self.lasting(fidelity)
             summary = str(Status.SUCCEEDED)
             if record.get("truncated"):
                 summary += f" (answer truncated: stop reason {record.get('stop_reason')})"

@@ -41,7 +41,7 @@ def build_answer(
     if kept is None:
         kept = context.kept_messages(snap)
         kept_tokens = context.kept_tokens(snap)
-        summary_text = context.summary.rendered() if context.summary is not None else None
+        summary_text = context.summary_text()
     return build_answer_request(
         question=prepared.claimed.question,
         system=snap.snapshot.system if snap else None,

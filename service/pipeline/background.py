@@ -9,7 +9,8 @@ fails a request: a waiting request makes the summary itself.
 
 - ``qa_fold``: fold the session's uncovered Q&A up to ``through_ordinal`` into the rolling summary.
 - ``context_summary``: summarise the snapshot ``snapshot_id`` as a question on it would compact it
-  (the 8000-token recent tail kept), reusing the longest cached prefix. It was queued before its
+  (the ladder's decision, :func:`service.budget.ladder.decide`: with masking on, the oldest groups in
+  their masked form, with their artifact trail), reusing the longest cached prefix. It was queued before its
   summary's cache key was known (``snapshot:<id>``); it takes that key when it starts, so a request
   (or job) for the same content under another snapshot id waits for it instead of repeating it.
 """
@@ -22,13 +23,16 @@ import logging
 import time
 from typing import Any, Literal
 
-from service.budget import Calibration, CutRefusal, plan_cut
+from service.budget import Calibration, CutRefusal
+from service.budget.cut import cut_at
+from service.budget.ladder import NONE, SUMMARY, decide, snapshot_room
 from service.pipeline.calibration import CalibrationBook
 from service.pipeline.failures import error_object
 from service.pipeline.history import folded_context_time
 from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers, text_setting
 from service.pipeline.recorder import JobRecorder
 from service.pipeline.runtime import PipelineDeps
+from service.pipeline.summaries import MASKED_MATERIAL
 from service.store import jobs, memory
 from service.store.execute import transaction
 from service.store.history import iter_history
@@ -37,7 +41,7 @@ from service.summary.material import QAPair
 from service.summary.policy import SummaryCallBudget
 from service.summary.rolling import fold_qa
 from service.summary.runner import SummaryRunner
-from service.vocabulary import JobKind, Status, TerminalStatus, utc_iso
+from service.vocabulary import JobKind, Status, TerminalStatus, masks_tool_results, utc_iso
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +90,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 instructions=text_setting(job.settings, "summary_instructions"),
                 calibration=calibration,
                 on_sample=book.sample,
+                material_variant=MASKED_MATERIAL if masks_tool_results(job.settings) else None,
             )
 
         async with asyncio.timeout(timeout + 1.0):  # the calls' own deadline should always win
@@ -180,17 +185,21 @@ async def _context_summary(
         return JobOutcome(
             Status.FAILED, error={"code": "snapshot_missing", "message": "snapshot gone", "detail": {}}
         )
-    cut = plan_cut(snapshot.groups)
-    if isinstance(cut, CutRefusal):
-        return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": cut.reason})
-    until = cut.summarize_until
-    # A 6.7 follow-up carries its question's window and cap; a snapshot's job has the session's.
+    # A 6.7 follow-up carries its question's window and cap; a snapshot's job the ones the trigger
+    # expected (the session's settings, else its latest question's).
     plan = plan_numbers(deps.settings, job.settings, job.params, snapshot)
-    if fit.fits(snapshot.total_tokens, plan.input_budget):
-        # Queued on the raw estimate (the admission reads no calibration); with the learned ratio the
-        # snapshot fits, so a question on it needs no summary: none is made (SPEC §5.1: the ratio
-        # decides every fit).
-        return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": "not_needed"})
+    mask = masks_tool_results(job.settings)
+    # The fit is the answer model's, with its learned ratio (SPEC §5.1: the ratio decides every fit);
+    # the admission queued the job on the raw estimate.
+    decision = decide(snapshot, snapshot_room(snapshot, fit.raw_capacity(plan.input_budget)), mask=mask)
+    if isinstance(decision, CutRefusal):
+        return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": decision.reason})
+    if decision.tier != SUMMARY:
+        # A question on it needs no summary (it fits, or masking alone makes it fit): none is made.
+        reason = "not_needed" if decision.tier == NONE else "masking_is_enough"
+        return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": reason})
+    cut = cut_at(snapshot.groups, decision.summarize_until)
+    until = cut.summarize_until
     summarizer = runner(plan.window, plan.safety_margin)
     key = snapshot.cache_key(until, model, summarizer.prompt_version)
     cache = parse_cache(job.memory.get("context_summaries") or [])
@@ -203,7 +212,9 @@ async def _context_summary(
                 Status.SUCCEEDED, covered={"covered_messages": until, "reason": "made_elsewhere"}
             )
     started = time.monotonic()
-    result = await compact_snapshot(summarizer, snapshot_id, snapshot, cut, cache, snapshot.taken_at)
+    result = await compact_snapshot(
+        summarizer, snapshot_id, snapshot, cut, cache, snapshot.taken_at, masked=mask
+    )
     summary: dict[str, dict[str, Any]] = {}
     if result.new_entry is not None:
         entry = dataclasses.replace(result.new_entry, made_by="background")

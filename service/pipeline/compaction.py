@@ -11,6 +11,10 @@ In order, the cheapest way that fits wins:
    under another id): wait for it within the deadline and use it (``made_by: "background"``);
 4. **make it** — registered for single flight, summarise the part after the longest cached prefix
    (``prefix``) or everything before the cut (``miss``), and cache it (guarded by ``clear_version``).
+
+The cut itself is decided by the ladder (:func:`service.budget.ladder.plan_compaction`); with masking
+on (SPEC §6.8) the summarised groups go in their masked form, the groups between the summary and the
+recent part stay masked (``mask_until``), and the summary carries its artifact trail (§6.9).
 """
 
 from __future__ import annotations
@@ -21,10 +25,24 @@ from typing import Any
 
 from service import vocabulary
 from service.budget import RECENT_BUDGET_TOKENS, CutPlan, CutRefusal, plan_cut
+from service.budget.cut import cut_at
+from service.budget.estimate import estimate_text
+from service.budget.fidelity import measure_fidelity
+from service.budget.ladder import (
+    MASKED,
+    NONE,
+    SUMMARY_TURN_TOKENS,
+    decide,
+    plan_after_summary,
+    recent_budget_for,
+)
 from service.budget.prepared import PreparedSnapshot
+from service.budget.trail import render_trail
+from service.context_info import FidelityInfo
 from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_cache
 from service.pipeline.runtime import RequestRuntime
+from service.pipeline.summaries import summary_runner
 from service.pipeline.waiting import registered, wait_for_background_jobs
 from service.store import jobs, memory
 from service.summary.context import (
@@ -32,6 +50,7 @@ from service.summary.context import (
     CacheHit,
     ContextCompaction,
     compact_snapshot,
+    covering_summary,
     find_reusable,
     longest_cached_prefix,
 )
@@ -40,6 +59,9 @@ from service.vocabulary import JobKind
 
 # "Does it fit?" for a context made of this summary text and these kept messages (their estimate).
 FitCheck = Callable[[str | None, Sequence[dict[str, Any]], int], bool]
+# With masking on: where masking must stop (a message index) for a context made of a summary of the
+# first ``covered`` messages (this prompt text) and the later ones masked oldest first; None: no fit.
+AfterSummary = Callable[[int, str], int | None]
 
 
 def snapshot_job_key(snapshot_id: str) -> str:
@@ -60,17 +82,128 @@ class ContextPlan:
     waited_ms: int = 0
     # §6.7: answered with a cached prefix and a long verbatim tail; a job should extend the summary.
     extend_later: bool = False
+    # §6.8: messages [kept_from, mask_until) go in their masked form (a group boundary; ≤ kept_from: none).
+    mask_until: int = 0
+
+    def _masked_groups(self, snapshot: PreparedSnapshot) -> range:
+        if self.mask_until <= self.kept_from:
+            return range(0)
+        return range(snapshot.group_index(self.kept_from), snapshot.group_index(self.mask_until))
 
     def kept_messages(self, snapshot: PreparedSnapshot | None) -> list[dict[str, Any]]:
-        return list(snapshot.messages[self.kept_from :]) if snapshot else []
+        if snapshot is None:
+            return []
+        masked = self._masked_groups(snapshot)
+        if not masked:
+            return list(snapshot.messages[self.kept_from :])
+        forms = snapshot.masked()
+        out: list[dict[str, Any]] = []
+        for index in masked:
+            out.extend(forms[index].messages)
+        out.extend(snapshot.messages[self.mask_until :])
+        return out
 
     def kept_tokens(self, snapshot: PreparedSnapshot | None) -> int:
-        return snapshot.tokens_of(self.kept_from) if snapshot else 0
+        if snapshot is None:
+            return 0
+        masked = self._masked_groups(snapshot)
+        if not masked:
+            return snapshot.tokens_of(self.kept_from)
+        forms = snapshot.masked()
+        return sum(forms[index].tokens for index in masked) + snapshot.tokens_of(self.mask_until)
+
+    def summary_text(self) -> str | None:
+        """What stands for the summarised messages: the summary and, after it, its trail."""
+        return self.summary.prompt_text() if self.summary is not None else None
 
 
 def uncompacted() -> ContextPlan:
     """The whole snapshot verbatim."""
     return ContextPlan(summary=None, kept_from=0)
+
+
+def masked_only(mask_until: int) -> ContextPlan:
+    """Tier 1 (SPEC §6.8): no summary, messages before ``mask_until`` masked, the rest verbatim."""
+    return ContextPlan(summary=None, kept_from=0, mask_until=mask_until)
+
+
+async def compact_snapshot_copy(
+    rt: RequestRuntime, prepared: Prepared, fits: FitCheck, room: int
+) -> ContextPlan | None:
+    """The compaction ladder (SPEC §6.2) for a request whose transcript must fit ``room`` tokens:
+    masking alone (no call), or a summary of the oldest groups; None (with a progress event saying
+    why) when nothing can help."""
+    snapshot = prepared.snapshot
+    if snapshot is None or not snapshot.messages:
+        await rt.progress(vocabulary.compaction_skipped("no snapshot messages"), defer=True)
+        return None
+    mask = prepared.mask_tool_results
+    decision = decide(snapshot, room, mask=mask)
+    if isinstance(decision, CutRefusal):
+        await rt.progress(vocabulary.compaction_refused(decision.reason, decision.explanation))
+        return None
+    if decision.tier == NONE:
+        return None
+    forms = snapshot.masked()[decision.summarize_until : decision.mask_until]
+    if forms:
+        await rt.progress(
+            vocabulary.context_masked(
+                tier=decision.tier,
+                groups=len(forms),
+                masked_messages=sum(form.masked_messages for form in forms),
+                payload_bytes=sum(form.payload_bytes for form in forms),
+            ),
+            defer=True,
+        )
+    if decision.tier == MASKED:
+        plan = masked_only(snapshot.boundary(decision.mask_until))
+        _record(rt, plan, snapshot)
+        return plan
+    recent = recent_budget_for(room)
+
+    def after_summary(covered: int, text: str) -> int | None:
+        plan = plan_after_summary(
+            snapshot.groups,
+            snapshot.masked_tokens(),
+            room,
+            covered=snapshot.group_index(covered),
+            summary_tokens=estimate_text(text) + SUMMARY_TURN_TOKENS,
+            recent_budget=recent,
+        )
+        return None if plan is None else snapshot.boundary(plan.mask_until)
+
+    tier2 = (
+        Tier2(masked=True, mask_until=snapshot.boundary(decision.mask_until), after_summary=after_summary)
+        if mask
+        else Tier2()
+    )
+    return await compact(
+        rt,
+        prepared,
+        summary_runner(rt, prepared),
+        fits,
+        cut=cut_at(snapshot.groups, decision.summarize_until),
+        tier2=tier2,
+    )
+
+
+def record_fidelity(rt: RequestRuntime, snapshot: PreparedSnapshot | None, plan: ContextPlan) -> None:
+    """``context_info.fidelity`` (SPEC §6.10) of the context the answer request is built from."""
+    if snapshot is None:
+        rt.info.fidelity = None
+        return
+    summarized = snapshot.group_index(plan.kept_from) if plan.summary is not None else 0
+    mask_until = snapshot.group_index(plan.mask_until) if plan.mask_until > plan.kept_from else summarized
+    trail = snapshot.trail(summarized) if plan.summary is not None and plan.summary.trail else []
+    fidelity = measure_fidelity(
+        snapshot.groups,
+        snapshot.masked(),
+        snapshot.artifacts(),
+        summarize_until=summarized,
+        mask_until=mask_until,
+        trail=trail,
+    )
+    rt.info.fidelity = FidelityInfo.model_validate(fidelity.to_json())
 
 
 def _record(rt: RequestRuntime, plan: ContextPlan, snapshot: PreparedSnapshot) -> None:
@@ -102,9 +235,27 @@ async def _wait_for_jobs(rt: RequestRuntime, keys: set[str]) -> int | None:
     )
 
 
-def _hit(entry: CachedContextSummary, until: int, waited_ms: int = 0) -> ContextPlan:
+def _hit(entry: CachedContextSummary, until: int, mask_until: int, waited_ms: int = 0) -> ContextPlan:
     made_by = "background" if entry.made_by == "background" else "request"
-    return ContextPlan(summary=entry, kept_from=until, cache="hit", made_by=made_by, waited_ms=waited_ms)
+    return ContextPlan(
+        summary=entry,
+        kept_from=until,
+        cache="hit",
+        made_by=made_by,
+        waited_ms=waited_ms,
+        mask_until=mask_until,
+    )
+
+
+@dataclass(frozen=True)
+class Tier2:
+    """How a summary is made and used: ``masked`` (SPEC §6.8 on: the summarised groups in their masked
+    form, with a trail; the messages up to ``mask_until`` after it masked) and, with masking on, where
+    masking must stop after a cached summary of a shorter prefix (§6.7, ``after_summary``)."""
+
+    masked: bool = False
+    mask_until: int = 0
+    after_summary: AfterSummary | None = None
 
 
 async def compact(
@@ -113,26 +264,34 @@ async def compact(
     runner: SummaryRunner,
     fits: FitCheck,
     *,
+    cut: CutPlan | None = None,
+    tier2: Tier2 | None = None,
     recent_budget: int = RECENT_BUDGET_TOKENS,
     min_summarized: int | None = None,
     current: ContextPlan | None = None,
 ) -> ContextPlan | None:
-    """Compact the snapshot copy; None (with a progress event saying why) when it cannot help."""
+    """Compact the snapshot copy; None (with a progress event saying why) when it cannot help.
+
+    ``cut``: where the ladder (:func:`service.budget.ladder.plan_compaction`) decided to cut; None
+    (overflow recovery, compacting harder) plans the cut here with ``recent_budget``.
+    """
     snapshot = prepared.snapshot
     if snapshot is None or not snapshot.messages:
         await rt.progress(vocabulary.compaction_skipped("no snapshot messages"), defer=True)
         return None
-    kwargs: dict[str, int] = {"recent_budget": recent_budget}
-    if min_summarized is not None:
-        kwargs["min_summarized_tokens"] = min_summarized
-    cut = plan_cut(snapshot.groups, **kwargs)
-    if isinstance(cut, CutRefusal):
-        await rt.progress(vocabulary.compaction_refused(cut.reason, cut.explanation))
-        return None
+    if cut is None:
+        kwargs: dict[str, int] = {"recent_budget": recent_budget}
+        if min_summarized is not None:
+            kwargs["min_summarized_tokens"] = min_summarized
+        planned = plan_cut(snapshot.groups, **kwargs)
+        if isinstance(planned, CutRefusal):
+            await rt.progress(vocabulary.compaction_refused(planned.reason, planned.explanation))
+            return None
+        cut = planned
     if current is not None and current.summary is not None and cut.summarize_until <= current.kept_from:
         await rt.progress(vocabulary.compaction_refused("no_further_cut"), defer=True)
         return None
-    plan = await _plan(rt, prepared, runner, fits, cut, retrying=current is not None)
+    plan = await _plan(rt, prepared, runner, fits, cut, tier2 or Tier2(), retrying=current is not None)
     _record(rt, plan, snapshot)
     return plan
 
@@ -143,18 +302,20 @@ async def _plan(
     runner: SummaryRunner,
     fits: FitCheck,
     cut: CutPlan,
+    tier2: Tier2,
     *,
     retrying: bool,
 ) -> ContextPlan:
     snapshot = prepared.snapshot
     assert snapshot is not None
     until = cut.summarize_until
+    mask_until = max(until, tier2.mask_until)
     model = runner.model
     version = runner.prompt_version  # the session's summary instructions are part of the key
     cache = list(prepared.cache)
     key = snapshot.cache_key(until, model, version)
 
-    def find_hit(entries: Sequence[CachedContextSummary]) -> CachedContextSummary | None:
+    def find_hit(entries: Sequence[CachedContextSummary]) -> tuple[CachedContextSummary, int] | None:
         reuse = find_reusable(
             snapshot.messages,
             snapshot.groups,
@@ -164,14 +325,23 @@ async def _plan(
             prompt_version=version,
             digests=snapshot.digests,
         )
-        return reuse.entry if isinstance(reuse, CacheHit) else None
+        if isinstance(reuse, CacheHit):
+            return reuse.entry, until
+        if tier2.masked:
+            longer = covering_summary(
+                snapshot.groups, entries, snapshot.digests, until, model=model, prompt_version=version
+            )
+            if longer is not None:
+                return longer.entry, longer.covered_messages
+        return None
 
-    entry = find_hit(cache)
-    if entry is not None:
+    found = find_hit(cache)
+    if found is not None:
+        entry, covered = found
         await rt.progress(
-            vocabulary.context_summary_cache("hit", key=entry.key, covered_messages=until), defer=True
+            vocabulary.context_summary_cache("hit", key=entry.key, covered_messages=covered), defer=True
         )
-        return _hit(entry, until)
+        return _hit(entry, covered, max(covered, mask_until))
 
     if not retrying:
         grown = longest_cached_prefix(
@@ -179,12 +349,23 @@ async def _plan(
         )
         if grown is not None and grown.covered_messages < until:
             tail = snapshot.tokens_of(grown.covered_messages)
-            if tail > RECENT_BUDGET_TOKENS and fits(
-                grown.entry.rendered(), snapshot.messages[grown.covered_messages :], tail
-            ):
+            grown_mask: int | None = 0
+            if tier2.after_summary is not None:
+                grown_mask = tier2.after_summary(grown.covered_messages, grown.entry.prompt_text())
+                usable = grown_mask is not None
+            else:
+                usable = tail > RECENT_BUDGET_TOKENS and fits(
+                    grown.entry.rendered(), snapshot.messages[grown.covered_messages :], tail
+                )
+            if usable:
+                # With masking, a summary made for this very snapshot (by a question whose cut was
+                # deeper, or by its job) serves as it is: a hit, and nothing to extend. A summary of a
+                # shorter snapshot is §6.7's grown-snapshot prefix, extended afterwards.
+                same = tier2.masked and grown.entry.snapshot_id == prepared.claimed.snapshot_id
+                outcome = "hit" if same and grown.entry.snapshot_id is not None else "prefix"
                 await rt.progress(
                     vocabulary.context_summary_cache(
-                        "prefix",
+                        outcome,
                         key=grown.entry.key,
                         covered_messages=grown.covered_messages,
                         verbatim_tail_tokens=tail,
@@ -195,9 +376,10 @@ async def _plan(
                 return ContextPlan(
                     summary=grown.entry,
                     kept_from=grown.covered_messages,
-                    cache="prefix",
+                    cache=outcome,
                     made_by="background" if grown.entry.made_by == "background" else "request",
-                    extend_later=True,
+                    extend_later=outcome == "prefix",
+                    mask_until=grown_mask or 0,
                 )
 
     waited_ms = 0
@@ -210,13 +392,14 @@ async def _plan(
             if waited is not None:
                 waited_ms += waited
                 cache = await _reload_cache(rt)
-                entry = find_hit(cache)
-                if entry is not None:
+                found = find_hit(cache)
+                if found is not None:
+                    entry, covered = found
                     await rt.progress(
                         vocabulary.context_summary_cache("hit", key=entry.key, waited_ms=waited_ms),
                         defer=True,
                     )
-                    return _hit(entry, until, waited_ms)
+                    return _hit(entry, covered, max(covered, mask_until), waited_ms)
         async with registered(
             rt.db,
             rt.claimed.session_id,
@@ -228,20 +411,26 @@ async def _plan(
             lease_s=rt.remaining_s() + 30.0,
         ) as mine:
             if mine or attempt == 1 or not rt.deps.settings.background_on:
-                result = await _make(rt, prepared, runner, cut, cache)
+                result = await _make(rt, prepared, runner, cut, cache, masked=tier2.masked)
                 return ContextPlan(
-                    summary=result.new_entry or _entry_of(result, key, prepared),
+                    summary=result.new_entry or _entry_of(result, key, prepared, masked=tier2.masked),
                     kept_from=until,
                     cache=result.cache,
                     calls=result.calls,
                     chunks=result.chunks,
                     made_by="request",
                     waited_ms=waited_ms,
+                    mask_until=mask_until,
                 )
     raise AssertionError("unreachable: the second attempt always makes the summary")
 
 
-def _entry_of(result: ContextCompaction, key: str, prepared: Prepared) -> CachedContextSummary:
+def _entry_of(
+    result: ContextCompaction, key: str, prepared: Prepared, *, masked: bool
+) -> CachedContextSummary:
+    snapshot = prepared.snapshot
+    assert snapshot is not None
+    trail = render_trail(snapshot.trail(snapshot.group_index(result.summarized_messages))) if masked else ""
     return CachedContextSummary(
         key=key,
         snapshot_id=prepared.claimed.snapshot_id,
@@ -250,6 +439,7 @@ def _entry_of(result: ContextCompaction, key: str, prepared: Prepared) -> Cached
         provenance=result.provenance,
         tokens=result.tokens,
         created_at=result.provenance.created_at,
+        trail=trail or None,
     )
 
 
@@ -259,13 +449,15 @@ async def _make(
     runner: SummaryRunner,
     cut: CutPlan,
     cache: Sequence[CachedContextSummary],
+    *,
+    masked: bool,
 ) -> ContextCompaction:
     snapshot = prepared.snapshot
     assert snapshot is not None
     before = runner.attempts_made
     try:
         result = await compact_snapshot(
-            runner, prepared.claimed.snapshot_id, snapshot, cut, cache, prepared.context_time
+            runner, prepared.claimed.snapshot_id, snapshot, cut, cache, prepared.context_time, masked=masked
         )
     except BaseException:
         if rt.info.context_summary is not None:  # a failed compaction's record counts its calls too
@@ -282,4 +474,15 @@ async def _make(
     return result
 
 
-__all__ = ["ContextPlan", "FitCheck", "compact", "snapshot_job_key", "uncompacted"]
+__all__ = [
+    "AfterSummary",
+    "ContextPlan",
+    "FitCheck",
+    "Tier2",
+    "compact",
+    "compact_snapshot_copy",
+    "masked_only",
+    "record_fidelity",
+    "snapshot_job_key",
+    "uncompacted",
+]

@@ -25,6 +25,7 @@ from service.pipeline.runtime import RequestRuntime
 from service.store import queue
 from service.summary.context import CachedContextSummary
 from service.summary.rolling import StoredQASummary
+from service.vocabulary import masks_tool_results
 
 
 def positive_int(values: Mapping[str, Any], name: str) -> int | None:
@@ -112,6 +113,8 @@ class Prepared:
     qa: StoredQASummary | None
     cache: tuple[CachedContextSummary, ...]
     summary_instructions: str | None
+    # SPEC §11.2 ``mask_tool_results`` (unset: on): tier 1 of the ladder, and tier 2 on masked groups.
+    mask_tool_results: bool = True
 
     @property
     def context_time(self) -> str | None:
@@ -177,6 +180,7 @@ async def prepare(rt: RequestRuntime) -> Prepared:
         qa=parse_qa_summary(memory.get("qa_summary")),
         cache=tuple(parse_cache(memory.get("context_summaries") or [])),
         summary_instructions=text_setting(session_settings, "summary_instructions"),
+        mask_tool_results=masks_tool_results(session_settings),
     )
 
 

@@ -20,8 +20,17 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from service.budget import RECENT_BUDGET_TOKENS, WindowPlan, recent_budget_within
+from service.budget.chunk import SUMMARY_MAX_TOKENS
+from service.budget.trail import TRAIL_MAX_TOKENS
 from service.pipeline.answer import answer, build_answer, fits_budget, meter
-from service.pipeline.compaction import ContextPlan, compact, uncompacted
+from service.pipeline.compaction import (
+    ContextPlan,
+    Tier2,
+    compact,
+    compact_snapshot_copy,
+    record_fidelity,
+    uncompacted,
+)
 from service.pipeline.failures import RequestLost, error_object
 from service.pipeline.history import HistoryPlan, fold_history, plan_history
 from service.pipeline.prepare import Prepared, prepare
@@ -29,7 +38,6 @@ from service.pipeline.runtime import PipelineDeps, RequestRuntime
 from service.pipeline.summaries import summary_runner
 from service.store import queue, terminal
 from service.store.db import is_unavailable
-from service.summary.document import BODY_TOKEN_LIMIT
 from service.summary.prompts import AnswerRequest
 from service.vocabulary import Stage, Status
 
@@ -40,7 +48,7 @@ DEADLINE_GRACE_S = 1.0
 # While a fold runs beside the compaction decision, the summary it will produce is counted at its
 # largest valid size (the body limit plus room for the provenance header), so the decision holds; a
 # context summary is bounded the same way when the verbatim tail is sized.
-FOLD_SUMMARY_BOUND = BODY_TOKEN_LIMIT + 200
+FOLD_SUMMARY_BOUND = SUMMARY_MAX_TOKENS
 
 T = TypeVar("T")
 
@@ -86,14 +94,17 @@ class _Request:
             )
             return fits_budget(rt, prepared, candidate.estimate.total + bound)
 
+        snapshot = prepared.snapshot
+        # The transcript's room: what the budget leaves once everything else is counted (raw tokens:
+        # the budget scaled back by the learned ratio).
+        snapshot_tokens = snapshot.tokens_of(0) if snapshot is not None else 0
+        room = rt.calibration.raw_capacity(prepared.input_budget) - (
+            provisional.estimate.total - snapshot_tokens + bound
+        )
+
         async def compaction() -> ContextPlan:
             await rt.enter(Stage.COMPACTING_CONTEXT)
-            # The verbatim tail gets what the budget leaves once everything else and the summary at its
-            # largest are counted (raw tokens: the budget scaled back by the learned ratio).
-            snapshot_tokens = prepared.snapshot.tokens_of(0) if prepared.snapshot is not None else 0
-            around = provisional.estimate.total - snapshot_tokens + bound + FOLD_SUMMARY_BOUND
-            recent = recent_budget_within(rt.calibration.raw_capacity(prepared.input_budget) - around)
-            made = await compact(rt, prepared, summary_runner(rt, prepared), fits, recent_budget=recent)
+            made = await compact_snapshot_copy(rt, prepared, fits, room)
             return made if made is not None else context
 
         if folding and needs_compaction:
@@ -106,6 +117,7 @@ class _Request:
             context = await compaction()
         request = build_answer(prepared, history, context)
         meter(rt, prepared, request)
+        record_fidelity(rt, prepared.snapshot, context)
         await rt.enter(Stage.ANSWERING)
 
         async def shrink(
@@ -119,6 +131,7 @@ class _Request:
             if shrunk is None:
                 return None
             context, smaller = shrunk
+            record_fidelity(rt, prepared.snapshot, context)
             return smaller
 
         return await answer(rt, prepared, history, context, request, shrink)
@@ -160,6 +173,8 @@ class _Request:
                 # retry 17 tokens over the stated count): sized at its largest, the retry fits.
                 now = context.summary.tokens if context.summary is not None else 0
                 room = max(0, FOLD_SUMMARY_BOUND - now)
+                if prepared.mask_tool_results:
+                    room += TRAIL_MAX_TOKENS  # the new summary's trail, at its largest
                 recent_budget = recent_budget_within(target - around - room)
 
             def always(_summary: str | None, _kept: Any, _tokens: int) -> bool:
@@ -170,6 +185,7 @@ class _Request:
                 prepared,
                 summary_runner(rt, prepared),
                 always,
+                tier2=Tier2(masked=prepared.mask_tool_results),
                 recent_budget=recent_budget,
                 min_summarized=0,
                 current=context,

@@ -7,9 +7,14 @@ from service.pipeline.prepare import Prepared
 from service.pipeline.runtime import RequestRuntime
 from service.summary.runner import SummaryRunner
 
+# The material variant of a summary of masked groups (SPEC §6.8), part of its cache key: a change to the
+# masking rules bumps it, so no summary of differently masked material is reused.
+MASKED_MATERIAL = "masked-1"
+
 
 def summary_runner(rt: RequestRuntime, prepared: Prepared) -> SummaryRunner:
-    """A fresh runner (its own ``attempts_made``) on the request's shared budget and recorder."""
+    """A fresh runner (its own ``attempts_made``) on the request's shared budget and recorder; its
+    context summaries are of masked material when the session masks tool results (SPEC §6.8)."""
     return SummaryRunner(
         provider=rt.deps.provider,
         model=prepared.models.summary,
@@ -25,7 +30,8 @@ def summary_runner(rt: RequestRuntime, prepared: Prepared) -> SummaryRunner:
         instructions=prepared.summary_instructions,
         calibration=rt.summary_calibration,
         on_sample=rt.book.sample,
+        material_variant=MASKED_MATERIAL if prepared.mask_tool_results else None,
     )
 
 
-__all__ = ["summary_runner"]
+__all__ = ["MASKED_MATERIAL", "summary_runner"]

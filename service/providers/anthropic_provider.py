@@ -34,7 +34,11 @@ from service.providers.base import (
     UsageReport,
     sdk_api_key,
 )
-from service.providers.errors import classify_http_error, classify_stream_error
+from service.providers.errors import (
+    classify_http_error,
+    classify_stream_error,
+    classify_undecodable_chunk,
+)
 
 DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
 
@@ -172,8 +176,8 @@ class AnthropicProvider:
             raise ProviderTimeout("the stream stalled past the call's timeout", usage=usage) from exc
         except httpx2.HTTPError as exc:
             raise ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage) from exc
-        except ValueError as exc:
-            raise ProviderError(f"the stream sent invalid data: {exc}", usage=usage) from exc
+        except ValueError as exc:  # a chunk that is not JSON
+            raise classify_undecodable_chunk(exc, usage=usage) from exc
         finally:
             await response.close()
 

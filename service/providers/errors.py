@@ -3,7 +3,10 @@
 Every adapter funnels its failures through :func:`classify_http_error` (an HTTP error status with its
 body and headers) or :func:`classify_stream_error` (an error object that arrived *inside* a 200 stream).
 Classification goes by what the body **says**, whatever the HTTP status: gateways (LiteLLM's proxy,
-OpenRouter, nginx) re-wrap upstream errors under 400, 413, 422, 500 or 503. The rules, in order, with
+OpenRouter, nginx) re-wrap upstream errors under 400, 413, 422, 500 or 503 — and whatever form the body
+arrives in: parsed JSON, its text, plain text, JSON inside a JSON string (or inside the message of a
+gateway's own JSON), JSON that does not parse (SGLang's ``\\'`` escapes, a body cut short: the fields are
+read from the text, its escapes undone), or an error inside the stream. The rules, in order, with
 the real bodies they were written against kept as test fixtures under ``tests/fixtures/provider_errors/``
 and tabled in ``docs/providers.md``:
 
@@ -97,7 +100,10 @@ _OVERFLOW_PATTERNS = _compile(
     r"total number of tokens (?:in the prompt|\(prompt and prediction\)) cannot exceed \d+",  # Cohere
 )
 # A proxy's body-size refusal says nothing about tokens: trusted only with the status that means it.
-_OVERFLOW_413_PATTERNS = _compile(r"request entity too large|payload too large")
+_OVERFLOW_413_PATTERNS = _compile(
+    r"request entity too large|payload too large",
+    r"exceeds the maximum allowed number of bytes",  # Anthropic's request_too_large, its type lost
+)
 
 # Output-cap parameter errors: the requested output alone is refused; shrinking the prompt cannot help.
 _PARAMETER_CAP_PATTERNS = _compile(
@@ -217,7 +223,8 @@ _COUNTS: tuple[tuple[re.Pattern[str], str | None, str | None], ...] = tuple(
 # the request's own model (a 5xx "model server is not available" is an outage, not a missing model).
 _MODEL_MISSING = re.compile(
     r"\bmodel\b[^\n]{0,120}?\b(?:not found|does not exist|not exist|is not available|unknown model)"
-    r"|\bunknown model\b|\bno such model\b|\binvalid model\b",
+    r"|\bunknown model\b|\bno such model\b|\binvalid model\b"
+    r"|\bmodels/\S+ is not found",  # Gemini, when its 404 status is lost
     re.IGNORECASE,
 )
 # Wordings that only ever mean "this model cannot be served to this key": trusted in any status, since
@@ -243,12 +250,15 @@ _QUOTA = re.compile(
 _OPENAI_QUOTA_WORDING = re.compile(
     r"exceeded your current quota, please check your plan and billing details", re.IGNORECASE
 )
+# Gemini's message links its rate-limit docs, which still tell it apart when only the words arrive.
+_GEMINI_RATE_LIMIT_DOCS = re.compile(r"ai\.google\.dev/\S*rate-limits", re.IGNORECASE)
 _RATE_LIMIT_TYPES = frozenset(
     {"rate_limit_error", "overloaded_error", "tokens", "requests", "throttling_error", "rate_limited"}
 )
 _RATE_LIMIT_WORDING = re.compile(
     r"tokens per min|\(TPM\)|per-minute rate limit|rate[ _-]?limit|ThrottlingException"
-    r"|too many (?:requests|tokens), please wait|RESOURCE_EXHAUSTED",
+    r"|too many (?:requests|tokens), please wait|RESOURCE[_ ]EXHAUSTED"
+    r"|^overloaded\.?$",  # Anthropic's overloaded_error, in a stream that lost its type
     re.IGNORECASE,
 )
 # One part of a wait: "250ms", "6.5s", "60 seconds", "2 minutes", and OpenAI's compound "1m30s" / "1h2m".
@@ -271,8 +281,30 @@ def _wait_seconds(text: str) -> float:
     return sum(float(number) * _unit_seconds(unit) for number, unit in _WAIT_PART.findall(text))
 
 
-# Gemini / Vertex put the wait in a google.rpc.RetryInfo detail: "retryDelay": "26s".
-_RETRY_DELAY = re.compile(r"\"retryDelay\"\s*:\s*\"(\d+(?:\.\d+)?)s\"")
+# Gemini / Vertex put the wait in a google.rpc.RetryInfo detail: "retryDelay": "26s" (in Python's
+# quotes when a gateway printed the body).
+_RETRY_DELAY = re.compile(r"[\"']retryDelay[\"']\s*:\s*[\"'](\d+(?:\.\d+)?)s[\"']")
+
+
+# A body is unwrapped (JSON inside a JSON string inside …) at most this often: real gateways nest once
+# or twice, and a bound keeps a hostile body from recursing without end.
+_MAX_NESTING = 4
+_NOT_JSON = object()
+# ``\'`` is no JSON escape, yet bodies built by Python string code carry it (SGLang): undone only after
+# an even run of backslashes, so an escaped backslash before a quote keeps its meaning.
+_BACKSLASH_QUOTE = re.compile(r"(?<!\\)((?:\\\\)*)\\'")
+_JSON_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|[\"'\\/bfnrt])")
+_ESCAPED = {'"': '"', "'": "'", "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+# Where a body that does not parse opens its error object: its fields are read from there, so an outer
+# ``"type": "error"`` (Anthropic) does not stand for the error's own type.
+_ERROR_OBJECT = re.compile(r"[\"']error[\"']\s*:\s*\{")
+# One ``"key": value`` of a body that does not parse, in JSON's quotes or Python's (a gateway that
+# printed the upstream dict); a string cut short runs to the end of the text.
+_FIELD = re.compile(
+    r"[\"'](?P<key>[A-Za-z_][\w-]*)[\"']\s*:\s*"
+    r"(?:\"(?P<dq>(?:[^\"\\]|\\.)*)\"?|'(?P<sq>(?:[^'\\]|\\.)*)'?|(?P<num>-?\d+)\b"
+    r"|(?:true|false|null|True|False|None)\b)"
+)
 
 
 @dataclass(frozen=True)
@@ -369,6 +401,20 @@ def classify_stream_error(error: Any, *, usage: CallUsage | None = None) -> Prov
     return classify_http_error(None, error, None, usage=usage)
 
 
+def classify_undecodable_chunk(exc: ValueError, *, usage: CallUsage | None = None) -> ProviderError:
+    """Classify a stream chunk the SDK could not decode as JSON.
+
+    A server that breaks its JSON (SGLang's ``\\'``) or sends its error as text inside the stream still
+    says what went wrong: an overflow there must reach the overflow retry like any other. A chunk that
+    says nothing we recognise is a provider error about the invalid data.
+    """
+    if isinstance(exc, json.JSONDecodeError):
+        error = classify_stream_error(exc.doc, usage=usage)
+        if type(error) is not ProviderError:
+            return error
+    return ProviderError(f"the stream sent invalid data: {exc}", usage=usage)
+
+
 def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple[int | None, int | None]:
     """``(prompt_tokens, context_limit)`` as an overflow message (or the error's own fields) states them.
 
@@ -462,22 +508,41 @@ def _reset_header_wait(headers: Mapping[str, str], message: str) -> float | None
     return waits[named[0]] if len(named) == 1 else max(waits.values())
 
 
-def _parse_body(body: Any) -> _ErrorInfo:
-    """Pull message / type / code / param out of the many error envelopes in the wild."""
+def _parse_body(body: Any, depth: int = 0) -> _ErrorInfo:
+    """Pull message / type / code / param out of the many error envelopes in the wild.
+
+    One path for every form a body arrives in: parsed JSON, its text, plain text, JSON inside a JSON
+    string, and JSON that does not parse (SGLang's ``\\'`` escapes, a body cut short) — then the fields
+    are read from the text itself with its escapes undone, so a phrasing is found whatever the form.
+    """
     if isinstance(body, bytes | bytearray):
         body = body.decode("utf-8", errors="replace")
     if isinstance(body, str):
         stripped = body.strip()
-        try:
-            body = json.loads(stripped) if stripped else None
-        except ValueError:
-            return _ErrorInfo(stripped, None, None, None, None, stripped, {})
+        if not stripped:
+            return _ErrorInfo("", None, None, None, None, "", {})
+        parsed = _loads(stripped)
+        if parsed is _NOT_JSON or depth >= _MAX_NESTING:
+            return _from_text(stripped, depth)
+        return _parse_body(parsed, depth + 1)
     if isinstance(body, list) and len(body) == 1:
         body = body[0]  # Gemini's streaming endpoint wraps the error in a one-element array
     if not isinstance(body, Mapping):
         text = "" if body is None else str(body)
         return _ErrorInfo(text, None, None, None, None, text, {})
+    try:
+        whole = json.dumps(body, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        whole = str(body)
+    info = _from_mapping(body, whole)
+    # A gateway that re-encodes the upstream body puts it, as JSON text, where its message goes.
+    if depth < _MAX_NESTING and info.message.lstrip().startswith(("{", "[")):
+        return _merged(_parse_body(info.message, depth + 1), info)
+    return info
 
+
+def _from_mapping(body: Mapping[str, Any], whole: str) -> _ErrorInfo:
+    """The error in a JSON object (or in the fields read from a body that does not parse)."""
     inner: Any = body.get("error", body)
     fields: Mapping[str, Any] = {}
     if isinstance(inner, str):
@@ -509,11 +574,75 @@ def _parse_body(body: Any) -> _ErrorInfo:
         code = code_value
         if code_value.isdigit() and 400 <= int(code_value) <= 599:
             status_hint = int(code_value)
-    try:
-        whole = json.dumps(body, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        whole = str(body)
     return _ErrorInfo(message, etype, code, param, status_hint, whole, fields)
+
+
+def _merged(nested: _ErrorInfo, outer: _ErrorInfo) -> _ErrorInfo:
+    """The upstream error a gateway wrapped, with the gateway's own fields where it says nothing."""
+    return _ErrorInfo(
+        message=nested.message or outer.message,
+        type=nested.type or outer.type,
+        code=nested.code or outer.code,
+        param=nested.param or outer.param,
+        status_hint=nested.status_hint or outer.status_hint,
+        text=nested.text + "\n" + outer.text,
+        fields=nested.fields or outer.fields,
+    )
+
+
+def _from_text(text: str, depth: int) -> _ErrorInfo:
+    """A body that is not JSON: plain words, a dict as Python prints it, or broken JSON."""
+    if text.startswith(('"{', '"[')) and depth < _MAX_NESTING:
+        # A JSON string that does not parse (cut short, or ``\'`` inside): its content, unescaped.
+        return _parse_body(_unescape(text[1:].removesuffix('"')), depth + 1)
+    fields: dict[str, Any] = {}
+    start = _ERROR_OBJECT.search(text)
+    for match in _FIELD.finditer(text, start.end() if start else 0):
+        fields.setdefault(match.group("key"), _field_value(match))
+    unescaped = _unescape(text)
+    if any(isinstance(fields.get(key), str) for key in ("message", "detail", "msg", "error")):
+        info = _from_mapping(fields, unescaped)
+        # Broken JSON: its message is the error's words. Prose around a printed dict ("litellm.
+        # NotFoundError: … {'error': …}") is the server's words too, and stays the message.
+        message = info.message if text.startswith(("{", "[")) else unescaped
+        return _ErrorInfo(message, info.type, info.code, info.param, info.status_hint, unescaped, info.fields)
+    return _ErrorInfo(unescaped, None, None, None, None, unescaped, {})
+
+
+def _loads(text: str) -> Any:
+    """``text`` as JSON, else as JSON once its ``\\'`` escapes are undone, else :data:`_NOT_JSON`."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    repaired = _BACKSLASH_QUOTE.sub(r"\1'", text)
+    if repaired != text:
+        try:
+            return json.loads(repaired)
+        except ValueError:
+            pass
+    return _NOT_JSON
+
+
+def _field_value(match: re.Match[str]) -> Any:
+    if match.group("dq") is not None:
+        return _unescape(match.group("dq"))
+    if match.group("sq") is not None:
+        return _unescape(match.group("sq"))
+    if match.group("num") is not None:
+        return int(match.group("num"))
+    return None  # true / false / null: nothing classification reads
+
+
+def _unescape(text: str) -> str:
+    """JSON's backslash escapes (and ``\\'``) undone; a lone surrogate becomes U+FFFD, so the message
+    stays storable text."""
+    if "\\" not in text:
+        return text
+    unescaped = _JSON_ESCAPE.sub(
+        lambda m: chr(int(m.group(1)[1:], 16)) if m.group(1)[0] == "u" else _ESCAPED[m.group(1)], text
+    )
+    return unescaped.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -562,7 +691,11 @@ def _is_quota_exhausted(status: int | None, info: _ErrorInfo) -> bool:
     # 402 Payment Required: DeepSeek's "Insufficient Balance", OpenRouter's "requires more credits".
     if status == 402 or _QUOTA.search(info.message):
         return True
-    return bool(_OPENAI_QUOTA_WORDING.search(info.message)) and "RESOURCE_EXHAUSTED" not in info.text
+    return (
+        bool(_OPENAI_QUOTA_WORDING.search(info.message))
+        and "RESOURCE_EXHAUSTED" not in info.text
+        and not _GEMINI_RATE_LIMIT_DOCS.search(info.message)
+    )
 
 
 def _is_rate_limit(status: int | None, info: _ErrorInfo) -> bool:

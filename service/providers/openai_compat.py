@@ -36,7 +36,11 @@ from service.providers.base import (
     UsageReport,
     sdk_api_key,
 )
-from service.providers.errors import classify_http_error, classify_stream_error
+from service.providers.errors import (
+    classify_http_error,
+    classify_stream_error,
+    classify_undecodable_chunk,
+)
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 
@@ -184,7 +188,7 @@ class OpenAIProvider:
         except httpx2.HTTPError as exc:
             raise ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage) from exc
         except ValueError as exc:  # a chunk that is not JSON
-            raise ProviderError(f"the stream sent invalid data: {exc}", usage=usage) from exc
+            raise classify_undecodable_chunk(exc, usage=usage) from exc
         finally:
             await response.close()
 

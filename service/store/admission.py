@@ -18,11 +18,12 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import asyncpg
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.errors import SidequestError
+from service.store import queries
 from service.store.db import Database, driver_chain
 from service.store.events import mark_session_events_cleared, purge_cleared_session_events
 from service.store.execute import json_text, notify
@@ -165,14 +166,8 @@ class Admitted:
 # commit the rows, then send the NOTIFYs in a transaction of their own (a NOTIFY in the writing
 # transaction would serialise every admission's commit behind one database-wide lock; see migration
 # 0003_h12a). The function itself runs inside a caller's transaction (an inline snapshot stored
-# first) and NOTIFYs there.
-# ``(a.req).*`` expands the request row into its columns, whatever they are.
-_ADMIT_IN_TRANSACTION = text(
-    "SELECT a.outcome, a.detail, a.superseded, (a.req).* FROM sidequest_admit("
-    ":tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text), :snapshot_stored, "
-    "CAST(CAST(:options AS text) AS jsonb), CAST(:model AS text), :idempotency_key, :body_hash, "
-    ":max_queued, CAST(:on_busy AS text), :superseded_message, true) a"
-)
+# first) and NOTIFYs there (queries.admit_in_transaction). The parameters of all three statements
+# (service/store/sql/admission.sql), in this order:
 _PARAMS = (
     "tenant",
     "parent_id",
@@ -303,7 +298,7 @@ async def _admit_in_transaction(
         args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
         params = dict(zip(_PARAMS, args, strict=True))
         params["snapshot_stored"] = admission.snapshot is not None
-        row = dict((await session.execute(_ADMIT_IN_TRANSACTION, params)).mappings().one())
+        row = dict((await session.execute(queries.admit_in_transaction, params)).mappings().one())
         outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
         request = row if row["id"] is not None else None
         admitted = _outcome(outcome, detail, superseded, request, parent_id, admission, snapshot_id)

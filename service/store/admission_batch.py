@@ -31,18 +31,15 @@ from typing import Any, Final
 
 import asyncpg
 
+from service.store import queries
+from service.store.execute import positional
+
 # Admissions in one CALL at most, and CALLs in flight at once (each holds a pool connection).
 MAX_BATCH: Final = 64
 IN_FLIGHT: Final = 3
 
-_ADMIT_NOW: Final = (
-    "CALL sidequest_admit_now($1, $2, $3, $4, $5::text, ($6::text)::jsonb, $7::text, $8, $9, $10, "
-    "$11::text, $12)"
-)
-_ADMIT_MANY: Final = (
-    "CALL sidequest_admit_many($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], "
-    "($6::text[])::jsonb[], $7::text[], $8::text[], $9::text[], $10::integer[], $11::text[], $12::text)"
-)
+# The CALLs are queries.admit_now and queries.admit_many (service/store/sql/admission.sql), run by
+# position: their parameters are in the order of an admission's arguments (admission._arguments).
 
 
 @dataclass(frozen=True)
@@ -136,7 +133,7 @@ class AdmissionBatcher:
         try:
             async with pool.acquire() as conn:
                 # Outside any transaction block, so that the procedure may commit.
-                row = await conn.fetchrow(_ADMIT_MANY, *columns)
+                row = await conn.fetchrow(positional(queries.admit_many)[0], *columns)
         except Exception as exc:
             if self._unavailable(exc) or not isinstance(exc, asyncpg.PostgresError):
                 raise
@@ -160,7 +157,7 @@ class AdmissionBatcher:
         self, pool: asyncpg.Pool, args: Arguments, future: asyncio.Future[AdmitResult]
     ) -> None:
         async with pool.acquire() as conn:
-            row = await conn.fetchrow(_ADMIT_NOW, *args)
+            row = await conn.fetchrow(positional(queries.admit_now)[0], *args)
         self.calls += 1
         assert row is not None
         self._answer(future, row["outcome"], row["detail"], tuple(row["superseded"] or ()), row["req"])

@@ -10,38 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget import Calibration
+from service.store import queries
 from service.store.execute import Executor, execute, fetch_one
 
 # The key columns' sizes (models.CalibrationRow): a longer model name is cut rather than refused,
 # because a sample must never fail a request.
 _PROVIDER_MAX = 40
 _MODEL_MAX = 200
-
-_LOAD_SQL = text(
-    "SELECT samples, sum_estimate, sum_provider FROM sidequest_calibration"
-    " WHERE provider = :provider AND model = :model"
-)
-
-_UPSERT_SQL = text(
-    """
-    INSERT INTO sidequest_calibration AS c (provider, model, samples, sum_estimate, sum_provider, updated_at)
-    VALUES (:provider, :model, 1, :estimate, :reported, now())
-    ON CONFLICT (provider, model) DO UPDATE SET
-        samples = c.samples + 1,
-        sum_estimate = c.sum_estimate + EXCLUDED.sum_estimate,
-        sum_provider = c.sum_provider + EXCLUDED.sum_provider,
-        updated_at = now()
-    """
-)
-
-_ALL_SQL = text(
-    "SELECT provider, model, samples, sum_estimate, sum_provider FROM sidequest_calibration"
-    " ORDER BY provider, model"
-)
 
 
 def _key(provider: str, model: str) -> dict[str, str]:
@@ -50,7 +28,7 @@ def _key(provider: str, model: str) -> dict[str, str]:
 
 async def load_calibration(session: Executor, provider: str, model: str) -> Calibration:
     """The counters of (``provider``, ``model``) as a :class:`Calibration` (empty when none)."""
-    row = await fetch_one(session, _LOAD_SQL, _key(provider, model))
+    row = await fetch_one(session, queries.load_calibration, _key(provider, model))
     if row is None:
         return Calibration.empty()
     return Calibration(
@@ -92,7 +70,7 @@ async def add_sample(
         return False
     await execute(
         session,
-        _UPSERT_SQL,
+        queries.add_calibration_sample,
         {**_key(provider, model), "estimate": estimate, "reported": reported_prompt_tokens},
     )
     return True
@@ -119,5 +97,5 @@ async def all_calibrations(session: AsyncSession) -> list[ModelCalibration]:
                 provider_sum=int(row.sum_provider),
             ),
         )
-        for row in await session.execute(_ALL_SQL)
+        for row in await session.execute(queries.all_calibrations)
     ]

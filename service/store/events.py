@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, func, select, text
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.store import queries
 from service.store.execute import Executor, fetch_one, json_text
 from service.store.models import EventRow, RequestRow, SessionRow
 from service.vocabulary import utc_iso
@@ -52,12 +53,6 @@ def _event(row: EventRow) -> Event:
     return Event(row.id, row.request_id, row.session_id, row.seq, row.type, row.data)
 
 
-_APPEND_EVENT = text(
-    "SELECT event_id, session_id, seq, ordinal "
-    "FROM sidequest_append_event(:request_id, :type, CAST(:fields AS jsonb), :at)"
-)
-
-
 async def append_event(
     session: Executor,
     request_id: uuid.UUID,
@@ -73,7 +68,7 @@ async def append_event(
     at = utc_iso()
     row = await fetch_one(
         session,
-        _APPEND_EVENT,
+        queries.append_event,
         {
             "request_id": request_id,
             "type": event_type,
@@ -84,13 +79,6 @@ async def append_event(
     assert row is not None
     data = {"request_id": str(request_id), "ordinal": row["ordinal"], "seq": row["seq"], "at": at, **fields}
     return Event(row["event_id"], request_id, row["session_id"], row["seq"], event_type, data)
-
-
-# THE insert of a session-level event (migration 0009_claim_job): the session's event lock before the
-# row's id is drawn, the row with its envelope, the NOTIFY; it returns the id and the stored data.
-_APPEND_SESSION_EVENT = text(
-    "SELECT event_id, data FROM sidequest_append_session_event(:sid, :type, CAST(:fields AS jsonb), :at)"
-)
 
 
 async def append_session_event(
@@ -104,7 +92,7 @@ async def append_session_event(
     """
     row = await fetch_one(
         session,
-        _APPEND_SESSION_EVENT,
+        queries.append_session_event,
         {"sid": session_id, "type": event_type, "fields": json_text(fields), "at": utc_iso()},
     )
     assert row is not None
@@ -180,17 +168,6 @@ async def session_events_with_deletion(
     return [(_event(row), deleted_at, bool(before)) for row, deleted_at, before in rows]
 
 
-_MARK_CLEARED = text(
-    """
-    UPDATE side_question_sessions
-    SET cleared_at = now(),
-        cleared_through_event = coalesce(
-            (SELECT max(id) FROM side_question_events WHERE session_id = :sid AND request_id IS NULL), 0)
-    WHERE id = :sid
-    """
-)
-
-
 async def mark_session_events_cleared(session: AsyncSession, session_id: uuid.UUID) -> None:
     """The session-level events (``memory``, ``handoff``: no request) written so far belong to the
     history a clear or an archive restore is replacing: mark where it ends, so that a session stream
@@ -199,23 +176,13 @@ async def mark_session_events_cleared(session: AsyncSession, session_id: uuid.UU
     cleared request's events. Called after the clear has cancelled the session's jobs, in its
     transaction, so their ``cancelled`` events are part of the old history too (streams open now get
     them live); a job's own event transactions serialise with the clear on the rows both lock."""
-    await session.execute(_MARK_CLEARED, {"sid": session_id})
-
-
-_PURGE_CLEARED_SESSION_EVENTS = text(
-    """
-    DELETE FROM side_question_events e
-    USING side_question_sessions s
-    WHERE e.session_id = s.id AND e.request_id IS NULL AND e.id <= s.cleared_through_event
-      AND s.cleared_at < now() - make_interval(secs => :older_than_s)
-    """
-)
+    await session.execute(queries.mark_session_events_cleared, {"sid": session_id})
 
 
 async def purge_cleared_session_events(session: AsyncSession, older_than_s: float) -> int:
     """Delete the session-level events a clear or a restore replaced (:func:`mark_session_events_cleared`)
     more than ``older_than_s`` ago, as the sweep purges cleared requests with theirs. Returns how many."""
-    result: Any = await session.execute(_PURGE_CLEARED_SESSION_EVENTS, {"older_than_s": older_than_s})
+    result: Any = await session.execute(queries.purge_cleared_session_events, {"older_than_s": older_than_s})
     return int(result.rowcount or 0)
 
 

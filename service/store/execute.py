@@ -4,9 +4,9 @@ The worker's hot path (claim, events, the answer's end) runs on :meth:`Database.
 asyncpg connection: a statement costs ~0.1 ms of the process's CPU there against ~0.35 ms through
 SQLAlchemy's session (greenlet switch, compile-cache lookup, result wrapping), and a transaction
 needs no ``pool_pre_ping`` checkout (issue 12: slot hand-off). Every other caller passes the session
-it already has. Each statement is still written once, as a SQLAlchemy ``text()`` clause with
-``:name`` parameters, in the store module that owns it; :func:`positional` compiles it once into
-asyncpg's ``$n`` form.
+it already has. Each statement is still written once, as a named query with ``:name`` parameters
+in ``service/store/sql/*.sql`` (:mod:`service.store.queries` makes it a ``text()`` clause, once);
+:func:`positional` compiles it once into asyncpg's ``$n`` form.
 
 Both ways behave alike: parameters are passed as they are (a jsonb parameter is JSON *text*, as
 SQLAlchemy's codec expects, and the raw pool's codec accepts the same), jsonb results come back as
@@ -21,10 +21,11 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeAlias
 
 import asyncpg
-from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import asyncpg as pg_asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import TextClause
+
+from service.store import queries
 
 Executor: TypeAlias = AsyncSession | asyncpg.Connection
 Row: TypeAlias = Mapping[Any, Any]
@@ -38,12 +39,9 @@ def json_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
-
-
 async def notify(x: Executor, channel: str, payload: str) -> None:
     """``NOTIFY channel, payload`` inside ``x``'s transaction (delivered when it commits)."""
-    await execute(x, _NOTIFY, {"channel": channel, "payload": payload})
+    await execute(x, queries.notify, {"channel": channel, "payload": payload})
 
 
 def positional(clause: TextClause) -> tuple[str, tuple[str, ...]]:

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, select, text, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget import HISTORY_BATCH_SIZE
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
+from service.store import queries
 from service.store.db import Database
 from service.store.execute import Executor, fetch_all, fetch_value
-from service.store.models import SnapshotRow, snapshot_taken_at_sql
+from service.store.models import SnapshotRow
 from service.vocabulary import Status
 
 
@@ -46,15 +47,12 @@ async def load_snapshot(
     return dict(content) if content is not None else None
 
 
-_CONTENT_HASH = text(
-    "SELECT content_hash FROM main_snapshots WHERE session_id = :sid AND snapshot_id = :snapshot_id"
-)
-
-
 async def snapshot_content_hash(x: Executor, session_id: uuid.UUID, snapshot_id: str) -> str | None:
     """The content hash of a stored snapshot (None when the session does not have it): what names its
     preparation, which is a pure function of the content."""
-    value = await fetch_value(x, _CONTENT_HASH, {"sid": session_id, "snapshot_id": snapshot_id})
+    value = await fetch_value(
+        x, queries.snapshot_content_hash, {"sid": session_id, "snapshot_id": snapshot_id}
+    )
     return None if value is None else str(value)
 
 
@@ -98,34 +96,6 @@ async def load_prepared_snapshot(
     return str(row.content_hash), prepared
 
 
-_HISTORY_PAGE = text(
-    """
-    SELECT ordinal, question, answer, created_at, qa_tokens FROM side_question_requests
-    WHERE session_id = :sid AND status = :succeeded AND deleted_at IS NULL
-      AND clear_version = :cv AND answer IS NOT NULL
-      AND ordinal > :after AND ordinal < :before
-    ORDER BY ordinal
-    LIMIT :limit
-    """
-)
-
-
-# The main context time of the newest folded Q&A that was asked on a snapshot: its snapshot's
-# taken_at.
-_LATEST_CONTEXT_TIME = text(
-    f"""
-    SELECT t.taken_at FROM side_question_requests r
-    JOIN main_snapshots s ON s.session_id = r.session_id AND s.snapshot_id = r.snapshot_id
-    CROSS JOIN LATERAL (SELECT {snapshot_taken_at_sql("s")} AS taken_at) t
-    WHERE r.session_id = :sid AND r.status = :succeeded AND r.deleted_at IS NULL
-      AND r.clear_version = :cv AND r.ordinal > :after AND r.ordinal <= :through
-      AND t.taken_at IS NOT NULL
-    ORDER BY r.ordinal DESC
-    LIMIT 1
-    """
-)
-
-
 async def latest_context_time(
     x: Executor, session_id: uuid.UUID, *, after_ordinal: int, through_ordinal: int, clear_version: int
 ) -> str | None:
@@ -133,7 +103,7 @@ async def latest_context_time(
     snapshot with a ``taken_at`` (SPEC 6.1: a rolling summary states its context time), or None."""
     value = await fetch_value(
         x,
-        _LATEST_CONTEXT_TIME,
+        queries.latest_context_time,
         {
             "sid": session_id,
             "succeeded": str(Status.SUCCEEDED),
@@ -165,7 +135,7 @@ async def iter_history(
         async with db.connection() as conn:
             rows = await fetch_all(
                 conn,
-                _HISTORY_PAGE,
+                queries.history_page,
                 {
                     "sid": session_id,
                     "succeeded": str(Status.SUCCEEDED),

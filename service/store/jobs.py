@@ -25,10 +25,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.store import queries
 from service.store.execute import (
     Executor,
     Row,
@@ -45,8 +44,9 @@ from service.vocabulary import CANCEL_CHANNEL, JobKind, Status, TerminalStatus, 
 # Key of the advisory lock that serialises job claims (requests have their own).
 JOB_CLAIM_LOCK_KEY = 0x5EDE_0002
 
-# Marks a single-flight registration made by a request (not a background job).
-_BACKGROUND = "coalesce(params->>'made_by', 'background') = 'background'"
+# The statements are named queries in service/store/sql/jobs.sql (``queries.NAME``). There, a
+# background job is a row whose ``params->>'made_by'`` is ``'background'`` or absent; ``'request'``
+# marks a request's single-flight registration.
 
 
 @dataclass(frozen=True)
@@ -88,13 +88,6 @@ class JobState:
     error: dict[str, Any] | None
 
 
-# THE ``memory`` event of a job's transition (SPEC §6.6; migration 0009_claim_job).
-_MEMORY_EVENT = text(
-    "SELECT sidequest_memory_event(:sid, :job_id, :kind, :status, :calls, CAST(:covered AS jsonb), :at, "
-    "CAST(:notify AS text))"
-)
-
-
 async def _memory_event(
     session: Executor,
     session_id: uuid.UUID,
@@ -109,7 +102,7 @@ async def _memory_event(
     work to do; ``freed``: a slot freed), in the caller's transaction, one round trip."""
     await execute(
         session,
-        _MEMORY_EVENT,
+        queries.memory_event,
         {
             "sid": session_id,
             "job_id": job_id,
@@ -121,23 +114,6 @@ async def _memory_event(
             "notify": notify,
         },
     )
-
-
-# The job and its ``queued`` memory event (with the NOTIFY) in one round trip: the event is written
-# only for a row the INSERT returned.
-_ENQUEUE_JOB = text(
-    """
-    WITH queued AS (
-        INSERT INTO side_question_jobs (id, session_id, kind, key, params, clear_version)
-        SELECT :id, s.id, :kind, :key, CAST(:params AS jsonb), s.clear_version
-        FROM side_question_sessions s WHERE s.id = :sid AND s.clear_version = :cv
-        ON CONFLICT (session_id, kind, key) WHERE status IN ('queued', 'running') DO NOTHING
-        RETURNING id, session_id, kind
-    )
-    SELECT q.id, sidequest_memory_event(q.session_id, q.id, q.kind, :status, 0, NULL, :at, :notify)
-    FROM queued q
-    """
-)
 
 
 async def enqueue_job(
@@ -156,7 +132,7 @@ async def enqueue_job(
     """
     job_id: uuid.UUID | None = await fetch_value(
         session,
-        _ENQUEUE_JOB,
+        queries.enqueue_job,
         {
             "id": uuid.uuid4(),
             "sid": session_id,
@@ -190,17 +166,7 @@ async def register_inline(
     """
     async with session.begin():
         registration: uuid.UUID | None = await session.scalar(
-            text(
-                """
-                INSERT INTO side_question_jobs (id, session_id, kind, key, params, clear_version, status,
-                                                attempt, lease_owner, lease_expires_at, heartbeat_at,
-                                                started_at)
-                VALUES (:id, :sid, :kind, :key, CAST(:params AS jsonb), :cv, 'running', 1, :owner,
-                        now() + make_interval(secs => :lease_s), now(), now())
-                ON CONFLICT (session_id, kind, key) WHERE status IN ('queued', 'running') DO NOTHING
-                RETURNING id
-                """
-            ),
+            queries.register_inline,
             {
                 "id": uuid.uuid4(),
                 "sid": session_id,
@@ -219,19 +185,9 @@ async def end_inline(session: AsyncSession, registration_id: uuid.UUID, *, ok: b
     """End a request's registration (made or not): the key is free again; commits."""
     async with session.begin():
         await session.execute(
-            text(
-                """
-                UPDATE side_question_jobs
-                SET status = :status, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
-                WHERE id = :id AND status = 'running'
-                """
-            ),
+            queries.end_inline,
             {"id": registration_id, "status": Status.SUCCEEDED if ok else Status.FAILED},
         )
-
-
-# THE claim of a background job (migration 0009_claim_job): one round trip.
-_CLAIM_JOB = text("SELECT * FROM sidequest_claim_job(:owner, :lease_s, :max_running, :lock_key, :at)")
 
 
 async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
@@ -246,7 +202,7 @@ async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int
     async with committed(x):
         row = await fetch_one(
             x,
-            _CLAIM_JOB,
+            queries.claim_job,
             {
                 "owner": owner,
                 "lease_s": float(lease_s),
@@ -273,19 +229,6 @@ async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int
     )
 
 
-_FINISH_JOB = text(
-    """
-    UPDATE side_question_jobs
-    SET status = :status, calls = :calls, covered = CAST(:covered AS jsonb),
-        error = CAST(:error AS jsonb), finished_at = now(),
-        lease_owner = NULL, lease_expires_at = NULL
-    WHERE id = :id AND status = 'running'
-      AND (CAST(:owner AS text) IS NULL OR lease_owner = CAST(:owner AS text))
-    RETURNING session_id, kind, coalesce(params->>'made_by', 'background') AS made_by
-    """
-)
-
-
 async def finish_job(
     x: Executor,
     job_id: uuid.UUID,
@@ -304,7 +247,7 @@ async def finish_job(
     """
     row = await fetch_one(
         x,
-        _FINISH_JOB,
+        queries.finish_job,
         {
             "id": job_id,
             "status": str(status),
@@ -325,15 +268,7 @@ async def release_job(session: AsyncSession, job_id: uuid.UUID, owner: str) -> N
     """Give a held job back to the queue (graceful worker stop; the attempt does not count)."""
     row = (
         await session.execute(
-            text(
-                """
-                UPDATE side_question_jobs
-                SET status = 'queued', attempt = greatest(attempt - 1, 0),
-                    lease_owner = NULL, lease_expires_at = NULL
-                WHERE id = :id AND status = 'running' AND lease_owner = :owner
-                RETURNING session_id, kind, calls
-                """
-            ),
+            queries.release_job,
             {"id": job_id, "owner": owner},
         )
     ).one_or_none()
@@ -347,14 +282,7 @@ async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
     """Put a job whose worker died back in the queue (the sweep), in the caller's transaction."""
     row = (
         await session.execute(
-            text(
-                """
-                UPDATE side_question_jobs
-                SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL
-                WHERE id = :id AND status = 'running'
-                RETURNING session_id, kind, calls
-                """
-            ),
+            queries.requeue_job,
             {"id": job_id},
         )
     ).one_or_none()
@@ -364,14 +292,11 @@ async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
         )
 
 
-_COUNT_CALLS = text("UPDATE side_question_jobs SET calls = calls + :n WHERE id = :id AND status = 'running'")
-
-
 async def count_calls(x: Executor, job_id: uuid.UUID, n: int = 1) -> None:
     """``n`` more calls started by a running job (commits on its own): its ``calls`` stay current, so
     a clear that cancels it mid-call reports the calls in flight (their usage arrives when they end)."""
     async with committed(x):
-        await execute(x, _COUNT_CALLS, {"id": job_id, "n": n})
+        await execute(x, queries.count_job_calls, {"id": job_id, "n": n})
 
 
 async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
@@ -380,16 +305,7 @@ async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
     async with session.begin():
         row = (
             await session.execute(
-                text(
-                    """
-                    UPDATE side_question_jobs
-                    SET status = 'cancelled', finished_at = now(),
-                        error = '{"code": "taken_over", "message": "a request that needed it made it itself",
-                                  "detail": {}}'::jsonb
-                    WHERE id = :id AND status = 'queued'
-                    RETURNING session_id, kind, calls
-                    """
-                ),
+                queries.take_over_job,
                 {"id": job_id},
             )
         ).one_or_none()
@@ -399,27 +315,13 @@ async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
     return True
 
 
-_TAKE_KEY = text(
-    """
-    UPDATE side_question_jobs j SET key = :key
-    WHERE j.id = :id AND j.status = 'running'
-      AND NOT EXISTS (
-          SELECT 1 FROM side_question_jobs o
-          WHERE o.session_id = j.session_id AND o.kind = j.kind AND o.key = :key
-            AND o.status IN ('queued', 'running') AND o.id <> j.id
-      )
-    RETURNING j.id
-    """
-)
-
-
 async def take_key(x: Executor, job_id: uuid.UUID, key: str) -> bool:
     """Re-key a running job to the summary's real cache key, unless someone holds that key; commits.
 
     False: another active job or a request's registration holds it — the summary is being made.
     """
     async with committed(x):
-        taken = await fetch_value(x, _TAKE_KEY, {"id": job_id, "key": key})
+        taken = await fetch_value(x, queries.take_job_key, {"id": job_id, "key": key})
     return taken is not None
 
 
@@ -431,15 +333,7 @@ async def cancel_session_jobs(session: AsyncSession, session_id: uuid.UUID) -> l
     """
     rows = (
         await session.execute(
-            text(
-                """
-                UPDATE side_question_jobs
-                SET status = 'cancelled', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
-                    error = '{"code": "cancelled", "message": "the session was cleared", "detail": {}}'::jsonb
-                WHERE session_id = :sid AND status IN ('queued', 'running')
-                RETURNING id, kind, calls, params->>'made_by' AS made_by
-                """
-            ),
+            queries.cancel_session_jobs,
             {"sid": session_id},
         )
     ).all()
@@ -450,56 +344,22 @@ async def cancel_session_jobs(session: AsyncSession, session_id: uuid.UUID) -> l
     return [row.id for row in rows]
 
 
-_JOB_STATE = "SELECT id, kind, key, status, coalesce(params->>'made_by', 'background') AS made_by, error"
-_ACTIVE_JOBS = text(
-    f"""
-    {_JOB_STATE} FROM side_question_jobs
-    WHERE session_id = :sid AND kind = :kind AND status IN ('queued', 'running')
-    ORDER BY created_at, id
-    """
-)
-_ONE_JOB = text(f"{_JOB_STATE} FROM side_question_jobs WHERE id = :id")
-
-
 def _state(row: Row) -> JobState:
     return JobState(row["id"], row["kind"], row["key"], row["status"], row["made_by"], row["error"])
 
 
 async def active_jobs(x: Executor, session_id: uuid.UUID, kind: JobKind) -> list[JobState]:
     """The session's queued or running jobs (and registrations) of ``kind``, oldest first."""
-    return [_state(r) for r in await fetch_all(x, _ACTIVE_JOBS, {"sid": session_id, "kind": str(kind)})]
+    return [
+        _state(r) for r in await fetch_all(x, queries.active_jobs, {"sid": session_id, "kind": str(kind)})
+    ]
 
 
 async def job_state(x: Executor, job_id: uuid.UUID) -> JobState | None:
     """One job's current state, or None when it is gone (purged with its session)."""
-    row = await fetch_one(x, _ONE_JOB, {"id": job_id})
+    row = await fetch_one(x, queries.job_state, {"id": job_id})
     return None if row is None else _state(row)
 
-
-_BACKGROUND_OVERVIEWS = text(
-    f"""
-    WITH jobs AS (
-        SELECT session_id, status, usage, created_at, id FROM side_question_jobs
-        WHERE session_id = ANY(:sids) AND {_BACKGROUND}
-    ),
-    counts AS (
-        SELECT session_id, jsonb_object_agg(status, n) AS counts
-        FROM (SELECT session_id, status, count(*) AS n FROM jobs GROUP BY 1, 2) c
-        GROUP BY 1
-    ),
-    calls AS (
-        SELECT jobs.session_id, jsonb_agg(e.c ORDER BY jobs.created_at, jobs.id, e.n) AS calls
-        FROM jobs, jsonb_array_elements(coalesce(jobs.usage->'calls', '[]'::jsonb)) WITH ORDINALITY AS e(c, n)
-        GROUP BY 1
-    )
-    SELECT s.sid AS session_id,
-           coalesce(counts.counts, '{{}}'::jsonb) AS counts,
-           coalesce(calls.calls, '[]'::jsonb) AS calls
-    FROM unnest(:sids) AS s(sid)
-    LEFT JOIN counts ON counts.session_id = s.sid
-    LEFT JOIN calls ON calls.session_id = s.sid
-    """
-).bindparams(bindparam("sids", type_=ARRAY(UUID(as_uuid=True))))
 
 _USAGE_TOTALS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
 
@@ -516,7 +376,7 @@ async def background_overviews(
     result: dict[uuid.UUID, dict[str, Any]] = {}
     if not session_ids:
         return result
-    for row in await session.execute(_BACKGROUND_OVERVIEWS, {"sids": list(session_ids)}):
+    for row in await session.execute(queries.background_overviews, {"sids": list(session_ids)}):
         counts = {status: int((row.counts or {}).get(status, 0)) for status in Status}
         calls = list(row.calls or [])
         usage: dict[str, Any] = {
@@ -539,30 +399,9 @@ class JobStats:
 
 async def read_job_stats(session: AsyncSession) -> JobStats:
     """The scrape queries for background jobs (no tenant data)."""
-    outcomes = await session.execute(
-        text(f"SELECT kind, status, count(*) AS n FROM side_question_jobs WHERE {_BACKGROUND} GROUP BY 1, 2")
-    )
-    calls = await session.execute(
-        text(
-            f"""
-            SELECT j.kind, coalesce(c->>'status', '') AS status, count(*) AS n
-            FROM side_question_jobs j, jsonb_array_elements(coalesce(j.usage->'calls', '[]'::jsonb)) c
-            WHERE {_BACKGROUND.replace("params", "j.params")} AND jsonb_typeof(c) = 'object'
-            GROUP BY 1, 2
-            """
-        )
-    )
-    tokens = await session.execute(
-        text(
-            f"""
-            SELECT kind, 'input' AS direction, coalesce(sum((usage->>'input_tokens')::bigint), 0) AS n
-            FROM side_question_jobs WHERE {_BACKGROUND} GROUP BY 1
-            UNION ALL
-            SELECT kind, 'output', coalesce(sum((usage->>'output_tokens')::bigint), 0)
-            FROM side_question_jobs WHERE {_BACKGROUND} GROUP BY 1
-            """
-        )
-    )
+    outcomes = await session.execute(queries.job_outcomes)
+    calls = await session.execute(queries.job_calls)
+    tokens = await session.execute(queries.job_tokens)
     return JobStats(
         by_outcome=[(r.kind, r.status, int(r.n)) for r in outcomes],
         calls=[(r.kind, r.status, int(r.n)) for r in calls],

@@ -15,8 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import text
-
+from service.store import queries
 from service.store.execute import Executor, committed, fetch_value, json_text
 from service.vocabulary import utc_iso
 
@@ -34,21 +33,14 @@ def worker_of(owner: str) -> str:
     return owner.split(_CLAIM_TOKEN_MARK, 1)[0]
 
 
-# Both guards are SQL functions (migration 0005_worker_statements), so the rule has one home.
-_LOCK_IF_HELD = text("SELECT sidequest_lock_if_held(:id, :owner)")
-_EMIT_IF_HELD = text(
-    "SELECT sidequest_emit_if_held(:id, :owner, CAST(:events AS jsonb), :at, "
-    "CAST(:stage AS text), CAST(:info AS jsonb))"
-)
-
-
+# Both guards are SQL functions (service/store/sql/lease.sql), so the rule has one home.
 async def lock_if_held(session: Executor, request_id: uuid.UUID, owner: str) -> bool:
     """Inside the caller's transaction: lock the request row if this worker still runs it.
 
     Used before every worker write; a concurrent cancel or clear holding the row makes this wait, then
     see the new status, so the worker's write is skipped rather than landing after a terminal event.
     """
-    return bool(await fetch_value(session, _LOCK_IF_HELD, {"id": request_id, "owner": owner}))
+    return bool(await fetch_value(session, queries.lock_if_held, {"id": request_id, "owner": owner}))
 
 
 async def write_if_held(
@@ -72,7 +64,7 @@ async def write_if_held(
         info = json_text({**(context_info or {}), "stage": stage})
     held = await fetch_value(
         session,
-        _EMIT_IF_HELD,
+        queries.emit_if_held,
         {
             "id": request_id,
             "owner": owner,

@@ -21,51 +21,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.store import queries
 from service.store.events import append_event
 from service.store.execute import Executor, committed, fetch_value
 from service.store.lease import lock_if_held
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
 
-# The totals are computed from ``r.usage`` inside the SET expression (not a FROM subquery): when a
-# concurrent append holds the row, PostgreSQL re-evaluates SET against the row version it committed, so
-# no call is lost (a FROM subquery would keep its stale snapshot).
-_APPEND_CALL_SQL = """
-    UPDATE {table} r
-    SET usage = (
-        SELECT jsonb_build_object(
-            'input_tokens', coalesce(sum((c->>'input_tokens')::bigint), 0),
-            'output_tokens', coalesce(sum((c->>'output_tokens')::bigint), 0),
-            'reasoning_tokens', coalesce(sum((c->>'reasoning_tokens')::bigint), 0),
-            'cached_tokens', coalesce(sum((c->>'cached_tokens')::bigint), 0),
-            'calls', coalesce(jsonb_agg(c ORDER BY n), '[]'::jsonb)
-        )
-        FROM jsonb_array_elements(coalesce(r.usage->'calls', '[]'::jsonb) || CAST(:call AS jsonb))
-            WITH ORDINALITY AS e(c, n)
-    ){also}
-    WHERE r.id = :id AND NOT EXISTS (
-        SELECT 1 FROM jsonb_array_elements(coalesce(r.usage->'calls', '[]'::jsonb)) AS o(c)
-        WHERE o.c->>'call_id' IN (
-            SELECT a.c->>'call_id' FROM jsonb_array_elements(CAST(:call AS jsonb)) AS a(c)))
-    RETURNING r.usage
-    """
-# A request's record names its answer model (SPEC §3 ``model``) from its first answer call on, so a
-# request cancelled while answering names it too (the cancel writes its terminal state without it).
-_ANSWER_MODEL = """,
-    model = coalesce(r.model, (
-        SELECT c->>'model' FROM jsonb_array_elements(CAST(:call AS jsonb)) AS a(c)
-        WHERE c->>'purpose' = 'answer' LIMIT 1))"""
-# Requests and background jobs keep the same usage object (SPEC §3), each in its own table.
-_APPEND_CALL = text(_APPEND_CALL_SQL.format(table="side_question_requests", also=_ANSWER_MODEL))
-_APPEND_JOB_CALL = text(_APPEND_CALL_SQL.format(table="side_question_jobs", also=""))
-# The usage as it stands, when the append changed nothing (its calls were recorded already).
-_USAGE_OF = {
-    False: text("SELECT usage FROM side_question_requests WHERE id = :id"),
-    True: text("SELECT usage FROM side_question_jobs WHERE id = :id"),
-}
+# The appends (a request's, a background job's: the same usage object, SPEC §3, each in its own
+# table) and the reads of the usage as it stands: named queries in service/store/sql/ledger.sql, with
+# why the totals are computed inside the SET expression.
 
 
 @dataclass(frozen=True)
@@ -130,12 +97,12 @@ class Appended:
 
 
 async def _append(x: Executor, row_id: uuid.UUID, entries: Sequence[CallEntry], *, job: bool) -> Appended:
-    statement = _APPEND_JOB_CALL if job else _APPEND_CALL
+    statement = queries.append_job_calls if job else queries.append_request_calls
     params = {"id": row_id, "call": json.dumps([entry.as_json() for entry in entries])}
     usage = await fetch_value(x, statement, params)
     if usage is not None:
         return Appended(dict(usage), added=True)
-    usage = await fetch_value(x, _USAGE_OF[job], {"id": row_id})
+    usage = await fetch_value(x, queries.job_usage if job else queries.request_usage, {"id": row_id})
     if usage is None:
         raise LookupError(f"{'job' if job else 'request'} {row_id} does not exist")
     return Appended(dict(usage), added=False)
@@ -171,9 +138,6 @@ async def merge_context_info(session: AsyncSession, request_id: uuid.UUID, field
     """
     async with session.begin():
         await session.execute(
-            text(
-                "UPDATE side_question_requests SET context_info = context_info || CAST(:info AS jsonb) "
-                "WHERE id = :id"
-            ),
+            queries.merge_context_info,
             {"id": request_id, "info": json.dumps(fields, ensure_ascii=False)},
         )

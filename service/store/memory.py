@@ -19,81 +19,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import text
-
+from service.store import queries
 from service.store.execute import Executor, fetch_value, json_text, transaction
 from service.store.models import EMPTY_MEMORY
 
 # Newest context summaries kept per session: a cache, not history; old snapshots' prefixes age out.
 MAX_CONTEXT_SUMMARIES = 16
 
-_MEMORY_VALUE = """
-    SET memory = (
-            WITH base AS (
-                SELECT CASE WHEN CAST(:set_qa AS boolean)
-                            THEN jsonb_set(s.memory, '{qa_summary}', CAST(:qa AS jsonb), true)
-                            ELSE s.memory END AS m
-            ),
-            kept AS (
-                SELECT e.c, e.n FROM base,
-                    jsonb_array_elements(coalesce(base.m->'context_summaries', '[]'::jsonb))
-                        WITH ORDINALITY AS e(c, n)
-                WHERE CAST(:ctx AS jsonb) IS NULL OR e.c->>'key' IS DISTINCT FROM CAST(:ctx AS jsonb)->>'key'
-                UNION ALL
-                SELECT CAST(:ctx AS jsonb), 1000000 WHERE CAST(:ctx AS jsonb) IS NOT NULL
-            ),
-            newest AS (
-                SELECT c, n FROM kept ORDER BY n DESC LIMIT :max_ctx
-            )
-            SELECT jsonb_set(
-                base.m, '{context_summaries}',
-                coalesce((SELECT jsonb_agg(c ORDER BY n) FROM newest), '[]'::jsonb), true)
-            FROM base
-        )
-"""
-# (No ``updated_at = now()``: the session row's updated_at is its *activity* — what a client did,
-# which orders the session list — and a summary written in the background is none; docs/api.md.)
-
-# The writer is a running request (its lease, when ``owner`` is given) …
-_GUARDED_WRITE = text(
-    "UPDATE side_question_sessions s"
-    + _MEMORY_VALUE
-    + """
-    FROM side_question_requests r
-    WHERE r.id = :writer_id
-      AND s.id = r.session_id
-      AND r.status = 'running'
-      AND r.deleted_at IS NULL
-      AND s.clear_version = r.clear_version
-      AND (CAST(:owner AS text) IS NULL OR r.lease_owner = CAST(:owner AS text))
-    RETURNING s.id
-    """
-)
-# … or a running background job (SPEC §6.6: jobs obey §6.5 with their own clear_version).
-_GUARDED_JOB_WRITE = text(
-    "UPDATE side_question_sessions s"
-    + _MEMORY_VALUE
-    + """
-    FROM side_question_jobs j
-    WHERE j.id = :writer_id
-      AND s.id = j.session_id
-      AND j.status = 'running'
-      AND s.clear_version = j.clear_version
-      AND (CAST(:owner AS text) IS NULL OR j.lease_owner = CAST(:owner AS text))
-    RETURNING s.id
-    """
-)
-
-
-# The writer's session row, locked (one round trip); the guarded write then reads the writer again.
-_LOCK_WRITER_SESSION = {
-    table: text(
-        "SELECT s.id FROM side_question_sessions s "
-        f"WHERE s.id = (SELECT w.session_id FROM {table} w WHERE w.id = :id) FOR NO KEY UPDATE"
-    )
-    for table in ("side_question_jobs", "side_question_requests")
-}
-_LOAD_MEMORY = text("SELECT memory FROM side_question_sessions WHERE id = :id")
+# The guarded writes (the writer a running request or a running background job), the lock of the
+# writer's session row before them, the read: named queries in service/store/sql/memory.sql.
 
 
 async def save_memory(
@@ -135,16 +69,16 @@ async def save_memory_in(
         raise ValueError("save_memory needs a qa_summary or a context_summary")
     if context_summary is not None and "key" not in context_summary:
         raise ValueError("a context summary needs its cache key")
-    table = "side_question_jobs" if job else "side_question_requests"
     # Lock the session row first and only then check the writer: the guard below is the next
     # statement, so it runs on a snapshot taken after every earlier clear/cancel committed (READ
     # COMMITTED, new statement), and a single row lock can never deadlock with the API's multi-row
     # clear.
-    if await fetch_value(x, _LOCK_WRITER_SESSION[table], {"id": request_id}) is None:
+    lock_session = queries.lock_session_of_job if job else queries.lock_session_of_request
+    if await fetch_value(x, lock_session, {"id": request_id}) is None:
         return False
     written = await fetch_value(
         x,
-        _GUARDED_JOB_WRITE if job else _GUARDED_WRITE,
+        queries.save_memory_of_job if job else queries.save_memory_of_request,
         {
             "writer_id": request_id,
             "owner": owner,
@@ -159,7 +93,7 @@ async def save_memory_in(
 
 async def load_memory(x: Executor, session_id: uuid.UUID) -> dict[str, Any]:
     """The session's memory (``{qa_summary, context_summaries}``), empty if never written."""
-    memory = await fetch_value(x, _LOAD_MEMORY, {"id": session_id})
+    memory = await fetch_value(x, queries.load_memory, {"id": session_id})
     result = dict(EMPTY_MEMORY)
     result.update(memory or {})
     return result

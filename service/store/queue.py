@@ -43,10 +43,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.store import jobs
+from service.store import jobs, queries
 from service.store.events import append_event
 from service.store.execute import Executor, committed, fetch_one
 from service.store.lease import lock_if_held
@@ -90,10 +89,6 @@ class Claimed:
     snapshot_hash: str | None = None
 
 
-# THE claim, in SQL (migration 0005_worker_statements): one round trip; the rules are listed above.
-_CLAIM = text("SELECT * FROM sidequest_claim(:owner, :lease_s, :max_running, :lock_key, :at)")
-
-
 async def claim_next(session: Executor, *, owner: str, lease_s: float, max_running: int) -> Claimed | None:
     """Claim the next request per SPEC §9, or None when the cap is reached or nothing is eligible."""
     claimed, _full = await try_claim(session, owner=owner, lease_s=lease_s, max_running=max_running)
@@ -113,7 +108,7 @@ async def try_claim(
     async with committed(session):
         row = await fetch_one(
             session,
-            _CLAIM,
+            queries.claim_request,
             {
                 "owner": owner,
                 "lease_s": float(lease_s),
@@ -176,30 +171,13 @@ async def heartbeat(
     async with session.begin():
         if requests:
             rows = await session.execute(
-                text(
-                    """
-                    UPDATE side_question_requests AS r
-                    SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
-                    FROM unnest(CAST(:ids AS uuid[]), CAST(:owners AS text[])) AS h(id, owner)
-                    WHERE r.id = h.id AND r.lease_owner = h.owner AND r.status = 'running'
-                      AND r.deleted_at IS NULL
-                    RETURNING r.id, r.cancel_requested
-                    """
-                ),
+                queries.heartbeat_requests,
                 {"ids": list(requests), "owners": list(requests.values()), "lease_s": lease_s},
             )
             held_requests = {r.id for r in rows if not r.cancel_requested}
         if jobs:
             rows = await session.execute(
-                text(
-                    """
-                    UPDATE side_question_jobs AS j
-                    SET lease_expires_at = now() + make_interval(secs => :lease_s), heartbeat_at = now()
-                    FROM unnest(CAST(:ids AS uuid[]), CAST(:owners AS text[])) AS h(id, owner)
-                    WHERE j.id = h.id AND j.lease_owner = h.owner AND j.status = 'running'
-                    RETURNING j.id
-                    """
-                ),
+                queries.heartbeat_jobs,
                 {"ids": list(jobs), "owners": list(jobs.values()), "lease_s": lease_s},
             )
             held_jobs = {r.id for r in rows}
@@ -211,18 +189,9 @@ async def release(session: AsyncSession, request_id: uuid.UUID, owner: str) -> b
     async with session.begin():
         if not await lock_if_held(session, request_id, owner):
             return False
-        stage = await session.scalar(
-            text("SELECT stage FROM side_question_requests WHERE id = :id"), {"id": request_id}
-        )
+        stage = await session.scalar(queries.request_stage, {"id": request_id})
         session_id = await session.scalar(
-            text(
-                """
-                UPDATE side_question_requests
-                SET status = 'queued', stage = NULL, attempt = greatest(attempt - 1, 0),
-                    lease_owner = NULL, lease_expires_at = NULL
-                WHERE id = :id RETURNING session_id
-                """
-            ),
+            queries.release_request,
             {"id": request_id},
         )
         await append_event(
@@ -271,28 +240,11 @@ async def sweep_expired(session: AsyncSession, *, max_attempts: int = MAX_ATTEMP
     requeued: list[uuid.UUID] = []
     failed: list[uuid.UUID] = []
     async with session.begin():
-        rows = (
-            await session.execute(
-                text(
-                    """
-                    SELECT id, session_id, attempt, stage FROM side_question_requests
-                    WHERE status = 'running' AND lease_expires_at < now()
-                    ORDER BY lease_expires_at
-                    FOR UPDATE SKIP LOCKED
-                    """
-                )
-            )
-        ).all()
+        rows = (await session.execute(queries.expired_requests)).all()
         for row in rows:
             if row.attempt < max_attempts:
                 await session.execute(
-                    text(
-                        """
-                        UPDATE side_question_requests
-                        SET status = 'queued', stage = NULL, lease_owner = NULL, lease_expires_at = NULL
-                        WHERE id = :id
-                        """
-                    ),
+                    queries.requeue_request,
                     {"id": row.id},
                 )
                 await append_event(
@@ -323,19 +275,7 @@ async def sweep_expired(session: AsyncSession, *, max_attempts: int = MAX_ATTEMP
                     error=_worker_lost(row.attempt, row.stage, "request"),
                 )
                 failed.append(row.id)
-        job_rows = (
-            await session.execute(
-                text(
-                    """
-                    SELECT id, attempt, calls, coalesce(params->>'made_by', 'background') AS made_by
-                    FROM side_question_jobs
-                    WHERE status = 'running' AND lease_expires_at < now()
-                    ORDER BY lease_expires_at
-                    FOR UPDATE SKIP LOCKED
-                    """
-                )
-            )
-        ).all()
+        job_rows = (await session.execute(queries.expired_jobs)).all()
         jobs_requeued: list[uuid.UUID] = []
         jobs_failed: list[uuid.UUID] = []
         for job in job_rows:

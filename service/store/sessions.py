@@ -17,7 +17,8 @@ from sqlalchemy import JSON, Text, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.budget import Calibration, plan_window, positive_setting, resolve_output_cap, resolve_window
+from service.budget import plan_window, positive_setting, resolve_output_cap, resolve_window
+from service.budget.ladder import needs_summary, snapshot_room
 from service.budget.messages import snapshot_shape_problem
 from service.budget.prepared import (
     PREPARED_VERSION,
@@ -33,7 +34,7 @@ from service.store.execute import json_text
 from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
-from service.vocabulary import JobKind, Status, iso_or_none, utc_iso
+from service.vocabulary import JobKind, Status, iso_or_none, masks_tool_results, utc_iso
 
 # SPEC §11.2 (rules in service.store.settings, which imports this module; the names live here).
 SETTINGS_FIELDS = (
@@ -43,6 +44,7 @@ SETTINGS_FIELDS = (
     "context_window",
     "max_output_tokens",
     "on_busy",
+    "mask_tool_results",
 )
 
 
@@ -322,49 +324,70 @@ class SnapshotJobPolicy:
             expecting=expecting,
         )
 
-    def applies(self, owner: SessionRow, prepared: PreparedSnapshot) -> bool:
+    def applies(self, owner: SessionRow, prepared: PreparedSnapshot, expected: dict[str, int]) -> bool:
         """Whether storing ``prepared`` for the session ``owner`` queues its job: background summaries
-        on, the session asked before, and a question on it would need compaction."""
-        return (
-            self.enabled
-            and owner.next_ordinal > 1
-            and needs_compaction(prepared, self, dict(owner.settings or {}))
+        on, the session asked before, and a question on it with the ``expected`` window and cap
+        (:func:`expected_numbers`) would need a summary (SPEC §6.2 tier 2: masking needs no job)."""
+        return self.enabled and owner.next_ordinal > 1 and self.needs_summary(prepared, owner, expected)
+
+    def needs_summary(self, prepared: PreparedSnapshot, owner: SessionRow, expected: dict[str, int]) -> bool:
+        """Would a question on this snapshot need a summary, with the session's expected numbers?
+
+        The snapshot alone is the test (its system, tools and messages against the input budget): the
+        question and the side Q&A only add to it, and a job that turns out not to be needed ends
+        with no call. The raw estimate: the admission reads no calibration; the job decides again
+        with the ratio.
+        """
+        window = resolve_window(
+            expected.get("context_window"), prepared.snapshot.context_window, self.context_window
         )
+        cap = resolve_output_cap(
+            expected.get("max_output_tokens"), self.max_output_tokens, prepared.snapshot.max_output_tokens
+        )
+        room = snapshot_room(prepared, plan_window(window, cap).input_budget)
+        return needs_summary(prepared, room, mask=masks_tool_results(owner.settings or {}))
 
 
-def needs_compaction(
-    prepared: PreparedSnapshot, policy: SnapshotJobPolicy, session_settings: dict[str, Any]
-) -> bool:
-    """Would a question on this snapshot need compaction, with the session's defaults?
+def expected_numbers(
+    session_settings: dict[str, Any], latest_options: dict[str, Any] | None
+) -> dict[str, int]:
+    """SPEC §6.6: the window and output cap a question on a newly stored snapshot is expected to have —
+    the session's settings, else those of the session's latest question (a chat UI that sends its
+    model's window with every question and never writes settings), else none (the snapshot's own,
+    then the service's, follow)."""
+    expected: dict[str, int] = {}
+    for name in ("context_window", "max_output_tokens"):
+        value = positive_setting(session_settings.get(name)) or positive_setting(
+            (latest_options or {}).get(name)
+        )
+        if value is not None:
+            expected[name] = value
+    return expected
 
-    The snapshot alone already over the input budget is the test: the question and the side Q&A
-    only add to it, and a job that turns out not to be needed ends with no call.
-    """
-    window = resolve_window(
-        None,
-        prepared.snapshot.context_window,
-        policy.context_window,
-        session_window=positive_setting(session_settings.get("context_window")),
+
+async def latest_question_options(session: AsyncSession, session_id: uuid.UUID) -> dict[str, Any] | None:
+    """The options the session's latest question was admitted with (None: it has asked none)."""
+    options = await session.scalar(
+        select(RequestRow.options)
+        .where(RequestRow.session_id == session_id)
+        .order_by(RequestRow.ordinal.desc())
+        .limit(1)
     )
-    cap = resolve_output_cap(
-        None,
-        policy.max_output_tokens,
-        prepared.snapshot.max_output_tokens,
-        session_cap=positive_setting(session_settings.get("max_output_tokens")),
-    )
-    # The raw estimate (the admission reads no calibration); the job decides again with the ratio.
-    return not Calibration.empty().fits(prepared.total_tokens, plan_window(window, cap).input_budget)
+    return dict(options) if options is not None else None
 
 
-async def queue_snapshot_job(session: AsyncSession, owner: SessionRow, snapshot_id: str) -> uuid.UUID | None:
+async def queue_snapshot_job(
+    session: AsyncSession, owner: SessionRow, snapshot_id: str, expected: dict[str, int]
+) -> uuid.UUID | None:
     """Queue the snapshot's background context summary (caller's transaction), once
-    :meth:`SnapshotJobPolicy.applies` said SPEC §6.6 wants it; None when it is queued already."""
+    :meth:`SnapshotJobPolicy.applies` said SPEC §6.6 wants it; None when it is queued already. The
+    job plans with the ``expected`` numbers the decision was made with."""
     return await enqueue_job(
         session,
         owner.id,
         kind=JobKind.CONTEXT_SUMMARY,
         key=f"snapshot:{snapshot_id}",
-        params={"snapshot_id": snapshot_id},
+        params={"snapshot_id": snapshot_id, **expected},
         clear_version=owner.clear_version,
     )
 
@@ -437,7 +460,13 @@ async def store_snapshot(
     if prepared is None:
         prepared = prepare_or_refuse(content, encoded)
     tokens = prepared.total_tokens
-    queues_job = owner is not None and jobs is not None and jobs.applies(owner, prepared)
+    expected: dict[str, int] = {}
+    queues_job = False
+    if owner is not None and jobs is not None and jobs.enabled and owner.next_ordinal > 1:
+        expected = expected_numbers(
+            dict(owner.settings or {}), await latest_question_options(session, owner.id)
+        )
+        queues_job = jobs.applies(owner, prepared, expected)
     if queues_job and jobs is not None and jobs.expecting is not None:
         jobs.expecting(prepared)  # before the INSERT: the longest wait of the admission
     inserted = await session.scalar(
@@ -459,7 +488,7 @@ async def store_snapshot(
     )
     if inserted is not None:
         if queues_job and owner is not None:
-            await queue_snapshot_job(session, owner, key)
+            await queue_snapshot_job(session, owner, key, expected)
         return StoredSnapshot(key, digest, tokens, size, utc_iso(inserted), created=True)
     existing = (
         await session.execute(

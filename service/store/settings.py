@@ -1,7 +1,7 @@
 """Per-session settings (SPEC §11.2): the rules of the object, its read, and its one write.
 
 The settings live in ``side_question_sessions.settings`` (JSONB). A field that is unset is simply
-absent there; the public object always names all six fields, with ``null`` for unset ones. A PUT
+absent there; the public object always names every field, with ``null`` for unset ones. A PUT
 changes only the fields it names, and ``null`` clears a field. Nothing but a PUT changes them: a clear
 keeps them, an archive restore brings the archive's (see :mod:`service.store.archive`).
 
@@ -80,6 +80,8 @@ def field_problem(name: str, value: object) -> str | None:
         if value not in ON_BUSY_CHOICES:
             return "must be one of enqueue, reject, interrupt (or null)"
         return None
+    if name == "mask_tool_results":
+        return None if isinstance(value, bool) else "must be true, false or null"
     return "is not a session setting"
 
 

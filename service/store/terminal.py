@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Literal, cast
 
-from sqlalchemy import text
-
-from service.store import calibration, jobs, ledger
+from service.store import calibration, jobs, ledger, queries
 from service.store.execute import Executor, execute, fetch_one, json_text, notify, transaction
 from service.store.lease import write_if_held
 from service.store.models import RequestRow
@@ -42,20 +40,9 @@ class Ended:
     record: dict[str, Any] | None
 
 
-# THE terminal transition, in SQL (migration 0005_worker_statements): the lease guard and the
-# guarded UPDATE (returning the row), then — once the record is built from that row — the events.
-_FINISH = text(
-    "SELECT f.parent_id AS parent_of_row, (f.req).* FROM sidequest_finish_request("
-    ":id, :status, CAST(:owner AS text), CAST(:from_statuses AS text[]), CAST(:answer AS text), "
-    ":truncated, CAST(:stop_reason AS text), CAST(:model AS text), CAST(:qa_tokens AS integer), "
-    "CAST(:error AS jsonb), CAST(:info AS jsonb)) f"
-)
-_END = text(
-    "SELECT sidequest_end_request(:id, :sid, :status, CAST(:stage AS text), :type, "
-    "CAST(:fields AS jsonb), :at, :channel)"
-)
-
-
+# THE terminal transition is two SQL functions (service/store/sql/terminal.sql): the lease guard
+# and the guarded UPDATE (returning the row), then — once the record is built from that row — the
+# events.
 async def finish_request(
     session: Executor,
     request_id: uuid.UUID,
@@ -86,7 +73,7 @@ async def finish_request(
         raise ValueError("a failed or cancelled request needs its error object")
     ended = await fetch_one(
         session,
-        _FINISH,
+        queries.finish_request,
         {
             "status": str(status),
             "answer": answer,
@@ -115,7 +102,7 @@ async def finish_request(
     last_type, last_fields = ("done", {"record": record}) if status == Status.SUCCEEDED else ("error", error)
     await execute(
         session,
-        _END,
+        queries.end_request,
         {
             "id": request_id,
             "sid": session_id,

@@ -17,6 +17,7 @@ Saving is the store's job: this module only returns what to save, and only valid
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from service import vocabulary
 from service.budget import CutPlan, MessageGroup, estimate_text, group_messages
 from service.budget.prepared import PreparedSnapshot, prefix_digests, summary_cache_key
+from service.budget.trail import render_trail
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import render_messages
 from service.summary.policy import CallTally
@@ -58,10 +60,18 @@ class CachedContextSummary:
     created_at: str
     # Who made it: a request, or a background job (SPEC §3 ``context_summary.made_by``).
     made_by: str = "request"
+    # The artifact trail of the summarised groups (SPEC §6.9), for a summary of masked material;
+    # deterministic, so it is cached with the summary it follows.
+    trail: str | None = None
 
     def rendered(self) -> str:
         """The summary as prompt text (provenance header + body)."""
         return render_summary(self.document, self.provenance)
+
+    def prompt_text(self) -> str:
+        """What stands for the summarised messages in the answer request: the summary, then its trail."""
+        rendered = self.rendered()
+        return f"{rendered}\n\n{self.trail}" if self.trail else rendered
 
     def to_json(self) -> dict[str, Any]:
         """JSON form for the session memory (and v3 archives)."""
@@ -74,6 +84,7 @@ class CachedContextSummary:
             "tokens": self.tokens,
             "created_at": self.created_at,
             "made_by": self.made_by,
+            **({"trail": self.trail} if self.trail else {}),
         }
 
     @classmethod
@@ -88,6 +99,7 @@ class CachedContextSummary:
             tokens=int(value["tokens"]),
             created_at=str(value["created_at"]),
             made_by=str(value.get("made_by") or "request"),
+            trail=value["trail"] if isinstance(value.get("trail"), str) else None,
         )
 
 
@@ -191,21 +203,32 @@ _PIECES = "summary.group_pieces"
 WARM_SLICE = 64
 
 
+# …and the pieces of the groups' masked forms (SPEC §6.8: tier 2 summarises masked groups).
+_MASKED_PIECES = "summary.masked_group_pieces"
+
+
 def _rendered(prepared: PreparedSnapshot) -> dict[int, str]:
     rendered: dict[int, str] = prepared.memo.setdefault(_PIECES, {})
     return rendered
 
 
-def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int) -> list[str]:
-    """:func:`_pieces` of a prepared snapshot, each group rendered at most once per snapshot (what
-    :func:`warm_snapshot_pieces` rendered already is reused)."""
-    rendered = _rendered(prepared)
+def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int, *, masked: bool = False) -> list[str]:
+    """:func:`_pieces` of a prepared snapshot (of its masked groups when ``masked``), each group
+    rendered at most once per snapshot (what :func:`warm_snapshot_pieces` rendered already is reused)."""
+    raw = _rendered(prepared)
+    rendered: dict[int, str] = prepared.memo.setdefault(_MASKED_PIECES, {}) if masked else raw
+    forms = prepared.masked() if masked else None
     pieces = []
     for index, group in enumerate(prepared.groups):
         if group.start >= start and group.end <= end:
             piece = rendered.get(index)
             if piece is None:
-                piece = rendered[index] = _piece(prepared.messages, group)
+                if forms is not None and forms[index].masked_messages:
+                    piece = render_messages(list(forms[index].messages), group.start)
+                else:  # a group masking leaves as it is reads as itself (and may be warmed already)
+                    piece = raw.get(index) or _piece(prepared.messages, group)
+                    raw[index] = piece
+                rendered[index] = piece
             pieces.append(piece)
     return pieces
 
@@ -245,6 +268,31 @@ def longest_cached_prefix(
         if summary_cache_key(digests[length], model, prompt_version) != entry.key:
             continue
         if best is None or length > best.covered_messages:
+            best = PrefixReuse(entry, length)
+    return best
+
+
+def covering_summary(
+    groups: Sequence[MessageGroup],
+    cache_entries: Sequence[CachedContextSummary],
+    digests: Sequence[bytes],
+    until: int,
+    *,
+    model: str,
+    prompt_version: str = PROMPT_VERSION,
+) -> PrefixReuse | None:
+    """The cached summary covering the *shortest* prefix of at least ``until`` messages (ending on a
+    group boundary): with masking on, one made for a longer question covers a shorter one's needs as
+    well (what it summarised beyond them is masked or verbatim in the other's plan, never both)."""
+    boundaries = {g.start for g in groups if g.start >= until} | {len(digests) - 1}
+    best: PrefixReuse | None = None
+    for entry in cache_entries:
+        length = entry.covered_messages
+        if length not in boundaries or length >= len(digests):
+            continue
+        if summary_cache_key(digests[length], model, prompt_version) != entry.key:
+            continue
+        if best is None or length < best.covered_messages:
             best = PrefixReuse(entry, length)
     return best
 
@@ -363,10 +411,14 @@ async def compact_snapshot(
     cut_plan: CutPlan,
     cache_entries: Sequence[CachedContextSummary],
     context_time: str | None,
+    *,
+    masked: bool = False,
 ) -> ContextCompaction:
     """:func:`compact_context` of a prepared snapshot: its groups and digests as prepared, its
-    transcript pieces rendered at most once per snapshot (:func:`snapshot_pieces`)."""
-    return await compact_context(
+    transcript pieces rendered at most once per snapshot (:func:`snapshot_pieces`). ``masked``: the
+    summarised groups go in their masked form (SPEC §6.2 tier 2), and the new entry carries their
+    artifact trail (§6.9)."""
+    result = await compact_context(
         runner,
         snapshot_id,
         prepared.messages,
@@ -375,8 +427,12 @@ async def compact_snapshot(
         context_time,
         groups=prepared.groups,
         digests=prepared.digests,
-        material=lambda start, end: snapshot_pieces(prepared, start, end),
+        material=lambda start, end: snapshot_pieces(prepared, start, end, masked=masked),
     )
+    if not masked or result.new_entry is None:
+        return result
+    trail = render_trail(prepared.trail(prepared.group_index(cut_plan.summarize_until))) or None
+    return dataclasses.replace(result, new_entry=dataclasses.replace(result.new_entry, trail=trail))
 
 
 __all__ = [
@@ -389,6 +445,7 @@ __all__ = [
     "Reuse",
     "compact_context",
     "compact_snapshot",
+    "covering_summary",
     "find_reusable",
     "longest_cached_prefix",
     "prefix_key",

@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.budget import estimate_text
+from service.budget.chunk import SUMMARY_BODY_TOKEN_LIMIT
 from service.summary.errors import SummaryInvalid, SummaryTooLong
 
 # SPEC §6.4 limits. A string is measured in UTF-8 bytes, not characters: 2 KiB of Chinese is ~680 chars.
 MAX_STRING_BYTES = 2048
 MAX_LIST_ITEMS = 32
-# SPEC §6.3: a rendered body estimated above this is "too long" and triggers the one retry.
-BODY_TOKEN_LIMIT = 2200
+# SPEC §6.3: a rendered body estimated above this is "too long" and triggers the one retry (the
+# budget kernel reserves room for summaries by the same number).
+BODY_TOKEN_LIMIT = SUMMARY_BODY_TOKEN_LIMIT
 # What the retry prompt asks for, well under the limit so a verbose model still lands inside it.
 RETRY_BODY_TOKENS = 600
 

@@ -206,6 +206,9 @@ class SummaryCaller:
     # Awaited before each attempt goes out (a background job counts its calls as they start, so a
     # clear that cancels it mid-call reports the call in flight too: SPEC §6.6 memory events).
     on_attempt: Callable[[], Awaitable[None]] | None = None
+    # What the summarised material is (SPEC §6.8: ``MASKED_MATERIAL`` when it is the masked form):
+    # part of the cache key, since a summary of masked groups must not stand for one of the raw ones.
+    material_variant: str | None = None
     # Attempts made through this caller (for context_info "calls"); the budget counts the same.
     attempts_made: int = field(default=0, init=False)
 
@@ -231,8 +234,9 @@ class SummaryCaller:
 
     @property
     def prompt_version(self) -> str:
-        """The prompt version of this runner's calls (instructions included), for cache keys."""
-        return prompt_version(self.instructions)
+        """The prompt version of this runner's calls (instructions and material included), for cache keys."""
+        base = prompt_version(self.instructions)
+        return base if self.material_variant is None else f"{base}+{self.material_variant}"
 
     def chunk(self, kind: SummaryKind, pieces: Sequence[str]) -> list[str]:
         """Pack material ``pieces`` (one per group) into chunks that each fit one call.

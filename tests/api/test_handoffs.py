@@ -291,4 +291,5 @@ async def test_openapi_describes_handoffs_pins_and_settings(server: Server) -> N
         "context_window",
         "max_output_tokens",
         "on_busy",
+        "mask_tool_results",
     }

@@ -37,6 +37,7 @@ from tests.api.inspector_support import (
     open_session,
     stack,
 )
+from tests.api.tool_snapshots import tool_heavy_snapshot
 from tests.scripted_provider import Step, Usage
 
 __all__ = ["browser", "stack"]  # fixtures
@@ -461,9 +462,14 @@ async def test_screenshots_at_phone_and_desktop_sizes_without_horizontal_scrolli
             "module_3.py parses invoice batch 3; the rounding is in invoice.py.", usage=Usage(9000, 20)
         ),
     )
-    await _answered(stack, "task-billing", "What does module_1 do?", snapshot=big_snapshot())
-    await _answered(stack, "task-billing", "Where is rounding handled?", snapshot_id="s-big")
-    record = await _answered(stack, "task-billing", "Which module parses batch 3?", snapshot_id="s-big")
+    # Mostly file reads, as real agent sessions are, so the picture (docs/inspector.png is the
+    # 1280×720 one) shows every part of the fidelity bar: summarised, masked and verbatim messages.
+    reads = tool_heavy_snapshot("s-reads", groups=120, context_window=16000, max_output_tokens=1024)
+    await _answered(stack, "task-billing", "What does module_1 do?", snapshot=reads)
+    await _answered(stack, "task-billing", "Where is rounding handled?", snapshot_id="s-reads")
+    record = await _answered(stack, "task-billing", "Which module parses batch 3?", snapshot_id="s-reads")
+    fidelity = record["context_info"]["fidelity"]
+    assert min(fidelity[f"{part}_messages"] for part in ("summarized", "masked", "verbatim")) > 0
     await _answered(stack, "task-docs", "Is the README current?")
     shots = artifacts_dir()
     for width, height in ((1280, 720), (390, 844)):
@@ -473,6 +479,10 @@ async def test_screenshots_at_phone_and_desktop_sizes_without_horizontal_scrolli
         await open_request(browser, record["id"])
         await browser.wait_for("document.querySelectorAll('#timeline-bar rect').length >= 3")
         await browser.wait_for("!!document.querySelector('#budget-bar rect')")
+        await browser.wait_for("!!document.querySelector('#fidelity-bar rect')")
+        # Every replayed event drawn (the timeline ends with the outcome): a shot taken while the
+        # stream still replays measures the page before its last rows and cuts off its bottom.
+        await browser.wait_for("document.getElementById('timeline').innerText.includes('succeeded')")
         await browser.evaluate("window.scrollTo(0, 0)")
         assert await no_horizontal_scroll(browser), f"horizontal scrolling at {width}×{height}"
         assert await browser.evaluate("window.innerWidth") == width

@@ -19,6 +19,7 @@ UNSET = {
     "context_window": None,
     "max_output_tokens": None,
     "on_busy": None,
+    "mask_tool_results": None,
 }
 
 

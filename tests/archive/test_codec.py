@@ -70,6 +70,7 @@ SETTING_VALUES: dict[str, list[object]] = {
     "context_window": [None, 1023, 1024, 4096.0, 4096.5, 10_000_000, 10_000_001, "4096", True],
     "max_output_tokens": [255, 256, 1024.0, 32768, 32769, False],
     "on_busy": [None, "enqueue", "reject", "interrupt", "sometimes", 1],
+    "mask_tool_results": [None, True, False, 1, "true"],
     "bogus": [1, None],
 }
 

@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +26,7 @@ from service.config import Settings
 from service.serve import create_serving_app
 from service.store.db import Database
 from tests.api.conftest import serve
+from tests.api.tool_snapshots import tool_heavy_snapshot
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,6 +172,11 @@ async def test_ask_renders_the_stages_then_the_answer_and_exits_0(stack: Stack, 
     assert stages.index("organizing_history") < stages.index("answering")
     assert any("usage: in 900 (cached 512) · out 14 · 1 call · last: answer ok" in line for line in lines)
     assert lines[-1].endswith("] succeeded · in 900 (cached 512) · out 14 · 1 call")
+    # Three small messages fit the window as they are: the fidelity line says so, just before the end.
+    assert lines[-2].endswith(
+        "] context: not compacted — the whole snapshot went verbatim (3 messages);"
+        " artifacts 1 of 1 in the prompt"
+    )
 
     # The second question replays the first Q&A; the CLI says so.
     stack.model.script("answer", Step.text("Yes, twice.", usage=Usage(950, 4)))
@@ -182,10 +189,44 @@ async def test_ask_renders_the_stages_then_the_answer_and_exits_0(stack: Stack, 
     assert "replaying 1 Q&A group (#1)" in again.err
 
 
+async def test_ask_says_what_of_a_masked_snapshot_reached_the_model(stack: Stack, tmp_path: Path) -> None:
+    # 16 file reads of ~800 bytes each in a 4096-token window: the oldest results must be masked
+    # (tier 1, no summary call) for the question to fit.
+    snapshot = tool_heavy_snapshot("s-tools", groups=16, context_window=4096, max_output_tokens=256)
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps(snapshot), encoding="utf-8")
+    run = await sidequest(
+        "ask", "task-tools", "Which modules did it read?", "--snapshot", str(path), "--url", stack.url
+    )
+    assert run.code == 0, run.err
+    assert run.out == "Scripted answer.\n"  # the line is status (stderr), never part of the answer
+    assert not stack.model.requests(purpose="context_summary")
+    async with httpx.AsyncClient(base_url=stack.url, timeout=10) as http:
+        (record,) = (await http.get("/v1/sessions/task-tools/questions")).json()["items"]
+    fidelity = record["context_info"]["fidelity"]
+    assert fidelity["tier"] == "masked" and fidelity["summarized_messages"] == 0
+    assert 0 < fidelity["masked_messages"] < fidelity["verbatim_messages"]
+    # Every message is one of the three; masking never elides an artifact (a Read's file_path).
+    assert fidelity["verbatim_messages"] + fidelity["masked_messages"] == len(snapshot["messages"])
+    assert fidelity["artifacts"] == {"total": 16, "in_prompt": 16}
+    kilobytes = fidelity["masked_payload_bytes"] / 1000
+    elided = f"{kilobytes:.1f} KB" if kilobytes < 9.95 else f"{kilobytes:.0f} KB"
+    lines = run.err.splitlines()
+    assert lines[-2].split("] ", 1)[1] == (
+        f"context: masked — {fidelity['verbatim_messages']} verbatim, {fidelity['masked_messages']} masked"
+        f" ({elided} elided), 0 summarised messages; artifacts 16 of 16 in the prompt"
+    )
+    assert lines[-1].split("] ", 1)[1].startswith("succeeded")
+
+
 def long_snapshot_file(tmp_path: Path) -> Path:
-    """A main session far larger than its own 32k window: the copy must be compacted."""
+    """A main session far larger than its own 32k window: the copy must be compacted.
+
+    About 89k tokens of plain text, nearly three windows: tier 2 summarises only the fewest oldest
+    groups that make the question fit (SPEC 6.2), and those must still be more than one summary chunk
+    (at 44k tokens they were one since the compaction ladder)."""
     messages: list[dict[str, str]] = []
-    for i in range(75):
+    for i in range(150):
         messages.append({"role": "user", "content": f"step {i}: " + f"please look at module {i}. " * 40})
         messages.append({"role": "assistant", "content": f"done {i}: " + f"changed line {i}. " * 40})
     snapshot = {
@@ -216,6 +257,13 @@ async def test_ask_shows_summary_chunks_and_then_the_cache_hit(stack: Stack, tmp
     assert "compacting_context: context summary cache miss" in first.err
     chunks = [line.rsplit(" ", 1)[1] for line in first.err.splitlines() if "context summary chunk" in line]
     assert len(chunks) >= 2 and chunks == [f"{i}/{len(chunks)}" for i in range(1, len(chunks) + 1)]
+    # Plain text has no tool payload to mask: the oldest messages are summarised, the rest verbatim.
+    fidelity = first.err.splitlines()[-2].split("] ", 1)[1]
+    assert re.fullmatch(
+        r"context: summary — \d+ verbatim, 0 masked, \d+ summarised messages;"
+        r" no tool-call artifacts in the snapshot",
+        fidelity,
+    ), fidelity
 
     second = await sidequest("ask", "task-long", "And now?", "--snapshot-id", "long", "--url", stack.url)
     assert second.code == 0, second.err

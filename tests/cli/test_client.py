@@ -12,7 +12,7 @@ import pytest
 
 from service import client as cli_client
 from service.client import follow
-from service.client.render import Renderer, describe_progress, format_error
+from service.client.render import Renderer, describe_fidelity, describe_progress, format_error
 from service.client.sse import SseMessage, iter_sse
 
 
@@ -95,6 +95,17 @@ def test_progress_lines_name_what_is_being_done() -> None:
         "context overflow: retrying once"
     )
     assert describe_progress({"stage": "answering", "what": "something_new", "n": 2}) == "something new n=2"
+    masked = {
+        "what": "context_masked",
+        "tier": "masked",
+        "groups": 9,
+        "masked_messages": 9,
+        "payload_bytes": 7150,
+    }
+    assert (
+        describe_progress(masked)
+        == "masked the tool output of 9 older messages (7.2 KB elided) for tier masked"
+    )
 
 
 def test_errors_show_code_message_and_detail() -> None:
@@ -251,3 +262,61 @@ def test_on_a_terminal_the_status_is_one_live_line_and_the_answer_owns_the_scree
     assert outcome is not None and out.getvalue() == "Hello\n"
     assert "usage:" not in err.getvalue()
     assert err.getvalue().endswith("succeeded · in 3 · out 0 · 1 call\n")
+
+
+def _fidelity(tier: str, verbatim: int, masked: int, payload: int, summarized: int) -> dict[str, Any]:
+    return {
+        "tier": tier,
+        "verbatim_messages": verbatim,
+        "masked_messages": masked,
+        "masked_payload_bytes": payload,
+        "summarized_messages": summarized,
+        "artifacts": {"total": 95, "in_prompt": 80 if summarized else 95},
+    }
+
+
+def test_the_fidelity_line_names_the_tier_and_every_message_count() -> None:
+    assert describe_fidelity(_fidelity("masked", 120, 40, 310_400, 0)) == (
+        "context: masked — 120 verbatim, 40 masked (310 KB elided), 0 summarised messages;"
+        " artifacts 95 of 95 in the prompt"
+    )
+    assert describe_fidelity(_fidelity("summary", 35, 1, 4_250, 80)) == (
+        "context: summary — 35 verbatim, 1 masked (4.2 KB elided), 80 summarised messages;"
+        " artifacts 80 of 95 in the prompt"
+    )
+    # Nothing masked: no "(0 bytes elided)"; a megabyte in MB.
+    assert describe_fidelity(_fidelity("summary", 35, 0, 0, 1)) == (
+        "context: summary — 35 verbatim, 0 masked, 1 summarised message; artifacts 80 of 95 in the prompt"
+    )
+    assert "(1.2 MB elided)" in str(describe_fidelity(_fidelity("masked", 9, 300, 1_234_567, 0)))
+    # Tier none: the whole snapshot as it was, said in words rather than three counts.
+    none = {**_fidelity("none", 7, 0, 0, 0), "artifacts": {"total": 0, "in_prompt": 0}}
+    assert describe_fidelity(none) == (
+        "context: not compacted — the whole snapshot went verbatim (7 messages);"
+        " no tool-call artifacts in the snapshot"
+    )
+    # No snapshot, or the request never built its answer request: no line at all.
+    assert describe_fidelity(None) is None
+
+
+def test_the_fidelity_line_comes_after_the_answer_and_before_the_outcome() -> None:
+    render, out, err = renderer()
+    render.handle("delta", {"text": "Modules 1 to 4."})
+    record = {
+        "answer": "Modules 1 to 4.",
+        "context_info": {"fidelity": _fidelity("masked", 120, 40, 310_400, 0)},
+        "usage": {"input_tokens": 3000, "output_tokens": 5, "calls": [{}]},
+    }
+    assert render.handle("done", {"record": record}) is not None
+    assert out.getvalue() == "Modules 1 to 4.\n"  # stdout stays the answer alone
+    lines = [line.split("] ", 1)[1] for line in err.getvalue().splitlines()]
+    assert lines == [
+        "context: masked — 120 verbatim, 40 masked (310 KB elided), 0 summarised messages;"
+        " artifacts 95 of 95 in the prompt",
+        "succeeded · in 3000 · out 5 · 1 call",
+    ]
+    # A record whose fidelity is null (no snapshot) or absent (an older server): no context line.
+    for info in ({"fidelity": None}, {}, None):
+        render, _out, err = renderer()
+        render.handle("done", {"record": {"answer": "x", "context_info": info}})
+        assert "context:" not in err.getvalue() and err.getvalue().count("\n") == 1

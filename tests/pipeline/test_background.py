@@ -23,7 +23,7 @@ from service.store.models import JobRow, RequestRow, SessionRow
 from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, session_overview, store_snapshot
 from service.vocabulary import JobKind
 from service.worker import Worker, start_worker
-from tests.factories import add_history, add_snapshot, admit, make_session, scripted_settings
+from tests.factories import add_history, add_snapshot, admit, make_session, scripted_settings, tool_session
 from tests.scripted_provider import ScriptedServer, Step
 from tests.worker.conftest import row_of, wait_for
 
@@ -517,7 +517,8 @@ async def test_a_grown_snapshot_is_answered_at_once_from_the_cached_prefix_then_
     handle = await start_worker(settings, db)
     options = {"context_window": 64000}
     try:
-        sid = await make_session(db)
+        # SPEC §6.7 as it was before masking: the first summary leaves the 8000-token tail verbatim.
+        sid = await make_session(db, settings={"mask_tool_results": False})
         first_snapshot = _snapshot(60)
         await _store(db, sid, "s1", first_snapshot, settings)  # never asked: no job
         first = await admit(db, sid, "what is going on?", snapshot_id="s1", options=options)
@@ -576,3 +577,36 @@ async def test_request_records_carry_the_stored_qa_estimate(
     assert tokens == qa_group_tokens(
         QAPair(row.ordinal, row.question, row.answer or "", utc_iso(row.created_at))
     )
+
+
+async def test_a_stored_snapshot_is_judged_by_the_window_of_the_sessions_latest_question(
+    db: Database, server: ScriptedServer, database_url: str
+) -> None:
+    """SPEC §6.6: a chat UI that sends its model's window with every question and never writes
+    settings still gets its summary made ahead of time (the service's window, 200000, would say the
+    60k-token snapshot fits); a snapshot that masking alone fits gets no job (§6.2: masking needs no
+    call)."""
+    settings = _settings(database_url, server)  # no SIDEQUEST_CONTEXT_WINDOW: 200000
+    options = {"context_window": 64000}
+    sid = await make_session(db)
+    await admit(db, sid, "what is the agent doing?", options=options)
+    tool_heavy = {"system": "You are the main agent.", "messages": tool_session(30)}
+    await _store(db, sid, "masked-fits", tool_heavy, settings)
+    assert await _background(db, sid) == []
+    await _store(db, sid, "s1", _snapshot(60), settings)
+    [job] = await _background(db, sid)
+    assert job.key == "snapshot:s1" and job.params["context_window"] == 64000
+    handle = await start_worker(settings, db)
+    try:
+        await wait_for(lambda: _job_is(db, job.id, "succeeded"), within=30)
+        made = len(server.requests("context_summary"))
+        assert made >= 1
+        rid = await admit(db, sid, "and now?", snapshot_id="s1", options=options)
+        await wait_for(lambda: _done(db, rid), within=30)
+    finally:
+        await handle.stop()
+    row = await row_of(db, rid)
+    ctx = row.context_info["context_summary"]
+    assert row.status == "succeeded", row.error
+    assert ctx["used"] and ctx["made_by"] == "background" and ctx["waited_ms"] == 0 and ctx["calls"] == 0
+    assert len(server.requests("context_summary")) == made

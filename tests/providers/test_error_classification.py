@@ -37,6 +37,53 @@ CLASSES: dict[str, type[ProviderError]] = {
 }
 
 
+# The phrasings the issue lists: (message, prompt tokens it states, window it states).
+ISSUE_OVERFLOW_PHRASINGS: list[tuple[str, int | None, int | None]] = [
+    (
+        "'max_tokens' or 'max_completion_tokens' is too large: 4096. This model's maximum context "
+        "length is 8192 tokens and your request has 5000 input tokens (4096 > 8192 - 5000).",
+        5000,
+        8192,
+    ),
+    (
+        "The decoder prompt (length 9000) is longer than the maximum model length of 8192. Make sure "
+        "that `max_model_len` is no smaller than the number of text tokens.",
+        9000,
+        8192,
+    ),
+    (
+        "You passed 31745 input tokens and requested 1024 output tokens. However, the model's context "
+        "length is only 32768 tokens, resulting in a maximum input length of 31744 tokens.",
+        31745,
+        32768,
+    ),
+    ("The input (85050 tokens) is longer than the model's context length (32768 tokens).", 85050, 32768),
+    ("Requested token count exceeds the model's maximum context length of 131072 tokens.", None, 131072),
+    (
+        "Trying to keep the first 6547 tokens when context the overflows. However, the model is loaded "
+        "with context length of only 4096 tokens, which is not enough.",
+        None,
+        4096,
+    ),
+    (
+        "litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: "
+        "OpenAIException - This model's maximum context length is 4096 tokens. However, your request "
+        "has 5120 input tokens.",
+        5120,
+        4096,
+    ),
+]
+# Model-not-found wordings, whatever the status (None: inside a stream).
+MODEL_NOT_FOUND_PHRASINGS: list[tuple[int | None, str]] = [
+    (400, "anthropic/claude-sonnet-4-6 is not a valid model ID"),
+    (400, "Unable to access non-serverless model Qwen/Qwen3-32B. Please visit https://api.together.ai"),
+    (500, "Unable to access non-serverless model Qwen/Qwen3-32B."),  # re-wrapped by a gateway
+    (400, "/chat/completions: Invalid model name passed in model=gpt-x. Call `/v1/models` to view"),
+    (422, "The model `llama-9` does not exist."),
+    (None, "model 'qwen3' not found"),
+]
+
+
 def _load(path: Path) -> dict[str, Any]:
     fixture: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return fixture
@@ -166,56 +213,14 @@ def test_input_and_output_together_over_the_window_is_an_overflow_even_when_the_
 
 def test_the_issue_phrasings_are_overflows_with_their_counts() -> None:
     """The phrasings the issue lists, each through the classifier with a 400."""
-    cases = [
-        (
-            "'max_tokens' or 'max_completion_tokens' is too large: 4096. This model's maximum context "
-            "length is 8192 tokens and your request has 5000 input tokens (4096 > 8192 - 5000).",
-            5000,
-            8192,
-        ),
-        (
-            "The decoder prompt (length 9000) is longer than the maximum model length of 8192. Make sure "
-            "that `max_model_len` is no smaller than the number of text tokens.",
-            9000,
-            8192,
-        ),
-        (
-            "You passed 31745 input tokens and requested 1024 output tokens. However, the model's context "
-            "length is only 32768 tokens, resulting in a maximum input length of 31744 tokens.",
-            31745,
-            32768,
-        ),
-        ("The input (85050 tokens) is longer than the model's context length (32768 tokens).", 85050, 32768),
-        ("Requested token count exceeds the model's maximum context length of 131072 tokens.", None, 131072),
-        (
-            "Trying to keep the first 6547 tokens when context the overflows. However, the model is loaded "
-            "with context length of only 4096 tokens, which is not enough.",
-            None,
-            4096,
-        ),
-        (
-            "litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: "
-            "OpenAIException - This model's maximum context length is 4096 tokens. However, your request "
-            "has 5120 input tokens.",
-            5120,
-            4096,
-        ),
-    ]
-    for message, prompt, limit in cases:
+    for message, prompt, limit in ISSUE_OVERFLOW_PHRASINGS:
         error = classify_http_error(400, {"error": {"message": message}}, {})
         assert type(error) is ContextOverflow, message
         assert (error.prompt_tokens, error.context_limit) == (prompt, limit), message
 
 
 def test_model_not_found_variants_are_model_unavailable_whatever_the_status() -> None:
-    for status, message in [
-        (400, "anthropic/claude-sonnet-4-6 is not a valid model ID"),
-        (400, "Unable to access non-serverless model Qwen/Qwen3-32B. Please visit https://api.together.ai"),
-        (500, "Unable to access non-serverless model Qwen/Qwen3-32B."),  # re-wrapped by a gateway
-        (400, "/chat/completions: Invalid model name passed in model=gpt-x. Call `/v1/models` to view"),
-        (422, "The model `llama-9` does not exist."),
-        (None, "model 'qwen3' not found"),
-    ]:
+    for status, message in MODEL_NOT_FOUND_PHRASINGS:
         error = classify_http_error(status, {"error": {"message": message}}, {})
         assert type(error) is ModelUnavailable, (status, message)
 
@@ -330,6 +335,7 @@ def test_413_without_rate_wording_is_an_overflow_but_with_it_a_rate_limit() -> N
         ({}, "Please retry after 9 seconds. Please go here: https://aka.ms/oai/quotaincrease", 9.0),
         ({}, "Please retry in 20.04466179s.", 20.04466179),
         ({}, '{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"}', 26.0),
+        ({}, "{'@type': 'type.googleapis.com/google.rpc.RetryInfo', 'retryDelay': '26s'}", 26.0),
         ({}, "no hint", None),
         (None, None, None),
         # OpenAI's reset headers, last (outside check: the default 1 s was waited, and the limit hit

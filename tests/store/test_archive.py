@@ -233,6 +233,7 @@ async def test_v3_missing_newer_fields_restores_with_empty_objects(db: Database)
                 "context_window",
                 "max_output_tokens",
                 "on_busy",
+                "mask_tool_results",
             )
         ),
     }

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from service.pipeline.recorder import JobRecorder
-from service.store import jobs, ledger
+from service.store import jobs, ledger, queries
 from service.store.db import Database
 from service.store.events import session_events_after
 from service.vocabulary import JobKind, Status
@@ -261,9 +261,11 @@ async def test_the_sql_functions_restate_the_python_rules_they_share_exactly(db:
     async def source(name: str) -> str:
         return str(await _sql(db, f"SELECT pg_get_functiondef('{name}'::regproc)"))
 
-    background = jobs._BACKGROUND.replace("params", "j.params")
+    background = "coalesce(params->>'made_by', 'background') = 'background'"
     claim = await source("sidequest_claim_job")
-    assert claim.count(background) == 2  # the cap's count and the pick
+    assert claim.count(background.replace("params", "j.params")) == 2  # the cap's count and the pick
+    for statement in (queries.job_outcomes, queries.job_tokens, queries.background_overviews):
+        assert background in statement.text
     assert f"pg_notify('{JOBS_CHANNEL}'" in await source("sidequest_memory_event")
     for events in ("sidequest_append_session_event", "sidequest_append_event"):
         assert f"'{EVENTS_CHANNEL}'" in await source(events)

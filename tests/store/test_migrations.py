@@ -11,8 +11,10 @@ from collections.abc import Iterator
 import pytest
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
+from service.store import queries
 from service.store.db import ALEMBIC_INI, MIGRATIONS_DIR
 from tests import pg
 
@@ -144,3 +146,32 @@ def test_processes_started_together_on_a_fresh_database_all_migrate(scratch_url:
     outputs = [proc.communicate(timeout=120)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0] * 4, outputs
     assert "alembic_version" in _tables(scratch_url)
+
+
+def _function_definitions(url: str) -> dict[str, str]:
+    engine = create_engine(url.replace("+asyncpg", "+psycopg2"))
+    try:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_proc p "
+                "JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = 'public' AND p.proname LIKE 'sidequest%%'"
+            ).all()
+    finally:
+        engine.dispose()
+    return {str(signature): str(definition) for signature, definition in rows}
+
+
+def test_the_sql_home_migration_recreates_exactly_the_functions_the_database_had(scratch_url: str) -> None:
+    """0011_sql_home moved the definitions into service/store/sql/*.sql: the files hold what 0003–0010
+    had left in the database, so applying them changes no function (tests/store/test_sql_home.py
+    checks the files against the migrated database; this, against the history)."""
+    sql_home = ScriptDirectory(str(MIGRATIONS_DIR)).get_revision("0011_sql_home")
+    if sql_home.module.FUNCTIONS_SHA256 != queries.definitions_digest():
+        pytest.skip("the files changed since 0011_sql_home (a later migration applies them)")
+    config = _config(scratch_url)
+    command.upgrade(config, "0010_session_cleared")
+    before = _function_definitions(scratch_url)
+    command.upgrade(config, "0011_sql_home")
+    assert len(before) == len(queries.definitions())
+    assert _function_definitions(scratch_url) == before

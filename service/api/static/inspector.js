@@ -573,6 +573,7 @@
     if (what === "summary_chunk") return `${String(d.purpose || "summary").replace("_", " ")} chunk ${d.chunk}/${d.chunks}`;
     if (what === "context_summary_cache") return `context summary cache ${d.cache}`;
     if (what === "waiting_for_background") return "waiting for a background summary job";
+    if (what === "context_masked") return `masked the tool output of ${fmt(num(d.masked_messages))} older messages (${bytes(num(d.payload_bytes))} elided) for tier ${d.tier}`;
     if (what === "overflow_retry") return "context overflow: retrying once, smaller";
     const rest = Object.entries(d).filter(([k]) => !["request_id", "ordinal", "seq", "at", "stage", "what"].includes(k));
     return [what ? String(what).replace(/_/g, " ") : "progress", ...rest.map(([k, v]) => `${k}=${JSON.stringify(v)}`)].join(" ");
@@ -655,15 +656,14 @@
     }
     const qa = info.qa_summary || {};
     const cs = info.context_summary || {};
+    const fidelity = info.fidelity && typeof info.fidelity === "object" ? info.fidelity : null;
     const dl = el("dl", { class: "facts", id: "memory-facts" });
     facts(dl, [
       ["replayed Q&A", `${fmt(info.replayed_groups ?? 0)} groups verbatim, ordinals ${range(info.replayed_ordinals)}`],
       ["Q&A summary", qa.used
         ? `used, covers #${qa.first_ordinal ?? 1}–#${qa.covered_through_ordinal}${qa.updated ? " (updated by this request)" : ""}${num(qa.calls) ? `, ${qa.calls} calls` : ""}${madeBy(qa) ? `; ${madeBy(qa)}` : ""}`
         : "not used"],
-      ["main context", cs.used
-        ? `${fmt(cs.summarized_messages)} older messages summarised, ${fmt(cs.kept_messages)} recent kept verbatim`
-        : num(cs.kept_messages) > 0 ? `sent verbatim (${fmt(cs.kept_messages)} messages)` : "no snapshot messages"],
+      ["main context", mainContext(cs, fidelity)],
       ["context summary", cs.used
         ? `cache ${cs.cache}, ${fmt(cs.chunks ?? 0)} chunks, ${fmt(cs.calls ?? 0)} calls${madeBy(cs) ? `; ${madeBy(cs)}` : ""}`
         : cs.cache && cs.cache !== "none" ? `cache ${cs.cache}` : undefined],
@@ -671,6 +671,16 @@
       ["overflow retries", info.overflow_retries],
     ]);
     box.append(dl);
+    if (fidelity) {
+      box.append(fidelityBlock(fidelity));
+      return;
+    }
+    if (state.record && !state.record.snapshot_id) {
+      box.append(el("p", { class: "hint", id: "fidelity-none", text: "Snapshot fidelity: no snapshot." }));
+      return;
+    }
+    // No fidelity yet (the answer request is not built) or from a server before SPEC 6.10: the
+    // context summary's own split of summarised and kept messages.
     const summarized = num(cs.summarized_messages);
     const kept = num(cs.kept_messages);
     if (summarized + kept > 0) {
@@ -681,6 +691,85 @@
       box.append(strip);
       box.append(el("p", { class: "caption" }, el("span", { class: "swatch seg-summarized" }), `summarised (oldest ${summarized})  `, el("span", { class: "swatch seg-kept" }), `verbatim (newest ${kept})`));
     }
+  }
+
+  // The main context in one line. Kept messages are verbatim only when nothing was masked: with
+  // masking (SPEC 6.8) some of them went with their tool output elided, and fidelity says how many.
+  function mainContext(cs, fidelity) {
+    const masked = fidelity ? num(fidelity.masked_messages) : 0;
+    const thinned = `${fmt(masked)} with their tool output masked`;
+    if (cs.used) {
+      return masked
+        ? `${fmt(cs.summarized_messages)} older messages summarised, ${fmt(cs.kept_messages)} later kept (${thinned})`
+        : `${fmt(cs.summarized_messages)} older messages summarised, ${fmt(cs.kept_messages)} recent kept verbatim`;
+    }
+    if (num(cs.kept_messages) > 0) {
+      return masked ? `sent without a summary (${fmt(cs.kept_messages)} messages, ${thinned})` : `sent verbatim (${fmt(cs.kept_messages)} messages)`;
+    }
+    return "no snapshot messages";
+  }
+
+  // ------------------------------------------------------------------ snapshot fidelity (SPEC 6.10)
+
+  // Oldest first, as the ladder works: the summarised groups, then the masked ones, then the
+  // verbatim recent part (a masked group's tool call is unchanged and counts as verbatim).
+  const FIDELITY_PARTS = [
+    { part: "summarized", label: "summarised", field: "summarized_messages" },
+    { part: "masked", label: "masked", field: "masked_messages" },
+    { part: "verbatim", label: "verbatim", field: "verbatim_messages" },
+  ];
+  const TIER_TEXT = {
+    none: "the whole snapshot went to the model verbatim",
+    masked: "the oldest tool output was elided (masked); nothing was summarised",
+    summary: "the oldest messages went into a summary with their artifact trail; later tool output masked as needed",
+  };
+
+  // Decimal units, as `sidequest ask` writes them: 950 bytes, 4.2 KB, 310 KB, 1.2 MB.
+  function bytes(n) {
+    if (n < 1000) return `${n} byte${n === 1 ? "" : "s"}`;
+    let value = n / 1000;
+    let unit = "KB";
+    for (const larger of ["MB", "GB"]) {
+      if (Math.round(value) < 1000) break;
+      value /= 1000;
+      unit = larger;
+    }
+    return `${value < 9.95 ? value.toFixed(1) : value.toFixed(0)} ${unit}`;
+  }
+
+  // The tier, ONE stacked bar of summarised / masked / verbatim messages (widths proportional to
+  // their counts, in the budget bar's visual language) with a legend of counts, and the artifacts
+  // (what a person names a tool call by) the answer request carries of all in the snapshot.
+  function fidelityBlock(f) {
+    const counts = FIDELITY_PARTS.map((p) => ({ ...p, n: num(f[p.field]) }));
+    const all = counts.reduce((a, p) => a + p.n, 0);
+    const payload = num(f.masked_payload_bytes);
+    const note = (p) => (p.part === "masked" && p.n > 0 ? ` (${bytes(payload)} of tool output elided)` : "");
+    const said = counts.map((p) => `${fmt(p.n)} ${p.label}${note(p)}`).join(", ");
+    const wrap = el("div", { id: "fidelity", class: "fidelity", "data-tier": f.tier });
+    wrap.append(el("h4", { text: "Snapshot fidelity" }));
+    wrap.append(el("p", { id: "fidelity-tier", class: "fidelity-tier" },
+      el("span", { class: "badge tier", text: `tier ${f.tier}` }), ` ${TIER_TEXT[f.tier] || ""}`));
+    if (all > 0) {
+      const bar = svg("svg", { id: "fidelity-bar", class: "bar strip", viewBox: "0 0 1000 10", preserveAspectRatio: "none", role: "img",
+        "aria-label": `${fmt(all)} snapshot messages: ${said}` });
+      let x = 0;
+      for (const p of counts) {
+        const w = (1000 * p.n) / all;
+        bar.append(svg("rect", { x: x.toFixed(3), y: 0, width: w.toFixed(3), height: 10, class: `seg-${p.part}`, "data-part": p.part, "data-messages": p.n },
+          svg("title", {}, document.createTextNode(`${p.label}: ${fmt(p.n)} message${p.n === 1 ? "" : "s"}${note(p)}`))));
+        x += w;
+      }
+      wrap.append(bar);
+    }
+    // The legend repeats the bar in words, so nothing depends on telling the colours apart.
+    wrap.append(el("ul", { id: "fidelity-legend", class: "legend" }, counts.map((p) =>
+      el("li", { "data-part": p.part }, el("span", { class: `swatch seg-${p.part}` }), `${p.label} ${fmt(p.n)}${note(p)}`))));
+    const artifacts = f.artifacts && typeof f.artifacts === "object" ? f.artifacts : {};
+    wrap.append(el("p", { id: "fidelity-artifacts", class: "caption", text: num(artifacts.total) > 0
+      ? `artifacts in the prompt: ${fmt(num(artifacts.in_prompt))} of ${fmt(num(artifacts.total))}`
+      : "artifacts in the prompt: none (the snapshot has no tool calls)" }));
+    return wrap;
   }
 
   // ------------------------------------------------------------------ usage

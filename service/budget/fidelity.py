@@ -1,0 +1,80 @@
+"""What of the snapshot reached the model (SPEC §6.10 ``context_info.fidelity``).
+
+Counted from the plan the answer request was built from — which groups were summarised, which masked,
+which kept verbatim, and the trail after the summary — never estimated: a message is *masked* when
+masking changed it, *verbatim* when it went as the main session had it, *summarised* when only the
+summary (and its trail) stands for it. An artifact is *in the prompt* when the answer request carries
+its text: in a kept tool call (masking never elides a key argument) or in the trail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from service.budget.ladder import MASKED, NONE, SUMMARY, Tier
+from service.budget.masking import Artifact, MaskedGroup
+from service.budget.messages import MessageGroup
+from service.budget.trail import TrailEntry
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """``context_info.fidelity`` of one answer request."""
+
+    tier: Tier
+    verbatim_messages: int
+    masked_messages: int
+    masked_payload_bytes: int
+    summarized_messages: int
+    artifacts_total: int
+    artifacts_in_prompt: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tier": self.tier,
+            "verbatim_messages": self.verbatim_messages,
+            "masked_messages": self.masked_messages,
+            "masked_payload_bytes": self.masked_payload_bytes,
+            "summarized_messages": self.summarized_messages,
+            "artifacts": {"total": self.artifacts_total, "in_prompt": self.artifacts_in_prompt},
+        }
+
+
+def measure_fidelity(
+    groups: Sequence[MessageGroup],
+    masked: Sequence[MaskedGroup],
+    artifacts: Sequence[Sequence[tuple[Artifact, bool]]],
+    *,
+    summarize_until: int,
+    mask_until: int,
+    trail: Sequence[TrailEntry] = (),
+) -> Fidelity:
+    """Fidelity of a plan over ``groups``: groups ``[0, summarize_until)`` summarised (their trail
+    ``trail``), ``[summarize_until, mask_until)`` in their ``masked`` form, the rest verbatim."""
+    total_messages = groups[-1].end if groups else 0
+    summarized = groups[summarize_until - 1].end if summarize_until > 0 else 0
+    masked_messages = sum(g.masked_messages for g in masked[summarize_until:mask_until])
+    payload = sum(g.payload_bytes for g in masked[summarize_until:mask_until])
+    everything = {artifact for found in artifacts for artifact, _ in found}
+    carried = {artifact for found in artifacts[summarize_until:] for artifact, _ in found}
+    carried.update(entry.artifact for entry in trail)
+    if summarize_until > 0:
+        tier: Tier = SUMMARY
+    elif mask_until > 0:
+        tier = MASKED
+    else:
+        tier = NONE
+    return Fidelity(
+        tier=tier,
+        verbatim_messages=total_messages - summarized - masked_messages,
+        masked_messages=masked_messages,
+        masked_payload_bytes=payload,
+        summarized_messages=summarized,
+        artifacts_total=len(everything),
+        artifacts_in_prompt=len(everything & carried),
+    )
+
+
+__all__ = ["Fidelity", "measure_fidelity"]

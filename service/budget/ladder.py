@@ -1,0 +1,230 @@
+"""The compaction ladder (SPEC §6.2): THE decision of how a snapshot copy is made to fit.
+
+One pure function, :func:`plan_compaction`, answers for a request, for a background job and for a
+stored snapshot's trigger (§6.6) alike: does the transcript fit as it is (tier ``none``); does it fit
+with the payloads of its oldest groups masked (tier ``masked``, no call); or must its oldest groups be
+summarised (tier ``summary``), the rest masked, the recent part verbatim. :func:`plan_after_summary`
+answers the same for a transcript whose prefix a cached summary already covers (§6.7).
+
+Everything is in whole groups (a tool call and its results are never split) and in raw estimate
+tokens: the caller gives ``room``, the tokens left for the transcript once the rest of the request is
+counted (the calibration already applied to the budget it came from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from service.budget.chunk import SUMMARY_MAX_TOKENS
+from service.budget.cut import (
+    ALL_FIT_RECENT,
+    MIN_SUMMARIZED_TOKENS,
+    NOTHING_TO_SUMMARIZE,
+    RECENT_BUDGET_TOKENS,
+    TOO_LITTLE_TO_SUMMARIZE,
+    CutRefusal,
+    plan_cut,
+    recent_budget_within,
+)
+from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS
+from service.budget.messages import MessageGroup
+from service.budget.prepared import PreparedSnapshot
+from service.budget.trail import TrailSizes
+
+Tier = Literal["none", "masked", "summary"]
+# What a summary costs beside its own text in the answer request: its user turn and the assistant's
+# short acknowledgement after it (two envelopes and a sentence), rounded up.
+SUMMARY_TURN_TOKENS: Final = 2 * MESSAGE_ENVELOPE_TOKENS + 24
+# A summary not made yet is counted at its largest valid size, in its turn.
+SUMMARY_RESERVE_TOKENS: Final = SUMMARY_MAX_TOKENS + SUMMARY_TURN_TOKENS
+NONE: Final = "none"
+MASKED: Final = "masked"
+SUMMARY: Final = "summary"
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """Groups ``[0, summarize_until)`` summarised, ``[summarize_until, mask_until)`` masked, the rest
+    verbatim (group indices). ``fits``: the plan fits ``room`` with the summary at the size it was
+    planned with (a tier-2 plan that cannot fit even then summarises everything before the recent part
+    and says so here, for the caller to go on or refuse)."""
+
+    tier: Tier
+    summarize_until: int
+    mask_until: int
+    fits: bool = True
+
+
+def _prefix_sums(values: Sequence[int]) -> list[int]:
+    sums = [0]
+    for value in values:
+        sums.append(sums[-1] + value)
+    return sums
+
+
+def recent_start(verbatim: Sequence[int], recent_budget: int) -> int:
+    """The first group of the recent part: the newest whole groups whose estimates sum to at most
+    ``recent_budget`` (a newest group larger than that leaves the recent part empty)."""
+    kept = 0
+    start = len(verbatim)
+    while start > 0 and kept + verbatim[start - 1] <= recent_budget:
+        start -= 1
+        kept += verbatim[start]
+    return start
+
+
+def _least_masking(
+    verbatim_sums: list[int], masked_sums: list[int], start: int, limit: int, fixed: int, room: int
+) -> int | None:
+    """The fewest groups from ``start`` to mask (up to ``limit``) so that ``fixed`` + masked +
+    verbatim fits ``room``: the index masking stops at, or None."""
+    total = verbatim_sums[-1]
+    for until in range(start, max(start, limit) + 1):
+        size = fixed + (masked_sums[until] - masked_sums[start]) + (total - verbatim_sums[until])
+        if size <= room:
+            return until
+    return None
+
+
+def plan_compaction(
+    groups: Sequence[MessageGroup],
+    masked: Sequence[int] | None,
+    room: int,
+    *,
+    summary_tokens: int,
+    trail_tokens: Callable[[int], int] | None = None,
+    recent_budget: int = RECENT_BUDGET_TOKENS,
+    min_summarized_tokens: int = MIN_SUMMARIZED_TOKENS,
+) -> Compaction | CutRefusal:
+    """Plan the compaction of a transcript of ``groups`` (``masked``: each group's estimate in its
+    masked form; None when masking is off) into ``room`` tokens.
+
+    - tier ``none`` when it fits as it is;
+    - tier ``masked``: the fewest oldest groups masked that make it fit, never one of the recent part
+      (the newest groups within ``recent_budget``);
+    - tier ``summary``: the fewest oldest groups (in their masked form) summarised — counted at
+      ``summary_tokens``, the summary at its largest, plus ``trail_tokens(s)``, the trail of the first
+      ``s`` groups (deterministic, so counted exactly) — that make it fit with every later group
+      before the recent part masked; at least ``min_summarized_tokens`` of material, since a summary
+      of less would not reliably be smaller.
+
+    With masking off, tier 2 is the behaviour before masking (:func:`plan_cut`): everything before
+    the recent part is summarised as it is, and nothing is masked. A :class:`CutRefusal` says why no
+    plan can help.
+    """
+    verbatim = [group.tokens for group in groups]
+    if masked is not None and len(masked) != len(verbatim):
+        raise ValueError("masked must have one estimate per group")
+    verbatim_sums = _prefix_sums(verbatim)
+    if verbatim_sums[-1] <= room:
+        return Compaction(NONE, 0, 0)
+    if not groups:
+        return CutRefusal(NOTHING_TO_SUMMARIZE, "the snapshot has no messages to summarise")
+    if masked is None:
+        cut = plan_cut(groups, recent_budget, min_summarized_tokens)
+        if isinstance(cut, CutRefusal):
+            return cut
+        until = cut.summarized_groups
+        return Compaction(SUMMARY, until, until, summary_tokens + cut.kept_tokens <= room)
+    recent = recent_start(verbatim, recent_budget)
+    masked_sums = _prefix_sums(masked)
+    mask_until = _least_masking(verbatim_sums, masked_sums, 0, recent, 0, room)
+    if mask_until is not None:
+        return Compaction(MASKED, 0, mask_until)
+    if recent == 0:
+        return CutRefusal(
+            ALL_FIT_RECENT,
+            f"all {groups[-1].end} messages ({verbatim_sums[-1]} tokens) fit the recent budget of"
+            f" {recent_budget} tokens: there are no old messages to summarise",
+        )
+    if masked_sums[recent] < min_summarized_tokens:
+        return CutRefusal(
+            TOO_LITTLE_TO_SUMMARIZE,
+            f"only {masked_sums[recent]} tokens (masked) in {groups[recent].start} old messages would be"
+            f" summarised, less than {min_summarized_tokens}: a summary would not reliably be smaller",
+        )
+    tail = verbatim_sums[-1] - verbatim_sums[recent]
+    for until in range(1, recent + 1):
+        if masked_sums[until] < min_summarized_tokens:
+            continue
+        trail = trail_tokens(until) if trail_tokens is not None else 0
+        if summary_tokens + trail + (masked_sums[recent] - masked_sums[until]) + tail <= room:
+            return Compaction(SUMMARY, until, recent)
+    return Compaction(SUMMARY, recent, recent, fits=False)
+
+
+def plan_after_summary(
+    groups: Sequence[MessageGroup],
+    masked: Sequence[int] | None,
+    room: int,
+    *,
+    covered: int,
+    summary_tokens: int,
+    recent_budget: int = RECENT_BUDGET_TOKENS,
+) -> Compaction | None:
+    """With a summary (``summary_tokens``, trail included) of the first ``covered`` groups already at
+    hand, the plan that fits ``room`` — the later groups masked oldest first as far as needed, never
+    one of the recent part — or None when even that does not fit. Masking off: the later groups
+    verbatim, or None."""
+    verbatim = [group.tokens for group in groups]
+    verbatim_sums = _prefix_sums(verbatim)
+    if masked is None:
+        fits = summary_tokens + verbatim_sums[-1] - verbatim_sums[covered] <= room
+        return Compaction(SUMMARY, covered, covered) if fits else None
+    recent = recent_start(verbatim, recent_budget)
+    until = _least_masking(verbatim_sums, _prefix_sums(masked), covered, recent, summary_tokens, room)
+    return Compaction(SUMMARY, covered, until) if until is not None else None
+
+
+def decide(snapshot: PreparedSnapshot, room: int, *, mask: bool) -> Compaction | CutRefusal:
+    """THE compaction decision of a prepared snapshot whose messages must fit ``room`` tokens, with
+    masking on or off (SPEC §11.2 ``mask_tool_results``): what a request, a background job and a
+    stored snapshot's trigger (§6.6) all ask. The recent part is the newest 8000 tokens' worth, less
+    when the room left beside the largest summary is smaller."""
+    return plan_compaction(
+        snapshot.groups,
+        snapshot.masked_tokens() if mask else None,
+        room,
+        summary_tokens=SUMMARY_RESERVE_TOKENS,
+        trail_tokens=TrailSizes(snapshot.artifacts()) if mask else None,
+        recent_budget=recent_budget_for(room),
+    )
+
+
+def snapshot_room(snapshot: PreparedSnapshot, capacity: int) -> int:
+    """The room a question on ``snapshot`` leaves its messages before the question is known: the
+    capacity (raw tokens) less the snapshot's system prompt and tools."""
+    return capacity - snapshot.system_tokens - snapshot.tools_tokens
+
+
+def recent_budget_for(room: int) -> int:
+    """The recent part's budget when ``room`` tokens are left for the transcript and a summary at its
+    largest may have to stand beside it."""
+    return recent_budget_within(room - SUMMARY_MAX_TOKENS)
+
+
+def needs_summary(snapshot: PreparedSnapshot, room: int, *, mask: bool) -> bool:
+    """Would a request whose transcript has ``room`` tokens need a summary (tier 2)? A refusal (no
+    summary could help) needs none either: nothing would be made."""
+    decision = decide(snapshot, room, mask=mask)
+    return isinstance(decision, Compaction) and decision.tier == SUMMARY
+
+
+__all__ = [
+    "MASKED",
+    "NONE",
+    "SUMMARY",
+    "SUMMARY_RESERVE_TOKENS",
+    "SUMMARY_TURN_TOKENS",
+    "Compaction",
+    "Tier",
+    "decide",
+    "needs_summary",
+    "plan_after_summary",
+    "plan_compaction",
+    "recent_budget_for",
+    "recent_start",
+    "snapshot_room",
+]
