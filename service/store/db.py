@@ -10,6 +10,7 @@ by :func:`is_unavailable`, so the API answers one ``503 service_unavailable`` fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sysconfig
@@ -422,7 +423,10 @@ class Database:
                 yield conn
             except BaseException as exc:
                 if isinstance(exc, asyncio.CancelledError | asyncpg.InterfaceError) or is_unavailable(exc):
-                    conn.terminate()
+                    # A connection the server closed is back in the pool already (asyncpg releases
+                    # it as it closes), and terminating it again would replace the error.
+                    with contextlib.suppress(asyncpg.InterfaceError):
+                        conn.terminate()
                 raise
 
     async def dispose(self) -> None:
