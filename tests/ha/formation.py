@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import asyncpg
+import psycopg2
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 DATABASE = "sidequest"
@@ -144,56 +144,60 @@ class Formation:
         if node.keeper is not None:
             _kill_group(node.keeper, signal.SIGKILL)
             node.keeper = None
+        self.stop_postgres(node.pgdata)
+
+    def stop_postgres(self, pgdata: Path) -> None:
+        """``pg_ctl stop -m immediate`` (nothing when it is not running)."""
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-            self.run(str(PG_BIN / "pg_ctl"), "-D", str(node.pgdata), "-m", "immediate", "-w", "stop", timeout=30)
+            self.run(str(PG_BIN / "pg_ctl"), "-D", str(pgdata), "-m", "immediate", "-w", "stop", timeout=30)
 
     # ------------------------------------------------------------------ state
 
-    async def states(self) -> dict[str, tuple[str, str]]:
+    def states(self) -> dict[str, tuple[str, str]]:
         """``{node name: (reported state, goal state)}`` as the monitor sees them."""
-        conn = await asyncpg.connect(self.monitor_url, timeout=5)
+        conn = psycopg2.connect(self.monitor_url, connect_timeout=5)
         try:
-            rows = await conn.fetch("SELECT nodename, reportedstate::text, goalstate::text FROM pgautofailover.node")
+            with conn.cursor() as cursor:
+                cursor.execute(
+                    "SELECT nodename, reportedstate::text, goalstate::text FROM pgautofailover.node"
+                )
+                rows = cursor.fetchall()
         finally:
-            await conn.close()
-        return {row["nodename"]: (row["reportedstate"], row["goalstate"]) for row in rows}
+            conn.close()
+        return {name: (reported, goal) for name, reported, goal in rows}
 
-    async def primary(self) -> Node | None:
+    def primary(self) -> Node | None:
         """The node that is primary now (reported and assigned), or None."""
-        for name, (reported, goal) in (await self.states()).items():
+        for name, (reported, goal) in self.states().items():
             if reported in ("single", "primary", "wait_primary") and goal == reported:
                 return next(n for n in self.nodes if n.name == name)
         return None
 
-    async def wait_healthy(self, timeout_s: float = 180) -> Node:
+    def wait_healthy(self, timeout_s: float = 180) -> Node:
         """Wait until one node is ``primary`` and the other ``secondary`` (synchronous again)."""
-        import asyncio
-
         deadline = time.monotonic() + timeout_s
         last: dict[str, tuple[str, str]] = {}
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, asyncpg.PostgresError, TimeoutError):
-                last = await self.states()
+            with contextlib.suppress(psycopg2.Error):
+                last = self.states()
                 reported = sorted(state for state, goal in last.values() if state == goal)
                 if reported == ["primary", "secondary"]:
-                    primary = await self.primary()
+                    primary = self.primary()
                     if primary is not None:
                         return primary
-            await asyncio.sleep(0.5)
+            time.sleep(0.5)
         raise TimeoutError(f"the formation did not become healthy in {timeout_s:.0f} s: {last}")
 
-    async def wait_new_primary(self, old: Node, timeout_s: float = 120) -> Node:
+    def wait_new_primary(self, old: Node, timeout_s: float = 120) -> Node:
         """Wait until a node other than ``old`` is the primary (it accepts writes)."""
-        import asyncio
-
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, asyncpg.PostgresError, TimeoutError):
-                node = await self.primary()
+            with contextlib.suppress(psycopg2.Error):
+                node = self.primary()
                 if node is not None and node is not old:
                     return node
-            await asyncio.sleep(0.2)
-        raise TimeoutError(f"no new primary within {timeout_s:.0f} s: {await self.states()}")
+            time.sleep(0.2)
+        raise TimeoutError(f"no new primary within {timeout_s:.0f} s: {self.states()}")
 
     # ------------------------------------------------------------------ teardown
 
@@ -209,8 +213,7 @@ class Formation:
             self.monitor = None
         for pgdata in [self.root / "monitor", *(n.pgdata for n in self.nodes)]:
             if (pgdata / "postmaster.pid").exists():
-                with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-                    self.run(str(PG_BIN / "pg_ctl"), "-D", str(pgdata), "-m", "immediate", "-w", "stop", timeout=30)
+                self.stop_postgres(pgdata)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def logs_tail(self, lines: int = 30) -> str:
@@ -218,7 +221,8 @@ class Formation:
         parts = []
         for log in self.log_files:
             with contextlib.suppress(OSError):
-                parts.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+                tail = log.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"--- {log.name}\n" + "\n".join(tail))
         return "\n".join(parts)
 
 
@@ -280,10 +284,8 @@ def _wait_port(port: int, timeout_s: float) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f} s")
 
 
-async def build_formation() -> Formation:
+def build_formation() -> Formation:
     """Monitor, primary, synchronous standby and a PgBouncer per data node, healthy on return."""
-    import asyncio
-
     root = Path(tempfile.mkdtemp(prefix="sidequest-ha-"))
     (root / "logs").mkdir()
     (root / "pgbouncer-users.txt").write_text('"postgres" ""\n')
@@ -301,7 +303,7 @@ async def build_formation() -> Formation:
             "--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl",
         )  # fmt: skip
         formation.monitor = formation.spawn("monitor", "pg_autoctl", "run", "--pgdata", str(root / "monitor"))
-        await _wait_monitor(formation)
+        _tune_monitor(formation)
         for node in nodes:
             formation.run(
                 "pg_autoctl", "create", "postgres", "--pgdata", str(node.pgdata),
@@ -313,9 +315,9 @@ async def build_formation() -> Formation:
             )  # fmt: skip
             formation.start_keeper(node)
             if node is nodes[0]:
-                while await formation.primary() is None:
-                    await asyncio.sleep(0.5)
-        await formation.wait_healthy()
+                while formation.primary() is None:
+                    time.sleep(0.5)
+        formation.wait_healthy()
         for node in nodes:
             start_bouncer(formation, node)
         return formation
@@ -324,23 +326,22 @@ async def build_formation() -> Formation:
         raise
 
 
-async def _wait_monitor(formation: Formation) -> None:
-    import asyncio
-
+def _tune_monitor(formation: Formation) -> None:
     deadline = time.monotonic() + 60
     while True:
         try:
-            conn = await asyncpg.connect(
-                f"postgresql://postgres@127.0.0.1:{formation.monitor_port}/pg_auto_failover", timeout=3
-            )
+            admin = f"postgresql://postgres@127.0.0.1:{formation.monitor_port}/pg_auto_failover"
+            conn = psycopg2.connect(admin, connect_timeout=3)
             break
-        except (OSError, asyncpg.PostgresError, TimeoutError):
+        except psycopg2.OperationalError:
             if time.monotonic() > deadline:
                 raise
-            await asyncio.sleep(0.3)
+            time.sleep(0.3)
     try:
-        for name, value in MONITOR_SETTINGS.items():
-            await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-        await conn.execute("SELECT pg_reload_conf()")
+        conn.autocommit = True
+        with conn.cursor() as cursor:
+            for name, value in MONITOR_SETTINGS.items():
+                cursor.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+            cursor.execute("SELECT pg_reload_conf()")
     finally:
-        await conn.close()
+        conn.close()

@@ -47,7 +47,7 @@ def test_a_node_gone_is_unavailable_and_loses_its_connection(error: asyncpg.Post
     "error",
     [
         asyncpg.exceptions.TooManyConnectionsError("sorry, too many clients already"),
-        asyncpg.exceptions.ObjectNotInPrerequisiteStateError('database "x" is not currently accepting connections'),
+        asyncpg.exceptions.ObjectNotInPrerequisiteStateError('database "x" is not accepting connections'),
     ],
 )
 def test_a_busy_node_is_unavailable_but_keeps_its_other_connections(error: asyncpg.PostgresError) -> None:
@@ -81,7 +81,8 @@ async def _set_read_only(admin_url: str, url: str, on: bool) -> None:
         # Sessions read the database's settings when they start: end the ones open now, as a
         # demotion (a restart as a standby) does.
         await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
             name,
         )
     finally:
