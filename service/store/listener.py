@@ -69,6 +69,7 @@ class Listener:
         self._channels = channels
         self._on_connect = on_connect
         self.connects = 0  # (re)connections made: tests and logs
+        self._backend_pid: int | None = None
         self._subscribers: dict[str, set[Callback]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
@@ -81,6 +82,16 @@ class Listener:
 
     def subscriber_count(self, channel: str) -> int:
         return len(self._subscribers[channel])
+
+    @property
+    def connected(self) -> bool:
+        """Whether the LISTEN connection is up now."""
+        return self._connected.is_set()
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of the LISTEN connection (None while it is down)."""
+        return self._backend_pid
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sidequest-listener")
@@ -121,6 +132,7 @@ class Listener:
                 for channel in self._channels:
                     await conn.add_listener(channel, self._dispatch)
                 self.connects += 1
+                self._backend_pid = conn.get_server_pid()
                 self._connected.set()
                 self._wake_all()
                 backoff = 0.2
@@ -140,5 +152,6 @@ class Listener:
                     with contextlib.suppress(Exception):
                         await conn.close()
             self._connected.clear()
+            self._backend_pid = None
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
