@@ -268,13 +268,34 @@ def _single_host_dsns(dsn: str) -> list[str]:
     return result
 
 
-def _with_read_write_check(dsn: str) -> str:
-    """``dsn`` asking asyncpg to accept only a node that takes writes, unless it asks otherwise."""
+def _without_session_attrs(dsn: str) -> str:
+    """``dsn`` without ``target_session_attrs``: :func:`open_connection` asks the node itself."""
     parts = urlsplit(dsn)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    if any(name == "target_session_attrs" for name, _ in query):
-        return dsn
-    return urlunsplit(parts._replace(query=urlencode([*query, ("target_session_attrs", "read-write")])))
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "target_session_attrs"]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+class NotWritable(Exception):
+    """The host answered, but it is a standby (or read-only) now."""
+
+
+# Asked of the node, never read from the startup parameters (``in_hot_standby``): a PgBouncer hands
+# every new client the parameters its pool saw first, so a node that came back as a standby still
+# looked like the primary it had been, and every write through it failed with 25006.
+_WRITABLE = "SELECT NOT pg_catalog.pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
+
+
+async def _writable_connection(dsn: str, options: dict[str, Any]) -> asyncpg.Connection:
+    conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
+    try:
+        writable = await conn.fetchval(_WRITABLE, timeout=CONNECT_TIMEOUT_S)
+    except BaseException:
+        conn.terminate()
+        raise
+    if not writable:
+        conn.terminate()
+        raise NotWritable(f"{shown_url(dsn)} is a standby or read-only now")
+    return conn
 
 
 async def open_connection(
@@ -290,9 +311,10 @@ async def open_connection(
     gives up at the first server error: a PgBouncer in front of a dead node accepts the connection
     and answers the read-write check only with an error after its ``query_wait_timeout``, so the
     other hosts were never tried. Here every host is tried at once, each on its own
-    :data:`CONNECT_TIMEOUT_S` and asked to be read-write; the first that is wins, the others are
-    closed. ``unnamed_statements``: no statement is prepared under a name, as a pooler in
-    transaction mode needs (a named one may be missing from the next transaction's server).
+    :data:`CONNECT_TIMEOUT_S` and asked whether it takes writes (whatever ``target_session_attrs``
+    says, the pools need the primary); the first that does wins, the others are closed.
+    ``unnamed_statements``: no statement is prepared under a name, as a pooler in transaction mode
+    needs (a named one may be missing from the next transaction's server).
     ``kwargs``: what asyncpg's pool passes (``loop``, ``connection_class``, ``record_class``)."""
     kwargs.pop("loop", None)
     kwargs["connection_class"] = ServerConnection
@@ -307,7 +329,7 @@ async def open_connection(
     if len(dsns) == 1:
         conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
         return conn
-    attempts = [asyncio.ensure_future(asyncpg.connect(_with_read_write_check(d), **options)) for d in dsns]
+    attempts = [asyncio.ensure_future(_writable_connection(_without_session_attrs(d), options)) for d in dsns]
     chosen: asyncpg.Connection | None = None
     errors: list[BaseException] = []
     try:
@@ -326,7 +348,7 @@ async def open_connection(
     if chosen is not None:
         return chosen
     for error in errors:
-        if not is_unavailable(error) and not isinstance(error, asyncpg.InternalClientError):
+        if not is_unavailable(error) and not isinstance(error, NotWritable):
             raise error  # credentials refused, no such database: said as it is
     causes = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
     raise DatabaseUnavailable(f"no host is a writable primary now ({causes})") from errors[-1]
