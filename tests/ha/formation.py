@@ -238,6 +238,13 @@ def _record_group(pgid: int) -> None:
             out.write(f"{pgid}\n")
 
 
+def _record_root(root: Path) -> None:
+    path = os.environ.get(GROUPS_FILE_ENV)
+    if path:
+        with open(path, "a") as out:
+            out.write(f"root {root}\n")
+
+
 def _kill_group(process: subprocess.Popen[bytes], signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signum)
@@ -294,6 +301,7 @@ def build_formation() -> Formation:
         for i in (1, 2)
     ]
     formation = Formation(root=root, monitor_port=free_port(), nodes=nodes)
+    _record_root(root)
     if os.geteuid() == 0:
         subprocess.run(["chown", "-R", "postgres:postgres", str(root)], check=True)
     try:
