@@ -139,12 +139,18 @@ class Formation:
         node.keeper = self.spawn(f"keeper-{node.name}", "pg_autoctl", "run", "--pgdata", str(node.pgdata))
 
     def kill_primary(self, node: Node) -> None:
-        """SIGKILL of the node's keeper (its whole process group), then an immediate stop of its
-        PostgreSQL: the machine is gone, as far as anyone can tell."""
+        """SIGKILL of the node's keeper (``pg_autoctl`` and its services, not PostgreSQL), then an
+        immediate stop of its PostgreSQL: the machine is gone, as far as anyone can tell."""
         if node.keeper is not None:
-            _kill_group(node.keeper, signal.SIGKILL)
+            for pid in _group_members(node.keeper.pid):
+                if _command_name(pid) != "postgres":
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            self.stop_postgres(node.pgdata)
+            _kill_group(node.keeper, signal.SIGKILL)  # anything left of the group
             node.keeper = None
-        self.stop_postgres(node.pgdata)
+        else:
+            self.stop_postgres(node.pgdata)
 
     def stop_postgres(self, pgdata: Path) -> None:
         """``pg_ctl stop -m immediate`` (nothing when it is not running)."""
@@ -243,6 +249,24 @@ def _record_root(root: Path) -> None:
     if path:
         with open(path, "a") as out:
             out.write(f"root {root}\n")
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (Linux: read from /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[2]) == pgid:  # state, ppid, pgrp
+                members.append(int(stat.parent.name))
+    return members
+
+
+def _command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _kill_group(process: subprocess.Popen[bytes], signum: int) -> None:

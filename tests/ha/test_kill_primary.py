@@ -358,9 +358,9 @@ async def _db_rows(formation: Formation, sql: str, *args: Any) -> list[Any]:
 
 
 @contextlib.asynccontextmanager
-async def _clients(
-    deployment: Deployment, out: Outcomes
-) -> AsyncIterator[tuple[asyncio.Event, list[asyncio.Task[None]]]]:
+async def _clients(deployment: Deployment, out: Outcomes) -> AsyncIterator[None]:
+    """The clients at work for as long as the context lasts; then every acknowledged question's
+    followed stream is given time to reach its terminal event."""
     stop = asyncio.Event()
     followers: list[asyncio.Task[None]] = []
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
@@ -374,7 +374,7 @@ async def _clients(
             for i in range(2)
         ]
         try:
-            yield stop, followers
+            yield
         finally:
             stop.set()
             await asyncio.gather(*admitters, return_exceptions=True)
@@ -395,7 +395,7 @@ async def test_kill_the_primary_again_and_again(
     kills: list[Kill] = []
     rng = random.Random(int(os.environ.get("SIDEQUEST_HA_SEED", "9")))
     started = time.monotonic()
-    async with _clients(deployment, out) as (_stop_event, _followers):
+    async with _clients(deployment, out):
         await asyncio.sleep(8)  # the first questions flow before the first kill
         for _ in range(FAILOVERS):
             await asyncio.sleep(rng.uniform(2, 9))
