@@ -394,6 +394,16 @@ async def test_kill_the_primary_again_and_again(
     out = Outcomes()
     kills: list[Kill] = []
     rng = random.Random(int(os.environ.get("SIDEQUEST_HA_SEED", "9")))
+    # Synchronous replication on, and no server-side timeout that could cancel a commit waiting for it.
+    settings = await _db_rows(
+        formation,
+        "SELECT current_setting('synchronous_commit') AS sync, current_setting('synchronous_standby_names')"
+        " AS standbys, current_setting('statement_timeout') AS timeout",
+    )
+    replication = dict(settings[0])
+    assert replication["sync"] == "on" and replication["standbys"] and replication["timeout"] == "0", (
+        replication
+    )
     started = time.monotonic()
     async with _clients(deployment, out):
         await asyncio.sleep(8)  # the first questions flow before the first kill
@@ -412,7 +422,7 @@ async def test_kill_the_primary_again_and_again(
         if rows[0]["n"] == 0:
             break
         await asyncio.sleep(1)
-    report = await _check(deployment, out, kills, ids, time.monotonic() - started)
+    report = await _check(deployment, out, kills, ids, time.monotonic() - started, replication)
     with capsys.disabled():
         print("\n" + report.text, flush=True)
     assert report.failovers >= 5, report.text
@@ -432,7 +442,12 @@ class Report:
 
 
 async def _check(
-    deployment: Deployment, out: Outcomes, kills: list[Kill], ids: list[str], wall_s: float
+    deployment: Deployment,
+    out: Outcomes,
+    kills: list[Kill],
+    ids: list[str],
+    wall_s: float,
+    replication: dict[str, str],
 ) -> Report:
     formation = deployment.formation
     lines: list[str] = []
@@ -528,6 +543,10 @@ async def _check(
     )
 
     lines.append(f"kill-the-primary check: {len(kills)} failovers in {wall_s:.0f} s")
+    lines.append(
+        f"  primary: synchronous_commit {replication['sync']}, synchronous_standby_names"
+        f" '{replication['standbys']}', statement_timeout {replication['timeout']}"
+    )
     for n, kill in enumerate(kills, 1):
         lines.append(
             f"  failover {n}: killed {kill.node}; new primary after {kill.new_primary_after_s:.1f} s,"
