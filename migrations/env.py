@@ -6,12 +6,11 @@ import asyncio
 from logging.config import fileConfig
 
 from alembic import context
-from sqlalchemy import pool, text
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from service.config import SettingsError, asyncpg_url, load_settings
-from service.store.db import MIGRATION_LOCK_KEY
+from service.store.db import MIGRATION_LOCK_KEY, migration_engine
 from service.store.models import Base
 
 config = context.config
@@ -54,7 +53,7 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_async() -> None:
-    engine = create_async_engine(_url(), poolclass=pool.NullPool)
+    engine = migration_engine(_url())
     async with engine.connect() as connection:
         await connection.run_sync(_run)
     await engine.dispose()

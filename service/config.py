@@ -26,6 +26,10 @@ def asyncpg_url(value: str | None) -> str | None:
     """Accept plain ``postgresql://`` URLs too, and use asyncpg for them (``None`` for unset or empty);
     query parameters in libpq's spelling (``?sslmode=require`` for a managed PostgreSQL).
 
+    Several hosts (SPEC 9.1) are written as libpq writes them, ``user@h1:5432,h2:5432/db``;
+    SQLAlchemy's spelling, ``?host=h1:5432&host=h2:5432``, is moved there, because asyncpg reads
+    only the last of repeated query parameters and would silently keep one host.
+
     The one home of this rewrite: the settings and the Alembic environment both use it.
     """
     if value is None or value == "":
@@ -37,12 +41,35 @@ def asyncpg_url(value: str | None) -> str | None:
     parts = urlsplit(value)
     if not parts.query:
         return value
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    hosts = [item for name, item in pairs if name == "host"]
     query = [
         (_QUERY_RENAMED.get(name, name), item)
-        for name, item in parse_qsl(parts.query, keep_blank_values=True)
-        if name not in _QUERY_DROPPED
+        for name, item in pairs
+        if name not in _QUERY_DROPPED and not (len(hosts) > 1 and name == "host")
     ]
+    if len(hosts) > 1:
+        userinfo, at, _ = parts.netloc.rpartition("@")
+        parts = parts._replace(netloc=f"{userinfo}{at}{','.join(hosts)}")
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def url_hosts(url: str) -> list[tuple[str, int | None]]:
+    """The ``(host, port)`` pairs of a database URL's netloc, one per host of a multi-host URL.
+
+    Raises ``ValueError`` for a port that is not a number."""
+    hostlist = urlsplit(url).netloc.rpartition("@")[2]
+    result: list[tuple[str, int | None]] = []
+    for spec in hostlist.split(","):
+        if spec.startswith("["):  # an IPv6 literal, [::1]:5432
+            host, _, rest = spec[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else ""
+        else:
+            host, _, port_text = spec.partition(":")
+        if port_text and not port_text.isdigit():
+            raise ValueError(f"port {port_text!r} is not a number")
+        result.append((host, int(port_text) if port_text else None))
+    return result
 
 
 class Settings(BaseSettings):
@@ -71,6 +98,11 @@ class Settings(BaseSettings):
     summary_model: str | None = None
     calibration: Literal["on", "off"] = "on"
 
+    # SPEC 9.1: the LISTEN connection apart from the pools, and what sits between the pools and
+    # PostgreSQL.
+    listen_database_url: str | None = None
+    database_pooler: Literal["none", "transaction"] = "none"
+
     # Not in SPEC's table but needed to run: documented in docs/operations.md.
     lease_s: float = Field(default=30.0, gt=0, le=3600)
     heartbeat_s: float = Field(default=5.0, gt=0, le=3600)
@@ -80,7 +112,7 @@ class Settings(BaseSettings):
     max_snapshot_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
     max_queued_per_session: int = Field(default=20, ge=1)
 
-    @field_validator("database_url")
+    @field_validator("database_url", "listen_database_url")
     @classmethod
     def _asyncpg_url(cls, value: str | None) -> str | None:
         url = asyncpg_url(value)
@@ -89,11 +121,20 @@ class Settings(BaseSettings):
         if not url.startswith("postgresql+asyncpg://"):
             raise ValueError("must be a postgresql:// URL (postgresql+asyncpg:// is accepted too)")
         try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 (a port that is not a number raises here)
+            url_hosts(url)
         except ValueError as exc:
             raise ValueError(f"is not a URL that can be read ({exc})") from None
         return url
+
+    def listen_url(self, database_url: str) -> str:
+        """Where this process's LISTEN connection goes: ``SIDEQUEST_LISTEN_DATABASE_URL``, else the
+        URL the pools use (``database_url``: the configured one, or the embedded server's)."""
+        return self.listen_database_url or database_url
+
+    @property
+    def behind_pooler(self) -> bool:
+        """Whether the pools reach PostgreSQL through a pooler in transaction mode (SPEC 9.1)."""
+        return self.database_pooler == "transaction"
 
     @property
     def background_on(self) -> bool:
@@ -161,7 +202,9 @@ def _accepted_range(field_name: str) -> str:
 
 
 # Settings whose values may hold credentials: never repeated in an error message.
-_SECRET_FIELDS = frozenset({"database_url", "api_key", "api_tokens", "stream_token_secret"})
+_SECRET_FIELDS = frozenset(
+    {"database_url", "listen_database_url", "api_key", "api_tokens", "stream_token_secret"}
+)
 
 
 class SettingsError(Exception):

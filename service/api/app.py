@@ -172,9 +172,9 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db = connect(database_url)
+        db = connect(database_url, pooler=settings.database_pooler)
         app.state.db = db
-        listener = Listener(database_url)
+        listener = Listener(settings.listen_url(database_url), on_connect=db.node_gone)
         app.state.listener = listener
         hub: EventHub = app.state.hub
         hub.attach(listener)

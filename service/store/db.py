@@ -10,6 +10,7 @@ by :func:`is_unavailable`, so the API answers one ``503 service_unavailable`` fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sysconfig
@@ -18,14 +19,16 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
+from sqlalchemy import event, pool, text
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from service.config import url_hosts
 from service.store.admission_batch import AdmissionBatcher
 from service.store.execute import json_text
 
@@ -58,13 +61,19 @@ class DatabaseUnavailable(Exception):
     """PostgreSQL cannot be reached (refused, dropped, timed out); the API answers 503."""
 
 
-# PostgreSQL's own "cannot serve you now" states: admin shutdown (57P01, ``pg_ctl stop -m fast``),
-# crash shutdown (57P02), cannot connect now (57P03: starting up or shutting down), too many
-# connections (53300: every slot taken, e.g. by other clients of a shared server), a database not
-# accepting connections (55000: ``ALLOW_CONNECTIONS false`` for maintenance; no statement of ours
-# can raise it otherwise — no currval, lastval or concurrent refresh), and a read-only transaction
-# (25006: a write that reached a standby, or a primary demoted in a failover).
-_SHUTDOWN_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300", "55000", "25006"})
+# PostgreSQL's own "cannot serve you now" states, in two kinds.
+# The node is gone (SPEC 9.1): admin shutdown (57P01, ``pg_ctl stop -m fast``), crash shutdown
+# (57P02), cannot connect now (57P03: starting up or shutting down), and a read-only transaction
+# (25006: a write that reached a standby, or a primary demoted in a failover). Retrying on the same
+# connection would reach the same node again, so the connection is dropped and the next one looks
+# for the primary (:func:`connection_lost`).
+NODE_GONE_STATES: Final = frozenset({"57P01", "57P02", "57P03", "25006"})
+# The node is there but busy: too many connections (53300: every slot taken, e.g. by other clients
+# of a shared server) and a database not accepting connections (55000: ``ALLOW_CONNECTIONS false``
+# for maintenance; no statement of ours can raise it otherwise — no currval, lastval or concurrent
+# refresh). Dropping every connection for these would only add to the crowd.
+_BUSY_STATES: Final = frozenset({"53300", "55000"})
+_SHUTDOWN_STATES: Final = NODE_GONE_STATES | _BUSY_STATES
 
 
 def driver_chain(exc: BaseException) -> Iterator[BaseException]:
@@ -128,6 +137,19 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
     return False
 
 
+def connection_lost(exc: BaseException) -> bool:
+    """Whether the connection that raised ``exc`` must never run another statement: the database is
+    unavailable (:func:`is_unavailable`) for any reason but a busy server (53300, 55000). It covers
+    a node gone in a failover (:data:`NODE_GONE_STATES`) — reconnect elsewhere, never retry on the
+    same node — a dropped socket, and a statement abandoned at its timeout."""
+    if not is_unavailable(exc):
+        return False
+    return not any(
+        isinstance(current, asyncpg.PostgresError) and getattr(current, "sqlstate", None) in _BUSY_STATES
+        for current in driver_chain(exc)
+    )
+
+
 def unusable_reason(exc: BaseException) -> str | None:
     """Why the database cannot be used at all, in the driver's words, when ``exc`` says so: it is
     unreachable (:func:`is_unavailable`), refuses our credentials (SQLSTATE class 28) or has no such
@@ -186,10 +208,14 @@ def quiet_driver_outages() -> None:
 
 
 def shown_url(url: str) -> str:
-    """A database URL fit for a message: its password hidden."""
+    """A database URL fit for a message: its password hidden (every host of a multi-host URL kept)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unreadable URL is refused by the settings before this
+        parts = urlsplit(url)
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        netloc = f"{user}:***@{hosts}" if colon else parts.netloc
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:  # an unreadable URL is refused by the settings before this
         return "(the configured URL)"
 
 
@@ -206,6 +232,128 @@ DB_ERRORS: Final = (
 )
 
 
+Pooler = Literal["none", "transaction"]
+
+
+class ServerConnection(asyncpg.Connection):  # type: ignore[misc]
+    """Every connection of the service: a statement it gives up on (its timeout, a cancelled task)
+    is abandoned with its connection, never cancelled on the server.
+
+    asyncpg's way is a CancelRequest. A COMMIT waiting for a synchronous standby that is cancelled
+    becomes visible on the primary before the standby has it (PostgreSQL warns and keeps it), so a
+    failover right after would lose a row that readers already saw. With the socket closed instead,
+    the server keeps waiting for the standby and the row appears only once it is replicated; the
+    caller sees an unknown outcome either way, as with any lost connection."""
+
+    def _cancel_current_command(self, waiter: asyncio.Future[Any], cancel_waiter: Any = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+        # Not inside the protocol's own step (it is still switching state): on the next one.
+        self._loop.call_soon(self.terminate)
+
+
+def _single_host_dsns(dsn: str) -> list[str]:
+    """One DSN per host of a multi-host ``dsn`` (libpq's ``h1:5432,h2:5432``), each keeping the
+    query (``target_session_attrs`` included); ``[dsn]`` for a single host."""
+    hosts = url_hosts(dsn)
+    if len(hosts) < 2:
+        return [dsn]
+    parts = urlsplit(dsn)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    result = []
+    for host, port in hosts:
+        shown = f"[{host}]" if ":" in host else host
+        netloc = f"{userinfo}{at}{shown}" + (f":{port}" if port is not None else "")
+        result.append(urlunsplit(parts._replace(netloc=netloc)))
+    return result
+
+
+def _without_session_attrs(dsn: str) -> str:
+    """``dsn`` without ``target_session_attrs``: :func:`open_connection` asks the node itself."""
+    parts = urlsplit(dsn)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "target_session_attrs"]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+class NotWritable(Exception):
+    """The host answered, but it is a standby (or read-only) now."""
+
+
+# Asked of the node, never read from the startup parameters (``in_hot_standby``): a PgBouncer hands
+# every new client the parameters its pool saw first, so a node that came back as a standby still
+# looked like the primary it had been, and every write through it failed with 25006.
+_WRITABLE = "SELECT NOT pg_catalog.pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
+
+
+async def _writable_connection(dsn: str, options: dict[str, Any]) -> asyncpg.Connection:
+    conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
+    try:
+        writable = await conn.fetchval(_WRITABLE, timeout=CONNECT_TIMEOUT_S)
+    except BaseException:
+        conn.terminate()
+        raise
+    if not writable:
+        conn.terminate()
+        raise NotWritable(f"{shown_url(dsn)} is a standby or read-only now")
+    return conn
+
+
+async def open_connection(
+    dsn: str,
+    *,
+    unnamed_statements: bool = False,
+    command_timeout: float | None = COMMAND_TIMEOUT_S,
+    **kwargs: Any,
+) -> asyncpg.Connection:
+    """A :class:`ServerConnection` to ``dsn``; with several hosts, to the one that is the primary now.
+
+    asyncpg's own multi-host connect tries the hosts one after another within one deadline and
+    gives up at the first server error: a PgBouncer in front of a dead node accepts the connection
+    and answers the read-write check only with an error after its ``query_wait_timeout``, so the
+    other hosts were never tried. Here every host is tried at once, each on its own
+    :data:`CONNECT_TIMEOUT_S` and asked whether it takes writes (whatever ``target_session_attrs``
+    says, the pools need the primary); the first that does wins, the others are closed.
+    ``unnamed_statements``: no statement is prepared under a name, as a pooler in transaction mode
+    needs (a named one may be missing from the next transaction's server).
+    ``kwargs``: what asyncpg's pool passes (``loop``, ``connection_class``, ``record_class``)."""
+    kwargs.pop("loop", None)
+    kwargs["connection_class"] = ServerConnection
+    options: dict[str, Any] = {
+        "timeout": CONNECT_TIMEOUT_S,
+        "command_timeout": command_timeout,
+        **kwargs,
+    }
+    if unnamed_statements:
+        options["statement_cache_size"] = 0
+    dsns = _single_host_dsns(dsn)
+    if len(dsns) == 1:
+        conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
+        return conn
+    attempts = [asyncio.ensure_future(_writable_connection(_without_session_attrs(d), options)) for d in dsns]
+    chosen: asyncpg.Connection | None = None
+    errors: list[BaseException] = []
+    try:
+        for attempt in asyncio.as_completed(attempts):
+            try:
+                chosen = await attempt
+                break
+            except Exception as exc:
+                errors.append(exc)
+    finally:
+        for attempt in attempts:
+            attempt.cancel()
+        for outcome in await asyncio.gather(*attempts, return_exceptions=True):
+            if isinstance(outcome, asyncpg.Connection) and outcome is not chosen:
+                outcome.terminate()
+    if chosen is not None:
+        return chosen
+    for error in errors:
+        if not is_unavailable(error) and not isinstance(error, NotWritable):
+            raise error  # credentials refused, no such database: said as it is
+    causes = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
+    raise DatabaseUnavailable(f"no host is a writable primary now ({causes})") from errors[-1]
+
+
 @dataclass
 class Database:
     """An engine plus its session factory; built once per process by the entry point.
@@ -217,12 +365,19 @@ class Database:
     connection the server closed (restart, failover) when it is next acquired. Admissions reach that
     pool through :attr:`admissions`, which sends the ones waiting together (group commit,
     :mod:`service.store.admission_batch`).
+
+    Failover (SPEC 9.1): a connection whose statement failed with :func:`connection_lost` is
+    dropped, never used again, and every other pooled connection of both pools is replaced before
+    its next use (:meth:`node_gone`): behind a PgBouncer per node, an idle connection to the old
+    primary's PgBouncer would otherwise stay open and reach that node again once it is back as a
+    standby — its reads stale, its writes refused.
     """
 
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     url: str = ""
     pool_size: int = 10
+    pooler: Pooler = "none"
     _raw: Any = field(default=None, repr=False)
     _raw_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     admissions: AdmissionBatcher = field(init=False, repr=False)
@@ -240,13 +395,39 @@ class Database:
                         plain_dsn(self.url),
                         min_size=1,
                         max_size=self.pool_size,
-                        init=_init_raw,
+                        connect=self._open_raw,
+                        connection_class=ServerConnection,
+                        init=self._init_raw,
                         reset=_keep_session,
-                        timeout=CONNECT_TIMEOUT_S,
-                        command_timeout=COMMAND_TIMEOUT_S,
                     )
         pool: asyncpg.Pool = self._raw
         return pool
+
+    async def _open_raw(self, dsn: str, **kwargs: Any) -> asyncpg.Connection:
+        return await open_connection(dsn, unnamed_statements=self.pooler == "transaction", **kwargs)
+
+    async def _init_raw(self, conn: asyncpg.Connection) -> None:
+        await _init_jsonb(conn)
+
+        def drop_if_lost(record: Any) -> None:
+            # Not terminated here, inside asyncpg's own step (that frees its pool slot twice): the
+            # pool's connections all expire, so this one is closed when it is released.
+            if record.exception is not None and connection_lost(record.exception):
+                self.node_gone()
+
+        conn.add_query_logger(drop_if_lost)
+
+    def node_gone(self) -> None:
+        """The node behind some connection is gone (or a connection to it broke): every pooled
+        connection, of both pools, is replaced before its next use, so that each finds the primary
+        again. Connections in use finish (or fail) as they are."""
+        if self._raw is not None:
+            # What Pool.expire_connections() does, in this step rather than in a task: a connection
+            # that failed now is released right after, and must be closed then, not reused.
+            self._raw._generation += 1
+        # SQLAlchemy's own pool-wide invalidation on a disconnect (every connection older than now
+        # is recycled at its next checkout), without a connection of its own at hand.
+        self.engine.sync_engine.pool._invalidate(None, _checkin=False)  # type: ignore[arg-type]
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
@@ -264,7 +445,10 @@ class Database:
                 yield conn
             except BaseException as exc:
                 if isinstance(exc, asyncio.CancelledError | asyncpg.InterfaceError) or is_unavailable(exc):
-                    conn.terminate()
+                    # A connection the server closed is back in the pool already (asyncpg releases
+                    # it as it closes), and terminating it again would replace the error.
+                    with contextlib.suppress(asyncpg.InterfaceError):
+                        conn.terminate()
                 raise
 
     async def dispose(self) -> None:
@@ -275,7 +459,7 @@ class Database:
         await self.engine.dispose()
 
 
-async def _init_raw(conn: asyncpg.Connection) -> None:
+async def _init_jsonb(conn: asyncpg.Connection) -> None:
     # Binary (version byte 1, then the JSON text): composite values (a whole row) that hold jsonb
     # can only be decoded when every field has a binary codec. A parameter is JSON *text*, as with
     # SQLAlchemy's own codec, so one statement runs the same on either kind of connection
@@ -300,39 +484,85 @@ def plain_dsn(url: str) -> str:
     return url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
-def connect(url: str, *, pool_size: int = 10) -> Database:
-    """Create the engine for ``url`` (``postgresql+asyncpg://…``).
+# SQLAlchemy only picks its dialect from this URL: every connection is made by open_connection from
+# the service's own URL, which SQLAlchemy's parser cannot read when it names several hosts.
+_DIALECT_URL: Final = "postgresql+asyncpg://"
 
-    The pool reconnects by itself after an outage: ``pool_pre_ping`` replaces a connection that died
-    while idle, and a connection that dies mid-statement is invalidated by SQLAlchemy and replaced on
-    the next checkout. The timeouts bound every wait (module docstring).
-    """
+
+def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngine:
     dsn = plain_dsn(url)
 
     async def connect_asyncpg() -> asyncpg.Connection:
-        # asyncpg reads the DSN's libpq-style query itself (sslmode, application_name…), as the raw
-        # pool and the listener do: SQLAlchemy would pass each as a keyword asyncpg does not take.
-        conn: asyncpg.Connection = await asyncpg.connect(
-            dsn, timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S
+        # asyncpg reads the DSN's libpq-style query itself (sslmode, application_name,
+        # target_session_attrs…), as the raw pool and the listener do: SQLAlchemy would pass each
+        # as a keyword asyncpg does not take.
+        return await open_connection(dsn, unnamed_statements=unnamed_statements)
+
+    def creator() -> Any:
+        # What create_async_engine(async_creator=…) does, plus the adapter's own statement cache:
+        # off behind a pooler, since each cached statement is a named one on one server connection.
+        return engine.sync_engine.dialect.dbapi.connect(  # type: ignore[union-attr]
+            async_creator_fn=connect_asyncpg,
+            prepared_statement_cache_size=0 if unnamed_statements else 100,
         )
-        return conn
 
     engine = create_async_engine(
+        _DIALECT_URL,
+        creator=creator,
+        # JSONB columns hold our documents; keep key order as written.
+        json_serializer=json_text,
+        **options,
+    )
+
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _drop_lost_connection(context: ExceptionContext) -> None:
+        # A node gone in a failover answers 25006 or 57P0x, which SQLAlchemy does not count as a
+        # disconnect: counted here, the connection is invalidated (never retried) and the pool
+        # replaces its other connections too.
+        if not context.is_disconnect and connection_lost(context.original_exception):
+            context.is_disconnect = True
+
+    return engine
+
+
+def connect(url: str, *, pool_size: int = 10, pooler: Pooler = "none") -> Database:
+    """Create the engine for ``url`` (``postgresql+asyncpg://…``, one host or several).
+
+    The pool reconnects by itself after an outage: ``pool_pre_ping`` replaces a connection that died
+    while idle, and a connection that dies mid-statement is invalidated by SQLAlchemy and replaced on
+    the next checkout. The timeouts bound every wait (module docstring). ``pooler="transaction"``:
+    PostgreSQL is reached through a pooler in transaction mode, so no statement is prepared under a
+    name (SPEC 9.1).
+    """
+    engine = _engine(
         url,
-        async_creator=connect_asyncpg,
+        unnamed_statements=pooler == "transaction",
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         pool_timeout=POOL_TIMEOUT_S,
-        # JSONB columns hold our documents; keep key order as written.
-        json_serializer=json_text,
     )
-    return Database(
+    database = Database(
         engine=engine,
         sessions=async_sessionmaker(engine, expire_on_commit=False),
         url=url,
         pool_size=pool_size,
+        pooler=pooler,
     )
+
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _replace_the_others(context: ExceptionContext) -> None:
+        if context.is_disconnect:
+            database.node_gone()
+
+    return database
+
+
+def migration_engine(url: str) -> AsyncEngine:
+    """The engine a migration run uses (migrations/env.py): one connection, made as the pools make
+    theirs (several hosts, the primary found), its statements unnamed so that it runs through a
+    pooler in transaction mode too (a migration is a handful of statements)."""
+    return _engine(url, unnamed_statements=True, poolclass=pool.NullPool)
 
 
 def _alembic_config() -> Any:

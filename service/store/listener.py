@@ -11,6 +11,14 @@ Channels:
 A notification is only a wake-up call: readers always read the rows themselves, so a lost
 notification (reconnect) costs latency, never data. Subscribers get an unbounded-free queue of size
 1 semantics through :class:`asyncio.Event`, so a slow subscriber never blocks the listener.
+
+Failover (SPEC 9.1): notifications are not replicated and a standby refuses LISTEN, so the
+connection goes to the primary (``SIDEQUEST_LISTEN_DATABASE_URL``: the primary directly, never a
+pooler in transaction mode, which would hand the listening backend to other clients), finds the new
+one by itself after a failover (several hosts, :func:`~service.store.db.open_connection`), and its
+probe also notices a node that became a standby under it. After every (re)connect each subscriber is
+called with an empty payload — "anything may have been missed": every waiter re-reads — and
+``on_connect`` runs (the process's pools are renewed: a failover may have happened meanwhile).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from collections.abc import Callable
 import asyncpg
 
 from service.aio import wait_event
-from service.store.db import is_unavailable, outage_line_due, plain_dsn
+from service.store.db import is_unavailable, open_connection, outage_line_due, plain_dsn
 from service.vocabulary import ALL_CHANNELS, CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -32,22 +40,36 @@ log = logging.getLogger(__name__)
 # The names live in service.vocabulary; a worker does not need the event notifications.
 WORKER_CHANNELS = (QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
 
-# Outages (SPEC §9): a connect attempt gives up after CONNECT_TIMEOUT_S, and a connection that stays
-# silent is probed every PROBE_S — a half-open socket (host gone, no FIN) never fires the
+# Outages (SPEC §9): a connect attempt gives up after the store's CONNECT_TIMEOUT_S, and a connection
+# that stays silent is probed every PROBE_S — a half-open socket (host gone, no FIN) never fires the
 # termination listener, and without the probe LISTEN would wait on it forever.
-CONNECT_TIMEOUT_S = 5.0
 PROBE_S = 5.0
 PROBE_TIMEOUT_S = 3.0
 
 Callback = Callable[[str, str], None]  # (channel, payload); must not block
 
+_PROBE = "SELECT pg_catalog.pg_is_in_recovery()"
+
+
+class StandbyNow(Exception):
+    """The LISTEN connection's node became a standby (a failover demoted it): reconnect."""
+
 
 class Listener:
     """Holds the LISTEN connection, reconnects when it drops, and calls subscribers' callbacks."""
 
-    def __init__(self, database_url: str, channels: tuple[str, ...] = ALL_CHANNELS) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        channels: tuple[str, ...] = ALL_CHANNELS,
+        *,
+        on_connect: Callable[[], None] | None = None,
+    ) -> None:
         self._dsn = plain_dsn(database_url)
         self._channels = channels
+        self._on_connect = on_connect
+        self.connects = 0  # (re)connections made: tests and logs
+        self._backend_pid: int | None = None
         self._subscribers: dict[str, set[Callback]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
@@ -60,6 +82,16 @@ class Listener:
 
     def subscriber_count(self, channel: str) -> int:
         return len(self._subscribers[channel])
+
+    @property
+    def connected(self) -> bool:
+        """Whether the LISTEN connection is up now."""
+        return self._connected.is_set()
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of the LISTEN connection (None while it is down)."""
+        return self._backend_pid
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sidequest-listener")
@@ -81,6 +113,11 @@ class Listener:
 
     def _wake_all(self) -> None:
         """After a reconnect, wake everyone: they re-read rows and catch anything missed."""
+        if self._on_connect is not None:
+            try:
+                self._on_connect()
+            except Exception:
+                log.exception("listener on_connect failed")
         for channel in self._channels:
             self._dispatch(None, 0, channel, "")
 
@@ -89,27 +126,32 @@ class Listener:
         while not self._stopping:
             conn: asyncpg.Connection | None = None
             try:
-                conn = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT_S)
+                conn = await open_connection(self._dsn, command_timeout=None)
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 for channel in self._channels:
                     await conn.add_listener(channel, self._dispatch)
+                self.connects += 1
+                self._backend_pid = conn.get_server_pid()
                 self._connected.set()
                 self._wake_all()
                 backoff = 0.2
                 while not lost.is_set():
                     await wait_event(lost, PROBE_S)
-                    if not lost.is_set():
-                        await conn.execute("SELECT 1", timeout=PROBE_TIMEOUT_S)
+                    if not lost.is_set() and await conn.fetchval(_PROBE, timeout=PROBE_TIMEOUT_S):
+                        # Demoted under us: a standby's LISTEN would never hear the new primary.
+                        raise StandbyNow("the LISTEN connection's node is a standby now")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not is_unavailable(exc) or outage_line_due("LISTEN"):  # not once per reconnect try
+                expected = is_unavailable(exc) or isinstance(exc, StandbyNow)
+                if not expected or outage_line_due("LISTEN"):  # not once per reconnect try
                     log.warning("LISTEN connection lost (%s); reconnecting", exc)
             finally:
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(Exception):
                         await conn.close()
             self._connected.clear()
+            self._backend_pid = None
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)

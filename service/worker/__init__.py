@@ -32,7 +32,9 @@ async def start_worker(settings: Settings, db: Database, *, listener: Listener |
 
 
 async def _serve_until_signalled(settings: Settings, database_url: str) -> None:
-    db = connect(database_url, pool_size=max(5, settings.max_concurrency + 3))
+    db = connect(
+        database_url, pool_size=max(5, settings.max_concurrency + 3), pooler=settings.database_pooler
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -229,14 +229,16 @@ class Worker:
         self.settings = settings
         self.db = db
         self.owner = owner or worker_id()
-        self._database_url = database_url or db.engine.url.render_as_string(hide_password=False)
+        self._database_url = database_url or db.url
         self._provider = provider
         self._own_provider = provider is None
         self._deps: PipelineDeps | None = None
         self._loops: list[asyncio.Task[None]] = []
         # A shared listener (the API's, in `serve`) is started and stopped by its owner.
         self._own_listener = listener is None
-        self._listener = listener or Listener(self._database_url, channels=WORKER_CHANNELS)
+        self._listener = listener or Listener(
+            settings.listen_url(self._database_url), channels=WORKER_CHANNELS, on_connect=db.node_gone
+        )
         self._unsubscribe: list[Callable[[], None]] = []
         self.requests: SlotPool[queue.Claimed] = SlotPool(
             "request",
