@@ -147,10 +147,11 @@ def plan_compaction(
         )
     tail = verbatim_sums[-1] - verbatim_sums[recent]
     for until in range(1, recent + 1):
-        if masked_sums[until] < min_summarized_tokens:
+        rest = summary_tokens + (masked_sums[recent] - masked_sums[until]) + tail
+        # The trail is only sized where the rest leaves it a chance (it costs a walk of its entries).
+        if masked_sums[until] < min_summarized_tokens or rest > room:
             continue
-        trail = trail_tokens(until) if trail_tokens is not None else 0
-        if summary_tokens + trail + (masked_sums[recent] - masked_sums[until]) + tail <= room:
+        if rest + (trail_tokens(until) if trail_tokens is not None else 0) <= room:
             return Compaction(SUMMARY, until, recent)
     return Compaction(SUMMARY, recent, recent, fits=False)
 

@@ -84,27 +84,39 @@ def trail_tokens(entries: Sequence[TrailEntry]) -> int:
 
 
 class TrailSizes:
-    """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups, computed in one
-    incremental pass as ``s`` grows (a plan tries one ``s`` after another; recollecting the trail
-    for each would be quadratic in the groups)."""
+    """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups. The uses are
+    taken in once, in order, as ``s`` grows (a plan tries one ``s`` after another); each artifact's
+    line length is kept as it changes, so a size costs one walk of at most the 64 newest entries."""
 
     def __init__(self, artifacts: Sequence[Sequence[tuple[Artifact, bool]]]) -> None:
         self._artifacts = artifacts
-        self._sizes = [0]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._taken = 0  # groups whose uses are in the state below
         self._uses: dict[Artifact, int] = {}
         self._error: dict[Artifact, bool] = {}
+        self._line_bytes: dict[Artifact, int] = {}
         # Insertion order is last-use order: a re-used artifact is popped and put back at the end.
         self._order: dict[Artifact, None] = {}
+        self._sizes: dict[int, int] = {0: 0}
 
     def __call__(self, groups: int) -> int:
-        while len(self._sizes) <= groups:
-            for artifact, error in self._artifacts[len(self._sizes) - 1]:
-                self._uses[artifact] = self._uses.get(artifact, 0) + 1
+        known = self._sizes.get(groups)
+        if known is not None:
+            return known
+        if groups < self._taken:  # asked backwards: start over (a plan never does)
+            self._reset()
+        while self._taken < groups:
+            for artifact, error in self._artifacts[self._taken]:
+                uses = self._uses[artifact] = self._uses.get(artifact, 0) + 1
                 self._error[artifact] = error
+                self._line_bytes[artifact] = utf8_length(_line(artifact, uses, error)) + 1
                 self._order.pop(artifact, None)
                 self._order[artifact] = None
-            self._sizes.append(self._bounded_tokens())
-        return self._sizes[groups]
+            self._taken += 1
+        size = self._sizes[groups] = self._bounded_tokens()
+        return size
 
     def _bounded_tokens(self) -> int:
         if not self._order:
@@ -112,7 +124,7 @@ class TrailSizes:
         size = utf8_length(TRAIL_HEADING)
         count = 0
         for artifact in reversed(self._order):
-            line = utf8_length(_line(artifact, self._uses[artifact], self._error[artifact])) + 1
+            line = self._line_bytes[artifact]
             if count == TRAIL_MAX_ENTRIES or size + line > TRAIL_MAX_BYTES:
                 break
             size += line
