@@ -371,7 +371,9 @@ async def test_a_request_that_times_out_waiting_for_a_job_says_how_long_it_waite
     finally:
         await handle.stop()
     assert row.status == "failed" and row.error is not None and row.error["code"] == "timeout"
-    assert 0 < row.context_info["qa_summary"]["waited_ms"] <= 1500  # within the request's deadline
+    # Within the request's deadline (1.5 s), give or take the event loop's lateness on a loaded machine:
+    # the job itself would have taken 6 s.
+    assert 0 < row.context_info["qa_summary"]["waited_ms"] <= 1500 + 250
 
 
 async def test_background_off_makes_no_jobs(db: Database, server: ScriptedServer, database_url: str) -> None:
