@@ -1,4 +1,4 @@
-"""The one error protocol (issue 16): every refusal and failure of ours carries ``code``, ``status``,
+"""The one error protocol: every refusal and failure of ours carries ``code``, ``status``,
 ``message`` and ``detail``, so one place maps it to HTTP (``service.api.errors``) and one to a failed
 request's SPEC §8 error object (``service.pipeline.failures``).
 

@@ -128,7 +128,7 @@ class _SnapshotCollector(Collector):
         if not snap.ok:
             # Nothing was read: the families below are left out rather than written as zeros,
             # which would read as real values ("0 running") while the database is away; alert on
-            # sidequest_database_up instead (outside check).
+            # sidequest_database_up instead.
             return
 
         statuses: dict[str, int] = dict.fromkeys(Status, 0)

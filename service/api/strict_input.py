@@ -2,13 +2,13 @@
 RFC 8259 text — UTF-8, no byte order mark, no NaN or Infinity.
 
 The server decodes a path's percent-escapes with replacement: ``%FF`` and ``%C3`` both became
-``U+FFFD``, two ids one session (an outside check). :class:`Utf8Paths` answers 422 for such a path.
+``U+FFFD``, two ids one session. :class:`Utf8Paths` answers 422 for such a path.
 
 Python's parser (FastAPI's and Starlette's too) is lenient in two ways the contract is not: it reads
 the constants ``NaN``, ``Infinity`` and ``-Infinity`` as numbers, and it detects UTF-16 and UTF-32
 and a byte order mark and decodes them. A request body that is not JSON is 400 ``malformed_json``
 (docs/api.md), whichever route it goes to and whether or not its fields would validate: a NaN in a
-typed field was a 422 ``validation_error``, and a UTF-16 body was accepted (an outside check).
+typed field would be a 422 ``validation_error``, and a UTF-16 body would be accepted.
 
 The rule has one home, :func:`service.vocabulary.strict_json` (archive restore applies it too, with
 its own code); :func:`service.vocabulary.may_be_lenient_json` says, at C speed, whether a body could

@@ -287,7 +287,7 @@ class Calibration:
         """``context_info.calibration``: ``{ratio, samples, applied}``.
 
         The ratio is reported unrounded: ``applied`` says it is not exactly 1, and a ratio rounded to
-        1.0 beside ``applied: true`` would contradict it (an outside check saw 0.99997 shown as 1).
+        1.0 beside ``applied: true`` would contradict it (0.99997 is applied, and is not 1).
         """
         return {"ratio": self.ratio, "samples": self.samples, "applied": self.applied}
 

@@ -54,7 +54,7 @@ QUESTION_FLOOR_BYTES: Final = 160
 # Client-given labels are capped in the header line, so that one Q&A at its smallest stays small.
 LABEL_MAX_CHARS: Final = 32
 # …and at most this many UTF-8 bytes: a header of two labels of 4-byte characters must still leave the
-# framing and the newest Q&A at their smallest room within 256 tokens (an outside check found 266).
+# framing and the newest Q&A at their smallest room within 256 tokens, the smallest max_tokens.
 LABEL_MAX_BYTES: Final = 48
 
 FRAMING: Final = (
@@ -204,7 +204,7 @@ def _run_text(run: tuple[int, int]) -> str:
 
 def ordinal_runs(ordinals: Sequence[int]) -> str:
     """``#1–#3, #7``: the ordinals, each run of consecutive ones as its ends (a range never holds
-    one that is not in the list: an outside check found "#1–#3" naming a carried #2)."""
+    one that is not in the list, so "#1–#3" never names a #2 that was not carried)."""
     return ", ".join(_run_text(run) for run in _runs(ordinals))
 
 
@@ -327,8 +327,8 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
 
 def _leave_out_pinned_without_answer(plan: _Plan) -> None:
     """A pinned Q&A whose answer was cut to the bare marker carries no finding: it is left out instead
-    (said so), so that it stays pinned for the next hand-off and its room goes to the others (an
-    outside check saw one carried as "A: [… shortened]", unpinned, its finding gone)."""
+    (said so), so that it stays pinned for the next hand-off and its room goes to the others: carried
+    as "A: [… shortened]" it would be unpinned with its finding gone."""
     for entry in plan.entries:
         if (
             entry.item.pinned
@@ -482,7 +482,7 @@ def build_handoff(
         # Only then the newest and the pinned ones: their answers down to a few lines (pinned oldest
         # first, the newest last); then pinned Q&A left out whole, oldest first (they stay pinned) —
         # rather than every pinned answer cut to nothing and then left out anyway, which carried
-        # none of them (an outside check); and last the newest alone, down to nothing if need be.
+        # none of them; and last the newest alone, down to nothing if need be.
         lambda: _shrink_field(plan, limit, "answer", ANSWER_FLOOR_BYTES, protected=True),
         lambda: _omit_oldest(plan, limit, protected=True),
         lambda: _shrink_field(plan, limit, "answer", 0, protected=True),

@@ -1,4 +1,4 @@
-"""A snapshot prepared once, when it is stored (issue 12): normalised, estimated, grouped, hashed.
+"""A snapshot prepared once, when it is stored: normalised, estimated, grouped, hashed.
 
 Snapshots are immutable, so everything a request derives from one — the canonical messages, each
 message's estimate, the groups a cut must not split, the content digest of every prefix (the
@@ -116,7 +116,7 @@ _MESSAGES_MARK_JSON: Final = b'"\\u0000"'
 
 @dataclass(frozen=True)
 class EncodedSnapshot:
-    """A snapshot as posted, encoded canonically once (issue 11): the admission's size check, its
+    """A snapshot as posted, encoded canonically once: the admission's size check, its
     content hash, the prefix digests and the stored JSON all come from these bytes.
 
     ``canonical`` is exactly :func:`canonical_bytes` of the whole snapshot (so its length is the
@@ -169,7 +169,7 @@ def _too_deep(content: Mapping[str, Any], messages: Any, parts: tuple[bytes, ...
     is at most one more than the containers on its deepest path, and those are at most the ``{`` and
     ``[`` bytes of its canonical JSON (brackets inside strings only over-count). A message with no
     more than ``MAX - 3`` of them cannot be too deep and is not walked: counting bytes is C-speed,
-    walking 1600 messages' containers in Python was 7 ms of an inline admission (issue 11).
+    walking 1600 messages' containers in Python was 7 ms of an inline admission.
     """
     if not isinstance(messages, list) or not parts:
         return json_depth(content) > MAX_SNAPSHOT_DEPTH

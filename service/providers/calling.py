@@ -135,7 +135,7 @@ async def run_call(
                 raise
             if exc.after_output and on_text is not None:
                 # Text already streamed to the client cannot be taken back: a partially streamed
-                # reply is never retried (SPEC 7; an outside check saw "PARTIAL-ONE SECOND"). Not
+                # reply is never retried (SPEC 7: a retry would append a second reply to it). Not
                 # retried, it is a stream that broke (SPEC 8 provider_error), not a limit "still
                 # refused after up to two waits".
                 broke = ProviderError(
@@ -172,8 +172,8 @@ async def _attempt(
 
     async def record(status: CallStatus, usage: CallUsage | None) -> None:
         # Written even when this task is cancelled meanwhile: parallel calls that pass one deadline
-        # together each record their end while the first failure cancels the rest (an outside check
-        # found two of three calls missing from usage.calls). A cancel waits for the write, then holds.
+        # together each record their end while the first failure cancels the rest (SPEC 7: every
+        # call has its usage entry). A cancel waits for the write, then holds.
         write = asyncio.ensure_future(
             recorder.record_call(
                 purpose=call.purpose,

@@ -387,7 +387,7 @@ def classify_http_error(
             "with /v1, the anthropic provider without)"
         )
     # A 408 is the provider's own timeout, not the side request's deadline: a provider error with
-    # the provider's words (an outside check read "did not finish within its 30s deadline" after 0.2 s).
+    # the provider's words, so nobody reads "did not finish within its deadline" after 0.2 s.
     return ProviderError(message, status=effective, usage=usage)
 
 

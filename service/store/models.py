@@ -147,7 +147,7 @@ class RequestRow(Base):
     # Pinned for the next hand-off (SPEC §11.1); only a succeeded request can be pinned.
     pinned: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
     # SPEC §5 estimate of this request's rendered Q&A group, stored when it succeeds, so that
-    # organizing_history never re-encodes the history (issue 12).
+    # organizing_history never re-encodes the history.
     qa_tokens: Mapped[int | None] = mapped_column(Integer)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -209,7 +209,7 @@ class SnapshotRow(Base):
     content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
     token_estimate: Mapped[int] = mapped_column(Integer, nullable=False)
     size_bytes: Mapped[int] = mapped_column(Integer, nullable=False)
-    # The snapshot prepared once when stored (issue 12): normalised messages, per-message estimates,
+    # The snapshot prepared once when stored: normalised messages, per-message estimates,
     # groups. ``prepared_version`` names the format, so a change of the estimator can recompute it.
     # JSON (text), not JSONB: it is only ever read whole, and text costs PostgreSQL no parsing.
     prepared: Mapped[dict[str, Any] | None] = mapped_column(JSON)

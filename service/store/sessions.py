@@ -229,7 +229,7 @@ def memory_overview(memory: dict[str, Any] | None) -> dict[str, Any]:
 async def read_one_snapshot(session: AsyncSession) -> None:
     """Make the reads of ``session``'s next transaction see one snapshot of the database: under READ
     COMMITTED an admission committing between a session row's read and its counts' showed counts
-    beyond ``next_ordinal`` (outside check). REPEATABLE READ is set on the transaction's own BEGIN
+    beyond ``next_ordinal``. REPEATABLE READ is set on the transaction's own BEGIN
     (no statement of its own); a no-op when the transaction has begun already."""
     if not session.in_transaction():
         await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
@@ -418,8 +418,8 @@ class StoredSnapshot:
 def posted_json(content: dict[str, Any], encoded: EncodedSnapshot) -> str:
     """``content`` as compact JSON text in its posted key order, for the ``json`` column.
 
-    orjson writes it in ~1 ms where ``json.dumps`` takes ~8 ms for 600 KB (issue 11: the inline
-    admission); the same JSON value, not always the same bytes (it writes ``1e16`` for ``1e+16``).
+    orjson writes it in ~1 ms where ``json.dumps`` takes ~8 ms for 600 KB (on the inline
+    admission's path); the same JSON value, not always the same bytes (it writes ``1e16`` for ``1e+16``).
     An encoded snapshot holds no non-finite number (``encode_snapshot`` refuses one: orjson would
     write null); an integer beyond 64 bits, which orjson refuses, goes the ``json.dumps`` way.
     """

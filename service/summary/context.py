@@ -144,7 +144,7 @@ def find_reusable(
     summary and the new material) and be non-empty and shorter than the part to summarise.
     """
     until = cut_plan.summarize_until
-    if digests is None:  # a prepared snapshot passes its stored chain (issue 12)
+    if digests is None:  # a prepared snapshot passes its stored chain
         digests = prefix_digests(messages[:until])
     # Keys only where an entry could match: the cut itself and the cached lengths that are group
     # boundaries of this transcript (hashing every boundary of 1600 messages cost milliseconds).
@@ -236,7 +236,7 @@ def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int, *, masked:
 async def warm_snapshot_pieces(prepared: PreparedSnapshot, slice_groups: int = WARM_SLICE) -> None:
     """Render every group's piece ahead of time, a slice per turn of the event loop.
 
-    For a snapshot a summary will likely be made of (issue 11: a long snapshot posted inline):
+    For a snapshot a summary will likely be made of (a long snapshot posted inline):
     rendering 1500 messages costs ~7 ms of CPU, which then fills the time the process waits on the
     database while it stores the snapshot, instead of delaying the summary's first call. Slices keep
     every other task of the loop waiting at most one slice.
