@@ -124,7 +124,7 @@ async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) ->
     a job whose session was cleared, or that is no longer this worker's, writes nothing)."""
     status = Status.FAILED if outcome.status == "lost" else outcome.status
     async with deps.db.connection() as conn, transaction(conn):
-        if outcome.summary and not await memory.save_memory_in(
+        if outcome.summary and not await memory.save_memory(
             conn, job.id, owner=job.owner, job=True, **outcome.summary
         ):
             return JobOutcome("lost", calls=outcome.calls)

@@ -24,6 +24,7 @@ from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_background_jobs
 from service.store import jobs, memory
 from service.store.db import Database
+from service.store.execute import transaction
 from service.store.history import iter_history, latest_context_time
 from service.summary.material import QAPair, render_qa_pair
 from service.summary.rolling import StoredQASummary, fold_qa
@@ -193,7 +194,7 @@ async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runne
             rt.info.qa_summary.calls = plan.calls
         rt.sync_calls()
     if folded is not None and folded is not plan.qa:
-        async with rt.db.connection() as conn:
+        async with rt.db.connection() as conn, transaction(conn):
             if not await memory.save_memory(conn, rt.claimed.id, owner=rt.owner, qa_summary=folded.to_json()):
                 raise RequestLost()
         plan.qa = folded

@@ -29,6 +29,7 @@ from service.pipeline.waiting import JobWaiter
 from service.providers.base import Provider
 from service.store import lease, queue
 from service.store.db import Database
+from service.store.execute import committed
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
 from service.vocabulary import Stage, Status, utc_iso
@@ -125,8 +126,8 @@ class RequestRuntime:
             return
         events, stage = self._pending, self._pending_stage
         self._pending, self._pending_stage = [], None
-        async with self.db.connection() as conn:
-            if not await lease.emit_batch_if_held(
+        async with self.db.connection() as conn, committed(conn):
+            if not await lease.emit_if_held(
                 conn,
                 self.claimed.id,
                 self.owner,
@@ -139,14 +140,14 @@ class RequestRuntime:
     async def save_info(self) -> None:
         """Store context_info as it stands (not lease-guarded: it is metadata of what was done)."""
         await self.flushed()  # never overtaken by the older context_info a background flush carries
-        async with self.db.sessions() as session:
+        async with self.db.sessions() as session, session.begin():
             await merge_context_info(session, self.claimed.id, self.info.to_json())
 
     async def emit_delta(self, text: str) -> bool:
         """One ``delta`` event (after the background flush); False when the request is no longer held."""
         await self.flushed()
-        async with self.db.connection() as conn:
-            return await lease.emit_if_held(conn, self.claimed.id, self.owner, "delta", {"text": text})
+        async with self.db.connection() as conn, committed(conn):
+            return await lease.emit_if_held(conn, self.claimed.id, self.owner, [("delta", {"text": text})])
 
     def sync_calls(self) -> None:
         """Mirror the call budget into context_info (``summary_calls``)."""

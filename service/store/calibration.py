@@ -48,28 +48,19 @@ class Sample:
     reported_prompt_tokens: int
 
 
-async def record_sample(
-    session: AsyncSession, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
+async def add_sample(
+    tx: Executor, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
 ) -> bool:
-    """Add one sample (``estimate`` as sent, the provider's prompt tokens) and commit.
+    """Add one sample (``estimate`` as sent, the provider's prompt tokens) inside the caller's
+    transaction (the answer's end writes it with the request's success: one commit).
 
     Unreported usage (``None`` or 0 prompt tokens) and an empty estimate add nothing: they carry no
     signal about the tokenizer. Returns whether a sample was written.
     """
-    written = await add_sample(session, provider, model, estimate, reported_prompt_tokens)
-    await session.commit()
-    return written
-
-
-async def add_sample(
-    session: Executor, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
-) -> bool:
-    """:func:`record_sample` inside the caller's transaction (the answer's end writes it with the
-    request's success: one commit)."""
     if reported_prompt_tokens is None or reported_prompt_tokens <= 0 or estimate <= 0:
         return False
     await execute(
-        session,
+        tx,
         queries.add_calibration_sample,
         {**_key(provider, model), "estimate": estimate, "reported": reported_prompt_tokens},
     )

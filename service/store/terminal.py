@@ -21,7 +21,7 @@ from typing import Any, Literal, cast
 
 from service.store import calibration, jobs, ledger, queries
 from service.store.execute import Executor, execute, fetch_one, json_text, notify, transaction
-from service.store.lease import write_if_held
+from service.store.lease import emit_if_held
 from service.store.models import RequestRow
 from service.store.records import request_record
 from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
@@ -162,7 +162,7 @@ async def finish_succeeded(
         if tail is not None:
             added = True  # a retried end whose first COMMIT was applied finds its call recorded
             if tail.call is not None:
-                appended = await ledger.add_call(session, request_id, tail.call)
+                appended = await ledger.append_calls(session, request_id, [tail.call])
                 usage, added = (appended.usage if appended.added else None), appended.added
             if tail.sample is not None and added:
                 sample = tail.sample
@@ -174,7 +174,7 @@ async def finish_succeeded(
                 events.append(("delta", {"text": tail.delta}))
             if usage is not None:
                 events.append(("usage", {"usage": usage}))
-            if events and not await write_if_held(session, request_id, owner, events):
+            if events and not await emit_if_held(session, request_id, owner, events):
                 return None
         ended = await finish_request(
             session,

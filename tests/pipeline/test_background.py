@@ -483,9 +483,9 @@ async def test_a_snapshot_job_makes_no_summary_when_the_learned_ratio_says_it_fi
     # of our estimates (5 samples, ratio 0.5), so a question on the snapshot fits without compaction
     # (SPEC §5.1: the ratio decides every fit) and the job ends without a call.
     settings = _settings(database_url, server, context_window=64000)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         for _ in range(5):
-            await calibration.record_sample(session, "openai", "scripted-model", 2000, 1000)
+            await calibration.add_sample(session, "openai", "scripted-model", 2000, 1000)
     handle = await start_worker(settings, db)
     try:
         sid = await make_session(db)

@@ -276,7 +276,8 @@ async def test_a_job_call_appended_twice_is_recorded_once(db: Database, running_
     entry = ledger.CallEntry(purpose="qa_summary", model="m", status="ok", reported=True, input_tokens=40)
     for _ in range(2):
         async with db.connection() as conn:
-            usage = await ledger.append_calls(conn, running_job, [entry], job=True)
+            appended = await ledger.append_calls(conn, running_job, [entry], job=True)
+    usage = appended.usage
     assert [c["call_id"] for c in usage["calls"]] == [entry.call_id] and usage["input_tokens"] == 40
 
 

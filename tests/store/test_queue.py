@@ -142,10 +142,10 @@ async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) ->
     claimed = await _claim(db)
     assert claimed is not None
     await clear(db, "parent-1")
-    async with db.sessions() as session:
-        assert not await lease.emit_if_held(session, rid, "w1", "delta", {"text": "late"})
-    async with db.sessions() as session:
-        assert not await lease.emit_batch_if_held(
+    async with db.sessions() as session, session.begin():
+        assert not await lease.emit_if_held(session, rid, "w1", [("delta", {"text": "late"})])
+    async with db.sessions() as session, session.begin():
+        assert not await lease.emit_if_held(
             session, rid, "w1", [("status", {"status": "running", "stage": "answering"})], stage="answering"
         )
     async with db.sessions() as session:
@@ -210,8 +210,8 @@ async def test_sweep_reruns_once_then_fails_worker_lost_keeping_usage(db: Databa
         events = await request_events_after(session, rid, 0)
     assert [e.type for e in events][-2:] == ["status", "error"]
     # The old owner cannot write anything any more.
-    async with db.sessions() as session:
-        assert not await lease.emit_if_held(session, rid, "w2", "delta", {"text": "x"})
+    async with db.sessions() as session, session.begin():
+        assert not await lease.emit_if_held(session, rid, "w2", [("delta", {"text": "x"})])
 
 
 async def test_a_stale_run_of_the_same_process_cannot_write_once_its_request_is_claimed_again(
@@ -231,10 +231,12 @@ async def test_a_stale_run_of_the_same_process_cannot_write_once_its_request_is_
     assert fresh is not None and fresh.id == rid and fresh.owner != stale.owner
     assert lease.worker_of(fresh.owner) == lease.worker_of(stale.owner) == "host:1:abc"
     async with db.sessions() as session:
-        assert not await lease.emit_if_held(session, rid, stale.owner, "delta", {"text": "stale"})
+        async with session.begin():
+            assert not await lease.emit_if_held(session, rid, stale.owner, [("delta", {"text": "stale"})])
         held = await queue.heartbeat(session, requests={rid: stale.owner}, lease_s=60.0)
         assert held.requests == set()
-        assert await lease.emit_if_held(session, rid, fresh.owner, "delta", {"text": "fresh"})
+        async with session.begin():
+            assert await lease.emit_if_held(session, rid, fresh.owner, [("delta", {"text": "fresh"})])
         assert (await queue.heartbeat(session, requests={rid: fresh.owner}, lease_s=60.0)).requests == {rid}
         deltas = [e.data["text"] for e in await request_events_after(session, rid, 0) if e.type == "delta"]
     assert deltas == ["fresh"]
