@@ -293,6 +293,68 @@ def summary_merge(
     }
 
 
+# ---------------------------------------------------------------------------------------------------
+# Terminal error objects (SPEC §3 ``error``: ``{code, message, detail}``): one constructor per way the
+# service itself ends a request or a job, so every writer — the store, the pipeline, the worker —
+# builds the same object, and SQL takes it as a parameter instead of spelling it out.
+
+CANCELLED_BY_CLIENT: Final = "cancelled by the client"
+CANCELLED_BY_CLEAR: Final = "cancelled because the session was cleared"
+
+RequeueReason = Literal["worker_stopped", "worker_lost"]
+
+
+def terminal_error(code: str, message: str, detail: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An error object: ``code``, ``message``, ``detail`` (an object, empty when there is nothing)."""
+    return {"code": code, "message": message, "detail": dict(detail or {})}
+
+
+def cancelled_error(message: str = "the request was cancelled") -> dict[str, Any]:
+    """A request cancelled (by its client, a clear, or its worker settling a cancel)."""
+    return terminal_error("cancelled", message)
+
+
+def session_cleared_error() -> dict[str, Any]:
+    """A background job (or a request's registration) ended by a clear of its session."""
+    return terminal_error("cancelled", "the session was cleared")
+
+
+def taken_over_error() -> dict[str, Any]:
+    """A queued background job a waiting request took over: the request makes the summary itself."""
+    return terminal_error("taken_over", "a request that needed it made it itself")
+
+
+def worker_lost_error(attempts: int, stage: str | None, what: Literal["request", "job"]) -> dict[str, Any]:
+    """A request or job whose worker stopped answering on its last attempt (the sweep's verdict)."""
+    return terminal_error(
+        "worker_lost",
+        f"the worker running this {what} stopped answering ({attempts} attempts)",
+        {"attempts": attempts, "stage": stage},
+    )
+
+
+def timeout_error(what: str, timeout_s: float, stage: str | None) -> dict[str, Any]:
+    """``what`` (the side request, the background job) did not finish within its deadline."""
+    return terminal_error(
+        "timeout",
+        f"{what} did not finish within its {timeout_s:g}s deadline",
+        {"timeout_s": timeout_s, "stage": stage},
+    )
+
+
+def snapshot_missing_error() -> dict[str, Any]:
+    """A background job whose snapshot is no longer stored."""
+    return terminal_error("snapshot_missing", "snapshot gone")
+
+
+def rerun(reason: RequeueReason, stage: str | None, attempt: int | None = None) -> dict[str, Any]:
+    """The ``progress`` event of a request sent back to the queue: its worker stopped (``worker_stopped``,
+    the attempt does not count) or was lost (``worker_lost``, ``attempt`` it was on); clients discard
+    the text streamed so far, since the answer starts again."""
+    event: dict[str, Any] = {"stage": stage, "what": f"{reason}_rerun"}
+    return _present(event, attempt=attempt, discard_streamed_text=True)
+
+
 def integral(value: object) -> int | None:
     """A JSON integer as an int: ``5`` and ``5.0`` are one number (JSON Schema agrees); ``true`` is not."""
     if isinstance(value, bool):

@@ -38,6 +38,7 @@ from service.pipeline.runtime import PipelineDeps, RequestRuntime
 from service.pipeline.summaries import summary_runner
 from service.store import queue, terminal
 from service.store.db import is_unavailable
+from service.store.execute import transaction
 from service.summary.prompts import AnswerRequest
 from service.vocabulary import Stage, Status
 
@@ -203,14 +204,12 @@ class _Request:
         error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
         with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
             await rt.flush()  # the stages it reached come before its end (after a background flush)
-        async with rt.db.connection() as conn:
+        async with rt.db.connection() as conn, transaction(conn):
             return await terminal.finish_failed(
                 conn,
                 rt.claimed.id,
                 rt.owner,
-                code=error["code"],
-                message=error["message"],
-                detail=error["detail"],
+                error=error,
                 model=rt.answer_model,
                 context_info=rt.info.to_json(),
             )

@@ -84,7 +84,9 @@ async def wait_for_job(
                 queued_since = clock() if queued_since is None else queued_since
                 if clock() - queued_since >= QUEUED_GRACE_S:
                     async with db.sessions() as session:
-                        if await jobs.take_over(session, job_id):
+                        async with session.begin():
+                            taken = await jobs.take_over(session, job_id)
+                        if taken:
                             state = await jobs.job_state(session, job_id)
             else:
                 queued_since = None

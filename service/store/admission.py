@@ -38,10 +38,13 @@ from service.store.sessions import (
     store_snapshot,
 )
 from service.store.terminal import finish_request
-from service.vocabulary import CANCEL_CHANNEL, Status
-
-CANCELLED_BY_CLIENT = "cancelled by the client"
-CANCELLED_BY_CLEAR = "cancelled because the session was cleared"
+from service.vocabulary import (
+    CANCEL_CHANNEL,
+    CANCELLED_BY_CLEAR,
+    CANCELLED_BY_CLIENT,
+    Status,
+    cancelled_error,
+)
 
 
 class QueueFull(SidequestError):
@@ -309,10 +312,6 @@ async def _admit_in_transaction(
     return admitted
 
 
-def _cancelled(message: str) -> dict[str, Any]:
-    return {"code": "cancelled", "message": message, "detail": {}}
-
-
 async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) -> bool:
     """Cancel one queued or running request through THE terminal transition (terminal.finish_request),
     guarded by the status it leaves, and tell its worker; False when it had already ended."""
@@ -322,7 +321,7 @@ async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) ->
         status=Status.CANCELLED,
         owner=None,
         from_statuses=(Status.QUEUED, Status.RUNNING),
-        error=_cancelled(message),
+        error=cancelled_error(message),
     )
     if ended is None:
         return False

@@ -1,4 +1,4 @@
-"""Background summary jobs (SPEC §6.6): enqueue, claim, finish, and the single-flight registry.
+"""Background summary jobs (SPEC §6.6): enqueue, claim, requeue, finish, and the single-flight registry.
 
 Jobs are rows claimed exactly like requests — ``FOR UPDATE SKIP LOCKED`` under a claim advisory lock
 that enforces a global cap (``SIDEQUEST_MAX_BACKGROUND_CONCURRENCY``), a lease extended by the worker's
@@ -39,7 +39,16 @@ from service.store.execute import (
     json_text,
     notify,
 )
-from service.vocabulary import CANCEL_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
+from service.vocabulary import (
+    CANCEL_CHANNEL,
+    JobKind,
+    RequeueReason,
+    Status,
+    TerminalStatus,
+    session_cleared_error,
+    taken_over_error,
+    utc_iso,
+)
 
 # Key of the advisory lock that serialises job claims (requests have their own).
 JOB_CLAIM_LOCK_KEY = 0x5EDE_0002
@@ -230,23 +239,26 @@ async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int
 
 
 async def finish_job(
-    x: Executor,
+    tx: Executor,
     job_id: uuid.UUID,
     owner: str | None,
     *,
     status: TerminalStatus,
-    calls: int,
+    calls: int | None,
     covered: dict[str, Any] | None = None,
     error: dict[str, Any] | None = None,
+    from_statuses: tuple[Status, ...] = (Status.RUNNING,),
 ) -> bool:
-    """The one terminal transition of a background job, in the caller's transaction.
+    """THE terminal transition of a job, inside the caller's transaction: its worker's end, the
+    sweep, a take-over, a clear.
 
-    Guarded by ``status = 'running'`` and, when ``owner`` is given, the lease: a job cancelled by a
-    clear or taken over by the sweep is not written again. Appends the ``memory`` event and NOTIFYs
-    the job queue (a background slot is free). Returns whether it wrote.
+    Guarded by the statuses it leaves (``from_statuses``) and, when ``owner`` is given, the lease: a
+    job cancelled by a clear or taken over by the sweep is not written again. ``calls`` None keeps
+    the count on the row. Appends the ``memory`` event (not for a request's registration) and, when
+    the job was running, NOTIFYs the job queue that a background slot is free. Returns whether it wrote.
     """
     row = await fetch_one(
-        x,
+        tx,
         queries.finish_job,
         {
             "id": job_id,
@@ -255,41 +267,34 @@ async def finish_job(
             "covered": None if covered is None else json_text(covered),
             "error": None if error is None else json_text(error),
             "owner": owner,
+            "from_statuses": [str(s) for s in from_statuses],
         },
     )
     if row is None:
         return False
     if row["made_by"] == "background":
-        await _memory_event(x, row["session_id"], job_id, row["kind"], status, calls, covered, notify="freed")
+        freed = "freed" if row["left_status"] == Status.RUNNING else None
+        await _memory_event(tx, row["session_id"], job_id, row["kind"], status, row["calls"], covered, freed)
     return True
 
 
-async def release_job(session: AsyncSession, job_id: uuid.UUID, owner: str) -> None:
-    """Give a held job back to the queue (graceful worker stop; the attempt does not count)."""
-    row = (
-        await session.execute(
-            queries.release_job,
-            {"id": job_id, "owner": owner},
-        )
-    ).one_or_none()
-    if row is not None:
-        await _memory_event(
-            session, row.session_id, job_id, row.kind, Status.QUEUED, row.calls, None, notify="queued"
-        )
-
-
-async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
-    """Put a job whose worker died back in the queue (the sweep), in the caller's transaction."""
-    row = (
-        await session.execute(
-            queries.requeue_job,
-            {"id": job_id},
-        )
-    ).one_or_none()
-    if row is not None:
-        await _memory_event(
-            session, row.session_id, job_id, row.kind, Status.QUEUED, row.calls, None, notify="queued"
-        )
+async def requeue_job(
+    tx: Executor, job_id: uuid.UUID, *, reason: RequeueReason, owner: str | None = None
+) -> bool:
+    """THE way back to ``queued`` of a running job, inside the caller's transaction: a worker's
+    graceful stop (``worker_stopped``, guarded by its ``owner``; the attempt does not count) or the
+    sweep (``worker_lost``). Appends the ``memory`` event and NOTIFYs that there is work to do."""
+    row = await fetch_one(
+        tx,
+        queries.requeue_job,
+        {"id": job_id, "owner": owner, "attempt_counts": reason == "worker_lost"},
+    )
+    if row is None:
+        return False
+    await _memory_event(
+        tx, row["session_id"], job_id, row["kind"], Status.QUEUED, row["calls"], None, "queued"
+    )
+    return True
 
 
 async def count_calls(x: Executor, job_id: uuid.UUID, n: int = 1) -> None:
@@ -299,20 +304,19 @@ async def count_calls(x: Executor, job_id: uuid.UUID, n: int = 1) -> None:
         await execute(x, queries.count_job_calls, {"id": job_id, "n": n})
 
 
-async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
-    """A waiting request takes a still-queued job over: the job ends ``cancelled`` (code
-    ``taken_over``) and the request makes the summary itself; commits. False if it started meanwhile."""
-    async with session.begin():
-        row = (
-            await session.execute(
-                queries.take_over_job,
-                {"id": job_id},
-            )
-        ).one_or_none()
-        if row is None:
-            return False
-        await _memory_event(session, row.session_id, job_id, row.kind, Status.CANCELLED, row.calls, None)
-    return True
+async def take_over(tx: Executor, job_id: uuid.UUID) -> bool:
+    """A waiting request takes a still-queued job over, inside the caller's transaction: the job ends
+    ``cancelled`` (code ``taken_over``) and the request makes the summary itself. False if it started
+    meanwhile."""
+    return await finish_job(
+        tx,
+        job_id,
+        None,
+        status=Status.CANCELLED,
+        calls=None,
+        error=taken_over_error(),
+        from_statuses=(Status.QUEUED,),
+    )
 
 
 async def take_key(x: Executor, job_id: uuid.UUID, key: str) -> bool:
@@ -325,23 +329,27 @@ async def take_key(x: Executor, job_id: uuid.UUID, key: str) -> bool:
     return taken is not None
 
 
-async def cancel_session_jobs(session: AsyncSession, session_id: uuid.UUID) -> list[uuid.UUID]:
-    """Cancel the session's queued and running jobs (a clear), in the caller's transaction.
+async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> list[uuid.UUID]:
+    """Cancel the session's queued and running jobs (a clear), inside the caller's transaction.
 
-    Running ones are told through ``NOTIFY sidequest_cancel`` (payload ``job:<id>``); their late
-    summary writes are refused anyway by the bumped ``clear_version`` (SPEC §6.5).
+    Each ends through :func:`finish_job`; running ones are told through ``NOTIFY sidequest_cancel``
+    (payload ``job:<id>``), and their late summary writes are refused anyway by the bumped
+    ``clear_version`` (SPEC §6.5).
     """
-    rows = (
-        await session.execute(
-            queries.cancel_session_jobs,
-            {"sid": session_id},
+    cancelled: list[uuid.UUID] = []
+    for row in await fetch_all(tx, queries.active_session_jobs, {"sid": session_id}):
+        await finish_job(
+            tx,
+            row["id"],
+            None,
+            status=Status.CANCELLED,
+            calls=None,
+            error=session_cleared_error(),
+            from_statuses=(Status.QUEUED, Status.RUNNING),
         )
-    ).all()
-    for row in rows:
-        await notify(session, CANCEL_CHANNEL, f"job:{row.id}")
-        if row.made_by != "request":
-            await _memory_event(session, session_id, row.id, row.kind, Status.CANCELLED, row.calls, None)
-    return [row.id for row in rows]
+        await notify(tx, CANCEL_CHANNEL, f"job:{row['id']}")
+        cancelled.append(row["id"])
+    return cancelled
 
 
 def _state(row: Row) -> JobState:
@@ -424,7 +432,6 @@ __all__ = [
     "job_state",
     "read_job_stats",
     "register_inline",
-    "release_job",
     "requeue_job",
     "take_key",
     "take_over",

@@ -42,7 +42,7 @@ from service.store import jobs, lease, queue, terminal
 from service.store.admission import purge_cleared
 from service.store.db import Database, is_unavailable, outage_line_due, unusable_reason
 from service.store.listener import WORKER_CHANNELS, Listener
-from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status
+from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status, cancelled_error
 
 log = logging.getLogger(__name__)
 
@@ -376,18 +376,13 @@ class Worker:
             log.info("request %s ended: %s", claimed.id, outcome.status)
 
     async def _settle_request(self, claimed: queue.Claimed, reason: CancelReason) -> None:
-        async with self.db.sessions() as session:
+        async with self.db.sessions() as session, session.begin():
             if reason == "shutdown":
-                await queue.release(session, claimed.id, claimed.owner)
+                await queue.requeue_request(session, claimed.id, reason="worker_stopped", owner=claimed.owner)
             elif reason == "cancelled":
                 # Normally the API wrote the terminal state already and this is a no-op.
                 await terminal.finish_failed(
-                    session,
-                    claimed.id,
-                    claimed.owner,
-                    code="cancelled",
-                    message="the request was cancelled",
-                    status=Status.CANCELLED,
+                    session, claimed.id, claimed.owner, error=cancelled_error(), status=Status.CANCELLED
                 )
 
     # ------------------------------------------------------------------ background jobs
@@ -411,7 +406,7 @@ class Worker:
         # A shutdown gives the job back (attempt not counted); a clear already ended it.
         async with self.db.sessions() as session, session.begin():
             if reason == "shutdown":
-                await jobs.release_job(session, job.id, job.owner)
+                await jobs.requeue_job(session, job.id, reason="worker_stopped", owner=job.owner)
 
     # ------------------------------------------------------------------ liveness
 
@@ -443,7 +438,7 @@ class Worker:
         interval = max(self.settings.poll_s, min(self.settings.lease_s / 2, 10.0))
         while True:
             try:
-                async with self.db.sessions() as session:
+                async with self.db.sessions() as session, session.begin():
                     result = await queue.sweep_expired(session)
                 if result.requeued or result.failed or result.jobs_requeued or result.jobs_failed:
                     log.warning(

@@ -305,7 +305,7 @@ async def test_the_sweep_reruns_a_lost_job_once_then_fails_it(db: Database) -> N
             claimed = await jobs.claim_job(session, owner=f"dead-{attempt}", lease_s=0.01, max_running=10)
         assert claimed is not None and claimed.attempt == attempt
         await asyncio.sleep(0.05)
-        async with db.sessions() as session:
+        async with db.sessions() as session, session.begin():
             swept = await queue.sweep_expired(session)
         if attempt == 1:
             assert swept.jobs_requeued == [job_id] and await _job_is(db, job_id, "queued")

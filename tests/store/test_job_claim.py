@@ -121,7 +121,7 @@ async def test_the_claim_keeps_the_cap_and_one_running_job_per_session_and_kind(
     # the cap of 3 stops the fourth claim although session one's second fold is still queued.
     assert [c.id if c else None for c in claimed] == [first, other_kind, other_session, None]
     assert await _sql(db, "SELECT status FROM side_question_jobs WHERE id = :id", id=same_kind) == "queued"
-    async with db.connection() as conn:
+    async with db.connection() as conn, conn.transaction():
         ended = await jobs.finish_job(
             conn, first, "w1", status=Status.SUCCEEDED, calls=0, covered=None, error=None
         )
@@ -190,7 +190,7 @@ async def test_a_context_summary_job_is_claimed_with_its_snapshot_s_content_hash
     missing = await _enqueue(db, sid, JobKind.CONTEXT_SUMMARY, "snapshot:gone", {"snapshot_id": "gone"})
     first = await _claim(db)
     assert first is not None and first.id == named and first.snapshot_hash == stored
-    async with db.connection() as conn:
+    async with db.connection() as conn, conn.transaction():
         assert await jobs.finish_job(conn, named, "w1", status=Status.SUCCEEDED, calls=0)
     second = await _claim(db)
     assert second is not None and second.id == missing and second.snapshot_hash is None

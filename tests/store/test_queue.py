@@ -12,6 +12,7 @@ from service.store import calibration, lease, ledger, queue, terminal
 from service.store.db import Database
 from service.store.events import request_events_after
 from service.store.models import RequestRow
+from service.vocabulary import terminal_error
 from tests.factories import admit, clear, make_session
 
 
@@ -30,7 +31,7 @@ async def _status(db: Database, request_id: uuid.UUID) -> str:
 
 
 async def _finish(db: Database, claimed: queue.Claimed, owner: str = "w1") -> None:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         record = await terminal.finish_succeeded(
             session,
             claimed.id,
@@ -148,7 +149,7 @@ async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) ->
         assert not await lease.emit_if_held(
             session, rid, "w1", [("status", {"status": "running", "stage": "answering"})], stage="answering"
         )
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         record = await terminal.finish_succeeded(
             session,
             rid,
@@ -161,7 +162,9 @@ async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) ->
         )
         assert record is None
     async with db.sessions() as session:
-        assert not await terminal.finish_failed(session, rid, "w1", code="timeout", message="late")
+        async with session.begin():
+            error = terminal_error("timeout", "late")
+            assert not await terminal.finish_failed(session, rid, "w1", error=error)
         events = await request_events_after(session, rid, 0)
     assert events[-1].type == "error" and events[-1].data["code"] == "cancelled"
     assert await _status(db, rid) == "cancelled"
@@ -191,7 +194,7 @@ async def test_sweep_reruns_once_then_fails_worker_lost_keeping_usage(db: Databa
             text("""UPDATE side_question_requests SET usage = jsonb_set(usage, '{input_tokens}', '7')""")
         )
     await asyncio.sleep(0.1)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         result = await queue.sweep_expired(session)
     assert result.requeued == [rid] and result.failed == []
     assert await _status(db, rid) == "queued"
@@ -199,7 +202,7 @@ async def test_sweep_reruns_once_then_fails_worker_lost_keeping_usage(db: Databa
     again = await _claim(db, owner="w2", lease_s=0.05)
     assert again is not None and again.id == rid and again.attempt == 2
     await asyncio.sleep(0.1)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         result = await queue.sweep_expired(session)
     assert result.failed == [rid]
     async with db.sessions() as session:
@@ -225,7 +228,7 @@ async def test_a_stale_run_of_the_same_process_cannot_write_once_its_request_is_
     stale = await _claim(db, owner=lease.claim_owner("host:1:abc"), lease_s=0.05)
     assert stale is not None
     await asyncio.sleep(0.1)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert (await queue.sweep_expired(session)).requeued == [rid]
     fresh = await _claim(db, owner=lease.claim_owner("host:1:abc"), lease_s=30.0)
     assert fresh is not None and fresh.id == rid and fresh.owner != stale.owner
@@ -246,7 +249,7 @@ async def test_sweep_leaves_live_leases_alone(db: Database) -> None:
     sid = await make_session(db)
     await admit(db, sid, "q")
     assert await _claim(db, lease_s=30) is not None
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         result = await queue.sweep_expired(session)
     assert result.requeued == [] and result.failed == []
 
@@ -255,11 +258,11 @@ async def test_release_requeues_without_counting_an_attempt(db: Database) -> Non
     sid = await make_session(db)
     rid = await admit(db, sid, "q")
     assert await _claim(db) is not None
-    async with db.sessions() as session:
-        assert await queue.release(session, rid, "w1")
+    async with db.sessions() as session, session.begin():
+        assert await queue.requeue_request(session, rid, reason="worker_stopped", owner="w1")
     async with db.sessions() as session:
         events = await request_events_after(session, rid, 0)
-    assert [(e.type, e.data.get("status"), e.data.get("action")) for e in events][-2:] == [
+    assert [(e.type, e.data.get("status"), e.data.get("what")) for e in events][-2:] == [
         ("progress", None, "worker_stopped_rerun"),
         ("status", "queued", None),
     ]
@@ -290,7 +293,7 @@ def _tail() -> terminal.AnswerTail:
 
 
 async def _succeed_with_tail(db: Database, rid: uuid.UUID) -> dict[str, Any] | None:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         return await terminal.finish_succeeded(
             session,
             rid,

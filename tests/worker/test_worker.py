@@ -150,7 +150,7 @@ async def test_expired_lease_on_a_second_attempt_fails_worker_lost(
 
 
 async def _sweep_once(db: Database) -> bool:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         return bool((await queue.sweep_expired(session)).requeued)
 
 
