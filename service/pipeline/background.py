@@ -34,7 +34,7 @@ from service.pipeline.recorder import JobRecorder
 from service.pipeline.runtime import PipelineDeps
 from service.pipeline.summaries import MASKED_MATERIAL
 from service.store import jobs, memory
-from service.store.execute import transaction
+from service.store.execute import committed, transaction
 from service.store.history import iter_history
 from service.summary.context import compact_snapshot
 from service.summary.material import QAPair
@@ -206,7 +206,7 @@ async def _context_summary(
     cache = parse_cache(job.memory.get("context_summaries") or [])
     if any(entry.key == key for entry in cache):
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": until, "reason": "cached"})
-    async with deps.db.connection() as conn:
+    async with deps.db.connection() as conn, committed(conn):
         if not await jobs.take_key(conn, job.id, key):
             # A request (or a job for the same content under another id) is making it right now.
             return JobOutcome(

@@ -138,7 +138,7 @@ class JobRecorder:
         await write_retrying(write)
 
     async def _count(self, attempts: list[None]) -> None:
-        async with self._db.connection() as conn:
+        async with self._db.connection() as conn, committed(conn):
             await jobs.count_calls(conn, self._job_id, len(attempts))
 
 

@@ -85,7 +85,7 @@ class PreparedSnapshots:
             self.hits += 1
             return found
         self.misses += 1
-        async with db.sessions() as session:
+        async with db.sessions() as session, session.begin():
             loaded = await load_prepared_snapshot(session, session_id, snapshot_id)
         if loaded is None:
             return None

@@ -138,7 +138,7 @@ async def registered(
     The registration ends when the block does (made or not): the key is free again, and a failed
     attempt never blocks the next one.
     """
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         registration = await jobs.register_inline(
             session,
             session_id,
@@ -158,7 +158,7 @@ async def registered(
         ok = True
     finally:
         with contextlib.suppress(Exception):  # best effort: an unended registration expires by lease
-            async with db.sessions() as session:
+            async with db.sessions() as session, session.begin():
                 await jobs.end_inline(session, registration, ok=ok)
 
 

@@ -250,14 +250,15 @@ async def admit(
     for a first request.
 
     An inline snapshot is first stored through :func:`store_snapshot`, then the same SQL function runs
-    in that transaction (and NOTIFYs there), which a refusal rolls back. Given an ``AsyncSession``
-    (a fresh one: it is committed or rolled back here), everything runs that way, in its transaction.
+    in that transaction (and NOTIFYs there), which a refusal rolls back. Given an ``AsyncSession``,
+    everything runs that way, inside the caller's transaction (a refusal raises: the caller's
+    ``session.begin()`` rolls it back).
     """
     try:
         if isinstance(db, AsyncSession):
             return await _admit_in_transaction(db, tenant, parent_id, admission, max_queued=max_queued)
         if admission.snapshot is not None:
-            async with db.sessions() as session:
+            async with db.sessions() as session, session.begin():
                 return await _admit_in_transaction(
                     session, tenant, parent_id, admission, max_queued=max_queued
                 )
@@ -281,34 +282,29 @@ async def admit(
 async def _admit_in_transaction(
     session: AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
-    try:
-        snapshot_id = admission.snapshot_id
-        stored: StoredSnapshot | None = None
-        if admission.snapshot is not None:
-            owner = await lock_or_create_session(session, tenant, parent_id)
-            own_id = admission.snapshot.get("snapshot_id")
-            stored = await store_snapshot(
-                session,
-                owner.id,
-                own_id if isinstance(own_id, str) and own_id else None,
-                admission.snapshot,
-                owner=owner,
-                jobs=admission.snapshot_jobs,
-                encoded=admission.snapshot_encoding,
-                prepared=admission.snapshot_prepared,
-            )
-            snapshot_id = stored.snapshot_id
-        args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
-        params = dict(zip(_PARAMS, args, strict=True))
-        params["snapshot_stored"] = admission.snapshot is not None
-        row = dict((await session.execute(queries.admit_in_transaction, params)).mappings().one())
-        outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
-        request = row if row["id"] is not None else None
-        admitted = _outcome(outcome, detail, superseded, request, parent_id, admission, snapshot_id)
-    except Exception:
-        await session.rollback()
-        raise
-    await session.commit()
+    snapshot_id = admission.snapshot_id
+    stored: StoredSnapshot | None = None
+    if admission.snapshot is not None:
+        owner = await lock_or_create_session(session, tenant, parent_id)
+        own_id = admission.snapshot.get("snapshot_id")
+        stored = await store_snapshot(
+            session,
+            owner.id,
+            own_id if isinstance(own_id, str) and own_id else None,
+            admission.snapshot,
+            owner=owner,
+            jobs=admission.snapshot_jobs,
+            encoded=admission.snapshot_encoding,
+            prepared=admission.snapshot_prepared,
+        )
+        snapshot_id = stored.snapshot_id
+    args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
+    params = dict(zip(_PARAMS, args, strict=True))
+    params["snapshot_stored"] = admission.snapshot is not None
+    row = dict((await session.execute(queries.admit_in_transaction, params)).mappings().one())
+    outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
+    request = row if row["id"] is not None else None
+    admitted = _outcome(outcome, detail, superseded, request, parent_id, admission, snapshot_id)
     return admitted
 
 
@@ -330,7 +326,8 @@ async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) ->
 
 
 async def cancel_request(session: AsyncSession, tenant: str, request_id: uuid.UUID) -> dict[str, Any] | None:
-    """Cancel a queued or running request of the tenant and commit; None when not found.
+    """Cancel a queued or running request of the tenant, inside the caller's transaction; None when
+    not found.
 
     Idempotent: a terminal request is returned unchanged. A running one gets its terminal state
     from here at once and its worker is told through ``NOTIFY sidequest_cancel``.
@@ -352,13 +349,11 @@ async def cancel_request(session: AsyncSession, tenant: str, request_id: uuid.UU
         select(RequestRow).where(RequestRow.id == request_id).execution_options(populate_existing=True)
     )
     assert row is not None
-    record = request_record(row, owner.parent_id)
-    await session.commit()
-    return record
+    return request_record(row, owner.parent_id)
 
 
 async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
-    """Clear a session and commit; None when the tenant has no such session.
+    """Clear a session, inside the caller's transaction; None when the tenant has no such session.
 
     Cancels queued and running requests (their streams end with ``error`` code ``cancelled``),
     hides every request at once (``deleted_at``; a later sweep purges them), resets memory and
@@ -406,7 +401,6 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
         "cleared_requests": int(removed or 0),
         "cancelled_requests": len(active),
     }
-    await session.commit()
     return result
 
 

@@ -200,10 +200,10 @@ def _iso_seconds(moment: datetime | None) -> str | None:
 async def create_handoff(
     session: AsyncSession, tenant: str, parent_id: str, ask: HandoffAsk
 ) -> HandoffOutcome | None:
-    """Build and record a hand-off in one transaction and commit; None when the session is unknown.
+    """Build and record a hand-off inside the caller's transaction; None when the session is unknown.
 
     Raises :class:`UnknownOrdinals` (an asked ordinal is not a succeeded request) and
-    :class:`HandoffIdempotencyConflict`; both roll back, so a refusal writes nothing. Nothing to
+    :class:`HandoffIdempotencyConflict`, before any write, so a refusal writes nothing. Nothing to
     hand off → an empty object (``ordinals: []``), nothing recorded.
     """
     owner = await lock_session(session, tenant, parent_id)
@@ -218,7 +218,6 @@ async def create_handoff(
         if earlier is not None:
             if earlier.body_hash != ask.body_hash:
                 raise HandoffIdempotencyConflict()
-            await session.commit()
             return HandoffOutcome(public_handoff(earlier, owner.parent_id), created=False)
     rows = await _candidates(session, owner, ask)
     times = await _snapshot_times(session, owner.id, {r.snapshot_id for r in rows if r.snapshot_id})
@@ -239,7 +238,6 @@ async def create_handoff(
         )
     block = build_handoff(items, await _summary_for(session, owner, ask), ask.max_tokens)
     if block is None:
-        await session.commit()
         return HandoffOutcome(_empty(owner.parent_id, ask), created=False)
 
     handoff_id = uuid.uuid4()
@@ -301,9 +299,7 @@ async def create_handoff(
             "handed_off_through": owner.handed_off_through,
         },
     )
-    result = public_handoff(row, owner.parent_id)
-    await session.commit()
-    return HandoffOutcome(result, created=True)
+    return HandoffOutcome(public_handoff(row, owner.parent_id), created=True)
 
 
 def _handoff_cursor(before: str) -> uuid.UUID:
@@ -358,7 +354,8 @@ async def list_handoffs(
 async def set_pinned(
     session: AsyncSession, tenant: str, request_id: uuid.UUID, pinned: bool
 ) -> dict[str, Any] | None:
-    """Pin (a succeeded request only, else :class:`NotPinnable`) or unpin; idempotent; commits.
+    """Pin (a succeeded request only, else :class:`NotPinnable`) or unpin; idempotent; inside the
+    caller's transaction.
 
     None when the request is not the tenant's or was cleared.
     """
@@ -371,9 +368,7 @@ async def set_pinned(
     if row.pinned != pinned:
         row.pinned = pinned
         await session.flush()
-    record = request_record(row, owner.parent_id)
-    await session.commit()
-    return record
+    return request_record(row, owner.parent_id)
 
 
 async def delete_handoffs(session: AsyncSession, session_id: uuid.UUID) -> int:

@@ -31,7 +31,6 @@ from service.store import queries
 from service.store.execute import (
     Executor,
     Row,
-    committed,
     execute,
     fetch_all,
     fetch_one,
@@ -158,7 +157,7 @@ async def enqueue_job(
 
 
 async def register_inline(
-    session: AsyncSession,
+    tx: Executor,
     session_id: uuid.UUID,
     *,
     kind: JobKind,
@@ -168,39 +167,39 @@ async def register_inline(
     clear_version: int,
     lease_s: float,
 ) -> uuid.UUID | None:
-    """Register that a request makes this summary itself (single flight); commits.
+    """Register that a request makes this summary itself (single flight), inside the caller's
+    transaction.
 
     Returns the registration's id, or None when a job (or another registration) already holds the
     key — the caller then waits for that one instead.
     """
-    async with session.begin():
-        registration: uuid.UUID | None = await session.scalar(
-            queries.register_inline,
-            {
-                "id": uuid.uuid4(),
-                "sid": session_id,
-                "kind": kind,
-                "key": key,
-                "params": json_text({"made_by": "request", "request_id": str(request_id)}),
-                "cv": clear_version,
-                "owner": owner,
-                "lease_s": lease_s,
-            },
-        )
-        return registration
+    registration: uuid.UUID | None = await fetch_value(
+        tx,
+        queries.register_inline,
+        {
+            "id": uuid.uuid4(),
+            "sid": session_id,
+            "kind": str(kind),
+            "key": key,
+            "params": json_text({"made_by": "request", "request_id": str(request_id)}),
+            "cv": clear_version,
+            "owner": owner,
+            "lease_s": float(lease_s),
+        },
+    )
+    return registration
 
 
-async def end_inline(session: AsyncSession, registration_id: uuid.UUID, *, ok: bool) -> None:
-    """End a request's registration (made or not): the key is free again; commits."""
-    async with session.begin():
-        await session.execute(
-            queries.end_inline,
-            {"id": registration_id, "status": Status.SUCCEEDED if ok else Status.FAILED},
-        )
+async def end_inline(tx: Executor, registration_id: uuid.UUID, *, ok: bool) -> None:
+    """End a request's registration (made or not), inside the caller's transaction: the key is free
+    again."""
+    status = Status.SUCCEEDED if ok else Status.FAILED
+    await execute(tx, queries.end_inline, {"id": registration_id, "status": str(status)})
 
 
-async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
-    """Claim the oldest queued background job under the global background cap; commits.
+async def claim_job(tx: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
+    """Claim the oldest queued background job under the global background cap, inside the caller's
+    transaction.
 
     One statement (``sidequest_claim_job``), as a request's claim: the job claims' advisory lock,
     the cap (running background jobs, never a request's registration), the pick — one running job
@@ -208,18 +207,17 @@ async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int
     session's context summary — the start under a lease, the ``running`` memory event; and what the
     job reads of its session. The worker runs it on a plain connection.
     """
-    async with committed(x):
-        row = await fetch_one(
-            x,
-            queries.claim_job,
-            {
-                "owner": owner,
-                "lease_s": float(lease_s),
-                "max_running": max_running,
-                "lock_key": JOB_CLAIM_LOCK_KEY,
-                "at": utc_iso(),
-            },
-        )
+    row = await fetch_one(
+        tx,
+        queries.claim_job,
+        {
+            "owner": owner,
+            "lease_s": float(lease_s),
+            "max_running": max_running,
+            "lock_key": JOB_CLAIM_LOCK_KEY,
+            "at": utc_iso(),
+        },
+    )
     if row is None:
         return None
     return ClaimedJob(
@@ -297,11 +295,11 @@ async def requeue_job(
     return True
 
 
-async def count_calls(x: Executor, job_id: uuid.UUID, n: int = 1) -> None:
-    """``n`` more calls started by a running job (commits on its own): its ``calls`` stay current, so
-    a clear that cancels it mid-call reports the calls in flight (their usage arrives when they end)."""
-    async with committed(x):
-        await execute(x, queries.count_job_calls, {"id": job_id, "n": n})
+async def count_calls(tx: Executor, job_id: uuid.UUID, n: int = 1) -> None:
+    """``n`` more calls started by a running job, inside the caller's transaction: its ``calls`` stay
+    current, so a clear that cancels it mid-call reports the calls in flight (their usage arrives
+    when they end)."""
+    await execute(tx, queries.count_job_calls, {"id": job_id, "n": n})
 
 
 async def take_over(tx: Executor, job_id: uuid.UUID) -> bool:
@@ -319,13 +317,13 @@ async def take_over(tx: Executor, job_id: uuid.UUID) -> bool:
     )
 
 
-async def take_key(x: Executor, job_id: uuid.UUID, key: str) -> bool:
-    """Re-key a running job to the summary's real cache key, unless someone holds that key; commits.
+async def take_key(tx: Executor, job_id: uuid.UUID, key: str) -> bool:
+    """Re-key a running job to the summary's real cache key, unless someone holds that key, inside
+    the caller's transaction.
 
     False: another active job or a request's registration holds it — the summary is being made.
     """
-    async with committed(x):
-        taken = await fetch_value(x, queries.take_job_key, {"id": job_id, "key": key})
+    taken = await fetch_value(tx, queries.take_job_key, {"id": job_id, "key": key})
     return taken is not None
 
 

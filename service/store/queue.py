@@ -48,7 +48,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import jobs, queries
 from service.store.events import append_event
-from service.store.execute import Executor, committed, fetch_one
+from service.store.execute import Executor, fetch_one
 from service.store.lease import lock_if_held
 from service.store.terminal import finish_request, notify_slot_freed
 from service.vocabulary import RequeueReason, Status, rerun, utc_iso, worker_lost_error
@@ -90,34 +90,33 @@ class Claimed:
     snapshot_hash: str | None = None
 
 
-async def claim_next(session: Executor, *, owner: str, lease_s: float, max_running: int) -> Claimed | None:
+async def claim_next(tx: Executor, *, owner: str, lease_s: float, max_running: int) -> Claimed | None:
     """Claim the next request per SPEC §9, or None when the cap is reached or nothing is eligible."""
-    claimed, _full = await try_claim(session, owner=owner, lease_s=lease_s, max_running=max_running)
+    claimed, _full = await try_claim(tx, owner=owner, lease_s=lease_s, max_running=max_running)
     return claimed
 
 
 async def try_claim(
-    session: Executor, *, owner: str, lease_s: float, max_running: int
+    tx: Executor, *, owner: str, lease_s: float, max_running: int
 ) -> tuple[Claimed | None, bool]:
     """Claim the next request per SPEC §9; also says whether the cluster is at its cap (then None).
 
-    One statement (``sidequest_claim``), committed on its own (a fresh session, or — the worker's hot
-    path — a plain connection outside a transaction): lock, count, pick, mark running with stage
+    One statement (``sidequest_claim``), inside the caller's transaction (the worker's hot path runs
+    it alone on a plain connection, ``execute.committed``): lock, count, pick, mark running with stage
     ``preparing`` and a lease, stamp the session's ``last_started_at``, write the ``status`` event —
     and return what the pipeline needs (the request, the session's memory and settings).
     """
-    async with committed(session):
-        row = await fetch_one(
-            session,
-            queries.claim_request,
-            {
-                "owner": owner,
-                "lease_s": float(lease_s),
-                "max_running": max_running,
-                "lock_key": CLAIM_LOCK_KEY,
-                "at": utc_iso(),
-            },
-        )
+    row = await fetch_one(
+        tx,
+        queries.claim_request,
+        {
+            "owner": owner,
+            "lease_s": float(lease_s),
+            "max_running": max_running,
+            "lock_key": CLAIM_LOCK_KEY,
+            "at": utc_iso(),
+        },
+    )
     if row is None:
         return None, False
     if row["cluster_full"]:
@@ -151,13 +150,14 @@ class Held:
 
 
 async def heartbeat(
-    session: AsyncSession,
+    tx: AsyncSession,
     *,
     requests: Mapping[uuid.UUID, str],
     lease_s: float,
     jobs: Mapping[uuid.UUID, str] | None = None,
 ) -> Held:
-    """Extend the leases of the requests and background jobs a worker holds, in one transaction.
+    """Extend the leases of the requests and background jobs a worker holds, inside the caller's
+    transaction.
 
     ``requests`` and ``jobs`` map each id to the lease owner of the claim its run holds: a lease is
     extended only for that claim, never for an earlier one of the same process. An id missing from
@@ -169,19 +169,18 @@ async def heartbeat(
         return Held(set(), set())
     held_requests: set[uuid.UUID] = set()
     held_jobs: set[uuid.UUID] = set()
-    async with session.begin():
-        if requests:
-            rows = await session.execute(
-                queries.heartbeat_requests,
-                {"ids": list(requests), "owners": list(requests.values()), "lease_s": lease_s},
-            )
-            held_requests = {r.id for r in rows if not r.cancel_requested}
-        if jobs:
-            rows = await session.execute(
-                queries.heartbeat_jobs,
-                {"ids": list(jobs), "owners": list(jobs.values()), "lease_s": lease_s},
-            )
-            held_jobs = {r.id for r in rows}
+    if requests:
+        rows = await tx.execute(
+            queries.heartbeat_requests,
+            {"ids": list(requests), "owners": list(requests.values()), "lease_s": lease_s},
+        )
+        held_requests = {r.id for r in rows if not r.cancel_requested}
+    if jobs:
+        rows = await tx.execute(
+            queries.heartbeat_jobs,
+            {"ids": list(jobs), "owners": list(jobs.values()), "lease_s": lease_s},
+        )
+        held_jobs = {r.id for r in rows}
     return Held(held_requests, held_jobs)
 
 

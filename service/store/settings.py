@@ -132,7 +132,8 @@ async def read_settings(session: AsyncSession, tenant: str, parent_id: str) -> d
 async def update_settings(
     session: AsyncSession, tenant: str, parent_id: str, changes: dict[str, Any]
 ) -> dict[str, Any]:
-    """Apply a PUT (only the named fields; ``None`` clears one), creating the session if needed; commits.
+    """Apply a PUT (only the named fields; ``None`` clears one), creating the session if needed,
+    inside the caller's transaction.
 
     Every change is checked before the first write, so a refused PUT writes nothing (not even the
     session it would have created). Returns the whole settings object after the change.
@@ -150,7 +151,6 @@ async def update_settings(
     owner.settings = merged
     owner.updated_at = func.now()
     await session.flush()
-    await session.commit()
     return public_settings(merged)
 
 

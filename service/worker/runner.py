@@ -41,6 +41,7 @@ from service.providers.base import Provider
 from service.store import jobs, lease, queue, terminal
 from service.store.admission import purge_cleared
 from service.store.db import Database, is_unavailable, outage_line_due, unusable_reason
+from service.store.execute import committed
 from service.store.listener import WORKER_CHANNELS, Listener
 from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status, cancelled_error
 
@@ -352,7 +353,7 @@ class Worker:
     # ------------------------------------------------------------------ requests
 
     async def _claim_request(self) -> tuple[queue.Claimed | None, bool]:
-        async with self.db.connection() as conn:
+        async with self.db.connection() as conn, committed(conn):
             return await queue.try_claim(
                 conn,
                 owner=lease.claim_owner(self.owner),
@@ -388,7 +389,7 @@ class Worker:
     # ------------------------------------------------------------------ background jobs
 
     async def _claim_job(self) -> tuple[jobs.ClaimedJob | None, bool]:
-        async with self.db.connection() as conn:
+        async with self.db.connection() as conn, committed(conn):
             job = await jobs.claim_job(
                 conn,
                 owner=lease.claim_owner(self.owner),
@@ -418,7 +419,7 @@ class Worker:
             if not requests and not job_owners:
                 continue
             try:
-                async with self.db.sessions() as session:
+                async with self.db.sessions() as session, session.begin():
                     held = await queue.heartbeat(
                         session, requests=requests, jobs=job_owners, lease_s=self.settings.lease_s
                     )

@@ -257,7 +257,7 @@ async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
         return bool(server.requests("qa_summary"))
 
     await wait_for(call_in_flight, within=10)  # the clear lands while the job's call is at the model
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert await clear_session(session, "default", "parent-1") is not None
     assert await _job_is(db, job_id, "cancelled")
     await asyncio.sleep(2.0)  # past the call's delay: a late write would land now
@@ -282,7 +282,7 @@ async def test_a_job_whose_worker_died_runs_again_and_requests_are_unaffected(
     await add_history(db, sid, _history(21))
     await worker.jobs.stop()  # this process runs no jobs until the dead one's lease expired
     job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         dead = await jobs.claim_job(session, owner="dead-worker", lease_s=0.5, max_running=10)
     assert dead is not None and dead.id == job_id
     rid = await admit(db, sid, "question 22?")
@@ -301,7 +301,7 @@ async def test_the_sweep_reruns_a_lost_job_once_then_fails_it(db: Database) -> N
     sid = await make_session(db)
     job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     for attempt in (1, 2):
-        async with db.sessions() as session:
+        async with db.sessions() as session, session.begin():
             claimed = await jobs.claim_job(session, owner=f"dead-{attempt}", lease_s=0.01, max_running=10)
         assert claimed is not None and claimed.attempt == attempt
         await asyncio.sleep(0.05)

@@ -42,7 +42,7 @@ async def _enqueue(
 
 
 async def _claim(db: Database, max_running: int = 10) -> jobs.ClaimedJob | None:
-    async with db.connection() as conn:
+    async with db.connection() as conn, conn.transaction():
         return await jobs.claim_job(conn, owner="w1", lease_s=30, max_running=max_running)
 
 
@@ -104,7 +104,7 @@ async def test_the_claim_keeps_the_cap_and_one_running_job_per_session_and_kind(
     other_kind = await _enqueue(db, one, JobKind.CONTEXT_SUMMARY, "snapshot:s")
     other_session = await _enqueue(db, two, JobKind.QA_FOLD, "1-3")
     # A request's registration is running, but takes no background slot and is never claimed.
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         registered = await jobs.register_inline(
             session,
             two,

@@ -92,7 +92,7 @@ async def test_a_retried_append_whose_first_commit_landed_counts_the_call_once(d
     from service.store.events import request_events_after
 
     rid = await admit(db, await make_session(db), "q")
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         claimed = await queue.claim_next(session, owner="w1", lease_s=30.0, max_running=4)
     assert claimed is not None and claimed.id == rid
     entry = _entry(2)

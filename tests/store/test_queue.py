@@ -19,7 +19,7 @@ from tests.factories import admit, clear, make_session
 async def _claim(
     db: Database, owner: str = "w1", cap: int = 4, lease_s: float = 30.0
 ) -> queue.Claimed | None:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         return await queue.claim_next(session, owner=owner, lease_s=lease_s, max_running=cap)
 
 
@@ -122,7 +122,7 @@ async def test_heartbeat_extends_lease_and_reports_lost_requests(db: Database) -
     await admit(db, sid, "q")
     claimed = await _claim(db, lease_s=1.0)
     assert claimed is not None
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         held = await queue.heartbeat(session, requests={claimed.id: "w1"}, lease_s=60.0)
         assert held.requests == {claimed.id}
         assert (
@@ -133,7 +133,7 @@ async def test_heartbeat_extends_lease_and_reports_lost_requests(db: Database) -
         )
         assert expires is True
     await clear(db, "parent-1")
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert (await queue.heartbeat(session, requests={claimed.id: "w1"}, lease_s=60.0)).requests == set()
 
 
@@ -236,11 +236,14 @@ async def test_a_stale_run_of_the_same_process_cannot_write_once_its_request_is_
     async with db.sessions() as session:
         async with session.begin():
             assert not await lease.emit_if_held(session, rid, stale.owner, [("delta", {"text": "stale"})])
-        held = await queue.heartbeat(session, requests={rid: stale.owner}, lease_s=60.0)
+        async with session.begin():
+            held = await queue.heartbeat(session, requests={rid: stale.owner}, lease_s=60.0)
         assert held.requests == set()
         async with session.begin():
             assert await lease.emit_if_held(session, rid, fresh.owner, [("delta", {"text": "fresh"})])
-        assert (await queue.heartbeat(session, requests={rid: fresh.owner}, lease_s=60.0)).requests == {rid}
+        async with session.begin():
+            held = await queue.heartbeat(session, requests={rid: fresh.owner}, lease_s=60.0)
+        assert held.requests == {rid}
         deltas = [e.data["text"] for e in await request_events_after(session, rid, 0) if e.type == "delta"]
     assert deltas == ["fresh"]
 
