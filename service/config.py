@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     max_summary_calls: int = Field(default=12, ge=1, le=1000)
     api_tokens: str | None = None
     cors_origins: str | None = None
-    # Wave 2 (SPEC §1): background summaries (§6.6), parallel chunks (§6.3), calibration (§5.1).
+    # Background summaries (SPEC §6.6), parallel chunks (§6.3), calibration (§5.1).
     background_summaries: Literal["on", "off"] = "on"
     max_background_concurrency: int = Field(default=2, ge=1, le=1024)
     background_timeout_s: float = Field(default=300.0, gt=0, le=3600)

@@ -1,5 +1,6 @@
 """The domain vocabulary every layer speaks: statuses, stages, job kinds, channel names, the one
-timestamp format, canonical JSON and the one "text PostgreSQL can store" check (issue 16).
+timestamp format, canonical JSON and the one "text PostgreSQL can store" check — each defined once,
+so no layer can drift from another.
 
 Pure and stdlib-only, so the functional core (``service.budget``) may import it too. The enums are
 ``str``-valued (``StrEnum``): a member *is* its wire string, so JSON, SQL parameters and comparisons
@@ -71,6 +72,13 @@ def utc_iso(moment: datetime | None = None) -> str:
     """
     moment = (moment or datetime.now(UTC)).astimezone(UTC)
     return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def utc_iso_seconds(moment: datetime | None) -> str | None:
+    """:func:`utc_iso` cut to the second (``2026-11-29T10:03:10Z``), for text a model reads (a
+    hand-off block's times: microseconds there are noise to the reader, not precision); None stays
+    None. Never on the wire's ``at`` fields, which are always :func:`utc_iso`."""
+    return utc_iso(moment)[:19] + "Z" if moment is not None else None
 
 
 def iso_or_none(moment: datetime | None) -> str | None:

@@ -1,6 +1,7 @@
 """Stage ``organizing_history`` (SPEC §6.1, §6.6): replay window, rolling summary, background folds.
 
-Split in two so that a needed fold can run *while* the context is compacted (issue 11):
+Split in two so that a needed fold can run *while* the context is compacted (the two are the
+slowest steps of a preparation, and neither needs the other's result):
 
 - :func:`plan_history` — wait for a background ``qa_fold`` of the session that is queued or running
   (its result is what this request needs), load the earlier Q&A after the summary's coverage (the

@@ -13,8 +13,8 @@ from service.store.db import Database, is_unavailable
 from service.store.execute import committed
 
 # Between the tries of a ledger write while the database is unavailable (then one last try): about
-# half a minute in all, so a restart or a failover does not lose a call's tokens (an outside check saw
-# a ~3 s budget lose them). Tries are safe to repeat: an entry already recorded (its call_id) adds
+# half a minute in all, so a restart or a failover does not lose a call's tokens (a few seconds are
+# shorter than a restart). Tries are safe to repeat: an entry already recorded (its call_id) adds
 # nothing.
 LEDGER_RETRY_WAITS_S: tuple[float, ...] = (0.2, 1.0, 2.0, 4.0, 8.0, 15.0)
 
@@ -104,7 +104,7 @@ class JobRecorder:
 
     Both writes go to the job's one row, so those that come together share one write
     (:class:`GroupWrite`): the four calls of a parallel round start after one count instead of four
-    writes each waiting for the last one's commit (~10 ms for the fourth, issue 11), and their four
+    writes each waiting for the last one's commit (~10 ms for the fourth), and their four
     ends are appended in one or two writes before the merge call.
     """
 

@@ -126,7 +126,8 @@ class _Request:
         ) -> AnswerRequest | None:
             nonlocal context
             # The provider stated a smaller window than planned with: the retry's summary calls are
-            # sized for it (an outside check saw a 32k model sent a 158 KB summary call).
+            # sized for it, since sized for the planned window they could be larger than the whole
+            # window the model has.
             planned = prepared if stated is None else dataclasses.replace(prepared, plan=stated)
             shrunk = await self.shrink(planned, history, context, current, target)
             if shrunk is None:
@@ -170,8 +171,8 @@ class _Request:
             recent_budget = min(RECENT_BUDGET_TOKENS, kept_tokens) // 2
             if target is not None:
                 around = build_answer(prepared, history, context).estimate.total - kept_tokens
-                # The summary of the longer old part can be larger than today's (outside check: a
-                # retry 17 tokens over the stated count): sized at its largest, the retry fits.
+                # The summary of the longer old part can be larger than today's, so a retry sized on
+                # today's could land over the stated count: sized at its largest, the retry fits.
                 now = context.summary.tokens if context.summary is not None else 0
                 room = max(0, FOLD_SUMMARY_BOUND - now)
                 if prepared.mask_tool_results:

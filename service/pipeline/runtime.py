@@ -107,7 +107,8 @@ class RequestRuntime:
 
     def flush_in_background(self) -> None:
         """Start :meth:`flush` and return at once — before the answer call, so the request reaches
-        its model without waiting for a commit (issue 12: slot utilisation). Everything that must
+        its model without waiting for a commit (a slot spends its time on the model, not on an
+        fsync). Everything that must
         come after the flushed events waits for it in :meth:`flushed`: every delta, the call's usage
         event, the success; later flushes queue behind it on the lock."""
         task = asyncio.ensure_future(self.flush())

@@ -1,5 +1,5 @@
-"""The worker's most recently used prepared snapshots, kept in memory (issue 12: "a request loads only
-what it needs").
+"""The worker's most recently used prepared snapshots, kept in memory, so a request loads only what
+it needs.
 
 Keyed by the snapshot's content hash: a preparation is a pure function of the content, so an entry
 can never be stale — no invalidation, no coherence between processes, and sharing one before its

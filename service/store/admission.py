@@ -285,14 +285,14 @@ async def _admit_in_transaction(
     snapshot_id = admission.snapshot_id
     stored: StoredSnapshot | None = None
     if admission.snapshot is not None:
-        owner = await lock_or_create_session(session, tenant, parent_id)
+        session_row = await lock_or_create_session(session, tenant, parent_id)
         own_id = admission.snapshot.get("snapshot_id")
         stored = await store_snapshot(
             session,
-            owner.id,
+            session_row.id,
             own_id if isinstance(own_id, str) and own_id else None,
             admission.snapshot,
-            owner=owner,
+            owner=session_row,
             jobs=admission.snapshot_jobs,
             encoded=admission.snapshot_encoding,
             prepared=admission.snapshot_prepared,
@@ -341,7 +341,7 @@ async def cancel_request(session: AsyncSession, tenant: str, request_id: uuid.UU
     ).first()
     if found is None:
         return None
-    owner: SessionRow = found[1]
+    session_row: SessionRow = found[1]
     # Guarded by the status it is leaving, so a worker finishing at the same moment wins or loses
     # cleanly: exactly one terminal write happens.
     await _cancel(session, request_id, CANCELLED_BY_CLIENT)
@@ -349,7 +349,7 @@ async def cancel_request(session: AsyncSession, tenant: str, request_id: uuid.UU
         select(RequestRow).where(RequestRow.id == request_id).execution_options(populate_existing=True)
     )
     assert row is not None
-    return request_record(row, owner.parent_id)
+    return request_record(row, session_row.parent_id)
 
 
 async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
@@ -361,14 +361,14 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
     hand-offs and resets ``handed_off_through`` to 0. Ordinals keep counting; stored snapshots and
     the session's settings are kept.
     """
-    owner = await lock_session(session, tenant, parent_id)
-    if owner is None:
+    session_row = await lock_session(session, tenant, parent_id)
+    if session_row is None:
         return None
     candidates = list(
         await session.scalars(
             select(RequestRow.id)
             .where(
-                RequestRow.session_id == owner.id,
+                RequestRow.session_id == session_row.id,
                 RequestRow.deleted_at.is_(None),
                 RequestRow.status.in_((Status.QUEUED, Status.RUNNING)),
             )
@@ -378,26 +378,26 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
     active = [rid for rid in candidates if await _cancel(session, rid, CANCELLED_BY_CLEAR)]
     hidden: Any = await session.execute(
         update(RequestRow)
-        .where(RequestRow.session_id == owner.id, RequestRow.deleted_at.is_(None))
+        .where(RequestRow.session_id == session_row.id, RequestRow.deleted_at.is_(None))
         .values(deleted_at=func.now())
         .execution_options(synchronize_session=False)
     )
     removed = hidden.rowcount
     # Background jobs of the session end too (SPEC §6.6); their late writes are refused anyway.
-    await cancel_session_jobs(session, owner.id)
+    await cancel_session_jobs(session, session_row.id)
     # The old history's hand-off and memory events are hidden like its requests' (theirs included).
-    await mark_session_events_cleared(session, owner.id)
+    await mark_session_events_cleared(session, session_row.id)
     # SPEC §11.1: a clear deletes the hand-offs and resets the mark; settings are kept (§11.2).
-    await session.execute(delete(HandoffRow).where(HandoffRow.session_id == owner.id))
-    owner.handed_off_through = 0
-    owner.memory = dict(EMPTY_MEMORY)
-    owner.clear_version = owner.clear_version + 1
-    owner.updated_at = func.now()
+    await session.execute(delete(HandoffRow).where(HandoffRow.session_id == session_row.id))
+    session_row.handed_off_through = 0
+    session_row.memory = dict(EMPTY_MEMORY)
+    session_row.clear_version = session_row.clear_version + 1
+    session_row.updated_at = func.now()
     await session.flush()
     result = {
-        "parent_id": owner.parent_id,
-        "clear_version": owner.clear_version,
-        "next_ordinal": owner.next_ordinal,
+        "parent_id": session_row.parent_id,
+        "clear_version": session_row.clear_version,
+        "next_ordinal": session_row.next_ordinal,
         "cleared_requests": int(removed or 0),
         "cancelled_requests": len(active),
     }

@@ -26,9 +26,9 @@ def _key(provider: str, model: str) -> dict[str, str]:
     return {"provider": provider[:_PROVIDER_MAX], "model": model[:_MODEL_MAX]}
 
 
-async def load_calibration(session: Executor, provider: str, model: str) -> Calibration:
+async def load_calibration(tx: Executor, provider: str, model: str) -> Calibration:
     """The counters of (``provider``, ``model``) as a :class:`Calibration` (empty when none)."""
-    row = await fetch_one(session, queries.load_calibration, _key(provider, model))
+    row = await fetch_one(tx, queries.load_calibration, _key(provider, model))
     if row is None:
         return Calibration.empty()
     return Calibration(
@@ -76,7 +76,7 @@ class ModelCalibration:
     calibration: Calibration
 
 
-async def all_calibrations(session: AsyncSession) -> list[ModelCalibration]:
+async def all_calibrations(tx: AsyncSession) -> list[ModelCalibration]:
     """Every (provider, model) with counters, ordered."""
     return [
         ModelCalibration(
@@ -88,5 +88,5 @@ async def all_calibrations(session: AsyncSession) -> list[ModelCalibration]:
                 provider_sum=int(row.sum_provider),
             ),
         )
-        for row in await session.execute(queries.all_calibrations)
+        for row in await tx.execute(queries.all_calibrations)
     ]

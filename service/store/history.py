@@ -59,7 +59,7 @@ async def snapshot_content_hash(x: Executor, session_id: uuid.UUID, snapshot_id:
 async def load_prepared_snapshot(
     session: AsyncSession, session_id: uuid.UUID, snapshot_id: str
 ) -> tuple[str, PreparedSnapshot] | None:
-    """The snapshot as prepared when it was stored (issue 12), with the content hash it was read
+    """The snapshot as prepared when it was stored, with the content hash it was read
     with; None when it is not stored.
 
     A snapshot stored before preparation existed, or prepared by another format version, is prepared

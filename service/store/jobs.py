@@ -97,7 +97,7 @@ class JobState:
 
 
 async def _memory_event(
-    session: Executor,
+    tx: Executor,
     session_id: uuid.UUID,
     job_id: uuid.UUID,
     kind: str,
@@ -109,7 +109,7 @@ async def _memory_event(
     """The transition's ``memory`` event and, with ``notify``, its ``NOTIFY sidequest_jobs`` (``queued``:
     work to do; ``freed``: a slot freed), in the caller's transaction, one round trip."""
     await execute(
-        session,
+        tx,
         queries.memory_event,
         {
             "sid": session_id,
@@ -125,7 +125,7 @@ async def _memory_event(
 
 
 async def enqueue_job(
-    session: Executor,
+    tx: Executor,
     session_id: uuid.UUID,
     *,
     kind: JobKind,
@@ -139,7 +139,7 @@ async def enqueue_job(
     registration), or the session was cleared since ``clear_version`` was read.
     """
     job_id: uuid.UUID | None = await fetch_value(
-        session,
+        tx,
         queries.enqueue_job,
         {
             "id": uuid.uuid4(),
@@ -354,35 +354,35 @@ def _state(row: Row) -> JobState:
     return JobState(row["id"], row["kind"], row["key"], row["status"], row["made_by"], row["error"])
 
 
-async def active_jobs(x: Executor, session_id: uuid.UUID, kind: JobKind) -> list[JobState]:
+async def active_jobs(tx: Executor, session_id: uuid.UUID, kind: JobKind) -> list[JobState]:
     """The session's queued or running jobs (and registrations) of ``kind``, oldest first."""
     return [
-        _state(r) for r in await fetch_all(x, queries.active_jobs, {"sid": session_id, "kind": str(kind)})
+        _state(r) for r in await fetch_all(tx, queries.active_jobs, {"sid": session_id, "kind": str(kind)})
     ]
 
 
-async def job_state(x: Executor, job_id: uuid.UUID) -> JobState | None:
+async def job_state(tx: Executor, job_id: uuid.UUID) -> JobState | None:
     """One job's current state, or None when it is gone (purged with its session)."""
-    row = await fetch_one(x, queries.job_state, {"id": job_id})
+    row = await fetch_one(tx, queries.job_state, {"id": job_id})
     return None if row is None else _state(row)
 
 
 _USAGE_TOTALS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
 
 
-async def background_overview(session: AsyncSession, session_id: uuid.UUID) -> dict[str, Any]:
+async def background_overview(tx: AsyncSession, session_id: uuid.UUID) -> dict[str, Any]:
     """SPEC §3 ``session.background``: jobs by status and the usage of every background call."""
-    return (await background_overviews(session, [session_id]))[session_id]
+    return (await background_overviews(tx, [session_id]))[session_id]
 
 
 async def background_overviews(
-    session: AsyncSession, session_ids: list[uuid.UUID]
+    tx: AsyncSession, session_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """:func:`background_overview` of several sessions in one query (every id in the result)."""
     result: dict[uuid.UUID, dict[str, Any]] = {}
     if not session_ids:
         return result
-    for row in await session.execute(queries.background_overviews, {"sids": list(session_ids)}):
+    for row in await tx.execute(queries.background_overviews, {"sids": list(session_ids)}):
         counts = {status: int((row.counts or {}).get(status, 0)) for status in Status}
         calls = list(row.calls or [])
         usage: dict[str, Any] = {
@@ -403,11 +403,11 @@ class JobStats:
     tokens: list[tuple[str, str, int]]
 
 
-async def read_job_stats(session: AsyncSession) -> JobStats:
+async def read_job_stats(tx: AsyncSession) -> JobStats:
     """The scrape queries for background jobs (no tenant data)."""
-    outcomes = await session.execute(queries.job_outcomes)
-    calls = await session.execute(queries.job_calls)
-    tokens = await session.execute(queries.job_tokens)
+    outcomes = await tx.execute(queries.job_outcomes)
+    calls = await tx.execute(queries.job_calls)
+    tokens = await tx.execute(queries.job_tokens)
     return JobStats(
         by_outcome=[(r.kind, r.status, int(r.n)) for r in outcomes],
         calls=[(r.kind, r.status, int(r.n)) for r in calls],

@@ -141,15 +141,15 @@ async def update_settings(
     problems = settings_problems(changes)
     if problems:
         raise InvalidSettings(problems)
-    owner = await lock_or_create_session(session, tenant, parent_id)
-    merged = {k: v for k, v in (owner.settings or {}).items() if k in SETTINGS_FIELDS}
+    session_row = await lock_or_create_session(session, tenant, parent_id)
+    merged = {k: v for k, v in (session_row.settings or {}).items() if k in SETTINGS_FIELDS}
     for name, value in changes.items():
         if value is None:
             merged.pop(name, None)
         else:
             merged[name] = stored_setting(name, value)
-    owner.settings = merged
-    owner.updated_at = func.now()
+    session_row.settings = merged
+    session_row.updated_at = func.now()
     await session.flush()
     return public_settings(merged)
 

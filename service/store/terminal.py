@@ -26,8 +26,8 @@ from service.store.records import request_record
 from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
 
 
-async def notify_slot_freed(session: Executor, session_id: uuid.UUID) -> None:
-    await notify(session, QUEUE_CHANNEL, f"freed:{session_id}")
+async def notify_slot_freed(tx: Executor, session_id: uuid.UUID) -> None:
+    await notify(tx, QUEUE_CHANNEL, f"freed:{session_id}")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Ended:
 # and the guarded UPDATE (returning the row), then — once the record is built from that row — the
 # events.
 async def finish_request(
-    session: Executor,
+    tx: Executor,
     request_id: uuid.UUID,
     *,
     status: TerminalStatus,
@@ -71,7 +71,7 @@ async def finish_request(
     elif error is None:
         raise ValueError("a failed or cancelled request needs its error object")
     ended = await fetch_one(
-        session,
+        tx,
         queries.finish_request,
         {
             "status": str(status),
@@ -100,7 +100,7 @@ async def finish_request(
     session_id, stage = row["session_id"], row["stage"]
     last_type, last_fields = ("done", {"record": record}) if status == Status.SUCCEEDED else ("error", error)
     await execute(
-        session,
+        tx,
         queries.end_request,
         {
             "id": request_id,
@@ -135,7 +135,7 @@ class AnswerTail:
 
 
 async def finish_succeeded(
-    session: Executor,
+    tx: Executor,
     request_id: uuid.UUID,
     owner: str,
     *,
@@ -161,22 +161,22 @@ async def finish_succeeded(
     if tail is not None:
         added = True  # a retried end whose first COMMIT was applied finds its call recorded
         if tail.call is not None:
-            appended = await ledger.append_calls(session, request_id, [tail.call])
+            appended = await ledger.append_calls(tx, request_id, [tail.call])
             usage, added = (appended.usage if appended.added else None), appended.added
         if tail.sample is not None and added:
             sample = tail.sample
             await calibration.add_sample(
-                session, sample.provider, sample.model, sample.estimate, sample.reported_prompt_tokens
+                tx, sample.provider, sample.model, sample.estimate, sample.reported_prompt_tokens
             )
         events: list[tuple[str, dict[str, Any]]] = []
         if tail.delta:
             events.append(("delta", {"text": tail.delta}))
         if usage is not None:
             events.append(("usage", {"usage": usage}))
-        if events and not await emit_if_held(session, request_id, owner, events):
+        if events and not await emit_if_held(tx, request_id, owner, events):
             return None
     ended = await finish_request(
-        session,
+        tx,
         request_id,
         status=Status.SUCCEEDED,
         owner=owner,
@@ -192,7 +192,7 @@ async def finish_succeeded(
     assert ended.record is not None
     for job in follow_ups:
         await jobs.enqueue_job(
-            session,
+            tx,
             ended.session_id,
             kind=job.kind,
             key=job.key,
@@ -203,7 +203,7 @@ async def finish_succeeded(
 
 
 async def finish_failed(
-    session: Executor,
+    tx: Executor,
     request_id: uuid.UUID,
     owner: str,
     *,
@@ -219,7 +219,7 @@ async def finish_failed(
     Returns False, writing nothing, when the request is no longer running under ``owner``.
     """
     ended = await finish_request(
-        session,
+        tx,
         request_id,
         status=status,
         owner=owner,
