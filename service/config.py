@@ -10,9 +10,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-OUTPUT_CAP_MIN = 256
-OUTPUT_CAP_MAX = 32768
-
+from service.vocabulary import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 
 # Query parameters as libpq spells them, which asyncpg reads from a DSN itself (sslmode, sslrootcert,
 # application_name, target_session_attrs, options…): SQLAlchemy's spelling of one is renamed, and

@@ -64,6 +64,20 @@ JOBS_CHANNEL: Final = "sidequest_jobs"
 ALL_CHANNELS: Final = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
 
 
+# The bounds of what a client may state for a question, a session's settings (SPEC §11.2) and an
+# archive: one home, so the API's schemas, the settings check, the archive model and the service's
+# own settings can never disagree (an archive must not carry what a PUT would refuse).
+MAX_PARENT_ID_CHARS: Final = 500
+MAX_SNAPSHOT_ID_CHARS: Final = 500
+MAX_MODEL_CHARS: Final = 200
+CONTEXT_WINDOW_MIN: Final = 1024
+CONTEXT_WINDOW_MAX: Final = 10_000_000
+OUTPUT_CAP_MIN: Final = 256
+OUTPUT_CAP_MAX: Final = 32768
+# SPEC §11.2: summary instructions are at most 4 KiB, measured in UTF-8 bytes (not characters).
+MAX_SUMMARY_INSTRUCTIONS_BYTES: Final = 4096
+
+
 def utc_iso(moment: datetime | None = None) -> str:
     """ISO 8601 UTC, always with microseconds and ``Z``, e.g. ``2026-11-29T10:00:00.000000Z``.
 

@@ -18,17 +18,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import SidequestError
 from service.store.sessions import SETTINGS_FIELDS, find_session, lock_or_create_session
-from service.vocabulary import integral, unstorable_reason
+from service.vocabulary import (
+    CONTEXT_WINDOW_MAX,
+    CONTEXT_WINDOW_MIN,
+    MAX_MODEL_CHARS,
+    MAX_SUMMARY_INSTRUCTIONS_BYTES,
+    OUTPUT_CAP_MAX,
+    OUTPUT_CAP_MIN,
+    integral,
+    unstorable_reason,
+)
 
 ON_BUSY_CHOICES: Final = ("enqueue", "reject", "interrupt")
-# SPEC §11.2: summary instructions are at most 4 KiB, measured in UTF-8 bytes (not characters).
-MAX_SUMMARY_INSTRUCTIONS_BYTES: Final = 4096
-# Same bounds as the request's own fields (schemas.QuestionIn) and SIDEQUEST_MAX_OUTPUT_TOKENS.
-MAX_MODEL_CHARS: Final = 200
-CONTEXT_WINDOW_MIN: Final = 1024
-CONTEXT_WINDOW_MAX: Final = 10_000_000
-OUTPUT_CAP_MIN: Final = 256
-OUTPUT_CAP_MAX: Final = 32768
 
 
 # The number fields and their bounds: the one table both the check and the stored form read.
