@@ -66,7 +66,7 @@ async def measure(url: str, writers: int, per_writer: int) -> None:
         async def write(rid: uuid.UUID, n: int) -> None:
             for _ in range(n):
                 async with db.connection() as conn:
-                    assert await lease.emit_if_held(conn, rid, OWNER, "delta", DELTA)
+                    assert await lease.emit_if_held(conn, rid, OWNER, [("delta", DELTA)])
 
         await asyncio.gather(*(write(rid, 5) for rid in requests))  # warm: every connection open
         async with db.sessions() as session:

@@ -10,9 +10,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-OUTPUT_CAP_MIN = 256
-OUTPUT_CAP_MAX = 32768
-
+from service.vocabulary import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 
 # Query parameters as libpq spells them, which asyncpg reads from a DSN itself (sslmode, sslrootcert,
 # application_name, target_session_attrs, options…): SQLAlchemy's spelling of one is renamed, and
@@ -90,7 +88,7 @@ class Settings(BaseSettings):
     max_summary_calls: int = Field(default=12, ge=1, le=1000)
     api_tokens: str | None = None
     cors_origins: str | None = None
-    # Wave 2 (SPEC §1): background summaries (§6.6), parallel chunks (§6.3), calibration (§5.1).
+    # Background summaries (SPEC §6.6), parallel chunks (§6.3), calibration (§5.1).
     background_summaries: Literal["on", "off"] = "on"
     max_background_concurrency: int = Field(default=2, ge=1, le=1024)
     background_timeout_s: float = Field(default=300.0, gt=0, le=3600)

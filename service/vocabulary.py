@@ -1,5 +1,6 @@
 """The domain vocabulary every layer speaks: statuses, stages, job kinds, channel names, the one
-timestamp format, canonical JSON and the one "text PostgreSQL can store" check (issue 16).
+timestamp format, canonical JSON and the one "text PostgreSQL can store" check — each defined once,
+so no layer can drift from another.
 
 Pure and stdlib-only, so the functional core (``service.budget``) may import it too. The enums are
 ``str``-valued (``StrEnum``): a member *is* its wire string, so JSON, SQL parameters and comparisons
@@ -63,6 +64,20 @@ JOBS_CHANNEL: Final = "sidequest_jobs"
 ALL_CHANNELS: Final = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
 
 
+# The bounds of what a client may state for a question, a session's settings (SPEC §11.2) and an
+# archive: one home, so the API's schemas, the settings check, the archive model and the service's
+# own settings can never disagree (an archive must not carry what a PUT would refuse).
+MAX_PARENT_ID_CHARS: Final = 500
+MAX_SNAPSHOT_ID_CHARS: Final = 500
+MAX_MODEL_CHARS: Final = 200
+CONTEXT_WINDOW_MIN: Final = 1024
+CONTEXT_WINDOW_MAX: Final = 10_000_000
+OUTPUT_CAP_MIN: Final = 256
+OUTPUT_CAP_MAX: Final = 32768
+# SPEC §11.2: summary instructions are at most 4 KiB, measured in UTF-8 bytes (not characters).
+MAX_SUMMARY_INSTRUCTIONS_BYTES: Final = 4096
+
+
 def utc_iso(moment: datetime | None = None) -> str:
     """ISO 8601 UTC, always with microseconds and ``Z``, e.g. ``2026-11-29T10:00:00.000000Z``.
 
@@ -71,6 +86,13 @@ def utc_iso(moment: datetime | None = None) -> str:
     """
     moment = (moment or datetime.now(UTC)).astimezone(UTC)
     return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def utc_iso_seconds(moment: datetime | None) -> str | None:
+    """:func:`utc_iso` cut to the second (``2026-11-29T10:03:10Z``), for text a model reads (a
+    hand-off block's times: microseconds there are noise to the reader, not precision); None stays
+    None. Never on the wire's ``at`` fields, which are always :func:`utc_iso`."""
+    return utc_iso(moment)[:19] + "Z" if moment is not None else None
 
 
 def iso_or_none(moment: datetime | None) -> str | None:
@@ -291,6 +313,68 @@ def summary_merge(
         "merges": merges,
         "documents": documents,
     }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Terminal error objects (SPEC §3 ``error``: ``{code, message, detail}``): one constructor per way the
+# service itself ends a request or a job, so every writer — the store, the pipeline, the worker —
+# builds the same object, and SQL takes it as a parameter instead of spelling it out.
+
+CANCELLED_BY_CLIENT: Final = "cancelled by the client"
+CANCELLED_BY_CLEAR: Final = "cancelled because the session was cleared"
+
+RequeueReason = Literal["worker_stopped", "worker_lost"]
+
+
+def terminal_error(code: str, message: str, detail: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An error object: ``code``, ``message``, ``detail`` (an object, empty when there is nothing)."""
+    return {"code": code, "message": message, "detail": dict(detail or {})}
+
+
+def cancelled_error(message: str = "the request was cancelled") -> dict[str, Any]:
+    """A request cancelled (by its client, a clear, or its worker settling a cancel)."""
+    return terminal_error("cancelled", message)
+
+
+def session_cleared_error() -> dict[str, Any]:
+    """A background job (or a request's registration) ended by a clear of its session."""
+    return terminal_error("cancelled", "the session was cleared")
+
+
+def taken_over_error() -> dict[str, Any]:
+    """A queued background job a waiting request took over: the request makes the summary itself."""
+    return terminal_error("taken_over", "a request that needed it made it itself")
+
+
+def worker_lost_error(attempts: int, stage: str | None, what: Literal["request", "job"]) -> dict[str, Any]:
+    """A request or job whose worker stopped answering on its last attempt (the sweep's verdict)."""
+    return terminal_error(
+        "worker_lost",
+        f"the worker running this {what} stopped answering ({attempts} attempts)",
+        {"attempts": attempts, "stage": stage},
+    )
+
+
+def timeout_error(what: str, timeout_s: float, stage: str | None) -> dict[str, Any]:
+    """``what`` (the side request, the background job) did not finish within its deadline."""
+    return terminal_error(
+        "timeout",
+        f"{what} did not finish within its {timeout_s:g}s deadline",
+        {"timeout_s": timeout_s, "stage": stage},
+    )
+
+
+def snapshot_missing_error() -> dict[str, Any]:
+    """A background job whose snapshot is no longer stored."""
+    return terminal_error("snapshot_missing", "snapshot gone")
+
+
+def rerun(reason: RequeueReason, stage: str | None, attempt: int | None = None) -> dict[str, Any]:
+    """The ``progress`` event of a request sent back to the queue: its worker stopped (``worker_stopped``,
+    the attempt does not count) or was lost (``worker_lost``, ``attempt`` it was on); clients discard
+    the text streamed so far, since the answer starts again."""
+    event: dict[str, Any] = {"stage": stage, "what": f"{reason}_rerun"}
+    return _present(event, attempt=attempt, discard_streamed_text=True)
 
 
 def integral(value: object) -> int | None:

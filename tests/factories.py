@@ -144,7 +144,7 @@ async def clear(db: Database, parent_id: str, tenant: str = "default") -> None:
     """Clear a session exactly as ``DELETE /v1/sessions/{parent_id}/questions`` does (API store code)."""
     from service.store.admission import clear_session
 
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert await clear_session(session, tenant, parent_id) is not None
 
 

@@ -156,3 +156,33 @@ def test_strict_json_is_rfc_8259_text_and_says_why_not() -> None:
         if raw not in (b"{", b'{"x": "\xff"}', b"[" * 100_000 + b"]" * 100_000):
             assert may_be_lenient_json(raw), raw[:20]
     assert not may_be_lenient_json(b'{"question": "plain"}')
+
+
+def test_a_rerun_is_a_progress_event_keyed_what_that_discards_the_streamed_text() -> None:
+    lost = vocabulary.rerun("worker_lost", "answering", 1)
+    assert list(lost) == ["stage", "what", "attempt", "discard_streamed_text"]
+    assert lost["what"] == "worker_lost_rerun" and lost["discard_streamed_text"] is True
+    stopped = vocabulary.rerun("worker_stopped", None)
+    assert stopped == {"stage": None, "what": "worker_stopped_rerun", "discard_streamed_text": True}
+
+
+def test_terminal_error_objects_have_code_message_and_an_object_detail() -> None:
+    for error in (
+        vocabulary.cancelled_error(),
+        vocabulary.cancelled_error(vocabulary.CANCELLED_BY_CLEAR),
+        vocabulary.session_cleared_error(),
+        vocabulary.taken_over_error(),
+        vocabulary.worker_lost_error(2, "answering", "request"),
+        vocabulary.timeout_error("the side request", 30.0, "answering"),
+        vocabulary.snapshot_missing_error(),
+    ):
+        assert list(error) == ["code", "message", "detail"] and isinstance(error["detail"], dict)
+    lost = vocabulary.worker_lost_error(2, None, "job")
+    assert lost["detail"] == {"attempts": 2, "stage": None} and "job" in lost["message"]
+
+
+def test_hand_off_times_are_the_one_format_cut_to_the_second() -> None:
+    moment = datetime(2026, 11, 29, 10, 3, 10, 123456, tzinfo=UTC)
+    assert vocabulary.utc_iso_seconds(moment) == "2026-11-29T10:03:10Z"
+    assert vocabulary.utc_iso(moment).startswith("2026-11-29T10:03:10.")
+    assert vocabulary.utc_iso_seconds(None) is None

@@ -106,7 +106,8 @@ async def restore_session_archive(
     archive = parse_archive(
         load_archive_json(body), max_question_bytes=settings_of(request).max_question_bytes
     )
-    result = await restore_archive(db, tenant, parent_id, archive, replace=mode == "replace")
+    async with db.begin():
+        result = await restore_archive(db, tenant, parent_id, archive, replace=mode == "replace")
     return ArchiveRestored(**result.as_json())
 
 

@@ -38,7 +38,9 @@ async def put_settings(
     Returns the whole settings object, unset fields null. A refused PUT writes nothing.
     """
     changes = {name: getattr(body, name) for name in body.model_fields_set}
-    return JSONResponse(await update_settings(session, tenant, parent_id, changes))
+    async with session.begin():
+        settings = await update_settings(session, tenant, parent_id, changes)
+    return JSONResponse(settings)
 
 
 @router.get("/{parent_id}/settings", response_model=SessionSettingsOut, responses=errors(401, 404, 422))
@@ -86,7 +88,8 @@ async def post_handoff(
         idempotency_key=idempotency_key,
         body_hash=canonical_body_hash(raw if raw.strip() else b"{}") if idempotency_key is not None else None,
     )
-    outcome = await create_handoff(session, tenant, parent_id, ask)
+    async with session.begin():
+        outcome = await create_handoff(session, tenant, parent_id, ask)
     if outcome is None:
         raise not_found("session")
     return JSONResponse(outcome.handoff, status_code=201 if outcome.created else 200)

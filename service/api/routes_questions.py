@@ -42,7 +42,8 @@ async def get_question(request_id: str, tenant: Tenant, session: DbSession) -> J
 @router.post("/{request_id}/cancel", response_model=RequestRecord, responses=errors(401, 404, 422))
 async def cancel_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
     """Cancel a queued or running request; idempotent; a terminal request is returned unchanged."""
-    record = await cancel_request(session, tenant, parse_request_id(request_id))
+    async with session.begin():
+        record = await cancel_request(session, tenant, parse_request_id(request_id))
     if record is None:
         raise not_found("question")
     return JSONResponse(record)
@@ -51,7 +52,8 @@ async def cancel_question(request_id: str, tenant: Tenant, session: DbSession) -
 @router.post("/{request_id}/pin", response_model=RequestRecord, responses=errors(401, 404, 409, 422))
 async def pin_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
     """Pin a succeeded side answer for the next hand-off (SPEC §11.1); idempotent; else 409."""
-    record = await set_pinned(session, tenant, parse_request_id(request_id), True)
+    async with session.begin():
+        record = await set_pinned(session, tenant, parse_request_id(request_id), True)
     if record is None:
         raise not_found("question")
     return JSONResponse(record)
@@ -60,7 +62,8 @@ async def pin_question(request_id: str, tenant: Tenant, session: DbSession) -> J
 @router.delete("/{request_id}/pin", response_model=RequestRecord, responses=errors(401, 404, 422))
 async def unpin_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
     """Unpin a side answer; idempotent."""
-    record = await set_pinned(session, tenant, parse_request_id(request_id), False)
+    async with session.begin():
+        record = await set_pinned(session, tenant, parse_request_id(request_id), False)
     if record is None:
         raise not_found("question")
     return JSONResponse(record)

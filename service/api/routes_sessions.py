@@ -195,7 +195,8 @@ async def get_history(
 @router.delete("/{parent_id}/questions", response_model=Cleared, responses=errors(401, 404, 422))
 async def clear_questions(parent_id: ParentId, tenant: Tenant, session: DbSession) -> JSONResponse:
     """Clear: cancel queued/running requests, delete history and memory, bump `clear_version`."""
-    result = await clear_session(session, tenant, parent_id)
+    async with session.begin():
+        result = await clear_session(session, tenant, parent_id)
     if result is None:
         raise not_found("session")
     return JSONResponse(result)

@@ -22,10 +22,18 @@ from typing_extensions import TypedDict
 
 from service.archive.model import NO_NUL_PATTERN
 from service.archive.schema import OPENAPI_REFS, STORABLE_JSON, STORABLE_OBJECT
-from service.config import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 from service.context_info import ContextInfo
-from service.store.settings import MAX_SUMMARY_INSTRUCTIONS_BYTES
-from service.vocabulary import UNSTORABLE_TEXT, unstorable_reason
+from service.vocabulary import (
+    CONTEXT_WINDOW_MAX,
+    CONTEXT_WINDOW_MIN,
+    MAX_MODEL_CHARS,
+    MAX_SNAPSHOT_ID_CHARS,
+    MAX_SUMMARY_INSTRUCTIONS_BYTES,
+    OUTPUT_CAP_MAX,
+    OUTPUT_CAP_MIN,
+    UNSTORABLE_TEXT,
+    unstorable_reason,
+)
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
@@ -96,7 +104,9 @@ class Snapshot(BaseModel):
 
     model_config = ConfigDict(extra="allow", json_schema_extra=_OPEN_NO_NUL)
 
-    snapshot_id: Annotated[str, Field(min_length=1, max_length=500, json_schema_extra=NO_NUL)] | None = Field(
+    snapshot_id: (
+        Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)] | None
+    ) = Field(
         default=None, description="Store the inline snapshot under this id (default: its content hash)."
     )
     taken_at: NulFreeText | None = None
@@ -140,10 +150,14 @@ class QuestionIn(BaseModel):
     question: str = Field(
         min_length=1, description="At most 64 KiB of UTF-8 (65536 bytes).", json_schema_extra=NO_NUL
     )
-    snapshot_id: Annotated[str, Field(min_length=1, max_length=500, json_schema_extra=NO_NUL)] | None = None
+    snapshot_id: (
+        Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)] | None
+    ) = None
     snapshot: Snapshot | None = None
-    model: Annotated[str, Field(min_length=1, max_length=200, json_schema_extra=NO_NUL)] | None = None
-    context_window: Annotated[JsonInt, Field(ge=1024, le=10_000_000)] | None = None
+    model: (
+        Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)] | None
+    ) = None
+    context_window: Annotated[JsonInt, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)] | None = None
     max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = None
     main_max_output_tokens: Annotated[JsonInt, Field(ge=1, le=10_000_000)] | None = None
     on_busy: Literal["enqueue", "reject", "interrupt"] | None = Field(
@@ -232,7 +246,7 @@ class HistoryPage(BaseModel):
 
 # ---------------------------------------------------------------- settings and hand-offs (SPEC §11)
 
-ModelName = Annotated[str, Field(min_length=1, max_length=200, json_schema_extra=NO_NUL)]
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)]
 OnBusy = Literal["enqueue", "reject", "interrupt"]
 
 
@@ -252,7 +266,7 @@ class SessionSettingsIn(BaseModel):
     answer_model: ModelName | None = Field(
         default=None, description="Model for answers (a request's own wins)."
     )
-    context_window: Annotated[JsonInt, Field(ge=1024, le=10_000_000)] | None = Field(
+    context_window: Annotated[JsonInt, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)] | None = Field(
         default=None, description="Session default window, below a request's own value."
     )
     max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = Field(

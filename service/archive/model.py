@@ -27,7 +27,17 @@ from pydantic import (
     field_validator,
 )
 
-from service.vocabulary import Status
+from service.vocabulary import (
+    CONTEXT_WINDOW_MAX,
+    CONTEXT_WINDOW_MIN,
+    MAX_MODEL_CHARS,
+    MAX_PARENT_ID_CHARS,
+    MAX_SNAPSHOT_ID_CHARS,
+    MAX_SUMMARY_INSTRUCTIONS_BYTES,
+    OUTPUT_CAP_MAX,
+    OUTPUT_CAP_MIN,
+    Status,
+)
 
 NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
 NO_NUL: Final = {"pattern": NO_NUL_PATTERN}
@@ -75,16 +85,18 @@ def absent(**kwargs: Any) -> Any:
 JsonInt = Annotated[int, Strict(), BeforeValidator(_integral)]
 Text = Annotated[str, Strict(), Field(json_schema_extra=NO_NUL)]
 NonEmptyText = Annotated[Text, Field(min_length=1)]
-ParentId = Annotated[Text, Field(min_length=1, max_length=500)]
-ModelName = Annotated[Text, Field(max_length=200)]
-SnapshotId = Annotated[Text, Field(max_length=500)]
+ParentId = Annotated[Text, Field(min_length=1, max_length=MAX_PARENT_ID_CHARS)]
+ModelName = Annotated[Text, Field(max_length=MAX_MODEL_CHARS)]
+SnapshotId = Annotated[Text, Field(max_length=MAX_SNAPSHOT_ID_CHARS)]
 StopReason = Annotated[Text, Field(max_length=60)]
 Counter = Annotated[int, Field(ge=0), Strict(), BeforeValidator(_integral)]
 # The bounds go before the validator, so that the schema carries them as minimum and maximum.
 Ordinal = Annotated[int, Field(ge=1, le=MAX_ORDINAL), Strict(), BeforeValidator(_integral)]
 Through = Annotated[int, Field(ge=0, le=MAX_ORDINAL), Strict(), BeforeValidator(_integral)]
-ContextWindow = Annotated[int, Field(ge=1024, le=10_000_000), Strict(), BeforeValidator(_integral)]
-OutputCap = Annotated[int, Field(ge=256, le=32768), Strict(), BeforeValidator(_integral)]
+ContextWindow = Annotated[
+    int, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX), Strict(), BeforeValidator(_integral)
+]
+OutputCap = Annotated[int, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX), Strict(), BeforeValidator(_integral)]
 Flag = Annotated[bool, Strict()]
 StorableObject = Annotated[dict[str, Any], WithJsonSchema({"type": "object", **_OPEN})]
 ObjectOrNull = Annotated[
@@ -201,14 +213,16 @@ class Handoff(_Open):
 
 
 def _within_4_kib(value: str) -> str:
-    if len(value.encode("utf-8")) > 4096:
-        raise ValueError("must be at most 4096 bytes of UTF-8")
+    if len(value.encode("utf-8")) > MAX_SUMMARY_INSTRUCTIONS_BYTES:
+        raise ValueError(f"must be at most {MAX_SUMMARY_INSTRUCTIONS_BYTES} bytes of UTF-8")
     return value
 
 
 # Characters in the schema (JSON Schema counts no bytes), bytes in the check.
-Instructions = Annotated[Text, Field(max_length=4096), AfterValidator(_within_4_kib)]
-SettingsModel = Annotated[Text, Field(min_length=1, max_length=200)]
+Instructions = Annotated[
+    Text, Field(max_length=MAX_SUMMARY_INSTRUCTIONS_BYTES), AfterValidator(_within_4_kib)
+]
+SettingsModel = Annotated[Text, Field(min_length=1, max_length=MAX_MODEL_CHARS)]
 
 
 class Settings(BaseModel):

@@ -29,7 +29,7 @@ def _tokens(usage: dict[str, Any], *, last_call: bool = True) -> str:
     return " · ".join(parts)
 
 
-_ENVELOPE = frozenset({"request_id", "ordinal", "seq", "at", "stage", "what", "action", "kind"})
+_ENVELOPE = frozenset({"request_id", "ordinal", "seq", "at", "stage", "what", "kind"})
 
 
 def _ordinal_range(value: object) -> str:
@@ -40,7 +40,7 @@ def _ordinal_range(value: object) -> str:
 
 def describe_progress(data: dict[str, Any]) -> str:
     """One human line for a ``progress`` event: the pipeline's known steps in words, others as k=v."""
-    what = data.get("what") or data.get("action") or data.get("kind")
+    what = data.get("what") or data.get("kind")
     if what == "replay":
         replayed, folded = data.get("replayed_groups") or 0, data.get("folded_groups") or 0
         if not replayed and not folded:

@@ -21,6 +21,7 @@ from service.providers.calling import CallResult, run_call
 from service.store import terminal
 from service.store.calibration import Sample
 from service.store.db import is_unavailable
+from service.store.execute import transaction
 from service.summary.material import QAPair
 from service.summary.prompts import AnswerRequest, build_answer_request
 from service.vocabulary import JobKind
@@ -282,7 +283,7 @@ async def _finish(
     # Taken only now: until this commit, a failure above writes them on its own (answer()).
     call = rt.recorder.take_held()
     try:
-        async with rt.db.connection() as conn:
+        async with rt.db.connection() as conn, transaction(conn):
             record = await terminal.finish_succeeded(
                 conn,
                 claimed.id,

@@ -34,14 +34,23 @@ from service.pipeline.recorder import JobRecorder
 from service.pipeline.runtime import PipelineDeps
 from service.pipeline.summaries import MASKED_MATERIAL
 from service.store import jobs, memory
-from service.store.execute import transaction
+from service.store.execute import committed, transaction
 from service.store.history import iter_history
 from service.summary.context import compact_snapshot
 from service.summary.material import QAPair
 from service.summary.policy import SummaryCallBudget
 from service.summary.rolling import fold_qa
 from service.summary.runner import SummaryRunner
-from service.vocabulary import JobKind, Status, TerminalStatus, masks_tool_results, utc_iso
+from service.vocabulary import (
+    JobKind,
+    Status,
+    TerminalStatus,
+    masks_tool_results,
+    session_cleared_error,
+    snapshot_missing_error,
+    timeout_error,
+    utc_iso,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +75,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
     budget = SummaryCallBudget(deps.settings.max_summary_calls)
     try:
         if job.cleared:  # the claim read the session: cleared (or gone) since the job was queued
-            return await _end(deps, job, JobOutcome(Status.CANCELLED, error=_gone()))
+            return await _end(deps, job, JobOutcome(Status.CANCELLED, error=session_cleared_error()))
         models = choose_models(deps.settings, job.settings, None, deps.provider.default_model)
         book = CalibrationBook(deps.db, deps.settings.provider, enabled=deps.settings.calibration_on)
         calibration = await book.snapshot(models.summary)
@@ -104,19 +113,11 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
         return await _end(deps, job, outcome)
     except Exception as exc:
         if isinstance(exc, TimeoutError):
-            error = {
-                "code": "timeout",
-                "message": f"the background job did not finish within its {timeout:g}s deadline",
-                "detail": {"timeout_s": timeout, "stage": job.kind},
-            }
+            error = timeout_error("the background job", timeout, job.kind)
         else:
             error = error_object(exc, stage=job.kind, timeout_s=timeout)
         log.info("background job %s (%s) failed: %s", job.id, job.kind, error["code"])
         return await _end(deps, job, JobOutcome(Status.FAILED, calls=budget.calls_made, error=error))
-
-
-def _gone() -> dict[str, Any]:
-    return {"code": "cancelled", "message": "the session was cleared", "detail": {}}
 
 
 async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) -> JobOutcome:
@@ -124,7 +125,7 @@ async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) ->
     a job whose session was cleared, or that is no longer this worker's, writes nothing)."""
     status = Status.FAILED if outcome.status == "lost" else outcome.status
     async with deps.db.connection() as conn, transaction(conn):
-        if outcome.summary and not await memory.save_memory_in(
+        if outcome.summary and not await memory.save_memory(
             conn, job.id, owner=job.owner, job=True, **outcome.summary
         ):
             return JobOutcome("lost", calls=outcome.calls)
@@ -183,7 +184,7 @@ async def _context_summary(
     snapshot = await deps.snapshots.load(deps.db, job.session_id, snapshot_id, job.snapshot_hash)
     if snapshot is None:
         return JobOutcome(
-            Status.FAILED, error={"code": "snapshot_missing", "message": "snapshot gone", "detail": {}}
+            Status.FAILED, error=snapshot_missing_error()
         )
     # A 6.7 follow-up carries its question's window and cap; a snapshot's job the ones the trigger
     # expected (the session's settings, else its latest question's).
@@ -205,7 +206,7 @@ async def _context_summary(
     cache = parse_cache(job.memory.get("context_summaries") or [])
     if any(entry.key == key for entry in cache):
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": until, "reason": "cached"})
-    async with deps.db.connection() as conn:
+    async with deps.db.connection() as conn, committed(conn):
         if not await jobs.take_key(conn, job.id, key):
             # A request (or a job for the same content under another id) is making it right now.
             return JobOutcome(

@@ -52,7 +52,7 @@ class CalibrationBook:
         if not self.enabled or reported_prompt_tokens is None or reported_prompt_tokens <= 0:
             return
         try:
-            async with self.db.sessions() as session:
-                await store.record_sample(session, self.provider, model, estimate, reported_prompt_tokens)
+            async with self.db.sessions() as session, session.begin():
+                await store.add_sample(session, self.provider, model, estimate, reported_prompt_tokens)
         except DB_ERRORS as exc:
             log.warning("calibration sample for %s dropped: %s", model, type(exc).__name__)

@@ -45,6 +45,7 @@ from service.pipeline.runtime import RequestRuntime
 from service.pipeline.summaries import summary_runner
 from service.pipeline.waiting import registered, wait_for_background_jobs
 from service.store import jobs, memory
+from service.store.execute import transaction
 from service.summary.context import (
     CachedContextSummary,
     CacheHit,
@@ -466,7 +467,7 @@ async def _make(
     finally:
         rt.sync_calls()
     if result.new_entry is not None:
-        async with rt.db.connection() as conn:
+        async with rt.db.connection() as conn, transaction(conn):
             if not await memory.save_memory(
                 conn, rt.claimed.id, owner=rt.owner, context_summary=result.new_entry.to_json()
             ):

@@ -6,6 +6,7 @@ from typing import Any
 
 from service.errors import SidequestError
 from service.providers.base import ProviderError, ProviderTimeout
+from service.vocabulary import terminal_error, timeout_error
 
 
 class PipelineFailure(SidequestError):
@@ -26,16 +27,8 @@ def error_object(exc: BaseException, *, stage: str | None, timeout_s: float) -> 
     the request's deadline and stage, and anything else is a bug of ours.
     """
     if isinstance(exc, ProviderTimeout | TimeoutError):
-        return {
-            "code": "timeout",
-            "message": f"the side request did not finish within its {timeout_s:g}s deadline",
-            "detail": {"timeout_s": timeout_s, "stage": stage},
-        }
+        return timeout_error("the side request", timeout_s, stage)
     if isinstance(exc, SidequestError | ProviderError):
         return exc.to_error()
     # A bug of ours, not the provider's: say so rather than blame the model.
-    return {
-        "code": "internal_error",
-        "message": f"{type(exc).__name__}: {exc}",
-        "detail": {"stage": stage},
-    }
+    return terminal_error("internal_error", f"{type(exc).__name__}: {exc}", {"stage": stage})

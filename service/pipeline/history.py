@@ -1,6 +1,7 @@
 """Stage ``organizing_history`` (SPEC §6.1, §6.6): replay window, rolling summary, background folds.
 
-Split in two so that a needed fold can run *while* the context is compacted (it is off the critical path):
+Split in two so that a needed fold can run *while* the context is compacted (the two are the
+slowest steps of a preparation, and neither needs the other's result):
 
 - :func:`plan_history` — wait for a background ``qa_fold`` of the session that is queued or running
   (its result is what this request needs), load the earlier Q&A after the summary's coverage (the
@@ -24,6 +25,7 @@ from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_background_jobs
 from service.store import jobs, memory
 from service.store.db import Database
+from service.store.execute import transaction
 from service.store.history import iter_history, latest_context_time
 from service.summary.material import QAPair, render_qa_pair
 from service.summary.rolling import StoredQASummary, fold_qa
@@ -193,7 +195,7 @@ async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runne
             rt.info.qa_summary.calls = plan.calls
         rt.sync_calls()
     if folded is not None and folded is not plan.qa:
-        async with rt.db.connection() as conn:
+        async with rt.db.connection() as conn, transaction(conn):
             if not await memory.save_memory(conn, rt.claimed.id, owner=rt.owner, qa_summary=folded.to_json()):
                 raise RequestLost()
         plan.qa = folded

@@ -8,12 +8,13 @@ from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, TypeVar
 
 from service.providers.base import CallUsage
-from service.store import jobs, ledger
+from service.store import jobs, lease, ledger
 from service.store.db import Database, is_unavailable
+from service.store.execute import committed
 
 # Between the tries of a ledger write while the database is unavailable (then one last try): about
-# half a minute in all, so a restart or a failover (which takes seconds) does not lose a call's
-# tokens. Tries are safe to repeat: an entry already recorded (its call_id) adds
+# half a minute in all, so a restart or a failover does not lose a call's tokens (a few seconds are
+# shorter than a restart). Tries are safe to repeat: an entry already recorded (its call_id) adds
 # nothing.
 LEDGER_RETRY_WAITS_S: tuple[float, ...] = (0.2, 1.0, 2.0, 4.0, 8.0, 15.0)
 
@@ -131,13 +132,13 @@ class JobRecorder:
 
     async def _append(self, entries: list[ledger.CallEntry]) -> None:
         async def write() -> None:
-            async with self._db.connection() as conn:
+            async with self._db.connection() as conn, committed(conn):
                 await ledger.append_calls(conn, self._job_id, entries, job=True)
 
         await write_retrying(write)
 
     async def _count(self, attempts: list[None]) -> None:
-        async with self._db.connection() as conn:
+        async with self._db.connection() as conn, committed(conn):
             await jobs.count_calls(conn, self._job_id, len(attempts))
 
 
@@ -187,8 +188,13 @@ class LedgerRecorder:
         ledger is what SPEC §9 keeps when the request is run again."""
 
         async def write() -> None:
-            async with self._db.sessions() as session:
-                await ledger.append_call_and_emit(session, self._request_id, entry, owner=self._owner)
+            async with self._db.sessions() as session, session.begin():
+                appended = await ledger.append_calls(session, self._request_id, [entry])
+                # Only the event is lease-guarded (no event after a terminal one); a call already
+                # recorded (a retried write whose first COMMIT was applied) adds no event either.
+                if appended.added:
+                    usage_event = ("usage", {"usage": appended.usage})
+                    await lease.emit_if_held(session, self._request_id, self._owner, [usage_event])
 
         await write_retrying(write)
 

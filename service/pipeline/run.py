@@ -38,6 +38,7 @@ from service.pipeline.runtime import PipelineDeps, RequestRuntime
 from service.pipeline.summaries import summary_runner
 from service.store import queue, terminal
 from service.store.db import is_unavailable
+from service.store.execute import transaction
 from service.summary.prompts import AnswerRequest
 from service.vocabulary import Stage, Status
 
@@ -125,7 +126,8 @@ class _Request:
         ) -> AnswerRequest | None:
             nonlocal context
             # The provider stated a smaller window than planned with: the retry's summary calls are
-            # sized for it, not for the window that did not fit.
+            # sized for it, since sized for the planned window they could be larger than the whole
+            # window the model has.
             planned = prepared if stated is None else dataclasses.replace(prepared, plan=stated)
             shrunk = await self.shrink(planned, history, context, current, target)
             if shrunk is None:
@@ -169,8 +171,8 @@ class _Request:
             recent_budget = min(RECENT_BUDGET_TOKENS, kept_tokens) // 2
             if target is not None:
                 around = build_answer(prepared, history, context).estimate.total - kept_tokens
-                # The summary of the longer old part can be larger than today's: sized at its
-                # largest, the retry fits the stated count for certain.
+                # The summary of the longer old part can be larger than today's, so a retry sized on
+                # today's could land over the stated count: sized at its largest, the retry fits.
                 now = context.summary.tokens if context.summary is not None else 0
                 room = max(0, FOLD_SUMMARY_BOUND - now)
                 if prepared.mask_tool_results:
@@ -203,14 +205,12 @@ class _Request:
         error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
         with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
             await rt.flush()  # the stages it reached come before its end (after a background flush)
-        async with rt.db.connection() as conn:
+        async with rt.db.connection() as conn, transaction(conn):
             return await terminal.finish_failed(
                 conn,
                 rt.claimed.id,
                 rt.owner,
-                code=error["code"],
-                message=error["message"],
-                detail=error["detail"],
+                error=error,
                 model=rt.answer_model,
                 context_info=rt.info.to_json(),
             )

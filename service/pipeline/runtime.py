@@ -29,6 +29,7 @@ from service.pipeline.waiting import JobWaiter
 from service.providers.base import Provider
 from service.store import lease, queue
 from service.store.db import Database
+from service.store.execute import committed
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
 from service.vocabulary import Stage, Status, utc_iso
@@ -106,7 +107,8 @@ class RequestRuntime:
 
     def flush_in_background(self) -> None:
         """Start :meth:`flush` and return at once — before the answer call, so the request reaches
-        its model without waiting for a commit (the slot is busy with the model sooner). Everything that must
+        its model without waiting for a commit (a slot spends its time on the model, not on an
+        fsync). Everything that must
         come after the flushed events waits for it in :meth:`flushed`: every delta, the call's usage
         event, the success; later flushes queue behind it on the lock."""
         task = asyncio.ensure_future(self.flush())
@@ -125,8 +127,8 @@ class RequestRuntime:
             return
         events, stage = self._pending, self._pending_stage
         self._pending, self._pending_stage = [], None
-        async with self.db.connection() as conn:
-            if not await lease.emit_batch_if_held(
+        async with self.db.connection() as conn, committed(conn):
+            if not await lease.emit_if_held(
                 conn,
                 self.claimed.id,
                 self.owner,
@@ -139,14 +141,14 @@ class RequestRuntime:
     async def save_info(self) -> None:
         """Store context_info as it stands (not lease-guarded: it is metadata of what was done)."""
         await self.flushed()  # never overtaken by the older context_info a background flush carries
-        async with self.db.sessions() as session:
+        async with self.db.sessions() as session, session.begin():
             await merge_context_info(session, self.claimed.id, self.info.to_json())
 
     async def emit_delta(self, text: str) -> bool:
         """One ``delta`` event (after the background flush); False when the request is no longer held."""
         await self.flushed()
-        async with self.db.connection() as conn:
-            return await lease.emit_if_held(conn, self.claimed.id, self.owner, "delta", {"text": text})
+        async with self.db.connection() as conn, committed(conn):
+            return await lease.emit_if_held(conn, self.claimed.id, self.owner, [("delta", {"text": text})])
 
     def sync_calls(self) -> None:
         """Mirror the call budget into context_info (``summary_calls``)."""

@@ -1,5 +1,5 @@
-"""The worker's most recently used prepared snapshots, kept in memory: a request loads only
-what it needs, and a snapshot asked about again is not read and decoded again.
+"""The worker's most recently used prepared snapshots, kept in memory, so a request loads only what
+it needs.
 
 Keyed by the snapshot's content hash: a preparation is a pure function of the content, so an entry
 can never be stale — no invalidation, no coherence between processes, and sharing one before its
@@ -85,7 +85,7 @@ class PreparedSnapshots:
             self.hits += 1
             return found
         self.misses += 1
-        async with db.sessions() as session:
+        async with db.sessions() as session, session.begin():
             loaded = await load_prepared_snapshot(session, session_id, snapshot_id)
         if loaded is None:
             return None

@@ -84,7 +84,9 @@ async def wait_for_job(
                 queued_since = clock() if queued_since is None else queued_since
                 if clock() - queued_since >= QUEUED_GRACE_S:
                     async with db.sessions() as session:
-                        if await jobs.take_over(session, job_id):
+                        async with session.begin():
+                            taken = await jobs.take_over(session, job_id)
+                        if taken:
                             state = await jobs.job_state(session, job_id)
             else:
                 queued_since = None
@@ -136,7 +138,7 @@ async def registered(
     The registration ends when the block does (made or not): the key is free again, and a failed
     attempt never blocks the next one.
     """
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         registration = await jobs.register_inline(
             session,
             session_id,
@@ -156,7 +158,7 @@ async def registered(
         ok = True
     finally:
         with contextlib.suppress(Exception):  # best effort: an unended registration expires by lease
-            async with db.sessions() as session:
+            async with db.sessions() as session, session.begin():
                 await jobs.end_inline(session, registration, ok=ok)
 
 

@@ -38,10 +38,13 @@ from service.store.sessions import (
     store_snapshot,
 )
 from service.store.terminal import finish_request
-from service.vocabulary import CANCEL_CHANNEL, Status
-
-CANCELLED_BY_CLIENT = "cancelled by the client"
-CANCELLED_BY_CLEAR = "cancelled because the session was cleared"
+from service.vocabulary import (
+    CANCEL_CHANNEL,
+    CANCELLED_BY_CLEAR,
+    CANCELLED_BY_CLIENT,
+    Status,
+    cancelled_error,
+)
 
 
 class QueueFull(SidequestError):
@@ -247,14 +250,15 @@ async def admit(
     for a first request.
 
     An inline snapshot is first stored through :func:`store_snapshot`, then the same SQL function runs
-    in that transaction (and NOTIFYs there), which a refusal rolls back. Given an ``AsyncSession``
-    (a fresh one: it is committed or rolled back here), everything runs that way, in its transaction.
+    in that transaction (and NOTIFYs there), which a refusal rolls back. Given an ``AsyncSession``,
+    everything runs that way, inside the caller's transaction (a refusal raises: the caller's
+    ``session.begin()`` rolls it back).
     """
     try:
         if isinstance(db, AsyncSession):
             return await _admit_in_transaction(db, tenant, parent_id, admission, max_queued=max_queued)
         if admission.snapshot is not None:
-            async with db.sessions() as session:
+            async with db.sessions() as session, session.begin():
                 return await _admit_in_transaction(
                     session, tenant, parent_id, admission, max_queued=max_queued
                 )
@@ -278,39 +282,30 @@ async def admit(
 async def _admit_in_transaction(
     session: AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
-    try:
-        snapshot_id = admission.snapshot_id
-        stored: StoredSnapshot | None = None
-        if admission.snapshot is not None:
-            owner = await lock_or_create_session(session, tenant, parent_id)
-            own_id = admission.snapshot.get("snapshot_id")
-            stored = await store_snapshot(
-                session,
-                owner.id,
-                own_id if isinstance(own_id, str) and own_id else None,
-                admission.snapshot,
-                owner=owner,
-                jobs=admission.snapshot_jobs,
-                encoded=admission.snapshot_encoding,
-                prepared=admission.snapshot_prepared,
-            )
-            snapshot_id = stored.snapshot_id
-        args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
-        params = dict(zip(_PARAMS, args, strict=True))
-        params["snapshot_stored"] = admission.snapshot is not None
-        row = dict((await session.execute(queries.admit_in_transaction, params)).mappings().one())
-        outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
-        request = row if row["id"] is not None else None
-        admitted = _outcome(outcome, detail, superseded, request, parent_id, admission, snapshot_id)
-    except Exception:
-        await session.rollback()
-        raise
-    await session.commit()
+    snapshot_id = admission.snapshot_id
+    stored: StoredSnapshot | None = None
+    if admission.snapshot is not None:
+        session_row = await lock_or_create_session(session, tenant, parent_id)
+        own_id = admission.snapshot.get("snapshot_id")
+        stored = await store_snapshot(
+            session,
+            session_row.id,
+            own_id if isinstance(own_id, str) and own_id else None,
+            admission.snapshot,
+            owner=session_row,
+            jobs=admission.snapshot_jobs,
+            encoded=admission.snapshot_encoding,
+            prepared=admission.snapshot_prepared,
+        )
+        snapshot_id = stored.snapshot_id
+    args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
+    params = dict(zip(_PARAMS, args, strict=True))
+    params["snapshot_stored"] = admission.snapshot is not None
+    row = dict((await session.execute(queries.admit_in_transaction, params)).mappings().one())
+    outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
+    request = row if row["id"] is not None else None
+    admitted = _outcome(outcome, detail, superseded, request, parent_id, admission, snapshot_id)
     return admitted
-
-
-def _cancelled(message: str) -> dict[str, Any]:
-    return {"code": "cancelled", "message": message, "detail": {}}
 
 
 async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) -> bool:
@@ -322,7 +317,7 @@ async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) ->
         status=Status.CANCELLED,
         owner=None,
         from_statuses=(Status.QUEUED, Status.RUNNING),
-        error=_cancelled(message),
+        error=cancelled_error(message),
     )
     if ended is None:
         return False
@@ -331,7 +326,8 @@ async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) ->
 
 
 async def cancel_request(session: AsyncSession, tenant: str, request_id: uuid.UUID) -> dict[str, Any] | None:
-    """Cancel a queued or running request of the tenant and commit; None when not found.
+    """Cancel a queued or running request of the tenant, inside the caller's transaction; None when
+    not found.
 
     Idempotent: a terminal request is returned unchanged. A running one gets its terminal state
     from here at once and its worker is told through ``NOTIFY sidequest_cancel``.
@@ -345,7 +341,7 @@ async def cancel_request(session: AsyncSession, tenant: str, request_id: uuid.UU
     ).first()
     if found is None:
         return None
-    owner: SessionRow = found[1]
+    session_row: SessionRow = found[1]
     # Guarded by the status it is leaving, so a worker finishing at the same moment wins or loses
     # cleanly: exactly one terminal write happens.
     await _cancel(session, request_id, CANCELLED_BY_CLIENT)
@@ -353,13 +349,11 @@ async def cancel_request(session: AsyncSession, tenant: str, request_id: uuid.UU
         select(RequestRow).where(RequestRow.id == request_id).execution_options(populate_existing=True)
     )
     assert row is not None
-    record = request_record(row, owner.parent_id)
-    await session.commit()
-    return record
+    return request_record(row, session_row.parent_id)
 
 
 async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
-    """Clear a session and commit; None when the tenant has no such session.
+    """Clear a session, inside the caller's transaction; None when the tenant has no such session.
 
     Cancels queued and running requests (their streams end with ``error`` code ``cancelled``),
     hides every request at once (``deleted_at``; a later sweep purges them), resets memory and
@@ -367,14 +361,14 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
     hand-offs and resets ``handed_off_through`` to 0. Ordinals keep counting; stored snapshots and
     the session's settings are kept.
     """
-    owner = await lock_session(session, tenant, parent_id)
-    if owner is None:
+    session_row = await lock_session(session, tenant, parent_id)
+    if session_row is None:
         return None
     candidates = list(
         await session.scalars(
             select(RequestRow.id)
             .where(
-                RequestRow.session_id == owner.id,
+                RequestRow.session_id == session_row.id,
                 RequestRow.deleted_at.is_(None),
                 RequestRow.status.in_((Status.QUEUED, Status.RUNNING)),
             )
@@ -384,30 +378,29 @@ async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> d
     active = [rid for rid in candidates if await _cancel(session, rid, CANCELLED_BY_CLEAR)]
     hidden: Any = await session.execute(
         update(RequestRow)
-        .where(RequestRow.session_id == owner.id, RequestRow.deleted_at.is_(None))
+        .where(RequestRow.session_id == session_row.id, RequestRow.deleted_at.is_(None))
         .values(deleted_at=func.now())
         .execution_options(synchronize_session=False)
     )
     removed = hidden.rowcount
     # Background jobs of the session end too (SPEC §6.6); their late writes are refused anyway.
-    await cancel_session_jobs(session, owner.id)
+    await cancel_session_jobs(session, session_row.id)
     # The old history's hand-off and memory events are hidden like its requests' (theirs included).
-    await mark_session_events_cleared(session, owner.id)
+    await mark_session_events_cleared(session, session_row.id)
     # SPEC §11.1: a clear deletes the hand-offs and resets the mark; settings are kept (§11.2).
-    await session.execute(delete(HandoffRow).where(HandoffRow.session_id == owner.id))
-    owner.handed_off_through = 0
-    owner.memory = dict(EMPTY_MEMORY)
-    owner.clear_version = owner.clear_version + 1
-    owner.updated_at = func.now()
+    await session.execute(delete(HandoffRow).where(HandoffRow.session_id == session_row.id))
+    session_row.handed_off_through = 0
+    session_row.memory = dict(EMPTY_MEMORY)
+    session_row.clear_version = session_row.clear_version + 1
+    session_row.updated_at = func.now()
     await session.flush()
     result = {
-        "parent_id": owner.parent_id,
-        "clear_version": owner.clear_version,
-        "next_ordinal": owner.next_ordinal,
+        "parent_id": session_row.parent_id,
+        "clear_version": session_row.clear_version,
+        "next_ordinal": session_row.next_ordinal,
         "cleared_requests": int(removed or 0),
         "cancelled_requests": len(active),
     }
-    await session.commit()
     return result
 
 

@@ -177,32 +177,13 @@ def _terminal_events(row: RequestRow, parent_id: str) -> list[tuple[str, dict[st
 
 
 async def restore_archive(
-    session: AsyncSession,
-    tenant: str,
-    parent_id: str,
-    archive: Archive,
-    *,
-    replace: bool = False,
+    session: AsyncSession, tenant: str, parent_id: str, archive: Archive, *, replace: bool = False
 ) -> RestoreResult:
-    """Write ``archive`` into the session (tenant, parent_id), creating it if needed, and commit.
-
-    Everything happens in the caller's session's one transaction, committed at the end and rolled
-    back on any failure, so a refused restore writes nothing. Raises :class:`SessionHasHistory`
-    when the session has history and ``replace`` is false, :class:`SessionBusy` when ``replace`` is
-    asked while requests are queued or running.
+    """Write ``archive`` into the session (tenant, parent_id), creating it if needed, inside the
+    caller's transaction: the caller commits it whole or rolls it back, so a refused restore writes
+    nothing. Raises :class:`SessionHasHistory` when the session has history and ``replace`` is false,
+    :class:`SessionBusy` when ``replace`` is asked while requests are queued or running.
     """
-    try:
-        result = await _restore(session, tenant, parent_id, archive, replace=replace)
-    except BaseException:
-        await session.rollback()
-        raise
-    await session.commit()
-    return result
-
-
-async def _restore(
-    session: AsyncSession, tenant: str, parent_id: str, archive: Archive, *, replace: bool
-) -> RestoreResult:
     target = await lock_or_create_session(session, tenant, parent_id)
     live = (
         await session.execute(

@@ -26,9 +26,9 @@ def _key(provider: str, model: str) -> dict[str, str]:
     return {"provider": provider[:_PROVIDER_MAX], "model": model[:_MODEL_MAX]}
 
 
-async def load_calibration(session: Executor, provider: str, model: str) -> Calibration:
+async def load_calibration(tx: Executor, provider: str, model: str) -> Calibration:
     """The counters of (``provider``, ``model``) as a :class:`Calibration` (empty when none)."""
-    row = await fetch_one(session, queries.load_calibration, _key(provider, model))
+    row = await fetch_one(tx, queries.load_calibration, _key(provider, model))
     if row is None:
         return Calibration.empty()
     return Calibration(
@@ -48,28 +48,19 @@ class Sample:
     reported_prompt_tokens: int
 
 
-async def record_sample(
-    session: AsyncSession, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
+async def add_sample(
+    tx: Executor, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
 ) -> bool:
-    """Add one sample (``estimate`` as sent, the provider's prompt tokens) and commit.
+    """Add one sample (``estimate`` as sent, the provider's prompt tokens) inside the caller's
+    transaction (the answer's end writes it with the request's success: one commit).
 
     Unreported usage (``None`` or 0 prompt tokens) and an empty estimate add nothing: they carry no
     signal about the tokenizer. Returns whether a sample was written.
     """
-    written = await add_sample(session, provider, model, estimate, reported_prompt_tokens)
-    await session.commit()
-    return written
-
-
-async def add_sample(
-    session: Executor, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
-) -> bool:
-    """:func:`record_sample` inside the caller's transaction (the answer's end writes it with the
-    request's success: one commit)."""
     if reported_prompt_tokens is None or reported_prompt_tokens <= 0 or estimate <= 0:
         return False
     await execute(
-        session,
+        tx,
         queries.add_calibration_sample,
         {**_key(provider, model), "estimate": estimate, "reported": reported_prompt_tokens},
     )
@@ -85,7 +76,7 @@ class ModelCalibration:
     calibration: Calibration
 
 
-async def all_calibrations(session: AsyncSession) -> list[ModelCalibration]:
+async def all_calibrations(tx: AsyncSession) -> list[ModelCalibration]:
     """Every (provider, model) with counters, ordered."""
     return [
         ModelCalibration(
@@ -97,5 +88,5 @@ async def all_calibrations(session: AsyncSession) -> list[ModelCalibration]:
                 provider_sum=int(row.sum_provider),
             ),
         )
-        for row in await session.execute(queries.all_calibrations)
+        for row in await tx.execute(queries.all_calibrations)
     ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Final, Literal
 
 from sqlalchemy import and_, delete, func, literal_column, or_, select, tuple_, update
@@ -25,7 +24,7 @@ from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
 from service.store.session_list import InvalidCursor
 from service.store.sessions import find_request, find_session, lock_session
-from service.vocabulary import Status, utc_iso
+from service.vocabulary import Status, utc_iso, utc_iso_seconds
 
 HandoffFormat = Literal["anthropic", "openai", "text"]
 HANDOFF_FORMATS: Final = ("anthropic", "openai", "text")
@@ -135,9 +134,9 @@ def _summary_of(memory: dict[str, Any] | None) -> HandoffSummary | None:
     return HandoffSummary(rendered, first, through)
 
 
-async def _candidates(session: AsyncSession, owner: SessionRow, ask: HandoffAsk) -> list[RequestRow]:
+async def _candidates(session: AsyncSession, session_row: SessionRow, ask: HandoffAsk) -> list[RequestRow]:
     visible = and_(
-        RequestRow.session_id == owner.id,
+        RequestRow.session_id == session_row.id,
         RequestRow.deleted_at.is_(None),
         RequestRow.status == Status.SUCCEEDED,
         RequestRow.answer.is_not(None),
@@ -146,7 +145,9 @@ async def _candidates(session: AsyncSession, owner: SessionRow, ask: HandoffAsk)
     if ask.ordinals is not None:
         query = query.where(RequestRow.ordinal.in_(ask.ordinals))
     elif ask.include == "new":
-        query = query.where(or_(RequestRow.ordinal > owner.handed_off_through, RequestRow.pinned.is_(True)))
+        query = query.where(
+            or_(RequestRow.ordinal > session_row.handed_off_through, RequestRow.pinned.is_(True))
+        )
     rows = list(await session.scalars(query.order_by(RequestRow.ordinal)))
     if ask.ordinals is not None:
         found = {r.ordinal for r in rows}
@@ -156,15 +157,17 @@ async def _candidates(session: AsyncSession, owner: SessionRow, ask: HandoffAsk)
     return rows
 
 
-async def _summary_for(session: AsyncSession, owner: SessionRow, ask: HandoffAsk) -> HandoffSummary | None:
+async def _summary_for(
+    session: AsyncSession, session_row: SessionRow, ask: HandoffAsk
+) -> HandoffSummary | None:
     """The rolling summary the block may use: with ``ordinals`` (SPEC 11.1: exactly those), only when
     every succeeded Q&A it covers was asked for — it cannot carry part of what it summarises."""
-    summary = _summary_of(owner.memory)
+    summary = _summary_of(session_row.memory)
     if summary is None or ask.ordinals is None:
         return summary
     covered = await session.scalars(
         select(RequestRow.ordinal).where(
-            RequestRow.session_id == owner.id,
+            RequestRow.session_id == session_row.id,
             RequestRow.deleted_at.is_(None),
             RequestRow.status == Status.SUCCEEDED,
             RequestRow.ordinal.between(summary.first_ordinal, summary.covered_through_ordinal),
@@ -187,41 +190,35 @@ async def _snapshot_times(
         )
     )
     return {
-        snapshot_id: (None if value is None else str(value), _iso_seconds(stored))
+        snapshot_id: (None if value is None else str(value), utc_iso_seconds(stored))
         for snapshot_id, value, stored in rows
     }
-
-
-def _iso_seconds(moment: datetime | None) -> str | None:
-    """A block's times: UTC to the second."""
-    return utc_iso(moment)[:19] + "Z" if moment is not None else None
 
 
 async def create_handoff(
     session: AsyncSession, tenant: str, parent_id: str, ask: HandoffAsk
 ) -> HandoffOutcome | None:
-    """Build and record a hand-off in one transaction and commit; None when the session is unknown.
+    """Build and record a hand-off inside the caller's transaction; None when the session is unknown.
 
     Raises :class:`UnknownOrdinals` (an asked ordinal is not a succeeded request) and
-    :class:`HandoffIdempotencyConflict`; both roll back, so a refusal writes nothing. Nothing to
+    :class:`HandoffIdempotencyConflict`, before any write, so a refusal writes nothing. Nothing to
     hand off → an empty object (``ordinals: []``), nothing recorded.
     """
-    owner = await lock_session(session, tenant, parent_id)
-    if owner is None:
+    session_row = await lock_session(session, tenant, parent_id)
+    if session_row is None:
         return None
     if ask.idempotency_key is not None:
         earlier = await session.scalar(
             select(HandoffRow).where(
-                HandoffRow.session_id == owner.id, HandoffRow.idempotency_key == ask.idempotency_key
+                HandoffRow.session_id == session_row.id, HandoffRow.idempotency_key == ask.idempotency_key
             )
         )
         if earlier is not None:
             if earlier.body_hash != ask.body_hash:
                 raise HandoffIdempotencyConflict()
-            await session.commit()
-            return HandoffOutcome(public_handoff(earlier, owner.parent_id), created=False)
-    rows = await _candidates(session, owner, ask)
-    times = await _snapshot_times(session, owner.id, {r.snapshot_id for r in rows if r.snapshot_id})
+            return HandoffOutcome(public_handoff(earlier, session_row.parent_id), created=False)
+    rows = await _candidates(session, session_row, ask)
+    times = await _snapshot_times(session, session_row.id, {r.snapshot_id for r in rows if r.snapshot_id})
     items: list[HandoffItem] = []
     for r in rows:
         taken, stored = times.get(r.snapshot_id, (None, None)) if r.snapshot_id else (None, None)
@@ -230,17 +227,16 @@ async def create_handoff(
                 ordinal=r.ordinal,
                 question=r.question,
                 answer=r.answer or "",
-                asked_at=_iso_seconds(r.created_at),
+                asked_at=utc_iso_seconds(r.created_at),
                 snapshot_id=r.snapshot_id,
                 snapshot_time=taken,
                 snapshot_stored=stored,
                 pinned=r.pinned,
             )
         )
-    block = build_handoff(items, await _summary_for(session, owner, ask), ask.max_tokens)
+    block = build_handoff(items, await _summary_for(session, session_row, ask), ask.max_tokens)
     if block is None:
-        await session.commit()
-        return HandoffOutcome(_empty(owner.parent_id, ask), created=False)
+        return HandoffOutcome(_empty(session_row.parent_id, ask), created=False)
 
     handoff_id = uuid.uuid4()
     created_at = await session.scalar(select(func.now()))
@@ -261,7 +257,7 @@ async def create_handoff(
     }
     row = HandoffRow(
         id=handoff_id,
-        session_id=owner.id,
+        session_id=session_row.id,
         body=body,
         through_ordinal=ordinals[-1],
         idempotency_key=ask.idempotency_key,
@@ -270,9 +266,9 @@ async def create_handoff(
     )
     session.add(row)
     # Never down: a hand-off of older pinned Q&A alone leaves the mark where it was.
-    marked_before = owner.handed_off_through
-    owner.handed_off_through = max(owner.handed_off_through, ordinals[-1])
-    owner.updated_at = func.now()
+    marked_before = session_row.handed_off_through
+    session_row.handed_off_through = max(session_row.handed_off_through, ordinals[-1])
+    session_row.updated_at = func.now()
     # What it carried is unpinned. What it had to leave out, and the main conversation never had,
     # is pinned, so the next include: "new" hand-off carries it although the mark has moved past it:
     # no finding is lost to the mark. One handed off before (an "all" or "ordinals" hand-off of
@@ -281,7 +277,7 @@ async def create_handoff(
     await session.execute(
         update(RequestRow)
         .where(
-            RequestRow.session_id == owner.id,
+            RequestRow.session_id == session_row.id,
             RequestRow.ordinal.in_([*ordinals, *unseen]),
             RequestRow.status == Status.SUCCEEDED,
             RequestRow.deleted_at.is_(None),
@@ -292,18 +288,18 @@ async def create_handoff(
     await session.flush()
     await append_session_event(
         session,
-        owner.id,
+        session_row.id,
         "handoff",
         {
             "handoff": {
-                k: v for k, v in public_handoff(row, owner.parent_id).items() if k not in ("text", "message")
+                k: v
+                for k, v in public_handoff(row, session_row.parent_id).items()
+                if k not in ("text", "message")
             },
-            "handed_off_through": owner.handed_off_through,
+            "handed_off_through": session_row.handed_off_through,
         },
     )
-    result = public_handoff(row, owner.parent_id)
-    await session.commit()
-    return HandoffOutcome(result, created=True)
+    return HandoffOutcome(public_handoff(row, session_row.parent_id), created=True)
 
 
 def _handoff_cursor(before: str) -> uuid.UUID:
@@ -326,15 +322,15 @@ async def list_handoffs(
     (one a clear deleted) gives an empty page. None when the session does not exist.
     """
     cursor_id = None if before is None else _handoff_cursor(before)
-    owner = await find_session(session, tenant, parent_id)
-    if owner is None:
+    session_row = await find_session(session, tenant, parent_id)
+    if session_row is None:
         return None
-    query = select(HandoffRow).where(HandoffRow.session_id == owner.id)
+    query = select(HandoffRow).where(HandoffRow.session_id == session_row.id)
     if cursor_id is not None:
         cursor = (
             await session.execute(
                 select(HandoffRow.created_at, HandoffRow.id).where(
-                    HandoffRow.session_id == owner.id, HandoffRow.id == cursor_id
+                    HandoffRow.session_id == session_row.id, HandoffRow.id == cursor_id
                 )
             )
         ).first()
@@ -349,7 +345,7 @@ async def list_handoffs(
     has_more = len(rows) > limit
     page = rows[:limit]
     return {
-        "items": [public_handoff(r, owner.parent_id) for r in page],
+        "items": [public_handoff(r, session_row.parent_id) for r in page],
         "has_more": has_more,
         "next_before": str(page[-1].id) if has_more and page else None,
     }
@@ -358,22 +354,21 @@ async def list_handoffs(
 async def set_pinned(
     session: AsyncSession, tenant: str, request_id: uuid.UUID, pinned: bool
 ) -> dict[str, Any] | None:
-    """Pin (a succeeded request only, else :class:`NotPinnable`) or unpin; idempotent; commits.
+    """Pin (a succeeded request only, else :class:`NotPinnable`) or unpin; idempotent; inside the
+    caller's transaction.
 
     None when the request is not the tenant's or was cleared.
     """
     found = await find_request(session, tenant, request_id)
     if found is None:
         return None
-    row, owner = found
+    row, session_row = found
     if pinned and row.status != Status.SUCCEEDED:
         raise NotPinnable(row.status)
     if row.pinned != pinned:
         row.pinned = pinned
         await session.flush()
-    record = request_record(row, owner.parent_id)
-    await session.commit()
-    return record
+    return request_record(row, session_row.parent_id)
 
 
 async def delete_handoffs(session: AsyncSession, session_id: uuid.UUID) -> int:

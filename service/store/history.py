@@ -92,7 +92,6 @@ async def load_prepared_snapshot(
         .where(SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id)
         .values(prepared=prepared.to_json(), prepared_version=PREPARED_VERSION)
     )
-    await session.commit()
     return str(row.content_hash), prepared
 
 

@@ -1,4 +1,4 @@
-"""Background summary jobs (SPEC §6.6): enqueue, claim, finish, and the single-flight registry.
+"""Background summary jobs (SPEC §6.6): enqueue, claim, requeue, finish, and the single-flight registry.
 
 Jobs are rows claimed exactly like requests — ``FOR UPDATE SKIP LOCKED`` under a claim advisory lock
 that enforces a global cap (``SIDEQUEST_MAX_BACKGROUND_CONCURRENCY``), a lease extended by the worker's
@@ -31,7 +31,6 @@ from service.store import queries
 from service.store.execute import (
     Executor,
     Row,
-    committed,
     execute,
     fetch_all,
     fetch_one,
@@ -39,7 +38,16 @@ from service.store.execute import (
     json_text,
     notify,
 )
-from service.vocabulary import CANCEL_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
+from service.vocabulary import (
+    CANCEL_CHANNEL,
+    JobKind,
+    RequeueReason,
+    Status,
+    TerminalStatus,
+    session_cleared_error,
+    taken_over_error,
+    utc_iso,
+)
 
 # Key of the advisory lock that serialises job claims (requests have their own).
 JOB_CLAIM_LOCK_KEY = 0x5EDE_0002
@@ -89,7 +97,7 @@ class JobState:
 
 
 async def _memory_event(
-    session: Executor,
+    tx: Executor,
     session_id: uuid.UUID,
     job_id: uuid.UUID,
     kind: str,
@@ -101,7 +109,7 @@ async def _memory_event(
     """The transition's ``memory`` event and, with ``notify``, its ``NOTIFY sidequest_jobs`` (``queued``:
     work to do; ``freed``: a slot freed), in the caller's transaction, one round trip."""
     await execute(
-        session,
+        tx,
         queries.memory_event,
         {
             "sid": session_id,
@@ -117,7 +125,7 @@ async def _memory_event(
 
 
 async def enqueue_job(
-    session: Executor,
+    tx: Executor,
     session_id: uuid.UUID,
     *,
     kind: JobKind,
@@ -131,7 +139,7 @@ async def enqueue_job(
     registration), or the session was cleared since ``clear_version`` was read.
     """
     job_id: uuid.UUID | None = await fetch_value(
-        session,
+        tx,
         queries.enqueue_job,
         {
             "id": uuid.uuid4(),
@@ -149,7 +157,7 @@ async def enqueue_job(
 
 
 async def register_inline(
-    session: AsyncSession,
+    tx: Executor,
     session_id: uuid.UUID,
     *,
     kind: JobKind,
@@ -159,39 +167,39 @@ async def register_inline(
     clear_version: int,
     lease_s: float,
 ) -> uuid.UUID | None:
-    """Register that a request makes this summary itself (single flight); commits.
+    """Register that a request makes this summary itself (single flight), inside the caller's
+    transaction.
 
     Returns the registration's id, or None when a job (or another registration) already holds the
     key — the caller then waits for that one instead.
     """
-    async with session.begin():
-        registration: uuid.UUID | None = await session.scalar(
-            queries.register_inline,
-            {
-                "id": uuid.uuid4(),
-                "sid": session_id,
-                "kind": kind,
-                "key": key,
-                "params": json_text({"made_by": "request", "request_id": str(request_id)}),
-                "cv": clear_version,
-                "owner": owner,
-                "lease_s": lease_s,
-            },
-        )
-        return registration
+    registration: uuid.UUID | None = await fetch_value(
+        tx,
+        queries.register_inline,
+        {
+            "id": uuid.uuid4(),
+            "sid": session_id,
+            "kind": str(kind),
+            "key": key,
+            "params": json_text({"made_by": "request", "request_id": str(request_id)}),
+            "cv": clear_version,
+            "owner": owner,
+            "lease_s": float(lease_s),
+        },
+    )
+    return registration
 
 
-async def end_inline(session: AsyncSession, registration_id: uuid.UUID, *, ok: bool) -> None:
-    """End a request's registration (made or not): the key is free again; commits."""
-    async with session.begin():
-        await session.execute(
-            queries.end_inline,
-            {"id": registration_id, "status": Status.SUCCEEDED if ok else Status.FAILED},
-        )
+async def end_inline(tx: Executor, registration_id: uuid.UUID, *, ok: bool) -> None:
+    """End a request's registration (made or not), inside the caller's transaction: the key is free
+    again."""
+    status = Status.SUCCEEDED if ok else Status.FAILED
+    await execute(tx, queries.end_inline, {"id": registration_id, "status": str(status)})
 
 
-async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
-    """Claim the oldest queued background job under the global background cap; commits.
+async def claim_job(tx: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
+    """Claim the oldest queued background job under the global background cap, inside the caller's
+    transaction.
 
     One statement (``sidequest_claim_job``), as a request's claim: the job claims' advisory lock,
     the cap (running background jobs, never a request's registration), the pick — one running job
@@ -199,18 +207,17 @@ async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int
     session's context summary — the start under a lease, the ``running`` memory event; and what the
     job reads of its session. The worker runs it on a plain connection.
     """
-    async with committed(x):
-        row = await fetch_one(
-            x,
-            queries.claim_job,
-            {
-                "owner": owner,
-                "lease_s": float(lease_s),
-                "max_running": max_running,
-                "lock_key": JOB_CLAIM_LOCK_KEY,
-                "at": utc_iso(),
-            },
-        )
+    row = await fetch_one(
+        tx,
+        queries.claim_job,
+        {
+            "owner": owner,
+            "lease_s": float(lease_s),
+            "max_running": max_running,
+            "lock_key": JOB_CLAIM_LOCK_KEY,
+            "at": utc_iso(),
+        },
+    )
     if row is None:
         return None
     return ClaimedJob(
@@ -230,23 +237,26 @@ async def claim_job(x: Executor, *, owner: str, lease_s: float, max_running: int
 
 
 async def finish_job(
-    x: Executor,
+    tx: Executor,
     job_id: uuid.UUID,
     owner: str | None,
     *,
     status: TerminalStatus,
-    calls: int,
+    calls: int | None,
     covered: dict[str, Any] | None = None,
     error: dict[str, Any] | None = None,
+    from_statuses: tuple[Status, ...] = (Status.RUNNING,),
 ) -> bool:
-    """The one terminal transition of a background job, in the caller's transaction.
+    """THE terminal transition of a job, inside the caller's transaction: its worker's end, the
+    sweep, a take-over, a clear.
 
-    Guarded by ``status = 'running'`` and, when ``owner`` is given, the lease: a job cancelled by a
-    clear or taken over by the sweep is not written again. Appends the ``memory`` event and NOTIFYs
-    the job queue (a background slot is free). Returns whether it wrote.
+    Guarded by the statuses it leaves (``from_statuses``) and, when ``owner`` is given, the lease: a
+    job cancelled by a clear or taken over by the sweep is not written again. ``calls`` None keeps
+    the count on the row. Appends the ``memory`` event (not for a request's registration) and, when
+    the job was running, NOTIFYs the job queue that a background slot is free. Returns whether it wrote.
     """
     row = await fetch_one(
-        x,
+        tx,
         queries.finish_job,
         {
             "id": job_id,
@@ -255,128 +265,124 @@ async def finish_job(
             "covered": None if covered is None else json_text(covered),
             "error": None if error is None else json_text(error),
             "owner": owner,
+            "from_statuses": [str(s) for s in from_statuses],
         },
     )
     if row is None:
         return False
     if row["made_by"] == "background":
-        await _memory_event(x, row["session_id"], job_id, row["kind"], status, calls, covered, notify="freed")
+        freed = "freed" if row["left_status"] == Status.RUNNING else None
+        await _memory_event(tx, row["session_id"], job_id, row["kind"], status, row["calls"], covered, freed)
     return True
 
 
-async def release_job(session: AsyncSession, job_id: uuid.UUID, owner: str) -> None:
-    """Give a held job back to the queue (graceful worker stop; the attempt does not count)."""
-    row = (
-        await session.execute(
-            queries.release_job,
-            {"id": job_id, "owner": owner},
-        )
-    ).one_or_none()
-    if row is not None:
-        await _memory_event(
-            session, row.session_id, job_id, row.kind, Status.QUEUED, row.calls, None, notify="queued"
-        )
-
-
-async def requeue_job(session: AsyncSession, job_id: uuid.UUID) -> None:
-    """Put a job whose worker died back in the queue (the sweep), in the caller's transaction."""
-    row = (
-        await session.execute(
-            queries.requeue_job,
-            {"id": job_id},
-        )
-    ).one_or_none()
-    if row is not None:
-        await _memory_event(
-            session, row.session_id, job_id, row.kind, Status.QUEUED, row.calls, None, notify="queued"
-        )
-
-
-async def count_calls(x: Executor, job_id: uuid.UUID, n: int = 1) -> None:
-    """``n`` more calls started by a running job (commits on its own): its ``calls`` stay current, so
-    a clear that cancels it mid-call reports the calls in flight (their usage arrives when they end)."""
-    async with committed(x):
-        await execute(x, queries.count_job_calls, {"id": job_id, "n": n})
-
-
-async def take_over(session: AsyncSession, job_id: uuid.UUID) -> bool:
-    """A waiting request takes a still-queued job over: the job ends ``cancelled`` (code
-    ``taken_over``) and the request makes the summary itself; commits. False if it started meanwhile."""
-    async with session.begin():
-        row = (
-            await session.execute(
-                queries.take_over_job,
-                {"id": job_id},
-            )
-        ).one_or_none()
-        if row is None:
-            return False
-        await _memory_event(session, row.session_id, job_id, row.kind, Status.CANCELLED, row.calls, None)
+async def requeue_job(
+    tx: Executor, job_id: uuid.UUID, *, reason: RequeueReason, owner: str | None = None
+) -> bool:
+    """THE way back to ``queued`` of a running job, inside the caller's transaction: a worker's
+    graceful stop (``worker_stopped``, guarded by its ``owner``; the attempt does not count) or the
+    sweep (``worker_lost``). Appends the ``memory`` event and NOTIFYs that there is work to do."""
+    row = await fetch_one(
+        tx,
+        queries.requeue_job,
+        {"id": job_id, "owner": owner, "attempt_counts": reason == "worker_lost"},
+    )
+    if row is None:
+        return False
+    await _memory_event(
+        tx, row["session_id"], job_id, row["kind"], Status.QUEUED, row["calls"], None, "queued"
+    )
     return True
 
 
-async def take_key(x: Executor, job_id: uuid.UUID, key: str) -> bool:
-    """Re-key a running job to the summary's real cache key, unless someone holds that key; commits.
+async def count_calls(tx: Executor, job_id: uuid.UUID, n: int = 1) -> None:
+    """``n`` more calls started by a running job, inside the caller's transaction: its ``calls`` stay
+    current, so a clear that cancels it mid-call reports the calls in flight (their usage arrives
+    when they end)."""
+    await execute(tx, queries.count_job_calls, {"id": job_id, "n": n})
+
+
+async def take_over(tx: Executor, job_id: uuid.UUID) -> bool:
+    """A waiting request takes a still-queued job over, inside the caller's transaction: the job ends
+    ``cancelled`` (code ``taken_over``) and the request makes the summary itself. False if it started
+    meanwhile."""
+    return await finish_job(
+        tx,
+        job_id,
+        None,
+        status=Status.CANCELLED,
+        calls=None,
+        error=taken_over_error(),
+        from_statuses=(Status.QUEUED,),
+    )
+
+
+async def take_key(tx: Executor, job_id: uuid.UUID, key: str) -> bool:
+    """Re-key a running job to the summary's real cache key, unless someone holds that key, inside
+    the caller's transaction.
 
     False: another active job or a request's registration holds it — the summary is being made.
     """
-    async with committed(x):
-        taken = await fetch_value(x, queries.take_job_key, {"id": job_id, "key": key})
+    taken = await fetch_value(tx, queries.take_job_key, {"id": job_id, "key": key})
     return taken is not None
 
 
-async def cancel_session_jobs(session: AsyncSession, session_id: uuid.UUID) -> list[uuid.UUID]:
-    """Cancel the session's queued and running jobs (a clear), in the caller's transaction.
+async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> list[uuid.UUID]:
+    """Cancel the session's queued and running jobs (a clear), inside the caller's transaction.
 
-    Running ones are told through ``NOTIFY sidequest_cancel`` (payload ``job:<id>``); their late
-    summary writes are refused anyway by the bumped ``clear_version`` (SPEC §6.5).
+    Each ends through :func:`finish_job`; running ones are told through ``NOTIFY sidequest_cancel``
+    (payload ``job:<id>``), and their late summary writes are refused anyway by the bumped
+    ``clear_version`` (SPEC §6.5).
     """
-    rows = (
-        await session.execute(
-            queries.cancel_session_jobs,
-            {"sid": session_id},
+    cancelled: list[uuid.UUID] = []
+    for row in await fetch_all(tx, queries.active_session_jobs, {"sid": session_id}):
+        await finish_job(
+            tx,
+            row["id"],
+            None,
+            status=Status.CANCELLED,
+            calls=None,
+            error=session_cleared_error(),
+            from_statuses=(Status.QUEUED, Status.RUNNING),
         )
-    ).all()
-    for row in rows:
-        await notify(session, CANCEL_CHANNEL, f"job:{row.id}")
-        if row.made_by != "request":
-            await _memory_event(session, session_id, row.id, row.kind, Status.CANCELLED, row.calls, None)
-    return [row.id for row in rows]
+        await notify(tx, CANCEL_CHANNEL, f"job:{row['id']}")
+        cancelled.append(row["id"])
+    return cancelled
 
 
 def _state(row: Row) -> JobState:
     return JobState(row["id"], row["kind"], row["key"], row["status"], row["made_by"], row["error"])
 
 
-async def active_jobs(x: Executor, session_id: uuid.UUID, kind: JobKind) -> list[JobState]:
+async def active_jobs(tx: Executor, session_id: uuid.UUID, kind: JobKind) -> list[JobState]:
     """The session's queued or running jobs (and registrations) of ``kind``, oldest first."""
     return [
-        _state(r) for r in await fetch_all(x, queries.active_jobs, {"sid": session_id, "kind": str(kind)})
+        _state(r) for r in await fetch_all(tx, queries.active_jobs, {"sid": session_id, "kind": str(kind)})
     ]
 
 
-async def job_state(x: Executor, job_id: uuid.UUID) -> JobState | None:
+async def job_state(tx: Executor, job_id: uuid.UUID) -> JobState | None:
     """One job's current state, or None when it is gone (purged with its session)."""
-    row = await fetch_one(x, queries.job_state, {"id": job_id})
+    row = await fetch_one(tx, queries.job_state, {"id": job_id})
     return None if row is None else _state(row)
 
 
 _USAGE_TOTALS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
 
 
-async def background_overview(session: AsyncSession, session_id: uuid.UUID) -> dict[str, Any]:
+async def background_overview(tx: AsyncSession, session_id: uuid.UUID) -> dict[str, Any]:
     """SPEC §3 ``session.background``: jobs by status and the usage of every background call."""
-    return (await background_overviews(session, [session_id]))[session_id]
+    return (await background_overviews(tx, [session_id]))[session_id]
 
 
 async def background_overviews(
-    session: AsyncSession, session_ids: list[uuid.UUID]
+    tx: AsyncSession, session_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """:func:`background_overview` of several sessions in one query (every id in the result)."""
     result: dict[uuid.UUID, dict[str, Any]] = {}
     if not session_ids:
         return result
-    for row in await session.execute(queries.background_overviews, {"sids": list(session_ids)}):
+    for row in await tx.execute(queries.background_overviews, {"sids": list(session_ids)}):
         counts = {status: int((row.counts or {}).get(status, 0)) for status in Status}
         calls = list(row.calls or [])
         usage: dict[str, Any] = {
@@ -397,11 +403,11 @@ class JobStats:
     tokens: list[tuple[str, str, int]]
 
 
-async def read_job_stats(session: AsyncSession) -> JobStats:
+async def read_job_stats(tx: AsyncSession) -> JobStats:
     """The scrape queries for background jobs (no tenant data)."""
-    outcomes = await session.execute(queries.job_outcomes)
-    calls = await session.execute(queries.job_calls)
-    tokens = await session.execute(queries.job_tokens)
+    outcomes = await tx.execute(queries.job_outcomes)
+    calls = await tx.execute(queries.job_calls)
+    tokens = await tx.execute(queries.job_tokens)
     return JobStats(
         by_outcome=[(r.kind, r.status, int(r.n)) for r in outcomes],
         calls=[(r.kind, r.status, int(r.n)) for r in calls],
@@ -424,7 +430,6 @@ __all__ = [
     "job_state",
     "read_job_stats",
     "register_inline",
-    "release_job",
     "requeue_job",
     "take_key",
     "take_over",

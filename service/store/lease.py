@@ -16,7 +16,7 @@ import uuid
 from typing import Any
 
 from service.store import queries
-from service.store.execute import Executor, committed, fetch_value, json_text
+from service.store.execute import Executor, fetch_value, json_text
 from service.vocabulary import utc_iso
 
 # Between the worker's name and the claim's own token; a host name never holds one.
@@ -34,17 +34,17 @@ def worker_of(owner: str) -> str:
 
 
 # Both guards are SQL functions (service/store/sql/lease.sql), so the rule has one home.
-async def lock_if_held(session: Executor, request_id: uuid.UUID, owner: str) -> bool:
+async def lock_if_held(tx: Executor, request_id: uuid.UUID, owner: str) -> bool:
     """Inside the caller's transaction: lock the request row if this worker still runs it.
 
     Used before every worker write; a concurrent cancel or clear holding the row makes this wait, then
     see the new status, so the worker's write is skipped rather than landing after a terminal event.
     """
-    return bool(await fetch_value(session, queries.lock_if_held, {"id": request_id, "owner": owner}))
+    return bool(await fetch_value(tx, queries.lock_if_held, {"id": request_id, "owner": owner}))
 
 
-async def write_if_held(
-    session: Executor,
+async def emit_if_held(
+    tx: Executor,
     request_id: uuid.UUID,
     owner: str,
     events: list[tuple[str, dict[str, Any]]],
@@ -56,14 +56,15 @@ async def write_if_held(
     stage change with ``context_info``, then ``events`` in order. False, writing nothing, when the
     request is no longer this worker's.
 
-    Every event's envelope ``at`` is this write's time, unless its fields carry their own ``at``
-    (when it happened: an event batched until the next slow step keeps its moment — the fields are
-    merged over the envelope)."""
+    The pipeline batches what happens between two slow steps (a stage change, the replay plan, the
+    next stage change) into one call. Every event's envelope ``at`` is this write's time, unless its
+    fields carry their own ``at`` (when it happened: an event batched until the next slow step keeps
+    its moment — the fields are merged over the envelope)."""
     info = None
     if stage is not None:
         info = json_text({**(context_info or {}), "stage": stage})
     held = await fetch_value(
-        session,
+        tx,
         queries.emit_if_held,
         {
             "id": request_id,
@@ -77,42 +78,9 @@ async def write_if_held(
     return bool(held)
 
 
-async def emit_batch_if_held(
-    session: Executor,
-    request_id: uuid.UUID,
-    owner: str,
-    events: list[tuple[str, dict[str, Any]]],
-    *,
-    stage: str | None = None,
-    context_info: dict[str, Any] | None = None,
-) -> bool:
-    """:func:`write_if_held`, committed: ``events`` in order — and, with ``stage``, the request moved
-    to it with ``context_info`` — in ONE transaction (one round trip on a plain connection).
-
-    The pipeline batches what happens between two slow steps (a stage change, the replay plan, the
-    next stage change) into one commit instead of one each. Returns False, writing nothing, when the
-    request is no longer this worker's.
-    """
-    async with committed(session):
-        return await write_if_held(session, request_id, owner, events, stage=stage, context_info=context_info)
-
-
-async def emit_if_held(
-    session: Executor,
-    request_id: uuid.UUID,
-    owner: str,
-    event_type: str,
-    fields: dict[str, Any],
-) -> bool:
-    """Append one event in its own transaction, only while this worker holds the request."""
-    return await emit_batch_if_held(session, request_id, owner, [(event_type, fields)])
-
-
 __all__ = [
     "claim_owner",
-    "emit_batch_if_held",
     "emit_if_held",
     "lock_if_held",
     "worker_of",
-    "write_if_held",
 ]

@@ -21,12 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from service.store import queries
-from service.store.events import append_event
-from service.store.execute import Executor, committed, fetch_value
-from service.store.lease import lock_if_held
+from service.store.execute import Executor, execute, fetch_value, json_text
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
 
@@ -68,26 +64,6 @@ class CallEntry:
         }
 
 
-async def append_call(
-    x: Executor, request_id: uuid.UUID, entry: CallEntry, *, job: bool = False
-) -> dict[str, Any]:
-    """Append one call to the request's (or, with ``job``, the background job's) usage; commits.
-
-    The totals are recomputed from the calls in the same statement, and the row lock taken by the
-    ``UPDATE`` serialises concurrent appends. Returns the new usage object.
-    """
-    return await append_calls(x, request_id, [entry], job=job)
-
-
-async def append_calls(
-    x: Executor, request_id: uuid.UUID, entries: Sequence[CallEntry], *, job: bool = False
-) -> dict[str, Any]:
-    """:func:`append_call` of several calls, in this order, in one statement; commits."""
-    async with committed(x):
-        appended = await _append(x, request_id, entries, job=job)
-    return appended.usage
-
-
 @dataclass(frozen=True)
 class Appended:
     """The usage after an append, and whether the append added its calls (False: already there)."""
@@ -96,48 +72,31 @@ class Appended:
     added: bool
 
 
-async def _append(x: Executor, row_id: uuid.UUID, entries: Sequence[CallEntry], *, job: bool) -> Appended:
+async def append_calls(
+    tx: Executor, row_id: uuid.UUID, entries: Sequence[CallEntry], *, job: bool = False
+) -> Appended:
+    """Append calls, in this order, to the request's (or, with ``job``, the background job's) usage,
+    in one statement inside the caller's transaction.
+
+    The totals are recomputed from the calls in the same statement, and the row lock taken by the
+    ``UPDATE`` serialises concurrent appends. Calls already in the list add nothing (``added`` False).
+    """
     statement = queries.append_job_calls if job else queries.append_request_calls
     params = {"id": row_id, "call": json.dumps([entry.as_json() for entry in entries])}
-    usage = await fetch_value(x, statement, params)
+    usage = await fetch_value(tx, statement, params)
     if usage is not None:
         return Appended(dict(usage), added=True)
-    usage = await fetch_value(x, queries.job_usage if job else queries.request_usage, {"id": row_id})
+    usage = await fetch_value(tx, queries.job_usage if job else queries.request_usage, {"id": row_id})
     if usage is None:
         raise LookupError(f"{'job' if job else 'request'} {row_id} does not exist")
     return Appended(dict(usage), added=False)
 
 
-async def append_call_and_emit(
-    session: AsyncSession, request_id: uuid.UUID, entry: CallEntry, *, owner: str
-) -> dict[str, Any]:
-    """Append one call to the request's usage and, while ``owner`` still holds the request, its
-    ``usage`` event with the new totals — one transaction; commits. Returns the new usage object.
-
-    The ledger part is written whatever happened to the request (tokens were spent); only the event
-    is guarded by the lease (no event after a terminal one). A call already recorded (a retried
-    write whose first COMMIT was applied) adds nothing, not even the event.
-    """
-    async with session.begin():
-        appended = await add_call(session, request_id, entry)
-        if appended.added and await lock_if_held(session, request_id, owner):
-            await append_event(session, request_id, "usage", {"usage": appended.usage})
-    return appended.usage
-
-
-async def add_call(session: Executor, request_id: uuid.UUID, entry: CallEntry) -> Appended:
-    """Append one call to the request's usage inside the caller's transaction."""
-    return await _append(session, request_id, [entry], job=False)
-
-
-async def merge_context_info(session: AsyncSession, request_id: uuid.UUID, fields: dict[str, Any]) -> None:
-    """Merge ``fields`` into the request's ``context_info`` (top-level keys replaced); commits.
+async def merge_context_info(tx: Executor, request_id: uuid.UUID, fields: dict[str, Any]) -> None:
+    """Merge ``fields`` into the request's ``context_info`` (top-level keys replaced), inside the
+    caller's transaction.
 
     Not lease-guarded: context_info is metadata about what was done, and keeping it current after a
     cancel is harmless and useful (it shows how far the request got).
     """
-    async with session.begin():
-        await session.execute(
-            queries.merge_context_info,
-            {"id": request_id, "info": json.dumps(fields, ensure_ascii=False)},
-        )
+    await execute(tx, queries.merge_context_info, {"id": request_id, "info": json_text(fields)})

@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 from service.store import queries
-from service.store.execute import Executor, fetch_value, json_text, transaction
+from service.store.execute import Executor, fetch_value, json_text
 from service.store.models import EMPTY_MEMORY
 
 # Newest context summaries kept per session: a cache, not history; old snapshots' prefixes age out.
@@ -31,7 +31,7 @@ MAX_CONTEXT_SUMMARIES = 16
 
 
 async def save_memory(
-    x: Executor,
+    tx: Executor,
     request_id: uuid.UUID,
     *,
     owner: str | None,
@@ -39,7 +39,9 @@ async def save_memory(
     context_summary: dict[str, Any] | None = None,
     job: bool = False,
 ) -> bool:
-    """Save a rolling Q&A summary and/or one context summary for the writer's session; commits.
+    """Save a rolling Q&A summary and/or one context summary for the writer's session, inside the
+    caller's transaction (a background job's end writes its summary and its terminal state in one
+    commit).
 
     The writer is the request ``request_id`` — or, with ``job``, the background job of that id.
     ``qa_summary`` (when given) replaces the session's rolling summary; ``context_summary`` (a dict with
@@ -48,23 +50,6 @@ async def save_memory(
     that worker (None skips that part). Returns whether anything was written: False means the writer
     stopped running or the session was cleared, and the summary must be dropped, not retried.
     """
-    async with transaction(x):
-        return await save_memory_in(
-            x, request_id, owner=owner, qa_summary=qa_summary, context_summary=context_summary, job=job
-        )
-
-
-async def save_memory_in(
-    x: Executor,
-    request_id: uuid.UUID,
-    *,
-    owner: str | None,
-    qa_summary: dict[str, Any] | None = None,
-    context_summary: dict[str, Any] | None = None,
-    job: bool = False,
-) -> bool:
-    """:func:`save_memory` inside the caller's transaction (a background job's end writes its summary
-    and its terminal state in one commit)."""
     if qa_summary is None and context_summary is None:
         raise ValueError("save_memory needs a qa_summary or a context_summary")
     if context_summary is not None and "key" not in context_summary:
@@ -74,10 +59,10 @@ async def save_memory_in(
     # COMMITTED, new statement), and a single row lock can never deadlock with the API's multi-row
     # clear.
     lock_session = queries.lock_session_of_job if job else queries.lock_session_of_request
-    if await fetch_value(x, lock_session, {"id": request_id}) is None:
+    if await fetch_value(tx, lock_session, {"id": request_id}) is None:
         return False
     written = await fetch_value(
-        x,
+        tx,
         queries.save_memory_of_job if job else queries.save_memory_of_request,
         {
             "writer_id": request_id,
@@ -91,9 +76,9 @@ async def save_memory_in(
     return written is not None
 
 
-async def load_memory(x: Executor, session_id: uuid.UUID) -> dict[str, Any]:
+async def load_memory(tx: Executor, session_id: uuid.UUID) -> dict[str, Any]:
     """The session's memory (``{qa_summary, context_summaries}``), empty if never written."""
-    memory = await fetch_value(x, queries.load_memory, {"id": session_id})
+    memory = await fetch_value(tx, queries.load_memory, {"id": session_id})
     result = dict(EMPTY_MEMORY)
     result.update(memory or {})
     return result

@@ -1,6 +1,7 @@
-"""The queue: claim, lease + heartbeat, release and the recovery sweep. With :mod:`service.store.lease`
-(the guard of every worker write) and :mod:`service.store.terminal` (the one terminal transition),
-the store's front door for the worker, which never writes SQL itself (procrastinate's "one manager").
+"""The queue: claim, lease + heartbeat, the way back to the queue, the recovery sweep. With
+:mod:`service.store.lease` (the guard of every worker write) and :mod:`service.store.terminal` (the
+one terminal transition), the store's front door for the worker, which never writes SQL itself
+(procrastinate's "one manager").
 
 Invariants, and how each is kept:
 
@@ -47,10 +48,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import jobs, queries
 from service.store.events import append_event
-from service.store.execute import Executor, committed, fetch_one
+from service.store.execute import Executor, fetch_one
 from service.store.lease import lock_if_held
 from service.store.terminal import finish_request, notify_slot_freed
-from service.vocabulary import Status, utc_iso
+from service.vocabulary import RequeueReason, Status, rerun, utc_iso, worker_lost_error
 
 # Key of the advisory lock that serialises claims (any constant; shared by every process).
 CLAIM_LOCK_KEY = 0x5EDE_0001
@@ -89,34 +90,33 @@ class Claimed:
     snapshot_hash: str | None = None
 
 
-async def claim_next(session: Executor, *, owner: str, lease_s: float, max_running: int) -> Claimed | None:
+async def claim_next(tx: Executor, *, owner: str, lease_s: float, max_running: int) -> Claimed | None:
     """Claim the next request per SPEC §9, or None when the cap is reached or nothing is eligible."""
-    claimed, _full = await try_claim(session, owner=owner, lease_s=lease_s, max_running=max_running)
+    claimed, _full = await try_claim(tx, owner=owner, lease_s=lease_s, max_running=max_running)
     return claimed
 
 
 async def try_claim(
-    session: Executor, *, owner: str, lease_s: float, max_running: int
+    tx: Executor, *, owner: str, lease_s: float, max_running: int
 ) -> tuple[Claimed | None, bool]:
     """Claim the next request per SPEC §9; also says whether the cluster is at its cap (then None).
 
-    One statement (``sidequest_claim``), committed on its own (a fresh session, or — the worker's hot
-    path — a plain connection outside a transaction): lock, count, pick, mark running with stage
+    One statement (``sidequest_claim``), inside the caller's transaction (the worker's hot path runs
+    it alone on a plain connection, ``execute.committed``): lock, count, pick, mark running with stage
     ``preparing`` and a lease, stamp the session's ``last_started_at``, write the ``status`` event —
     and return what the pipeline needs (the request, the session's memory and settings).
     """
-    async with committed(session):
-        row = await fetch_one(
-            session,
-            queries.claim_request,
-            {
-                "owner": owner,
-                "lease_s": float(lease_s),
-                "max_running": max_running,
-                "lock_key": CLAIM_LOCK_KEY,
-                "at": utc_iso(),
-            },
-        )
+    row = await fetch_one(
+        tx,
+        queries.claim_request,
+        {
+            "owner": owner,
+            "lease_s": float(lease_s),
+            "max_running": max_running,
+            "lock_key": CLAIM_LOCK_KEY,
+            "at": utc_iso(),
+        },
+    )
     if row is None:
         return None, False
     if row["cluster_full"]:
@@ -150,13 +150,14 @@ class Held:
 
 
 async def heartbeat(
-    session: AsyncSession,
+    tx: AsyncSession,
     *,
     requests: Mapping[uuid.UUID, str],
     lease_s: float,
     jobs: Mapping[uuid.UUID, str] | None = None,
 ) -> Held:
-    """Extend the leases of the requests and background jobs a worker holds, in one transaction.
+    """Extend the leases of the requests and background jobs a worker holds, inside the caller's
+    transaction.
 
     ``requests`` and ``jobs`` map each id to the lease owner of the claim its run holds: a lease is
     extended only for that claim, never for an earlier one of the same process. An id missing from
@@ -168,47 +169,42 @@ async def heartbeat(
         return Held(set(), set())
     held_requests: set[uuid.UUID] = set()
     held_jobs: set[uuid.UUID] = set()
-    async with session.begin():
-        if requests:
-            rows = await session.execute(
-                queries.heartbeat_requests,
-                {"ids": list(requests), "owners": list(requests.values()), "lease_s": lease_s},
-            )
-            held_requests = {r.id for r in rows if not r.cancel_requested}
-        if jobs:
-            rows = await session.execute(
-                queries.heartbeat_jobs,
-                {"ids": list(jobs), "owners": list(jobs.values()), "lease_s": lease_s},
-            )
-            held_jobs = {r.id for r in rows}
+    if requests:
+        rows = await tx.execute(
+            queries.heartbeat_requests,
+            {"ids": list(requests), "owners": list(requests.values()), "lease_s": lease_s},
+        )
+        held_requests = {r.id for r in rows if not r.cancel_requested}
+    if jobs:
+        rows = await tx.execute(
+            queries.heartbeat_jobs,
+            {"ids": list(jobs), "owners": list(jobs.values()), "lease_s": lease_s},
+        )
+        held_jobs = {r.id for r in rows}
     return Held(held_requests, held_jobs)
 
 
-async def release(session: AsyncSession, request_id: uuid.UUID, owner: str) -> bool:
-    """Give a held request back to the queue (graceful worker stop); the attempt does not count."""
-    async with session.begin():
-        if not await lock_if_held(session, request_id, owner):
-            return False
-        stage = await session.scalar(queries.request_stage, {"id": request_id})
-        session_id = await session.scalar(
-            queries.release_request,
-            {"id": request_id},
-        )
-        await append_event(
-            session,
-            request_id,
-            "progress",
-            {"stage": stage, "action": "worker_stopped_rerun", "discard_streamed_text": True},
-        )
-        await append_event(
-            session,
-            request_id,
-            "status",
-            {"status": Status.QUEUED, "stage": None, "reason": "worker_stopped"},
-        )
-        assert session_id is not None
-        await notify_slot_freed(session, session_id)
-        return True
+async def requeue_request(
+    tx: Executor, request_id: uuid.UUID, *, reason: RequeueReason, owner: str | None = None
+) -> bool:
+    """THE way back to ``queued`` of a running request, inside the caller's transaction: a worker's
+    graceful stop (``worker_stopped``, guarded by its ``owner``; the attempt does not count) or the
+    sweep (``worker_lost``, on a row it locked). Writes the ``progress`` event telling clients to
+    discard the text streamed so far and the ``status`` event back to ``queued``, and NOTIFYs that a
+    slot is free. False, writing nothing, when the request is not (or no longer ``owner``'s) running.
+    """
+    if owner is not None and not await lock_if_held(tx, request_id, owner):
+        return False
+    row = await fetch_one(
+        tx, queries.requeue_request, {"id": request_id, "attempt_counts": reason == "worker_lost"}
+    )
+    if row is None:
+        return False
+    attempt = row["attempt"] if reason == "worker_lost" else None
+    await append_event(tx, request_id, "progress", rerun(reason, row["stage"], attempt))
+    await append_event(tx, request_id, "status", {"status": Status.QUEUED, "stage": None, "reason": reason})
+    await notify_slot_freed(tx, row["session_id"])
+    return True
 
 
 @dataclass(frozen=True)
@@ -221,16 +217,9 @@ class SweepResult:
     jobs_failed: list[uuid.UUID] = field(default_factory=list)
 
 
-def _worker_lost(attempts: int, stage: str | None, what: str) -> dict[str, Any]:
-    return {
-        "code": "worker_lost",
-        "message": f"the worker running this {what} stopped answering ({attempts} attempts)",
-        "detail": {"attempts": attempts, "stage": stage},
-    }
-
-
-async def sweep_expired(session: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -> SweepResult:
-    """Recover requests and background jobs whose lease expired (their worker died); commits.
+async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -> SweepResult:
+    """Recover requests and background jobs whose lease expired (their worker died), inside the
+    caller's transaction.
 
     A request is re-run once, else failed with ``worker_lost`` (usage, context_info and events already
     recorded are kept; a re-run gets a ``status`` event back to ``queued`` and a ``progress`` event
@@ -239,57 +228,33 @@ async def sweep_expired(session: AsyncSession, *, max_attempts: int = MAX_ATTEMP
     """
     requeued: list[uuid.UUID] = []
     failed: list[uuid.UUID] = []
-    async with session.begin():
-        rows = (await session.execute(queries.expired_requests)).all()
-        for row in rows:
-            if row.attempt < max_attempts:
-                await session.execute(
-                    queries.requeue_request,
-                    {"id": row.id},
-                )
-                await append_event(
-                    session,
-                    row.id,
-                    "progress",
-                    {
-                        "stage": row.stage,
-                        "action": "worker_lost_rerun",
-                        "attempt": row.attempt,
-                        "discard_streamed_text": True,
-                    },
-                )
-                await append_event(
-                    session,
-                    row.id,
-                    "status",
-                    {"status": Status.QUEUED, "stage": None, "reason": "worker_lost"},
-                )
-                await notify_slot_freed(session, row.session_id)
-                requeued.append(row.id)
-            else:
-                await finish_request(
-                    session,
-                    row.id,
-                    status=Status.FAILED,
-                    owner=None,
-                    error=_worker_lost(row.attempt, row.stage, "request"),
-                )
-                failed.append(row.id)
-        job_rows = (await session.execute(queries.expired_jobs)).all()
-        jobs_requeued: list[uuid.UUID] = []
-        jobs_failed: list[uuid.UUID] = []
-        for job in job_rows:
-            if job.made_by == "background" and job.attempt < max_attempts:
-                await jobs.requeue_job(session, job.id)
-                jobs_requeued.append(job.id)
-            else:
-                await jobs.finish_job(
-                    session,
-                    job.id,
-                    None,
-                    status=Status.FAILED,
-                    calls=job.calls,
-                    error=_worker_lost(job.attempt, None, "job"),
-                )
-                jobs_failed.append(job.id)
+    for row in (await tx.execute(queries.expired_requests)).all():
+        if row.attempt < max_attempts:
+            await requeue_request(tx, row.id, reason="worker_lost")
+            requeued.append(row.id)
+        else:
+            await finish_request(
+                tx,
+                row.id,
+                status=Status.FAILED,
+                owner=None,
+                error=worker_lost_error(row.attempt, row.stage, "request"),
+            )
+            failed.append(row.id)
+    jobs_requeued: list[uuid.UUID] = []
+    jobs_failed: list[uuid.UUID] = []
+    for job in (await tx.execute(queries.expired_jobs)).all():
+        if job.made_by == "background" and job.attempt < max_attempts:
+            await jobs.requeue_job(tx, job.id, reason="worker_lost")
+            jobs_requeued.append(job.id)
+        else:
+            await jobs.finish_job(
+                tx,
+                job.id,
+                None,
+                status=Status.FAILED,
+                calls=job.calls,
+                error=worker_lost_error(job.attempt, None, "job"),
+            )
+            jobs_failed.append(job.id)
     return SweepResult(requeued=requeued, failed=failed, jobs_requeued=jobs_requeued, jobs_failed=jobs_failed)

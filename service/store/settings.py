@@ -18,17 +18,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import SidequestError
 from service.store.sessions import SETTINGS_FIELDS, find_session, lock_or_create_session
-from service.vocabulary import integral, unstorable_reason
+from service.vocabulary import (
+    CONTEXT_WINDOW_MAX,
+    CONTEXT_WINDOW_MIN,
+    MAX_MODEL_CHARS,
+    MAX_SUMMARY_INSTRUCTIONS_BYTES,
+    OUTPUT_CAP_MAX,
+    OUTPUT_CAP_MIN,
+    integral,
+    unstorable_reason,
+)
 
 ON_BUSY_CHOICES: Final = ("enqueue", "reject", "interrupt")
-# SPEC §11.2: summary instructions are at most 4 KiB, measured in UTF-8 bytes (not characters).
-MAX_SUMMARY_INSTRUCTIONS_BYTES: Final = 4096
-# Same bounds as the request's own fields (schemas.QuestionIn) and SIDEQUEST_MAX_OUTPUT_TOKENS.
-MAX_MODEL_CHARS: Final = 200
-CONTEXT_WINDOW_MIN: Final = 1024
-CONTEXT_WINDOW_MAX: Final = 10_000_000
-OUTPUT_CAP_MIN: Final = 256
-OUTPUT_CAP_MAX: Final = 32768
 
 
 # The number fields and their bounds: the one table both the check and the stored form read.
@@ -132,7 +133,8 @@ async def read_settings(session: AsyncSession, tenant: str, parent_id: str) -> d
 async def update_settings(
     session: AsyncSession, tenant: str, parent_id: str, changes: dict[str, Any]
 ) -> dict[str, Any]:
-    """Apply a PUT (only the named fields; ``None`` clears one), creating the session if needed; commits.
+    """Apply a PUT (only the named fields; ``None`` clears one), creating the session if needed,
+    inside the caller's transaction.
 
     Every change is checked before the first write, so a refused PUT writes nothing (not even the
     session it would have created). Returns the whole settings object after the change.
@@ -140,17 +142,16 @@ async def update_settings(
     problems = settings_problems(changes)
     if problems:
         raise InvalidSettings(problems)
-    owner = await lock_or_create_session(session, tenant, parent_id)
-    merged = {k: v for k, v in (owner.settings or {}).items() if k in SETTINGS_FIELDS}
+    session_row = await lock_or_create_session(session, tenant, parent_id)
+    merged = {k: v for k, v in (session_row.settings or {}).items() if k in SETTINGS_FIELDS}
     for name, value in changes.items():
         if value is None:
             merged.pop(name, None)
         else:
             merged[name] = stored_setting(name, value)
-    owner.settings = merged
-    owner.updated_at = func.now()
+    session_row.settings = merged
+    session_row.updated_at = func.now()
     await session.flush()
-    await session.commit()
     return public_settings(merged)
 
 

@@ -1,4 +1,4 @@
-"""THE terminal transition of a side request, and the worker's ways to reach it (issue 12).
+"""THE terminal transition of a side request, and the worker's ways to reach it.
 
 Every way a request ends — succeeded (:func:`finish_answered`, :func:`finish_succeeded`), failed or
 cancelled by its worker (:func:`finish_failed`), cancelled by the client, a clear or a newer question
@@ -7,9 +7,8 @@ cancelled by its worker (:func:`finish_failed`), cancelled by the client, a clea
 event, and NOTIFYs that a slot is free. The two departures (the ``on_busy`` interrupt inside the
 admission SQL function, archive restore) are in docs/architecture.md.
 
-Transaction convention (every module of the store): a function that takes a session and says
-"commits" opens and commits its own transaction; one that says "inside the caller's transaction"
-never commits, and its caller composes several into one commit.
+Transaction convention (docs/architecture.md): store functions never commit — the caller opens the
+transaction and composes several writes into one commit.
 """
 
 from __future__ import annotations
@@ -20,15 +19,15 @@ from types import SimpleNamespace
 from typing import Any, Literal, cast
 
 from service.store import calibration, jobs, ledger, queries
-from service.store.execute import Executor, execute, fetch_one, json_text, notify, transaction
-from service.store.lease import write_if_held
+from service.store.execute import Executor, execute, fetch_one, json_text, notify
+from service.store.lease import emit_if_held
 from service.store.models import RequestRow
 from service.store.records import request_record
 from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
 
 
-async def notify_slot_freed(session: Executor, session_id: uuid.UUID) -> None:
-    await notify(session, QUEUE_CHANNEL, f"freed:{session_id}")
+async def notify_slot_freed(tx: Executor, session_id: uuid.UUID) -> None:
+    await notify(tx, QUEUE_CHANNEL, f"freed:{session_id}")
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class Ended:
 # and the guarded UPDATE (returning the row), then — once the record is built from that row — the
 # events.
 async def finish_request(
-    session: Executor,
+    tx: Executor,
     request_id: uuid.UUID,
     *,
     status: TerminalStatus,
@@ -72,7 +71,7 @@ async def finish_request(
     elif error is None:
         raise ValueError("a failed or cancelled request needs its error object")
     ended = await fetch_one(
-        session,
+        tx,
         queries.finish_request,
         {
             "status": str(status),
@@ -101,7 +100,7 @@ async def finish_request(
     session_id, stage = row["session_id"], row["stage"]
     last_type, last_fields = ("done", {"record": record}) if status == Status.SUCCEEDED else ("error", error)
     await execute(
-        session,
+        tx,
         queries.end_request,
         {
             "id": request_id,
@@ -136,7 +135,7 @@ class AnswerTail:
 
 
 async def finish_succeeded(
-    session: Executor,
+    tx: Executor,
     request_id: uuid.UUID,
     owner: str,
     *,
@@ -149,88 +148,86 @@ async def finish_succeeded(
     follow_ups: tuple[FollowUp, ...] = (),
     tail: AnswerTail | None = None,
 ) -> dict[str, Any] | None:
-    """The worker's success (commits): the terminal state, ``status`` + ``done``, and its follow-up
-    background jobs, atomically. None when the worker no longer holds the request: nothing written
-    but the ``tail``'s ledger entry and calibration sample (tokens were spent whatever happened).
+    """The worker's success, inside the caller's transaction: the terminal state, ``status`` +
+    ``done``, and its follow-up background jobs. None when the worker no longer holds the request:
+    nothing written but the ``tail``'s ledger entry and calibration sample (tokens were spent
+    whatever happened).
 
     ``tail`` is what the answer's end still has to write — its last text, its call, its calibration
     sample — written here, in order (``delta``, ``usage``, then ``status`` and ``done``), so the end of
-    an answer is one commit instead of four (issue 12: slot hand-off).
+    an answer is one commit instead of four: a slot is handed on after one fsync, not four.
     """
-    async with transaction(session):
-        usage = None
-        if tail is not None:
-            added = True  # a retried end whose first COMMIT was applied finds its call recorded
-            if tail.call is not None:
-                appended = await ledger.add_call(session, request_id, tail.call)
-                usage, added = (appended.usage if appended.added else None), appended.added
-            if tail.sample is not None and added:
-                sample = tail.sample
-                await calibration.add_sample(
-                    session, sample.provider, sample.model, sample.estimate, sample.reported_prompt_tokens
-                )
-            events: list[tuple[str, dict[str, Any]]] = []
-            if tail.delta:
-                events.append(("delta", {"text": tail.delta}))
-            if usage is not None:
-                events.append(("usage", {"usage": usage}))
-            if events and not await write_if_held(session, request_id, owner, events):
-                return None
-        ended = await finish_request(
-            session,
-            request_id,
-            status=Status.SUCCEEDED,
-            owner=owner,
-            answer=answer,
-            truncated=truncated,
-            stop_reason=stop_reason,
-            model=model,
-            qa_tokens=qa_tokens,
-            context_info=context_info,
-        )
-        if ended is None:
-            return None
-        assert ended.record is not None
-        for job in follow_ups:
-            await jobs.enqueue_job(
-                session,
-                ended.session_id,
-                kind=job.kind,
-                key=job.key,
-                params=job.params,
-                clear_version=int(ended.record["clear_version"]),
+    usage = None
+    if tail is not None:
+        added = True  # a retried end whose first COMMIT was applied finds its call recorded
+        if tail.call is not None:
+            appended = await ledger.append_calls(tx, request_id, [tail.call])
+            usage, added = (appended.usage if appended.added else None), appended.added
+        if tail.sample is not None and added:
+            sample = tail.sample
+            await calibration.add_sample(
+                tx, sample.provider, sample.model, sample.estimate, sample.reported_prompt_tokens
             )
-        return ended.record
+        events: list[tuple[str, dict[str, Any]]] = []
+        if tail.delta:
+            events.append(("delta", {"text": tail.delta}))
+        if usage is not None:
+            events.append(("usage", {"usage": usage}))
+        if events and not await emit_if_held(tx, request_id, owner, events):
+            return None
+    ended = await finish_request(
+        tx,
+        request_id,
+        status=Status.SUCCEEDED,
+        owner=owner,
+        answer=answer,
+        truncated=truncated,
+        stop_reason=stop_reason,
+        model=model,
+        qa_tokens=qa_tokens,
+        context_info=context_info,
+    )
+    if ended is None:
+        return None
+    assert ended.record is not None
+    for job in follow_ups:
+        await jobs.enqueue_job(
+            tx,
+            ended.session_id,
+            kind=job.kind,
+            key=job.key,
+            params=job.params,
+            clear_version=int(ended.record["clear_version"]),
+        )
+    return ended.record
 
 
 async def finish_failed(
-    session: Executor,
+    tx: Executor,
     request_id: uuid.UUID,
     owner: str,
     *,
-    code: str,
-    message: str,
-    detail: dict[str, Any] | None = None,
+    error: dict[str, Any],
     status: Literal[Status.FAILED, Status.CANCELLED] = Status.FAILED,
     model: str | None = None,
     context_info: dict[str, Any] | None = None,
 ) -> bool:
-    """The worker's failure or cancel settlement (commits): ``status`` + ``error`` events. ``model``:
-    the answer model the request was prepared with, when it got that far (the record names it).
+    """The worker's failure or cancel settlement, inside the caller's transaction: ``status`` +
+    ``error`` events. ``model``: the answer model the request was prepared with, when it got that far
+    (the record names it).
 
     Returns False, writing nothing, when the request is no longer running under ``owner``.
     """
-    async with transaction(session):
-        ended = await finish_request(
-            session,
-            request_id,
-            status=status,
-            owner=owner,
-            error={"code": code, "message": message, "detail": detail or {}},
-            model=model,
-            context_info=context_info,
-        )
-        return ended is not None
+    ended = await finish_request(
+        tx,
+        request_id,
+        status=status,
+        owner=owner,
+        error=error,
+        model=model,
+        context_info=context_info,
+    )
+    return ended is not None
 
 
 __all__ = [

@@ -41,8 +41,9 @@ from service.providers.base import Provider
 from service.store import jobs, lease, queue, terminal
 from service.store.admission import purge_cleared
 from service.store.db import Database, is_unavailable, outage_line_due, unusable_reason
+from service.store.execute import committed
 from service.store.listener import WORKER_CHANNELS, Listener
-from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status
+from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status, cancelled_error
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +355,7 @@ class Worker:
     # ------------------------------------------------------------------ requests
 
     async def _claim_request(self) -> tuple[queue.Claimed | None, bool]:
-        async with self.db.connection() as conn:
+        async with self.db.connection() as conn, committed(conn):
             return await queue.try_claim(
                 conn,
                 owner=lease.claim_owner(self.owner),
@@ -378,24 +379,19 @@ class Worker:
             log.info("request %s ended: %s", claimed.id, outcome.status)
 
     async def _settle_request(self, claimed: queue.Claimed, reason: CancelReason) -> None:
-        async with self.db.sessions() as session:
+        async with self.db.sessions() as session, session.begin():
             if reason == "shutdown":
-                await queue.release(session, claimed.id, claimed.owner)
+                await queue.requeue_request(session, claimed.id, reason="worker_stopped", owner=claimed.owner)
             elif reason == "cancelled":
                 # Normally the API wrote the terminal state already and this is a no-op.
                 await terminal.finish_failed(
-                    session,
-                    claimed.id,
-                    claimed.owner,
-                    code="cancelled",
-                    message="the request was cancelled",
-                    status=Status.CANCELLED,
+                    session, claimed.id, claimed.owner, error=cancelled_error(), status=Status.CANCELLED
                 )
 
     # ------------------------------------------------------------------ background jobs
 
     async def _claim_job(self) -> tuple[jobs.ClaimedJob | None, bool]:
-        async with self.db.connection() as conn:
+        async with self.db.connection() as conn, committed(conn):
             job = await jobs.claim_job(
                 conn,
                 owner=lease.claim_owner(self.owner),
@@ -413,7 +409,7 @@ class Worker:
         # A shutdown gives the job back (attempt not counted); a clear already ended it.
         async with self.db.sessions() as session, session.begin():
             if reason == "shutdown":
-                await jobs.release_job(session, job.id, job.owner)
+                await jobs.requeue_job(session, job.id, reason="worker_stopped", owner=job.owner)
 
     # ------------------------------------------------------------------ liveness
 
@@ -425,7 +421,7 @@ class Worker:
             if not requests and not job_owners:
                 continue
             try:
-                async with self.db.sessions() as session:
+                async with self.db.sessions() as session, session.begin():
                     held = await queue.heartbeat(
                         session, requests=requests, jobs=job_owners, lease_s=self.settings.lease_s
                     )
@@ -445,7 +441,7 @@ class Worker:
         interval = max(self.settings.poll_s, min(self.settings.lease_s / 2, 10.0))
         while True:
             try:
-                async with self.db.sessions() as session:
+                async with self.db.sessions() as session, session.begin():
                     result = await queue.sweep_expired(session)
                 if result.requeued or result.failed or result.jobs_requeued or result.jobs_failed:
                     log.warning(

@@ -17,10 +17,10 @@ from tests.api.helpers import ask
 
 
 async def test_metrics_report_the_calibration_ratio_and_drift(server: Server, db: Database) -> None:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         for _ in range(5):
-            await store.record_sample(session, "openai", "gpt-x", 1000, 1500)
-        await store.record_sample(session, "openai", "gpt-y", 1000, 1200)
+            await store.add_sample(session, "openai", "gpt-x", 1000, 1500)
+        await store.add_sample(session, "openai", "gpt-y", 1000, 1200)
     async with server.client() as client:
         first = await ask(client, "metrics-parent")
         second = await ask(client, "metrics-parent")

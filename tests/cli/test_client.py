@@ -216,7 +216,7 @@ def test_a_worker_lost_rerun_discards_the_streamed_text() -> None:
     render, out, err = renderer()
     render.handle("delta", {"text": "first try"})
     render.handle(
-        "progress", {"stage": "answering", "action": "worker_lost_rerun", "discard_streamed_text": True}
+        "progress", {"stage": "answering", "what": "worker_lost_rerun", "discard_streamed_text": True}
     )
     render.handle("delta", {"text": "second"})
     outcome = render.handle(

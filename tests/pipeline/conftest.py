@@ -63,7 +63,7 @@ async def run_one(
     db: Database, settings: Settings, provider: Provider, request_id: uuid.UUID, owner: str = "w-test"
 ) -> Ran:
     """Claim ``request_id`` (it must be the next eligible) and run it to its end."""
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         claimed = await queue.claim_next(session, owner=owner, lease_s=settings.lease_s, max_running=100)
     assert claimed is not None and claimed.id == request_id
     outcome = await run_request(PipelineDeps(db=db, settings=settings, provider=provider), claimed)

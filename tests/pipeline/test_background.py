@@ -257,7 +257,7 @@ async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
         return bool(server.requests("qa_summary"))
 
     await wait_for(call_in_flight, within=10)  # the clear lands while the job's call is at the model
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert await clear_session(session, "default", "parent-1") is not None
     assert await _job_is(db, job_id, "cancelled")
     await asyncio.sleep(2.0)  # past the call's delay: a late write would land now
@@ -282,7 +282,7 @@ async def test_a_job_whose_worker_died_runs_again_and_requests_are_unaffected(
     await add_history(db, sid, _history(21))
     await worker.jobs.stop()  # this process runs no jobs until the dead one's lease expired
     job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         dead = await jobs.claim_job(session, owner="dead-worker", lease_s=0.5, max_running=10)
     assert dead is not None and dead.id == job_id
     rid = await admit(db, sid, "question 22?")
@@ -301,11 +301,11 @@ async def test_the_sweep_reruns_a_lost_job_once_then_fails_it(db: Database) -> N
     sid = await make_session(db)
     job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     for attempt in (1, 2):
-        async with db.sessions() as session:
+        async with db.sessions() as session, session.begin():
             claimed = await jobs.claim_job(session, owner=f"dead-{attempt}", lease_s=0.01, max_running=10)
         assert claimed is not None and claimed.attempt == attempt
         await asyncio.sleep(0.05)
-        async with db.sessions() as session:
+        async with db.sessions() as session, session.begin():
             swept = await queue.sweep_expired(session)
         if attempt == 1:
             assert swept.jobs_requeued == [job_id] and await _job_is(db, job_id, "queued")
@@ -485,9 +485,9 @@ async def test_a_snapshot_job_makes_no_summary_when_the_learned_ratio_says_it_fi
     # of our estimates (5 samples, ratio 0.5), so a question on the snapshot fits without compaction
     # (SPEC §5.1: the ratio decides every fit) and the job ends without a call.
     settings = _settings(database_url, server, context_window=64000)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         for _ in range(5):
-            await calibration.record_sample(session, "openai", "scripted-model", 2000, 1000)
+            await calibration.add_sample(session, "openai", "scripted-model", 2000, 1000)
     handle = await start_worker(settings, db)
     try:
         sid = await make_session(db)

@@ -29,7 +29,7 @@ async def test_a_snapshot_is_read_once_and_equals_the_stores(db: Database) -> No
     cache = PreparedSnapshots(capacity=2)
     first = await cache.load(db, sid, "s1")
     again = await cache.load(db, sid, "s1")
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         loaded = await load_prepared_snapshot(session, sid, "s1")
     assert first is not None and again is first and loaded is not None
     read_hash, stored = loaded

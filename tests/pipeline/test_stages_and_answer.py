@@ -228,7 +228,7 @@ async def test_a_call_whose_ledger_write_meets_a_dropped_connection_is_written_o
     sid = await make_session(db, "parent-retry")
     await add_history(db, sid, [(f"q{i}", f"a{i}") for i in range(1, 22)])  # a Q&A fold first
     rid = await admit(db, sid, "Still there?")
-    failures = fail_once(monkeypatch, ledger, "append_call_and_emit")
+    failures = fail_once(monkeypatch, ledger, "append_calls")
     ran = await run_one(db, model_settings, provider, rid)
     assert failures == [1] and ran.outcome.status == "succeeded"
     assert [c["purpose"] for c in ran.row.usage["calls"]] == ["qa_summary", "answer"]

@@ -314,7 +314,7 @@ async def test_admitting_in_a_callers_session_runs_the_same_function_in_its_tran
         with pytest.raises(SnapshotMissing):
             await admit(session, TENANT, "p-tx", Admission(question="q", snapshot_id="nope"), max_queued=20)
     assert await _counts(db) == (0, 0, 0, 0)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         first = await admit(session, TENANT, "p-tx", Admission(question="q"), max_queued=1)
     async with db.sessions() as session:
         with pytest.raises(QueueFull):

@@ -60,7 +60,7 @@ def without_envelope(document: dict[str, Any]) -> dict[str, Any]:
 async def restore(
     db: Database, parent_id: str, document: object, *, tenant: str = TENANT, replace: bool = False
 ) -> archive_store.RestoreResult:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         return await restore_archive(session, tenant, parent_id, parse_archive(document), replace=replace)
 
 
@@ -308,7 +308,7 @@ async def test_restored_requests_get_fresh_ids_session_clear_version_and_termina
 
 async def test_next_question_continues_after_the_highest_restored_ordinal(db: Database) -> None:
     await restore(db, "p", fixture("v1.json"))
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         admitted = await admit(session, TENANT, "p", Admission(question="next?"), max_queued=20)
     assert admitted.record["ordinal"] == 5
 
@@ -316,10 +316,10 @@ async def test_next_question_continues_after_the_highest_restored_ordinal(db: Da
 async def test_restore_into_a_cleared_session_keeps_archive_ordinals_and_never_lowers_next(
     db: Database,
 ) -> None:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         for i in range(6):
             await admit(session, TENANT, "p", Admission(question=f"q{i}"), max_queued=20)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         await clear_session(session, TENANT, "p")
     result = await restore(db, "p", fixture("v1.json"))
     assert [r.ordinal for r in await requests_of(db, "p") if r.deleted_at is None] == [1, 2, 4]
@@ -356,7 +356,7 @@ async def test_replace_discards_old_history_and_bumps_clear_version(db: Database
 
 
 async def test_replace_is_refused_while_requests_are_in_flight(db: Database) -> None:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         await admit(session, TENANT, "p", Admission(question="running?"), max_queued=20)
     counts = await table_counts(db)
     with pytest.raises(SessionBusy):
@@ -677,7 +677,7 @@ async def test_early_years_export_with_four_digits(db: Database) -> None:
 async def test_restore_writes_the_archives_set_settings_and_clears_none(db: Database) -> None:
     """SPEC 11.2: settings are cleared by nothing but PUT — an archive's null (unset) fields leave the
     target session's own as they are; its set fields are written."""
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         await update_settings(session, TENANT, "t", {"on_busy": "reject", "summary_model": "cheap"})
     document = fixture("v3-minimal.json")
     document.setdefault("session", {})["settings"] = {

@@ -28,20 +28,20 @@ async def export(db: Database, parent: str, version: int = 3) -> dict[str, Any]:
 
 
 async def restore(db: Database, parent: str, document: Any, *, replace: bool = False) -> None:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         await restore_archive(session, TENANT, parent, parse_archive(document), replace=replace)
 
 
 async def origin(db: Database) -> None:
     sid = await make_session(db, "origin", TENANT)
     ids = await add_history(db, sid, [(f"q{i}?", f"a{i}.") for i in range(1, 5)])
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         await update_settings(
             session, TENANT, "origin", {"summary_model": "cheap", "max_output_tokens": 2048}
         )
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         await create_handoff(session, TENANT, "origin", HandoffAsk(format="text"))
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         await set_pinned(session, TENANT, ids[1], True)
 
 
@@ -67,7 +67,7 @@ async def test_export_restore_export_keeps_handoffs_mark_settings_and_pins(db: D
     assert page is not None and len(page["items"]) == 1 and page["items"][0]["parent_id"] == "copy"
     assert copied is not None and copied.handed_off_through == 4
     # The restored session behaves: the pinned #2 goes in the next hand-off, nothing else is new.
-    async with db.sessions() as db_session:
+    async with db.sessions() as db_session, db_session.begin():
         outcome = await create_handoff(db_session, TENANT, "copy", HandoffAsk())
     assert outcome is not None and outcome.handoff["ordinals"] == [2]
 
@@ -77,7 +77,7 @@ async def test_older_archives_restore_with_no_handoffs_mark_0_and_the_settings_k
     for version in (1, 2):
         document = await export(db, "origin", version)
         target = f"old-{version}"
-        async with db.sessions() as session:
+        async with db.sessions() as session, session.begin():
             await update_settings(session, TENANT, target, {"on_busy": "reject"})
         await restore(db, target, document)
         exported = (await export(db, target))["session"]

@@ -10,8 +10,8 @@ from service.store.db import Database
 
 
 async def _sample(db: Database, model: str, estimate: int, reported: int | None) -> bool:
-    async with db.sessions() as session:
-        return await store.record_sample(session, "openai", model, estimate, reported)
+    async with db.sessions() as session, session.begin():
+        return await store.add_sample(session, "openai", model, estimate, reported)
 
 
 async def test_concurrent_samples_are_never_lost(db: Database) -> None:
@@ -36,7 +36,8 @@ async def test_counters_are_keyed_by_provider_and_model(db: Database) -> None:
     await _sample(db, "a", 100, 200)
     await _sample(db, "b", 100, 50)
     async with db.sessions() as session:
-        await store.record_sample(session, "anthropic", "a", 10, 10)
+        async with session.begin():
+            await store.add_sample(session, "anthropic", "a", 10, 10)
         rows = await store.all_calibrations(session)
     assert [(r.provider, r.model, r.calibration.samples) for r in rows] == [
         ("anthropic", "a", 1),

@@ -58,7 +58,7 @@ async def add_requests(
 
 
 async def handoff(db: Database, parent: str = "p", tenant: str = TENANT, **ask: Any) -> dict[str, Any]:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         outcome = await create_handoff(session, tenant, parent, HandoffAsk(**ask))
     assert outcome is not None
     return outcome.handoff
@@ -122,7 +122,7 @@ async def test_a_pinned_answer_is_in_the_next_new_handoff_even_below_the_mark_an
     ids = await add_requests(db, sid, ["succeeded", "succeeded", "failed"])
     await handoff(db)
     assert await mark(db) == 2
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         record = await set_pinned(session, TENANT, ids[0], True)
     assert record is not None and record["pinned"] is True
     async with db.sessions() as session:  # idempotent
@@ -137,9 +137,9 @@ async def test_a_pinned_answer_is_in_the_next_new_handoff_even_below_the_mark_an
     async with db.sessions() as session:
         with pytest.raises(NotPinnable):
             await set_pinned(session, TENANT, ids[2], True)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert (await set_pinned(session, TENANT, ids[2], False) or {}).get("pinned") is False
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert await set_pinned(session, "globex", ids[0], True) is None  # another tenant's: not found
 
 
@@ -232,7 +232,7 @@ async def test_a_handoff_is_listed_newest_first_and_is_a_session_event(db: Datab
 async def test_another_tenant_gets_nothing(db: Database) -> None:
     sid = await make_session(db, "p", TENANT)
     await add_requests(db, sid, ["succeeded"])
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert await create_handoff(session, "globex", "p", HandoffAsk()) is None
     async with db.sessions() as session:
         assert await list_handoffs(session, "globex", "p", limit=20, before=None) is None
@@ -247,7 +247,7 @@ async def test_clear_deletes_handoffs_and_resets_the_mark_but_keeps_settings(db:
         assert owner is not None
         owner.settings = {"summary_model": "cheap"}
     await handoff(db)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert await clear_session(session, TENANT, "p") is not None
     assert await handoff_count(db) == 0 and await mark(db) == 0
     async with db.sessions() as session:

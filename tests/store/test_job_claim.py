@@ -42,7 +42,7 @@ async def _enqueue(
 
 
 async def _claim(db: Database, max_running: int = 10) -> jobs.ClaimedJob | None:
-    async with db.connection() as conn:
+    async with db.connection() as conn, conn.transaction():
         return await jobs.claim_job(conn, owner="w1", lease_s=30, max_running=max_running)
 
 
@@ -104,7 +104,7 @@ async def test_the_claim_keeps_the_cap_and_one_running_job_per_session_and_kind(
     other_kind = await _enqueue(db, one, JobKind.CONTEXT_SUMMARY, "snapshot:s")
     other_session = await _enqueue(db, two, JobKind.QA_FOLD, "1-3")
     # A request's registration is running, but takes no background slot and is never claimed.
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         registered = await jobs.register_inline(
             session,
             two,
@@ -121,7 +121,7 @@ async def test_the_claim_keeps_the_cap_and_one_running_job_per_session_and_kind(
     # the cap of 3 stops the fourth claim although session one's second fold is still queued.
     assert [c.id if c else None for c in claimed] == [first, other_kind, other_session, None]
     assert await _sql(db, "SELECT status FROM side_question_jobs WHERE id = :id", id=same_kind) == "queued"
-    async with db.connection() as conn:
+    async with db.connection() as conn, conn.transaction():
         ended = await jobs.finish_job(
             conn, first, "w1", status=Status.SUCCEEDED, calls=0, covered=None, error=None
         )
@@ -190,7 +190,7 @@ async def test_a_context_summary_job_is_claimed_with_its_snapshot_s_content_hash
     missing = await _enqueue(db, sid, JobKind.CONTEXT_SUMMARY, "snapshot:gone", {"snapshot_id": "gone"})
     first = await _claim(db)
     assert first is not None and first.id == named and first.snapshot_hash == stored
-    async with db.connection() as conn:
+    async with db.connection() as conn, conn.transaction():
         assert await jobs.finish_job(conn, named, "w1", status=Status.SUCCEEDED, calls=0)
     second = await _claim(db)
     assert second is not None and second.id == missing and second.snapshot_hash is None
@@ -276,7 +276,8 @@ async def test_a_job_call_appended_twice_is_recorded_once(db: Database, running_
     entry = ledger.CallEntry(purpose="qa_summary", model="m", status="ok", reported=True, input_tokens=40)
     for _ in range(2):
         async with db.connection() as conn:
-            usage = await ledger.append_calls(conn, running_job, [entry], job=True)
+            appended = await ledger.append_calls(conn, running_job, [entry], job=True)
+    usage = appended.usage
     assert [c["call_id"] for c in usage["calls"]] == [entry.call_id] and usage["input_tokens"] == 40
 
 

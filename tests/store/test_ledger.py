@@ -35,12 +35,12 @@ def _entry(i: int, *, reported: bool = True, status: str = "ok") -> ledger.CallE
 
 async def test_append_call_keeps_calls_in_order_and_totals_equal_their_sum(db: Database) -> None:
     rid = await admit(db, await make_session(db), "q")
-    async with db.sessions() as session:
-        await ledger.append_call(session, rid, _entry(1))
-    async with db.sessions() as session:
-        await ledger.append_call(session, rid, _entry(0, reported=False, status="failed"))
-    async with db.sessions() as session:
-        usage = await ledger.append_call(session, rid, _entry(3, status="cancelled"))
+    async with db.sessions() as session, session.begin():
+        await ledger.append_calls(session, rid, [_entry(1)])
+    async with db.sessions() as session, session.begin():
+        await ledger.append_calls(session, rid, [_entry(0, reported=False, status="failed")])
+    async with db.sessions() as session, session.begin():
+        usage = (await ledger.append_calls(session, rid, [_entry(3, status="cancelled")])).usage
     assert [c["status"] for c in usage["calls"]] == ["ok", "failed", "cancelled"]
     assert usage["calls"][1]["reported"] is False and usage["calls"][1]["input_tokens"] == 0
     assert (
@@ -61,8 +61,8 @@ async def test_concurrent_appends_lose_no_call(db: Database) -> None:
     rid = await admit(db, await make_session(db), "q")
 
     async def one(i: int) -> None:
-        async with db.sessions() as session:
-            await ledger.append_call(session, rid, _entry(i))
+        async with db.sessions() as session, session.begin():
+            await ledger.append_calls(session, rid, [_entry(i)])
 
     await asyncio.gather(*(one(i) for i in range(1, 21)))
     usage = await _stored_usage(db, rid)
@@ -73,9 +73,9 @@ async def test_concurrent_appends_lose_no_call(db: Database) -> None:
 
 async def test_merge_context_info_replaces_top_level_keys_only(db: Database) -> None:
     rid = await admit(db, await make_session(db), "q")
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         await ledger.merge_context_info(session, rid, {"stage": "preparing", "window": 1000})
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         await ledger.merge_context_info(session, rid, {"stage": "answering"})
     async with db.sessions() as session:
         row = await session.get(RequestRow, rid)
@@ -86,22 +86,27 @@ async def test_merge_context_info_replaces_top_level_keys_only(db: Database) -> 
 async def test_a_retried_append_whose_first_commit_landed_counts_the_call_once(db: Database) -> None:
     """The ledger's write is tried again when the database's reply is lost, and PostgreSQL may have
     applied that COMMIT: the same call (its call_id) appended again adds nothing — no second entry,
-    no second usage event."""
+    no second usage event (the recorder emits one only for an append that added its call)."""
+    from service.pipeline.recorder import LedgerRecorder
     from service.store import queue
     from service.store.events import request_events_after
 
     rid = await admit(db, await make_session(db), "q")
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         claimed = await queue.claim_next(session, owner="w1", lease_s=30.0, max_running=4)
     assert claimed is not None and claimed.id == rid
     entry = _entry(2)
-    for _ in range(2):
-        async with db.sessions() as session:
-            usage = await ledger.append_call_and_emit(session, rid, entry, owner="w1")
-        assert [c["call_id"] for c in usage["calls"]] == [entry.call_id] and usage["input_tokens"] == 20
+    for attempt in range(2):
+        async with db.sessions() as session, session.begin():
+            appended = await ledger.append_calls(session, rid, [entry])
+        assert appended.added == (attempt == 0)
+        assert [c["call_id"] for c in appended.usage["calls"]] == [entry.call_id]
+        assert appended.usage["input_tokens"] == 20
+    recorder = LedgerRecorder(db, rid, "w1")
+    await recorder._write(entry)  # the recorder's own retry finds the call recorded: no event
+    await recorder._write(_entry(3))
     async with db.sessions() as session:
-        usage = await ledger.append_call_and_emit(session, rid, _entry(3), owner="w1")
         events = await request_events_after(session, rid, 0)
+    usage = await _stored_usage(db, rid)
     assert len(usage["calls"]) == 2 and usage["input_tokens"] == 50
-    assert [e.data["usage"]["input_tokens"] for e in events if e.type == "usage"] == [20, 50]
-    assert await _stored_usage(db, rid) == usage
+    assert [e.data["usage"]["input_tokens"] for e in events if e.type == "usage"] == [50]

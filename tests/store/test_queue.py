@@ -12,13 +12,14 @@ from service.store import calibration, lease, ledger, queue, terminal
 from service.store.db import Database
 from service.store.events import request_events_after
 from service.store.models import RequestRow
+from service.vocabulary import terminal_error
 from tests.factories import admit, clear, make_session
 
 
 async def _claim(
     db: Database, owner: str = "w1", cap: int = 4, lease_s: float = 30.0
 ) -> queue.Claimed | None:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         return await queue.claim_next(session, owner=owner, lease_s=lease_s, max_running=cap)
 
 
@@ -30,7 +31,7 @@ async def _status(db: Database, request_id: uuid.UUID) -> str:
 
 
 async def _finish(db: Database, claimed: queue.Claimed, owner: str = "w1") -> None:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         record = await terminal.finish_succeeded(
             session,
             claimed.id,
@@ -121,7 +122,7 @@ async def test_heartbeat_extends_lease_and_reports_lost_requests(db: Database) -
     await admit(db, sid, "q")
     claimed = await _claim(db, lease_s=1.0)
     assert claimed is not None
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         held = await queue.heartbeat(session, requests={claimed.id: "w1"}, lease_s=60.0)
         assert held.requests == {claimed.id}
         assert (
@@ -132,7 +133,7 @@ async def test_heartbeat_extends_lease_and_reports_lost_requests(db: Database) -
         )
         assert expires is True
     await clear(db, "parent-1")
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert (await queue.heartbeat(session, requests={claimed.id: "w1"}, lease_s=60.0)).requests == set()
 
 
@@ -142,13 +143,13 @@ async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) ->
     claimed = await _claim(db)
     assert claimed is not None
     await clear(db, "parent-1")
-    async with db.sessions() as session:
-        assert not await lease.emit_if_held(session, rid, "w1", "delta", {"text": "late"})
-    async with db.sessions() as session:
-        assert not await lease.emit_batch_if_held(
+    async with db.sessions() as session, session.begin():
+        assert not await lease.emit_if_held(session, rid, "w1", [("delta", {"text": "late"})])
+    async with db.sessions() as session, session.begin():
+        assert not await lease.emit_if_held(
             session, rid, "w1", [("status", {"status": "running", "stage": "answering"})], stage="answering"
         )
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         record = await terminal.finish_succeeded(
             session,
             rid,
@@ -161,7 +162,9 @@ async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) ->
         )
         assert record is None
     async with db.sessions() as session:
-        assert not await terminal.finish_failed(session, rid, "w1", code="timeout", message="late")
+        async with session.begin():
+            error = terminal_error("timeout", "late")
+            assert not await terminal.finish_failed(session, rid, "w1", error=error)
         events = await request_events_after(session, rid, 0)
     assert events[-1].type == "error" and events[-1].data["code"] == "cancelled"
     assert await _status(db, rid) == "cancelled"
@@ -191,7 +194,7 @@ async def test_sweep_reruns_once_then_fails_worker_lost_keeping_usage(db: Databa
             text("""UPDATE side_question_requests SET usage = jsonb_set(usage, '{input_tokens}', '7')""")
         )
     await asyncio.sleep(0.1)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         result = await queue.sweep_expired(session)
     assert result.requeued == [rid] and result.failed == []
     assert await _status(db, rid) == "queued"
@@ -199,7 +202,7 @@ async def test_sweep_reruns_once_then_fails_worker_lost_keeping_usage(db: Databa
     again = await _claim(db, owner="w2", lease_s=0.05)
     assert again is not None and again.id == rid and again.attempt == 2
     await asyncio.sleep(0.1)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         result = await queue.sweep_expired(session)
     assert result.failed == [rid]
     async with db.sessions() as session:
@@ -210,8 +213,8 @@ async def test_sweep_reruns_once_then_fails_worker_lost_keeping_usage(db: Databa
         events = await request_events_after(session, rid, 0)
     assert [e.type for e in events][-2:] == ["status", "error"]
     # The old owner cannot write anything any more.
-    async with db.sessions() as session:
-        assert not await lease.emit_if_held(session, rid, "w2", "delta", {"text": "x"})
+    async with db.sessions() as session, session.begin():
+        assert not await lease.emit_if_held(session, rid, "w2", [("delta", {"text": "x"})])
 
 
 async def test_a_stale_run_of_the_same_process_cannot_write_once_its_request_is_claimed_again(
@@ -225,17 +228,22 @@ async def test_a_stale_run_of_the_same_process_cannot_write_once_its_request_is_
     stale = await _claim(db, owner=lease.claim_owner("host:1:abc"), lease_s=0.05)
     assert stale is not None
     await asyncio.sleep(0.1)
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert (await queue.sweep_expired(session)).requeued == [rid]
     fresh = await _claim(db, owner=lease.claim_owner("host:1:abc"), lease_s=30.0)
     assert fresh is not None and fresh.id == rid and fresh.owner != stale.owner
     assert lease.worker_of(fresh.owner) == lease.worker_of(stale.owner) == "host:1:abc"
     async with db.sessions() as session:
-        assert not await lease.emit_if_held(session, rid, stale.owner, "delta", {"text": "stale"})
-        held = await queue.heartbeat(session, requests={rid: stale.owner}, lease_s=60.0)
+        async with session.begin():
+            assert not await lease.emit_if_held(session, rid, stale.owner, [("delta", {"text": "stale"})])
+        async with session.begin():
+            held = await queue.heartbeat(session, requests={rid: stale.owner}, lease_s=60.0)
         assert held.requests == set()
-        assert await lease.emit_if_held(session, rid, fresh.owner, "delta", {"text": "fresh"})
-        assert (await queue.heartbeat(session, requests={rid: fresh.owner}, lease_s=60.0)).requests == {rid}
+        async with session.begin():
+            assert await lease.emit_if_held(session, rid, fresh.owner, [("delta", {"text": "fresh"})])
+        async with session.begin():
+            held = await queue.heartbeat(session, requests={rid: fresh.owner}, lease_s=60.0)
+        assert held.requests == {rid}
         deltas = [e.data["text"] for e in await request_events_after(session, rid, 0) if e.type == "delta"]
     assert deltas == ["fresh"]
 
@@ -244,7 +252,7 @@ async def test_sweep_leaves_live_leases_alone(db: Database) -> None:
     sid = await make_session(db)
     await admit(db, sid, "q")
     assert await _claim(db, lease_s=30) is not None
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         result = await queue.sweep_expired(session)
     assert result.requeued == [] and result.failed == []
 
@@ -253,11 +261,11 @@ async def test_release_requeues_without_counting_an_attempt(db: Database) -> Non
     sid = await make_session(db)
     rid = await admit(db, sid, "q")
     assert await _claim(db) is not None
-    async with db.sessions() as session:
-        assert await queue.release(session, rid, "w1")
+    async with db.sessions() as session, session.begin():
+        assert await queue.requeue_request(session, rid, reason="worker_stopped", owner="w1")
     async with db.sessions() as session:
         events = await request_events_after(session, rid, 0)
-    assert [(e.type, e.data.get("status"), e.data.get("action")) for e in events][-2:] == [
+    assert [(e.type, e.data.get("status"), e.data.get("what")) for e in events][-2:] == [
         ("progress", None, "worker_stopped_rerun"),
         ("status", "queued", None),
     ]
@@ -288,7 +296,7 @@ def _tail() -> terminal.AnswerTail:
 
 
 async def _succeed_with_tail(db: Database, rid: uuid.UUID) -> dict[str, Any] | None:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         return await terminal.finish_succeeded(
             session,
             rid,

@@ -56,7 +56,7 @@ async def test_cancel_stops_a_running_answer_within_a_second_and_keeps_usage(
     assert rid in worker.running
 
     started = time.monotonic()
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         record = await cancel_request(session, "default", rid)
     assert record is not None and record["status"] == "cancelled"
     await wait_for(lambda: _not_running_locally(worker, rid), within=1.0)
@@ -111,7 +111,7 @@ async def test_clear_during_a_summary_leaves_no_memory_behind(
     server.script("qa_summary", Step.valid_summary(usage=Usage(10, 10)).with_delay(before_s=0.3))
     rid = await admit(db, sid, "q")
     await wait_for(lambda: _summary_sent(server))
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         assert await clear_session(session, "default", "to-clear") is not None
     await wait_for(lambda: _not_running_locally(worker, rid))
     await wait_for(lambda: _summary_finished(db, rid))
@@ -134,7 +134,7 @@ async def test_expired_lease_on_a_second_attempt_fails_worker_lost(
     rid = await admit(db, await make_session(db), "q")
     # A worker that died twice: claimed (attempt 1), re-queued, claimed again (attempt 2), then silent.
     for owner in ("dead-1", "dead-2"):
-        async with db.sessions() as session:
+        async with db.sessions() as session, session.begin():
             claimed = await queue.claim_next(session, owner=owner, lease_s=0.05, max_running=4)
         assert claimed is not None and claimed.id == rid
         if owner == "dead-1":
@@ -150,7 +150,7 @@ async def test_expired_lease_on_a_second_attempt_fails_worker_lost(
 
 
 async def _sweep_once(db: Database) -> bool:
-    async with db.sessions() as session:
+    async with db.sessions() as session, session.begin():
         return bool((await queue.sweep_expired(session)).requeued)
 
 

@@ -567,7 +567,7 @@
   }
 
   function describeProgress(d) {
-    const what = d.what || d.action || d.kind;
+    const what = d.what || d.kind;
     if (what === "replay" && !d.replayed_groups && !d.folded_groups) return "no earlier Q&A to replay";
     if (what === "replay") return `replaying ${fmt(d.replayed_groups || 0)} Q&A groups ${range(d.replayed_ordinals)}${d.folded_groups ? `, folding ${d.folded_groups}` : ""}`;
     if (what === "summary_chunk") return `${String(d.purpose || "summary").replace("_", " ")} chunk ${d.chunk}/${d.chunks}`;

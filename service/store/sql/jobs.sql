@@ -135,41 +135,37 @@ WHERE id = :id AND status = 'running';
 SELECT * FROM sidequest_claim_job(:owner, :lease_s, :max_running, :lock_key, :at);
 
 -- name: finish_job
--- The one terminal transition of a job: guarded by its status and, with an owner, the lease.
+-- The one terminal transition of a job (its worker's end, the sweep, a take-over, a clear): guarded
+-- by the statuses it leaves and, with an owner, the lease. ``calls`` NULL keeps the count. Returns
+-- the status it left (a running job frees a background slot).
+WITH old AS (
+    SELECT id, status FROM side_question_jobs
+    WHERE id = :id AND status = ANY(CAST(:from_statuses AS text[]))
+      AND (CAST(:owner AS text) IS NULL OR lease_owner = CAST(:owner AS text))
+    FOR UPDATE
+)
+UPDATE side_question_jobs j
+SET status = :status, calls = coalesce(CAST(:calls AS integer), j.calls),
+    covered = CAST(:covered AS jsonb), error = CAST(:error AS jsonb), finished_at = now(),
+    lease_owner = NULL, lease_expires_at = NULL
+FROM old
+WHERE j.id = old.id
+RETURNING j.session_id, j.kind, j.calls, coalesce(j.params->>'made_by', 'background') AS made_by,
+          old.status AS left_status;
+
+-- name: requeue_job
+-- THE way back to the queue of a running job (a worker's graceful stop, guarded by its lease; the
+-- sweep): the attempt counts only when the worker was lost.
 UPDATE side_question_jobs
-SET status = :status, calls = :calls, covered = CAST(:covered AS jsonb),
-    error = CAST(:error AS jsonb), finished_at = now(),
+SET status = 'queued',
+    attempt = CASE WHEN :attempt_counts THEN attempt ELSE greatest(attempt - 1, 0) END,
     lease_owner = NULL, lease_expires_at = NULL
 WHERE id = :id AND status = 'running'
   AND (CAST(:owner AS text) IS NULL OR lease_owner = CAST(:owner AS text))
-RETURNING session_id, kind, coalesce(params->>'made_by', 'background') AS made_by;
-
--- name: release_job
--- A held job back to the queue (graceful worker stop): the attempt does not count.
-UPDATE side_question_jobs
-SET status = 'queued', attempt = greatest(attempt - 1, 0),
-    lease_owner = NULL, lease_expires_at = NULL
-WHERE id = :id AND status = 'running' AND lease_owner = :owner
-RETURNING session_id, kind, calls;
-
--- name: requeue_job
--- A job whose worker died back to the queue (the sweep).
-UPDATE side_question_jobs
-SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL
-WHERE id = :id AND status = 'running'
 RETURNING session_id, kind, calls;
 
 -- name: count_job_calls
 UPDATE side_question_jobs SET calls = calls + :n WHERE id = :id AND status = 'running';
-
--- name: take_over_job
--- A waiting request takes a still-queued job over.
-UPDATE side_question_jobs
-SET status = 'cancelled', finished_at = now(),
-    error = '{"code": "taken_over", "message": "a request that needed it made it itself",
-              "detail": {}}'::jsonb
-WHERE id = :id AND status = 'queued'
-RETURNING session_id, kind, calls;
 
 -- name: take_job_key
 -- Re-key a running job to the summary's real cache key, unless an active job or a request's
@@ -183,13 +179,12 @@ WHERE j.id = :id AND j.status = 'running'
   )
 RETURNING j.id;
 
--- name: cancel_session_jobs
--- A clear cancels the session's queued and running jobs (and registrations).
-UPDATE side_question_jobs
-SET status = 'cancelled', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
-    error = '{"code": "cancelled", "message": "the session was cleared", "detail": {}}'::jsonb
+-- name: active_session_jobs
+-- A clear's jobs to cancel: the session's queued and running jobs (and registrations), locked.
+SELECT id FROM side_question_jobs
 WHERE session_id = :sid AND status IN ('queued', 'running')
-RETURNING id, kind, calls, params->>'made_by' AS made_by;
+ORDER BY created_at, id
+FOR UPDATE;
 
 -- name: active_jobs
 -- The session's queued or running jobs (and registrations) of a kind, oldest first.

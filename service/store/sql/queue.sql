@@ -116,15 +116,16 @@ FROM unnest(CAST(:ids AS uuid[]), CAST(:owners AS text[])) AS h(id, owner)
 WHERE j.id = h.id AND j.lease_owner = h.owner AND j.status = 'running'
 RETURNING j.id;
 
--- name: request_stage
-SELECT stage FROM side_question_requests WHERE id = :id;
-
--- name: release_request
--- A held request back to the queue (graceful worker stop): the attempt does not count.
-UPDATE side_question_requests
-SET status = 'queued', stage = NULL, attempt = greatest(attempt - 1, 0),
+-- name: requeue_request
+-- THE way back to the queue of a running request (a worker's graceful stop, the sweep): the attempt
+-- counts only when the worker was lost. Returns the stage it left and the attempt it was on.
+UPDATE side_question_requests r
+SET status = 'queued', stage = NULL,
+    attempt = CASE WHEN :attempt_counts THEN r.attempt ELSE greatest(r.attempt - 1, 0) END,
     lease_owner = NULL, lease_expires_at = NULL
-WHERE id = :id RETURNING session_id;
+FROM (SELECT id, stage, attempt FROM side_question_requests WHERE id = :id) AS old
+WHERE r.id = old.id AND r.status = 'running'
+RETURNING r.session_id, old.stage, old.attempt;
 
 -- name: expired_requests
 -- The sweep: running requests whose lease expired (their worker died), oldest expiry first.
@@ -132,12 +133,6 @@ SELECT id, session_id, attempt, stage FROM side_question_requests
 WHERE status = 'running' AND lease_expires_at < now()
 ORDER BY lease_expires_at
 FOR UPDATE SKIP LOCKED;
-
--- name: requeue_request
--- The sweep runs a request again.
-UPDATE side_question_requests
-SET status = 'queued', stage = NULL, lease_owner = NULL, lease_expires_at = NULL
-WHERE id = :id;
 
 -- name: expired_jobs
 -- The sweep: running jobs and registrations whose lease expired.
