@@ -227,10 +227,11 @@ class Feed:
 
     async def _read(self) -> list[FeedItem]:
         self.hub.feed_reads += 1
+        if self.kind == REQUEST:
+            async with self.db.connection() as conn:
+                events = await events_store.request_events_after(conn, self.key, self.last, PAGE)
+            return [_request_item(event) for event in events]
         async with self.db.sessions() as session:
-            if self.kind == REQUEST:
-                events = await events_store.request_events_after(session, self.key, self.last, PAGE)
-                return [_request_item(event) for event in events]
             rows = await events_store.session_events_with_deletion(session, self.key, self.last, PAGE)
             return [_session_item(*row) for row in rows]
 
@@ -424,8 +425,8 @@ async def terminal_seq(db: Database, request_id: uuid.UUID) -> int | None:
 
 async def _catch_up_request(db: Database, hub: EventHub, request_id: uuid.UUID, after: int) -> list[FeedItem]:
     hub.catchup_reads += 1
-    async with db.sessions() as session:
-        events = await events_store.request_events_after(session, request_id, after, PAGE)
+    async with db.connection() as conn:
+        events = await events_store.request_events_after(conn, request_id, after, PAGE)
     return [_request_item(event) for event in events]
 
 
