@@ -25,6 +25,12 @@ process's CPU time during the phase is read from /proc (CPU per delivered event)
 The pipeline coalesces answer text into at most ~20 ``delta`` events per second, so ``--rate``
 above 20 does not raise the event rate.
 
+The bare floor: ``--bare`` runs ``benchmarks/bare_sse.py`` (uvicorn + Starlette fanning out the same
+events from memory: no database, no NOTIFY, no sse-starlette) in place of the API and the worker,
+with the same client processes; the service's delay over that one is what the service adds to
+fanning out on this machine. Per event the report also splits the delay: the first subscriber's
+(before the fan-out: commit, NOTIFY, the shared read) and first to last subscriber (the fan-out).
+
 Profiling: ``BENCH_SSE_API_SCRIPT=/path/script.py`` runs that script (same arguments, e.g. a wrapper
 that runs the app under cProfile) instead of ``python -m service.cli`` for the API process.
 """
@@ -172,6 +178,16 @@ async def _client_main(url: str, path: str, n: int) -> None:
     server_gap: float | None = None
     duplicates = gaps = 0
     deltas_per_connection: list[int] = []
+    # Per delta event: its delay at the first and at the last of this process's subscribers. The
+    # first is what comes before the fan-out (commit, NOTIFY, the shared read); last − first is the
+    # fan-out's own spread.
+    by_event: dict[int, list[float]] = {}
+    for result in results:
+        for event_id, kind, at, arrival in result["events"]:
+            if kind == "delta":
+                delay = (arrival - at) * 1000
+                seen = by_event.setdefault(event_id, [delay, delay])
+                seen[0], seen[1] = min(seen[0], delay), max(seen[1], delay)
     for result in results:
         duplicates += result["duplicates"]
         gaps += result["gaps"]
@@ -199,6 +215,7 @@ async def _client_main(url: str, path: str, n: int) -> None:
                 "connections": len(results),
                 "finished": len(done_delays),
                 "cpu_s": cpu,
+                "by_event": {str(k): [round(v[0], 2), round(v[1], 2)] for k, v in by_event.items()},
             }
         ),
         flush=True,
@@ -236,6 +253,8 @@ async def process(args: list[str], env: dict[str, str], port: int | None = None)
     command = ["-m", "service.cli"]
     if args[0] == "api" and os.environ.get("BENCH_SSE_API_SCRIPT"):  # profiling hook (module docstring)
         command = [os.environ["BENCH_SSE_API_SCRIPT"]]
+    if args[0] == "bare":
+        command, args = [str(ROOT / "benchmarks" / "bare_sse.py")], args[1:]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         *command,
@@ -266,8 +285,22 @@ async def process(args: list[str], env: dict[str, str], port: int | None = None)
                 await proc.wait()
 
 
+@asynccontextmanager
+async def answering(base: str, rid: str, env: dict[str, str], bare: bool) -> AsyncIterator[int | None]:
+    """Make the question's answer stream: a worker process claims it, or (``--bare``) the bare app
+    is told to start it. Yields the worker's pid (None for the bare app)."""
+    if bare:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            started = await client.post(f"/v1/questions/{rid}/start")
+            assert started.status_code == 204, started.text
+        yield None
+        return
+    async with process(["worker"], env) as worker_pid:
+        yield worker_pid
+
+
 async def phase(
-    base: str, api_pid: int, env: dict[str, str], subscribers: int, clients: int
+    base: str, api_pid: int, env: dict[str, str], subscribers: int, clients: int, *, bare: bool = False
 ) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         posted = await client.post("/v1/sessions/bench-sse/questions", json={"question": "stream me"})
@@ -296,12 +329,12 @@ async def phase(
             if line.strip() != b"ready":
                 raise RuntimeError(f"client did not get ready: {line!r}")
         cpu_before = _cpu_seconds(api_pid)
-        async with process(["worker"], env) as worker_pid:
+        async with answering(base, rid, env, bare) as worker_pid:
             outputs = []
             for proc in procs:
                 assert proc.stdout is not None
                 outputs.append(json.loads(await asyncio.wait_for(proc.stdout.readline(), 300)))
-            worker_cpu = sum(_cpu_seconds(worker_pid))
+            worker_cpu = sum(_cpu_seconds(worker_pid)) if worker_pid is not None else 0.0
         clients_cpu = sum(out["cpu_s"] for out in outputs)
         user, system = (
             after - before for after, before in zip(_cpu_seconds(api_pid), cpu_before, strict=True)
@@ -317,6 +350,13 @@ async def phase(
     after = [d for out in outputs for d in out["done_after_last_delta_ms"]]
     deltas = sorted({n for out in outputs for n in out["deltas_per_connection"]})
     thirds = [[d for out in outputs for d in out["thirds_ms"][i]] for i in range(3)]
+    by_event: dict[str, list[float]] = {}
+    for out in outputs:
+        for event_id, (first, last) in out["by_event"].items():
+            seen = by_event.setdefault(event_id, [first, last])
+            seen[0], seen[1] = min(seen[0], first), max(seen[1], last)
+    firsts = [first for first, _ in by_event.values()]
+    spreads = [last - first for first, last in by_event.values()]
     delivered = sum(len(out["delta_delays_ms"]) for out in outputs) + sum(
         len(out["done_delays_ms"]) for out in outputs
     )
@@ -328,6 +368,11 @@ async def phase(
         "delta_p99_ms": percentile(delays, 99),
         "delta_max_ms": max(delays),
         "thirds_p50_ms": [statistics.median(third) if third else 0.0 for third in thirds],
+        "first_p50_ms": statistics.median(firsts),
+        "first_p99_ms": percentile(firsts, 99),
+        "first_max_ms": max(firsts),
+        "spread_p50_ms": statistics.median(spreads),
+        "spread_p99_ms": percentile(spreads, 99),
         "done_p50_ms": statistics.median(done),
         "done_p99_ms": percentile(done, 99),
         "done_after_last_delta_p50_ms": statistics.median(after),
@@ -351,6 +396,10 @@ def _report(label: str, result: dict[str, Any]) -> None:
         f"  delta delay p50 {result['delta_p50_ms']:.1f} ms, p99 {result['delta_p99_ms']:.1f} ms, "
         f"max {result['delta_max_ms']:.1f} ms; p50 by third of the answer "
         f"{' / '.join(f'{v:.0f}' for v in result['thirds_p50_ms'])} ms\n"
+        f"  per event: first subscriber's delay p50 {result['first_p50_ms']:.1f} ms, "
+        f"p99 {result['first_p99_ms']:.1f} ms, max {result['first_max_ms']:.1f} ms; "
+        f"first to last subscriber p50 {result['spread_p50_ms']:.1f} ms, "
+        f"p99 {result['spread_p99_ms']:.1f} ms\n"
         f"  done delay p50 {result['done_p50_ms']:.1f} ms, p99 {result['done_p99_ms']:.1f} ms; "
         f"done after the last delta p50 {result['done_after_last_delta_p50_ms']:.1f} ms, "
         f"p99 {result['done_after_last_delta_p99_ms']:.1f} ms "
@@ -387,17 +436,21 @@ async def main(args: argparse.Namespace) -> None:
                 "SIDEQUEST_MODEL": "scripted-model",
                 "SIDEQUEST_BACKGROUND_SUMMARIES": "off",
             }
-            async with process(["api", "--port", str(port)], env, port=port) as api_pid:
+            serve_args = (
+                ["bare", "--chunks", str(args.chunks), "--rate", str(args.rate)] if args.bare else ["api"]
+            )
+            async with process([*serve_args, "--port", str(port)], env, port=port) as api_pid:
                 base = f"http://127.0.0.1:{port}"
                 print(
-                    f"API process: uvicorn loop {_available('uvloop', 'asyncio')}, "
+                    f"{'bare app (benchmarks/bare_sse.py)' if args.bare else 'API'} process: "
+                    f"uvicorn loop {_available('uvloop', 'asyncio')}, "
                     f"HTTP {_available('httptools', 'h11')}; load average {os.getloadavg()}",
                     flush=True,
                 )
                 for run in range(args.runs):
-                    floor = await phase(base, api_pid, env, 1, 1)
+                    floor = await phase(base, api_pid, env, 1, 1, bare=args.bare)
                     _report(f"run {run + 1} floor", floor)
-                    fan = await phase(base, api_pid, env, args.subscribers, args.clients)
+                    fan = await phase(base, api_pid, env, args.subscribers, args.clients, bare=args.bare)
                     _report(f"run {run + 1} fan-out", fan)
                     p50_ratio = fan["delta_p50_ms"] / floor["delta_p50_ms"]
                     p99_ratio = fan["delta_p99_ms"] / floor["delta_p99_ms"]
@@ -407,7 +460,8 @@ async def main(args: argparse.Namespace) -> None:
                         f"target p99 ≤ 100 ms: {verdict}",
                         flush=True,
                     )
-        print(await stored_bytes(url), flush=True)
+        if not args.bare:
+            print(await stored_bytes(url), flush=True)
     finally:
         await pg.drop_database(server.admin_url, url)
         server.stop()
@@ -451,4 +505,9 @@ if __name__ == "__main__":
     parser.add_argument("--chunks", type=int, default=100)
     parser.add_argument("--rate", type=float, default=20.0, help="answer chunks per second")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="the floor: benchmarks/bare_sse.py fans out the same events (no database, no worker)",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from service.api.app import create_app
+from service.api.in_process import in_process_worker
 from service.config import Settings
 from service.worker import start_worker
 
@@ -28,14 +29,16 @@ def with_worker(app: FastAPI, settings: Settings) -> FastAPI:
         async with inner(running) as state:
             worker = await start_worker(settings, running.state.db, listener=running.state.listener)
             running.state.worker = worker
-            # The API hands each snapshot it stores, prepared, to the worker of this process.
-            running.state.snapshot_prepared = worker.snapshots.put
-            # … and tells it of a snapshot whose background summary it will queue: the worker renders
-            # the summary's material while the API waits on the database (the job is likely ours).
-            running.state.snapshot_job_expected = worker.snapshots.warm
+            hooks = in_process_worker(running)
+            # The API hands each snapshot it stores, prepared, to the worker of this process, and
+            # tells it of a snapshot whose background summary it will queue: the worker renders the
+            # summary's material while the API waits on the database (the job is likely ours).
+            hooks.snapshot_prepared = worker.snapshots.put
+            hooks.snapshot_job_expected = worker.snapshots.warm
             try:
                 yield state
             finally:
+                hooks.snapshot_prepared = hooks.snapshot_job_expected = None
                 await worker.stop()
 
     app.router.lifespan_context = lifespan

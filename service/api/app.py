@@ -31,10 +31,11 @@ from service.api.errors import (
     install_error_handlers,
     service_unavailable,
 )
+from service.api.event_hub import EventHub
 from service.api.fast_admission import AdmissionFastPath
+from service.api.in_process import InProcessWorker
 from service.api.metrics import Metrics
 from service.api.routes_common import errors
-from service.api.sse import EventHub
 from service.api.stream_tokens import StreamTokens, stream_secret
 from service.api.strict_input import StrictJsonBodies, Utf8Paths
 from service.archive.schema import OPENAPI_REFS, storable_json_defs
@@ -196,6 +197,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     hub = EventHub()
     app.state.settings = settings
     app.state.hub = hub
+    app.state.in_process_worker = InProcessWorker()
     app.state.stream_tokens = StreamTokens(stream_secret(settings))
     app.state.metrics = Metrics(hub.subscriber_count, calibration_on=settings.calibration_on)
     install_error_handlers(app)

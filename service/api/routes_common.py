@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse, Response
 
 from service.api.deps import bearer_tenant, unauthorized
 from service.api.errors import ApiError, validation_error
+from service.api.event_hub import EventHub
 from service.api.schemas import NO_NUL, ErrorBody
-from service.api.sse import PING_S, SEND_TIMEOUT_S, EventHub
-from service.api.sse_response import StreamResponse
+from service.api.sse_response import SEND_TIMEOUT_S, StreamResponse
 from service.api.stream_tokens import StreamTokens
 from service.vocabulary import UNSTORABLE_TEXT, content_hash, unstorable_reason, utc_iso
 
@@ -129,10 +129,12 @@ def resume_point(request: Request, after: int | None) -> tuple[int, bool]:
 
 def sse_response(request: Request, content: Any) -> Response:
     """An EventSourceResponse (with the cheaper send timeout) and this app's ping interval."""
+    hub = hub_of(request)
     return StreamResponse(
         content,
-        ping=getattr(request.app.state, "sse_ping_s", PING_S),
+        ping=hub.ping_s,
         send_timeout=SEND_TIMEOUT_S,
+        watchdog=hub.send_watchdog,
         headers={"Cache-Control": "no-store"},
     )
 

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from service.api.deps import DbSession, Tenant, database, settings_of
 from service.api.errors import ApiError, not_found, validation_error
+from service.api.in_process import in_process_worker
 from service.api.metrics import Metrics
 from service.api.routes_common import (
     MAX_INT32,
@@ -256,12 +257,12 @@ def _prepare_and_share(
     request: Request, content: dict[str, Any], encoded: EncodedSnapshot
 ) -> PreparedSnapshot:
     """Prepare a snapshot once and hand the preparation to a worker in this process at once
-    (``sidequest serve`` sets ``app.state.snapshot_prepared``), so the question it came with, and its
-    background job, need not read 600 KB back from PostgreSQL — even when the worker claims that
+    (``sidequest serve`` sets :attr:`InProcessWorker.snapshot_prepared`), so the question it came
+    with, and its background job, need not read 600 KB back from PostgreSQL — even when the worker claims that
     question before this request's own code resumes after the commit. Safe before the commit: the
     worker keys it by content hash, and a preparation is a pure function of the content."""
     prepared = prepare_or_refuse(content, encoded)
-    hook = getattr(request.app.state, "snapshot_prepared", None)
+    hook = in_process_worker(request.app).snapshot_prepared
     if hook is not None:
         hook(encoded.content_hash, prepared)
     return prepared
@@ -269,11 +270,8 @@ def _prepare_and_share(
 
 def _summary_expected(request: Request) -> Callable[[PreparedSnapshot], None] | None:
     """Whom to tell that a snapshot's background summary will be queued (``sidequest serve`` sets
-    ``app.state.snapshot_job_expected``: its worker renders the summary's material meanwhile)."""
-    hook: Callable[[PreparedSnapshot], None] | None = getattr(
-        request.app.state, "snapshot_job_expected", None
-    )
-    return hook
+    :attr:`InProcessWorker.snapshot_job_expected`: its worker renders the summary's material meanwhile)."""
+    return in_process_worker(request.app).snapshot_job_expected
 
 
 @router.get("/{parent_id}", response_model=SessionOut, responses=errors(401, 404, 422))

@@ -1,414 +1,28 @@
-"""Event streams (SPEC §4): one shared reader per stream and process, subscribers fed from memory.
+"""Event streams (SPEC §4): what one connection to a request or a session stream sends.
 
-Per API process there is one :class:`Feed` for each stream key that has subscribers (a request id
-for ``/v1/questions/{id}/events``, a session id for ``/v1/sessions/{parent}/events``). Its reader
-task is woken by the process's :class:`~service.store.listener.Listener` (``sidequest_events``),
-reads the rows after the highest cursor it has delivered — one query per notification batch,
-however many subscribers there are — encodes each event once, keeps the most recent ones in a
-bounded buffer and appends the batch to every subscriber's pending list. A subscriber costs a write,
-not a query.
-
-Joining without duplicates or gaps (the handover). Everything below runs on one event loop, and a
-subscriber is added to a feed in one synchronous step, so no event is published "between" steps:
-
-- *From memory*: when the subscriber's cursor is at or after the buffer's floor (the buffer holds
-  every event after the floor up to the feed's last cursor), its pending list starts with the
-  buffered events after its cursor and it is registered at once; every later batch continues the
-  same sequence. A request feed starts from seq 0 and keeps the request's whole recent history, so
-  (re)connecting to a request stream usually reads nothing from the database.
-- *Catch-up*: otherwise (an older cursor, or a fresh session stream, whose visibility rule needs
-  ``deleted_at`` as of now) it registers first — live batches collect in its pending list — and
-  then reads the rows after its cursor from the database until a page comes back short. That read
-  started after the registration, so it returned every event up to the feed's cursor at that moment;
-  the pending batches continue from there. Pending events at or below what it already sent are
-  dropped.
-
-On top of the handover every connection keeps its own ``delivered`` cursor and never sends an event
-at or below it, so ids on one connection strictly increase, whatever races happen. A request
-stream's ``seq`` is gap-free, so a live event that is not ``delivered + 1`` means a gap: the
-subscriber then re-reads from the database instead of skipping (defensive; the handover makes it
-unreachable).
-
-Notifications are wake-ups, never data: a lost one (the listener reconnects and wakes every feed)
-costs a re-read, and each reader also re-reads every ``FALLBACK_POLL_S``. A subscriber that falls
-too far behind (more than ``lag_items`` / ``lag_bytes`` still undelivered when the next batch
-comes, i.e. its socket stopped draining) is dropped: its stream ends and the client reconnects
-with ``Last-Event-ID``, without gap. The reader never waits for a client.
-
-Ordering: ``seq`` is gap-free per request and global ids of one session commit in order
-(service/store/events.py), so "rows after my cursor" never skips an event that commits later.
+Every stream joins its feed in the process's :class:`~service.api.event_hub.EventHub` (one shared
+reader per stream key; the handover without duplicates or gaps is described there) and keeps its own
+``delivered`` cursor, so ids on one connection strictly increase whatever races happen. A request
+stream ends after its terminal event; a session stream never ends by itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import Literal
 
 from sse_starlette.event import ServerSentEvent
 
-from service.aio import wait_event
+from service.api.event_hub import PAGE, REQUEST, SESSION, EventHub, FeedItem, request_item, session_item
 from service.store import events as events_store
 from service.store.db import Database
-from service.store.events import Event
-from service.store.listener import Listener
-from service.vocabulary import EVENTS_CHANNEL
 
 log = logging.getLogger(__name__)
 
 RETRY_MS = 3000
-PING_S = 15.0
-# Re-read even without a notification this often: a cheap fallback, never the main path.
-FALLBACK_POLL_S = 5.0
-SEND_TIMEOUT_S = 30.0
-# Rows per read, for the shared reader and for a subscriber's own catch-up.
-PAGE = 500
-# The recent events a feed keeps in memory for subscribers that join or reconnect.
-BUFFER_ITEMS = 1024
-BUFFER_BYTES = 1 << 20
-# How far a subscriber may fall behind (its socket not draining) before it is dropped.
-LAG_ITEMS = 2048
-LAG_BYTES = 8 << 20
-READ_BACKOFF_S = (0.2, 5.0)
-
-FeedKind = Literal["request", "session"]
-REQUEST: FeedKind = "request"
-SESSION: FeedKind = "session"
-
-
-@dataclass(frozen=True, slots=True)
-class FeedItem:
-    """One event as a stream sends it: its cursor (seq or global id) and its encoded message."""
-
-    cursor: int
-    event: Event
-    deleted_at: datetime | None  # the request's, as of the read (session streams' visibility rule)
-    wire: bytes
-    # Written before its request was cleared (or its session-level history replaced): the deleted
-    # history's content, served to no stream once the clear is read.
-    cleared_content: bool = False
-
-
-def _wire(event: Event, event_id: int) -> bytes:
-    return ServerSentEvent(
-        data=json.dumps(event.data, ensure_ascii=False, separators=(",", ":")),
-        event=event.type,
-        id=str(event_id),
-    ).encode()
-
-
-def _request_item(event: Event) -> FeedItem:
-    assert event.seq is not None  # a request's own events always have a seq
-    return FeedItem(event.seq, event, None, _wire(event, event.seq))
-
-
-def _session_item(event: Event, deleted_at: datetime | None, cleared_content: bool) -> FeedItem:
-    return FeedItem(event.id, event, deleted_at, _wire(event, event.id), cleared_content)
-
-
-class Subscriber:
-    """One open stream's inbox: batches appended by its feed, taken by its generator."""
-
-    __slots__ = ("closed", "dropped", "pending", "pending_bytes", "wake")
-
-    def __init__(self) -> None:
-        self.pending: list[FeedItem] = []
-        self.pending_bytes = 0
-        self.wake = asyncio.Event()
-        self.closed = False  # nothing more will be appended
-        self.dropped = False  # closed because it fell too far behind
-
-    def push(self, items: list[FeedItem], size: int, max_items: int, max_bytes: int) -> bool:
-        """Append a batch (never blocks); False when this subscriber is too far behind and dropped.
-
-        Behind means: more than the limit is *still* undelivered from earlier batches when a new one
-        comes (its socket stopped draining). One large batch never drops a subscriber that keeps up.
-        """
-        if len(self.pending) > max_items or self.pending_bytes > max_bytes:
-            self.dropped = True
-            self.pending = []
-            self.pending_bytes = 0
-            self.close()
-            return False
-        self.pending.extend(items)
-        self.pending_bytes += size
-        self.wake.set()
-        return True
-
-    def close(self) -> None:
-        """No more batches: the generator sends what is pending, then ends the stream."""
-        self.closed = True
-        self.wake.set()
-
-    async def next_batch(self) -> list[FeedItem]:
-        """Everything pending (waiting for it); empty once closed and drained."""
-        while not self.pending:
-            if self.closed:
-                return []
-            self.wake.clear()
-            await self.wake.wait()
-        items = self.pending
-        self.pending = []
-        self.pending_bytes = 0
-        return items
-
-
-class Feed:
-    """The shared reader of one request or session stream in this process."""
-
-    def __init__(self, hub: EventHub, db: Database, kind: FeedKind, key: uuid.UUID) -> None:
-        self.hub = hub
-        self.db = db
-        self.kind: FeedKind = kind
-        self.key = key
-        self.subscribers: set[Subscriber] = set()
-        self.joining = 0
-        self.buffer: deque[FeedItem] = deque()
-        self.buffer_bytes = 0
-        # The buffer holds every event with floor < cursor <= last; the reader reads after last.
-        self.floor = 0
-        self.last = 0
-        self.ended = False  # nothing more will ever come (terminal event read, or request purged)
-        self.closed = False  # forgotten by the hub: the reader stops
-        self.wake = asyncio.Event()
-        self.ready = asyncio.Event()
-        if kind == REQUEST:
-            # A request's history is short: read it all, so any cursor can be served from memory.
-            self.ready.set()
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name=f"sidequest-feed-{self.kind}-{self.key}")
-        self.task.add_done_callback(self._finished)
-
-    def items_after(self, cursor: int) -> list[FeedItem]:
-        """Buffered events after ``cursor`` (the caller checked ``cursor >= floor``)."""
-        if not self.buffer or self.buffer[-1].cursor <= cursor:
-            return []
-        return [item for item in self.buffer if item.cursor > cursor]
-
-    async def _run(self) -> None:
-        backoff = READ_BACKOFF_S[0]
-        while not self.closed:
-            self.wake.clear()  # before reading: a notification racing the read re-triggers the loop
-            items: list[FeedItem] = []
-            try:
-                if not self.ready.is_set():
-                    # Session feeds start at the session's newest event: every event up to it is
-                    # committed, joiners with older cursors catch up themselves.
-                    self.floor = self.last = await self._high_water()
-                    self.ready.set()
-                else:
-                    items = await self._read()
-            except Exception as exc:  # the database went away: keep subscribers, retry
-                log.warning("event feed read failed (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, READ_BACKOFF_S[1])
-                continue
-            backoff = READ_BACKOFF_S[0]
-            if items:
-                self._publish(items)
-                if self.ended:
-                    return
-                if len(items) >= PAGE:
-                    continue
-            if await wait_event(self.wake, self.hub.poll_s) or self.closed or self.kind != REQUEST:
-                continue
-            if not await self._request_exists():
-                self._end()  # purged by the sweep: nothing more will ever come
-                return
-
-    async def _read(self) -> list[FeedItem]:
-        self.hub.feed_reads += 1
-        async with self.db.sessions() as session:
-            if self.kind == REQUEST:
-                events = await events_store.request_events_after(session, self.key, self.last, PAGE)
-                return [_request_item(event) for event in events]
-            rows = await events_store.session_events_with_deletion(session, self.key, self.last, PAGE)
-            return [_session_item(*row) for row in rows]
-
-    async def _high_water(self) -> int:
-        async with self.db.sessions() as session:
-            return await events_store.session_high_water(session, self.key)
-
-    async def _request_exists(self) -> bool:
-        try:
-            async with self.db.sessions() as session:
-                return await events_store.request_exists(session, self.key)
-        except Exception:  # unknown: keep the stream open
-            return True
-
-    def _publish(self, items: list[FeedItem]) -> None:
-        if self.kind == REQUEST:
-            for index, item in enumerate(items):
-                if item.event.is_terminal:  # a request stream ends after its terminal event
-                    items = items[: index + 1]
-                    self.ended = True
-                    break
-        size = sum(len(item.wire) for item in items)
-        self.buffer.extend(items)
-        self.buffer_bytes += size
-        while self.buffer and (
-            len(self.buffer) > self.hub.buffer_items or self.buffer_bytes > self.hub.buffer_bytes
-        ):
-            old = self.buffer.popleft()
-            self.buffer_bytes -= len(old.wire)
-            self.floor = old.cursor
-        self.last = items[-1].cursor
-        hub = self.hub
-        for subscriber in list(self.subscribers):
-            if not subscriber.push(items, size, hub.lag_items, hub.lag_bytes):
-                self.subscribers.discard(subscriber)
-                hub.dropped += 1
-        if self.ended:
-            self._end()
-
-    def _end(self) -> None:
-        self.ended = True
-        self.ready.set()  # a joiner still waiting for the start sees the end instead of hanging
-        for subscriber in self.subscribers:
-            subscriber.close()
-
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        if task.exception() is not None:
-            # A bug, not a database error (those are retried): end the streams, clients reconnect.
-            log.error("event feed failed", exc_info=task.exception())
-            self._end()
-            self.hub.forget(self)
-
-
-class EventHub:
-    """The feeds of this process, woken by ``sidequest_events`` notifications."""
-
-    def __init__(
-        self,
-        *,
-        poll_s: float = FALLBACK_POLL_S,
-        buffer_items: int = BUFFER_ITEMS,
-        buffer_bytes: int = BUFFER_BYTES,
-        lag_items: int = LAG_ITEMS,
-        lag_bytes: int = LAG_BYTES,
-    ) -> None:
-        self.poll_s = poll_s
-        self.buffer_items = buffer_items
-        self.buffer_bytes = buffer_bytes
-        self.lag_items = lag_items
-        self.lag_bytes = lag_bytes
-        self._feeds: dict[tuple[FeedKind, str], Feed] = {}
-        self._unsubscribe: list[Callable[[], None]] = []
-        self.streams = 0  # open streams (a dropped one counts until its connection ends)
-        # Counters (metrics, tests): shared reads, subscribers' own catch-up reads, drops.
-        self.feed_reads = 0
-        self.catchup_reads = 0
-        self.joined_from_memory = 0
-        self.joined_with_catch_up = 0
-        self.dropped = 0
-
-    def attach(self, listener: Listener) -> None:
-        """Receive the listener's event notifications."""
-        self._unsubscribe.append(listener.subscribe(EVENTS_CHANNEL, self.notify))
-
-    def detach(self) -> None:
-        """Stop receiving notifications and stop every reader (app shutdown)."""
-        for unsubscribe in self._unsubscribe:
-            unsubscribe()
-        self._unsubscribe.clear()
-        for feed in list(self._feeds.values()):
-            self.forget(feed)
-            feed._end()
-            if feed.task is not None:
-                feed.task.cancel()
-
-    def notify(self, _channel: str, payload: str) -> None:
-        """Wake the feeds of the notified request and session (every feed on an empty payload).
-
-        Runs on the listener's connection callback: only sets flags, never awaits.
-        """
-        if not payload:
-            self._wake_all()
-            return
-        try:
-            data = json.loads(payload)
-            request_id, session_id = data["request_id"], str(data["session_id"])
-        except (ValueError, KeyError, TypeError):
-            self._wake_all()
-            return
-        if request_id is not None:
-            feed = self._feeds.get((REQUEST, str(request_id)))
-            if feed is not None:
-                feed.wake.set()
-        feed = self._feeds.get((SESSION, session_id))
-        if feed is not None:
-            feed.wake.set()
-
-    def _wake_all(self) -> None:
-        for feed in self._feeds.values():
-            feed.wake.set()
-
-    @contextlib.asynccontextmanager
-    async def join(
-        self, db: Database, kind: FeedKind, key: uuid.UUID, cursor: int, *, from_memory: bool
-    ) -> AsyncIterator[tuple[Subscriber, bool]]:
-        """Subscribe to the feed of ``key`` after ``cursor``: (the inbox, whether to catch up first).
-
-        ``from_memory`` allows starting from the feed's buffer when the cursor is within it; without
-        it, or when the cursor is older, the caller reads the rows after its cursor itself first.
-        """
-        feed = self._feeds.get((kind, str(key)))
-        if feed is None:
-            feed = Feed(self, db, kind, key)
-            self._feeds[(kind, str(key))] = feed
-            feed.start()
-        subscriber = Subscriber()
-        self.streams += 1
-        feed.joining += 1
-        try:
-            try:
-                await feed.ready.wait()
-            finally:
-                feed.joining -= 1
-            # From here to the yield nothing awaits: the handover is one step of the event loop.
-            memory = from_memory and cursor >= feed.floor
-            if memory:
-                subscriber.pending = feed.items_after(cursor)
-                subscriber.pending_bytes = sum(len(item.wire) for item in subscriber.pending)
-                self.joined_from_memory += 1
-            else:
-                self.joined_with_catch_up += 1
-            if feed.ended:
-                subscriber.closed = True
-            else:
-                feed.subscribers.add(subscriber)
-            yield subscriber, not memory
-        finally:
-            self.streams -= 1
-            feed.subscribers.discard(subscriber)
-            if not feed.subscribers and not feed.joining:
-                self.forget(feed)
-
-    def forget(self, feed: Feed) -> None:
-        """Remove a feed (no subscribers left); its reader stops at its next wake-up."""
-        if self._feeds.get((feed.kind, str(feed.key))) is feed:
-            del self._feeds[(feed.kind, str(feed.key))]
-        feed.closed = True
-        feed.wake.set()
-
-    def subscriber_count(self) -> int:
-        """Open streams in this process."""
-        return self.streams
-
-    def feed_count(self) -> int:
-        """Streams with a shared reader in this process."""
-        return len(self._feeds)
 
 
 def retry_hint() -> ServerSentEvent:
@@ -424,16 +38,16 @@ async def terminal_seq(db: Database, request_id: uuid.UUID) -> int | None:
 
 async def _catch_up_request(db: Database, hub: EventHub, request_id: uuid.UUID, after: int) -> list[FeedItem]:
     hub.catchup_reads += 1
-    async with db.sessions() as session:
-        events = await events_store.request_events_after(session, request_id, after, PAGE)
-    return [_request_item(event) for event in events]
+    async with db.connection() as conn:
+        events = await events_store.request_events_after(conn, request_id, after, PAGE)
+    return [request_item(event) for event in events]
 
 
 async def _catch_up_session(db: Database, hub: EventHub, session_id: uuid.UUID, after: int) -> list[FeedItem]:
     hub.catchup_reads += 1
     async with db.sessions() as session:
         rows = await events_store.session_events_with_deletion(session, session_id, after, PAGE)
-    return [_session_item(*row) for row in rows]
+    return [session_item(*row) for row in rows]
 
 
 async def request_stream(

@@ -3,19 +3,26 @@
 sse-starlette wraps every send in ``anyio.move_on_after(send_timeout)``: a cancel scope with its own
 timer per message, about 15 µs of CPU each on the project machine, a third of what delivering one
 event to one subscriber costs in total (docs/benchmarks.md, SSE fan-out). Here one watchdog task per
-event loop checks once a second for a send that has been pending longer than the timeout and cancels
-just that task; the send then fails with sse-starlette's own ``SendTimeoutError``, so the response
-ends exactly as before (iterator closed, task group torn down). A send that completes — nearly all:
-a send only waits while the client's socket is full — costs a dict insert and delete.
+app (:class:`SendWatchdog`, held by the app's :class:`~service.api.event_hub.EventHub`; none at
+module level, so two apps in one process never share one) checks once a second for a send that has
+been pending longer than the timeout and cancels just that task; the send then fails with
+sse-starlette's own ``SendTimeoutError``, so the response ends exactly as before (iterator closed,
+task group torn down). A send that completes — nearly all: a send only waits while the client's
+socket is full — costs a set insert and delete.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.types import Message, Send
 
+# How often an idle stream sends a comment (proxies close silent connections), and how long one send
+# may wait for the client's socket before the stream ends.
+PING_S = 15.0
+SEND_TIMEOUT_S = 30.0
 WATCHDOG_TICK_S = 1.0
 # The watchdog task ends after this many idle ticks and starts again with the next send.
 WATCHDOG_IDLE_TICKS = 30
@@ -30,8 +37,9 @@ class _Pending:
         self.expired = False
 
 
-class _SendWatchdog:
-    """Cancels sends that outlive their deadline (one task per event loop, checking every tick)."""
+class SendWatchdog:
+    """Cancels sends that outlive their deadline (one task, on the loop of the latest send, checking
+    every tick while any send is pending; it ends after a while without one)."""
 
     def __init__(self) -> None:
         self._pending: set[_Pending] = set()
@@ -67,17 +75,19 @@ class _SendWatchdog:
                     entry.task.cancel()
 
 
-_watchdog = _SendWatchdog()
-
-
 class StreamResponse(EventSourceResponse):
-    """An EventSourceResponse whose send timeout is kept by the shared watchdog."""
+    """An EventSourceResponse whose send timeout is kept by a :class:`SendWatchdog`: the app's
+    (``watchdog``), or one of its own."""
+
+    def __init__(self, *args: Any, watchdog: SendWatchdog | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._watchdog = watchdog if watchdog is not None else SendWatchdog()
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         if self.send_timeout is None:
             await send(message)
             return
-        entry = _watchdog.enter(self.send_timeout)
+        entry = self._watchdog.enter(self.send_timeout)
         try:
             await send(message)
         except asyncio.CancelledError:
@@ -88,4 +98,4 @@ class StreamResponse(EventSourceResponse):
                 task.uncancel()  # the watchdog's cancel, turned into the timeout it stands for
             raise SendTimeoutError() from None
         finally:
-            _watchdog.leave(entry)
+            self._watchdog.leave(entry)

@@ -22,7 +22,7 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import queries
-from service.store.execute import Executor, fetch_one, json_text
+from service.store.execute import Executor, fetch_all, fetch_one, json_text
 from service.store.models import EventRow, RequestRow, SessionRow
 from service.vocabulary import utc_iso
 
@@ -100,16 +100,18 @@ async def append_session_event(
 
 
 async def request_events_after(
-    session: AsyncSession, request_id: uuid.UUID, after_seq: int, limit: int = 500
+    x: Executor, request_id: uuid.UUID, after_seq: int, limit: int = 500
 ) -> list[Event]:
-    """Events of one request with ``seq > after_seq``, in order."""
-    rows = await session.scalars(
-        select(EventRow)
-        .where(EventRow.request_id == request_id, EventRow.seq > after_seq)
-        .order_by(EventRow.seq)
-        .limit(limit)
+    """Events of one request with ``seq > after_seq``, in order.
+
+    One statement, on a session or a plain connection: a stream's shared reader runs it on the
+    latter, once per event, while the same process is writing that event to every subscriber — each
+    round trip it saves (``pool_pre_ping``'s checkout, the ORM's transaction) would wait behind such
+    a round of writes."""
+    rows = await fetch_all(
+        x, queries.request_events_after, {"request_id": request_id, "after_seq": after_seq, "limit": limit}
     )
-    return [_event(r) for r in rows]
+    return [Event(r["id"], r["request_id"], r["session_id"], r["seq"], r["type"], r["data"]) for r in rows]
 
 
 async def session_events_after(

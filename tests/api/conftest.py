@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from service.api.app import create_app
+from service.api.event_hub import EventHub
 from service.config import Settings
 from service.store.db import Database
 
@@ -81,7 +82,8 @@ async def start_server(db: Database, settings: Settings) -> AsyncIterator[StartS
         chosen = settings.model_copy(update=overrides)
         app = create_app(chosen, settings.database_url or "")
         if ping_s is not None:
-            app.state.sse_ping_s = ping_s
+            hub: EventHub = app.state.hub
+            hub.ping_s = ping_s
         context = serve(app, access_log=access_log)
         url = await context.__aenter__()
         stack.append(context)

@@ -22,7 +22,7 @@ from sse_starlette.sse import SendTimeoutError
 
 import service.api.sse as sse_module
 import service.store.events as events_store
-from service.api.sse import EventHub
+from service.api.event_hub import EventHub
 from service.api.sse_response import StreamResponse
 from service.client.sse import SseMessage as Message
 from service.store.db import Database

@@ -78,6 +78,15 @@ FROM sidequest_append_event(:request_id, :type, CAST(:fields AS jsonb), :at);
 -- THE insert of a session-level event (the function above).
 SELECT event_id, data FROM sidequest_append_session_event(:sid, :type, CAST(:fields AS jsonb), :at);
 
+-- name: request_events_after
+-- A request's events after a seq, in order: a stream's shared reader (one read per notification, on a
+-- plain connection) and its catch-up.
+SELECT id, request_id, session_id, seq, type, data
+FROM side_question_events
+WHERE request_id = :request_id AND seq > :after_seq
+ORDER BY seq
+LIMIT :limit;
+
 -- name: mark_session_events_cleared
 -- A clear or an archive restore: the session-level events written so far belong to the history
 -- it replaces (a fresh session stream does not replay them; a resuming one still gets them).

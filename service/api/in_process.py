@@ -1,0 +1,33 @@
+"""What the API tells a worker that runs in the same process (``sidequest serve``), typed.
+
+The API never imports the worker (DESIGN's layers); the entry point that composes the two
+(:mod:`service.serve`) fills these hooks in. With no worker in the process they stay None and the
+API does without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+
+from service.budget.prepared import PreparedSnapshot
+
+
+@dataclass
+class InProcessWorker:
+    """Hooks into this process's worker; each None when there is none."""
+
+    # A snapshot the API stored, prepared (its content hash, the preparation): the worker keeps it,
+    # so neither the question it came with nor its background job reads it back from PostgreSQL.
+    snapshot_prepared: Callable[[str, PreparedSnapshot], None] | None = None
+    # A snapshot whose background summary the API is about to queue: the worker renders the summary's
+    # material meanwhile.
+    snapshot_job_expected: Callable[[PreparedSnapshot], None] | None = None
+
+
+def in_process_worker(app: Starlette) -> InProcessWorker:
+    """The app's hooks (made by ``create_app``)."""
+    hooks: InProcessWorker = app.state.in_process_worker
+    return hooks
