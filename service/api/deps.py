@@ -81,7 +81,7 @@ Tenant = Annotated[str, Depends(require_tenant)]
 class TokenFirst:
     """ASGI middleware: with tokens configured, a ``/v1`` request without a valid bearer token gets 401
     before its path, query or body is looked at — an unauthenticated client learns nothing of the
-    input rules (an outside check got 400 for a bad body, 404 for a bad id, 422 for a bad path). The
+    input rules (a bad body, id or path would otherwise answer 400, 404 or 422 first). The
     streams' ``?token=`` (SPEC §4) is left to the stream route, which checks it; a CORS preflight
     never carries a token. The routes keep their own check (:data:`Tenant`), the rule's one home
     being :func:`tenant_for_token`."""

@@ -79,7 +79,7 @@ def _check_optional_text(value: str | None) -> str | None:
 
 # The snapshot's items are TypedDicts, not models: pydantic validates them the same way and the schema
 # is the same, but builds no model instance per message — the body of a 1600-message inline snapshot
-# validated in 17 ms as models, 2 ms like this (issue 11: the route only reads the parsed JSON).
+# validated in 17 ms as models, 2 ms like this (the route only reads the parsed JSON).
 class SnapshotTool(TypedDict):
     """A tool schema of the main session (Anthropic style; OpenAI function tools accepted too)."""
 

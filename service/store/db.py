@@ -167,7 +167,7 @@ def unusable_reason(exc: BaseException) -> str | None:
 
 
 # While the database is away, a loop (or a driver's own retry) says so once in this many seconds, in
-# one line — not a traceback per try (an outside check counted 3600 lines in a 15 s outage).
+# one line — not a traceback per try, thousands of them in an outage of seconds.
 OUTAGE_LOG_EVERY_S: Final = 30.0
 _outage_logged: dict[str, float] = {}
 
@@ -437,7 +437,7 @@ class Database:
         interface error or a cancellation is terminated, never put back: it may be mid-protocol (an
         error response read, its ReadyForQuery not yet), and the next statement on it failed with
         asyncpg's "cannot switch to state …; another operation is in progress" — an
-        ``internal_error`` on a request after a database restart (outside check). Releasing it
+        ``internal_error`` on a request after a database restart. Releasing it
         would also try a ROLLBACK on it, whose failure replaced the original error."""
         pool = await self.raw_pool()
         async with pool.acquire(timeout=POOL_TIMEOUT_S) as conn:
@@ -568,8 +568,7 @@ def migration_engine(url: str) -> AsyncEngine:
 def _alembic_config() -> Any:
     """The service's Alembic configuration: alembic.ini, the migrations shipped with this code, and
     the service's own logging left as it is (alembic.ini's would set the root logger to WARNING in
-    env.py and silence every INFO line of the process after start-up: an outside check found the
-    logs empty)."""
+    env.py and silence every INFO line of the process after start-up)."""
     from alembic.config import Config
 
     config = Config(str(ALEMBIC_INI))
@@ -589,7 +588,7 @@ def head_revision() -> str:
 
 
 # A readiness probe answers within this (a database that accepts connections but never answers — a
-# frozen or overloaded server — is not ready; an outside check saw /readyz take 12 s to say so).
+# frozen or overloaded server — is not ready, and a probe must say so before its own timeout).
 READINESS_TIMEOUT_S: Final = 3.0
 
 

@@ -173,8 +173,8 @@ async def session_events_with_deletion(
 async def mark_session_events_cleared(session: AsyncSession, session_id: uuid.UUID) -> None:
     """The session-level events (``memory``, ``handoff``: no request) written so far belong to the
     history a clear or an archive restore is replacing: mark where it ends, so that a session stream
-    opened afterwards does not replay them (a fresh stream replayed the old history's hand-offs: an
-    outside check), while one that resumes still gets everything after its cursor — the rule of a
+    opened afterwards does not replay them (a fresh stream would show the old history's hand-offs),
+    while one that resumes still gets everything after its cursor — the rule of a
     cleared request's events. Called after the clear has cancelled the session's jobs, in its
     transaction, so their ``cancelled`` events are part of the old history too (streams open now get
     them live); a job's own event transactions serialise with the clear on the rows both lock."""

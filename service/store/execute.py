@@ -3,8 +3,8 @@
 The worker's hot path (claim, events, the answer's end) runs on :meth:`Database.connection`, a plain
 asyncpg connection: a statement costs ~0.1 ms of the process's CPU there against ~0.35 ms through
 SQLAlchemy's session (greenlet switch, compile-cache lookup, result wrapping), and a transaction
-needs no ``pool_pre_ping`` checkout (issue 12: slot hand-off). Every other caller passes the session
-it already has. Each statement is still written once, as a named query with ``:name`` parameters
+needs no ``pool_pre_ping`` checkout (a freed slot is taken again sooner). Every other caller passes
+the session it already has. Each statement is still written once, as a named query with ``:name`` parameters
 in ``service/store/sql/*.sql`` (:mod:`service.store.queries` makes it a ``text()`` clause, once);
 :func:`positional` compiles it once into asyncpg's ``$n`` form.
 
