@@ -14,6 +14,10 @@ propagates.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Collection
+
+log = logging.getLogger(__name__)
 
 
 async def wait_event(event: asyncio.Event, seconds: float) -> bool:
@@ -30,4 +34,24 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
     return event.is_set()
 
 
-__all__ = ["wait_event"]
+async def settle(tasks: Collection[asyncio.Task[object]], seconds: float, what: str) -> None:
+    """Wait for ``tasks`` (already told to stop) to end, at most ``seconds``; log those still going.
+
+    A shutdown must end: a task stuck on a write (a database that stopped answering) is left behind
+    with a warning rather than holding the process forever — whatever it held is a lease, which
+    expires, and the sweep runs its work again. Unlike ``asyncio.gather``, a stuck task does not hold
+    the caller; unlike ``asyncio.wait_for``, nothing waits for a cancellation to complete.
+    """
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=seconds)
+    for task in done:
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure on the way out is the task's own to log
+    if pending:
+        log.warning(
+            "%d %s still running %.0f s after the stop; left to end on their own", len(pending), what, seconds
+        )
+
+
+__all__ = ["settle", "wait_event"]

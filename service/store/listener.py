@@ -28,10 +28,11 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Final
 
 import asyncpg
 
-from service.aio import wait_event
+from service.aio import settle, wait_event
 from service.store.db import is_unavailable, open_connection, outage_line_due, plain_dsn
 from service.vocabulary import ALL_CHANNELS, CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
 
@@ -53,6 +54,11 @@ _PROBE = "SELECT pg_catalog.pg_is_in_recovery()"
 
 class StandbyNow(Exception):
     """The LISTEN connection's node became a standby (a failover demoted it): reconnect."""
+
+
+# A stop waits this long for the LISTEN task; a graceful close of its connection, this long.
+STOP_WAIT_S: Final = 10.0
+CLOSE_TIMEOUT_S: Final = 2.0
 
 
 class Listener:
@@ -101,8 +107,7 @@ class Listener:
         self._stopping = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await settle([self._task], STOP_WAIT_S, "LISTEN connection tasks")
 
     def _dispatch(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
         for callback in list(self._subscribers.get(channel, ())):
@@ -150,7 +155,8 @@ class Listener:
             finally:
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(Exception):
-                        await conn.close()
+                        # Bounded: asyncpg terminates the connection when a graceful close times out.
+                        await conn.close(timeout=CLOSE_TIMEOUT_S)
             self._connected.clear()
             self._backend_pid = None
             await asyncio.sleep(backoff)

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, Protocol, TypeVar
 
-from service.aio import wait_event
+from service.aio import settle, wait_event
 from service.config import Settings
 from service.pipeline import PipelineDeps, run_request
 from service.pipeline.background import run_job
@@ -53,6 +53,10 @@ CancelReason = Literal["cancelled", "lost", "shutdown"]
 PURGE_CLEARED_AFTER_S = 600.0
 # The liveness check never runs less often than this, whatever heartbeat_s says (cancel within ~1 s).
 MAX_CHECK_INTERVAL_S = 1.0
+# How long a stop waits for the work it cancelled to settle (give a request back, record a call):
+# those are a statement or two; a task still going after this is stuck on a database that stopped
+# answering, and its lease will bring its work back.
+STOP_WAIT_S = 15.0
 
 
 class _Work(Protocol):
@@ -209,9 +213,7 @@ class SlotPool(Generic[W]):
         self._wake.set()
         for work_id in list(self.tasks):
             self.cancel(work_id, "shutdown")
-        pending = [*self.tasks.values(), *self._stale]
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        await settle([*self.tasks.values(), *self._stale], STOP_WAIT_S, f"{self.name} tasks")
 
 
 class Worker:
@@ -319,9 +321,7 @@ class Worker:
         """Stop claiming, give running requests back to the queue, close everything."""
         for loop in self._loops:
             loop.cancel()
-        for loop in self._loops:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await loop
+        await settle(self._loops, STOP_WAIT_S, "worker loops")
         await self.requests.stop()
         await self.jobs.stop()
         await self.snapshots.close()
