@@ -48,9 +48,15 @@ async def settle(tasks: Collection[asyncio.Task[object]], seconds: float, what: 
     for task in done:
         if not task.cancelled():
             task.exception()  # retrieved: a failure on the way out is the task's own to log
-    if pending:
+    for task in pending:
+        # Where it is stuck, innermost last: what the next look at such a stop needs.
+        frames = [f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" for f in task.get_stack()]
         log.warning(
-            "%d %s still running %.0f s after the stop; left to end on their own", len(pending), what, seconds
+            "%s %s still running %.0f s after the stop; left to end on their own (at %s)",
+            what,
+            task.get_name(),
+            seconds,
+            " <- ".join(reversed(frames)) or "no frame",
         )
 
 

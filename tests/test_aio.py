@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from service.aio import wait_event
+from service.aio import settle, wait_event
 from service.worker.runner import SlotPool
 
 
@@ -172,3 +172,27 @@ def test_the_drivers_own_retries_log_one_line_now_and_then_without_a_traceback(
     except KeyError:
         pool_log.warning("something else broke", exc_info=True)
     assert caplog.records[-1].exc_info is not None  # anything else keeps its traceback
+
+
+async def test_settle_returns_when_a_task_ignores_its_stop_and_names_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = asyncio.Event()
+
+    async def stuck() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await release.wait()  # a settle that never ends (a database that stopped answering)
+
+    task = asyncio.create_task(stuck(), name="stuck-request")
+    quick = asyncio.create_task(asyncio.sleep(0), name="quick-request")
+    await asyncio.sleep(0)
+    task.cancel()
+    with caplog.at_level(logging.WARNING, logger="service.aio"):
+        await asyncio.wait_for(settle([task, quick], 0.2, "request tasks"), timeout=5)
+    assert quick.done() and not task.done()
+    assert [r.getMessage() for r in caplog.records if "stuck-request" in r.getMessage()]
+    assert not [r for r in caplog.records if "quick-request" in r.getMessage()]
+    release.set()
+    await task
