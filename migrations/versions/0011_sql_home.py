@@ -4,7 +4,7 @@ Revision ID: 0011_sql_home
 Revises: 0010_session_cleared
 Create Date: 2026-12-06 03:40:00
 
-Issue 29, step 1. Migrations 0003–0009 each wrote their PL/pgSQL inline, and later ones replaced
+Migrations 0003–0009 each wrote their PL/pgSQL inline, and later ones replaced
 functions of earlier ones (0007 rewrote 0003's ``sidequest_admit_now``), so what the database runs
 today could only be found by replaying the chain in one's head. The current definitions now live in
 ``service/store/sql/*.sql`` (one file per concern, each function once, beside the named queries of

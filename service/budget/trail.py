@@ -48,33 +48,53 @@ def _line(artifact: Artifact, uses: int, last_error: bool) -> str:
     return f"- {artifact.tool}: {artifact.text}{times}{error}"
 
 
+class _LastUse:
+    """The distinct artifacts seen so far, in order of last use (a re-used one moves to the end), with
+    how often each was used, its last result's error flag and its rendered line's bytes."""
+
+    def __init__(self) -> None:
+        self.uses: dict[Artifact, int] = {}
+        self.error: dict[Artifact, bool] = {}
+        # Insertion order is last-use order: a re-used artifact is popped and put back at the end.
+        self.line_bytes: dict[Artifact, int] = {}
+
+    def add(self, artifact: Artifact, error: bool) -> None:
+        uses = self.uses[artifact] = self.uses.get(artifact, 0) + 1
+        self.error[artifact] = error
+        self.line_bytes.pop(artifact, None)
+        self.line_bytes[artifact] = utf8_length(_line(artifact, uses, error)) + 1  # and its newline
+
+    def entries(self) -> list[TrailEntry]:
+        return [TrailEntry(a, self.uses[a], self.error[a]) for a in self.line_bytes]
+
+
+def _fitting(newest_first: Iterable[int]) -> tuple[int, int]:
+    """How many lines (their bytes with a newline each, newest first) the bounds keep, and the bytes of
+    the trail they make with its heading."""
+    size = utf8_length(TRAIL_HEADING)
+    count = 0
+    for line in newest_first:
+        if count == TRAIL_MAX_ENTRIES or size + line > TRAIL_MAX_BYTES:
+            break
+        size += line
+        count += 1
+    return count, size
+
+
 def collect_trail(uses: Iterable[tuple[Artifact, bool]]) -> list[TrailEntry]:
     """Every distinct artifact of ``uses`` (in call order, each with its result's error flag), in
     order of last use (least recent first)."""
-    counts: dict[Artifact, int] = {}
-    last_error: dict[Artifact, bool] = {}
-    order: dict[Artifact, int] = {}
-    for position, (artifact, error) in enumerate(uses):
-        counts[artifact] = counts.get(artifact, 0) + 1
-        last_error[artifact] = error
-        order[artifact] = position
-    ranked = sorted(order, key=order.__getitem__)
-    return [TrailEntry(a, counts[a], last_error[a]) for a in ranked]
+    seen = _LastUse()
+    for artifact, error in uses:
+        seen.add(artifact, error)
+    return seen.entries()
 
 
 def bound_trail(entries: Sequence[TrailEntry]) -> list[TrailEntry]:
     """The most recently used entries that fit :data:`TRAIL_MAX_ENTRIES` and, rendered with the
     heading, :data:`TRAIL_MAX_BYTES`; in their original order."""
-    size = utf8_length(TRAIL_HEADING)
-    kept: list[TrailEntry] = []
-    for entry in reversed(entries):
-        line = utf8_length(entry.line()) + 1
-        if len(kept) == TRAIL_MAX_ENTRIES or size + line > TRAIL_MAX_BYTES:
-            break
-        kept.append(entry)
-        size += line
-    kept.reverse()
-    return kept
+    count, _ = _fitting(utf8_length(entry.line()) + 1 for entry in reversed(entries))
+    return list(entries[len(entries) - count :])
 
 
 def trail_tokens(entries: Sequence[TrailEntry]) -> int:
@@ -85,20 +105,16 @@ def trail_tokens(entries: Sequence[TrailEntry]) -> int:
 
 class TrailSizes:
     """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups. The uses are
-    taken in once, in order, as ``s`` grows (a plan tries one ``s`` after another); each artifact's
-    line length is kept as it changes, so a size costs one walk of at most the 64 newest entries."""
+    taken in once, in order, as ``s`` grows (a plan tries one ``s`` after another), so a size costs
+    one walk of at most the 64 newest entries."""
 
     def __init__(self, artifacts: Sequence[Sequence[tuple[Artifact, bool]]]) -> None:
         self._artifacts = artifacts
         self._reset()
 
     def _reset(self) -> None:
-        self._taken = 0  # groups whose uses are in the state below
-        self._uses: dict[Artifact, int] = {}
-        self._error: dict[Artifact, bool] = {}
-        self._line_bytes: dict[Artifact, int] = {}
-        # Insertion order is last-use order: a re-used artifact is popped and put back at the end.
-        self._order: dict[Artifact, None] = {}
+        self._taken = 0  # groups whose uses are in ``_seen``
+        self._seen = _LastUse()
         self._sizes: dict[int, int] = {0: 0}
 
     def __call__(self, groups: int) -> int:
@@ -109,27 +125,12 @@ class TrailSizes:
             self._reset()
         while self._taken < groups:
             for artifact, error in self._artifacts[self._taken]:
-                uses = self._uses[artifact] = self._uses.get(artifact, 0) + 1
-                self._error[artifact] = error
-                self._line_bytes[artifact] = utf8_length(_line(artifact, uses, error)) + 1
-                self._order.pop(artifact, None)
-                self._order[artifact] = None
+                self._seen.add(artifact, error)
             self._taken += 1
-        size = self._sizes[groups] = self._bounded_tokens()
-        return size
-
-    def _bounded_tokens(self) -> int:
-        if not self._order:
-            return 0
-        size = utf8_length(TRAIL_HEADING)
-        count = 0
-        for artifact in reversed(self._order):
-            line = self._line_bytes[artifact]
-            if count == TRAIL_MAX_ENTRIES or size + line > TRAIL_MAX_BYTES:
-                break
-            size += line
-            count += 1
-        return -(-(size + 2) // 3) if count else 0
+        lines = self._seen.line_bytes
+        count, size = _fitting(lines[a] for a in reversed(lines))
+        tokens = self._sizes[groups] = -(-(size + 2) // 3) if count else 0
+        return tokens
 
 
 def render_trail(entries: Sequence[TrailEntry]) -> str:

@@ -21,8 +21,8 @@ from service.providers.base import ContextOverflow, ModelUnavailable, ProviderEr
 from service.providers.errors import classify_http_error, classify_stream_error
 from tests.providers.test_error_classification import (
     CLASSES,
-    ISSUE_OVERFLOW_PHRASINGS,
     MODEL_NOT_FOUND_PHRASINGS,
+    OVERFLOW_PHRASINGS,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "provider_errors"
@@ -37,7 +37,7 @@ def _load(path: Path) -> dict[str, Any]:
 def _inline_fixtures() -> dict[str, dict[str, Any]]:
     """The phrasings test_error_classification pins inline, as fixtures of the same shape."""
     cases: dict[str, dict[str, Any]] = {}
-    for index, (message, prompt, limit) in enumerate(ISSUE_OVERFLOW_PHRASINGS):
+    for index, (message, prompt, limit) in enumerate(OVERFLOW_PHRASINGS):
         expected: dict[str, Any] = {"error": "context_overflow"}
         expected.update({k: v for k, v in (("prompt_tokens", prompt), ("context_limit", limit)) if v})
         cases[f"issue_overflow_{index}"] = {

@@ -37,8 +37,8 @@ CLASSES: dict[str, type[ProviderError]] = {
 }
 
 
-# The phrasings the issue lists: (message, prompt tokens it states, window it states).
-ISSUE_OVERFLOW_PHRASINGS: list[tuple[str, int | None, int | None]] = [
+# Overflow phrasings seen from real servers: (message, prompt tokens it states, window it states).
+OVERFLOW_PHRASINGS: list[tuple[str, int | None, int | None]] = [
     (
         "'max_tokens' or 'max_completion_tokens' is too large: 4096. This model's maximum context "
         "length is 8192 tokens and your request has 5000 input tokens (4096 > 8192 - 5000).",
@@ -213,7 +213,7 @@ def test_input_and_output_together_over_the_window_is_an_overflow_even_when_the_
 
 def test_the_issue_phrasings_are_overflows_with_their_counts() -> None:
     """The phrasings the issue lists, each through the classifier with a 400."""
-    for message, prompt, limit in ISSUE_OVERFLOW_PHRASINGS:
+    for message, prompt, limit in OVERFLOW_PHRASINGS:
         error = classify_http_error(400, {"error": {"message": message}}, {})
         assert type(error) is ContextOverflow, message
         assert (error.prompt_tokens, error.context_limit) == (prompt, limit), message
