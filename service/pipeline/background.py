@@ -183,9 +183,7 @@ async def _context_summary(
     snapshot_id = str(job.params.get("snapshot_id") or "")
     snapshot = await deps.snapshots.load(deps.db, job.session_id, snapshot_id, job.snapshot_hash)
     if snapshot is None:
-        return JobOutcome(
-            Status.FAILED, error=snapshot_missing_error()
-        )
+        return JobOutcome(Status.FAILED, error=snapshot_missing_error())
     # A 6.7 follow-up carries its question's window and cap; a snapshot's job the ones the trigger
     # expected (the session's settings, else its latest question's).
     plan = plan_numbers(deps.settings, job.settings, job.params, snapshot)
