@@ -87,7 +87,6 @@ class _Request:
         provisional = build_answer(prepared, history, context)
         meter(rt, prepared, provisional)
         bound = FOLD_SUMMARY_BOUND if folding and history.qa is None else 0
-        needs_compaction = not fits_budget(rt, prepared, provisional.estimate.total + bound)
 
         def fits(summary_text: str | None, kept: Any, kept_tokens: int) -> bool:
             candidate = build_answer(
@@ -102,6 +101,9 @@ class _Request:
         room = rt.calibration.raw_capacity(prepared.input_budget) - (
             provisional.estimate.total - snapshot_tokens + bound
         )
+        # Tier none of the ladder: the transcript fits the room the ladder plans in (exactly the
+        # calibrated fit of the whole request, since raw_capacity is the inverse of that fit).
+        needs_compaction = snapshot_tokens > room
 
         async def compaction() -> ContextPlan:
             await rt.enter(Stage.COMPACTING_CONTEXT)
