@@ -324,11 +324,11 @@ class SnapshotJobPolicy:
             expecting=expecting,
         )
 
-    def applies(self, owner: SessionRow, prepared: PreparedSnapshot, expected: dict[str, int]) -> bool:
-        """Whether storing ``prepared`` for the session ``owner`` queues its job: background summaries
-        on, the session asked before, and a question on it with the ``expected`` window and cap
-        (:func:`expected_numbers`) would need a summary (SPEC §6.2 tier 2: masking needs no job)."""
-        return self.enabled and owner.next_ordinal > 1 and self.needs_summary(prepared, owner, expected)
+    def considers(self, owner: SessionRow) -> bool:
+        """Whether a snapshot stored for the session ``owner`` is weighed for a job at all (SPEC §6.6):
+        background summaries on and the session asked before. It then queues one when
+        :meth:`needs_summary` says a question on it would need a summary (tier 2: masking needs none)."""
+        return self.enabled and owner.next_ordinal > 1
 
     def needs_summary(self, prepared: PreparedSnapshot, owner: SessionRow, expected: dict[str, int]) -> bool:
         """Would a question on this snapshot need a summary, with the session's expected numbers?
@@ -380,7 +380,7 @@ async def queue_snapshot_job(
     session: AsyncSession, owner: SessionRow, snapshot_id: str, expected: dict[str, int]
 ) -> uuid.UUID | None:
     """Queue the snapshot's background context summary (caller's transaction), once
-    :meth:`SnapshotJobPolicy.applies` said SPEC §6.6 wants it; None when it is queued already. The
+    :meth:`SnapshotJobPolicy.needs_summary` said SPEC §6.6 wants it; None when it is queued already. The
     job plans with the ``expected`` numbers the decision was made with."""
     return await enqueue_job(
         session,
@@ -462,11 +462,11 @@ async def store_snapshot(
     tokens = prepared.total_tokens
     expected: dict[str, int] = {}
     queues_job = False
-    if owner is not None and jobs is not None and jobs.enabled and owner.next_ordinal > 1:
+    if owner is not None and jobs is not None and jobs.considers(owner):
         expected = expected_numbers(
             dict(owner.settings or {}), await latest_question_options(session, owner.id)
         )
-        queues_job = jobs.applies(owner, prepared, expected)
+        queues_job = jobs.needs_summary(prepared, owner, expected)
     if queues_job and jobs is not None and jobs.expecting is not None:
         jobs.expecting(prepared)  # before the INSERT: the longest wait of the admission
     inserted = await session.scalar(
