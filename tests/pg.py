@@ -106,6 +106,22 @@ async def create_database(admin_url: str) -> str:
     return with_database(admin_url, name).replace("postgresql://", "postgresql+asyncpg://", 1)
 
 
+async def alter_database(admin_url: str, url: str, change: str) -> None:
+    """``ALTER DATABASE <the test's own> <change>``, then end its sessions: a session reads the
+    database's settings when it starts, so only new ones see the change (as after a restart)."""
+    name = urlsplit(_plain(url)).path.lstrip("/")
+    conn = await asyncpg.connect(_plain(admin_url))
+    try:
+        await conn.execute(f'ALTER DATABASE "{name}" {change}')
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
+            name,
+        )
+    finally:
+        await conn.close()
+
+
 async def drop_database(admin_url: str, url: str) -> None:
     """Drop the run's database, closing any connection a stray process left open."""
     name = urlsplit(_plain(url)).path.lstrip("/")

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
-import asyncpg
 import httpx
 import pytest
 from sqlalchemy import text
@@ -36,18 +34,7 @@ async def own_url(pg_server: pg.Server) -> AsyncIterator[str]:
 
 
 async def _alter(pg_server: pg.Server, url: str, change: str) -> None:
-    """``ALTER DATABASE`` the test's own database, then end its sessions so new ones see the change."""
-    name = urlsplit(url).path.lstrip("/")
-    conn = await asyncpg.connect(pg_server.admin_url.replace("postgresql+asyncpg://", "postgresql://", 1))
-    try:
-        await conn.execute(f'ALTER DATABASE "{name}" {change}')
-        await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = $1 AND pid <> pg_backend_pid()",
-            name,
-        )
-    finally:
-        await conn.close()
+    await pg.alter_database(pg_server.admin_url, url, change)
 
 
 @pytest.mark.parametrize(

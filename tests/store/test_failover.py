@@ -73,20 +73,8 @@ async def read_only_database(pg_server: pg.Server) -> AsyncIterator[str]:
 
 
 async def _set_read_only(admin_url: str, url: str, on: bool) -> None:
-    name = urlsplit(plain_dsn(url)).path.lstrip("/")
-    conn = await asyncpg.connect(plain_dsn(admin_url))
-    try:
-        value = "on" if on else "off"
-        await conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = {value}')
-        # Sessions read the database's settings when they start: end the ones open now, as a
-        # demotion (a restart as a standby) does.
-        await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = $1 AND pid <> pg_backend_pid()",
-            name,
-        )
-    finally:
-        await conn.close()
+    # Sessions open now end, as a demotion (a restart as a standby) ends them.
+    await pg.alter_database(admin_url, url, f"SET default_transaction_read_only = {'on' if on else 'off'}")
 
 
 async def test_a_write_refused_as_read_only_is_never_retried_on_its_connection(
