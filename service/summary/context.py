@@ -249,6 +249,26 @@ async def warm_snapshot_pieces(prepared: PreparedSnapshot, slice_groups: int = W
             await asyncio.sleep(0)
 
 
+def _cached_prefixes(
+    cache_entries: Sequence[CachedContextSummary],
+    boundaries: set[int],
+    digests: Sequence[bytes],
+    *,
+    model: str,
+    prompt_version: str,
+) -> list[PrefixReuse]:
+    """The entries that summarise this transcript's prefix of their length, among the lengths in
+    ``boundaries`` (group boundaries: a tool call and its results are never split between a cached
+    summary and what follows it)."""
+    return [
+        PrefixReuse(entry, entry.covered_messages)
+        for entry in cache_entries
+        if entry.covered_messages in boundaries
+        and entry.covered_messages < len(digests)
+        and summary_cache_key(digests[entry.covered_messages], model, prompt_version) == entry.key
+    ]
+
+
 def longest_cached_prefix(
     groups: Sequence[MessageGroup],
     cache_entries: Sequence[CachedContextSummary],
@@ -260,16 +280,8 @@ def longest_cached_prefix(
     """The cached summary covering the longest prefix of the transcript (ending on a group boundary,
     shorter than the whole transcript), whatever the cut: SPEC §6.7's "grown snapshot" candidate."""
     boundaries = {g.start for g in groups if g.start > 0}
-    best: PrefixReuse | None = None
-    for entry in cache_entries:
-        length = entry.covered_messages
-        if length not in boundaries or length >= len(digests) - 1:
-            continue
-        if summary_cache_key(digests[length], model, prompt_version) != entry.key:
-            continue
-        if best is None or length > best.covered_messages:
-            best = PrefixReuse(entry, length)
-    return best
+    found = _cached_prefixes(cache_entries, boundaries, digests, model=model, prompt_version=prompt_version)
+    return max(found, key=lambda reuse: reuse.covered_messages, default=None)
 
 
 def covering_summary(
@@ -285,16 +297,8 @@ def covering_summary(
     group boundary): with masking on, one made for a longer question covers a shorter one's needs as
     well (what it summarised beyond them is masked or verbatim in the other's plan, never both)."""
     boundaries = {g.start for g in groups if g.start >= until} | {len(digests) - 1}
-    best: PrefixReuse | None = None
-    for entry in cache_entries:
-        length = entry.covered_messages
-        if length not in boundaries or length >= len(digests):
-            continue
-        if summary_cache_key(digests[length], model, prompt_version) != entry.key:
-            continue
-        if best is None or length < best.covered_messages:
-            best = PrefixReuse(entry, length)
-    return best
+    found = _cached_prefixes(cache_entries, boundaries, digests, model=model, prompt_version=prompt_version)
+    return min(found, key=lambda reuse: reuse.covered_messages, default=None)
 
 
 async def compact_context(
