@@ -31,8 +31,12 @@ from tests.api.helpers import append, ask, finish, mark_running
 PAGE = """<!doctype html>
 <html><body><pre id="log"></pre><script>
 const stream = new URLSearchParams(location.search).get("stream");
+// One report at a time: parallel fetches may reach the page server in any order, and the test
+// reads the order in which the browser saw the events.
+let reported = Promise.resolve();
 function report(body) {
-  fetch("/report", {method: "POST", body: JSON.stringify(body), keepalive: true});
+  const text = JSON.stringify(body);
+  reported = reported.then(() => fetch("/report", {method: "POST", body: text}).catch(() => {}));
 }
 const source = new EventSource(stream);
 for (const type of ["status", "progress", "delta", "usage", "done", "error"]) {
