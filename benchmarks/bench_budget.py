@@ -13,8 +13,8 @@ replay selection → segment meter + pressure → cut plan → render the summar
 Building the snapshot dict (JSON parsing, database reads) is not timed: it is not budget work.
 Rendering uses the summary package's real renderer (``service.summary.material.render_messages``,
 what the pipeline chunks); it is timed because chunking needs rendered text, and reported apart
-("CPU without renderer") because it is not kernel code. An earlier minimal stand-in renderer
-produced 8 % less text at half the cost, so it understated a real plan. Results go to
+("CPU without renderer") because it is not kernel code. A minimal stand-in renderer would
+produce 8 % less text at half the cost, and so understate a real plan. Results go to
 docs/benchmarks.md ("Budget planning").
 """
 

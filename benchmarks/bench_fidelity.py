@@ -6,7 +6,7 @@ the same way as the tests'; the script creates and drops its own database). The 
 it is never copied into the repository.
 
 Every transcript of the corpus is asked one question at windows 64000 and 32000, with masking on (the
-default) and off (``PUT …/settings {"mask_tool_results": false}``: the behaviour before masking, the
+default) and off (``PUT …/settings {"mask_tool_results": false}``: summaries only, the
 baseline), in the same run, through ``sidequest serve`` in its own process whose model is the scripted
 OpenAI-compatible server of ``tests/`` (every call 0.05 s). Each case is a fresh session with the
 snapshot inline. Per case, from what the *model received* (the scripted server's record of every

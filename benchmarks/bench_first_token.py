@@ -1,4 +1,4 @@
-"""Time to first token on a long, live session, beside an empty session's (issue 11; SPEC 6.3, 6.6, 6.7).
+"""Time to first token on a long, live session, beside an empty session's (SPEC 6.3, 6.6, 6.7).
 
 Run: ``.venv/bin/python benchmarks/bench_first_token.py [--runs 3]`` (a PostgreSQL is found the same way
 as the tests'; the script creates and drops its own database).

@@ -1,4 +1,4 @@
-"""Preparation overhead on a stored 200k-token snapshot (issue 12): the service's own time before the
+"""Preparation overhead on a stored 200k-token snapshot: the service's own time before the
 answer call, with every summary cached, and with the summaries made (the model's time excluded).
 
 Run: ``.venv/bin/python benchmarks/bench_prepare.py [--runs 5]``.
@@ -13,8 +13,8 @@ then asks twice:
   − the claim (the ``preparing`` event) − Σ summary call latencies;
 - **cached** — the second question finds the summary cached: overhead = arrival − claim.
 
-Those two with ``mask_tool_results: false`` (SPEC §11.2: summaries of the raw messages, as before
-masking). With masking on (the default), the same snapshot's tool results are masked instead (SPEC §6.8,
+Those two with ``mask_tool_results: false`` (SPEC §11.2: summaries of the raw messages, nothing
+masked). With masking on (the default), the same snapshot's tool results are masked instead (SPEC §6.8,
 tier 1: no summary at all), in a session of its own:
 
 - **masked** — the first question masks the snapshot (its masked forms computed in the worker);

@@ -1,4 +1,4 @@
-"""Slot utilisation and hand-off latency (issue 12): 20 sessions × 4 questions, 0.5 s answers, 4 slots.
+"""Slot utilisation and hand-off latency: 20 sessions × 4 questions, 0.5 s answers, 4 slots.
 
 Run: ``.venv/bin/python benchmarks/bench_slots.py [--runs 3]``.
 

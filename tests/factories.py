@@ -43,7 +43,7 @@ def scripted_settings(database_url: str, base_url: str, **overrides: Any) -> Set
         "poll_s": 0.2,
         "request_timeout_s": 20.0,
         # The 6.1–6.3 tests describe the in-request path, which is also the fallback when background
-        # summaries are on (issue 11): they run with background summaries off unless they opt in.
+        # summaries are on (SPEC 6.6): they run with background summaries off unless they opt in.
         "background_summaries": "off",
         # …and in strict order (SPEC 6.3 parallelism 1); the parallel mode has tests of its own.
         "summary_parallelism": 1,

@@ -1,7 +1,8 @@
 """Finding a PostgreSQL server for the tests and giving each run its own database.
 
-Order (DEVELOPERS brief): ``SIDEQUEST_TEST_DATABASE_URL`` → the local server on 127.0.0.1:5432 →
-testcontainers when a Docker engine answers → an embedded PostgreSQL in a temporary directory.
+Order (what is named first, then the cheapest to reach): ``SIDEQUEST_TEST_DATABASE_URL`` → the local
+server on 127.0.0.1:5432 → testcontainers when a Docker engine answers → an embedded PostgreSQL in a
+temporary directory.
 """
 
 from __future__ import annotations

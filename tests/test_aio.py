@@ -1,5 +1,5 @@
 """service.aio.wait_event: a cancellation is never swallowed (Python 3.11's asyncio.wait_for swallows
-it when the awaited event is set in the same step; the worker's stop then hung)."""
+it when the awaited event is set in the same step, and the worker's stop would then hang)."""
 
 from __future__ import annotations
 
@@ -77,14 +77,14 @@ async def test_a_slot_pool_woken_as_it_is_cancelled_still_stops() -> None:
     pool.wake(freed=True)  # a request ended somewhere, in the same step as the worker's stop
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait_for(task, 2)  # before the fix: TimeoutError, the loop ran on
+        await asyncio.wait_for(task, 2)  # a lost cancel would be a TimeoutError: the loop runs on
     assert task.cancelled()
 
 
 async def test_work_claimed_again_while_its_stale_run_goes_on_stops_that_run_and_keeps_the_new() -> None:
-    """Outside check: after a database outage longer than the lease, the sweep re-queued a request
-    this very process was still running and it claimed it again. The stale run's end removed the new
-    run from the pool, so the heartbeat stopped renewing its lease and it failed as worker_lost."""
+    """After a database outage longer than the lease, the sweep can re-queue a request this very
+    process is still running, and it claims it again. The stale run's end must not remove the new
+    run from the pool, or the heartbeat stops renewing its lease and it fails as worker_lost."""
 
     @dataclass
     class Work:
@@ -124,8 +124,8 @@ async def test_work_claimed_again_while_its_stale_run_goes_on_stops_that_run_and
 async def test_a_worker_loop_logs_the_database_being_away_as_one_line_now_and_then(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Outside check: each worker loop logged a ~65-line traceback a second while PostgreSQL was
-    stopped. A bug still gets its traceback."""
+    """While PostgreSQL is stopped each worker loop says so in one line now and then, not a ~65-line
+    traceback a second. A bug still gets its traceback."""
     from service.store import db
     from service.store.db import DatabaseUnavailable
     from service.worker import runner
@@ -151,8 +151,8 @@ async def test_a_worker_loop_logs_the_database_being_away_as_one_line_now_and_th
 def test_the_drivers_own_retries_log_one_line_now_and_then_without_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Outside check: asyncpg's pool logged "Failed to restore the pool connection floor" with a
-    ~20-line traceback on every try of an outage; the LISTEN loss once per reconnect try."""
+    """Left alone, asyncpg's pool logs "Failed to restore the pool connection floor" with a ~20-line
+    traceback on every try of an outage, and the LISTEN loss once per reconnect try."""
     from service.store import db
 
     db._outage_logged.clear()

@@ -128,9 +128,9 @@ def test_tokens_that_name_no_token_leave_auth_off_and_the_loopback_guard_on(valu
 
 
 def test_libpq_style_query_parameters_are_kept_for_asyncpg(monkeypatch: pytest.MonkeyPatch) -> None:
-    """?sslmode=… is how a managed PostgreSQL is reached: asyncpg reads it from the DSN (outside
-    check: it crashed every command); SQLAlchemy's ?ssl= spelling is renamed, and connect_timeout
-    gives way to the service's own."""
+    """?sslmode=… is how a managed PostgreSQL is reached: asyncpg reads it from the DSN (passed on as
+    a keyword it would crash every command); SQLAlchemy's ?ssl= spelling is renamed, and
+    connect_timeout gives way to the service's own."""
     monkeypatch.setenv(
         "SIDEQUEST_DATABASE_URL",
         "postgresql://u:p@h:5432/d?sslmode=require&application_name=sq&connect_timeout=10",
@@ -155,8 +155,8 @@ def _free_port() -> int:
 def test_a_database_that_cannot_be_used_at_start_is_one_clear_line_without_its_password(
     database_url: str, command: str
 ) -> None:
-    """Outside check: an unreachable database, or one that does not exist, ended in a 138-line
-    traceback; now one line names SIDEQUEST_DATABASE_URL (password hidden) and the driver's reason."""
+    """An unreachable database, or one that does not exist, is one line naming SIDEQUEST_DATABASE_URL
+    (password hidden) and the driver's reason, not a traceback an operator must dig through."""
     from sqlalchemy.engine import make_url
 
     existing = make_url(database_url)
@@ -183,9 +183,9 @@ def test_a_database_that_cannot_be_used_at_start_is_one_clear_line_without_its_p
 def test_a_provider_that_cannot_be_built_stops_the_process_with_one_line(
     tmp_path: Path,
 ) -> None:
-    """Outside check: with the anthropic SDK missing, serve died in its start-up with 44 lines of
-    tracebacks, the worker with 65 ending in an unrelated AssertionError. An importable stand-in that
-    raises ImportError plays the missing SDK."""
+    """With the anthropic SDK missing, each process stops with one line saying how to fix it, not
+    start-up tracebacks ending in an unrelated error. An importable stand-in that raises ImportError
+    plays the missing SDK."""
     fake = tmp_path / "anthropic"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('no anthropic here')\n", encoding="utf-8")

@@ -1,5 +1,5 @@
 """The domain vocabulary: one timestamp format, canonical JSON, the storable-text rule, the enums and
-the progress events, pinned to what the wire carried before they had one home."""
+the progress events, pinned to their exact values on the wire, which clients read."""
 
 from __future__ import annotations
 

@@ -229,8 +229,8 @@ async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Da
         (b'{"question": "q", "max_output_tokens": 100}', 422, "validation_error"),
         (b'{"question": "q", "max_output_tokens": "lots"}', 422, "validation_error"),
         (b'{"question": "q", "unknown_field": 1}', 422, "validation_error"),
-        # Numbers are JSON numbers: a string or a boolean is refused, not read as an integer (an
-        # inline snapshot's own fields were then ignored as posted; outside check).
+        # Numbers are JSON numbers: a string or a boolean is refused, not read as an integer (which
+        # would also leave an inline snapshot's own fields ignored as posted).
         (b'{"question": "q", "context_window": "100000"}', 422, "validation_error"),
         (b'{"question": "q", "context_window": true}', 422, "validation_error"),
         (b'{"question": "q", "snapshot": {"messages": [], "context_window": "5000"}}', 422, VALIDATION),
@@ -277,8 +277,8 @@ async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Da
         nul_parent = await client.post("/v1/sessions/a%00b/questions", json={"question": "q"})
         assert nul_parent.status_code == 422
         assert nul_parent.json()["error"]["detail"]["errors"][0]["loc"] == ["path", "parent_id"]
-        # An id that is not UTF-8 once percent-decoded: refused, not read as U+FFFD (which made %FF and
-        # %C3 one session; outside check).
+        # An id that is not UTF-8 once percent-decoded: refused, not read as U+FFFD (which would make
+        # %FF and %C3 one session).
         for bad in ("%FF", "a%C3", "%ED%A0%80"):
             response = await client.post(f"/v1/sessions/{bad}/questions", json={"question": "q"})
             assert response.status_code == 422, (bad, response.text)
@@ -310,8 +310,9 @@ async def test_the_literal_text_of_a_nul_escape_is_not_a_nul(server: Server) -> 
 async def test_a_nameless_tool_or_a_typeless_block_is_refused_not_sent_or_dropped(
     server: Server, db: Database
 ) -> None:
-    """Outside check: a tool without a name went to the provider as "name": "" (which refuses it),
-    and a content block without a type was dropped, its message with it, without a word."""
+    """Refused at admission: a tool without a name would go to the provider as "name": "" (which
+    refuses it), and a content block without a type would be dropped, its message with it, without
+    a word."""
     user = {"role": "user", "content": "hi"}
     cases = {
         "tools[0] has no name": {"messages": [user], "tools": [{"description": "d"}]},
@@ -322,8 +323,8 @@ async def test_a_nameless_tool_or_a_typeless_block_is_refused_not_sent_or_droppe
         "messages[1].content[0] has no type": {
             "messages": [user, {"role": "user", "content": [{"text": "hi"}]}]
         },
-        # Outside check: inside a tool_result the block was replaced by "[content omitted]"; a tool
-        # call without a name went to the provider as "name": "".
+        # Inside a tool_result too (not replaced by "[content omitted]"); and a tool call without a
+        # name, which would go to the provider as "name": "".
         "messages[1].content[0].content[0] has no type": {
             "messages": [
                 {
@@ -349,7 +350,7 @@ async def test_a_nameless_tool_or_a_typeless_block_is_refused_not_sent_or_droppe
                 },
             ]
         },
-        # Outside check (session 11): these were stored and sent on, for the provider to refuse.
+        # Refused here rather than stored and sent on, for the provider to refuse.
         "messages[1] has no known role": {"messages": [user, {"role": "wizard", "content": "x"}]},
         "messages[1] has no content": {"messages": [user, {"role": "assistant"}]},
         "messages[1] (role tool) has no tool_call_id": {
@@ -441,8 +442,8 @@ async def test_admission_does_not_wait_for_a_lock_a_worker_holds_on_a_running_re
 async def test_a_chunked_body_whose_last_chunk_passes_the_limit_is_413_at_once(
     start_server: StartServer, db: Database
 ) -> None:
-    """Outside check: a body sent without Content-Length that passed the limit in its last chunk hung
-    (the refusal waited for more body that would never come) instead of answering 413."""
+    """A body sent without Content-Length that passes the limit in its last chunk is answered 413 at
+    once: a refusal that waits for more body, which never comes, hangs."""
     server = await start_server(max_snapshot_bytes=2000, max_question_bytes=1000)
     limit = 2000 + 1000 + BODY_SLACK_BYTES
 

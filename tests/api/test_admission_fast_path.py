@@ -1,6 +1,6 @@
 """The admission's fast path (service.api.fast_admission): a plain valid POST is admitted without
 FastAPI, with the route's own result; anything in doubt goes to the app, which answers exactly as the
-route always has; errors of the admission itself get the app's error bodies; the body limit and CORS
+route does; errors of the admission itself get the app's error bodies; the body limit and CORS
 still apply."""
 
 from __future__ import annotations

@@ -175,8 +175,8 @@ async def test_the_body_is_parsed_once_yet_strictly(server: Server, db: Database
         utf16 = '{"question": "q", "snapshot": {"messages": [], "x": NaN}}'.encode("utf-16")
         refused = await client.post(url, content=utf16, headers={"Content-Type": "application/json"})
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "malformed_json"
-        # The idempotency hash is the key-sorted JSON of the parsed body, as before: an inline
-        # snapshot in another key order replays; another snapshot conflicts.
+        # The idempotency hash is the key-sorted JSON of the parsed body: an inline snapshot in
+        # another key order replays; another snapshot conflicts.
         snapshot = {"system": "s", "messages": [{"role": "user", "content": "hi"}]}
         headers = {"Idempotency-Key": "k-inline"}
         first = await client.post(url, json={"question": "q", "snapshot": snapshot}, headers=headers)

@@ -109,7 +109,7 @@ async def test_malformed_archives_get_400_or_422_and_nothing_is_written(server: 
         (b'{"version": 9, "parent_id": "x", "questions": []}', 400),
         (json.dumps(v3).encode(), 422),
         (b'{"version": 2, "parent_id": "x", "questions": [{"ordinal": 1}]}', 422),
-        # Outside check: questions admission refuses were restored (empty, over the 64 KiB limit).
+        # A question admission refuses (empty, over the 64 KiB limit) is not restored either.
         (json.dumps(_v1(question="")).encode(), 422),
         (json.dumps(_v1(question="é" * 32769)).encode(), 422),
     ]
@@ -161,7 +161,7 @@ async def test_archive_larger_than_the_limit_is_413(start_server: StartServer) -
     async with server.client() as client:
         response = await post_archive(client, "p", fixture_bytes("v3.json"))
         assert response.status_code == 413
-        # The same detail as the body limit's own 413 (outside check: it said "limit" here).
+        # The same detail as the body limit's own 413, so a client reads one shape.
         assert response.json()["error"]["code"] == "payload_too_large"
         assert response.json()["error"]["detail"] == {"limit_bytes": 2048}
         assert (await client.get("/v1/sessions/p")).status_code == 404

@@ -70,8 +70,8 @@ async def test_without_a_valid_token_every_v1_route_is_401(auth_server: Server) 
                 assert response.headers["www-authenticate"] == "Bearer"
             for path in ("/healthz", "/readyz", "/metrics"):
                 assert (await anonymous.get(path)).status_code == 200
-            # Outside check: what is wrong with the input was said before the token was asked for
-            # (400 for a bad body, 404 for a bad id, 422 for a bad path or query).
+            # The token is asked for first: without one, no 400 for a bad body, 404 for a bad id or
+            # 422 for a bad path or query tells a stranger anything about the input.
             for method, path, content in (
                 ("POST", f"/v1/sessions/{parent}/questions", b"{not json"),
                 ("GET", "/v1/questions/not-a-uuid/events", b""),
@@ -121,7 +121,8 @@ async def test_stream_token_opens_its_stream_only(auth_server: Server, db: Datab
 
 
 async def test_a_session_stream_tokens_url_percent_encodes_the_parent_id(auth_server: Server) -> None:
-    """Outside check: the url held "x#1" and "a b?c" raw, so a client asked for /v1/sessions/x."""
+    """The url's parent id is percent-encoded: "x#1" or "a b?c" raw would send a client to
+    /v1/sessions/x."""
     async with auth_server.client("tok-acme") as acme, auth_server.client() as browser:
         for parent, encoded in (("x#1", "x%231"), ("a b?c", "a%20b%3Fc"), ("é%", "%C3%A9%25")):
             assert (await acme.put(f"/v1/sessions/{encoded}/settings", json={})).status_code == 200

@@ -70,7 +70,7 @@ async def test_post_handoff_is_201_then_nothing_new_is_200_and_get_lists_newest_
             "next_before": None,
         }
         # Not an id at all: no cursor this service issued, 400 like the session list's.
-        for garbage in ("not-an-id", "zzz", "", "0" * 37, "f" * 5000):  # any length (outside check: 422)
+        for garbage in ("not-an-id", "zzz", "", "0" * 37, "f" * 5000):  # any length: 400, not 422
             bad = await client.get("/v1/sessions/p/handoffs", params={"before": garbage})
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
             assert bad.json()["error"]["detail"] == {"before": garbage[:100]}
@@ -108,8 +108,8 @@ async def test_pin_unpin_and_the_pinned_answer_goes_in_the_next_handoff(server: 
 async def test_what_a_handoff_leaves_out_is_pinned_so_the_next_new_one_carries_it(
     server: Server, db: Database
 ) -> None:
-    """Outside check: a Q&A left out to fit was never shown to the main agent, and the mark moved past
-    it, so no include: "new" hand-off would ever carry it. It is pinned instead: the next one does."""
+    """A Q&A left out to fit is not shown to the main agent, yet the mark moves past it, so no
+    include: "new" hand-off would ever carry it. It is pinned instead: the next one does."""
     async with server.client() as client:
         records = []
         for n in range(1, 6):
@@ -133,8 +133,8 @@ async def test_what_a_handoff_leaves_out_is_pinned_so_the_next_new_one_carries_i
 async def test_an_all_handoff_pins_nothing_the_main_conversation_already_has(
     server: Server, db: Database
 ) -> None:
-    """Outside check: an include: "all" hand-off that left out Q&A handed off before pinned them, and
-    the next include: "new" hand-off carried them a second time."""
+    """An include: "all" hand-off that leaves out Q&A handed off before does not pin them: the main
+    conversation has them, and the next include: "new" hand-off would carry them a second time."""
     async with server.client() as client:
         records = []
         for n in range(1, 4):

@@ -27,7 +27,7 @@ async def test_cors_only_when_origins_are_configured(start_server: StartServer, 
         assert {"location", "retry-after"} <= exposed
         stranger = await client.get("/healthz", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in stranger.headers
-        # A refused preflight answers with SPEC's error body (outside check: Starlette's plain text).
+        # A refused preflight answers with SPEC's error body, not Starlette's plain text.
         refused = await client.options(
             "/v1/sessions/p/questions", headers={**preflight_headers, "Origin": "https://evil.example"}
         )
@@ -79,7 +79,7 @@ async def test_openapi_describes_every_v1_route(server: Server) -> None:
 
 
 async def test_a_body_that_is_not_json_text_is_400_on_every_route(server: Server) -> None:
-    """RFC 8259 text only: Python's parser would read NaN and decode UTF-16 or a BOM (outside check)."""
+    """RFC 8259 text only: Python's parser would read NaN and decode UTF-16 or a BOM."""
     not_json = [b'{"context_window": NaN}', '{"on_busy": "reject"}'.encode("utf-16"), b"\xef\xbb\xbf{}"]
     async with server.client() as client:
         for method, url in (
@@ -104,15 +104,15 @@ async def test_a_body_that_is_not_json_text_is_400_on_every_route(server: Server
 
 
 async def test_a_json_body_not_declared_as_json_says_so(server: Server) -> None:
-    """Outside check: a valid body sent as text/plain (or without a Content-Type) got "Input should be
-    a valid dictionary", which does not say that the content type is the problem."""
+    """A valid body sent as text/plain (or without a Content-Type) is refused saying the content type
+    is the problem; pydantic's "Input should be a valid dictionary" would not."""
     async with server.client() as client:
         for method, url, body in (
             ("PUT", "/v1/sessions/p-ct/settings", b'{"on_busy": "reject"}'),
             ("POST", "/v1/sessions/p-ct/handoffs", b"{}"),
             ("PUT", "/v1/sessions/p-ct/snapshots/s", b'{"messages": []}'),
             ("POST", "/v1/sessions/p-ct/questions", b'{"question": "q"}'),
-            # Read as raw bytes, so it needs the rule itself (outside check: restored as text/plain).
+            # Read as raw bytes, so it needs the rule itself, or a text/plain archive would be restored.
             ("POST", "/v1/sessions/p-ct/archive", b'{"version": 1, "parent_id": "p", "questions": []}'),
         ):
             for headers in ({"Content-Type": "text/plain"}, {"Content-Type": ""}):

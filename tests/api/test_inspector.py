@@ -143,7 +143,7 @@ async def test_lists_the_tenants_sessions_and_not_another_tenants(stack: Stack, 
     await browser.press("Enter", 13)
     await browser.wait_for("document.getElementById('session-title').textContent === 'globex-secret'")
     # Another token typed in and connected without Forget (or a reload): nothing of the last tenant's
-    # stays on screen (outside check: its session, request and answer did).
+    # stays on screen — not its session, request or answer.
     await browser.evaluate("document.getElementById('token').value = ''")
     await browser.type_text("#token", "tok-acme")
     await browser.evaluate("document.getElementById('connect').click()")
@@ -296,8 +296,8 @@ async def test_a_question_asked_from_the_page_streams_its_answer_into_the_page(
 async def test_summary_coverage_starts_where_the_summary_does_after_a_clear(
     stack: Stack, browser: Browser, db: Database
 ) -> None:
-    """Ordinals go on counting after a clear, so a rolling summary made since covers #26–#29, not #1–#29
-    (an outside check found the page saying #1)."""
+    """Ordinals go on counting after a clear, so a rolling summary made since covers #26–#29, not #1–#29:
+    the page reads the summary's first ordinal rather than assuming #1."""
     await _answered(stack, "p-cover", "First question?")
     qa = {"first_ordinal": 26, "covered_through_ordinal": 29, "tokens": 120, "updated_at": None}
     async with db.sessions() as session:
@@ -328,7 +328,7 @@ async def test_cancel_clear_after_confirmation_and_archive_download(
     assert cancelled["status"] == "cancelled"
     await browser.wait_for("document.getElementById('answer-state').textContent === 'cancelled'")
     # The call the cancel stopped is recorded just after it: the page reads the record again and
-    # shows it (outside check: "No provider calls yet" and "model —" stayed until it was reopened).
+    # shows it, rather than "No provider calls yet" and "model —" until it is reopened.
     await browser.wait_for("document.getElementById('usage').textContent.includes('cancelled')", within=10)
     # Archive: downloaded through the page, the same document the API exports.
     downloads = tmp_path / "downloads"
@@ -359,9 +359,9 @@ async def test_cancel_clear_after_confirmation_and_archive_download(
 async def test_what_changed_elsewhere_shows_on_refresh_and_forget_leaves_no_draft(
     stack: Stack, browser: Browser, tmp_path: Path
 ) -> None:
-    """Outside checks: after a clear from elsewhere, Refresh still listed the deleted requests; the
-    session list's counts never changed ("1 in progress" forever); Forget left the last tenant's draft
-    question and snapshot file in the Ask form, and the next tenant's question took that file along."""
+    """Refresh shows what changed elsewhere: a clear's deleted requests go, and the session list's
+    counts move (not "1 in progress" forever). Forget empties the Ask form, so the next tenant's
+    question cannot take the last tenant's draft question or snapshot file along."""
     async with stack.client("tok-acme") as client:
         first = await ask(client, "p-elsewhere", "Before the clear?")
     await stack.until_finished("tok-acme", first["id"])
@@ -398,8 +398,8 @@ async def test_what_changed_elsewhere_shows_on_refresh_and_forget_leaves_no_draf
 async def test_a_request_that_ended_before_the_page_opened_it_leaves_the_list_current(
     stack: Stack, browser: Browser
 ) -> None:
-    """Outside check: the list loaded while a request ran kept "1 in progress" after it ended, when the
-    page opened that request only after its end (its stream then only replays)."""
+    """The list loaded while a request ran drops its "1 in progress" once it ends, also when the page
+    opens that request only after its end (its stream then only replays, so no live event says so)."""
     stack.model.script("answer", Step.text("late but done").with_delay(before_s=1.5))
     async with stack.client("tok-acme") as client:
         record = await ask(client, "p-ended", "Still running when the page lists it?")
@@ -416,9 +416,9 @@ async def test_a_request_that_ended_before_the_page_opened_it_leaves_the_list_cu
 async def test_the_budget_follows_a_running_request_and_a_narrow_screen_shows_the_opened_session(
     stack: Stack, browser: Browser
 ) -> None:
-    """Outside checks: opened before it was compacted, a request showed its pre-compaction budget
-    ("over budget", "sent verbatim") all through answering; at 390 px, tapping a session showed
-    nothing (it opened far below the list)."""
+    """Opened before it is compacted, a request's budget follows it, not stuck at the pre-compaction
+    one ("over budget", "sent verbatim") all through answering; at 390 px, tapping a session scrolls
+    to it, since it opens below the whole list."""
     stack.model.script("answer", Step.hang(text="Still answering "))
     # The compaction's summary takes a while, so the page opens the request before it is compacted.
     stack.model.script("context_summary", Step.valid_summary().with_delay(before_s=3))
@@ -437,7 +437,7 @@ async def test_the_budget_follows_a_running_request_and_a_narrow_screen_shows_th
     async with stack.client("tok-acme") as client:
         assert (await client.post(f"/v1/questions/{record['id']}/cancel")).status_code == 200
 
-    async with stack.client("tok-acme") as client:  # a list as long as the outside check's
+    async with stack.client("tok-acme") as client:  # a list long enough to push the panel off screen
         for n in range(19):
             assert (await client.put(f"/v1/sessions/p-filler-{n}/settings", json={})).status_code == 200
     await browser.viewport(390, 844)
@@ -446,7 +446,7 @@ async def test_the_budget_follows_a_running_request_and_a_narrow_screen_shows_th
     selector = json.dumps('#session-list button[data-parent-id="p-live-budget"]')
     await browser.evaluate(f"document.querySelector({selector}).click()")
     await browser.wait_for("window.scrollY > 500")  # the panel is below the whole list
-    # In view (below the page's sticky header), not ~1500 px down as before.
+    # In view (below the page's sticky header), not ~1500 px down below the list.
     await browser.wait_for(
         "(() => { const t = document.getElementById('session').getBoundingClientRect().top;"
         " return t >= 0 && t < window.innerHeight / 2; })()"

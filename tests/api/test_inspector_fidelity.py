@@ -94,7 +94,7 @@ async def test_fidelity_bar_shows_summarised_masked_and_verbatim_messages_and_th
     assert await browser.evaluate("document.getElementById('fidelity-bar').getAttribute('role')") == "img"
     shown = await browser.evaluate("document.getElementById('fidelity-artifacts').innerText")
     assert shown == f"artifacts in the prompt: {artifacts['in_prompt']:,} of {artifacts['total']:,}"
-    # Kept messages are no longer all called verbatim when some were masked.
+    # Kept messages are not all called verbatim when some were masked.
     memory = await browser.evaluate("document.getElementById('memory').innerText")
     assert f"({counts['masked']} with their tool output masked)" in memory
     assert "recent kept verbatim" not in memory

@@ -1,8 +1,7 @@
 """The inspector's pin and hand-off actions (SPEC §11.1, §12) in real headless chromium.
 
 These need the pin and hand-off routes (``POST/DELETE /v1/questions/{id}/pin``,
-``POST/GET /v1/sessions/{parent_id}/handoffs``) and the session's ``handed_off_through``; they are
-built by another branch, and this file passes once that branch is merged.
+``POST/GET /v1/sessions/{parent_id}/handoffs``) and the session's ``handed_off_through``.
 """
 
 from __future__ import annotations

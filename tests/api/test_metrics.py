@@ -74,7 +74,7 @@ async def test_metrics_report_admissions_statuses_calls_latency_and_subscribers(
 
 async def test_numbers_the_database_did_not_give_are_left_out_not_zero() -> None:
     """While PostgreSQL is away a scrape reads nothing: database_up 0, and no "0 running" that would
-    read as a real value (outside check); what this process counts itself is still there."""
+    read as a real value; what this process counts itself is still there."""
     from service.api.metrics import Metrics
     from service.store.db import connect
     from tests.e2e.test_serve import free_port

@@ -113,7 +113,7 @@ async def test_bad_cursor_and_limit_are_refused_with_the_error_body(auth_server:
         b64(json.dumps(["yesterday", "7f1c6a3e-8a43-4c8e-9a53-1f1f0c9d5a10"]).encode()),
         b64(json.dumps(["2026-11-30T12:00:00+02:00", "7f1c6a3e-8a43-4c8e-9a53-1f1f0c9d5a10"]).encode()),
         b64(b"\xff\xfe"),
-        "",  # as on the hand-off list (outside check: this one said 422)
+        "",  # 400 as on the hand-off list, not 422
     ]
     async with auth_server.client("tok-acme") as client:
         await ask(client, "p-x", "q")

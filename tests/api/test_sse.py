@@ -274,8 +274,8 @@ async def test_fresh_session_stream_hides_cleared_history_but_shows_new_requests
 async def test_no_stream_replays_what_a_cleared_history_wrote_not_even_one_resuming_from_before(
     server: Server, db: Database
 ) -> None:
-    """SPEC §3: a clear deletes the history. Outside check: a session stream resumed from before the
-    clear (Last-Event-ID: 0, ?after=0) replayed the cleared requests' questions and answers. It gets
+    """SPEC §3: a clear deletes the history, so a session stream resumed from before the clear
+    (Last-Event-ID: 0, ?after=0) must not replay the cleared requests' questions and answers. It gets
     what the clear itself wrote (the cancellation of a running request) and what came after."""
     async with server.client() as client:
         done = (await ask(client, "p-gone", "secret question"))["id"]
@@ -309,8 +309,8 @@ async def test_a_stream_resumed_after_a_clear_is_not_served_the_cleared_history_
 ) -> None:
     """The rule holds while another stream keeps the session's feed (and its buffer of events read
     before the clear) alive: a stream resuming from before the clear gets only the cancellation.
-    (A review feared the buffer would serve the cleared deltas; after any clear a resumed session
-    stream now reads its rows itself, which this checks the result of.)"""
+    (The buffer must not serve the cleared deltas; after any clear a resumed session stream reads
+    its rows itself, and this checks the result.)"""
     async with server.client() as client:
         rid = (await ask(client, "p-buffered", "kept alive"))["id"]
         seen: list[SseMessage] = []
@@ -349,8 +349,8 @@ async def test_a_stream_resumed_after_a_clear_is_not_served_the_cleared_history_
 async def test_a_fresh_session_stream_replays_no_hand_off_of_a_cleared_or_replaced_history(
     server: Server, db: Database
 ) -> None:
-    """Outside check: after a clear (or an archive restore with mode=replace) a fresh session stream
-    still replayed the old history's ``handoff`` events, naming hand-offs that no longer exist."""
+    """After a clear (or an archive restore with mode=replace) a fresh session stream replays none of
+    the old history's ``handoff`` events: they would name hand-offs that no longer exist."""
     async with server.client() as client:
         rid = (await ask(client, "p-ho-clear"))["id"]
         await mark_running(db, rid)

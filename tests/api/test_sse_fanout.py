@@ -405,7 +405,7 @@ async def test_database_reads_do_not_grow_with_subscribers(
         results[n] = await _fan_out_reads(
             server, f"/v1/questions/{rid}/events", n, 2, write_delta, n_writes, counts, "request"
         )
-    # Per subscriber, the old design read once per notification: 200 × 20 = 4000 reads. Shared: one
+    # Read per subscriber, one read per notification would be 200 × 20 = 4000 reads. Shared: one
     # read per batch, plus at most a couple for the feed's start and a fallback poll.
     for n, (joined, writing) in results.items():
         assert writing <= n_writes + 2, (n, results)

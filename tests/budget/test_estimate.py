@@ -238,7 +238,7 @@ def test_overflow_target_without_a_count_is_the_budget() -> None:
 
 
 def test_the_reported_ratio_never_reads_as_one_while_it_is_applied() -> None:
-    # 34000 / 34001: in use and not 1, so applied; rounded to 4 places it used to read 1.0.
+    # 34000 / 34001: in use and not 1, so applied; rounded to 4 places it would read 1.0.
     near = Calibration(samples=6, estimate_sum=34001, provider_sum=34000)
     info = near.info()
     assert info["applied"] is True and info["ratio"] != 1.0 and info["ratio"] == near.ratio

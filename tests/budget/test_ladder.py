@@ -1,5 +1,5 @@
 """The compaction ladder's one decision (SPEC §6.2): fits, masks the fewest oldest groups, or summarises
-the fewest oldest groups; masking off is the cut as it was before masking."""
+the fewest oldest groups; masking off is the plain summarising cut."""
 
 from __future__ import annotations
 

@@ -394,7 +394,7 @@ async def test_archive_export_and_import_round_trip_through_the_cli(stack: Stack
     }
     v1 = await sidequest_in_process("archive", "export", "copy", "--version", "1", "--url", stack.url)
     assert json.loads(v1.out)["version"] == 1
-    # A file that is JSON but no archive object says so (outside check: it asked for --parent-id).
+    # A file that is JSON but no archive object says so, rather than asking for --parent-id.
     listed = tmp_path / "list.json"
     listed.write_text("[1]", encoding="utf-8")
     for extra in ((), ("--parent-id", "copy")):

@@ -229,7 +229,7 @@ def test_a_worker_lost_rerun_discards_the_streamed_text() -> None:
 
 
 def test_a_superseded_request_ends_as_cancelled_not_failed() -> None:
-    """Outside check: `sidequest ask` said "failed: superseded…" of a request whose status is cancelled."""
+    """`sidequest ask` reports the request's status, cancelled, not "failed: superseded…"."""
     error = {
         "code": "superseded",
         "message": "cancelled because a newer question interrupted it",

@@ -168,7 +168,7 @@ async def test_postgres_outage_is_survived_without_a_restart(deployment: Deploym
             assert health.status_code == 200 and took < ANSWER_WITHIN_S
             ready, took = await _timed(client, "GET", "/readyz")
             assert ready.status_code == 503 and took < ANSWER_WITHIN_S
-            assert ready.json()["error"]["code"] == "service_unavailable"  # SPEC's body (outside check)
+            assert ready.json()["error"]["code"] == "service_unavailable"  # SPEC's error body
             assert ready.json()["database"] == "unreachable" and int(ready.headers["Retry-After"]) > 0
             for method, url, body in (
                 ("POST", f"/v1/sessions/{parent}/questions", {"question": "during the outage"}),

@@ -156,7 +156,7 @@ async def test_an_answer_queues_a_fold_and_the_next_question_finds_the_summary_c
 async def test_a_folds_context_time_is_that_of_the_newest_folded_qa_asked_on_a_snapshot(
     worker: Worker, db: Database, server: ScriptedServer
 ) -> None:
-    """SPEC 6.1: the summary states its context time — a job's fold too (outside check: it had none)."""
+    """SPEC 6.1: the summary states its context time — a background job's fold as much as a request's."""
     sid = await make_session(db)
     await add_snapshot(db, sid, "old", {"taken_at": "2026-12-01T09:00:00Z", "messages": []})
     await add_snapshot(db, sid, "new", {"taken_at": "2026-12-01T10:00:00Z", "messages": []})
@@ -268,8 +268,7 @@ async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
     assert job_id not in worker.running_jobs
     events = [e for e in await _memory_events(db, sid) if e["job_id"] == str(job_id)]
     assert [e["status"] for e in events] == ["queued", "running", "cancelled"]
-    # The call in flight when the clear came counts (outside check: it said 0), and its usage is
-    # recorded as cancelled.
+    # The call in flight when the clear came counts as a call, and its usage is recorded as cancelled.
     assert events[-1]["calls"] == 1
     [job] = [j for j in await _jobs(db, sid) if j.id == job_id]
     assert [c["status"] for c in job.usage["calls"]] == ["cancelled"]
@@ -357,7 +356,7 @@ async def test_a_request_that_times_out_waiting_for_a_job_says_how_long_it_waite
     db: Database, server: ScriptedServer, database_url: str
 ) -> None:
     """SPEC 3: waited_ms is the time spent waiting for a background job — also when the request's
-    deadline passes during that wait (outside check: it said 0)."""
+    deadline passes during that wait: the timeout does not discard the time waited."""
     handle = await start_worker(_settings(database_url, server, request_timeout_s=1.5), db)
     try:
         sid = await make_session(db)
@@ -519,7 +518,7 @@ async def test_a_grown_snapshot_is_answered_at_once_from_the_cached_prefix_then_
     handle = await start_worker(settings, db)
     options = {"context_window": 64000}
     try:
-        # SPEC §6.7 as it was before masking: the first summary leaves the 8000-token tail verbatim.
+        # SPEC §6.7 with masking off: the first summary leaves the 8000-token tail verbatim.
         sid = await make_session(db, settings={"mask_tool_results": False})
         first_snapshot = _snapshot(60)
         await _store(db, sid, "s1", first_snapshot, settings)  # never asked: no job

@@ -233,8 +233,8 @@ async def test_unreported_usage_adds_no_sample(
 async def test_a_failed_call_that_reported_its_prompt_tokens_is_a_sample(
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
-    """SPEC §5.1: every call whose usage reports prompt tokens adds a sample. Outside check: a broken
-    answer stream that had reported 222 prompt tokens added none."""
+    """SPEC §5.1: every call whose usage reports prompt tokens adds a sample — a failed one too: a
+    broken answer stream that had reported 222 prompt tokens is one."""
     from tests.scripted_provider import Step, Usage
 
     server.script("answer", Step.error_after_partial("half an ans", usage=Usage(222, 2)))
@@ -329,7 +329,7 @@ async def test_a_retry_after_a_stated_count_fits_even_when_its_new_summary_is_la
 ) -> None:
     """SPEC 5.1: the retry shrinks to fit the stated count, not by a guess — also when the request was
     compacted already and the summary of the longer old part comes back larger than the one it had
-    (outside check: a retry 17 tokens over)."""
+    (sized by the old summary, the retry would go over by the difference)."""
     sid = await make_session(db, "stated-again")
     messages: list[dict[str, Any]] = []
     for i in range(50):

@@ -123,7 +123,7 @@ async def test_compaction_runs_only_when_over_budget_and_then_hits_its_cache(
     ctx = ran.row.context_info["context_summary"]
     assert ctx["used"] is True and ctx["cache"] == "miss" and ctx["calls"] >= 1
     # Each event's `at` is when it happened, though stage events are written in batches: the stage
-    # timeline of the inspector reads them (outside check: a batch shared one timestamp).
+    # timeline of the inspector reads them, so a batch must not share one timestamp.
     running = {
         e.data["stage"]: e.data["at"]
         for e in ran.events
@@ -149,10 +149,10 @@ async def test_compaction_runs_only_when_over_budget_and_then_hits_its_cache(
 async def test_a_small_window_keeps_a_shorter_verbatim_tail_so_the_request_fits(
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
-    # The outside check's case: a 12000-token window with a 4000-token cap leaves an input budget of
-    # ~7400, below the 8000-token recent tail; the whole snapshot (~7800 tokens) "fit the recent
-    # budget", so nothing was compacted and the request went out over budget. SPEC §6.2 keeps "up to"
-    # 8000 tokens: the tail is now held to what the budget leaves.
+    # A 12000-token window with a 4000-token cap leaves an input budget of ~7400, below the
+    # 8000-token recent tail; the whole snapshot (~7800 tokens) fits that tail, so a tail of its full
+    # size would compact nothing and send the request over budget. SPEC §6.2 keeps "up to" 8000
+    # tokens: the tail is held to what the budget leaves.
     sid = await make_session(db)
     await add_snapshot(db, sid, "mid", _big_snapshot(64, 360))
     options = {"context_window": 12000, "max_output_tokens": 4000}
@@ -219,7 +219,7 @@ async def test_an_overflow_whose_window_the_output_cap_alone_fills_is_not_retrie
 ) -> None:
     """A 4096-token local model, no window configured (200 000 assumed), the 8192 output cap: the
     overflow says so, no smaller prompt can fit, so no summary call is spent on a retry — the request
-    fails context_overflow at once, saying what to change (outside check)."""
+    fails context_overflow at once, saying what to change."""
     sid = await make_session(db)
     await add_history(db, sid, [(f"q{i}", f"a{i} " * 50) for i in range(1, 6)])  # a replay to fold
     rid = await admit(db, sid, "q")
@@ -258,8 +258,8 @@ async def test_overflow_after_streamed_text_is_not_retried(
 async def test_overflow_after_a_streamed_tool_call_is_not_retried(
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
-    """SPEC 7: retried only while no text *or tool call* has streamed (outside check: a tool call's
-    deltas, then an in-stream overflow, was answered by a second call)."""
+    """SPEC 7: retried only while no text *or tool call* has streamed: a tool call's deltas, then an
+    in-stream overflow, ends the request instead of a second call answering it."""
     from tests.scripted_provider import STREAM_OVERFLOW_ERROR
 
     sid = await make_session(db)
@@ -297,7 +297,7 @@ async def test_summary_failure_fails_the_request_with_its_code(
     assert ran.types()[-2:] == ["status", "error"] and ran.events[-2].data["stage"] == "organizing_history"
     assert server.requests("answer") == []
     assert [c["purpose"] for c in ran.row.usage["calls"]] == ["qa_summary", "qa_summary"]
-    # Outside check: the failed summary's own count read 0 beside summary_calls 2.
+    # The failed summary's own count agrees with summary_calls.
     assert ran.row.context_info["qa_summary"]["calls"] == ran.row.context_info["summary_calls"] == 2
     async with db.sessions() as session:
         assert (await memory.load_memory(session, sid))["qa_summary"] is None
@@ -377,8 +377,8 @@ async def test_an_overflow_stating_a_smaller_window_sizes_the_retry_and_its_summ
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
     """No window configured (200 000 assumed) and a 32k model: its overflow states the window. The
-    retry's summary calls and the retry itself are sized for 32 768 (outside check: the retry sent a
-    158 KB summary call, which a real 32k server refuses)."""
+    retry's summary calls and the retry itself are sized for 32 768: sized for the assumed window, a
+    summary call of 158 KB would go out, which a real 32k server refuses."""
     sid = await make_session(db)
     await add_snapshot(db, sid, "big", _big_snapshot(61, 3000))
     rid = await admit(db, sid, "q", snapshot_id="big")
@@ -408,9 +408,9 @@ async def test_an_overflow_stating_a_smaller_window_sizes_the_retry_and_its_summ
 async def test_an_8k_window_still_folds_older_qa_with_smaller_summary_caps(
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
-    """Outside check: with context_window 8000 every question after the replay window filled failed
-    context_overflow with no call made — the retry's 8192-token output could not be reserved. The
-    caps now shrink to fit such a window (service.budget.chunk.summary_output_caps)."""
+    """With context_window 8000 a fixed 8192-token summary output could not be reserved, and every
+    question after the replay window filled would fail context_overflow with no call made. The caps
+    shrink to fit such a window (service.budget.chunk.summary_output_caps)."""
     sid = await make_session(db, "small-window")
     await add_history(db, sid, [(f"question {i}?", f"answer {i}: " + "detail " * 128) for i in range(1, 8)])
     rid = await admit(db, sid, "and now?", options={"context_window": 8000, "max_output_tokens": 1024})
@@ -437,7 +437,7 @@ async def test_an_answer_with_no_text_says_why_it_failed(
     words: str,
 ) -> None:
     """A reply with no text fails as provider_error; a content filter's stop says so, with its stop
-    reason (outside check: it read "empty answer" for a filtered reply)."""
+    reason rather than calling a filtered reply an "empty answer"."""
     sid = await make_session(db)
     rid = await admit(db, sid, "q")
     server.script("answer", Step.text("", finish=finish))

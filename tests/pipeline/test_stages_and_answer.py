@@ -65,7 +65,7 @@ async def test_success_walks_the_stages_and_ends_with_done(
     record = ran.of("done")[0]["record"]
     assert record["answer"] == "It is tests/test_io.py." and record["truncated"] is False
     assert record["stop_reason"] == "stop" and record["parent_id"] == "parent-ok"
-    # Nothing was compacted: every message of the snapshot went verbatim (outside check: it said 0).
+    # Nothing was compacted: every message of the snapshot went verbatim, and kept_messages counts them.
     context = record["context_info"]["context_summary"]
     assert context["used"] is False and context["summarized_messages"] == 0
     assert context["kept_messages"] == len(SNAPSHOT["messages"])
@@ -119,7 +119,7 @@ async def test_a_system_prompt_of_blocks_reaches_anthropic_as_posted_and_openai_
 ) -> None:
     """SPEC §7: the answer starts with the snapshot's own system prompt exactly as the main session had
     it, so its prefix cache serves the side question. Anthropic takes blocks: they go as posted, their
-    cache_control breakpoints included (outside check: they were joined into one string)."""
+    cache_control breakpoints included; joined into one string they would lose the breakpoints."""
     blocks = [
         {"type": "text", "text": "You are the main agent."},
         {"type": "text", "text": "Project rules.", "cache_control": {"type": "ephemeral"}},
@@ -139,9 +139,9 @@ async def test_openai_style_messages_and_tools_reach_an_openai_provider_exactly_
     db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
 ) -> None:
     """SPEC §7: the snapshot's messages and tools go first, exactly as the main session had them.
-    Outside check: a tool call's compact arguments were re-encoded ({"pattern":"foo"} → {"pattern":
-    "foo"}, 1e3 → 1000.0), content parts were joined into strings and an OpenAI tool lost "strict" —
-    the provider's prefix cache then stopped matching at the first tool call."""
+    Byte for byte: re-encoding a tool call's compact arguments ({"pattern":"foo"} → {"pattern":
+    "foo"}, 1e3 → 1000.0), joining content parts into strings or dropping a tool's "strict" would
+    stop the provider's prefix cache from matching at the first tool call."""
     tools: list[dict[str, Any]] = [
         {
             "type": "function",
@@ -202,9 +202,9 @@ async def test_an_answer_whose_success_the_database_refused_keeps_its_call_in_th
     server: ScriptedServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """SPEC §9: usage already recorded is kept when the request is run again. Outside check: an
-    answer that finished right after a PostgreSQL restart, its success refused on a dropped
-    connection, lost its call's usage (it was held for that one commit)."""
+    """SPEC §9: usage already recorded is kept when the request is run again. The case: an answer
+    that finished right after a PostgreSQL restart has its success refused on a dropped connection;
+    its call's usage must not ride on that one commit, or it is lost."""
     sid = await make_session(db, "parent-outage")
     await add_snapshot(db, sid, "s1", SNAPSHOT)
     rid = await admit(db, sid, "Which file?", snapshot_id="s1")
@@ -241,7 +241,7 @@ async def test_a_refused_answers_call_is_written_even_when_its_last_text_meets_t
     server: ScriptedServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Review: when an answer is refused before its success (a tool call) and its buffered text cannot
+    """When an answer is refused before its success (a tool call) and its buffered text cannot
     be written because the database is away, the held call (tokens spent) must still be written."""
     rid = await admit(db, await make_session(db), "q")
     server.script("answer", Step.tool_call("grep", text="Let me look", usage=Usage(40, 3)))
@@ -370,7 +370,7 @@ async def test_provider_error_mid_stream_is_not_retried(
             "cached_tokens": 0,
         }
     ]
-    # The record names the model its calls used, failed or not (outside check: it was null).
+    # The record names the model its calls used, failed or not — not null for a failure.
     assert ran.row.model == "scripted-model"
 
 

@@ -100,7 +100,8 @@ async def test_openai_style_tools_are_converted(server: ScriptedServer, provider
 async def test_server_tools_go_as_the_main_session_sent_them(
     server: ScriptedServer, provider: AnthropicProvider
 ) -> None:
-    """Outside check: a server tool got an input_schema added, which Anthropic refuses on one."""
+    """A server tool goes without an input_schema: Anthropic refuses one on a server tool, so the
+    adapter must not add it."""
     search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
     custom = {"name": "grep", "description": "search", "input_schema": {"type": "object"}}
     bare = {"type": "custom", "name": "ls"}

@@ -361,8 +361,8 @@ async def test_before_attempt_runs_before_every_attempt_and_can_refuse_one(
 async def test_a_rate_limit_after_streamed_text_is_not_retried(
     server: ScriptedServer, provider: OpenAIProvider
 ) -> None:
-    """SPEC 7: a partially streamed reply is never retried — its text reached the client already
-    (outside check: the deltas read "PARTIAL-ONE SECOND")."""
+    """SPEC 7: a partially streamed reply is never retried — its text reached the client already, and
+    a retry would append a second reply to it ("PARTIAL-ONE SECOND")."""
     in_stream = {"error": {"message": "Rate limit reached", "type": "rate_limit_error", "code": 429}}
     server.script("answer", Step.error_after_partial("PARTIAL-ONE ", error=in_stream), Step.text("SECOND"))
     streamed: list[str] = []
@@ -382,8 +382,8 @@ async def test_a_rate_limit_after_streamed_text_is_not_retried(
             clock=fake.clock,
             sleep=fake.sleep,
         )
-    # Not retried, so not "rate_limited … still refused after up to two waits" (SPEC 8): a stream
-    # that broke (outside check: "the provider kept rate limiting", attempts 1, no wait).
+    # Not retried, so not "rate_limited … still refused after up to two waits" (SPEC 8): that would
+    # claim waits that never happened; the stream broke, and the error says so.
     assert not isinstance(refused.value, RateLimited) and refused.value.to_error()["code"] == "provider_error"
     assert "broke off after it had begun" in refused.value.message and fake.sleeps == []
     assert "".join(streamed) == "PARTIAL-ONE " and len(server.requests(purpose="answer")) == 1
@@ -406,7 +406,7 @@ async def test_parallel_calls_that_pass_one_deadline_are_each_recorded(
     server: ScriptedServer, provider: OpenAIProvider
 ) -> None:
     """The first to time out cancels the others, which were recording their own timeouts: each is
-    still recorded, with its usage (outside check: two of three missing from usage.calls)."""
+    still recorded, with its usage — the cancellation must not cut a recording short."""
     from service.summary.runner import _all_or_nothing
 
     for _ in range(3):

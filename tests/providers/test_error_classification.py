@@ -197,8 +197,8 @@ def test_input_and_output_together_over_the_window_is_an_overflow_even_when_the_
 ) -> None:
     """SPEC §7: "an error that says the input and the requested output together exceed the context
     length *is* an overflow, even when it names max_tokens". When the output cap alone fills the
-    window no shrinking helps: the message says which setting to change (outside check: a 4096-token
-    local model and the default 8192 output cap read as a plain provider_error)."""
+    window no shrinking helps: the message says which setting to change (a 4096-token local model
+    with the default 8192 output cap is the common case, and is not a plain provider_error)."""
     error = _classify(_load(FIXTURES / f"{name}.json"))
     assert type(error) is ContextOverflow
     # An input that overflows beside an output that leaves room: shrinking helps, retried as usual.
@@ -212,7 +212,7 @@ def test_input_and_output_together_over_the_window_is_an_overflow_even_when_the_
 
 
 def test_the_issue_phrasings_are_overflows_with_their_counts() -> None:
-    """The phrasings the issue lists, each through the classifier with a 400."""
+    """Every phrasing in OVERFLOW_PHRASINGS, each through the classifier with a 400."""
     for message, prompt, limit in OVERFLOW_PHRASINGS:
         error = classify_http_error(400, {"error": {"message": message}}, {})
         assert type(error) is ContextOverflow, message
@@ -290,7 +290,7 @@ def test_overflow_wording_in_a_gateway_5xx_is_an_overflow_but_a_plain_5xx_is_not
 
 def test_a_providers_408_is_its_own_error_not_the_side_requests_deadline() -> None:
     """SPEC 8's timeout is the side request's deadline (detail timeout_s, stage); a 408 is the
-    provider's: provider_error with its status and words (outside check)."""
+    provider's: provider_error with its status and words, while the request's own deadline has not passed."""
     error = classify_http_error(408, {"error": {"message": "Request timed out."}}, {})
     assert type(error) is ProviderError and (error.status, error.message) == (408, "Request timed out.")
 
@@ -328,7 +328,7 @@ def test_413_without_rate_wording_is_an_overflow_but_with_it_a_rate_limit() -> N
         ({"llm_provider-retry-after": "3", "retry-after": "5"}, None, 5.0),
         ({}, "Please try again in 6s.", 6.0),
         ({}, "Please try again in 820ms.", 0.82),
-        ({}, "Rate limit reached for requests. Please try again in 1m30s.", 90.0),  # outside check: 1 s
+        ({}, "Rate limit reached for requests. Please try again in 1m30s.", 90.0),  # minutes too, not 1 s
         ({}, "Please try again in 2m0.5s.", 120.5),
         ({}, "Please try again in 1h2m.", 3720.0),
         ({}, "Please retry after 2 minutes.", 120.0),
@@ -338,8 +338,8 @@ def test_413_without_rate_wording_is_an_overflow_but_with_it_a_rate_limit() -> N
         ({}, "{'@type': 'type.googleapis.com/google.rpc.RetryInfo', 'retryDelay': '26s'}", 26.0),
         ({}, "no hint", None),
         (None, None, None),
-        # OpenAI's reset headers, last (outside check: the default 1 s was waited, and the limit hit
-        # again): the limit the message names, else the later reset.
+        # OpenAI's reset headers, last (a default 1 s wait would hit the limit again): the limit the
+        # message names, else the later reset.
         (
             {"x-ratelimit-reset-requests": "4s", "x-ratelimit-reset-tokens": "6m0s"},
             "Rate limit reached for requests",

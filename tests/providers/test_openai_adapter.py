@@ -135,7 +135,7 @@ async def test_a_refusal_streams_as_the_answers_text(
     server: ScriptedServer, provider: OpenAIProvider
 ) -> None:
     """OpenAI streams a refusal apart from content (``delta.refusal``): it is what the model answered
-    (outside check: it was dropped, and the request failed as an empty answer)."""
+    (dropping it would fail the request as an empty answer)."""
     server.script("answer", Step(reasoning="I can't help with that.", reasoning_field="refusal"))
 
     got = await collect(provider, make_call())

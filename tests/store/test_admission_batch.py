@@ -1,4 +1,4 @@
-"""Group commit for admissions (service.store.admission_batch, migration 0008_admit_many).
+"""Group commit for admissions (service.store.admission_batch, the sidequest_admit_many procedure).
 
 Admissions that wait while a CALL is in flight go together in one CALL; each is answered on its
 own (its record, or its own refusal), a database error in a batch is the one admission's that caused
@@ -189,8 +189,8 @@ class _InstantPool:
 
 
 async def test_no_admission_is_left_waiting_whatever_the_interleaving() -> None:
-    """A sender that finds nothing left must stop counting as one in that same step: before, an
-    admission handed in while both senders were ending waited until the next admission came."""
+    """A sender that finds nothing left must stop counting as one in that same step, or an
+    admission handed in while both senders are ending waits until the next admission comes."""
     rng = random.Random(1)
     pool = _InstantPool(rng)
 

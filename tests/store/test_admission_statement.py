@@ -1,4 +1,4 @@
-"""The one-statement admission (sidequest_admit, migration 0003_h12a) called through store.admit.
+"""The one-statement admission (sidequest_admit, service/store/sql/admission.sql) called through store.admit.
 
 Refusals write nothing and spend no ordinal; concurrent admissions get consecutive ordinals; the
 record is exactly request_record of the stored row; the queued event and the NOTIFYs are the ones

@@ -717,8 +717,8 @@ async def test_a_restored_error_naming_a_request_id_keeps_no_id(db: Database) ->
 
 
 async def test_an_error_naming_a_request_by_something_not_an_id_still_exports(db: Database) -> None:
-    """Review: an error restored before ids were checked could hold any text as superseded_by; the
-    export's lookup of those ids must not fail on it (it did: a 500)."""
+    """A stored error may hold any text as superseded_by (an archive restored without checking ids);
+    the export's lookup of those ids must not fail on it with a 500."""
     await live_session(db, "origin")
     async with db.sessions() as session, session.begin():
         row = await session.scalar(select(RequestRow).where(RequestRow.ordinal == 5))

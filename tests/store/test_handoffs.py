@@ -152,7 +152,7 @@ async def test_each_qa_names_its_snapshot_and_time(db: Database) -> None:
     assert "#1 (asked 2026-11-29T10:01:00Z, snapshot s-42 taken 2026-11-29T09:58:00Z)" in block["text"]
     assert "#2 (asked 2026-11-29T10:02:00Z, no snapshot" in block["text"]
     # A snapshot without taken_at: the time it reached the service stands in (SPEC 11.1: the snapshot
-    # it was asked against, id and time; an outside check found no time at all).
+    # it was asked against, id and time: never an id alone).
     await add_snapshot(db, sid, "s-untimed", {"messages": []})
     await add_requests(db, sid, ["succeeded"], snapshot_id="s-untimed")
     async with db.sessions() as session:

@@ -1,9 +1,9 @@
-"""A background job's claim in one statement (migration 0009_claim_job) and its row's writes, on
-real PostgreSQL.
+"""A background job's claim in one statement (``sidequest_claim_job``, service/store/sql/jobs.sql)
+and its row's writes, on real PostgreSQL.
 
-The claim keeps the rules it had as a transaction of eight statements — the global background cap
-(a request's single-flight registration takes no slot), one running job per (session, kind), the
-oldest first, the ``running`` memory event — and now also returns what the job reads of its session.
+The claim keeps every rule in that one statement — the global background cap (a request's
+single-flight registration takes no slot), one running job per (session, kind), the oldest first,
+the ``running`` memory event — and returns what the job reads of its session.
 A job's parallel calls are counted on its row in one write per round, each call starting only once
 it is counted.
 """
@@ -284,8 +284,8 @@ async def test_a_job_call_appended_twice_is_recorded_once(db: Database, running_
 async def test_a_job_call_is_recorded_across_a_dropped_connection(
     db: Database, running_job: uuid.UUID, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Outside check: a job's call that ended while the database was away lost its tokens (a
-    request's ledger write was tried again, a job's was not)."""
+    """A job's call that ends while the database is away keeps its tokens: its ledger write is tried
+    again, as a request's is."""
     from service.providers.base import CallUsage
 
     failed = fail_once(monkeypatch, ledger, "append_calls")

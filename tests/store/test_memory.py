@@ -90,8 +90,7 @@ async def test_a_clear_racing_summary_writes_never_brings_data_back(db: Database
 
 async def test_a_summary_written_is_not_session_activity(db: Database) -> None:
     """The session list orders by activity (what a client did); a summary written by the service —
-    in a request or a background job — must not move a session ahead of one asked later (outside
-    check: a background fold reordered the list)."""
+    in a request or a background job — must not move a session ahead of one asked later."""
     from sqlalchemy import select
 
     from service.store.models import SessionRow

@@ -113,8 +113,8 @@ def test_the_admission_notifies_in_a_transaction_that_does_not_wait_for_a_flush(
 
 
 def test_migrating_from_the_service_leaves_its_logging_as_it_was(scratch_url: str) -> None:
-    """Outside check: alembic.ini's logging setup ran inside `sidequest serve` and set the root logger
-    to WARNING, so no INFO line of the service (worker started, request ended…) ever showed."""
+    """alembic.ini's logging setup must not run inside `sidequest serve`: it sets the root logger to
+    WARNING, and no INFO line of the service (worker started, request ended…) would show."""
     import logging
 
     from service.store.db import upgrade_to_head
@@ -130,8 +130,8 @@ def test_migrating_from_the_service_leaves_its_logging_as_it_was(scratch_url: st
 
 
 def test_processes_started_together_on_a_fresh_database_all_migrate(scratch_url: str) -> None:
-    """An api and workers each migrate first: started at once on an empty database they raced to
-    create the same tables (outside check: 3 of 4 exited with a duplicate key). One at a time now."""
+    """An api and workers each migrate first: started at once on an empty database they would race
+    to create the same tables and exit on a duplicate key, so they migrate one at a time."""
     env = {**os.environ, "SIDEQUEST_DATABASE_URL": scratch_url}
     procs = [
         subprocess.Popen(

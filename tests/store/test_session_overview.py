@@ -14,8 +14,8 @@ TENANT = "acme"
 
 
 async def _racing_counts(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make every counts read first commit one more admission, from another connection: what an
-    admission committing between the session row's read and the counts' did (outside check)."""
+    """Make every counts read first commit one more admission, from another connection: an admission
+    committing between the session row's read and the counts' read, which must not make them disagree."""
     real = sessions.status_counts_of
 
     async def racing(session: Any, ids: Any) -> Any:

@@ -85,9 +85,9 @@ async def test_bugs_and_refusals_are_not_outages(database_url: str) -> None:
 
 
 async def test_a_raw_connection_that_failed_mid_protocol_is_never_reused(database_url: str) -> None:
-    """Outside check: after a database restart a request failed with asyncpg's "cannot switch to state
-    12; another operation (2) is in progress" as ``internal_error``: a connection left mid-protocol
-    went back into the raw pool. Now an outage-kind error, a driver interface error or a
+    """A connection left mid-protocol must not go back into the raw pool: after a database restart
+    the next request on it would fail with asyncpg's "cannot switch to state 12; another operation
+    (2) is in progress" as ``internal_error``. An outage-kind error, a driver interface error or a
     cancellation terminates the connection instead; an ordinary SQL error keeps it."""
     import asyncpg
 
@@ -128,8 +128,8 @@ async def test_a_raw_connection_that_failed_mid_protocol_is_never_reused(databas
 
 async def test_every_connection_of_the_service_takes_a_dsn_with_libpq_parameters(database_url: str) -> None:
     """The engine, the raw pool and the listener all read sslmode / application_name from the DSN
-    (outside check: the engine passed them to asyncpg as keywords and crashed; ?ssl= made the raw
-    pool's every statement a 500)."""
+    (passed to asyncpg as keywords they crash the engine; a raw pool that misreads ?ssl= makes its
+    every statement a 500)."""
     from service.config import asyncpg_url
 
     url = asyncpg_url(f"{database_url}?sslmode=disable&application_name=sq-check&connect_timeout=3")
@@ -145,8 +145,8 @@ async def test_every_connection_of_the_service_takes_a_dsn_with_libpq_parameters
 
 
 async def test_readiness_gives_up_after_its_own_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outside check: with PostgreSQL frozen (SIGSTOP) /readyz took 12 s to answer 503; a probe must
-    hear "not ready" within its own deadline."""
+    """With PostgreSQL frozen (SIGSTOP) a connect can hang far longer than a probe waits; a probe
+    must hear "not ready" within its own deadline."""
     import asyncio
 
     from service.store import db as db_module

@@ -1,5 +1,5 @@
-"""The merge prompt (pure): what it carries, what capacity reserves for it, and that adding it left the
-chunk prompts byte-for-byte as they were (ordered mode unchanged, cached summaries still valid)."""
+"""The merge prompt (pure): what it carries, what capacity reserves for it, and that the chunk prompts
+stay byte-for-byte those of their prompt version (ordered mode unchanged, cached summaries valid)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from service.summary.prompts import (
     summary_system_prompt,
 )
 
-# sha256 of every chunk-prompt variant and both reserves under "summary-prompts-1", taken before the
-# merge prompt was added. A change here is a change of the existing prompts: bump PROMPT_VERSION (it is
-# part of the context-summary cache key) and take the new hash.
+# sha256 of every chunk-prompt variant and both reserves under "summary-prompts-1", the prompts the
+# cached summaries of that version were made with. A change here is a change of those prompts: bump
+# PROMPT_VERSION (it is part of the context-summary cache key) and take the new hash.
 CHUNK_PROMPTS_SHA256 = {
     "summary-prompts-1": "337d350bab82960a139864266459ea01028e0b55a9b7ec0ffda5e7c46bfd46c5",
 }

@@ -66,7 +66,7 @@ async def test_cancel_stops_a_running_answer_within_a_second_and_keeps_usage(
     assert row.status == "cancelled"
     calls = [(c["purpose"], c["status"]) for c in row.usage["calls"]]
     assert calls == [("qa_summary", "ok"), ("answer", "cancelled")]
-    # The record names the answer model it was cancelled in (outside check: it was null).
+    # The record names the answer model it was cancelled in, not null because it never finished.
     assert row.model is not None and row.model == row.usage["calls"][1]["model"]
     # The summary's reported usage is kept (the default step counts its prompt from the body).
     assert row.usage["input_tokens"] == row.usage["calls"][0]["input_tokens"] > 0
@@ -189,8 +189,8 @@ async def test_stop_gives_running_requests_back_to_the_queue(
 async def test_the_log_says_what_was_claimed_and_why_a_request_failed(
     worker: Worker, db: Database, server: ScriptedServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """docs/operations.md: one line per claim, and a failure's code and the provider's own words
-    (outside check: neither was logged)."""
+    """docs/operations.md: one line per claim, and a failure's code and the provider's own words —
+    what an operator needs to follow a request from the log alone."""
     caplog.set_level("INFO", logger="service.worker.runner")
     server.script("answer", Step.http_error(500, {"error": {"message": "upstream exploded"}}))
     sid = await make_session(db)

@@ -1,4 +1,4 @@
-"""The shared services of the contract tests (SPEC.md, checked from the outside the way an examiner would).
+"""The shared services of the contract tests (SPEC.md, checked from the outside the way a client would).
 
 Two real ``python -m service.cli serve`` processes (one without auth, one with two tenants) run for the
 whole package (package-scoped fixtures: started once for every section file, stopped before the rest of
