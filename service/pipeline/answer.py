@@ -57,12 +57,6 @@ def build_answer(
     )
 
 
-def fits_budget(rt: RequestRuntime, prepared: Prepared, total: int) -> bool:
-    """Does a request of this raw estimate fit its input budget (:meth:`Calibration.fits`, with the
-    answer model's learned ratio)?"""
-    return rt.calibration.fits(total, prepared.input_budget)
-
-
 def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None:
     """Record the answer request's estimate and pressure in context_info."""
     rt.info.estimate = EstimateInfo(**answer.estimate.as_dict())
@@ -194,7 +188,8 @@ async def _call(
         system_blocks=request.system_blocks,
         tools=request.tools,
     )
-    result = await run_call(
+    # Its calibration sample (SPEC §5.1) is written with the success (answer()).
+    return await run_call(
         rt.deps.provider,
         call,
         recorder=rt.recorder,
@@ -202,7 +197,6 @@ async def _call(
         on_text=deltas.add,
         clock=rt.deps.clock,
     )
-    return result  # its calibration sample (SPEC §5.1) is written with the success (answer())
 
 
 def follow_ups(
@@ -223,17 +217,12 @@ def follow_ups(
     if context.extend_later and snapshot_id is not None:
         # The job plans with this question's window and cap (its own, or the session's), so the
         # summary it extends is the one the next question like it needs.
-        numbers = {
+        params = {
+            "snapshot_id": snapshot_id,
             "context_window": prepared.plan.window,
             "max_output_tokens": prepared.plan.max_output_tokens,
         }
-        jobs.append(
-            terminal.FollowUp(
-                JobKind.CONTEXT_SUMMARY,
-                snapshot_job_key(snapshot_id),
-                {"snapshot_id": snapshot_id, **numbers},
-            )
-        )
+        jobs.append(terminal.FollowUp(JobKind.CONTEXT_SUMMARY, snapshot_job_key(snapshot_id), params))
     return tuple(jobs)
 
 
@@ -307,6 +296,3 @@ async def _finish(
     if record is None:
         raise RequestLost()
     return record
-
-
-__all__ = ["answer", "build_answer", "fits_budget", "follow_ups", "meter"]

@@ -1,13 +1,6 @@
-"""What one running side request carries through its stages: its I/O, never its decisions.
-
-:class:`RequestRuntime` is the imperative shell around the stage functions (``prepare`` →
-``organize_history`` → ``compact`` → ``answer``): the lease-guarded event writes, the usage ledger, the
-summary call budget, the deadline and the typed :class:`~service.context_info.ContextInfo`. The stages
-take it plus explicit inputs and return explicit outputs; none of them keeps state of its own.
-
-No transaction is open across a model call: each database step is its own short transaction through
-the store, and every write a client can see is guarded by the lease, so a cancelled, cleared or
-taken-over request is never written again (the write raises :class:`RequestLost`).
+"""What one running side request carries through its stages: its I/O, never its decisions
+(docs/pipeline.md, "One request"). No transaction is open across a model call, and every write a
+client can see is lease-guarded: a request no longer held is never written again (:class:`RequestLost`).
 """
 
 from __future__ import annotations
@@ -106,11 +99,9 @@ class RequestRuntime:
             await self._flush()  # compaction may both write at the same time)
 
     def flush_in_background(self) -> None:
-        """Start :meth:`flush` and return at once — before the answer call, so the request reaches
-        its model without waiting for a commit (a slot spends its time on the model, not on an
-        fsync). Everything that must
-        come after the flushed events waits for it in :meth:`flushed`: every delta, the call's usage
-        event, the success; later flushes queue behind it on the lock."""
+        """Start :meth:`flush` and return at once: the answer call need not wait for a commit.
+        Everything that must come after the flushed events waits for it in :meth:`flushed` (every
+        delta, the call's usage event, the success); later flushes queue behind it on the lock."""
         task = asyncio.ensure_future(self.flush())
         # Retrieved here so an outcome nobody awaited (the call failed first) is not reported as
         # "never retrieved"; awaiting the task still raises it.

@@ -1,17 +1,10 @@
-"""The worker's most recently used prepared snapshots, kept in memory, so a request loads only what
-it needs.
+"""The worker's most recently used prepared snapshots, kept in memory (docs/pipeline.md, "preparing").
 
-Keyed by the snapshot's content hash: a preparation is a pure function of the content, so an entry
-can never be stale — no invalidation, no coherence between processes, and sharing one before its
-snapshot's transaction committed is safe whatever becomes of that transaction (``sidequest serve``'s
-API hands each preparation to its worker as soon as it is made, so the question it came with never
-reads it back, even when the worker claims that question before the API's own code resumed after
-the commit). A request and a background job know their snapshot's hash from their claims.
-Reading the preparation of a 2000-message snapshot from PostgreSQL and rebuilding it
-costs ~10 ms per request (the transfer, the JSON decode, the groups and digests); a session's next
-questions — and the background job its snapshot triggered — mostly name the same one. Bounded by
-count: each entry holds one snapshot's canonical messages (1.8 MB for a 600 KB one) and, once a
-summary of it was made or expected, its rendered transcript (about its size as posted again).
+Keyed by the content hash: a preparation is a pure function of the content, so an entry is never
+stale, and one shared before its snapshot's transaction committed is safe whatever that transaction
+becomes. Reading a 2000-message preparation back costs ~10 ms per request, and a session's next
+questions mostly name the same snapshot. Bounded by count: an entry holds the canonical messages
+(1.8 MB for a 600 KB snapshot) and, once a summary of it is due, its rendered transcript.
 """
 
 from __future__ import annotations
@@ -92,6 +85,3 @@ class PreparedSnapshots:
         read_hash, prepared = loaded
         self.put(read_hash, prepared)
         return prepared
-
-
-__all__ = ["CAPACITY", "PreparedSnapshots"]

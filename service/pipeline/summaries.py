@@ -32,6 +32,3 @@ def summary_runner(rt: RequestRuntime, prepared: Prepared) -> SummaryRunner:
         on_sample=rt.book.sample,
         material_variant=MASKED_MATERIAL if prepared.mask_tool_results else None,
     )
-
-
-__all__ = ["MASKED_MATERIAL", "summary_runner"]

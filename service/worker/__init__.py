@@ -15,17 +15,14 @@ from collections.abc import Callable
 from service.config import Settings
 from service.store.db import Database, connect
 from service.store.listener import Listener
-from service.worker.runner import Worker, worker_id
+from service.worker.runner import Worker
 
 log = logging.getLogger(__name__)
 
 
 async def start_worker(settings: Settings, db: Database, *, listener: Listener | None = None) -> Worker:
     """Start a worker on ``db`` in the running event loop; ``await handle.stop()`` to stop it.
-
-    ``listener``: the process's LISTEN connection, when the API already holds one (``serve``), so
-    that one process keeps one listening connection.
-    """
+    ``listener``: the process's LISTEN connection when the API holds one (``serve``)."""
     worker = Worker(settings, db, listener=listener)
     await worker.start()
     return worker
@@ -64,6 +61,3 @@ def run_worker_forever(settings: Settings, database_url: str) -> None:
     """Run a worker process until SIGINT or SIGTERM (``sidequest worker``)."""
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(_serve_until_signalled(settings, database_url))
-
-
-__all__ = ["Worker", "run_worker_forever", "start_worker", "worker_id"]

@@ -1,22 +1,8 @@
 """The worker: request slots and background-job slots, one heartbeat, one sweep (SPEC §6.6, §9).
 
-Any number of worker processes share one PostgreSQL; the global caps (``max_concurrency`` running
-requests, ``max_background_concurrency`` running background jobs, each across *all* processes) are
-enforced by the claims themselves (:mod:`service.store.queue`, :mod:`service.store.jobs`), so each
-process tries to fill its local slots and the database says no when the cluster is full. Background
-jobs never take a request slot: they have their own pool. The loops:
-
-- **claim** (one per pool) — woken at once, in-process, when a local task ends (the freed slot is
-  claimed again with no sleep or poll on that path), and by NOTIFY (``sidequest_queue`` /
-  ``sidequest_jobs``) for work admitted or freed elsewhere; ``poll_s`` polling is the fallback for
-  lost notifications. A pool whose slots are all busy does no database work on a NOTIFY, and one
-  whose last claim found the cluster at its cap ignores admissions until a slot frees somewhere.
-- **heartbeat** — every ``min(heartbeat_s, 1 s)`` extends the leases of everything this process runs
-  (requests and jobs) in one transaction; a task no longer held (cancelled, cleared, taken over) is
-  cancelled, so a cancel whose NOTIFY was lost still stops it within about a second.
-- **cancel** — ``NOTIFY sidequest_cancel`` with a request id (or ``job:<id>``) cancels that task.
-- **sweep** — re-queues or fails (``worker_lost``) requests and jobs whose lease expired, and purges
-  cleared requests once their streams had time to read the final events.
+Each process fills its own slots and the claims enforce the global caps, so the database says no when
+the cluster is full; background jobs have their own pool and never take a request slot. What each loop
+does and how often: docs/pipeline.md, "Leases, heartbeats, cancellation" and "Recovery".
 """
 
 from __future__ import annotations
@@ -33,8 +19,9 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 from service.aio import settle, wait_event
 from service.config import Settings
-from service.pipeline import PipelineDeps, run_request
 from service.pipeline.background import run_job
+from service.pipeline.run import run_request
+from service.pipeline.runtime import PipelineDeps
 from service.pipeline.snapshots import PreparedSnapshots
 from service.providers import build_provider
 from service.providers.base import Provider
@@ -174,11 +161,9 @@ class SlotPool(Generic[W]):
     def _spawn(self, work: W) -> None:
         stale = self.tasks.get(work.id)
         if stale is not None and not stale.done():
-            # Claimed again while its earlier run here still goes on: that run lost its lease (the
-            # heartbeat could not reach the database for longer than the lease) and was re-queued.
-            # It is stopped as lost (its in-flight call's usage is still recorded); the new run
-            # owns the request: its claim's lease owner is not the stale run's, so nothing the stale
-            # run still writes (a statement already in flight included) lands.
+            # Claimed again while its earlier run here still goes on (that run lost its lease): it
+            # is stopped as lost; its writes carry the old claim's lease owner, so none lands
+            # (docs/pipeline.md, "Guarded writes").
             self._stale.add(stale)
             self._cancel_task(stale, "lost")
         task = asyncio.create_task(self._guarded(work), name=f"sidequest-{self.name}-{work.id}")
@@ -261,11 +246,6 @@ class Worker:
         )
 
     @property
-    def slots(self) -> int:
-        """Request slots of this process."""
-        return self.requests.slots
-
-    @property
     def listener(self) -> Listener:
         """The LISTEN connection this worker is woken through (its own, or the process's)."""
         return self._listener
@@ -333,8 +313,6 @@ class Worker:
             await self._provider.aclose()
         log.info("worker %s stopped", self.owner)
 
-    # ------------------------------------------------------------------ notifications
-
     def _on_queue_notify(self, _channel: str, payload: str) -> None:
         # "freed:<session>" — a slot freed somewhere; a bare session id — a request was admitted;
         # "" — the listener reconnected (anything may have been missed).
@@ -351,8 +329,6 @@ class Worker:
                 self.jobs.cancel(uuid.UUID(payload[4:]), "cancelled")
             else:
                 self.requests.cancel(uuid.UUID(payload), "cancelled")
-
-    # ------------------------------------------------------------------ requests
 
     async def _claim_request(self) -> tuple[queue.Claimed | None, bool]:
         async with self.db.connection() as conn, committed(conn):
@@ -388,8 +364,6 @@ class Worker:
                     session, claimed.id, claimed.owner, error=cancelled_error(), status=Status.CANCELLED
                 )
 
-    # ------------------------------------------------------------------ background jobs
-
     async def _claim_job(self) -> tuple[jobs.ClaimedJob | None, bool]:
         async with self.db.connection() as conn, committed(conn):
             job = await jobs.claim_job(
@@ -410,8 +384,6 @@ class Worker:
         async with self.db.sessions() as session, session.begin():
             if reason == "shutdown":
                 await jobs.requeue_job(session, job.id, reason="worker_stopped", owner=job.owner)
-
-    # ------------------------------------------------------------------ liveness
 
     async def _heartbeat_loop(self) -> None:
         interval = min(self.settings.heartbeat_s, MAX_CHECK_INTERVAL_S)
