@@ -25,8 +25,7 @@ from service.pipeline.failures import error_object
 from service.pipeline.history import folded_context_time
 from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers, text_setting
 from service.pipeline.recorder import JobRecorder
-from service.pipeline.runtime import PipelineDeps
-from service.pipeline.summaries import MASKED_MATERIAL
+from service.pipeline.runtime import MASKED_MATERIAL, PipelineDeps
 from service.store import jobs, memory
 from service.store.execute import committed, transaction
 from service.store.history import iter_history

@@ -32,7 +32,6 @@ from service.context_info import FidelityInfo
 from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_cache
 from service.pipeline.runtime import RequestRuntime
-from service.pipeline.summaries import summary_runner
 from service.pipeline.waiting import registered, wait_for_background_jobs
 from service.store import memory
 from service.store.execute import transaction
@@ -62,10 +61,11 @@ def snapshot_job_key(snapshot_id: str) -> str:
 
 @dataclass
 class ContextPlan:
-    """The compacted copy: the summary in front (None: none) and the messages kept verbatim."""
+    """The compacted copy: the summary in front (None: none) and the messages kept verbatim (by
+    default none and all: the whole snapshot verbatim)."""
 
-    summary: CachedContextSummary | None
-    kept_from: int
+    summary: CachedContextSummary | None = None
+    kept_from: int = 0
     cache: str = "none"
     calls: int = 0
     chunks: int = 0
@@ -108,11 +108,6 @@ class ContextPlan:
         return self.summary.prompt_text() if self.summary is not None else None
 
 
-def uncompacted() -> ContextPlan:
-    """The whole snapshot verbatim."""
-    return ContextPlan(summary=None, kept_from=0)
-
-
 async def compact_snapshot_copy(
     rt: RequestRuntime, prepared: Prepared, fits: FitCheck, room: int
 ) -> ContextPlan | None:
@@ -143,7 +138,7 @@ async def compact_snapshot_copy(
         )
     if decision.tier == MASKED:
         # Tier 1 (SPEC §6.8): no summary, the oldest messages masked, the rest verbatim.
-        plan = ContextPlan(summary=None, kept_from=0, mask_until=snapshot.boundary(decision.mask_until))
+        plan = ContextPlan(mask_until=snapshot.boundary(decision.mask_until))
         _record(rt, plan, snapshot)
         return plan
     recent = recent_budget_for(room)
@@ -167,7 +162,7 @@ async def compact_snapshot_copy(
     return await compact(
         rt,
         prepared,
-        summary_runner(rt, prepared),
+        rt.summary_runner(prepared),
         fits,
         cut=cut_at(snapshot.groups, decision.summarize_until),
         tier2=tier2,
@@ -251,11 +246,8 @@ async def compact(
     current: ContextPlan | None = None,
 ) -> ContextPlan | None:
     """Compact the snapshot copy (it has messages); None (with a progress event saying why) when it
-    cannot help.
-
-    ``cut``: where the ladder decided to cut; None (overflow recovery, compacting harder) plans the
-    cut here with ``recent_budget``, accepting any non-empty old part.
-    """
+    cannot help. ``cut``: the ladder's; None (overflow recovery, compacting harder) plans one here with
+    ``recent_budget``, accepting any non-empty old part."""
     snapshot = prepared.snapshot
     assert snapshot is not None
     if cut is None:

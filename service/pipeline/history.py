@@ -110,12 +110,9 @@ async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
 async def fold_history(
     rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runner: SummaryRunner
 ) -> HistoryPlan:
-    """Fold ``plan``'s fold batches into the rolling summary (a no-op when there is nothing to fold).
-
-    Registered for single flight; if a background fold holds the range (queued meanwhile), wait for
-    it, use what it made and fold only the rest — once: a second refusal folds unregistered rather
-    than wait again.
-    """
+    """Fold ``plan``'s fold batches into the rolling summary, registered for single flight; if a
+    background fold holds the range, wait for it, use what it made and fold only the rest — once: a
+    second refusal folds unregistered rather than wait again."""
     for attempt in range(2):
         batches = plan.fold_batches
         if not batches:

@@ -69,11 +69,8 @@ class _CallRecorder:
 
 class GroupWrite(Generic[T]):
     """Writes of one row that arrive while one is in flight go together in the next (group commit).
-
-    :meth:`add` returns once its item is written (or raises what the write raised), so nothing is
-    reported written before it is; the items added in the same turn of the event loop as the first
-    go in its write. A caller that is cancelled while it waits leaves the write to the others.
-    """
+    :meth:`add` returns once its item is written (or raises what the write raised); a caller cancelled
+    while it waits leaves the write to the others."""
 
     def __init__(self, write: Callable[[list[T]], Awaitable[None]]) -> None:
         self._write = write
@@ -112,11 +109,8 @@ class GroupWrite(Generic[T]):
 
 class JobRecorder(_CallRecorder):
     """A background job's recorder: each call appended to the job's row (the session's
-    ``background.usage``), each attempt counted on it before it starts; no stream to tell.
-
-    Writes that come together share one (:class:`GroupWrite`): the four calls of a parallel round
-    start after one count instead of four writes each waiting for the last one's commit.
-    """
+    ``background.usage``), each attempt counted on it before it starts; writes that come together
+    share one (the four calls of a parallel round start after one count, not four commits)."""
 
     def __init__(self, db: Database, job_id: uuid.UUID) -> None:
         self._db = db
@@ -145,10 +139,7 @@ class JobRecorder(_CallRecorder):
 
 class LedgerRecorder(_CallRecorder):
     """Persists each provider call the moment it ends, then tells the streams (SPEC §4 ``usage``).
-
-    The ledger write is not lease-guarded (tokens were spent whatever happened to the request), the
-    event is: after a cancel or clear no event may follow the terminal one.
-    """
+    Only the event is lease-guarded: tokens were spent whatever happened to the request."""
 
     def __init__(self, db: Database, request_id: uuid.UUID, owner: str) -> None:
         self._db = db

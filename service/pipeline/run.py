@@ -21,13 +21,11 @@ from service.pipeline.compaction import (
     compact,
     compact_snapshot_copy,
     record_fidelity,
-    uncompacted,
 )
 from service.pipeline.failures import RequestLost, error_object
 from service.pipeline.history import HistoryPlan, fold_history, plan_history
 from service.pipeline.prepare import Prepared, prepare
 from service.pipeline.runtime import PipelineDeps, RequestRuntime
-from service.pipeline.summaries import summary_runner
 from service.store import queue, terminal
 from service.store.db import is_unavailable
 from service.store.execute import transaction
@@ -63,7 +61,7 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     prepared = await prepare(rt)
     await rt.enter(Stage.ORGANIZING_HISTORY)
     history = await plan_history(rt, prepared)
-    context = uncompacted()
+    context = ContextPlan()  # the whole snapshot verbatim
     folding = bool(history.fold_batches)
     provisional = build_answer(prepared, history, context)
     meter(rt, prepared, provisional)
@@ -94,9 +92,9 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
         return made if made is not None else context
 
     if folding and needs_compaction:
-        context = await _both(compaction(), fold_history(rt, prepared, history, summary_runner(rt, prepared)))
+        context = await _both(compaction(), fold_history(rt, prepared, history, rt.summary_runner(prepared)))
     elif folding:
-        await fold_history(rt, prepared, history, summary_runner(rt, prepared))
+        await fold_history(rt, prepared, history, rt.summary_runner(prepared))
     elif needs_compaction:
         context = await compaction()
     request = build_answer(prepared, history, context)
@@ -131,10 +129,7 @@ async def _shrink(
     target: int | None,
 ) -> tuple[ContextPlan, AnswerRequest] | None:
     """Overflow recovery's one shrink: fold the replayed Q&A, then compact harder. None: nothing to do.
-
-    ``target``: the raw estimate to reach when the provider stated the prompt's real count
-    (SPEC §5.1); the kept messages are then sized for it instead of halved.
-    """
+    ``target``: the raw estimate to reach when the provider stated the prompt's real count (SPEC §5.1)."""
     changed = False
     if history.replay.replay:
         history.replay = dataclasses.replace(
@@ -144,7 +139,7 @@ async def _shrink(
             fold_batches=(history.replay.replay,),
             replay_tokens=0,
         )
-        await fold_history(rt, prepared, history, summary_runner(rt, prepared))
+        await fold_history(rt, prepared, history, rt.summary_runner(prepared))
         changed = True
     snapshot = prepared.snapshot
     if snapshot is not None and context.kept_from < len(snapshot.messages):
@@ -164,7 +159,7 @@ async def _shrink(
         harder = await compact(
             rt,
             prepared,
-            summary_runner(rt, prepared),
+            rt.summary_runner(prepared),
             lambda _summary, _kept, _tokens: False,
             tier2=Tier2(masked=prepared.mask_tool_results),
             recent_budget=recent_budget,
@@ -189,12 +184,8 @@ class Outcome:
 
 
 async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
-    """Run one claimed request to its terminal state.
-
-    Cancellation (``task.cancel()``) propagates as :class:`asyncio.CancelledError` after the in-flight
-    call was recorded as ``cancelled``; the caller decides what the cancel means (the worker's cancel
-    handling). Every other failure is written as the request's ``error`` here.
-    """
+    """Run one claimed request to its terminal state. A cancellation propagates (after the in-flight
+    call was recorded as ``cancelled``) for the worker to settle; any other failure is written here."""
     rt = RequestRuntime(deps, claimed)
     try:
         async with asyncio.timeout(deps.settings.request_timeout_s + DEADLINE_GRACE_S):

@@ -9,7 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.budget import Calibration
 from service.config import Settings
@@ -25,7 +25,15 @@ from service.store.db import Database
 from service.store.execute import committed
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
+from service.summary.runner import SummaryRunner
 from service.vocabulary import Stage, Status, utc_iso
+
+if TYPE_CHECKING:  # the stages import this module
+    from service.pipeline.prepare import Prepared
+
+# The material variant of a summary of masked groups (SPEC §6.8), part of its cache key: a change to the
+# masking rules bumps it, so no summary of differently masked material is reused.
+MASKED_MATERIAL = "masked-1"
 
 
 @dataclass
@@ -140,6 +148,28 @@ class RequestRuntime:
         await self.flushed()
         async with self.db.connection() as conn, committed(conn):
             return await lease.emit_if_held(conn, self.claimed.id, self.owner, [("delta", {"text": text})])
+
+    def summary_runner(self, prepared: Prepared) -> SummaryRunner:
+        """A fresh runner (its own ``attempts_made``) on the request's shared budget and recorder, one
+        per concurrent summary (a fold and a compaction may run at once); its context summaries are of
+        masked material when the session masks tool results (SPEC §6.8)."""
+        return SummaryRunner(
+            provider=self.deps.provider,
+            model=prepared.models.summary,
+            request_id=self.request_id,
+            recorder=self.recorder,
+            deadline=self.deadline,
+            budget=self.budget,
+            window=prepared.plan.window,
+            safety_margin=prepared.plan.safety_margin,
+            on_progress=self.progress,
+            clock=self.deps.clock,
+            parallelism=self.deps.settings.summary_parallelism,
+            instructions=prepared.summary_instructions,
+            calibration=self.summary_calibration,
+            on_sample=self.book.sample,
+            material_variant=MASKED_MATERIAL if prepared.mask_tool_results else None,
+        )
 
     def sync_calls(self) -> None:
         """Mirror the call budget into context_info (``summary_calls``)."""

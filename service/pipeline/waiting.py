@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 from service.aio import wait_event
 from service.store import jobs
-from service.store.db import Database
 from service.vocabulary import ACTIVE, JobKind, Status, waiting_for_background
 
 if TYPE_CHECKING:  # the runtime imports this module
@@ -49,23 +47,13 @@ class JobWaiter:
             self._waiters.discard(wake)
 
 
-async def wait_for_job(
-    db: Database,
-    waiter: JobWaiter,
-    job_id: uuid.UUID,
-    *,
-    remaining_s: Callable[[], float],
-    clock: Callable[[], float] = time.monotonic,
-) -> tuple[jobs.JobState | None, int]:
-    """Wait until ``job_id`` is no longer queued or running; returns its final state and the wait in ms.
-
-    A job still queued after :data:`QUEUED_GRACE_S` is taken over (cancelled, so the caller makes the
-    summary itself). Raises ``TimeoutError`` when the request's deadline passes first (the request
-    then fails with ``timeout``, as any stage that overruns it).
-    """
+async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
+    """Wait until ``job_id`` is no longer queued or running; the wait in ms. A job still queued after
+    :data:`QUEUED_GRACE_S` is taken over; ``TimeoutError`` when the request's deadline passes first."""
+    db, clock = rt.db, rt.deps.clock
     started = clock()
     queued_since: float | None = None
-    with waiter.subscribe() as wake:
+    with rt.deps.waiter.subscribe() as wake:
         while True:
             wake.clear()
             async with db.connection() as conn:
@@ -81,8 +69,8 @@ async def wait_for_job(
             else:
                 queued_since = None
             if state is None or state.status not in ACTIVE:
-                return state, int((clock() - started) * 1000)
-            left = remaining_s()
+                return int((clock() - started) * 1000)
+            left = rt.remaining_s()
             if left <= 0:
                 raise TimeoutError("deadline passed while waiting for a background summary")
             poll = QUEUED_GRACE_S / 4 if queued_since is not None else FALLBACK_POLL_S
@@ -104,9 +92,7 @@ async def wait_for_background_jobs(
         await rt.progress(waiting_for_background(str(job.id), job.kind, job.key))
         started = rt.deps.clock()
         try:
-            _state, ms = await wait_for_job(
-                rt.db, rt.deps.waiter, job.id, remaining_s=rt.remaining_s, clock=rt.deps.clock
-            )
+            ms = await wait_for_job(rt, job.id)
         except TimeoutError:
             # The request fails with timeout: its record still says how long it waited, and for what.
             ms = int((rt.deps.clock() - started) * 1000)
@@ -121,10 +107,7 @@ async def wait_for_background_jobs(
 @contextlib.asynccontextmanager
 async def registered(rt: RequestRuntime, kind: JobKind, key: str) -> AsyncIterator[bool]:
     """Register that this request makes (kind, key) itself; yields False when someone else holds it.
-
-    The registration ends when the block does (made or not): the key is free again, and a failed
-    attempt never blocks the next one.
-    """
+    The registration ends with the block (made or not), so a failed attempt never blocks the next."""
     async with rt.db.sessions() as session, session.begin():
         registration = await jobs.register_inline(
             session,

@@ -47,17 +47,14 @@ async def _serve_until_signalled(settings: Settings, database_url: str) -> None:
         await db.dispose()
 
 
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it is installed (a dependency on every platform but Windows), as uvicorn's
-    ``loop="auto"`` picks it for the API; None: asyncio's own."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 def run_worker_forever(settings: Settings, database_url: str) -> None:
-    """Run a worker process until SIGINT or SIGTERM (``sidequest worker``)."""
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+    """Run a worker process until SIGINT or SIGTERM (``sidequest worker``), on uvloop's loop when it
+    is installed (a dependency on every platform but Windows), as uvicorn's ``loop="auto"`` picks it
+    for the API."""
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(_serve_until_signalled(settings, database_url))

@@ -24,7 +24,6 @@ from service.pipeline.run import run_request
 from service.pipeline.runtime import PipelineDeps
 from service.pipeline.snapshots import PreparedSnapshots
 from service.providers import build_provider
-from service.providers.base import Provider
 from service.store import jobs, lease, queue, terminal
 from service.store.admission import purge_cleared
 from service.store.db import Database, is_unavailable, outage_line_due, unusable_reason
@@ -76,10 +75,8 @@ def worker_id() -> str:
 
 class SlotPool(Generic[W]):
     """Local slots for one kind of work: claim while a slot is free, run, claim again at once.
-
-    ``claim`` returns the next unit of work or None (nothing eligible, or the cluster at its cap:
-    ``cluster_full`` tells which); ``run`` runs one to its end; ``settle`` handles a cancelled one.
-    """
+    ``claim`` returns the next unit of work or None and whether the cluster is at its cap; ``run``
+    runs one to its end; ``settle`` handles a cancelled one."""
 
     def __init__(
         self,
@@ -116,11 +113,8 @@ class SlotPool(Generic[W]):
         return {work_id: self._work[work_id].owner for work_id in self.tasks}
 
     def wake(self, *, freed: bool) -> None:
-        """Work may be there: a slot freed somewhere (``freed``) or work was admitted / queued.
-
-        Costs no database work when every local slot is busy, nor for an admission while the last
-        claim found the whole cluster at its cap (only a freed slot can change that).
-        """
+        """Work may be there: a slot freed somewhere (``freed``) or work was admitted / queued. No
+        database work when every local slot is busy, nor for an admission while the cluster is full."""
         if self.free <= 0:
             return
         if self._cluster_full and not freed:
@@ -210,22 +204,18 @@ class Worker:
         db: Database,
         *,
         database_url: str | None = None,
-        provider: Provider | None = None,
         owner: str | None = None,
         listener: Listener | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
         self.owner = owner or worker_id()
-        self._database_url = database_url or db.url
-        self._provider = provider
-        self._own_provider = provider is None
         self._deps: PipelineDeps | None = None
         self._loops: list[asyncio.Task[None]] = []
         # A shared listener (the API's, in `serve`) is started and stopped by its owner.
         self._own_listener = listener is None
         self._listener = listener or Listener(
-            settings.listen_url(self._database_url), channels=WORKER_CHANNELS, on_connect=db.node_gone
+            settings.listen_url(database_url or db.url), channels=WORKER_CHANNELS, on_connect=db.node_gone
         )
         self._unsubscribe: list[Callable[[], None]] = []
         self.requests: SlotPool[queue.Claimed] = SlotPool(
@@ -271,14 +261,11 @@ class Worker:
 
     async def start(self) -> None:
         """Connect the listener and start the loops; returns at once."""
-        if self._provider is None:
-            self._provider = build_provider(self.settings)
-        self._deps = PipelineDeps(db=self.db, settings=self.settings, provider=self._provider)
-        waiter = self._deps.waiter
+        self._deps = PipelineDeps(db=self.db, settings=self.settings, provider=build_provider(self.settings))
         self._unsubscribe = [
             self._listener.subscribe(QUEUE_CHANNEL, self._on_queue_notify),
             self._listener.subscribe(JOBS_CHANNEL, self._on_jobs_notify),
-            self._listener.subscribe(JOBS_CHANNEL, waiter.notify),
+            self._listener.subscribe(JOBS_CHANNEL, self._deps.waiter.notify),
             self._listener.subscribe(CANCEL_CHANNEL, self._on_cancel_notify),
         ]
         if self._own_listener:
@@ -309,8 +296,7 @@ class Worker:
             await self._listener.stop()
         for unsubscribe in self._unsubscribe:
             unsubscribe()
-        if self._own_provider and self._provider is not None:
-            await self._provider.aclose()
+        await self._deps_now().provider.aclose()
         log.info("worker %s stopped", self.owner)
 
     def _on_queue_notify(self, _channel: str, payload: str) -> None:
