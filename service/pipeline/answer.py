@@ -4,16 +4,28 @@ retry, and the success write with its follow-up background jobs."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from service import vocabulary
-from service.budget import QAItem, WindowPlan, overflow_target, plan_window, pressure, prompt_drift
+from service.budget import (
+    RECENT_BUDGET_TOKENS,
+    QAItem,
+    WindowPlan,
+    overflow_target,
+    plan_window,
+    pressure,
+    prompt_drift,
+    recent_budget_within,
+)
+from service.budget.chunk import SUMMARY_MAX_TOKENS
+from service.budget.trail import TRAIL_MAX_TOKENS
 from service.context_info import EstimateInfo
-from service.pipeline.compaction import ContextPlan, snapshot_job_key
+from service.pipeline.compaction import ContextPlan, Tier2, compact, record_fidelity, snapshot_job_key
 from service.pipeline.deltas import DeltaCoalescer
 from service.pipeline.failures import PipelineFailure, RequestLost
-from service.pipeline.history import HistoryPlan, next_fold, qa_group_tokens
+from service.pipeline.history import HistoryPlan, fold_history, next_fold, qa_group_tokens
 from service.pipeline.prepare import Prepared
 from service.pipeline.runtime import RequestRuntime, cancelled
 from service.providers.base import ContextOverflow, ProviderCall, ProviderError
@@ -63,11 +75,6 @@ def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None
     rt.info.pressure = pressure(answer.estimate.total, prepared.input_budget)  # type: ignore[assignment]
 
 
-# Shrink the request (overflow recovery): the int, when given, is the raw estimate to reach; the plan,
-# when given, the one for the smaller window the provider stated (:func:`stated_plan`).
-Shrink = Callable[[AnswerRequest, int | None, WindowPlan | None], Awaitable[AnswerRequest | None]]
-
-
 def stated_plan(prepared: Prepared, context_limit: int | None) -> WindowPlan:
     """The window plan for an overflow retry: the provider's stated window when it is smaller than
     the one planned with (no window configured: 200 000 assumed, a local model's 32 768 stated), so
@@ -86,7 +93,6 @@ async def answer(
     history: HistoryPlan,
     context: ContextPlan,
     request: AnswerRequest,
-    shrink: Shrink,
 ) -> dict[str, Any]:
     """Stream the answer; on a first-reply overflow shrink once and retry; write the success."""
     # The stage changes and notes so far, in one commit, written while the call starts.
@@ -119,7 +125,10 @@ async def answer(
                 target = overflow_target(plan.input_budget, request.estimate.total, exc.prompt_tokens)
             elif plan is not prepared.plan:
                 target = plan.input_budget  # a stated window without a count: fit its budget
-            shrunk = await shrink(request, target, None if plan is prepared.plan else plan)
+            # Sized for a smaller window the provider stated: the retry's summary calls too, since sized
+            # for the planned window they could be larger than the whole window the model has.
+            planned = prepared if plan is prepared.plan else dataclasses.replace(prepared, plan=plan)
+            shrunk = await _shrink(rt, planned, history, context, request, target)
             if shrunk is None:
                 raise PipelineFailure(
                     "context_overflow",
@@ -131,11 +140,12 @@ async def answer(
                         "input_budget": prepared.input_budget,
                     },
                 ) from exc
+            record_fidelity(rt, prepared.snapshot, shrunk[0])
+            request = shrunk[1]
             rt.info.overflow_retries = 1
-            meter(rt, prepared, shrunk)
+            meter(rt, prepared, request)
             await rt.save_info()
-            await rt.progress(vocabulary.overflow_retry(estimate_after=shrunk.estimate.total, retry=1))
-            request = shrunk
+            await rt.progress(vocabulary.overflow_retry(estimate_after=request.estimate.total, retry=1))
             result = await _call(rt, prepared, request, deltas)
     except BaseException as exc:
         with contextlib.suppress(RequestLost):  # lost meanwhile: the held call is still written
@@ -173,6 +183,60 @@ async def answer(
             if sample is not None:
                 await rt.book.sample(sample.model, sample.estimate, sample.reported_prompt_tokens)
         raise
+
+
+async def _shrink(
+    rt: RequestRuntime,
+    prepared: Prepared,
+    history: HistoryPlan,
+    context: ContextPlan,
+    current: AnswerRequest,
+    target: int | None,
+) -> tuple[ContextPlan, AnswerRequest] | None:
+    """Overflow recovery's one shrink: fold the replayed Q&A, then compact harder. None: nothing to do.
+    ``target``: the raw estimate to reach when the provider stated the prompt's real count (SPEC §5.1)."""
+    changed = False
+    if history.replay.replay:
+        history.replay = dataclasses.replace(
+            history.replay,
+            replay=(),
+            fold=history.replay.replay,
+            fold_batches=(history.replay.replay,),
+            replay_tokens=0,
+        )
+        await fold_history(rt, prepared, history, rt.summary_runner(prepared))
+        changed = True
+    snapshot = prepared.snapshot
+    if snapshot is not None and context.kept_from < len(snapshot.messages):
+        # Keep half of what is kept now (never more than the default recent budget), and accept any
+        # non-empty old part: the provider already said the prompt is too long.
+        kept_tokens = context.kept_tokens(snapshot)
+        recent_budget = min(RECENT_BUDGET_TOKENS, kept_tokens) // 2
+        if target is not None:
+            around = build_answer(prepared, history, context).estimate.total - kept_tokens
+            # The summary of the longer old part can be larger than today's, so a retry sized on
+            # today's could land over the stated count: sized at its largest, the retry fits.
+            now = context.summary.tokens if context.summary is not None else 0
+            room = max(0, SUMMARY_MAX_TOKENS - now)
+            if prepared.mask_tool_results:
+                room += TRAIL_MAX_TOKENS  # the new summary's trail, at its largest
+            recent_budget = recent_budget_within(target - around - room)
+        harder = await compact(
+            rt,
+            prepared,
+            rt.summary_runner(prepared),
+            lambda _summary, _kept, _tokens: False,
+            tier2=Tier2(masked=prepared.mask_tool_results),
+            recent_budget=recent_budget,
+            current=context,
+        )
+        if harder is not None:
+            context = harder
+            changed = True
+    if not changed:
+        return None
+    shrunk = build_answer(prepared, history, context)
+    return (context, shrunk) if shrunk.estimate.total < current.estimate.total else None
 
 
 async def _call(

@@ -6,30 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from service.budget import RECENT_BUDGET_TOKENS, WindowPlan, recent_budget_within
 from service.budget.chunk import SUMMARY_MAX_TOKENS
-from service.budget.trail import TRAIL_MAX_TOKENS
 from service.pipeline.answer import answer, build_answer, meter
-from service.pipeline.compaction import (
-    ContextPlan,
-    Tier2,
-    compact,
-    compact_snapshot_copy,
-    record_fidelity,
-)
+from service.pipeline.compaction import ContextPlan, compact_snapshot_copy, record_fidelity
 from service.pipeline.failures import RequestLost, error_object
-from service.pipeline.history import HistoryPlan, fold_history, plan_history
-from service.pipeline.prepare import Prepared, prepare
+from service.pipeline.history import fold_history, plan_history
+from service.pipeline.prepare import prepare
 from service.pipeline.runtime import PipelineDeps, RequestRuntime
 from service.store import queue, terminal
 from service.store.db import is_unavailable
 from service.store.execute import transaction
-from service.summary.prompts import AnswerRequest
 from service.vocabulary import Stage, Status
 
 # The outer safety net fires this long after the request deadline: the calling policy's own deadline
@@ -102,76 +92,7 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     record_fidelity(rt, prepared.snapshot, context)
     await rt.enter(Stage.ANSWERING)
 
-    async def shrink(
-        current: AnswerRequest, target: int | None, stated: WindowPlan | None
-    ) -> AnswerRequest | None:
-        nonlocal context
-        # The provider stated a smaller window than planned with: the retry's summary calls are
-        # sized for it, since sized for the planned window they could be larger than the whole
-        # window the model has.
-        planned = prepared if stated is None else dataclasses.replace(prepared, plan=stated)
-        shrunk = await _shrink(rt, planned, history, context, current, target)
-        if shrunk is None:
-            return None
-        context, smaller = shrunk
-        record_fidelity(rt, prepared.snapshot, context)
-        return smaller
-
-    return await answer(rt, prepared, history, context, request, shrink)
-
-
-async def _shrink(
-    rt: RequestRuntime,
-    prepared: Prepared,
-    history: HistoryPlan,
-    context: ContextPlan,
-    current: AnswerRequest,
-    target: int | None,
-) -> tuple[ContextPlan, AnswerRequest] | None:
-    """Overflow recovery's one shrink: fold the replayed Q&A, then compact harder. None: nothing to do.
-    ``target``: the raw estimate to reach when the provider stated the prompt's real count (SPEC §5.1)."""
-    changed = False
-    if history.replay.replay:
-        history.replay = dataclasses.replace(
-            history.replay,
-            replay=(),
-            fold=history.replay.replay,
-            fold_batches=(history.replay.replay,),
-            replay_tokens=0,
-        )
-        await fold_history(rt, prepared, history, rt.summary_runner(prepared))
-        changed = True
-    snapshot = prepared.snapshot
-    if snapshot is not None and context.kept_from < len(snapshot.messages):
-        # Keep half of what is kept now (never more than the default recent budget), and accept any
-        # non-empty old part: the provider already said the prompt is too long.
-        kept_tokens = context.kept_tokens(snapshot)
-        recent_budget = min(RECENT_BUDGET_TOKENS, kept_tokens) // 2
-        if target is not None:
-            around = build_answer(prepared, history, context).estimate.total - kept_tokens
-            # The summary of the longer old part can be larger than today's, so a retry sized on
-            # today's could land over the stated count: sized at its largest, the retry fits.
-            now = context.summary.tokens if context.summary is not None else 0
-            room = max(0, SUMMARY_MAX_TOKENS - now)
-            if prepared.mask_tool_results:
-                room += TRAIL_MAX_TOKENS  # the new summary's trail, at its largest
-            recent_budget = recent_budget_within(target - around - room)
-        harder = await compact(
-            rt,
-            prepared,
-            rt.summary_runner(prepared),
-            lambda _summary, _kept, _tokens: False,
-            tier2=Tier2(masked=prepared.mask_tool_results),
-            recent_budget=recent_budget,
-            current=context,
-        )
-        if harder is not None:
-            context = harder
-            changed = True
-    if not changed:
-        return None
-    shrunk = build_answer(prepared, history, context)
-    return (context, shrunk) if shrunk.estimate.total < current.estimate.total else None
+    return await answer(rt, prepared, history, context, request)
 
 
 @dataclass(frozen=True)
