@@ -25,7 +25,7 @@ from service.context_info import EstimateInfo
 from service.pipeline.compaction import ContextPlan, Tier2, compact, record_fidelity, snapshot_job_key
 from service.pipeline.deltas import DeltaCoalescer
 from service.pipeline.failures import PipelineFailure, RequestLost
-from service.pipeline.history import HistoryPlan, fold_history, next_fold, qa_group_tokens
+from service.pipeline.history import HistoryPlan, fold_history, fold_key, next_fold, qa_group_tokens
 from service.pipeline.prepare import Prepared
 from service.pipeline.runtime import RequestRuntime, cancelled
 from service.providers.base import ContextOverflow, ProviderCall, ProviderError
@@ -271,12 +271,9 @@ def follow_ups(
         return ()
     jobs: list[terminal.FollowUp] = []
     fold = next_fold(history, own, prepared.input_budget)
-    if fold is not None:
-        jobs.append(
-            terminal.FollowUp(
-                JobKind.QA_FOLD, fold.key, {"through_ordinal": fold.through, "ordinals": list(fold.ordinals)}
-            )
-        )
+    if fold:
+        params = {"through_ordinal": fold[-1], "ordinals": list(fold)}
+        jobs.append(terminal.FollowUp(JobKind.QA_FOLD, fold_key(fold), params))
     snapshot_id = prepared.claimed.snapshot_id
     if context.extend_later and snapshot_id is not None:
         # The job plans with this question's window and cap (its own, or the session's), so the

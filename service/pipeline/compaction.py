@@ -202,12 +202,6 @@ def _record(rt: RequestRuntime, plan: ContextPlan, snapshot: PreparedSnapshot) -
     rt.sync_calls()
 
 
-async def _reload_cache(rt: RequestRuntime) -> list[CachedContextSummary]:
-    async with rt.db.connection() as conn:
-        mem = await memory.load_memory(conn, rt.claimed.session_id)
-    return parse_cache(mem.get("context_summaries") or [])
-
-
 def _reuse(
     entry: CachedContextSummary, until: int, mask_until: int, waited_ms: int = 0, cache: str = "hit"
 ) -> ContextPlan:
@@ -352,7 +346,9 @@ async def _plan(
             waited = await wait_for_background_jobs(rt, JobKind.CONTEXT_SUMMARY, keys)
             if waited is not None:
                 waited_ms += waited
-                cache = await _reload_cache(rt)
+                async with rt.db.connection() as conn:
+                    mem = await memory.load_memory(conn, rt.claimed.session_id)
+                cache = parse_cache(mem.get("context_summaries") or [])
                 found = find_hit(cache)
                 if found is not None:
                     entry, covered = found

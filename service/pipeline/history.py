@@ -193,20 +193,9 @@ def update_qa_info(rt: RequestRuntime, plan: HistoryPlan) -> None:
     rt.sync_calls()
 
 
-@dataclass(frozen=True)
-class NextFold:
-    """The background fold to queue after this request succeeds (SPEC §6.6 "after an answer")."""
-
-    key: str
-    through: int
-    ordinals: tuple[int, ...] = ()
-
-
-def next_fold(plan: HistoryPlan, own: QAItem, input_budget: int) -> NextFold | None:
-    """Would the next question have to fold? Then which groups (they leave its replay window)."""
+def next_fold(plan: HistoryPlan, own: QAItem, input_budget: int) -> tuple[int, ...]:
+    """The groups the next question would have to fold, as they leave its replay window: the
+    background fold to queue after this request succeeds (SPEC §6.6 "after an answer"); () if none."""
     covered = plan.qa.covered_through_ordinal if plan.qa else None
     items = [item for item in plan.items if item.ordinal in set(plan.replay.replay)] + [own]
-    nxt = select_replay(items, covered, input_budget)
-    if not nxt.fold:
-        return None
-    return NextFold(key=fold_key(nxt.fold), through=nxt.fold[-1], ordinals=nxt.fold)
+    return select_replay(items, covered, input_budget).fold

@@ -114,8 +114,6 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
         return Outcome(Status.SUCCEEDED, record=record)
     except RequestLost:
         return Outcome("lost")
-    except asyncio.CancelledError:
-        raise
     except Exception as exc:
         if is_unavailable(exc, include_timeouts=False):
             # The database went away (SPEC §9): write nothing; the lease expires and the sweep runs

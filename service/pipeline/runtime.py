@@ -103,8 +103,23 @@ class RequestRuntime:
 
     async def flush(self) -> None:
         """Write the pending events (and the stage change, with context_info) in one transaction."""
-        async with self._flush_lock:  # batches commit in the order they were made (a fold and a
-            await self._flush()  # compaction may both write at the same time)
+        # Under the lock, batches commit in the order they were made (a fold and a compaction may
+        # both write at the same time).
+        async with self._flush_lock:
+            if not self._pending:
+                return
+            events, stage = self._pending, self._pending_stage
+            self._pending, self._pending_stage = [], None
+            async with self.db.connection() as conn, committed(conn):
+                if not await lease.emit_if_held(
+                    conn,
+                    self.claimed.id,
+                    self.owner,
+                    events,
+                    stage=stage,
+                    context_info=self.info.to_json() if stage is not None else None,
+                ):
+                    raise RequestLost()
 
     def flush_in_background(self) -> None:
         """Start :meth:`flush` and return at once: the answer call need not wait for a commit.
@@ -120,22 +135,6 @@ class RequestRuntime:
         """Wait for the background flush, if one was started (raising :class:`RequestLost` as it did)."""
         if self._background_flush is not None:
             await self._background_flush
-
-    async def _flush(self) -> None:
-        if not self._pending:
-            return
-        events, stage = self._pending, self._pending_stage
-        self._pending, self._pending_stage = [], None
-        async with self.db.connection() as conn, committed(conn):
-            if not await lease.emit_if_held(
-                conn,
-                self.claimed.id,
-                self.owner,
-                events,
-                stage=stage,
-                context_info=self.info.to_json() if stage is not None else None,
-            ):
-                raise RequestLost()
 
     async def save_info(self) -> None:
         """Store context_info as it stands (not lease-guarded: it is metadata of what was done)."""

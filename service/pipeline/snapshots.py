@@ -13,20 +13,17 @@ import asyncio
 import contextlib
 import uuid
 from collections import OrderedDict
-from typing import Final
 
 from service.budget.prepared import PreparedSnapshot
 from service.store.db import Database
 from service.store.history import load_prepared_snapshot, snapshot_content_hash
 from service.summary.context import warm_snapshot_pieces
 
-CAPACITY: Final = 8
-
 
 class PreparedSnapshots:
     """A small LRU of prepared snapshots by content hash, in front of the store."""
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
+    def __init__(self, capacity: int = 8) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[str, PreparedSnapshot] = OrderedDict()
         self.hits = 0
@@ -38,8 +35,6 @@ class PreparedSnapshots:
 
     def put(self, content_hash: str, prepared: PreparedSnapshot) -> None:
         """Remember the preparation of the content with this hash (made elsewhere in this process)."""
-        if self.capacity <= 0:
-            return
         self._entries[content_hash] = prepared
         self._entries.move_to_end(content_hash)
         while len(self._entries) > self.capacity:
@@ -64,9 +59,7 @@ class PreparedSnapshots:
         self, db: Database, session_id: uuid.UUID, snapshot_id: str, content_hash: str | None = None
     ) -> PreparedSnapshot | None:
         """The snapshot as prepared when stored; None when the session does not have it.
-
-        ``content_hash``: the stored snapshot's hash when the caller read it already (a claim returns
-        it); without it, it is read first."""
+        ``content_hash``: the stored snapshot's hash when the caller has it (a claim returns it)."""
         if content_hash is None:
             async with db.connection() as conn:
                 content_hash = await snapshot_content_hash(conn, session_id, snapshot_id)

@@ -144,8 +144,6 @@ class SlotPool(Generic[W]):
                     if work is None:
                         break
                     self._spawn(work)
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log_loop_failure(f"{self.name} claim failed; retrying after the poll interval")
             await wait_event(self._wake, self._poll_s)
@@ -383,8 +381,6 @@ class Worker:
                     held = await queue.heartbeat(
                         session, requests=requests, jobs=job_owners, lease_s=self.settings.lease_s
                     )
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log_loop_failure("heartbeat failed")
                 continue
@@ -401,20 +397,16 @@ class Worker:
             try:
                 async with self.db.sessions() as session, session.begin():
                     result = await queue.sweep_expired(session)
-                if result.requeued or result.failed or result.jobs_requeued or result.jobs_failed:
+                counts = (result.requeued, result.failed, result.jobs_requeued, result.jobs_failed)
+                if any(counts):
                     log.warning(
                         "recovered expired leases: re-queued %s, failed %s; jobs re-queued %s, failed %s",
-                        result.requeued,
-                        result.failed,
-                        result.jobs_requeued,
-                        result.jobs_failed,
+                        *counts,
                     )
                     self.requests.wake(freed=True)
                     self.jobs.wake(freed=True)
                 async with self.db.sessions() as session, session.begin():
                     await purge_cleared(session, PURGE_CLEARED_AFTER_S)
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log_loop_failure("recovery sweep failed")
             await asyncio.sleep(interval)
