@@ -4,16 +4,28 @@ retry, and the success write with its follow-up background jobs."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from service import vocabulary
-from service.budget import QAItem, WindowPlan, overflow_target, plan_window, pressure, prompt_drift
+from service.budget import (
+    RECENT_BUDGET_TOKENS,
+    QAItem,
+    WindowPlan,
+    overflow_target,
+    plan_window,
+    pressure,
+    prompt_drift,
+    recent_budget_within,
+)
+from service.budget.chunk import SUMMARY_MAX_TOKENS
+from service.budget.trail import TRAIL_MAX_TOKENS
 from service.context_info import EstimateInfo
-from service.pipeline.compaction import ContextPlan, snapshot_job_key
+from service.pipeline.compaction import ContextPlan, Tier2, compact, record_fidelity, snapshot_job_key
 from service.pipeline.deltas import DeltaCoalescer
 from service.pipeline.failures import PipelineFailure, RequestLost
-from service.pipeline.history import HistoryPlan, next_fold, qa_group_tokens
+from service.pipeline.history import HistoryPlan, fold_history, fold_key, next_fold, qa_group_tokens
 from service.pipeline.prepare import Prepared
 from service.pipeline.runtime import RequestRuntime, cancelled
 from service.providers.base import ContextOverflow, ProviderCall, ProviderError
@@ -57,21 +69,10 @@ def build_answer(
     )
 
 
-def fits_budget(rt: RequestRuntime, prepared: Prepared, total: int) -> bool:
-    """Does a request of this raw estimate fit its input budget (:meth:`Calibration.fits`, with the
-    answer model's learned ratio)?"""
-    return rt.calibration.fits(total, prepared.input_budget)
-
-
 def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None:
     """Record the answer request's estimate and pressure in context_info."""
     rt.info.estimate = EstimateInfo(**answer.estimate.as_dict())
     rt.info.pressure = pressure(answer.estimate.total, prepared.input_budget)  # type: ignore[assignment]
-
-
-# Shrink the request (overflow recovery): the int, when given, is the raw estimate to reach; the plan,
-# when given, the one for the smaller window the provider stated (:func:`stated_plan`).
-Shrink = Callable[[AnswerRequest, int | None, WindowPlan | None], Awaitable[AnswerRequest | None]]
 
 
 def stated_plan(prepared: Prepared, context_limit: int | None) -> WindowPlan:
@@ -92,7 +93,6 @@ async def answer(
     history: HistoryPlan,
     context: ContextPlan,
     request: AnswerRequest,
-    shrink: Shrink,
 ) -> dict[str, Any]:
     """Stream the answer; on a first-reply overflow shrink once and retry; write the success."""
     # The stage changes and notes so far, in one commit, written while the call starts.
@@ -125,7 +125,10 @@ async def answer(
                 target = overflow_target(plan.input_budget, request.estimate.total, exc.prompt_tokens)
             elif plan is not prepared.plan:
                 target = plan.input_budget  # a stated window without a count: fit its budget
-            shrunk = await shrink(request, target, None if plan is prepared.plan else plan)
+            # Sized for a smaller window the provider stated: the retry's summary calls too, since sized
+            # for the planned window they could be larger than the whole window the model has.
+            planned = prepared if plan is prepared.plan else dataclasses.replace(prepared, plan=plan)
+            shrunk = await _shrink(rt, planned, history, context, request, target)
             if shrunk is None:
                 raise PipelineFailure(
                     "context_overflow",
@@ -137,11 +140,12 @@ async def answer(
                         "input_budget": prepared.input_budget,
                     },
                 ) from exc
+            record_fidelity(rt, prepared.snapshot, shrunk[0])
+            request = shrunk[1]
             rt.info.overflow_retries = 1
-            meter(rt, prepared, shrunk)
+            meter(rt, prepared, request)
             await rt.save_info()
-            await rt.progress(vocabulary.overflow_retry(estimate_after=shrunk.estimate.total, retry=1))
-            request = shrunk
+            await rt.progress(vocabulary.overflow_retry(estimate_after=request.estimate.total, retry=1))
             result = await _call(rt, prepared, request, deltas)
     except BaseException as exc:
         with contextlib.suppress(RequestLost):  # lost meanwhile: the held call is still written
@@ -181,6 +185,60 @@ async def answer(
         raise
 
 
+async def _shrink(
+    rt: RequestRuntime,
+    prepared: Prepared,
+    history: HistoryPlan,
+    context: ContextPlan,
+    current: AnswerRequest,
+    target: int | None,
+) -> tuple[ContextPlan, AnswerRequest] | None:
+    """Overflow recovery's one shrink: fold the replayed Q&A, then compact harder. None: nothing to do.
+    ``target``: the raw estimate to reach when the provider stated the prompt's real count (SPEC §5.1)."""
+    changed = False
+    if history.replay.replay:
+        history.replay = dataclasses.replace(
+            history.replay,
+            replay=(),
+            fold=history.replay.replay,
+            fold_batches=(history.replay.replay,),
+            replay_tokens=0,
+        )
+        await fold_history(rt, prepared, history, rt.summary_runner(prepared))
+        changed = True
+    snapshot = prepared.snapshot
+    if snapshot is not None and context.kept_from < len(snapshot.messages):
+        # Keep half of what is kept now (never more than the default recent budget), and accept any
+        # non-empty old part: the provider already said the prompt is too long.
+        kept_tokens = context.kept_tokens(snapshot)
+        recent_budget = min(RECENT_BUDGET_TOKENS, kept_tokens) // 2
+        if target is not None:
+            around = build_answer(prepared, history, context).estimate.total - kept_tokens
+            # The summary of the longer old part can be larger than today's, so a retry sized on
+            # today's could land over the stated count: sized at its largest, the retry fits.
+            now = context.summary.tokens if context.summary is not None else 0
+            room = max(0, SUMMARY_MAX_TOKENS - now)
+            if prepared.mask_tool_results:
+                room += TRAIL_MAX_TOKENS  # the new summary's trail, at its largest
+            recent_budget = recent_budget_within(target - around - room)
+        harder = await compact(
+            rt,
+            prepared,
+            rt.summary_runner(prepared),
+            lambda _summary, _kept, _tokens: False,
+            tier2=Tier2(masked=prepared.mask_tool_results),
+            recent_budget=recent_budget,
+            current=context,
+        )
+        if harder is not None:
+            context = harder
+            changed = True
+    if not changed:
+        return None
+    shrunk = build_answer(prepared, history, context)
+    return (context, shrunk) if shrunk.estimate.total < current.estimate.total else None
+
+
 async def _call(
     rt: RequestRuntime, prepared: Prepared, request: AnswerRequest, deltas: DeltaCoalescer
 ) -> CallResult:
@@ -194,7 +252,8 @@ async def _call(
         system_blocks=request.system_blocks,
         tools=request.tools,
     )
-    result = await run_call(
+    # Its calibration sample (SPEC §5.1) is written with the success (answer()).
+    return await run_call(
         rt.deps.provider,
         call,
         recorder=rt.recorder,
@@ -202,7 +261,6 @@ async def _call(
         on_text=deltas.add,
         clock=rt.deps.clock,
     )
-    return result  # its calibration sample (SPEC §5.1) is written with the success (answer())
 
 
 def follow_ups(
@@ -213,27 +271,19 @@ def follow_ups(
         return ()
     jobs: list[terminal.FollowUp] = []
     fold = next_fold(history, own, prepared.input_budget)
-    if fold is not None:
-        jobs.append(
-            terminal.FollowUp(
-                JobKind.QA_FOLD, fold.key, {"through_ordinal": fold.through, "ordinals": list(fold.ordinals)}
-            )
-        )
+    if fold:
+        params = {"through_ordinal": fold[-1], "ordinals": list(fold)}
+        jobs.append(terminal.FollowUp(JobKind.QA_FOLD, fold_key(fold), params))
     snapshot_id = prepared.claimed.snapshot_id
     if context.extend_later and snapshot_id is not None:
         # The job plans with this question's window and cap (its own, or the session's), so the
         # summary it extends is the one the next question like it needs.
-        numbers = {
+        params = {
+            "snapshot_id": snapshot_id,
             "context_window": prepared.plan.window,
             "max_output_tokens": prepared.plan.max_output_tokens,
         }
-        jobs.append(
-            terminal.FollowUp(
-                JobKind.CONTEXT_SUMMARY,
-                snapshot_job_key(snapshot_id),
-                {"snapshot_id": snapshot_id, **numbers},
-            )
-        )
+        jobs.append(terminal.FollowUp(JobKind.CONTEXT_SUMMARY, snapshot_job_key(snapshot_id), params))
     return tuple(jobs)
 
 
@@ -307,6 +357,3 @@ async def _finish(
     if record is None:
         raise RequestLost()
     return record
-
-
-__all__ = ["answer", "build_answer", "fits_budget", "follow_ups", "meter"]

@@ -1,18 +1,12 @@
-"""Background summary jobs (SPEC §6.6): the same summaries as a request's stages, made before anyone asks.
-
-A job runs on its own slot with its own deadline (``SIDEQUEST_BACKGROUND_TIMEOUT_S``) and call cap
-(``SIDEQUEST_MAX_SUMMARY_CALLS``); its calls carry ``X-Sidequest-Job-Id`` and its usage is the job's
-(the session's ``background.usage``), never a request's. It writes memory only while it is running
-and the session's ``clear_version`` is still its own (§6.5), and it ends in exactly one of
-succeeded / failed / cancelled through :func:`service.store.jobs.finish_job`. A job's failure never
-fails a request: a waiting request makes the summary itself.
+"""Background summary jobs (SPEC §6.6): the same summaries as a request's stages, made before anyone
+asks (docs/pipeline.md, "Background summary jobs"). A job's failure never fails a request: a waiting
+request makes the summary itself.
 
 - ``qa_fold``: fold the session's uncovered Q&A up to ``through_ordinal`` into the rolling summary.
 - ``context_summary``: summarise the snapshot ``snapshot_id`` as a question on it would compact it
-  (the ladder's decision, :func:`service.budget.ladder.decide`: with masking on, the oldest groups in
-  their masked form, with their artifact trail), reusing the longest cached prefix. It was queued before its
-  summary's cache key was known (``snapshot:<id>``); it takes that key when it starts, so a request
-  (or job) for the same content under another snapshot id waits for it instead of repeating it.
+  (the ladder's decision), reusing the longest cached prefix. Queued under ``snapshot:<id>``, it takes
+  its summary's cache key when it starts, so the same content under another snapshot id is not
+  summarised twice.
 """
 
 from __future__ import annotations
@@ -31,8 +25,7 @@ from service.pipeline.failures import error_object
 from service.pipeline.history import folded_context_time
 from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers, text_setting
 from service.pipeline.recorder import JobRecorder
-from service.pipeline.runtime import PipelineDeps
-from service.pipeline.summaries import MASKED_MATERIAL
+from service.pipeline.runtime import MASKED_MATERIAL, PipelineDeps
 from service.store import jobs, memory
 from service.store.execute import committed, transaction
 from service.store.history import iter_history
@@ -224,6 +217,3 @@ async def _context_summary(
         covered={"covered_messages": until, "cache": result.cache, "chunks": result.chunks},
         summary=summary,
     )
-
-
-__all__ = ["JobOutcome", "run_job"]

@@ -1,12 +1,7 @@
-"""The pipeline's side of calibration (SPEC §5.1): load the counters once, record samples.
+"""The pipeline's side of calibration (SPEC §5.1, docs/budget.md): load the counters, record samples.
 
-One :class:`CalibrationBook` per worker process (or per request; it keeps no state but its settings).
-With ``SIDEQUEST_CALIBRATION=off`` it loads nothing and records nothing: every fit uses the raw
-estimate and ``context_info.calibration`` reads ``{ratio: 1.0, samples: 0, applied: false}``.
-
-A sample is best effort: it is written in its own short transaction after the call ended, and a
-database failure while writing it is logged and dropped — a missed sample costs a little precision,
-failing the request over it would cost the answer.
+A sample is best effort: a database failure while writing one is logged and dropped — a missed sample
+costs a little precision, failing the request over it would cost the answer.
 """
 
 from __future__ import annotations
@@ -37,18 +32,14 @@ class CalibrationBook:
             return await store.load_calibration(conn, self.provider, model)
 
     def pending(self, model: str, estimate: int, reported_prompt_tokens: int | None) -> store.Sample | None:
-        """The sample :meth:`sample` would write, for the caller to write in its own transaction
-        (the answer's, with the request's success); None when calibration is off or nothing was
-        reported. What carries no signal (a zero count or estimate) the store itself drops."""
+        """The sample :meth:`sample` would write, for the caller's transaction (the success's); None
+        when calibration is off or nothing was reported (the store drops a zero count or estimate)."""
         if not self.enabled or reported_prompt_tokens is None:
             return None
         return store.Sample(self.provider, model, estimate, reported_prompt_tokens)
 
     async def sample(self, model: str, estimate: int, reported_prompt_tokens: int | None) -> None:
-        """Add one sample: ``estimate`` (the request as sent) against the provider's prompt tokens.
-
-        Nothing is written when calibration is off or the usage was not reported.
-        """
+        """Add one sample: ``estimate`` (the request as sent) against the provider's prompt tokens."""
         if not self.enabled or reported_prompt_tokens is None or reported_prompt_tokens <= 0:
             return
         try:

@@ -1,20 +1,10 @@
 """Stage ``compacting_context`` (SPEC §6.2, §6.6, §6.7): a compacted *copy* of the main context.
 
-In order, the cheapest way that fits wins:
-
-1. **hit** — the cache holds the summary of exactly the prefix the cut summarises: no call;
-2. **grown snapshot** (§6.7) — a cached summary covers a shorter prefix, and that summary followed by
-   *every* later message verbatim (more than the 8000-token recent budget of them) fits the input
-   budget: answered at once (``cache: "prefix"``, 0 calls), and a background job extends the summary
-   afterwards. Such a request never waits for a job;
-3. **wait** — a background job is making this summary (for this snapshot, or for the same content
-   under another id): wait for it within the deadline and use it (``made_by: "background"``);
-4. **make it** — registered for single flight, summarise the part after the longest cached prefix
-   (``prefix``) or everything before the cut (``miss``), and cache it (guarded by ``clear_version``).
-
-The cut itself is decided by the ladder (:func:`service.budget.ladder.plan_compaction`); with masking
-on (SPEC §6.8) the summarised groups go in their masked form, the groups between the summary and the
-recent part stay masked (``mask_until``), and the summary carries its artifact trail (§6.9).
+The cheapest way that fits wins: a cache **hit**, a **grown snapshot**'s cached prefix (§6.7),
+**waiting** for a background job making this summary, else **making** it (docs/pipeline.md, step 3).
+The cut is the ladder's (:func:`service.budget.ladder.decide`); with masking on (SPEC §6.8) the
+summarised groups go in their masked form, the groups between the summary and the recent part stay
+masked (``mask_until``), and the summary carries its artifact trail (§6.9).
 """
 
 from __future__ import annotations
@@ -42,9 +32,8 @@ from service.context_info import FidelityInfo
 from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_cache
 from service.pipeline.runtime import RequestRuntime
-from service.pipeline.summaries import summary_runner
 from service.pipeline.waiting import registered, wait_for_background_jobs
-from service.store import jobs, memory
+from service.store import memory
 from service.store.execute import transaction
 from service.summary.context import (
     CachedContextSummary,
@@ -72,10 +61,11 @@ def snapshot_job_key(snapshot_id: str) -> str:
 
 @dataclass
 class ContextPlan:
-    """The compacted copy: the summary in front (None: none) and the messages kept verbatim."""
+    """The compacted copy: the summary in front (None: none) and the messages kept verbatim (by
+    default none and all: the whole snapshot verbatim)."""
 
-    summary: CachedContextSummary | None
-    kept_from: int
+    summary: CachedContextSummary | None = None
+    kept_from: int = 0
     cache: str = "none"
     calls: int = 0
     chunks: int = 0
@@ -118,16 +108,6 @@ class ContextPlan:
         return self.summary.prompt_text() if self.summary is not None else None
 
 
-def uncompacted() -> ContextPlan:
-    """The whole snapshot verbatim."""
-    return ContextPlan(summary=None, kept_from=0)
-
-
-def masked_only(mask_until: int) -> ContextPlan:
-    """Tier 1 (SPEC §6.8): no summary, messages before ``mask_until`` masked, the rest verbatim."""
-    return ContextPlan(summary=None, kept_from=0, mask_until=mask_until)
-
-
 async def compact_snapshot_copy(
     rt: RequestRuntime, prepared: Prepared, fits: FitCheck, room: int
 ) -> ContextPlan | None:
@@ -157,7 +137,8 @@ async def compact_snapshot_copy(
             defer=True,
         )
     if decision.tier == MASKED:
-        plan = masked_only(snapshot.boundary(decision.mask_until))
+        # Tier 1 (SPEC §6.8): no summary, the oldest messages masked, the rest verbatim.
+        plan = ContextPlan(mask_until=snapshot.boundary(decision.mask_until))
         _record(rt, plan, snapshot)
         return plan
     recent = recent_budget_for(room)
@@ -181,7 +162,7 @@ async def compact_snapshot_copy(
     return await compact(
         rt,
         prepared,
-        summary_runner(rt, prepared),
+        rt.summary_runner(prepared),
         fits,
         cut=cut_at(snapshot.groups, decision.summarize_until),
         tier2=tier2,
@@ -221,29 +202,17 @@ def _record(rt: RequestRuntime, plan: ContextPlan, snapshot: PreparedSnapshot) -
     rt.sync_calls()
 
 
-async def _reload_cache(rt: RequestRuntime) -> list[CachedContextSummary]:
-    async with rt.db.connection() as conn:
-        mem = await memory.load_memory(conn, rt.claimed.session_id)
-    return parse_cache(mem.get("context_summaries") or [])
-
-
-async def _wait_for_jobs(rt: RequestRuntime, keys: set[str]) -> int | None:
-    """Wait for the session's active context jobs with one of ``keys``; ms waited, None if none."""
-    async with rt.db.connection() as conn:
-        active = await jobs.active_jobs(conn, rt.claimed.session_id, JobKind.CONTEXT_SUMMARY)
-    return await wait_for_background_jobs(
-        rt, [job for job in active if job.key in keys and job.made_by == "background"]
-    )
-
-
-def _hit(entry: CachedContextSummary, until: int, mask_until: int, waited_ms: int = 0) -> ContextPlan:
-    made_by = "background" if entry.made_by == "background" else "request"
+def _reuse(
+    entry: CachedContextSummary, until: int, mask_until: int, waited_ms: int = 0, cache: str = "hit"
+) -> ContextPlan:
+    """A context made with a cached summary (a ``prefix`` one is extended afterwards, §6.7)."""
     return ContextPlan(
         summary=entry,
         kept_from=until,
-        cache="hit",
-        made_by=made_by,
+        cache=cache,
+        made_by="background" if entry.made_by == "background" else "request",
         waited_ms=waited_ms,
+        extend_later=cache == "prefix",
         mask_until=mask_until,
     )
 
@@ -268,23 +237,15 @@ async def compact(
     cut: CutPlan | None = None,
     tier2: Tier2 | None = None,
     recent_budget: int = RECENT_BUDGET_TOKENS,
-    min_summarized: int | None = None,
     current: ContextPlan | None = None,
 ) -> ContextPlan | None:
-    """Compact the snapshot copy; None (with a progress event saying why) when it cannot help.
-
-    ``cut``: where the ladder (:func:`service.budget.ladder.plan_compaction`) decided to cut; None
-    (overflow recovery, compacting harder) plans the cut here with ``recent_budget``.
-    """
+    """Compact the snapshot copy (it has messages); None (with a progress event saying why) when it
+    cannot help. ``cut``: the ladder's; None (overflow recovery, compacting harder) plans one here with
+    ``recent_budget``, accepting any non-empty old part."""
     snapshot = prepared.snapshot
-    if snapshot is None or not snapshot.messages:
-        await rt.progress(vocabulary.compaction_skipped("no snapshot messages"), defer=True)
-        return None
+    assert snapshot is not None
     if cut is None:
-        kwargs: dict[str, int] = {"recent_budget": recent_budget}
-        if min_summarized is not None:
-            kwargs["min_summarized_tokens"] = min_summarized
-        planned = plan_cut(snapshot.groups, **kwargs)
+        planned = plan_cut(snapshot.groups, recent_budget=recent_budget, min_summarized_tokens=0)
         if isinstance(planned, CutRefusal):
             await rt.progress(vocabulary.compaction_refused(planned.reason, planned.explanation))
             return None
@@ -342,7 +303,7 @@ async def _plan(
         await rt.progress(
             vocabulary.context_summary_cache("hit", key=entry.key, covered_messages=covered), defer=True
         )
-        return _hit(entry, covered, max(covered, mask_until))
+        return _reuse(entry, covered, max(covered, mask_until))
 
     if not retrying:
         grown = longest_cached_prefix(
@@ -374,14 +335,7 @@ async def _plan(
                     ),
                     defer=True,
                 )
-                return ContextPlan(
-                    summary=grown.entry,
-                    kept_from=grown.covered_messages,
-                    cache=outcome,
-                    made_by="background" if grown.entry.made_by == "background" else "request",
-                    extend_later=outcome == "prefix",
-                    mask_until=grown_mask or 0,
-                )
+                return _reuse(grown.entry, grown.covered_messages, grown_mask or 0, cache=outcome)
 
     waited_ms = 0
     keys = {key}
@@ -389,10 +343,12 @@ async def _plan(
         keys.add(snapshot_job_key(prepared.claimed.snapshot_id))
     for attempt in range(2):
         if rt.deps.settings.background_on and (attempt > 0 or rt.claimed.jobs_active):
-            waited = await _wait_for_jobs(rt, keys)
+            waited = await wait_for_background_jobs(rt, JobKind.CONTEXT_SUMMARY, keys)
             if waited is not None:
                 waited_ms += waited
-                cache = await _reload_cache(rt)
+                async with rt.db.connection() as conn:
+                    mem = await memory.load_memory(conn, rt.claimed.session_id)
+                cache = parse_cache(mem.get("context_summaries") or [])
                 found = find_hit(cache)
                 if found is not None:
                     entry, covered = found
@@ -400,17 +356,8 @@ async def _plan(
                         vocabulary.context_summary_cache("hit", key=entry.key, waited_ms=waited_ms),
                         defer=True,
                     )
-                    return _hit(entry, covered, max(covered, mask_until), waited_ms)
-        async with registered(
-            rt.db,
-            rt.claimed.session_id,
-            kind=JobKind.CONTEXT_SUMMARY,
-            key=key,
-            request_id=rt.claimed.id,
-            owner=rt.owner,
-            clear_version=rt.claimed.clear_version,
-            lease_s=rt.remaining_s() + 30.0,
-        ) as mine:
+                    return _reuse(entry, covered, max(covered, mask_until), waited_ms)
+        async with registered(rt, JobKind.CONTEXT_SUMMARY, key) as mine:
             if mine or attempt == 1 or not rt.deps.settings.background_on:
                 result = await _make(rt, prepared, runner, cut, cache, masked=tier2.masked)
                 return ContextPlan(
@@ -473,17 +420,3 @@ async def _make(
             ):
                 raise RequestLost()
     return result
-
-
-__all__ = [
-    "AfterSummary",
-    "ContextPlan",
-    "FitCheck",
-    "Tier2",
-    "compact",
-    "compact_snapshot_copy",
-    "masked_only",
-    "record_fidelity",
-    "snapshot_job_key",
-    "uncompacted",
-]

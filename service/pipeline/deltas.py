@@ -14,10 +14,7 @@ FLUSH_INTERVAL_S = 0.05
 
 class DeltaCoalescer:
     """Buffers text and writes it as one ``delta`` event per interval from a background flusher.
-
-    ``emit(text)`` writes one event and returns False when the request is no longer held (the
-    flusher then stops writing; the worker cancels the task on its own signal).
-    """
+    ``emit(text)`` writes one event; False: the request is no longer held (then nothing more is written)."""
 
     def __init__(self, emit: Callable[[str], Awaitable[bool]], interval_s: float = FLUSH_INTERVAL_S) -> None:
         self._emit = emit
@@ -30,7 +27,6 @@ class DeltaCoalescer:
         # One writer at a time, so text reaches the log in the order it streamed.
         self._write_lock = asyncio.Lock()
         self.streamed_chars = 0
-        self.events = 0
 
     async def add(self, text: str) -> None:
         """Take one text delta from the provider (never blocks on the database)."""
@@ -48,9 +44,7 @@ class DeltaCoalescer:
                 return
             text = "".join(self._buffer)
             self._buffer.clear()
-            if await self._emit(text):
-                self.events += 1
-            else:
+            if not await self._emit(text):
                 self._lost = True
 
     async def _flusher(self) -> None:
@@ -65,25 +59,22 @@ class DeltaCoalescer:
         """Stop the flusher and return the text not yet written instead of writing it: the caller
         writes it with the request's success, in the same commit (None when nothing is left)."""
         self._keep_rest = True
-        self._closing.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
+        await self._stop_flusher()
         async with self._write_lock:
             text = "".join(self._buffer) if not self._lost else ""
             self._buffer.clear()
-        if not text:
-            return None
-        self.events += 1
-        return text
+        return text or None
 
     async def close(self) -> None:
         """Stop the flusher and write what is left (before the terminal event)."""
+        await self._stop_flusher()
+        await self.flush()
+
+    async def _stop_flusher(self) -> None:
         self._closing.set()
         if self._task is not None:
             await self._task
             self._task = None
-        await self.flush()
 
     async def abort(self) -> None:
         """Stop the flusher without writing (the request was cancelled or lost)."""

@@ -21,11 +21,8 @@ class RequestLost(Exception):
 
 
 def error_object(exc: BaseException, *, stage: str | None, timeout_s: float) -> dict[str, Any]:
-    """The ``{"code", "message", "detail"}`` for ``exc`` (SPEC §3 detail shapes).
-
-    Every error of ours and every provider error says it itself (``to_error``); only a timeout needs
-    the request's deadline and stage, and anything else is a bug of ours.
-    """
+    """The ``{"code", "message", "detail"}`` for ``exc`` (SPEC §3): every error of ours and every
+    provider error says it itself; only a timeout needs the deadline and stage; anything else is a bug."""
     if isinstance(exc, ProviderTimeout | TimeoutError):
         return timeout_error("the side request", timeout_s, stage)
     if isinstance(exc, SidequestError | ProviderError):

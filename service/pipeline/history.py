@@ -1,13 +1,7 @@
-"""Stage ``organizing_history`` (SPEC §6.1, §6.6): replay window, rolling summary, background folds.
+"""Stage ``organizing_history`` (SPEC §6.1, §6.6; docs/pipeline.md): replay window, rolling summary.
 
-Split in two so that a needed fold can run *while* the context is compacted (the two are the
-slowest steps of a preparation, and neither needs the other's result):
-
-- :func:`plan_history` — wait for a background ``qa_fold`` of the session that is queued or running
-  (its result is what this request needs), load the earlier Q&A after the summary's coverage (the
-  stored per-request estimates, never re-encoding the history), and choose the replay window;
-- :func:`fold_history` — fold what left the window into the rolling summary, registered for single
-  flight, and save it (guarded, SPEC §6.5).
+Split in two so that a needed fold (:func:`fold_history`) can run while the context is compacted: the
+two are the slowest steps of a preparation, and neither needs the other's result.
 """
 
 from __future__ import annotations
@@ -15,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from service import vocabulary
 from service.budget import QAItem, ReplayPlan, estimate_text, select_replay
@@ -23,7 +17,7 @@ from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_qa_summary
 from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_background_jobs
-from service.store import jobs, memory
+from service.store import memory
 from service.store.db import Database
 from service.store.execute import transaction
 from service.store.history import iter_history, latest_context_time
@@ -52,7 +46,6 @@ class HistoryPlan:
     items: list[QAItem]
     replay: ReplayPlan
     waited_ms: int = 0
-    waited_for_job: bool = False
     folded: bool = False
     calls: int = 0
 
@@ -73,14 +66,11 @@ async def _reload_qa(rt: RequestRuntime) -> StoredQASummary | None:
     return parse_qa_summary(mem.get("qa_summary"))
 
 
-async def _wait_for_background_folds(rt: RequestRuntime) -> int | None:
-    """Wait for the session's active background folds; the total wait in ms, None if there was none."""
-    async with rt.db.connection() as conn:
-        active = await jobs.active_jobs(conn, rt.claimed.session_id, JobKind.QA_FOLD)
-    return await wait_for_background_jobs(rt, active)
-
-
-async def _load_items(rt: RequestRuntime, covered: int | None) -> tuple[dict[int, QAPair], list[QAItem]]:
+async def _plan(
+    rt: RequestRuntime, prepared: Prepared, qa: StoredQASummary | None, waited_ms: int, calls: int = 0
+) -> HistoryPlan:
+    """Load the Q&A after ``qa``'s coverage (with their stored estimates) and choose the replay window."""
+    covered = qa.covered_through_ordinal if qa else None
     pairs: dict[int, QAPair] = {}
     items: list[QAItem] = []
     async for batch in iter_history(
@@ -95,7 +85,10 @@ async def _load_items(rt: RequestRuntime, covered: int | None) -> tuple[dict[int
             pairs[row.ordinal] = pair
             tokens = row.qa_tokens if row.qa_tokens is not None else qa_group_tokens(pair)
             items.append(QAItem(row.ordinal, tokens))
-    return pairs, items
+    replay = select_replay(items, covered, prepared.input_budget)
+    plan = HistoryPlan(qa=qa, pairs=pairs, items=items, replay=replay, waited_ms=waited_ms, calls=calls)
+    update_qa_info(rt, plan)
+    return plan
 
 
 async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
@@ -103,59 +96,35 @@ async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
     qa = prepared.qa
     waited: int | None = None
     if rt.deps.settings.background_on and rt.claimed.jobs_active:
-        waited = await _wait_for_background_folds(rt)
+        waited = await wait_for_background_jobs(rt, JobKind.QA_FOLD)
         if waited is not None:
             qa = await _reload_qa(rt)
-    covered = qa.covered_through_ordinal if qa else None
-    pairs, items = await _load_items(rt, covered)
-    replay = select_replay(items, covered, prepared.input_budget)
-    plan = HistoryPlan(
-        qa=qa,
-        pairs=pairs,
-        items=items,
-        replay=replay,
-        waited_ms=waited or 0,
-        waited_for_job=waited is not None,
-    )
-    first_last = replay.replayed_ordinals
-    rt.info.replayed_groups = len(replay.replay)
-    rt.info.replayed_ordinals = list(first_last) if first_last else None
+    plan = await _plan(rt, prepared, qa, waited or 0)
+    replay = plan.replay
     await rt.progress(
         vocabulary.replay(len(replay.replay), rt.info.replayed_ordinals, len(replay.fold)), defer=True
     )
-    update_qa_info(rt, plan)
     return plan
 
 
 async def fold_history(
     rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runner: SummaryRunner
 ) -> HistoryPlan:
-    """Fold ``plan``'s fold batches into the rolling summary (a no-op when there is nothing to fold).
-
-    Registered for single flight; if a background fold holds the range (queued meanwhile), wait for
-    it, use what it made and fold only the rest — once: a second refusal folds unregistered rather
-    than wait again.
-    """
+    """Fold ``plan``'s fold batches into the rolling summary, registered for single flight; if a
+    background fold holds the range, wait for it, use what it made and fold only the rest — once: a
+    second refusal folds unregistered rather than wait again."""
     for attempt in range(2):
         batches = plan.fold_batches
         if not batches:
             return plan
         ordinals = [pair.ordinal for batch in batches for pair in batch]
-        async with registered(
-            rt.db,
-            rt.claimed.session_id,
-            kind=JobKind.QA_FOLD,
-            key=fold_key(ordinals),
-            request_id=rt.claimed.id,
-            owner=rt.owner,
-            clear_version=rt.claimed.clear_version,
-            lease_s=rt.remaining_s() + 30.0,
-        ) as mine:
+        async with registered(rt, JobKind.QA_FOLD, fold_key(ordinals)) as mine:
             if mine or attempt == 1:
                 await _fold(rt, prepared, plan, runner)
                 return plan
-        waited = await _wait_for_background_folds(rt) or 0
-        plan = await _replan(rt, prepared, plan, waited)
+        # A background fold took the range: use what it made, fold the rest.
+        waited = await wait_for_background_jobs(rt, JobKind.QA_FOLD) or 0
+        plan = await _plan(rt, prepared, await _reload_qa(rt), plan.waited_ms + waited, plan.calls)
     return plan
 
 
@@ -204,24 +173,6 @@ async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runne
     update_qa_info(rt, plan)
 
 
-async def _replan(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, waited_ms: int) -> HistoryPlan:
-    """Re-plan after a background fold that took the range: use what it made, fold the rest."""
-    qa = await _reload_qa(rt)
-    covered = qa.covered_through_ordinal if qa else None
-    pairs, items = await _load_items(rt, covered)
-    replan = HistoryPlan(
-        qa=qa,
-        pairs=pairs,
-        items=items,
-        replay=select_replay(items, covered, prepared.input_budget),
-        waited_ms=plan.waited_ms + waited_ms,
-        waited_for_job=True,
-        calls=plan.calls,
-    )
-    update_qa_info(rt, replan)
-    return replan
-
-
 def update_qa_info(rt: RequestRuntime, plan: HistoryPlan) -> None:
     """Mirror the history plan into ``context_info.qa_summary`` (SPEC §3)."""
     info = rt.info.qa_summary
@@ -234,42 +185,17 @@ def update_qa_info(rt: RequestRuntime, plan: HistoryPlan) -> None:
     info.waited_ms = plan.waited_ms
     if plan.qa is None:
         info.made_by = None
-    elif plan.folded:
-        info.made_by = "request"
-    else:
-        info.made_by = "background" if plan.qa.made_by == "background" else "request"
+    else:  # what this request folded is its own, whoever made the summary it extended
+        info.made_by = "background" if plan.qa.made_by == "background" and not plan.folded else "request"
     rt.info.replayed_groups = len(plan.replay.replay)
     first_last = plan.replay.replayed_ordinals
     rt.info.replayed_ordinals = list(first_last) if first_last else None
     rt.sync_calls()
 
 
-@dataclass(frozen=True)
-class NextFold:
-    """The background fold to queue after this request succeeds (SPEC §6.6 "after an answer")."""
-
-    key: str
-    through: int
-    ordinals: tuple[int, ...] = field(default=())
-
-
-def next_fold(plan: HistoryPlan, own: QAItem, input_budget: int) -> NextFold | None:
-    """Would the next question have to fold? Then which groups (they leave its replay window)."""
+def next_fold(plan: HistoryPlan, own: QAItem, input_budget: int) -> tuple[int, ...]:
+    """The groups the next question would have to fold, as they leave its replay window: the
+    background fold to queue after this request succeeds (SPEC §6.6 "after an answer"); () if none."""
     covered = plan.qa.covered_through_ordinal if plan.qa else None
     items = [item for item in plan.items if item.ordinal in set(plan.replay.replay)] + [own]
-    nxt = select_replay(items, covered, input_budget)
-    if not nxt.fold:
-        return None
-    return NextFold(key=fold_key(nxt.fold), through=nxt.fold[-1], ordinals=nxt.fold)
-
-
-__all__ = [
-    "HistoryPlan",
-    "NextFold",
-    "fold_history",
-    "fold_key",
-    "next_fold",
-    "plan_history",
-    "qa_group_tokens",
-    "update_qa_info",
-]
+    return select_replay(items, covered, input_budget).fold

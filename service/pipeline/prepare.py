@@ -1,12 +1,5 @@
-"""Stage ``preparing``: from a claimed request to everything the later stages need (SPEC §5, §11.2).
-
-The claim already read the request, the session's memory and its settings (one round trip); this
-stage adds the snapshot *as prepared when it was stored* (no re-normalising, re-estimating or
-re-hashing) and resolves the numbers and models of SPEC §5 / §11.2:
-
-- window: request → session settings → snapshot → ``SIDEQUEST_CONTEXT_WINDOW`` → 200000;
-- side output cap: ``min(request or session settings or SIDEQUEST_MAX_OUTPUT_TOKENS, main cap)``;
-- answer and summary models: :mod:`service.pipeline.choices` (SPEC §11.2's order).
+"""Stage ``preparing`` (SPEC §5, §11.2; docs/pipeline.md): the claim's request, memory and settings,
+the snapshot as prepared when it was stored, and the window numbers and models they resolve to.
 """
 
 from __future__ import annotations
@@ -26,11 +19,6 @@ from service.store import queue
 from service.summary.context import CachedContextSummary
 from service.summary.rolling import StoredQASummary
 from service.vocabulary import masks_tool_results
-
-
-def positive_int(values: Mapping[str, Any], name: str) -> int | None:
-    """``values[name]`` when it is a positive integer (not a bool), else None."""
-    return positive_setting(values.get(name))
 
 
 def text_setting(values: Mapping[str, Any], name: str) -> str | None:
@@ -66,19 +54,19 @@ def plan_numbers(
 ) -> WindowPlan:
     """SPEC §5's window and output cap, request → session settings → snapshot → service."""
     window = resolve_window(
-        positive_int(options, "context_window"),
+        positive_setting(options.get("context_window")),
         snapshot.snapshot.context_window if snapshot else None,
         settings.context_window,
-        session_window=positive_int(session_settings, "context_window"),
+        session_window=positive_setting(session_settings.get("context_window")),
     )
-    main_cap = positive_int(options, "main_max_output_tokens") or (
+    main_cap = positive_setting(options.get("main_max_output_tokens")) or (
         snapshot.snapshot.max_output_tokens if snapshot else None
     )
     output_cap = resolve_output_cap(
-        positive_int(options, "max_output_tokens"),
+        positive_setting(options.get("max_output_tokens")),
         settings.max_output_tokens,
         main_cap,
-        session_cap=positive_int(session_settings, "max_output_tokens"),
+        session_cap=positive_setting(session_settings.get("max_output_tokens")),
     )
     return plan_window(window, output_cap)
 
@@ -182,15 +170,3 @@ async def prepare(rt: RequestRuntime) -> Prepared:
         summary_instructions=text_setting(session_settings, "summary_instructions"),
         mask_tool_results=masks_tool_results(session_settings),
     )
-
-
-__all__ = [
-    "ModelChoice",
-    "Prepared",
-    "choose_models",
-    "parse_cache",
-    "parse_qa_summary",
-    "plan_numbers",
-    "positive_int",
-    "prepare",
-]

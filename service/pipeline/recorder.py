@@ -1,4 +1,4 @@
-"""The pipeline's call recorder: a ledger row first, then a ``usage`` event."""
+"""The pipeline's call recorders: a request's (a ledger row, then a ``usage`` event) and a job's."""
 
 from __future__ import annotations
 
@@ -37,30 +37,40 @@ async def write_retrying(write: Callable[[], Awaitable[None]]) -> None:
 T = TypeVar("T")
 
 
-def call_entry(
-    purpose: str, model: str, status: Literal["ok", "failed", "cancelled"], usage: CallUsage, latency_ms: int
-) -> ledger.CallEntry:
-    """One provider call as the ledger stores it (SPEC §3 ``usage.calls[]``), from what it reported."""
-    return ledger.CallEntry(
-        purpose=purpose,
-        model=model,
-        status=status,
-        reported=usage.reported,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        reasoning_tokens=usage.reasoning_tokens,
-        cached_tokens=usage.cached_tokens,
-        latency_ms=latency_ms,
-    )
+class _CallRecorder:
+    """Records each provider call the moment it ends (the calling policy's ``recorder``)."""
+
+    async def record_call(
+        self,
+        *,
+        purpose: str,
+        model: str,
+        status: Literal["ok", "failed", "cancelled"],
+        usage: CallUsage,
+        latency_ms: int = 0,
+    ) -> None:
+        """Record one call as the ledger stores it (SPEC §3 ``usage.calls[]``), from what it reported."""
+        entry = ledger.CallEntry(
+            purpose=purpose,
+            model=model,
+            status=status,
+            reported=usage.reported,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            cached_tokens=usage.cached_tokens,
+            latency_ms=latency_ms,
+        )
+        await self._record(entry)
+
+    async def _record(self, entry: ledger.CallEntry) -> None:
+        raise NotImplementedError
 
 
 class GroupWrite(Generic[T]):
     """Writes of one row that arrive while one is in flight go together in the next (group commit).
-
-    :meth:`add` returns once its item is written (or raises what the write raised), so nothing is
-    reported written before it is; the items added in the same turn of the event loop as the first
-    go in its write. A caller that is cancelled while it waits leaves the write to the others.
-    """
+    :meth:`add` returns once its item is written (or raises what the write raised); a caller cancelled
+    while it waits leaves the write to the others."""
 
     def __init__(self, write: Callable[[list[T]], Awaitable[None]]) -> None:
         self._write = write
@@ -97,16 +107,10 @@ class GroupWrite(Generic[T]):
             self._writer = None
 
 
-class JobRecorder:
-    """A background job's recorder: each call persisted on the job's row the moment it ends (the
-    session's ``background.usage``), each attempt counted on it before it starts; a job has no
-    request stream to tell.
-
-    Both writes go to the job's one row, so those that come together share one write
-    (:class:`GroupWrite`): the four calls of a parallel round start after one count instead of four
-    writes each waiting for the last one's commit (~10 ms for the fourth), and their four
-    ends are appended in one or two writes before the merge call.
-    """
+class JobRecorder(_CallRecorder):
+    """A background job's recorder: each call appended to the job's row (the session's
+    ``background.usage``), each attempt counted on it before it starts; writes that come together
+    share one (the four calls of a parallel round start after one count, not four commits)."""
 
     def __init__(self, db: Database, job_id: uuid.UUID) -> None:
         self._db = db
@@ -114,17 +118,8 @@ class JobRecorder:
         self._ends: GroupWrite[ledger.CallEntry] = GroupWrite(self._append)
         self._starts: GroupWrite[None] = GroupWrite(self._count)
 
-    async def record_call(
-        self,
-        *,
-        purpose: str,
-        model: str,
-        status: Literal["ok", "failed", "cancelled"],
-        usage: CallUsage,
-        latency_ms: int = 0,
-    ) -> None:
-        """Append one call to the job's usage (returns once it is written)."""
-        await self._ends.add(call_entry(purpose, model, status, usage, latency_ms))
+    async def _record(self, entry: ledger.CallEntry) -> None:
+        await self._ends.add(entry)  # returns once it is written
 
     async def attempt_started(self) -> None:
         """Count a call on the job's row before it starts (what a clear reports if it cancels the job)."""
@@ -142,18 +137,14 @@ class JobRecorder:
             await jobs.count_calls(conn, self._job_id, len(attempts))
 
 
-class LedgerRecorder:
+class LedgerRecorder(_CallRecorder):
     """Persists each provider call the moment it ends, then tells the streams (SPEC §4 ``usage``).
-
-    The ledger write is not lease-guarded (tokens were spent whatever happened to the request), the
-    event is: after a cancel or clear no event may follow the terminal one.
-    """
+    Only the event is lease-guarded: tokens were spent whatever happened to the request."""
 
     def __init__(self, db: Database, request_id: uuid.UUID, owner: str) -> None:
         self._db = db
         self._request_id = request_id
         self._owner = owner
-        self.calls = 0
         # Set while the answer streams: buffered delta text is written before the usage event.
         self.before_usage: Callable[[], Awaitable[None]] | None = None
         # Set while the answer streams: a successful call of this purpose (the answer's, not a
@@ -162,26 +153,15 @@ class LedgerRecorder:
         self.hold_purpose: str | None = None
         self.held: ledger.CallEntry | None = None
 
-    async def record_call(
-        self,
-        *,
-        purpose: str,
-        model: str,
-        status: Literal["ok", "failed", "cancelled"],
-        usage: CallUsage,
-        latency_ms: int = 0,
-    ) -> None:
+    async def _record(self, entry: ledger.CallEntry) -> None:
         """Append one call to the ledger and emit the cumulative usage object."""
-        entry = call_entry(purpose, model, status, usage, latency_ms)
-        if status == "ok" and purpose == self.hold_purpose:
+        if entry.status == "ok" and entry.purpose == self.hold_purpose:
             self.held = entry
-            self.calls += 1
             return
         # The streamed text comes before the usage event; the ledger and the event are one commit.
-        if self.before_usage is not None and status != "cancelled":
+        if self.before_usage is not None and entry.status != "cancelled":
             await self.before_usage()
         await self._write(entry)
-        self.calls += 1
 
     async def _write(self, entry: ledger.CallEntry) -> None:
         """The ledger entry and its usage event (:func:`write_retrying`): tokens were spent, and the

@@ -1,55 +1,30 @@
-"""One side request from claim to terminal state (SPEC §6–8), as a chain of stage functions.
-
-``prepare`` → :class:`~service.pipeline.prepare.Prepared` → ``plan_history`` →
-:class:`~service.pipeline.history.HistoryPlan` (→ ``fold_history``, in the background of the next
-step when a fold is needed) → ``compact`` (only when the whole request exceeds the input budget) →
-:class:`~service.pipeline.compaction.ContextPlan` → ``build_answer`` →
-:class:`~service.summary.prompts.AnswerRequest` → ``answer``. Every stage change is a ``status`` event;
-what happens inside a stage is a ``progress`` event; every provider call is a ledger entry plus a
-``usage`` event; the answer streams as coalesced ``delta`` events; the end is ``status`` + ``done`` or
-``status`` + ``error``. :class:`~service.pipeline.runtime.RequestRuntime` carries the I/O.
+"""One side request from claim to terminal state (SPEC §6–8), as a chain of stage functions: the
+picture and the stages are in docs/pipeline.md, "One request".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from service.budget import RECENT_BUDGET_TOKENS, WindowPlan, recent_budget_within
 from service.budget.chunk import SUMMARY_MAX_TOKENS
-from service.budget.trail import TRAIL_MAX_TOKENS
-from service.pipeline.answer import answer, build_answer, fits_budget, meter
-from service.pipeline.compaction import (
-    ContextPlan,
-    Tier2,
-    compact,
-    compact_snapshot_copy,
-    record_fidelity,
-    uncompacted,
-)
+from service.pipeline.answer import answer, build_answer, meter
+from service.pipeline.compaction import ContextPlan, compact_snapshot_copy, record_fidelity
 from service.pipeline.failures import RequestLost, error_object
-from service.pipeline.history import HistoryPlan, fold_history, plan_history
-from service.pipeline.prepare import Prepared, prepare
+from service.pipeline.history import fold_history, plan_history
+from service.pipeline.prepare import prepare
 from service.pipeline.runtime import PipelineDeps, RequestRuntime
-from service.pipeline.summaries import summary_runner
 from service.store import queue, terminal
 from service.store.db import is_unavailable
 from service.store.execute import transaction
-from service.summary.prompts import AnswerRequest
 from service.vocabulary import Stage, Status
 
 # The outer safety net fires this long after the request deadline: the calling policy's own deadline
 # (which records the in-flight call as failed) should always win; this only catches a stuck DB step.
 DEADLINE_GRACE_S = 1.0
-
-# While a fold runs beside the compaction decision, the summary it will produce is counted at its
-# largest valid size (the body limit plus room for the provenance header), so the decision holds; a
-# context summary is bounded the same way when the verbatim tail is sized.
-FOLD_SUMMARY_BOUND = SUMMARY_MAX_TOKENS
 
 T = TypeVar("T")
 
@@ -71,151 +46,53 @@ async def _both(first: Awaitable[T], second: Awaitable[Any]) -> T:
     return a.result()
 
 
-class _Request:
-    """The stages of one request wired together (the only state: their outputs)."""
+async def _execute(rt: RequestRuntime) -> dict[str, Any]:
+    """The stages wired together; the request's ``done`` record."""
+    prepared = await prepare(rt)
+    await rt.enter(Stage.ORGANIZING_HISTORY)
+    history = await plan_history(rt, prepared)
+    context = ContextPlan()  # the whole snapshot verbatim
+    folding = bool(history.fold_batches)
+    provisional = build_answer(prepared, history, context)
+    meter(rt, prepared, provisional)
+    # While a fold runs beside the compaction decision, the summary it will produce is counted at its
+    # largest valid size (the body limit plus room for the provenance header), so the decision holds.
+    bound = SUMMARY_MAX_TOKENS if folding and history.qa is None else 0
 
-    def __init__(self, rt: RequestRuntime) -> None:
-        self.rt = rt
-
-    async def execute(self) -> dict[str, Any]:
-        rt = self.rt
-        prepared = await prepare(rt)
-        await rt.enter(Stage.ORGANIZING_HISTORY)
-        history = await plan_history(rt, prepared)
-        context = uncompacted()
-        folding = bool(history.fold_batches)
-        provisional = build_answer(prepared, history, context)
-        meter(rt, prepared, provisional)
-        bound = FOLD_SUMMARY_BOUND if folding and history.qa is None else 0
-
-        def fits(summary_text: str | None, kept: Any, kept_tokens: int) -> bool:
-            candidate = build_answer(
-                prepared, history, context, summary_text=summary_text, kept=kept, kept_tokens=kept_tokens
-            )
-            return fits_budget(rt, prepared, candidate.estimate.total + bound)
-
-        snapshot = prepared.snapshot
-        # The transcript's room: what the budget leaves once everything else is counted (raw tokens:
-        # the budget scaled back by the learned ratio).
-        snapshot_tokens = snapshot.tokens_of(0) if snapshot is not None else 0
-        room = rt.calibration.raw_capacity(prepared.input_budget) - (
-            provisional.estimate.total - snapshot_tokens + bound
+    def fits(summary_text: str | None, kept: Any, kept_tokens: int) -> bool:
+        candidate = build_answer(
+            prepared, history, context, summary_text=summary_text, kept=kept, kept_tokens=kept_tokens
         )
-        # Tier none of the ladder: the transcript fits the room the ladder plans in (exactly the
-        # calibrated fit of the whole request, since raw_capacity is the inverse of that fit).
-        needs_compaction = snapshot_tokens > room
+        return rt.calibration.fits(candidate.estimate.total + bound, prepared.input_budget)
 
-        async def compaction() -> ContextPlan:
-            await rt.enter(Stage.COMPACTING_CONTEXT)
-            made = await compact_snapshot_copy(rt, prepared, fits, room)
-            return made if made is not None else context
+    snapshot = prepared.snapshot
+    # The transcript's room: what the budget leaves once everything else is counted (raw tokens:
+    # the budget scaled back by the learned ratio).
+    snapshot_tokens = snapshot.tokens_of(0) if snapshot is not None else 0
+    room = rt.calibration.raw_capacity(prepared.input_budget) - (
+        provisional.estimate.total - snapshot_tokens + bound
+    )
+    # Tier none of the ladder: the transcript fits the room the ladder plans in (exactly the
+    # calibrated fit of the whole request, since raw_capacity is the inverse of that fit).
+    needs_compaction = snapshot_tokens > room
 
-        if folding and needs_compaction:
-            context = await _both(
-                compaction(), fold_history(rt, prepared, history, summary_runner(rt, prepared))
-            )
-        elif folding:
-            await fold_history(rt, prepared, history, summary_runner(rt, prepared))
-        elif needs_compaction:
-            context = await compaction()
-        request = build_answer(prepared, history, context)
-        meter(rt, prepared, request)
-        record_fidelity(rt, prepared.snapshot, context)
-        await rt.enter(Stage.ANSWERING)
+    async def compaction() -> ContextPlan:
+        await rt.enter(Stage.COMPACTING_CONTEXT)
+        made = await compact_snapshot_copy(rt, prepared, fits, room)
+        return made if made is not None else context
 
-        async def shrink(
-            current: AnswerRequest, target: int | None, stated: WindowPlan | None
-        ) -> AnswerRequest | None:
-            nonlocal context
-            # The provider stated a smaller window than planned with: the retry's summary calls are
-            # sized for it, since sized for the planned window they could be larger than the whole
-            # window the model has.
-            planned = prepared if stated is None else dataclasses.replace(prepared, plan=stated)
-            shrunk = await self.shrink(planned, history, context, current, target)
-            if shrunk is None:
-                return None
-            context, smaller = shrunk
-            record_fidelity(rt, prepared.snapshot, context)
-            return smaller
+    if folding and needs_compaction:
+        context = await _both(compaction(), fold_history(rt, prepared, history, rt.summary_runner(prepared)))
+    elif folding:
+        await fold_history(rt, prepared, history, rt.summary_runner(prepared))
+    elif needs_compaction:
+        context = await compaction()
+    request = build_answer(prepared, history, context)
+    meter(rt, prepared, request)
+    record_fidelity(rt, prepared.snapshot, context)
+    await rt.enter(Stage.ANSWERING)
 
-        return await answer(rt, prepared, history, context, request, shrink)
-
-    async def shrink(
-        self,
-        prepared: Prepared,
-        history: HistoryPlan,
-        context: ContextPlan,
-        current: AnswerRequest,
-        target: int | None = None,
-    ) -> tuple[ContextPlan, AnswerRequest] | None:
-        """Overflow recovery's one shrink: fold the replayed Q&A, then compact harder. None: nothing to do.
-
-        ``target``: the raw estimate to reach when the provider stated the prompt's real count
-        (SPEC §5.1); the kept messages are then sized for it instead of halved.
-        """
-        rt = self.rt
-        changed = False
-        if history.replay.replay:
-            history.replay = dataclasses.replace(
-                history.replay,
-                replay=(),
-                fold=history.replay.replay,
-                fold_batches=(history.replay.replay,),
-                replay_tokens=0,
-            )
-            await fold_history(rt, prepared, history, summary_runner(rt, prepared))
-            changed = True
-        snapshot = prepared.snapshot
-        if snapshot is not None and context.kept_from < len(snapshot.messages):
-            # Keep half of what is kept now (never more than the default recent budget), and accept any
-            # non-empty old part: the provider already said the prompt is too long.
-            kept_tokens = context.kept_tokens(snapshot)
-            recent_budget = min(RECENT_BUDGET_TOKENS, kept_tokens) // 2
-            if target is not None:
-                around = build_answer(prepared, history, context).estimate.total - kept_tokens
-                # The summary of the longer old part can be larger than today's, so a retry sized on
-                # today's could land over the stated count: sized at its largest, the retry fits.
-                now = context.summary.tokens if context.summary is not None else 0
-                room = max(0, FOLD_SUMMARY_BOUND - now)
-                if prepared.mask_tool_results:
-                    room += TRAIL_MAX_TOKENS  # the new summary's trail, at its largest
-                recent_budget = recent_budget_within(target - around - room)
-
-            def always(_summary: str | None, _kept: Any, _tokens: int) -> bool:
-                return False
-
-            harder = await compact(
-                rt,
-                prepared,
-                summary_runner(rt, prepared),
-                always,
-                tier2=Tier2(masked=prepared.mask_tool_results),
-                recent_budget=recent_budget,
-                min_summarized=0,
-                current=context,
-            )
-            if harder is not None:
-                context = harder
-                changed = True
-        if not changed:
-            return None
-        shrunk = build_answer(prepared, history, context)
-        return (context, shrunk) if shrunk.estimate.total < current.estimate.total else None
-
-    async def fail(self, exc: BaseException) -> bool:
-        rt = self.rt
-        error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
-        with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
-            await rt.flush()  # the stages it reached come before its end (after a background flush)
-        async with rt.db.connection() as conn, transaction(conn):
-            return await terminal.finish_failed(
-                conn,
-                rt.claimed.id,
-                rt.owner,
-                error=error,
-                model=rt.answer_model,
-                context_info=rt.info.to_json(),
-            )
+    return await answer(rt, prepared, history, context, request)
 
 
 @dataclass(frozen=True)
@@ -228,30 +105,30 @@ class Outcome:
 
 
 async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
-    """Run one claimed request to its terminal state.
-
-    Cancellation (``task.cancel()``) propagates as :class:`asyncio.CancelledError` after the in-flight
-    call was recorded as ``cancelled``; the caller decides what the cancel means (the worker's cancel
-    handling). Every other failure is written as the request's ``error`` here.
-    """
+    """Run one claimed request to its terminal state. A cancellation propagates (after the in-flight
+    call was recorded as ``cancelled``) for the worker to settle; any other failure is written here."""
     rt = RequestRuntime(deps, claimed)
-    request = _Request(rt)
     try:
         async with asyncio.timeout(deps.settings.request_timeout_s + DEADLINE_GRACE_S):
-            record = await request.execute()
+            record = await _execute(rt)
         return Outcome(Status.SUCCEEDED, record=record)
     except RequestLost:
         return Outcome("lost")
-    except asyncio.CancelledError:
-        raise
     except Exception as exc:
         if is_unavailable(exc, include_timeouts=False):
             # The database went away (SPEC §9): write nothing; the lease expires and the sweep runs
             # the request again (or fails it worker_lost) once PostgreSQL is back.
             return Outcome("lost")
         error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
-        written = await request.fail(exc)
+        with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
+            await rt.flush()  # the stages it reached come before its end (after a background flush)
+        async with rt.db.connection() as conn, transaction(conn):
+            written = await terminal.finish_failed(
+                conn,
+                rt.claimed.id,
+                rt.owner,
+                error=error,
+                model=rt.answer_model,
+                context_info=rt.info.to_json(),
+            )
         return Outcome(Status.FAILED if written else "lost", error=error)
-
-
-__all__ = ["Outcome", "PipelineDeps", "run_request"]

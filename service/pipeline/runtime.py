@@ -1,13 +1,6 @@
-"""What one running side request carries through its stages: its I/O, never its decisions.
-
-:class:`RequestRuntime` is the imperative shell around the stage functions (``prepare`` →
-``organize_history`` → ``compact`` → ``answer``): the lease-guarded event writes, the usage ledger, the
-summary call budget, the deadline and the typed :class:`~service.context_info.ContextInfo`. The stages
-take it plus explicit inputs and return explicit outputs; none of them keeps state of its own.
-
-No transaction is open across a model call: each database step is its own short transaction through
-the store, and every write a client can see is guarded by the lease, so a cancelled, cleared or
-taken-over request is never written again (the write raises :class:`RequestLost`).
+"""What one running side request carries through its stages: its I/O, never its decisions
+(docs/pipeline.md, "One request"). No transaction is open across a model call, and every write a
+client can see is lease-guarded: a request no longer held is never written again (:class:`RequestLost`).
 """
 
 from __future__ import annotations
@@ -16,7 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.budget import Calibration
 from service.config import Settings
@@ -32,7 +25,15 @@ from service.store.db import Database
 from service.store.execute import committed
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
+from service.summary.runner import SummaryRunner
 from service.vocabulary import Stage, Status, utc_iso
+
+if TYPE_CHECKING:  # the stages import this module
+    from service.pipeline.prepare import Prepared
+
+# The material variant of a summary of masked groups (SPEC §6.8), part of its cache key: a change to the
+# masking rules bumps it, so no summary of differently masked material is reused.
+MASKED_MATERIAL = "masked-1"
 
 
 @dataclass
@@ -102,15 +103,28 @@ class RequestRuntime:
 
     async def flush(self) -> None:
         """Write the pending events (and the stage change, with context_info) in one transaction."""
-        async with self._flush_lock:  # batches commit in the order they were made (a fold and a
-            await self._flush()  # compaction may both write at the same time)
+        # Under the lock, batches commit in the order they were made (a fold and a compaction may
+        # both write at the same time).
+        async with self._flush_lock:
+            if not self._pending:
+                return
+            events, stage = self._pending, self._pending_stage
+            self._pending, self._pending_stage = [], None
+            async with self.db.connection() as conn, committed(conn):
+                if not await lease.emit_if_held(
+                    conn,
+                    self.claimed.id,
+                    self.owner,
+                    events,
+                    stage=stage,
+                    context_info=self.info.to_json() if stage is not None else None,
+                ):
+                    raise RequestLost()
 
     def flush_in_background(self) -> None:
-        """Start :meth:`flush` and return at once — before the answer call, so the request reaches
-        its model without waiting for a commit (a slot spends its time on the model, not on an
-        fsync). Everything that must
-        come after the flushed events waits for it in :meth:`flushed`: every delta, the call's usage
-        event, the success; later flushes queue behind it on the lock."""
+        """Start :meth:`flush` and return at once: the answer call need not wait for a commit.
+        Everything that must come after the flushed events waits for it in :meth:`flushed` (every
+        delta, the call's usage event, the success); later flushes queue behind it on the lock."""
         task = asyncio.ensure_future(self.flush())
         # Retrieved here so an outcome nobody awaited (the call failed first) is not reported as
         # "never retrieved"; awaiting the task still raises it.
@@ -121,22 +135,6 @@ class RequestRuntime:
         """Wait for the background flush, if one was started (raising :class:`RequestLost` as it did)."""
         if self._background_flush is not None:
             await self._background_flush
-
-    async def _flush(self) -> None:
-        if not self._pending:
-            return
-        events, stage = self._pending, self._pending_stage
-        self._pending, self._pending_stage = [], None
-        async with self.db.connection() as conn, committed(conn):
-            if not await lease.emit_if_held(
-                conn,
-                self.claimed.id,
-                self.owner,
-                events,
-                stage=stage,
-                context_info=self.info.to_json() if stage is not None else None,
-            ):
-                raise RequestLost()
 
     async def save_info(self) -> None:
         """Store context_info as it stands (not lease-guarded: it is metadata of what was done)."""
@@ -149,6 +147,28 @@ class RequestRuntime:
         await self.flushed()
         async with self.db.connection() as conn, committed(conn):
             return await lease.emit_if_held(conn, self.claimed.id, self.owner, [("delta", {"text": text})])
+
+    def summary_runner(self, prepared: Prepared) -> SummaryRunner:
+        """A fresh runner (its own ``attempts_made``) on the request's shared budget and recorder, one
+        per concurrent summary (a fold and a compaction may run at once); its context summaries are of
+        masked material when the session masks tool results (SPEC §6.8)."""
+        return SummaryRunner(
+            provider=self.deps.provider,
+            model=prepared.models.summary,
+            request_id=self.request_id,
+            recorder=self.recorder,
+            deadline=self.deadline,
+            budget=self.budget,
+            window=prepared.plan.window,
+            safety_margin=prepared.plan.safety_margin,
+            on_progress=self.progress,
+            clock=self.deps.clock,
+            parallelism=self.deps.settings.summary_parallelism,
+            instructions=prepared.summary_instructions,
+            calibration=self.summary_calibration,
+            on_sample=self.book.sample,
+            material_variant=MASKED_MATERIAL if prepared.mask_tool_results else None,
+        )
 
     def sync_calls(self) -> None:
         """Mirror the call budget into context_info (``summary_calls``)."""

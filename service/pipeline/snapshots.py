@@ -1,17 +1,10 @@
-"""The worker's most recently used prepared snapshots, kept in memory, so a request loads only what
-it needs.
+"""The worker's most recently used prepared snapshots, kept in memory (docs/pipeline.md, "preparing").
 
-Keyed by the snapshot's content hash: a preparation is a pure function of the content, so an entry
-can never be stale — no invalidation, no coherence between processes, and sharing one before its
-snapshot's transaction committed is safe whatever becomes of that transaction (``sidequest serve``'s
-API hands each preparation to its worker as soon as it is made, so the question it came with never
-reads it back, even when the worker claims that question before the API's own code resumed after
-the commit). A request and a background job know their snapshot's hash from their claims.
-Reading the preparation of a 2000-message snapshot from PostgreSQL and rebuilding it
-costs ~10 ms per request (the transfer, the JSON decode, the groups and digests); a session's next
-questions — and the background job its snapshot triggered — mostly name the same one. Bounded by
-count: each entry holds one snapshot's canonical messages (1.8 MB for a 600 KB one) and, once a
-summary of it was made or expected, its rendered transcript (about its size as posted again).
+Keyed by the content hash: a preparation is a pure function of the content, so an entry is never
+stale, and one shared before its snapshot's transaction committed is safe whatever that transaction
+becomes. Reading a 2000-message preparation back costs ~10 ms per request, and a session's next
+questions mostly name the same snapshot. Bounded by count: an entry holds the canonical messages
+(1.8 MB for a 600 KB snapshot) and, once a summary of it is due, its rendered transcript.
 """
 
 from __future__ import annotations
@@ -20,20 +13,17 @@ import asyncio
 import contextlib
 import uuid
 from collections import OrderedDict
-from typing import Final
 
 from service.budget.prepared import PreparedSnapshot
 from service.store.db import Database
 from service.store.history import load_prepared_snapshot, snapshot_content_hash
 from service.summary.context import warm_snapshot_pieces
 
-CAPACITY: Final = 8
-
 
 class PreparedSnapshots:
     """A small LRU of prepared snapshots by content hash, in front of the store."""
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
+    def __init__(self, capacity: int = 8) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[str, PreparedSnapshot] = OrderedDict()
         self.hits = 0
@@ -45,8 +35,6 @@ class PreparedSnapshots:
 
     def put(self, content_hash: str, prepared: PreparedSnapshot) -> None:
         """Remember the preparation of the content with this hash (made elsewhere in this process)."""
-        if self.capacity <= 0:
-            return
         self._entries[content_hash] = prepared
         self._entries.move_to_end(content_hash)
         while len(self._entries) > self.capacity:
@@ -71,9 +59,7 @@ class PreparedSnapshots:
         self, db: Database, session_id: uuid.UUID, snapshot_id: str, content_hash: str | None = None
     ) -> PreparedSnapshot | None:
         """The snapshot as prepared when stored; None when the session does not have it.
-
-        ``content_hash``: the stored snapshot's hash when the caller read it already (a claim returns
-        it); without it, it is read first."""
+        ``content_hash``: the stored snapshot's hash when the caller has it (a claim returns it)."""
         if content_hash is None:
             async with db.connection() as conn:
                 content_hash = await snapshot_content_hash(conn, session_id, snapshot_id)
@@ -92,6 +78,3 @@ class PreparedSnapshots:
         read_hash, prepared = loaded
         self.put(read_hash, prepared)
         return prepared
-
-
-__all__ = ["CAPACITY", "PreparedSnapshots"]

@@ -1,29 +1,17 @@
-"""Waiting for a background job, and registering a summary a request makes itself (single flight).
-
-SPEC §6.6: "the same summary is never made twice: a request that needs what a queued or running job
-will produce waits for it … and uses it; if that job fails or is cancelled, the request makes the
-summary itself". The database holds the registry (``side_question_jobs``, one active row per
-(session, kind, key)); this module is the request's side of it:
-
-- :class:`JobWaiter` wakes waiters when any job ends (the worker feeds it from
-  ``NOTIFY sidequest_jobs``), with a short poll as the fallback for a lost notification;
-- :func:`wait_for_job` waits (within the request's own deadline) until a job is no longer active;
-- :func:`registered` wraps a summary the request makes itself in a registration, so no job for the
-  same key is queued meanwhile, and ends it whatever happens.
+"""A request's side of single flight (SPEC §6.6; docs/pipeline.md, "Single flight"): waiting for a
+background job that makes what it needs, and registering a summary it makes itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 from service.aio import wait_event
 from service.store import jobs
-from service.store.db import Database
 from service.vocabulary import ACTIVE, JobKind, Status, waiting_for_background
 
 if TYPE_CHECKING:  # the runtime imports this module
@@ -59,23 +47,13 @@ class JobWaiter:
             self._waiters.discard(wake)
 
 
-async def wait_for_job(
-    db: Database,
-    waiter: JobWaiter,
-    job_id: uuid.UUID,
-    *,
-    remaining_s: Callable[[], float],
-    clock: Callable[[], float] = time.monotonic,
-) -> tuple[jobs.JobState | None, int]:
-    """Wait until ``job_id`` is no longer queued or running; returns its final state and the wait in ms.
-
-    A job still queued after :data:`QUEUED_GRACE_S` is taken over (cancelled, so the caller makes the
-    summary itself). Raises ``TimeoutError`` when the request's deadline passes first (the request
-    then fails with ``timeout``, as any stage that overruns it).
-    """
+async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
+    """Wait until ``job_id`` is no longer queued or running; the wait in ms. A job still queued after
+    :data:`QUEUED_GRACE_S` is taken over; ``TimeoutError`` when the request's deadline passes first."""
+    db, clock = rt.db, rt.deps.clock
     started = clock()
     queued_since: float | None = None
-    with waiter.subscribe() as wake:
+    with rt.deps.waiter.subscribe() as wake:
         while True:
             wake.clear()
             async with db.connection() as conn:
@@ -91,25 +69,30 @@ async def wait_for_job(
             else:
                 queued_since = None
             if state is None or state.status not in ACTIVE:
-                return state, int((clock() - started) * 1000)
-            left = remaining_s()
+                return int((clock() - started) * 1000)
+            left = rt.remaining_s()
             if left <= 0:
                 raise TimeoutError("deadline passed while waiting for a background summary")
             poll = QUEUED_GRACE_S / 4 if queued_since is not None else FALLBACK_POLL_S
             await wait_event(wake, min(poll, left))
 
 
-async def wait_for_background_jobs(rt: RequestRuntime, active: Iterable[jobs.JobState]) -> int | None:
-    """Wait for each of ``active`` in turn, saying so in a progress event first; the total wait in
-    ms, None when there was nothing to wait for."""
+async def wait_for_background_jobs(
+    rt: RequestRuntime, kind: JobKind, keys: set[str] | None = None
+) -> int | None:
+    """Wait in turn for each of the session's active jobs of ``kind`` (only background jobs with one of
+    ``keys``, when given), saying so in a progress event first; the total wait in ms, None when there
+    was nothing to wait for."""
+    async with rt.db.connection() as conn:
+        active = await jobs.active_jobs(conn, rt.claimed.session_id, kind)
+    if keys is not None:
+        active = [job for job in active if job.key in keys and job.made_by == "background"]
     waited: int | None = None
     for job in active:
         await rt.progress(waiting_for_background(str(job.id), job.kind, job.key))
         started = rt.deps.clock()
         try:
-            _state, ms = await wait_for_job(
-                rt.db, rt.deps.waiter, job.id, remaining_s=rt.remaining_s, clock=rt.deps.clock
-            )
+            ms = await wait_for_job(rt, job.id)
         except TimeoutError:
             # The request fails with timeout: its record still says how long it waited, and for what.
             ms = int((rt.deps.clock() - started) * 1000)
@@ -122,32 +105,19 @@ async def wait_for_background_jobs(rt: RequestRuntime, active: Iterable[jobs.Job
 
 
 @contextlib.asynccontextmanager
-async def registered(
-    db: Database,
-    session_id: uuid.UUID,
-    *,
-    kind: JobKind,
-    key: str,
-    request_id: uuid.UUID,
-    owner: str,
-    clear_version: int,
-    lease_s: float,
-) -> AsyncIterator[bool]:
+async def registered(rt: RequestRuntime, kind: JobKind, key: str) -> AsyncIterator[bool]:
     """Register that this request makes (kind, key) itself; yields False when someone else holds it.
-
-    The registration ends when the block does (made or not): the key is free again, and a failed
-    attempt never blocks the next one.
-    """
-    async with db.sessions() as session, session.begin():
+    The registration ends with the block (made or not), so a failed attempt never blocks the next."""
+    async with rt.db.sessions() as session, session.begin():
         registration = await jobs.register_inline(
             session,
-            session_id,
+            rt.claimed.session_id,
             kind=kind,
             key=key,
-            request_id=request_id,
-            owner=owner,
-            clear_version=clear_version,
-            lease_s=lease_s,
+            request_id=rt.claimed.id,
+            owner=rt.owner,
+            clear_version=rt.claimed.clear_version,
+            lease_s=rt.remaining_s() + 30.0,
         )
     if registration is None:
         yield False
@@ -158,8 +128,5 @@ async def registered(
         ok = True
     finally:
         with contextlib.suppress(Exception):  # best effort: an unended registration expires by lease
-            async with db.sessions() as session, session.begin():
+            async with rt.db.sessions() as session, session.begin():
                 await jobs.end_inline(session, registration, ok=ok)
-
-
-__all__ = ["JobWaiter", "registered", "wait_for_job"]

@@ -15,17 +15,14 @@ from collections.abc import Callable
 from service.config import Settings
 from service.store.db import Database, connect
 from service.store.listener import Listener
-from service.worker.runner import Worker, worker_id
+from service.worker.runner import Worker
 
 log = logging.getLogger(__name__)
 
 
 async def start_worker(settings: Settings, db: Database, *, listener: Listener | None = None) -> Worker:
     """Start a worker on ``db`` in the running event loop; ``await handle.stop()`` to stop it.
-
-    ``listener``: the process's LISTEN connection, when the API already holds one (``serve``), so
-    that one process keeps one listening connection.
-    """
+    ``listener``: the process's LISTEN connection when the API holds one (``serve``)."""
     worker = Worker(settings, db, listener=listener)
     await worker.start()
     return worker
@@ -50,20 +47,14 @@ async def _serve_until_signalled(settings: Settings, database_url: str) -> None:
         await db.dispose()
 
 
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it is installed (a dependency on every platform but Windows), as uvicorn's
-    ``loop="auto"`` picks it for the API; None: asyncio's own."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 def run_worker_forever(settings: Settings, database_url: str) -> None:
-    """Run a worker process until SIGINT or SIGTERM (``sidequest worker``)."""
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+    """Run a worker process until SIGINT or SIGTERM (``sidequest worker``), on uvloop's loop when it
+    is installed (a dependency on every platform but Windows), as uvicorn's ``loop="auto"`` picks it
+    for the API."""
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(_serve_until_signalled(settings, database_url))
-
-
-__all__ = ["Worker", "run_worker_forever", "start_worker", "worker_id"]

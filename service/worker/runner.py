@@ -1,22 +1,8 @@
 """The worker: request slots and background-job slots, one heartbeat, one sweep (SPEC §6.6, §9).
 
-Any number of worker processes share one PostgreSQL; the global caps (``max_concurrency`` running
-requests, ``max_background_concurrency`` running background jobs, each across *all* processes) are
-enforced by the claims themselves (:mod:`service.store.queue`, :mod:`service.store.jobs`), so each
-process tries to fill its local slots and the database says no when the cluster is full. Background
-jobs never take a request slot: they have their own pool. The loops:
-
-- **claim** (one per pool) — woken at once, in-process, when a local task ends (the freed slot is
-  claimed again with no sleep or poll on that path), and by NOTIFY (``sidequest_queue`` /
-  ``sidequest_jobs``) for work admitted or freed elsewhere; ``poll_s`` polling is the fallback for
-  lost notifications. A pool whose slots are all busy does no database work on a NOTIFY, and one
-  whose last claim found the cluster at its cap ignores admissions until a slot frees somewhere.
-- **heartbeat** — every ``min(heartbeat_s, 1 s)`` extends the leases of everything this process runs
-  (requests and jobs) in one transaction; a task no longer held (cancelled, cleared, taken over) is
-  cancelled, so a cancel whose NOTIFY was lost still stops it within about a second.
-- **cancel** — ``NOTIFY sidequest_cancel`` with a request id (or ``job:<id>``) cancels that task.
-- **sweep** — re-queues or fails (``worker_lost``) requests and jobs whose lease expired, and purges
-  cleared requests once their streams had time to read the final events.
+Each process fills its own slots and the claims enforce the global caps, so the database says no when
+the cluster is full; background jobs have their own pool and never take a request slot. What each loop
+does and how often: docs/pipeline.md, "Leases, heartbeats, cancellation" and "Recovery".
 """
 
 from __future__ import annotations
@@ -33,11 +19,11 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 from service.aio import settle, wait_event
 from service.config import Settings
-from service.pipeline import PipelineDeps, run_request
 from service.pipeline.background import run_job
+from service.pipeline.run import run_request
+from service.pipeline.runtime import PipelineDeps
 from service.pipeline.snapshots import PreparedSnapshots
 from service.providers import build_provider
-from service.providers.base import Provider
 from service.store import jobs, lease, queue, terminal
 from service.store.admission import purge_cleared
 from service.store.db import Database, is_unavailable, outage_line_due, unusable_reason
@@ -89,10 +75,8 @@ def worker_id() -> str:
 
 class SlotPool(Generic[W]):
     """Local slots for one kind of work: claim while a slot is free, run, claim again at once.
-
-    ``claim`` returns the next unit of work or None (nothing eligible, or the cluster at its cap:
-    ``cluster_full`` tells which); ``run`` runs one to its end; ``settle`` handles a cancelled one.
-    """
+    ``claim`` returns the next unit of work or None and whether the cluster is at its cap; ``run``
+    runs one to its end; ``settle`` handles a cancelled one."""
 
     def __init__(
         self,
@@ -129,11 +113,8 @@ class SlotPool(Generic[W]):
         return {work_id: self._work[work_id].owner for work_id in self.tasks}
 
     def wake(self, *, freed: bool) -> None:
-        """Work may be there: a slot freed somewhere (``freed``) or work was admitted / queued.
-
-        Costs no database work when every local slot is busy, nor for an admission while the last
-        claim found the whole cluster at its cap (only a freed slot can change that).
-        """
+        """Work may be there: a slot freed somewhere (``freed``) or work was admitted / queued. No
+        database work when every local slot is busy, nor for an admission while the cluster is full."""
         if self.free <= 0:
             return
         if self._cluster_full and not freed:
@@ -163,8 +144,6 @@ class SlotPool(Generic[W]):
                     if work is None:
                         break
                     self._spawn(work)
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log_loop_failure(f"{self.name} claim failed; retrying after the poll interval")
             await wait_event(self._wake, self._poll_s)
@@ -174,11 +153,9 @@ class SlotPool(Generic[W]):
     def _spawn(self, work: W) -> None:
         stale = self.tasks.get(work.id)
         if stale is not None and not stale.done():
-            # Claimed again while its earlier run here still goes on: that run lost its lease (the
-            # heartbeat could not reach the database for longer than the lease) and was re-queued.
-            # It is stopped as lost (its in-flight call's usage is still recorded); the new run
-            # owns the request: its claim's lease owner is not the stale run's, so nothing the stale
-            # run still writes (a statement already in flight included) lands.
+            # Claimed again while its earlier run here still goes on (that run lost its lease): it
+            # is stopped as lost; its writes carry the old claim's lease owner, so none lands
+            # (docs/pipeline.md, "Guarded writes").
             self._stale.add(stale)
             self._cancel_task(stale, "lost")
         task = asyncio.create_task(self._guarded(work), name=f"sidequest-{self.name}-{work.id}")
@@ -225,22 +202,18 @@ class Worker:
         db: Database,
         *,
         database_url: str | None = None,
-        provider: Provider | None = None,
         owner: str | None = None,
         listener: Listener | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
         self.owner = owner or worker_id()
-        self._database_url = database_url or db.url
-        self._provider = provider
-        self._own_provider = provider is None
         self._deps: PipelineDeps | None = None
         self._loops: list[asyncio.Task[None]] = []
         # A shared listener (the API's, in `serve`) is started and stopped by its owner.
         self._own_listener = listener is None
         self._listener = listener or Listener(
-            settings.listen_url(self._database_url), channels=WORKER_CHANNELS, on_connect=db.node_gone
+            settings.listen_url(database_url or db.url), channels=WORKER_CHANNELS, on_connect=db.node_gone
         )
         self._unsubscribe: list[Callable[[], None]] = []
         self.requests: SlotPool[queue.Claimed] = SlotPool(
@@ -259,11 +232,6 @@ class Worker:
             settle=self._settle_job,
             poll_s=settings.poll_s,
         )
-
-    @property
-    def slots(self) -> int:
-        """Request slots of this process."""
-        return self.requests.slots
 
     @property
     def listener(self) -> Listener:
@@ -291,14 +259,11 @@ class Worker:
 
     async def start(self) -> None:
         """Connect the listener and start the loops; returns at once."""
-        if self._provider is None:
-            self._provider = build_provider(self.settings)
-        self._deps = PipelineDeps(db=self.db, settings=self.settings, provider=self._provider)
-        waiter = self._deps.waiter
+        self._deps = PipelineDeps(db=self.db, settings=self.settings, provider=build_provider(self.settings))
         self._unsubscribe = [
             self._listener.subscribe(QUEUE_CHANNEL, self._on_queue_notify),
             self._listener.subscribe(JOBS_CHANNEL, self._on_jobs_notify),
-            self._listener.subscribe(JOBS_CHANNEL, waiter.notify),
+            self._listener.subscribe(JOBS_CHANNEL, self._deps.waiter.notify),
             self._listener.subscribe(CANCEL_CHANNEL, self._on_cancel_notify),
         ]
         if self._own_listener:
@@ -329,11 +294,8 @@ class Worker:
             await self._listener.stop()
         for unsubscribe in self._unsubscribe:
             unsubscribe()
-        if self._own_provider and self._provider is not None:
-            await self._provider.aclose()
+        await self._deps_now().provider.aclose()
         log.info("worker %s stopped", self.owner)
-
-    # ------------------------------------------------------------------ notifications
 
     def _on_queue_notify(self, _channel: str, payload: str) -> None:
         # "freed:<session>" — a slot freed somewhere; a bare session id — a request was admitted;
@@ -351,8 +313,6 @@ class Worker:
                 self.jobs.cancel(uuid.UUID(payload[4:]), "cancelled")
             else:
                 self.requests.cancel(uuid.UUID(payload), "cancelled")
-
-    # ------------------------------------------------------------------ requests
 
     async def _claim_request(self) -> tuple[queue.Claimed | None, bool]:
         async with self.db.connection() as conn, committed(conn):
@@ -388,8 +348,6 @@ class Worker:
                     session, claimed.id, claimed.owner, error=cancelled_error(), status=Status.CANCELLED
                 )
 
-    # ------------------------------------------------------------------ background jobs
-
     async def _claim_job(self) -> tuple[jobs.ClaimedJob | None, bool]:
         async with self.db.connection() as conn, committed(conn):
             job = await jobs.claim_job(
@@ -411,8 +369,6 @@ class Worker:
             if reason == "shutdown":
                 await jobs.requeue_job(session, job.id, reason="worker_stopped", owner=job.owner)
 
-    # ------------------------------------------------------------------ liveness
-
     async def _heartbeat_loop(self) -> None:
         interval = min(self.settings.heartbeat_s, MAX_CHECK_INTERVAL_S)
         while True:
@@ -425,8 +381,6 @@ class Worker:
                     held = await queue.heartbeat(
                         session, requests=requests, jobs=job_owners, lease_s=self.settings.lease_s
                     )
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log_loop_failure("heartbeat failed")
                 continue
@@ -443,20 +397,16 @@ class Worker:
             try:
                 async with self.db.sessions() as session, session.begin():
                     result = await queue.sweep_expired(session)
-                if result.requeued or result.failed or result.jobs_requeued or result.jobs_failed:
+                counts = (result.requeued, result.failed, result.jobs_requeued, result.jobs_failed)
+                if any(counts):
                     log.warning(
                         "recovered expired leases: re-queued %s, failed %s; jobs re-queued %s, failed %s",
-                        result.requeued,
-                        result.failed,
-                        result.jobs_requeued,
-                        result.jobs_failed,
+                        *counts,
                     )
                     self.requests.wake(freed=True)
                     self.jobs.wake(freed=True)
                 async with self.db.sessions() as session, session.begin():
                     await purge_cleared(session, PURGE_CLEARED_AFTER_S)
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log_loop_failure("recovery sweep failed")
             await asyncio.sleep(interval)

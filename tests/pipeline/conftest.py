@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from service.config import Settings
-from service.pipeline import Outcome, PipelineDeps, run_request
+from service.pipeline.run import Outcome, run_request
+from service.pipeline.runtime import PipelineDeps
 from service.providers import build_provider
 from service.providers.base import Provider
 from service.store import queue

@@ -22,7 +22,8 @@ from service.store.history import latest_context_time
 from service.store.models import JobRow, RequestRow, SessionRow
 from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, session_overview, store_snapshot
 from service.vocabulary import JobKind
-from service.worker import Worker, start_worker
+from service.worker import start_worker
+from service.worker.runner import Worker
 from tests.factories import add_history, add_snapshot, admit, make_session, scripted_settings, tool_session
 from tests.scripted_provider import ScriptedServer, Step
 from tests.worker.conftest import row_of, wait_for

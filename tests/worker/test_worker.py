@@ -12,7 +12,8 @@ from service.config import Settings
 from service.store import memory, queue
 from service.store.admission import cancel_request, clear_session
 from service.store.db import Database
-from service.worker import Worker, start_worker
+from service.worker import start_worker
+from service.worker.runner import Worker
 from tests.factories import add_history, admit, make_session
 from tests.scripted_provider import ScriptedServer, Step, Usage
 from tests.worker.conftest import events_of, row_of, status_of, wait_for
