@@ -386,8 +386,3 @@ def integral(value: object) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
-
-
-def is_int(value: object) -> bool:
-    """Whether ``value`` is a JSON integer (:func:`integral`)."""
-    return integral(value) is not None
