@@ -65,8 +65,8 @@ ALL_CHANNELS: Final = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANN
 
 
 # The bounds of what a client may state for a question, a session's settings (SPEC §11.2) and an
-# archive: one home, so the API's schemas, the settings check, the archive model and the service's
-# own settings can never disagree (an archive must not carry what a PUT would refuse).
+# archive: one home, so the API's schemas, the archive model and the service's own settings can never
+# disagree.
 MAX_PARENT_ID_CHARS: Final = 500
 MAX_SNAPSHOT_ID_CHARS: Final = 500
 MAX_MODEL_CHARS: Final = 200
