@@ -76,6 +76,8 @@ OUTPUT_CAP_MIN: Final = 256
 OUTPUT_CAP_MAX: Final = 32768
 # SPEC §11.2: summary instructions are at most 4 KiB, measured in UTF-8 bytes (not characters).
 MAX_SUMMARY_INSTRUCTIONS_BYTES: Final = 4096
+# What a new question does while its session has queued or running ones (SPEC §11.2).
+OnBusy = Literal["enqueue", "reject", "interrupt"]
 
 
 def utc_iso(moment: datetime | None = None) -> str:

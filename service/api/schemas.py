@@ -21,7 +21,6 @@ from typing_extensions import TypedDict
 from service.archive.model import (
     NO_NUL_PATTERN,
     JsonInt,
-    OnBusy,
     check_optional_text,
     check_text,
 )
@@ -34,6 +33,7 @@ from service.vocabulary import (
     MAX_SNAPSHOT_ID_CHARS,
     OUTPUT_CAP_MAX,
     OUTPUT_CAP_MIN,
+    OnBusy,
 )
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
@@ -136,7 +136,7 @@ class QuestionIn(BaseModel):
     context_window: Annotated[JsonInt, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)] | None = None
     max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = None
     main_max_output_tokens: Annotated[JsonInt, Field(ge=1, le=10_000_000)] | None = None
-    on_busy: Literal["enqueue", "reject", "interrupt"] | None = Field(
+    on_busy: OnBusy | None = Field(
         default=None,
         description="While the session has queued or running requests (SPEC 11.2): enqueue behind "
         "them, reject (409 session_busy), or interrupt (cancel them, code superseded). "

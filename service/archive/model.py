@@ -37,6 +37,7 @@ from service.vocabulary import (
     OUTPUT_CAP_MAX,
     OUTPUT_CAP_MIN,
     UNSTORABLE_TEXT,
+    OnBusy,
     Status,
     unstorable_reason,
 )
@@ -236,7 +237,6 @@ def check_optional_text(value: str | None) -> str | None:
 
 
 SettingsModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)]
-OnBusy = Literal["enqueue", "reject", "interrupt"]
 
 
 class SessionSettingsIn(BaseModel):
