@@ -2,13 +2,9 @@
 
 :func:`wait_event` is the one way this code waits for an :class:`asyncio.Event` with a timeout.
 ``asyncio.wait_for(event.wait(), timeout)`` is not safe for it on Python 3.11: when the task is
-cancelled at the moment the event is set, ``wait_for`` sees its inner wait done and *returns*,
-swallowing the cancellation (CPython gh-86296, fixed in 3.12 by rebuilding ``wait_for`` on
-``asyncio.timeout``). A loop that waits like that and is cancelled on shutdown then runs on, and
-whoever awaits it hangs — the worker's claim loop did, when a request ended just as the worker was
-stopped (``Worker.stop`` waited forever; the flaky hang of tests/pipeline/test_background.py).
-``asyncio.timeout`` tells its own cancellation from anyone else's, so an outside cancel always
-propagates.
+cancelled at the moment the event is set, ``wait_for`` *returns*, swallowing the cancellation
+(CPython gh-86296), and a loop cancelled on shutdown runs on. ``asyncio.timeout`` tells its own
+cancellation from anyone else's, so an outside cancel always propagates.
 """
 
 from __future__ import annotations
@@ -58,6 +54,3 @@ async def settle(tasks: Collection[asyncio.Task[object]], seconds: float, what: 
             seconds,
             " <- ".join(reversed(frames)) or "no frame",
         )
-
-
-__all__ = ["settle", "wait_event"]

@@ -134,8 +134,6 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("--before", default=None, help="the cursor printed after the previous page")
     sessions.add_argument("--all", action="store_true", help="follow every page")
     sessions.add_argument("--json", action="store_true", help="one session object per line, as JSON")
-    sessions.add_argument("--url", default=None)
-    sessions.add_argument("--token", default=None)
 
     archive = sub.add_parser("archive", help="export or import a session archive")
     archive_sub = archive.add_subparsers(dest="archive_command", required=True)
@@ -143,14 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("parent_id")
     export.add_argument("--version", type=int, default=3, choices=(1, 2, 3))
     export.add_argument("--output", "-o", default="-", help="file to write (default: stdout)")
-    export.add_argument("--url", default=None)
-    export.add_argument("--token", default=None)
     imp = archive_sub.add_parser("import")
     imp.add_argument("file")
     imp.add_argument("--parent-id", default=None, help="restore into this parent id (default: the archive's)")
     imp.add_argument("--replace", action="store_true", help="replace existing history")
-    imp.add_argument("--url", default=None)
-    imp.add_argument("--token", default=None)
 
     hand = sub.add_parser(
         "handoff", help="hand side findings back to the main conversation (prints the block)"
@@ -169,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the block's token limit (256-32768; default 2000)",
     )
     hand.add_argument("--all", action="store_true", help="every succeeded side answer, not only the new ones")
-    hand.add_argument("--url", default=None)
-    hand.add_argument("--token", default=None)
+    for client_command in (sessions, export, imp, hand):
+        client_command.add_argument("--url")
+        client_command.add_argument("--token")
     return parser
 
 

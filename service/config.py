@@ -169,16 +169,14 @@ class Settings(BaseSettings):
         return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]
 
     def resolved_api_key(self) -> str | None:
-        if self.api_key:
-            return self.api_key
-        env = "ANTHROPIC_API_KEY" if self.provider == "anthropic" else "OPENAI_API_KEY"
-        return os.environ.get(env)
+        return self.api_key or self._sdk_variable("API_KEY")
 
     def resolved_base_url(self) -> str | None:
-        if self.base_url:
-            return self.base_url
-        env = "ANTHROPIC_BASE_URL" if self.provider == "anthropic" else "OPENAI_BASE_URL"
-        return os.environ.get(env)
+        return self.base_url or self._sdk_variable("BASE_URL")
+
+    def _sdk_variable(self, name: str) -> str | None:
+        """The provider SDK's own variable (``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL``, …)."""
+        return os.environ.get(("ANTHROPIC_" if self.provider == "anthropic" else "OPENAI_") + name)
 
 
 def _accepted_range(field_name: str) -> str:

@@ -128,15 +128,3 @@ class ContextInfo(_Open):
     def to_json(self) -> dict[str, Any]:
         """The stored / wire form (every declared field, extras kept)."""
         return self.model_dump(mode="json")
-
-
-__all__ = [
-    "ArtifactsInfo",
-    "CalibrationInfo",
-    "ContextInfo",
-    "ContextSummaryInfo",
-    "EstimateInfo",
-    "FidelityInfo",
-    "MadeBy",
-    "QASummaryInfo",
-]

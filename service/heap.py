@@ -23,6 +23,3 @@ def freeze_startup_heap() -> None:
     gc.freeze()
     young, middle, old = gc.get_threshold()
     gc.set_threshold(max(young, YOUNG_THRESHOLD), middle, old)
-
-
-__all__ = ["YOUNG_THRESHOLD", "freeze_startup_heap"]

@@ -65,8 +65,8 @@ ALL_CHANNELS: Final = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANN
 
 
 # The bounds of what a client may state for a question, a session's settings (SPEC §11.2) and an
-# archive: one home, so the API's schemas, the settings check, the archive model and the service's
-# own settings can never disagree (an archive must not carry what a PUT would refuse).
+# archive: one home, so the API's schemas, the archive model and the service's own settings can never
+# disagree.
 MAX_PARENT_ID_CHARS: Final = 500
 MAX_SNAPSHOT_ID_CHARS: Final = 500
 MAX_MODEL_CHARS: Final = 200
@@ -76,6 +76,8 @@ OUTPUT_CAP_MIN: Final = 256
 OUTPUT_CAP_MAX: Final = 32768
 # SPEC §11.2: summary instructions are at most 4 KiB, measured in UTF-8 bytes (not characters).
 MAX_SUMMARY_INSTRUCTIONS_BYTES: Final = 4096
+# What a new question does while its session has queued or running ones (SPEC §11.2).
+OnBusy = Literal["enqueue", "reject", "interrupt"]
 
 
 def utc_iso(moment: datetime | None = None) -> str:
@@ -386,8 +388,3 @@ def integral(value: object) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
-
-
-def is_int(value: object) -> bool:
-    """Whether ``value`` is a JSON integer (:func:`integral`)."""
-    return integral(value) is not None

@@ -1,7 +1,8 @@
 """Session settings (SPEC §11.2) and hand-offs (SPEC §11.1): parse, call the store, map.
 
-Every rule lives in :mod:`service.store.settings`, :mod:`service.store.handoffs` and the pure
-:mod:`service.budget.handoff`; refusals are the store's exceptions, mapped in :mod:`service.api.errors`.
+Every rule lives in :mod:`service.archive.model` (the settings), :mod:`service.store.handoffs` and
+the pure :mod:`service.budget.handoff`; refusals are the store's exceptions, mapped in
+:mod:`service.api.errors`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from service.api.schemas import (
     Handoff,
     HandoffIn,
     HandoffPage,
-    SessionSettingsIn,
     SessionSettingsOut,
-    check_text,
 )
+from service.archive.model import SessionSettingsIn, check_text
 from service.store.handoffs import HandoffAsk, create_handoff, list_handoffs
 from service.store.settings import read_settings, update_settings
 
@@ -37,9 +37,8 @@ async def put_settings(
 
     Returns the whole settings object, unset fields null. A refused PUT writes nothing.
     """
-    changes = {name: getattr(body, name) for name in body.model_fields_set}
     async with session.begin():
-        settings = await update_settings(session, tenant, parent_id, changes)
+        settings = await update_settings(session, tenant, parent_id, body)
     return JSONResponse(settings)
 
 

@@ -38,10 +38,10 @@ from service.api.schemas import (
     Snapshot,
     SnapshotStored,
     StreamToken,
-    check_text,
 )
 from service.api.sse import database_now, session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
+from service.archive.model import check_text
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.store.admission import Admission, admit, clear_session
 from service.store.sessions import (

@@ -11,16 +11,19 @@ from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    StrictBool,
     WithJsonSchema,
     field_validator,
 )
 from typing_extensions import TypedDict
 
-from service.archive.model import NO_NUL_PATTERN
+from service.archive.model import (
+    NO_NUL_PATTERN,
+    JsonInt,
+    check_optional_text,
+    check_text,
+)
 from service.archive.schema import OPENAPI_REFS, STORABLE_JSON, STORABLE_OBJECT
 from service.context_info import ContextInfo
 from service.vocabulary import (
@@ -28,27 +31,12 @@ from service.vocabulary import (
     CONTEXT_WINDOW_MIN,
     MAX_MODEL_CHARS,
     MAX_SNAPSHOT_ID_CHARS,
-    MAX_SUMMARY_INSTRUCTIONS_BYTES,
     OUTPUT_CAP_MAX,
     OUTPUT_CAP_MIN,
-    UNSTORABLE_TEXT,
-    unstorable_reason,
+    OnBusy,
 )
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
-
-
-def _json_number(value: Any) -> Any:
-    """A number as JSON writes one: pydantic's lax mode would read ``"5000"`` and ``true`` as integers
-    (and an inline snapshot's own fields are then used as posted, as strings: ignored)."""
-    if isinstance(value, str | bool):
-        raise ValueError("must be a JSON number, not a string or a boolean")
-    return value
-
-
-# An integer field of a request body: a JSON integer (an integral number such as 4096.0 too, which JSON
-# Schema counts as one), never a string or a boolean.
-JsonInt = Annotated[int, BeforeValidator(_json_number)]
 ORDINAL_MAX = 2_147_483_647
 
 NO_NUL: dict[str, Any] = {"pattern": NO_NUL_PATTERN}
@@ -60,18 +48,6 @@ _STORABLE_OBJECT: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_OBJECT}
 _OPEN_NO_NUL: dict[str, Any] = {"propertyNames": NO_NUL, "additionalProperties": _STORABLE_JSON}
 NulFreeText = Annotated[str, Field(json_schema_extra=NO_NUL)]
 NulFreeObject = Annotated[dict[str, Any], WithJsonSchema(_STORABLE_OBJECT)]
-
-
-def check_text(value: str) -> str:
-    """Refuse text PostgreSQL cannot store (NUL, lone surrogate) as an input error, up front: it
-    would otherwise fail deep in the driver. A pydantic validator; the message is the vocabulary's."""
-    if unstorable_reason(value) is not None:
-        raise ValueError(UNSTORABLE_TEXT)
-    return value
-
-
-def _check_optional_text(value: str | None) -> str | None:
-    return None if value is None else check_text(value)
 
 
 # ---------------------------------------------------------------- snapshots
@@ -116,7 +92,7 @@ class Snapshot(BaseModel):
     context_window: Annotated[JsonInt, Field(ge=1, le=100_000_000)] | None = None
     max_output_tokens: Annotated[JsonInt, Field(ge=1, le=100_000_000)] | None = None
 
-    _text = field_validator("snapshot_id")(_check_optional_text)
+    _text = field_validator("snapshot_id")(check_optional_text)
 
 
 class SnapshotStored(BaseModel):
@@ -160,7 +136,7 @@ class QuestionIn(BaseModel):
     context_window: Annotated[JsonInt, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)] | None = None
     max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = None
     main_max_output_tokens: Annotated[JsonInt, Field(ge=1, le=10_000_000)] | None = None
-    on_busy: Literal["enqueue", "reject", "interrupt"] | None = Field(
+    on_busy: OnBusy | None = Field(
         default=None,
         description="While the session has queued or running requests (SPEC 11.2): enqueue behind "
         "them, reject (409 session_busy), or interrupt (cancel them, code superseded). "
@@ -168,7 +144,7 @@ class QuestionIn(BaseModel):
     )
 
     _question = field_validator("question")(check_text)
-    _texts = field_validator("snapshot_id", "model")(_check_optional_text)
+    _texts = field_validator("snapshot_id", "model")(check_optional_text)
 
 
 class ErrorInfo(BaseModel):
@@ -245,54 +221,6 @@ class HistoryPage(BaseModel):
 
 
 # ---------------------------------------------------------------- settings and hand-offs (SPEC §11)
-
-ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)]
-OnBusy = Literal["enqueue", "reject", "interrupt"]
-
-
-class SessionSettingsIn(BaseModel):
-    """PUT body: only the fields it names change; `null` clears a field."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    summary_instructions: str | None = Field(
-        default=None,
-        max_length=MAX_SUMMARY_INSTRUCTIONS_BYTES,  # characters; the byte limit is checked below
-        description="At most 4 KiB of UTF-8 (4096 bytes); added after the built-in summary instructions "
-        "of every summary call of the session (never replacing them).",
-        json_schema_extra=NO_NUL,
-    )
-    summary_model: ModelName | None = Field(default=None, description="Model for summary calls.")
-    answer_model: ModelName | None = Field(
-        default=None, description="Model for answers (a request's own wins)."
-    )
-    context_window: Annotated[JsonInt, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)] | None = Field(
-        default=None, description="Session default window, below a request's own value."
-    )
-    max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = Field(
-        default=None, description="Session default side output cap, below a request's own value."
-    )
-    on_busy: OnBusy | None = Field(
-        default=None, description="What a new question does while the session has queued or running ones."
-    )
-    mask_tool_results: StrictBool | None = Field(
-        default=None,
-        description="SPEC §6.8: elide old tool payloads before summarising (null: the default, true); "
-        "false: summarise the old messages as they are.",
-    )
-
-    _texts = field_validator("summary_instructions", "summary_model", "answer_model")(_check_optional_text)
-
-    @field_validator("summary_instructions")
-    @classmethod
-    def _instructions_size(cls, value: str | None) -> str | None:
-        size = len(value.encode("utf-8")) if value is not None else 0
-        if size > MAX_SUMMARY_INSTRUCTIONS_BYTES:
-            raise ValueError(
-                f"is {size} bytes of UTF-8; "
-                f"at most {MAX_SUMMARY_INSTRUCTIONS_BYTES} bytes (4 KiB) are allowed"
-            )
-        return value
 
 
 class SessionSettingsOut(BaseModel):

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from service.archive.model import QUESTION_FIELDS, ArchiveV3, Settings
+from service.archive.model import QUESTION_FIELDS, SETTINGS_FIELDS, ArchiveV3
 from service.archive.schema import ARCHIVE_VERSIONS
 from service.archive.upgrade import v1_to_v3, v2_to_v3
 from service.errors import SidequestError
@@ -27,7 +27,6 @@ from service.vocabulary import NotJson, Status, integral, iso_or_none, strict_js
 _MAX_REPORTED_ERRORS: Final = 50
 # Deeper than any object the service writes, and shallow enough for a recursive walk.
 _MAX_DEPTH: Final = 64
-SETTINGS_FIELDS: Final = tuple(Settings.model_fields)
 _HANDOFF_ORDINALS: Final = ("ordinals", "summarized_ordinals", "shortened_ordinals", "omitted_ordinals")
 # What the model gives a request as it is; the JSON PostgreSQL keeps comes from the archive itself.
 _TYPED_FIELDS: Final = tuple(
@@ -268,13 +267,13 @@ def _archive(parsed: ArchiveV3, raw: dict[str, Any], version: int) -> Archive:
         ),
         key=lambda h: h.created_at,
     )
-    settings = raw_session.get("settings")
+    settings = session.settings
     return replace(
         archive,
         memory=raw_session.get("memory"),
         handoffs=tuple(handoffs),
         handed_off_through=session.handed_off_through,
-        settings=None if settings is None else {name: settings.get(name) for name in SETTINGS_FIELDS},
+        settings=None if settings is None else {name: getattr(settings, name) for name in SETTINGS_FIELDS},
     )
 
 

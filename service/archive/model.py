@@ -15,13 +15,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     PlainValidator,
     Strict,
+    StrictBool,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -36,11 +36,14 @@ from service.vocabulary import (
     MAX_SUMMARY_INSTRUCTIONS_BYTES,
     OUTPUT_CAP_MAX,
     OUTPUT_CAP_MIN,
+    UNSTORABLE_TEXT,
+    OnBusy,
     Status,
+    unstorable_reason,
 )
 
 NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
-NO_NUL: Final = {"pattern": NO_NUL_PATTERN}
+NO_NUL: Final[dict[str, Any]] = {"pattern": NO_NUL_PATTERN}
 # The recursive NUL-free JSON definitions (schema.storable_json_defs), under a key pydantic leaves
 # alone: where they live (a standalone schema's $defs, the OpenAPI components) is known only later.
 STORABLE_REF: Final = "x-storable"
@@ -82,7 +85,7 @@ def absent(**kwargs: Any) -> Any:
     return Field(default_factory=_absent, **kwargs)
 
 
-JsonInt = Annotated[int, Strict(), BeforeValidator(_integral)]
+StrictInt = Annotated[int, Strict(), BeforeValidator(_integral)]
 Text = Annotated[str, Strict(), Field(json_schema_extra=NO_NUL)]
 NonEmptyText = Annotated[Text, Field(min_length=1)]
 ParentId = Annotated[Text, Field(min_length=1, max_length=MAX_PARENT_ID_CHARS)]
@@ -93,10 +96,6 @@ Counter = Annotated[int, Field(ge=0), Strict(), BeforeValidator(_integral)]
 # The bounds go before the validator, so that the schema carries them as minimum and maximum.
 Ordinal = Annotated[int, Field(ge=1, le=MAX_ORDINAL), Strict(), BeforeValidator(_integral)]
 Through = Annotated[int, Field(ge=0, le=MAX_ORDINAL), Strict(), BeforeValidator(_integral)]
-ContextWindow = Annotated[
-    int, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX), Strict(), BeforeValidator(_integral)
-]
-OutputCap = Annotated[int, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX), Strict(), BeforeValidator(_integral)]
 Flag = Annotated[bool, Strict()]
 StorableObject = Annotated[dict[str, Any], WithJsonSchema({"type": "object", **_OPEN})]
 ObjectOrNull = Annotated[
@@ -198,13 +197,13 @@ class Handoff(_Open):
     model_config = ConfigDict(json_schema_extra=_handoff_schema)
     created_at: Timestamp
     format: Literal["anthropic", "openai", "text"]
-    ordinals: Annotated[list[JsonInt], Field(min_length=1)]
-    from_ordinal: JsonInt | None = absent()
-    through_ordinal: JsonInt | None = absent()
-    estimate_tokens: JsonInt = absent()
-    summarized_ordinals: list[JsonInt] = absent()
-    shortened_ordinals: list[JsonInt] = absent()
-    omitted_ordinals: list[JsonInt] = absent()
+    ordinals: Annotated[list[StrictInt], Field(min_length=1)]
+    from_ordinal: StrictInt | None = absent()
+    through_ordinal: StrictInt | None = absent()
+    estimate_tokens: StrictInt = absent()
+    summarized_ordinals: list[StrictInt] = absent()
+    shortened_ordinals: list[StrictInt] = absent()
+    omitted_ordinals: list[StrictInt] = absent()
     truncated: Flag = absent()
     message: HandoffMessage | None = absent()
     text: Text
@@ -212,30 +211,82 @@ class Handoff(_Open):
     parent_id: Annotated[Any, PlainValidator(_not_archived)] = absent()
 
 
-def _within_4_kib(value: str) -> str:
-    if len(value.encode("utf-8")) > MAX_SUMMARY_INSTRUCTIONS_BYTES:
-        raise ValueError(f"must be at most {MAX_SUMMARY_INSTRUCTIONS_BYTES} bytes of UTF-8")
+def _json_number(value: Any) -> Any:
+    """A number as JSON writes one: pydantic's lax mode would read ``"5000"`` and ``true`` as integers
+    (and an inline snapshot's own fields are then used as posted, as strings: ignored)."""
+    if isinstance(value, str | bool):
+        raise ValueError("must be a JSON number, not a string or a boolean")
     return value
 
 
-# Characters in the schema (JSON Schema counts no bytes), bytes in the check.
-Instructions = Annotated[
-    Text, Field(max_length=MAX_SUMMARY_INSTRUCTIONS_BYTES), AfterValidator(_within_4_kib)
-]
-SettingsModel = Annotated[Text, Field(min_length=1, max_length=MAX_MODEL_CHARS)]
+# An integer field of a request body: a JSON integer (an integral number such as 4096.0 too, which JSON
+# Schema counts as one), never a string or a boolean.
+JsonInt = Annotated[int, BeforeValidator(_json_number)]
 
 
-class Settings(BaseModel):
-    """The session's settings as a PUT takes them (SPEC §11.2); tests hold the two rules equal."""
+def check_text(value: str) -> str:
+    """Refuse text PostgreSQL cannot store (NUL, lone surrogate) as an input error, up front: it
+    would otherwise fail deep in the driver. A pydantic validator; the message is the vocabulary's."""
+    if unstorable_reason(value) is not None:
+        raise ValueError(UNSTORABLE_TEXT)
+    return value
 
+
+def check_optional_text(value: str | None) -> str | None:
+    return None if value is None else check_text(value)
+
+
+SettingsModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)]
+
+
+class SessionSettingsIn(BaseModel):
+    """PUT body: only the fields it names change; `null` clears a field."""
+
+    # The one rule of a session's settings (SPEC §11.2): a PUT's body and an archive's settings
+    # (restore) are this model, so an archive cannot bring what a PUT would refuse.
     model_config = ConfigDict(extra="forbid")
-    summary_instructions: Instructions | None = Field(None, description="at most 4096 bytes of UTF-8")
-    summary_model: SettingsModel | None = None
-    answer_model: SettingsModel | None = None
-    context_window: ContextWindow | None = None
-    max_output_tokens: OutputCap | None = None
-    on_busy: Literal["enqueue", "reject", "interrupt"] | None = None
-    mask_tool_results: Flag | None = None
+
+    summary_instructions: str | None = Field(
+        default=None,
+        max_length=MAX_SUMMARY_INSTRUCTIONS_BYTES,  # characters; the byte limit is checked below
+        description="At most 4 KiB of UTF-8 (4096 bytes); added after the built-in summary instructions "
+        "of every summary call of the session (never replacing them).",
+        json_schema_extra=NO_NUL,
+    )
+    summary_model: SettingsModelName | None = Field(default=None, description="Model for summary calls.")
+    answer_model: SettingsModelName | None = Field(
+        default=None, description="Model for answers (a request's own wins)."
+    )
+    context_window: Annotated[JsonInt, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)] | None = Field(
+        default=None, description="Session default window, below a request's own value."
+    )
+    max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = Field(
+        default=None, description="Session default side output cap, below a request's own value."
+    )
+    on_busy: OnBusy | None = Field(
+        default=None, description="What a new question does while the session has queued or running ones."
+    )
+    mask_tool_results: StrictBool | None = Field(
+        default=None,
+        description="SPEC §6.8: elide old tool payloads before summarising (null: the default, true); "
+        "false: summarise the old messages as they are.",
+    )
+
+    _texts = field_validator("summary_instructions", "summary_model", "answer_model")(check_optional_text)
+
+    @field_validator("summary_instructions")
+    @classmethod
+    def _instructions_size(cls, value: str | None) -> str | None:
+        size = len(value.encode("utf-8")) if value is not None else 0
+        if size > MAX_SUMMARY_INSTRUCTIONS_BYTES:
+            raise ValueError(
+                f"is {size} bytes of UTF-8; "
+                f"at most {MAX_SUMMARY_INSTRUCTIONS_BYTES} bytes (4 KiB) are allowed"
+            )
+        return value
+
+
+SETTINGS_FIELDS: Final = tuple(SessionSettingsIn.model_fields)
 
 
 class Session(BaseModel):
@@ -243,7 +294,7 @@ class Session(BaseModel):
     memory: Memory = absent(description="the session's memory; missing parts are empty, other keys are kept")
     handoffs: list[Handoff] = Field([], description="the session's hand-offs, oldest first; missing → none")
     handed_off_through: Through = Field(0, description="highest ordinal handed off (SPEC §11.1); missing → 0")
-    settings: Settings = absent(
+    settings: SessionSettingsIn = absent(
         description="the session's settings (SPEC §11.2); missing → the session keeps its own"
     )
 

@@ -17,6 +17,7 @@ OPENAPI_REFS: Final = "#/components/schemas/"
 STANDALONE_REFS: Final = "#/$defs/"
 STORABLE_JSON: Final = "StorableJson"
 STORABLE_OBJECT: Final = "StorableObject"
+_BOUNDS: Final = {"ge": "minimum", "le": "maximum"}
 
 _DESCRIPTIONS: Final = {
     1: "Questions and answers only; holds succeeded requests and restores as succeeded history.",
@@ -76,6 +77,9 @@ def _tidy(node: Any, defs: dict[str, Any], refs: str) -> Any:
         return {"$ref": refs + node[STORABLE_REF]}
     if "enum" in node or "const" in node:
         node = {k: v for k, v in node.items() if k != "type"}  # the values say it
+    if node.get("type") == "integer":
+        # pydantic leaves the bounds of an integer behind a validator (the settings') as ge/le.
+        node = {_BOUNDS.get(k, k): v for k, v in node.items()}
     match node.get("anyOf"):
         case [dict() as only, {"type": "null"}] if len(node["anyOf"]) == 2:
             only = _tidy(only, defs, refs)

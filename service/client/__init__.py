@@ -1,13 +1,9 @@
 """The client half of the ``sidequest`` command: ``ask``, ``sessions``, ``archive export|import``,
-``handoff``, over HTTP.
+``handoff``, over HTTP (docs/quickstart.md).
 
-``ask`` posts a side question, then follows ``GET /v1/questions/{id}/events`` live: stage changes,
-progress (replayed groups, summary chunk i/n, cache hits, overflow retries) and usage go to stderr —
-as one live status line on a terminal, as plain timestamped lines otherwise — and the answer text goes
-to stdout as it streams, so ``sidequest ask … > answer.txt`` captures just the answer. Once it is done,
-one stderr line says what of the snapshot reached the model (tier, verbatim / masked / summarised
-messages, artifacts in the prompt; SPEC §6.10), then the outcome line. A dropped stream is resumed
-with ``Last-Event-ID``, so nothing is shown twice or skipped.
+``ask`` follows the request's event stream: status, progress and usage go to stderr (a live line on a
+terminal), the answer text to stdout as it streams, so ``sidequest ask … > answer.txt`` captures just
+the answer. A dropped stream is resumed with ``Last-Event-ID``, so nothing is shown twice or skipped.
 
 Exit codes (docs/quickstart.md): 0 the request succeeded; 1 it failed or was cancelled (the error
 code and message are printed); 2 the client could not do its job (bad arguments, unreadable file,
@@ -81,6 +77,19 @@ class Endpoint:
             timeout=httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S),
             trust_env=False,  # a local service: never route through a proxy from the environment
         )
+
+    def call(
+        self, client: httpx.Client, method: str, path: str, what: str, ok: tuple[int, ...] = (200,), **kw: Any
+    ) -> Any:
+        """The JSON body of ``method path``; an unreachable server, or a status not in ``ok`` (the
+        server's refusal of ``what``), is a :class:`ClientError`."""
+        try:
+            response = client.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise ClientError(f"cannot reach {self.base_url}: {exc}") from None
+        if response.status_code not in ok:
+            raise _refused(response, what)
+        return response.json()
 
 
 def _path_id(value: str) -> str:
@@ -212,13 +221,8 @@ def ask(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     body = _question_body(args)
     renderer = Renderer(out=out, err=err, live=err.isatty())
     with endpoint.client() as client:
-        try:
-            response = client.post(f"/v1/sessions/{_path_id(args.parent_id)}/questions", json=body)
-        except httpx.TransportError as exc:
-            raise ClientError(f"cannot reach {endpoint.base_url}: {exc}") from None
-        if response.status_code not in (200, 202):
-            raise _refused(response, "the question was")
-        record = response.json()
+        path = f"/v1/sessions/{_path_id(args.parent_id)}/questions"
+        record = endpoint.call(client, "POST", path, "the question was", (200, 202), json=body)
         request_id = str(record["id"])
         renderer.lasting(f"question #{record.get('ordinal')} admitted ({request_id}) in {args.parent_id}")
         try:
@@ -239,16 +243,9 @@ def ask(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def archive_export(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``sidequest archive export``: write the session's archive to a file or stdout."""
     endpoint = Endpoint.from_args(args)
+    path = f"/v1/sessions/{_path_id(args.parent_id)}/archive"
     with endpoint.client() as client:
-        try:
-            response = client.get(
-                f"/v1/sessions/{_path_id(args.parent_id)}/archive", params={"version": args.version}
-            )
-        except httpx.TransportError as exc:
-            raise ClientError(f"cannot reach {endpoint.base_url}: {exc}") from None
-    if response.status_code != 200:
-        raise _refused(response, "the export was")
-    document = response.json()
+        document = endpoint.call(client, "GET", path, "the export was", params={"version": args.version})
     text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     if args.output in (None, "-"):
         out.write(text)
@@ -279,18 +276,15 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     endpoint = Endpoint.from_args(args)
     params = {"mode": "replace"} if args.replace else {}
     with endpoint.client() as client:
-        try:
-            response = client.post(
-                f"/v1/sessions/{_path_id(parent_id)}/archive",
-                content=raw,
-                params=params,
-                headers={"Content-Type": "application/json"},
-            )
-        except httpx.TransportError as exc:
-            raise ClientError(f"cannot reach {endpoint.base_url}: {exc}") from None
-    if response.status_code != 200:
-        raise _refused(response, "the import was")
-    result = response.json()
+        result = endpoint.call(
+            client,
+            "POST",
+            f"/v1/sessions/{_path_id(parent_id)}/archive",
+            "the import was",
+            content=raw,
+            params=params,
+            headers={"Content-Type": "application/json"},
+        )
     replaced = f", replacing {result['replaced']}" if result.get("replaced") else ""
     out.write(
         f"restored {plural(result.get('restored'), 'request')} into {parent_id} "
@@ -313,14 +307,9 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     body: dict[str, Any] = {"format": args.format, "include": "all" if args.all else "new"}
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
+    path = f"/v1/sessions/{_path_id(args.parent_id)}/handoffs"
     with endpoint.client() as client:
-        try:
-            response = client.post(f"/v1/sessions/{_path_id(args.parent_id)}/handoffs", json=body)
-        except httpx.TransportError as exc:
-            raise ClientError(f"cannot reach {endpoint.base_url}: {exc}") from None
-    if response.status_code not in (200, 201):
-        raise _refused(response, "the hand-off was")
-    result = response.json()
+        result = endpoint.call(client, "POST", path, "the hand-off was", (200, 201), json=body)
     ordinals = result.get("ordinals") or []
     if not ordinals:
         err.write(f"nothing to hand off in {args.parent_id}\n")
@@ -375,13 +364,7 @@ def list_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     shown = 0
     with endpoint.client() as client:
         while True:
-            try:
-                response = client.get("/v1/sessions", params=params)
-            except httpx.TransportError as exc:
-                raise ClientError(f"cannot reach {endpoint.base_url}: {exc}") from None
-            if response.status_code != 200:
-                raise _refused(response, "listing sessions was")
-            page = response.json()
+            page = endpoint.call(client, "GET", "/v1/sessions", "listing sessions was", params=params)
             for item in page.get("items") or []:
                 out.write((json.dumps(item, ensure_ascii=False) if args.json else _session_line(item)) + "\n")
                 shown += 1

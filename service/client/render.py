@@ -268,6 +268,3 @@ def format_error(error: dict[str, Any]) -> str:
     if isinstance(detail, dict) and detail:
         text += " (" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in detail.items()) + ")"
     return text
-
-
-# ------------------------------------------------------------------------------------ HTTP

@@ -90,6 +90,3 @@ def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
         message = parser.feed(line)
         if message is not None:
             yield message
-
-
-# ------------------------------------------------------------------------------------ rendering

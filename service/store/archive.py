@@ -37,7 +37,6 @@ from service.store.execute import notify
 from service.store.models import EMPTY_MEMORY, EventRow, HandoffRow, RequestRow, SessionRow
 from service.store.records import EMPTY_USAGE, request_record
 from service.store.sessions import find_session, lock_or_create_session
-from service.store.settings import SETTINGS_FIELDS, stored_setting
 from service.vocabulary import EVENTS_CHANNEL as NOTIFY_CHANNEL
 from service.vocabulary import TERMINAL as TERMINAL_STATUSES
 from service.vocabulary import Status, utc_iso
@@ -249,11 +248,7 @@ async def restore_archive(
         # export's round trip goes, that is exactly the archive's settings.
         session_values["settings"] = {
             **(target.settings or {}),
-            **{
-                k: stored_setting(k, v)
-                for k, v in archive.settings.items()
-                if k in SETTINGS_FIELDS and v is not None
-            },
+            **{k: v for k, v in archive.settings.items() if v is not None},
         }
     await session.execute(update(SessionRow).where(SessionRow.id == target.id).values(**session_values))
     # The hand-offs belong to the history being restored: earlier ones of this session go with it,

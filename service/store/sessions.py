@@ -17,6 +17,7 @@ from sqlalchemy import JSON, Text, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service.archive.model import SETTINGS_FIELDS
 from service.budget import plan_window, positive_setting, resolve_output_cap, resolve_window
 from service.budget.ladder import needs_summary, snapshot_room
 from service.budget.messages import snapshot_shape_problem
@@ -35,17 +36,6 @@ from service.store.jobs import background_overviews, enqueue_job
 from service.store.models import RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
 from service.vocabulary import JobKind, Status, iso_or_none, masks_tool_results, utc_iso
-
-# SPEC §11.2 (rules in service.store.settings, which imports this module; the names live here).
-SETTINGS_FIELDS = (
-    "summary_instructions",
-    "summary_model",
-    "answer_model",
-    "context_window",
-    "max_output_tokens",
-    "on_busy",
-    "mask_tool_results",
-)
 
 
 class SnapshotConflict(SidequestError):

@@ -22,6 +22,7 @@ from service.archive import (
     load_archive_json,
     parse_archive,
 )
+from service.archive.model import SessionSettingsIn
 from service.store import archive as archive_store
 from service.store.admission import Admission, admit, clear_session
 from service.store.archive import (
@@ -678,7 +679,9 @@ async def test_restore_writes_the_archives_set_settings_and_clears_none(db: Data
     """SPEC 11.2: settings are cleared by nothing but PUT — an archive's null (unset) fields leave the
     target session's own as they are; its set fields are written."""
     async with db.sessions() as session, session.begin():
-        await update_settings(session, TENANT, "t", {"on_busy": "reject", "summary_model": "cheap"})
+        await update_settings(
+            session, TENANT, "t", SessionSettingsIn(on_busy="reject", summary_model="cheap")
+        )
     document = fixture("v3-minimal.json")
     document.setdefault("session", {})["settings"] = {
         **dict.fromkeys(("summary_instructions", "summary_model", "context_window", "max_output_tokens")),

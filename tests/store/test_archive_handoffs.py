@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from service.archive import ArchiveInvalid, archive_json_schema, parse_archive
+from service.archive.model import SessionSettingsIn
 from service.store.archive import export_archive, restore_archive
 from service.store.db import Database
 from service.store.handoffs import HandoffAsk, create_handoff, list_handoffs, set_pinned
@@ -37,7 +38,7 @@ async def origin(db: Database) -> None:
     ids = await add_history(db, sid, [(f"q{i}?", f"a{i}.") for i in range(1, 5)])
     async with db.sessions() as session, session.begin():
         await update_settings(
-            session, TENANT, "origin", {"summary_model": "cheap", "max_output_tokens": 2048}
+            session, TENANT, "origin", SessionSettingsIn(summary_model="cheap", max_output_tokens=2048)
         )
     async with db.sessions() as session, session.begin():
         await create_handoff(session, TENANT, "origin", HandoffAsk(format="text"))
@@ -78,7 +79,7 @@ async def test_older_archives_restore_with_no_handoffs_mark_0_and_the_settings_k
         document = await export(db, "origin", version)
         target = f"old-{version}"
         async with db.sessions() as session, session.begin():
-            await update_settings(session, TENANT, target, {"on_busy": "reject"})
+            await update_settings(session, TENANT, target, SessionSettingsIn(on_busy="reject"))
         await restore(db, target, document)
         exported = (await export(db, target))["session"]
         assert exported["handoffs"] == [] and exported["handed_off_through"] == 0
