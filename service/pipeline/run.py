@@ -27,9 +27,10 @@ from service.vocabulary import Stage, Status
 DEADLINE_GRACE_S = 1.0
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
-async def _both(first: Awaitable[T], second: Awaitable[Any]) -> T:
+async def _both(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
     """Run two stage steps at once; the first failure cancels the other and is raised as it is."""
     a = asyncio.ensure_future(first)
     b = asyncio.ensure_future(second)
@@ -43,7 +44,7 @@ async def _both(first: Awaitable[T], second: Awaitable[Any]) -> T:
     for task in (a, b):
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-    return a.result()
+    return a.result(), b.result()
 
 
 async def _execute(rt: RequestRuntime) -> dict[str, Any]:
@@ -81,10 +82,14 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
         made = await compact_snapshot_copy(rt, prepared, fits, room)
         return made if made is not None else context
 
+    # A fold that found its range taken by a background job re-plans the history: the answer is
+    # built from the plan it returns, which holds that job's summary.
     if folding and needs_compaction:
-        context = await _both(compaction(), fold_history(rt, prepared, history, rt.summary_runner(prepared)))
+        context, history = await _both(
+            compaction(), fold_history(rt, prepared, history, rt.summary_runner(prepared))
+        )
     elif folding:
-        await fold_history(rt, prepared, history, rt.summary_runner(prepared))
+        history = await fold_history(rt, prepared, history, rt.summary_runner(prepared))
     elif needs_compaction:
         context = await compaction()
     request = build_answer(prepared, history, context)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,7 +26,7 @@ from service.vocabulary import JobKind
 from service.worker import start_worker
 from service.worker.runner import Worker
 from tests.factories import add_history, add_snapshot, admit, make_session, scripted_settings, tool_session
-from tests.scripted_provider import ScriptedServer, Step
+from tests.scripted_provider import VALID_SUMMARY, ScriptedServer, Step
 from tests.worker.conftest import row_of, wait_for
 
 
@@ -211,6 +212,9 @@ async def test_a_request_waits_for_a_running_fold_instead_of_making_it_again(
     assert row.status == "succeeded"
     qa = row.context_info["qa_summary"]
     assert qa["made_by"] == "background" and qa["waited_ms"] > 0 and qa["calls"] == 0
+    # What the request waited for reaches its answer: the job's summary of the Q&A it folded.
+    answer = next(r for r in server.requests("answer") if r.request_id == str(first))
+    assert VALID_SUMMARY["objective"] in json.dumps(answer.body)
     async with db.sessions() as session:
         progress = [
             e.data
