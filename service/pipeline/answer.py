@@ -140,8 +140,9 @@ async def answer(
                         "input_budget": prepared.input_budget,
                     },
                 ) from exc
-            record_fidelity(rt, prepared.snapshot, shrunk[0])
-            request = shrunk[1]
+            # What follows (the fidelity, the success, its follow-up jobs) is of the shrunk prompt.
+            history, context, request = shrunk
+            record_fidelity(rt, prepared.snapshot, context)
             rt.info.overflow_retries = 1
             meter(rt, prepared, request)
             await rt.save_info()
@@ -192,7 +193,7 @@ async def _shrink(
     context: ContextPlan,
     current: AnswerRequest,
     target: int | None,
-) -> tuple[ContextPlan, AnswerRequest] | None:
+) -> tuple[HistoryPlan, ContextPlan, AnswerRequest] | None:
     """Overflow recovery's one shrink: fold the replayed Q&A, then compact harder. None: nothing to do.
     ``target``: the raw estimate to reach when the provider stated the prompt's real count (SPEC §5.1)."""
     changed = False
@@ -204,7 +205,7 @@ async def _shrink(
             fold_batches=(history.replay.replay,),
             replay_tokens=0,
         )
-        await fold_history(rt, prepared, history, rt.summary_runner(prepared))
+        history = await fold_history(rt, prepared, history, rt.summary_runner(prepared))
         changed = True
     snapshot = prepared.snapshot
     if snapshot is not None and context.kept_from < len(snapshot.messages):
@@ -236,7 +237,7 @@ async def _shrink(
     if not changed:
         return None
     shrunk = build_answer(prepared, history, context)
-    return (context, shrunk) if shrunk.estimate.total < current.estimate.total else None
+    return (history, context, shrunk) if shrunk.estimate.total < current.estimate.total else None
 
 
 async def _call(
