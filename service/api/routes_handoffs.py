@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import JSONResponse
 
 from service.api.deps import DbSession, Tenant
-from service.api.errors import not_found
+from service.api.errors import found, not_found
 from service.api.routes_common import ParentId, canonical_body_hash, errors
 from service.api.routes_sessions import IdempotencyKey
 from service.api.schemas import (
@@ -68,7 +68,7 @@ async def post_handoff(
     request: Request,
     parent_id: ParentId,
     tenant: Tenant,
-    session: DbSession,
+    tx: DbSession,
     idempotency_key: IdempotencyKey = None,
     body: Annotated[HandoffIn | None, Body()] = None,
 ) -> JSONResponse:
@@ -88,10 +88,8 @@ async def post_handoff(
         idempotency_key=idempotency_key,
         body_hash=canonical_body_hash(raw if raw.strip() else b"{}") if idempotency_key is not None else None,
     )
-    async with session.begin():
-        outcome = await create_handoff(session, tenant, parent_id, ask)
-    if outcome is None:
-        raise not_found("session")
+    async with tx.begin():
+        outcome = found(await create_handoff(tx, tenant, parent_id, ask), "session")
     return JSONResponse(outcome.handoff, status_code=201 if outcome.created else 200)
 
 
@@ -99,7 +97,7 @@ async def post_handoff(
 async def get_handoffs(
     parent_id: ParentId,
     tenant: Tenant,
-    session: DbSession,
+    tx: DbSession,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     before: Annotated[
         str | None,
@@ -111,7 +109,5 @@ async def get_handoffs(
     ] = None,
 ) -> JSONResponse:
     """Earlier hand-offs, newest first, paginated like history."""
-    page = await list_handoffs(session, tenant, parent_id, limit=limit, before=before)
-    if page is None:
-        raise not_found("session")
-    return JSONResponse(page)
+    page = await list_handoffs(tx, tenant, parent_id, limit=limit, before=before)
+    return JSONResponse(found(page, "session"))

@@ -32,6 +32,7 @@ from service.vocabulary import (
     OUTPUT_CAP_MAX,
     OUTPUT_CAP_MIN,
     UNSTORABLE_TEXT,
+    Status,
     unstorable_reason,
 )
 
@@ -59,6 +60,9 @@ _STORABLE_JSON: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_JSON}
 _STORABLE_OBJECT: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_OBJECT}
 _OPEN_NO_NUL: dict[str, Any] = {"propertyNames": NO_NUL, "additionalProperties": _STORABLE_JSON}
 NulFreeText = Annotated[str, Field(json_schema_extra=NO_NUL)]
+SnapshotId = Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)]
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)]
+OnBusy = Literal["enqueue", "reject", "interrupt"]
 NulFreeObject = Annotated[dict[str, Any], WithJsonSchema(_STORABLE_OBJECT)]
 
 
@@ -104,9 +108,7 @@ class Snapshot(BaseModel):
 
     model_config = ConfigDict(extra="allow", json_schema_extra=_OPEN_NO_NUL)
 
-    snapshot_id: (
-        Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)] | None
-    ) = Field(
+    snapshot_id: SnapshotId | None = Field(
         default=None, description="Store the inline snapshot under this id (default: its content hash)."
     )
     taken_at: NulFreeText | None = None
@@ -150,17 +152,13 @@ class QuestionIn(BaseModel):
     question: str = Field(
         min_length=1, description="At most 64 KiB of UTF-8 (65536 bytes).", json_schema_extra=NO_NUL
     )
-    snapshot_id: (
-        Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)] | None
-    ) = None
+    snapshot_id: SnapshotId | None = None
     snapshot: Snapshot | None = None
-    model: (
-        Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)] | None
-    ) = None
+    model: ModelName | None = None
     context_window: Annotated[JsonInt, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)] | None = None
     max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = None
     main_max_output_tokens: Annotated[JsonInt, Field(ge=1, le=10_000_000)] | None = None
-    on_busy: Literal["enqueue", "reject", "interrupt"] | None = Field(
+    on_busy: OnBusy | None = Field(
         default=None,
         description="While the session has queued or running requests (SPEC 11.2): enqueue behind "
         "them, reject (409 session_busy), or interrupt (cancel them, code superseded). "
@@ -208,9 +206,6 @@ class Usage(BaseModel):
     calls: list[UsageCall] = Field(default_factory=list)
 
 
-Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-
-
 class RequestRecord(BaseModel):
     """One side request."""
 
@@ -218,7 +213,7 @@ class RequestRecord(BaseModel):
     parent_id: str
     ordinal: int
     question: str
-    status: Status
+    status: Literal[Status.QUEUED, Status.RUNNING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED]
     stage: str | None
     answer: str | None
     truncated: bool
@@ -245,9 +240,6 @@ class HistoryPage(BaseModel):
 
 
 # ---------------------------------------------------------------- settings and hand-offs (SPEC §11)
-
-ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)]
-OnBusy = Literal["enqueue", "reject", "interrupt"]
 
 
 class SessionSettingsIn(BaseModel):
@@ -432,6 +424,14 @@ class SessionOut(BaseModel):
     memory: MemoryOverview
     created_at: Timestamp
     updated_at: Timestamp
+
+
+class SessionPage(BaseModel):
+    """A page of the tenant's sessions, most recently active first."""
+
+    items: list[SessionOut]
+    has_more: bool
+    next_before: str | None
 
 
 class Cleared(BaseModel):
