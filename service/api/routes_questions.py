@@ -22,8 +22,9 @@ from service.api.routes_common import (
     stream_token_response,
 )
 from service.api.schemas import RequestRecord, StreamToken
-from service.api.sse import request_stream, terminal_seq
+from service.api.sse import request_stream
 from service.api.stream_tokens import request_stream as request_stream_name
+from service.store import events as events_store
 from service.store.admission import cancel_request
 from service.store.handoffs import set_pinned
 from service.store.sessions import find_request, request_record_for
@@ -104,11 +105,10 @@ async def question_events(
     db = database(request)
     async with db.sessions() as tx:
         found(await find_request(tx, tenant, rid), "question")
-    cursor, _resumed = resume_point(request, after)
-    # seq is a 32-bit column: a larger cursor means "after everything" and must not reach SQL.
-    cursor = min(cursor, MAX_INT32)
-    if cursor > 0:
-        last = await terminal_seq(db, rid)
-        if last is not None and cursor >= last:
-            return Response(status_code=204)
+        cursor, _resumed = resume_point(request, after)
+        # seq is a 32-bit column: a larger cursor means "after everything" and must not reach SQL.
+        cursor = min(cursor, MAX_INT32)
+        last = await events_store.terminal_seq(tx, rid) if cursor > 0 else None
+    if last is not None and cursor >= last:
+        return Response(status_code=204)
     return sse_response(request, request_stream(db, hub_of(request), rid, cursor))

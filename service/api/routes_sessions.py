@@ -41,9 +41,10 @@ from service.api.schemas import (
     StreamToken,
     check_text,
 )
-from service.api.sse import database_now, session_stream
+from service.api.sse import session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
+from service.store import events as events_store
 from service.store.admission import Admission, admit, clear_session
 from service.store.session_list import Cursor, sessions_page
 from service.store.sessions import (
@@ -327,8 +328,8 @@ async def session_events(
     db = database(request)
     async with db.sessions() as tx:
         session_row = found(await find_session(tx, tenant, parent_id), "session")
-    cursor, resumed = resume_point(request, after)
-    opened_at = await database_now(db)
+        cursor, resumed = resume_point(request, after)
+        opened_at = await events_store.database_now(tx)
     return sse_response(
         request,
         session_stream(

@@ -17,7 +17,6 @@ from datetime import datetime
 from sse_starlette.event import ServerSentEvent
 
 from service.api.event_hub import PAGE, REQUEST, SESSION, EventHub, FeedItem, read_items
-from service.store import events as events_store
 from service.store.db import Database
 
 log = logging.getLogger(__name__)
@@ -28,18 +27,6 @@ RETRY_MS = 3000
 def retry_hint() -> ServerSentEvent:
     """The first message of every stream: how long a browser waits before reconnecting."""
     return ServerSentEvent(comment="sidequest stream", retry=RETRY_MS)
-
-
-async def terminal_seq(db: Database, request_id: uuid.UUID) -> int | None:
-    """The seq of the request's terminal event (``done`` / ``error``), or None while it runs."""
-    async with db.sessions() as tx:
-        return await events_store.terminal_seq(tx, request_id)
-
-
-async def database_now(db: Database) -> datetime:
-    """PostgreSQL's clock (the one ``deleted_at`` is written with)."""
-    async with db.sessions() as tx:
-        return await events_store.database_now(tx)
 
 
 def visible_on_session_stream(
