@@ -26,7 +26,7 @@ from service.api.deps import bearer_scheme, tenant_of
 from service.api.routes_common import DOT_SEGMENTS, PARENT_ID_MAX
 from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
 from service.api.schemas import QuestionIn
-from service.api.strict_input import read_body, replaying
+from service.api.strict_input import is_json_media, read_body, replaying
 from service.vocabulary import unstorable_reason
 
 
@@ -104,8 +104,7 @@ def _accept(
         if name in headers:
             return None  # a repeated header: the app decides what it means
         headers[name] = value
-    content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
-    if content_type != b"application/json":
+    if not is_json_media(headers.get(b"content-type", b"")):
         return None
     if not 1 <= len(parent_id) <= PARENT_ID_MAX or unstorable_reason(parent_id) is not None:
         return None

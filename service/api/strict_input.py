@@ -19,7 +19,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api.errors import ApiError, error_response, validation_error
 from service.vocabulary import NotJson, may_be_lenient_json, strict_json
 
-_JSON_TYPES: Final = (b"application/json",)
 _WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
 # Archive restore reads its body itself, by the same rule, and answers with its own code
 # (``invalid_archive``: docs/api.md).
@@ -53,10 +52,15 @@ def replaying(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
+def is_json_media(content_type: bytes) -> bool:
+    """Whether a Content-Type header's value is ``application/json`` (parameters aside)."""
+    return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
+
+
 def _is_json(scope: Scope) -> bool:
     for name, value in scope.get("headers") or []:
         if name == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() in _JSON_TYPES
+            return is_json_media(value)
     return False
 
 
