@@ -6,6 +6,7 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -25,7 +26,6 @@ from service.api.deps import TokenFirst
 from service.api.errors import (
     UNAVAILABLE_RETRY_AFTER_S,
     ApiError,
-    error_body,
     error_response,
     install_error_handlers,
     service_unavailable,
@@ -100,13 +100,11 @@ class BodyLimit:
         await error_response(refusal)(scope, receive, send)
 
 
+@dataclass(eq=False)
 class BodyTooLarge(Exception):
-    """Raised from inside ``receive`` when a streamed body passes the limit; ``more``: the chunk that
-    passed it was not the body's last."""
+    """Raised from inside ``receive`` when a streamed body passes the limit."""
 
-    def __init__(self, *, more: bool) -> None:
-        super().__init__()
-        self.more = more
+    more: bool  # the chunk that passed it was not the body's last
 
 
 class RedactStreamTokens(logging.Filter):
@@ -164,9 +162,9 @@ class SpecErrorCors(CORSMiddleware):
 def _not_ready(message: str, detail: dict[str, Any], **facts: str | None) -> JSONResponse:
     """SPEC §9's 503 ``service_unavailable``, with the error body every route has (SPEC §3) and the
     readiness facts beside it for an operator."""
-    body = error_body("service_unavailable", message, detail)
+    error = ApiError(503, "service_unavailable", message, detail)
     return JSONResponse(
-        {**body, "status": "unavailable", **facts},
+        {"error": error.to_error(), "status": "unavailable", **facts},
         status_code=503,
         headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
     )

@@ -66,11 +66,6 @@ def validation_error(loc: list[str], message: str) -> ApiError:
     )
 
 
-def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
-    """SPEC's error body."""
-    return {"error": {"code": code, "message": message, "detail": detail or {}}}
-
-
 def error_response(error: SidequestError) -> JSONResponse:
     """The one mapping of the error protocol onto HTTP: status, SPEC's body, and any headers."""
     return JSONResponse({"error": error.to_error()}, status_code=error.status, headers=error.headers or None)

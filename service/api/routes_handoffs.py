@@ -6,6 +6,7 @@ Every rule lives in :mod:`service.store.settings`, :mod:`service.store.handoffs`
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Request
@@ -13,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from service.api.deps import DbSession, Tenant
 from service.api.errors import found, not_found
-from service.api.routes_common import ParentId, canonical_body_hash, errors
+from service.api.routes_common import ParentId, errors
 from service.api.routes_sessions import IdempotencyKey
 from service.api.schemas import (
     Handoff,
@@ -25,6 +26,7 @@ from service.api.schemas import (
 )
 from service.store.handoffs import HandoffAsk, create_handoff, list_handoffs
 from service.store.settings import read_settings, update_settings
+from service.vocabulary import content_hash
 
 router = APIRouter(prefix="/v1/sessions", tags=["hand-offs and settings"])
 
@@ -77,16 +79,19 @@ async def post_handoff(
     `Idempotency-Key`: same key + same body → the original hand-off (200); other body → 409.
     """
     body = body or HandoffIn()
+    body_hash = None
     if idempotency_key is not None:
         check_text(idempotency_key)
-    raw = await request.body()
+        raw = await request.body()
+        # The vocabulary's content hash (key order and whitespace aside), as an admission's body has.
+        body_hash = content_hash(json.loads(raw if raw.strip() else b"{}"))
     ask = HandoffAsk(
         format=body.format,
         max_tokens=body.max_tokens,
         include=body.include,
         ordinals=tuple(sorted(set(body.ordinals))) if body.ordinals is not None else None,
         idempotency_key=idempotency_key,
-        body_hash=canonical_body_hash(raw if raw.strip() else b"{}") if idempotency_key is not None else None,
+        body_hash=body_hash,
     )
     async with tx.begin():
         outcome = found(await create_handoff(tx, tenant, parent_id, ask), "session")
