@@ -18,16 +18,16 @@ from tests.api.helpers import ask
 
 
 async def test_metrics_report_the_calibration_ratio_and_drift(server: Server, db: Database) -> None:
-    async with db.sessions() as session, session.begin():
+    async with db.sessions() as tx, tx.begin():
         for _ in range(5):
-            await store.add_sample(session, "openai", "gpt-x", 1000, 1500)
-        await store.add_sample(session, "openai", "gpt-y", 1000, 1200)
+            await store.add_sample(tx, "openai", "gpt-x", 1000, 1500)
+        await store.add_sample(tx, "openai", "gpt-y", 1000, 1200)
     async with server.client() as client:
         first = await ask(client, "metrics-parent")
         second = await ask(client, "metrics-parent")
         for rid, prompt in ((first["id"], 120), (second["id"], 200)):
-            async with db.sessions() as session:
-                await session.execute(
+            async with db.sessions() as tx:
+                await tx.execute(
                     update(RequestRow)
                     .where(RequestRow.id == uuid.UUID(rid))
                     .values(
@@ -35,7 +35,7 @@ async def test_metrics_report_the_calibration_ratio_and_drift(server: Server, db
                         context_info={"estimate": {"total": 100}, "provider_prompt_tokens": prompt},
                     )
                 )
-                await session.commit()
+                await tx.commit()
         text = (await client.get("/metrics")).text
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
