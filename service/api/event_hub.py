@@ -173,7 +173,8 @@ class Feed:
                 if not self.ready.is_set():
                     # Session feeds start at the session's newest event: every event up to it is
                     # committed, joiners with older cursors catch up themselves.
-                    self.floor = self.last = await self._high_water()
+                    async with self.db.sessions() as tx:
+                        self.floor = self.last = await events_store.session_high_water(tx, self.key)
                     self.ready.set()
                 else:
                     items = await read_items(self.db, self.kind, self.key, self.last)
@@ -194,10 +195,6 @@ class Feed:
             if not await self._request_exists():
                 self._end()  # purged by the sweep: nothing more will ever come
                 return
-
-    async def _high_water(self) -> int:
-        async with self.db.sessions() as tx:
-            return await events_store.session_high_water(tx, self.key)
 
     async def _request_exists(self) -> bool:
         try:

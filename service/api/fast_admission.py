@@ -23,11 +23,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import routes_sessions
 from service.api.deps import bearer_scheme, tenant_of
-from service.api.routes_common import DOT_SEGMENTS, PARENT_ID_MAX
+from service.api.routes_common import DOT_SEGMENTS
 from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
 from service.api.schemas import QuestionIn
 from service.api.strict_input import is_json_media, read_body, replaying
-from service.vocabulary import unstorable_reason
+from service.vocabulary import MAX_PARENT_ID_CHARS, unstorable_reason
 
 
 def _route_path() -> re.Pattern[str]:
@@ -106,7 +106,7 @@ def _accept(
         headers[name] = value
     if not is_json_media(headers.get(b"content-type", b"")):
         return None
-    if not 1 <= len(parent_id) <= PARENT_ID_MAX or unstorable_reason(parent_id) is not None:
+    if not 1 <= len(parent_id) <= MAX_PARENT_ID_CHARS or unstorable_reason(parent_id) is not None:
         return None
     if parent_id in DOT_SEGMENTS:
         return None

@@ -14,9 +14,8 @@ from service.api.event_hub import EventHub
 from service.api.schemas import NO_NUL, ErrorBody
 from service.api.sse_response import SEND_TIMEOUT_S, StreamResponse
 from service.api.stream_tokens import StreamTokens
-from service.vocabulary import UNSTORABLE_TEXT, unstorable_reason, utc_iso
+from service.vocabulary import MAX_PARENT_ID_CHARS, UNSTORABLE_TEXT, unstorable_reason, utc_iso
 
-MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
 
 
@@ -35,12 +34,9 @@ def path_id(name: str, value: str) -> str:
     return value
 
 
-PARENT_ID_MAX = 500
-
-
 # async although it never awaits: a plain def dependency runs in a worker thread (see deps.py).
 async def _parent_id(
-    parent_id: Annotated[str, Path(min_length=1, max_length=PARENT_ID_MAX, json_schema_extra=NO_NUL)],
+    parent_id: Annotated[str, Path(min_length=1, max_length=MAX_PARENT_ID_CHARS, json_schema_extra=NO_NUL)],
 ) -> str:
     return path_id("parent_id", parent_id)
 

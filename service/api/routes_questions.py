@@ -9,7 +9,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.api.deps import DbSession, Tenant, database, parse_request_id
 from service.api.errors import found
 from service.api.routes_common import (
-    MAX_INT32,
     SSE_RESPONSES,
     AfterParam,
     BearerTenant,
@@ -21,7 +20,7 @@ from service.api.routes_common import (
     stream_tenant,
     stream_token_response,
 )
-from service.api.schemas import RequestRecord, StreamToken
+from service.api.schemas import MAX_INT32, RequestRecord, StreamToken
 from service.api.sse import request_stream
 from service.api.stream_tokens import request_stream as request_stream_name
 from service.store import events as events_store

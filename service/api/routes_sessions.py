@@ -14,7 +14,6 @@ from service.api.errors import ApiError, found, validation_error
 from service.api.in_process import in_process_worker
 from service.api.metrics import Metrics
 from service.api.routes_common import (
-    MAX_INT32,
     SSE_RESPONSES,
     AfterParam,
     BearerTenant,
@@ -29,6 +28,7 @@ from service.api.routes_common import (
     stream_token_response,
 )
 from service.api.schemas import (
+    MAX_INT32,
     NO_NUL,
     Cleared,
     HistoryPage,
@@ -57,7 +57,7 @@ from service.store.sessions import (
     session_overview,
     store_snapshot,
 )
-from service.vocabulary import content_hash
+from service.vocabulary import MAX_SNAPSHOT_ID_CHARS, content_hash
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -217,7 +217,9 @@ async def clear_questions(parent_id: ParentId, tenant: Tenant, tx: DbSession) ->
 
 
 async def _snapshot_id(
-    snapshot_id: Annotated[str, Path(min_length=1, max_length=500, json_schema_extra=NO_NUL)],
+    snapshot_id: Annotated[
+        str, Path(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)
+    ],
 ) -> str:
     return path_id("snapshot_id", snapshot_id)
 

@@ -50,7 +50,7 @@ def _json_number(value: Any) -> Any:
 # An integer field of a request body: a JSON integer (an integral number such as 4096.0 too, which JSON
 # Schema counts as one), never a string or a boolean.
 JsonInt = Annotated[int, BeforeValidator(_json_number)]
-ORDINAL_MAX = 2_147_483_647
+MAX_INT32 = 2**31 - 1  # PostgreSQL's integer: ordinals, seqs
 
 NO_NUL: dict[str, Any] = {"pattern": NO_NUL_PATTERN}
 # Open JSON (content blocks, tool schemas, extra keys) without NUL at any depth: the recursive
@@ -317,7 +317,7 @@ class HandoffIn(BaseModel):
         "`all`: every succeeded one.",
     )
     ordinals: (
-        Annotated[list[Annotated[JsonInt, Field(ge=1, le=ORDINAL_MAX)]], Field(min_length=1, max_length=1000)]
+        Annotated[list[Annotated[JsonInt, Field(ge=1, le=MAX_INT32)]], Field(min_length=1, max_length=1000)]
         | None
     ) = Field(
         default=None,
