@@ -152,10 +152,7 @@ class Feed:
         if kind == REQUEST:
             # A request's history is short: read it all, so any cursor can be served from memory.
             self.ready.set()
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name=f"sidequest-feed-{self.kind}-{self.key}")
+        self.task = asyncio.create_task(self._run(), name=f"sidequest-feed-{kind}-{key}")
         self.task.add_done_callback(self._finished)
 
     def items_after(self, cursor: int) -> list[FeedItem]:
@@ -277,8 +274,7 @@ class EventHub:
         for feed in list(self._feeds.values()):
             self.forget(feed)
             feed._end()
-            if feed.task is not None:
-                feed.task.cancel()
+            feed.task.cancel()
 
     def notify(self, _channel: str, payload: str) -> None:
         """Wake the feeds of the notified request and session; every feed on a payload naming none
@@ -309,9 +305,8 @@ class EventHub:
         """
         feed = self._feeds.get((kind, str(key)))
         if feed is None:
-            feed = Feed(self, db, kind, key)
+            feed = Feed(self, db, kind, key)  # its reader starts at once
             self._feeds[(kind, str(key))] = feed
-            feed.start()
         subscriber = Subscriber()
         self.streams += 1
         feed.joining += 1
