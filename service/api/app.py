@@ -6,6 +6,7 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,14 +20,12 @@ from service.api import (
     routes_handoffs,
     routes_inspector,
     routes_questions,
-    routes_session_list,
     routes_sessions,
 )
 from service.api.deps import TokenFirst
 from service.api.errors import (
     UNAVAILABLE_RETRY_AFTER_S,
     ApiError,
-    error_body,
     error_response,
     install_error_handlers,
     service_unavailable,
@@ -95,25 +94,17 @@ class BodyLimit:
             drained += len(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        response = JSONResponse(
-            error_body(
-                "payload_too_large",
-                f"the request body exceeds {self.limit} bytes",
-                {"limit_bytes": self.limit},
-            ),
-            status_code=413,
-            headers={"Connection": "close"},
-        )
-        await response(scope, receive, send)
+        too_large = f"the request body exceeds {self.limit} bytes"
+        close = {"Connection": "close"}
+        refusal = ApiError(413, "payload_too_large", too_large, {"limit_bytes": self.limit}, headers=close)
+        await error_response(refusal)(scope, receive, send)
 
 
+@dataclass(eq=False)
 class BodyTooLarge(Exception):
-    """Raised from inside ``receive`` when a streamed body passes the limit; ``more``: the chunk that
-    passed it was not the body's last."""
+    """Raised from inside ``receive`` when a streamed body passes the limit."""
 
-    def __init__(self, *, more: bool) -> None:
-        super().__init__()
-        self.more = more
+    more: bool  # the chunk that passed it was not the body's last
 
 
 class RedactStreamTokens(logging.Filter):
@@ -168,6 +159,17 @@ class SpecErrorCors(CORSMiddleware):
         return error_response(ApiError(400, "bad_request", f"preflight refused: {reason}", headers=headers))
 
 
+def _not_ready(message: str, detail: dict[str, Any], **facts: str | None) -> JSONResponse:
+    """SPEC §9's 503 ``service_unavailable``, with the error body every route has (SPEC §3) and the
+    readiness facts beside it for an operator."""
+    error = ApiError(503, "service_unavailable", message, detail)
+    return JSONResponse(
+        {"error": error.to_error(), "status": "unavailable", **facts},
+        status_code=503,
+        headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
+    )
+
+
 def create_app(settings: Settings, database_url: str) -> FastAPI:
     """Build the app. The worker is not part of it: ``sidequest serve`` adds one (``service.serve``)."""
 
@@ -204,7 +206,6 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     _install_log_redaction()
 
     # Every route of these routers needs the database: each may answer 503 service_unavailable.
-    app.include_router(routes_session_list.router, responses=errors(503))
     app.include_router(routes_sessions.router, responses=errors(503))
     app.include_router(routes_questions.router, responses=errors(503))
     app.include_router(routes_handoffs.router, responses=errors(503))
@@ -248,34 +249,17 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
         try:
             current, writable = await readiness(db)
         except Exception as exc:  # any driver error means "not ready", never a 500
-            # SPEC §9: 503 service_unavailable with the error body every route has (SPEC §3), and
-            # the readiness facts beside it for an operator.
             unavailable = service_unavailable()
-            body = error_body(
-                unavailable.code, unavailable.message, {**unavailable.detail, "cause": str(exc)[:200]}
-            )
-            return JSONResponse(
-                {**body, "status": "unavailable", "database": "unreachable"},
-                status_code=503,
-                headers=unavailable.headers,
-            )
+            detail = {**unavailable.detail, "cause": str(exc)[:200]}
+            return _not_ready(unavailable.message, detail, database="unreachable")
         if not writable:
             # A standby, or a primary demoted in a failover: reads work, every write would fail.
             message = "the database is read-only (a standby, or a failover in progress)"
-            body = error_body("service_unavailable", message, {"read_only": True})
-            return JSONResponse(
-                {**body, "status": "unavailable", "database": "read-only", "schema": current},
-                status_code=503,
-                headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
-            )
+            return _not_ready(message, {"read_only": True}, database="read-only", schema=current)
         if current != head:
             message = f"the database schema is at {current}, not at {head}: run `sidequest migrate`"
-            body = error_body("service_unavailable", message, {"schema": current, "head": head})
-            return JSONResponse(
-                {**body, "status": "unavailable", "database": "reachable", "schema": current, "head": head},
-                status_code=503,
-                headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
-            )
+            detail = {"schema": current, "head": head}
+            return _not_ready(message, detail, database="reachable", schema=current, head=head)
         return JSONResponse({"status": "ok", "schema": current})
 
     @app.get(

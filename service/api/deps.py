@@ -80,11 +80,9 @@ Tenant = Annotated[str, Depends(require_tenant)]
 
 class TokenFirst:
     """ASGI middleware: with tokens configured, a ``/v1`` request without a valid bearer token gets 401
-    before its path, query or body is looked at — an unauthenticated client learns nothing of the
-    input rules (a bad body, id or path would otherwise answer 400, 404 or 422 first). The
-    streams' ``?token=`` (SPEC §4) is left to the stream route, which checks it; a CORS preflight
-    never carries a token. The routes keep their own check (:data:`Tenant`), the rule's one home
-    being :func:`tenant_for_token`."""
+    before its path, query or body is looked at, so an unauthenticated client learns nothing of the
+    input rules. A stream's ``?token=`` is left to its route; a CORS preflight never carries a token.
+    The routes keep their own check (:data:`Tenant`); the rule's one home is :func:`tenant_for_token`."""
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
@@ -126,8 +124,8 @@ def database(request: Request) -> Database:
 
 async def db_session(request: Request) -> AsyncIterator[AsyncSession]:
     """One AsyncSession for the request, closed (and rolled back if uncommitted) afterwards."""
-    async with database(request).sessions() as session:
-        yield session
+    async with database(request).sessions() as tx:
+        yield tx
 
 
 DbSession = Annotated[AsyncSession, Depends(db_session)]

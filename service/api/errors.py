@@ -9,7 +9,7 @@ resort that should never fire, unexpected exceptions (500 without internals).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +21,7 @@ from service.errors import SidequestError
 from service.store.db import DB_ERRORS, is_unavailable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ApiError(SidequestError):
@@ -46,6 +47,13 @@ def not_found(what: str) -> ApiError:
     return ApiError(404, "not_found", f"{what} not found")
 
 
+def found(value: T | None, what: str) -> T:
+    """``value``; :func:`not_found` when it is None (the store's answer for "no such ``what``")."""
+    if value is None:
+        raise not_found(what)
+    return value
+
+
 def validation_error(loc: list[str], message: str) -> ApiError:
     """422 ``validation_error`` for one field, with the ``detail.errors`` every such refusal carries
     (docs/api.md): a parameter the route checks itself, beyond what FastAPI validated (FastAPI's
@@ -58,11 +66,6 @@ def validation_error(loc: list[str], message: str) -> ApiError:
     )
 
 
-def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
-    """SPEC's error body."""
-    return {"error": {"code": code, "message": message, "detail": detail or {}}}
-
-
 def error_response(error: SidequestError) -> JSONResponse:
     """The one mapping of the error protocol onto HTTP: status, SPEC's body, and any headers."""
     return JSONResponse({"error": error.to_error()}, status_code=error.status, headers=error.headers or None)
@@ -70,16 +73,14 @@ def error_response(error: SidequestError) -> JSONResponse:
 
 def _clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
     """Pydantic errors without the offending input (it may be a 32 MiB snapshot, or a secret)."""
-    cleaned = []
-    for err in errors:
-        cleaned.append(
-            {
-                "loc": [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())],
-                "msg": str(err.get("msg", "")),
-                "type": str(err.get("type", "")),
-            }
-        )
-    return cleaned
+    return [
+        {
+            "loc": [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())],
+            "msg": str(err.get("msg", "")),
+            "type": str(err.get("type", "")),
+        }
+        for err in errors
+    ]
 
 
 async def _sidequest_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -132,12 +133,12 @@ _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at this path (Starlette's own 405 names only the first route's)."""
-    allowed = []
-    for method in _METHODS:
-        scope = {**request.scope, "method": method}
-        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
-            allowed.append(method)
-    return sorted(allowed)
+    routes = request.app.router.routes
+    return sorted(
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -151,12 +152,10 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = "not found"
     if code == "bad_request" and "parsing the body" in message:
         # FastAPI's answer to a body it cannot decode (e.g. invalid UTF-8).
-        code, message = (
-            "malformed_json",
-            (
-                "the request body is not JSON this service reads: not UTF-8, not well formed, nested too"
-                " deeply, or holding a number of more than 4300 digits"
-            ),
+        code = "malformed_json"
+        message = (
+            "the request body is not JSON this service reads: not UTF-8, not well formed, nested too"
+            " deeply, or holding a number of more than 4300 digits"
         )
     return error_response(ApiError(exc.status_code, code, message, headers=headers))
 

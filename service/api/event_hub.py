@@ -1,44 +1,11 @@
 """The event hub (SPEC §4): one shared reader per stream and process, subscribers fed from memory.
 
-The streams themselves (what a connection sends, and when it ends) are :mod:`service.api.sse`.
-
-Per API process there is one :class:`Feed` for each stream key that has subscribers (a request id
-for ``/v1/questions/{id}/events``, a session id for ``/v1/sessions/{parent}/events``). Its reader
-task is woken by the process's :class:`~service.store.listener.Listener` (``sidequest_events``),
-reads the rows after the highest cursor it has delivered — one query per notification batch,
-however many subscribers there are — encodes each event once, keeps the most recent ones in a
-bounded buffer and appends the batch to every subscriber's pending list. A subscriber costs a write,
-not a query.
-
-Joining without duplicates or gaps (the handover). Everything below runs on one event loop, and a
-subscriber is added to a feed in one synchronous step, so no event is published "between" steps:
-
-- *From memory*: when the subscriber's cursor is at or after the buffer's floor (the buffer holds
-  every event after the floor up to the feed's last cursor), its pending list starts with the
-  buffered events after its cursor and it is registered at once; every later batch continues the
-  same sequence. A request feed starts from seq 0 and keeps the request's whole recent history, so
-  (re)connecting to a request stream usually reads nothing from the database.
-- *Catch-up*: otherwise (an older cursor, or a fresh session stream, whose visibility rule needs
-  ``deleted_at`` as of now) it registers first — live batches collect in its pending list — and
-  then reads the rows after its cursor from the database until a page comes back short. That read
-  started after the registration, so it returned every event up to the feed's cursor at that moment;
-  the pending batches continue from there. Pending events at or below what it already sent are
-  dropped.
-
-On top of the handover every connection keeps its own ``delivered`` cursor and never sends an event
-at or below it, so ids on one connection strictly increase, whatever races happen. A request
-stream's ``seq`` is gap-free, so a live event that is not ``delivered + 1`` means a gap: the
-subscriber then re-reads from the database instead of skipping (defensive; the handover makes it
-unreachable).
-
-Notifications are wake-ups, never data: a lost one (the listener reconnects and wakes every feed)
-costs a re-read, and each reader also re-reads every ``FALLBACK_POLL_S``. A subscriber that falls
-too far behind (more than ``lag_items`` / ``lag_bytes`` still undelivered when the next batch
-comes, i.e. its socket stopped draining) is dropped: its stream ends and the client reconnects
-with ``Last-Event-ID``, without gap. The reader never waits for a client.
-
-Ordering: ``seq`` is gap-free per request and global ids of one session commit in order
-(service/store/events.py), so "rows after my cursor" never skips an event that commits later.
+Per process there is one :class:`Feed` per stream key with subscribers (a request id, or a session
+id). Woken by the listener's ``sidequest_events`` notifications, it reads the rows after its last
+cursor — one query per wake-up however many subscribers — encodes each event once, keeps the recent
+ones in a bounded buffer and appends every batch to each subscriber's inbox. The handover without
+duplicates or gaps, the drop of a subscriber that stops draining and why a notification is only a
+wake-up: docs/architecture.md, "Streams". What a connection sends is :mod:`service.api.sse`.
 """
 
 from __future__ import annotations
@@ -50,7 +17,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -104,26 +71,30 @@ def _wire(event: Event, event_id: int) -> bytes:
     ).encode()
 
 
-def request_item(event: Event) -> FeedItem:
+def _request_item(event: Event) -> FeedItem:
     assert event.seq is not None  # a request's own events always have a seq
     return FeedItem(event.seq, event, None, _wire(event, event.seq))
 
 
-def session_item(event: Event, deleted_at: datetime | None, cleared_content: bool) -> FeedItem:
-    return FeedItem(event.id, event, deleted_at, _wire(event, event.id), cleared_content)
+async def read_items(db: Database, kind: FeedKind, key: uuid.UUID, after: int) -> list[FeedItem]:
+    """One page of a stream's events after the cursor ``after``: a feed's read and a catch-up alike."""
+    if kind == REQUEST:
+        async with db.connection() as conn:
+            events = await events_store.request_events_after(conn, key, after, PAGE)
+        return [_request_item(event) for event in events]
+    async with db.sessions() as tx:
+        rows = await events_store.session_events_with_deletion(tx, key, after, PAGE)
+    return [FeedItem(e.id, e, deleted_at, _wire(e, e.id), cleared) for e, deleted_at, cleared in rows]
 
 
+@dataclass(slots=True, eq=False)
 class Subscriber:
     """One open stream's inbox: batches appended by its feed, taken by its generator."""
 
-    __slots__ = ("closed", "dropped", "pending", "pending_bytes", "wake")
-
-    def __init__(self) -> None:
-        self.pending: list[FeedItem] = []
-        self.pending_bytes = 0
-        self.wake = asyncio.Event()
-        self.closed = False  # nothing more will be appended
-        self.dropped = False  # closed because it fell too far behind
+    pending: list[FeedItem] = field(default_factory=list)
+    pending_bytes: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: bool = False  # nothing more will be appended
 
     def push(self, items: list[FeedItem], size: int, max_items: int, max_bytes: int) -> bool:
         """Append a batch (never blocks); False when this subscriber is too far behind and dropped.
@@ -132,7 +103,6 @@ class Subscriber:
         comes (its socket stopped draining). One large batch never drops a subscriber that keeps up.
         """
         if len(self.pending) > max_items or self.pending_bytes > max_bytes:
-            self.dropped = True
             self.pending = []
             self.pending_bytes = 0
             self.close()
@@ -182,10 +152,7 @@ class Feed:
         if kind == REQUEST:
             # A request's history is short: read it all, so any cursor can be served from memory.
             self.ready.set()
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name=f"sidequest-feed-{self.kind}-{self.key}")
+        self.task = asyncio.create_task(self._run(), name=f"sidequest-feed-{kind}-{key}")
         self.task.add_done_callback(self._finished)
 
     def items_after(self, cursor: int) -> list[FeedItem]:
@@ -203,10 +170,11 @@ class Feed:
                 if not self.ready.is_set():
                     # Session feeds start at the session's newest event: every event up to it is
                     # committed, joiners with older cursors catch up themselves.
-                    self.floor = self.last = await self._high_water()
+                    async with self.db.sessions() as tx:
+                        self.floor = self.last = await events_store.session_high_water(tx, self.key)
                     self.ready.set()
                 else:
-                    items = await self._read()
+                    items = await read_items(self.db, self.kind, self.key, self.last)
             except Exception as exc:  # the database went away: keep subscribers, retry
                 log.warning("event feed read failed (%s); retrying", type(exc).__name__)
                 await asyncio.sleep(backoff)
@@ -225,24 +193,10 @@ class Feed:
                 self._end()  # purged by the sweep: nothing more will ever come
                 return
 
-    async def _read(self) -> list[FeedItem]:
-        self.hub.feed_reads += 1
-        if self.kind == REQUEST:
-            async with self.db.connection() as conn:
-                events = await events_store.request_events_after(conn, self.key, self.last, PAGE)
-            return [request_item(event) for event in events]
-        async with self.db.sessions() as session:
-            rows = await events_store.session_events_with_deletion(session, self.key, self.last, PAGE)
-            return [session_item(*row) for row in rows]
-
-    async def _high_water(self) -> int:
-        async with self.db.sessions() as session:
-            return await events_store.session_high_water(session, self.key)
-
     async def _request_exists(self) -> bool:
         try:
-            async with self.db.sessions() as session:
-                return await events_store.request_exists(session, self.key)
+            async with self.db.sessions() as tx:
+                return await events_store.request_exists(tx, self.key)
         except Exception:  # unknown: keep the stream open
             return True
 
@@ -291,29 +245,19 @@ class EventHub:
     """The feeds of this process, woken by ``sidequest_events`` notifications, and what its streams'
     responses share: the ping interval and the send watchdog."""
 
-    def __init__(
-        self,
-        *,
-        ping_s: float = PING_S,
-        poll_s: float = FALLBACK_POLL_S,
-        buffer_items: int = BUFFER_ITEMS,
-        buffer_bytes: int = BUFFER_BYTES,
-        lag_items: int = LAG_ITEMS,
-        lag_bytes: int = LAG_BYTES,
-    ) -> None:
-        self.ping_s = ping_s
+    def __init__(self) -> None:
+        # The limits above, per hub so that a test can change them for its own app.
+        self.ping_s = PING_S
         self.send_watchdog = SendWatchdog()
-        self.poll_s = poll_s
-        self.buffer_items = buffer_items
-        self.buffer_bytes = buffer_bytes
-        self.lag_items = lag_items
-        self.lag_bytes = lag_bytes
+        self.poll_s = FALLBACK_POLL_S
+        self.buffer_items = BUFFER_ITEMS
+        self.buffer_bytes = BUFFER_BYTES
+        self.lag_items = LAG_ITEMS
+        self.lag_bytes = LAG_BYTES
         self._feeds: dict[tuple[FeedKind, str], Feed] = {}
         self._unsubscribe: list[Callable[[], None]] = []
         self.streams = 0  # open streams (a dropped one counts until its connection ends)
-        # Counters (metrics, tests): shared reads, subscribers' own catch-up reads, drops.
-        self.feed_reads = 0
-        self.catchup_reads = 0
+        # Counters (tests): how subscribers joined, and how many were dropped.
         self.joined_from_memory = 0
         self.joined_with_catch_up = 0
         self.dropped = 0
@@ -330,34 +274,25 @@ class EventHub:
         for feed in list(self._feeds.values()):
             self.forget(feed)
             feed._end()
-            if feed.task is not None:
-                feed.task.cancel()
+            feed.task.cancel()
 
     def notify(self, _channel: str, payload: str) -> None:
-        """Wake the feeds of the notified request and session (every feed on an empty payload).
+        """Wake the feeds of the notified request and session; every feed on a payload naming none
+        (the listener's reconnect sends an empty one).
 
         Runs on the listener's connection callback: only sets flags, never awaits.
         """
-        if not payload:
-            self._wake_all()
-            return
         try:
             data = json.loads(payload)
-            request_id, session_id = data["request_id"], str(data["session_id"])
+            keys = [(SESSION, str(data["session_id"]))]
+            if data["request_id"] is not None:  # null for a session-level event
+                keys.append((REQUEST, str(data["request_id"])))
         except (ValueError, KeyError, TypeError):
-            self._wake_all()
-            return
-        if request_id is not None:
-            feed = self._feeds.get((REQUEST, str(request_id)))
+            keys = list(self._feeds)
+        for key in keys:
+            feed = self._feeds.get(key)
             if feed is not None:
                 feed.wake.set()
-        feed = self._feeds.get((SESSION, session_id))
-        if feed is not None:
-            feed.wake.set()
-
-    def _wake_all(self) -> None:
-        for feed in self._feeds.values():
-            feed.wake.set()
 
     @contextlib.asynccontextmanager
     async def join(
@@ -370,9 +305,8 @@ class EventHub:
         """
         feed = self._feeds.get((kind, str(key)))
         if feed is None:
-            feed = Feed(self, db, kind, key)
+            feed = Feed(self, db, kind, key)  # its reader starts at once
             self._feeds[(kind, str(key))] = feed
-            feed.start()
         subscriber = Subscriber()
         self.streams += 1
         feed.joining += 1
@@ -410,7 +344,3 @@ class EventHub:
     def subscriber_count(self) -> int:
         """Open streams in this process."""
         return self.streams
-
-    def feed_count(self) -> int:
-        """Streams with a shared reader in this process."""
-        return len(self._feeds)

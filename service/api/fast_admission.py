@@ -1,23 +1,12 @@
 """The admission's fast path: a plain, valid ``POST /v1/sessions/{parent_id}/questions`` without FastAPI.
 
-Admission is the API's hottest route, and for it FastAPI's per-request machinery (routing through the
-included routers, resolving the dependency tree, validating each parameter, the exit stack) cost
-most of the CPU the app spent on an admission (~100 µs of ~125, measured in-process;
-docs/benchmarks.md). This middleware answers the requests it can validate itself and hands every
-other one, untouched, to the app:
-
-- it *accepts* only what the route would accept: ``Content-Type: application/json``; a JSON object
-  that :class:`~service.api.schemas.QuestionIn` validates (the route's own model); a parent id and an
-  Idempotency-Key within the route's own limits (``PARENT_ID_MAX``, ``IDEMPOTENCY_KEY_MAX``) and
-  storable; the tenant the route's own bearer scheme and rule find (``deps.tenant_of``) — and then
-  runs the route's own body, :func:`~service.api.routes_sessions.admit_question`;
-- it *declines* everything else — any doubt, any error, another media type, a second header of a
-  kind — and the app then handles the request exactly as it always has,
-  error bodies included, from the body this middleware read and replays.
-
-So the contract has one home, the FastAPI route (its parameters, its OpenAPI, its errors), and this
-path can only ever be a shortcut to the same result. An error raised by the admission itself (a full
-queue, an unreachable database) is answered by the app's own exception handlers.
+FastAPI's per-request machinery cost most of the CPU an admission took (docs/benchmarks.md). This
+middleware *accepts* only what the route would accept — ``Content-Type: application/json``, a body
+:class:`~service.api.schemas.QuestionIn` validates, a parent id and Idempotency-Key within the
+route's limits, the tenant of the route's own bearer rule — and runs the route's own body,
+:func:`~service.api.routes_sessions.admit_question`. It *declines* everything else (any doubt, any
+error, a repeated header) and the app handles the request as always, from the body read here and
+replayed. So the contract has one home, the route, and this path is only ever a shortcut to it.
 """
 
 from __future__ import annotations
@@ -34,11 +23,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import routes_sessions
 from service.api.deps import bearer_scheme, tenant_of
-from service.api.routes_common import DOT_SEGMENTS, PARENT_ID_MAX
+from service.api.routes_common import DOT_SEGMENTS
 from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
 from service.api.schemas import QuestionIn
-from service.api.strict_input import read_body, replaying
-from service.vocabulary import unstorable_reason
+from service.api.strict_input import is_json_media, read_body, replaying
+from service.vocabulary import MAX_PARENT_ID_CHARS, unstorable_reason
 
 
 def _route_path() -> re.Pattern[str]:
@@ -115,10 +104,9 @@ def _accept(
         if name in headers:
             return None  # a repeated header: the app decides what it means
         headers[name] = value
-    content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
-    if content_type != b"application/json":
+    if not is_json_media(headers.get(b"content-type", b"")):
         return None
-    if not 1 <= len(parent_id) <= PARENT_ID_MAX or unstorable_reason(parent_id) is not None:
+    if not 1 <= len(parent_id) <= MAX_PARENT_ID_CHARS or unstorable_reason(parent_id) is not None:
         return None
     if parent_id in DOT_SEGMENTS:
         return None
@@ -155,6 +143,3 @@ def fast_path_of(app: Any) -> AdmissionFastPath | None:
             return layer
         layer = getattr(layer, "app", None)
     return None
-
-
-__all__ = ["AdmissionFastPath", "fast_path_of"]

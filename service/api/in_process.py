@@ -1,9 +1,5 @@
-"""What the API tells a worker that runs in the same process (``sidequest serve``), typed.
-
-The API never imports the worker (DESIGN's layers); the entry point that composes the two
-(:mod:`service.serve`) fills these hooks in. With no worker in the process they stay None and the
-API does without them.
-"""
+"""What the API tells a worker that runs in the same process (``sidequest serve``), typed: the API
+never imports the worker, :mod:`service.serve` fills these hooks in (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
 """``/metrics`` (Prometheus text format). No tenant data: no parent ids, no tenant labels.
 
-Two kinds of numbers:
-
-- this process's: requests admitted (counter), open SSE subscribers (gauge), and the admission
-  CALLs it sent with the admissions they carried (their ratio is the mean group-commit batch,
-  ``service.store.admission_batch``);
-- the deployment's, read from PostgreSQL at scrape time so every API process reports the same
-  truth whichever worker process did the work: requests by status, terminal requests by status and
-  error code, provider calls by purpose and status, summary calls, and provider latency (a
-  histogram over the per-call ``latency_ms`` the worker records in ``usage.calls``, when present),
-  background jobs by kind and status with their calls and tokens. Cleared requests are excluded.
-- calibration (SPEC 5.1): the ratio in use per (provider, model) and its sample count, and a drift
-  histogram per model: for each answered request, provider prompt tokens ÷ our estimate of what was
-  sent (1.0 = the estimate was exact; 1.5 = the tokenizer counts 50 % more than we estimate).
+This process's numbers (admissions, open SSE streams, admission CALLs), and the deployment's, read
+from PostgreSQL at scrape time so that every API process reports the same truth whichever worker did
+the work. Every family and what it means: docs/api.md, "Metrics" (background jobs: operations.md).
 """
 
 from __future__ import annotations
@@ -20,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -29,7 +20,7 @@ from prometheus_client.registry import Collector
 from service.budget import Calibration
 from service.store.db import Database
 from service.store.jobs import JobStats, read_job_stats
-from service.store.stats import read_request_stats
+from service.store.stats import RequestStats, read_request_stats
 from service.vocabulary import TERMINAL, Status
 
 log = logging.getLogger(__name__)
@@ -38,6 +29,12 @@ LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 SCRAPE_TIMEOUT_S = 5.0
 # Drift ratio buckets: the clamp range of the calibration ratio (0.5–2.0) finely around 1, then out.
 DRIFT_BUCKETS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0)
+# This process's admission batcher (service.store.admission_batch): its three counters, in order.
+ADMISSION_COUNTERS = (
+    ("sidequest_admission_calls", "Admission CALLs this API process committed"),
+    ("sidequest_admission_call_admissions", "Admissions those CALLs carried"),
+    ("sidequest_admission_batch_fallbacks", "Admission batches that failed and were sent again one by one"),
+)
 
 
 def _gauge(name: str, help_text: str, labels: Sequence[str], rows: Iterable[Sequence[Any]]) -> Metric:
@@ -46,6 +43,11 @@ def _gauge(name: str, help_text: str, labels: Sequence[str], rows: Iterable[Sequ
     for *values, n in rows:
         family.add_metric([str(v) for v in values], float(n))
     return family
+
+
+def _scalar(name: str, help_text: str, value: float) -> Metric:
+    """A gauge family without labels."""
+    return _gauge(name, help_text, (), [(value,)])
 
 
 def _histogram(
@@ -63,32 +65,23 @@ def _histogram(
     return family
 
 
+@dataclass
 class DatabaseSnapshot:
-    """The numbers read from PostgreSQL for one scrape."""
+    """The numbers read from PostgreSQL for one scrape; ``ok`` False when the read failed."""
 
-    def __init__(self) -> None:
-        self.by_status: list[tuple[str, str, int]] = []
-        self.calls: list[tuple[str, str, int]] = []
-        self.latencies: list[tuple[str, float]] = []
-        self.jobs = JobStats([], [], [])
-        self.drift: list[tuple[str, float]] = []
-        self.calibration: list[tuple[str, str, int, int, int]] = []
-        self.ok = False
+    requests: RequestStats = field(default_factory=RequestStats)
+    jobs: JobStats = field(default_factory=lambda: JobStats([], [], []))
+    ok: bool = False
 
 
 async def read_database(db: Database) -> DatabaseSnapshot:
-    """Run the scrape queries (bounded by SCRAPE_TIMEOUT_S); ``ok`` False when they failed."""
-    snap = DatabaseSnapshot()
+    """Run the scrape queries (bounded by SCRAPE_TIMEOUT_S)."""
     try:
-        async with asyncio.timeout(SCRAPE_TIMEOUT_S), db.sessions() as session:
-            stats = await read_request_stats(session)
-            snap.jobs = await read_job_stats(session)
-        snap.by_status, snap.calls, snap.latencies = stats.by_status, stats.calls, stats.latencies
-        snap.drift, snap.calibration = stats.drift, stats.calibration
-        snap.ok = True
+        async with asyncio.timeout(SCRAPE_TIMEOUT_S), db.sessions() as tx:
+            return DatabaseSnapshot(await read_request_stats(tx), await read_job_stats(tx), ok=True)
     except Exception as exc:  # metrics must answer even while the database does not
         log.warning("metrics: database read failed: %s", type(exc).__name__)
-    return snap
+        return DatabaseSnapshot()
 
 
 class _SnapshotCollector(Collector):
@@ -101,27 +94,11 @@ class _SnapshotCollector(Collector):
         self.batches: tuple[int, int, int] = (0, 0, 0)  # admission CALLs, admissions, fallbacks
 
     def collect(self) -> Iterable[Metric]:
-        snap = self.snapshot
-        yield _gauge(
-            "sidequest_database_up", "1 when the scrape could read PostgreSQL", (), [(int(snap.ok),)]
-        )
-        yield _gauge(
-            "sidequest_sse_subscribers", "Open SSE streams in this API process", (), [(self._subscribers(),)]
-        )
-        for name, help_text, value in zip(
-            (
-                "sidequest_admission_calls",
-                "sidequest_admission_call_admissions",
-                "sidequest_admission_batch_fallbacks",
-            ),
-            (
-                "Admission CALLs this API process committed",
-                "Admissions those CALLs carried",
-                "Admission batches that failed and were sent again one by one",
-            ),
-            self.batches,
-            strict=True,
-        ):
+        snap, stats = self.snapshot, self.snapshot.requests
+        yield _scalar("sidequest_database_up", "1 when the scrape could read PostgreSQL", int(snap.ok))
+        streams = self._subscribers()
+        yield _scalar("sidequest_sse_subscribers", "Open SSE streams in this API process", streams)
+        for (name, help_text), value in zip(ADMISSION_COUNTERS, self.batches, strict=True):
             family = CounterMetricFamily(name, help_text)
             family.add_metric([], float(value))
             yield family
@@ -133,43 +110,38 @@ class _SnapshotCollector(Collector):
 
         statuses: dict[str, int] = dict.fromkeys(Status, 0)
         terminal: dict[tuple[str, str], int] = {}
-        for status, code, n in snap.by_status:
+        for status, code, n in stats.by_status:
             statuses[status] = statuses.get(status, 0) + n
             if status in TERMINAL:
                 terminal[(status, code)] = terminal.get((status, code), 0) + n
         yield _gauge("sidequest_requests", "Stored requests by status", ("status",), statuses.items())
-        yield _gauge(
-            "sidequest_requests_queued", "Requests waiting for a worker", (), [(statuses[Status.QUEUED],)]
-        )
-        yield _gauge(
-            "sidequest_requests_running",
-            "Requests running now (all workers)",
-            (),
-            [(statuses[Status.RUNNING],)],
-        )
+        queued, running = statuses[Status.QUEUED], statuses[Status.RUNNING]
+        yield _scalar("sidequest_requests_queued", "Requests waiting for a worker", queued)
+        yield _scalar("sidequest_requests_running", "Requests running now (all workers)", running)
         yield _gauge(
             "sidequest_requests_terminal",
             "Stored terminal requests by status and error code (code empty on success)",
             ("status", "code"),
             [(status, code, n) for (status, code), n in sorted(terminal.items())],
         )
+        calls = stats.calls
         yield _gauge(
-            "sidequest_provider_calls", "Provider calls of stored requests", ("purpose", "status"), snap.calls
+            "sidequest_provider_calls", "Provider calls of stored requests", ("purpose", "status"), calls
         )
-        summary_total = sum(n for purpose, _, n in snap.calls if purpose in ("qa_summary", "context_summary"))
-        yield _gauge("sidequest_summary_calls", "Summary calls of stored requests", (), [(summary_total,)])
+        summary_total = sum(n for purpose, _, n in calls if purpose in ("qa_summary", "context_summary"))
+        yield _scalar("sidequest_summary_calls", "Summary calls of stored requests", summary_total)
         yield _histogram(
             "sidequest_provider_latency_seconds",
             "Provider call latency of stored requests",
             "purpose",
-            snap.latencies,
+            stats.latencies,
             LATENCY_BUCKETS_S,
         )
-        yield from _calibration_families(snap, self._calibration_on)
+        yield from _calibration_families(stats, self._calibration_on)
         yield from _job_families(snap)
 
 
-def _calibration_families(snap: DatabaseSnapshot, calibration_on: bool) -> Iterable[Metric]:
+def _calibration_families(stats: RequestStats, calibration_on: bool) -> Iterable[Metric]:
     ratio = GaugeMetricFamily(
         "sidequest_calibration_ratio",
         "Calibration ratio in use (provider / estimate, clamped 0.5-2.0; 1.0 below 5 samples "
@@ -179,7 +151,7 @@ def _calibration_families(snap: DatabaseSnapshot, calibration_on: bool) -> Itera
     samples = GaugeMetricFamily(
         "sidequest_calibration_samples", "Calibration samples recorded", labels=["provider", "model"]
     )
-    for provider, model, count, estimate_sum, provider_sum in snap.calibration:
+    for provider, model, count, estimate_sum, provider_sum in stats.calibration:
         calibration = Calibration(samples=count, estimate_sum=estimate_sum, provider_sum=provider_sum)
         # SPEC §5.1: calibration off uses the raw estimate, "ratio reported as 1.0".
         ratio.add_metric([provider, model], calibration.ratio if calibration_on else 1.0)
@@ -190,7 +162,7 @@ def _calibration_families(snap: DatabaseSnapshot, calibration_on: bool) -> Itera
         "sidequest_prompt_drift_ratio",
         "Answer calls: provider prompt tokens / estimated prompt tokens (raw estimate, uncalibrated)",
         "model",
-        snap.drift,
+        stats.drift,
         DRIFT_BUCKETS,
     )
 

@@ -66,11 +66,11 @@ class ArchiveRestored(BaseModel):
 async def export_session_archive(
     parent_id: ParentId,
     tenant: Tenant,
-    db: DbSession,
+    tx: DbSession,
     version: Annotated[int, Query(ge=1, le=3, description="archive version to write")] = 3,
 ) -> JSONResponse:
     """Export the session's finished side questions (and, in v3, its memory) as an archive."""
-    document = await export_archive(db, tenant, parent_id, version)
+    document = await export_archive(tx, tenant, parent_id, version)
     return JSONResponse(document)
 
 
@@ -86,7 +86,7 @@ async def restore_session_archive(
     parent_id: ParentId,
     request: Request,
     tenant: Tenant,
-    db: DbSession,
+    tx: DbSession,
     mode: Annotated[
         Literal["replace"] | None,
         Query(description="`replace` discards the session's existing history first"),
@@ -106,8 +106,8 @@ async def restore_session_archive(
     archive = parse_archive(
         load_archive_json(body), max_question_bytes=settings_of(request).max_question_bytes
     )
-    async with db.begin():
-        result = await restore_archive(db, tenant, parent_id, archive, replace=mode == "replace")
+    async with tx.begin():
+        result = await restore_archive(tx, tenant, parent_id, archive, replace=mode == "replace")
     return ArchiveRestored(**result.as_json())
 
 

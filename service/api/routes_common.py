@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -15,9 +14,8 @@ from service.api.event_hub import EventHub
 from service.api.schemas import NO_NUL, ErrorBody
 from service.api.sse_response import SEND_TIMEOUT_S, StreamResponse
 from service.api.stream_tokens import StreamTokens
-from service.vocabulary import UNSTORABLE_TEXT, content_hash, unstorable_reason, utc_iso
+from service.vocabulary import MAX_PARENT_ID_CHARS, UNSTORABLE_TEXT, unstorable_reason, utc_iso
 
-MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
 
 
@@ -36,12 +34,9 @@ def path_id(name: str, value: str) -> str:
     return value
 
 
-PARENT_ID_MAX = 500
-
-
 # async although it never awaits: a plain def dependency runs in a worker thread (see deps.py).
 async def _parent_id(
-    parent_id: Annotated[str, Path(min_length=1, max_length=PARENT_ID_MAX, json_schema_extra=NO_NUL)],
+    parent_id: Annotated[str, Path(min_length=1, max_length=MAX_PARENT_ID_CHARS, json_schema_extra=NO_NUL)],
 ) -> str:
     return path_id("parent_id", parent_id)
 
@@ -62,12 +57,6 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         503: "The database cannot be reached (service_unavailable; retry after Retry-After seconds)",
     }
     return {s: {"model": ErrorBody, "description": descriptions.get(s, "Error")} for s in statuses}
-
-
-def canonical_body_hash(raw: bytes) -> str:
-    """Hash of a JSON body independent of key order and whitespace (for Idempotency-Key): the
-    vocabulary's one content hash, so a hand-off and an admission hash their bodies alike."""
-    return content_hash(json.loads(raw))
 
 
 def stream_tenant(request: Request, bearer: str | None, token: str | None, stream: str) -> str:

@@ -7,14 +7,15 @@ the pure :mod:`service.budget.handoff`; refusals are the store's exceptions, map
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import JSONResponse
 
 from service.api.deps import DbSession, Tenant
-from service.api.errors import not_found
-from service.api.routes_common import ParentId, canonical_body_hash, errors
+from service.api.errors import found, not_found
+from service.api.routes_common import ParentId, errors
 from service.api.routes_sessions import IdempotencyKey
 from service.api.schemas import (
     Handoff,
@@ -25,6 +26,7 @@ from service.api.schemas import (
 from service.archive.model import SessionSettingsIn, check_text
 from service.store.handoffs import HandoffAsk, create_handoff, list_handoffs
 from service.store.settings import read_settings, update_settings
+from service.vocabulary import content_hash
 
 router = APIRouter(prefix="/v1/sessions", tags=["hand-offs and settings"])
 
@@ -67,7 +69,7 @@ async def post_handoff(
     request: Request,
     parent_id: ParentId,
     tenant: Tenant,
-    session: DbSession,
+    tx: DbSession,
     idempotency_key: IdempotencyKey = None,
     body: Annotated[HandoffIn | None, Body()] = None,
 ) -> JSONResponse:
@@ -76,21 +78,22 @@ async def post_handoff(
     `Idempotency-Key`: same key + same body → the original hand-off (200); other body → 409.
     """
     body = body or HandoffIn()
+    body_hash = None
     if idempotency_key is not None:
         check_text(idempotency_key)
-    raw = await request.body()
+        raw = await request.body()
+        # The vocabulary's content hash (key order and whitespace aside), as an admission's body has.
+        body_hash = content_hash(json.loads(raw if raw.strip() else b"{}"))
     ask = HandoffAsk(
         format=body.format,
         max_tokens=body.max_tokens,
         include=body.include,
         ordinals=tuple(sorted(set(body.ordinals))) if body.ordinals is not None else None,
         idempotency_key=idempotency_key,
-        body_hash=canonical_body_hash(raw if raw.strip() else b"{}") if idempotency_key is not None else None,
+        body_hash=body_hash,
     )
-    async with session.begin():
-        outcome = await create_handoff(session, tenant, parent_id, ask)
-    if outcome is None:
-        raise not_found("session")
+    async with tx.begin():
+        outcome = found(await create_handoff(tx, tenant, parent_id, ask), "session")
     return JSONResponse(outcome.handoff, status_code=201 if outcome.created else 200)
 
 
@@ -98,7 +101,7 @@ async def post_handoff(
 async def get_handoffs(
     parent_id: ParentId,
     tenant: Tenant,
-    session: DbSession,
+    tx: DbSession,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     before: Annotated[
         str | None,
@@ -110,7 +113,5 @@ async def get_handoffs(
     ] = None,
 ) -> JSONResponse:
     """Earlier hand-offs, newest first, paginated like history."""
-    page = await list_handoffs(session, tenant, parent_id, limit=limit, before=before)
-    if page is None:
-        raise not_found("session")
-    return JSONResponse(page)
+    page = await list_handoffs(tx, tenant, parent_id, limit=limit, before=before)
+    return JSONResponse(found(page, "session"))

@@ -1,14 +1,8 @@
 """``GET /``: the inspector page (SPEC §12), one self-contained HTML document.
 
-The page's HTML, CSS and JavaScript are separate files in the package (``service/api/static/``) so
-they stay readable; this route inlines the stylesheet and the script into the HTML once, at first
-use, so the browser loads exactly one document and nothing else (no external asset, no second
-request; the page also works saved to disk). A Content-Security-Policy allows only that inline
-script and stylesheet (by hash) and connections to this origin, so a page bug cannot make the
-browser fetch anything from elsewhere.
-
-The page holds no secret and needs none to be served: everything it shows comes from the ``/v1``
-routes, called by the browser with the token the user pastes (see docs/inspector.md).
+Its HTML, CSS and JavaScript are separate files in ``service/api/static/``; this route inlines the
+stylesheet and the script once, at first use, and serves them under a Content-Security-Policy that
+allows only those (by hash) and this origin (docs/inspector.md, "How it is built").
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.api.deps import DbSession, Tenant, database, parse_request_id
-from service.api.errors import not_found
+from service.api.errors import found
 from service.api.routes_common import (
-    MAX_INT32,
     SSE_RESPONSES,
     AfterParam,
     BearerTenant,
@@ -20,9 +20,10 @@ from service.api.routes_common import (
     stream_tenant,
     stream_token_response,
 )
-from service.api.schemas import RequestRecord, StreamToken
-from service.api.sse import request_stream, terminal_seq
+from service.api.schemas import MAX_INT32, RequestRecord, StreamToken
+from service.api.sse import request_stream
 from service.api.stream_tokens import request_stream as request_stream_name
+from service.store import events as events_store
 from service.store.admission import cancel_request
 from service.store.handoffs import set_pinned
 from service.store.sessions import find_request, request_record_for
@@ -31,52 +32,44 @@ router = APIRouter(prefix="/v1/questions", tags=["questions"])
 
 
 @router.get("/{request_id}", response_model=RequestRecord, responses=errors(401, 404, 422))
-async def get_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
+async def get_question(request_id: str, tenant: Tenant, tx: DbSession) -> JSONResponse:
     """One record: question, status, stage, answer, error, usage, context_info, timings."""
-    record = await request_record_for(session, tenant, parse_request_id(request_id))
-    if record is None:
-        raise not_found("question")
-    return JSONResponse(record)
+    return JSONResponse(found(await request_record_for(tx, tenant, parse_request_id(request_id)), "question"))
 
 
 @router.post("/{request_id}/cancel", response_model=RequestRecord, responses=errors(401, 404, 422))
-async def cancel_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
+async def cancel_question(request_id: str, tenant: Tenant, tx: DbSession) -> JSONResponse:
     """Cancel a queued or running request; idempotent; a terminal request is returned unchanged."""
-    async with session.begin():
-        record = await cancel_request(session, tenant, parse_request_id(request_id))
-    if record is None:
-        raise not_found("question")
-    return JSONResponse(record)
+    async with tx.begin():
+        record = await cancel_request(tx, tenant, parse_request_id(request_id))
+    return JSONResponse(found(record, "question"))
 
 
 @router.post("/{request_id}/pin", response_model=RequestRecord, responses=errors(401, 404, 409, 422))
-async def pin_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
+async def pin_question(request_id: str, tenant: Tenant, tx: DbSession) -> JSONResponse:
     """Pin a succeeded side answer for the next hand-off (SPEC §11.1); idempotent; else 409."""
-    async with session.begin():
-        record = await set_pinned(session, tenant, parse_request_id(request_id), True)
-    if record is None:
-        raise not_found("question")
-    return JSONResponse(record)
+    return await _set_pinned(tx, tenant, request_id, True)
 
 
 @router.delete("/{request_id}/pin", response_model=RequestRecord, responses=errors(401, 404, 422))
-async def unpin_question(request_id: str, tenant: Tenant, session: DbSession) -> JSONResponse:
+async def unpin_question(request_id: str, tenant: Tenant, tx: DbSession) -> JSONResponse:
     """Unpin a side answer; idempotent."""
-    async with session.begin():
-        record = await set_pinned(session, tenant, parse_request_id(request_id), False)
-    if record is None:
-        raise not_found("question")
-    return JSONResponse(record)
+    return await _set_pinned(tx, tenant, request_id, False)
+
+
+async def _set_pinned(tx: AsyncSession, tenant: str, request_id: str, pinned: bool) -> JSONResponse:
+    async with tx.begin():
+        record = await set_pinned(tx, tenant, parse_request_id(request_id), pinned)
+    return JSONResponse(found(record, "question"))
 
 
 @router.post("/{request_id}/stream-token", response_model=StreamToken, responses=errors(401, 404, 422))
 async def question_stream_token(
-    request: Request, request_id: str, tenant: Tenant, session: DbSession
+    request: Request, request_id: str, tenant: Tenant, tx: DbSession
 ) -> JSONResponse:
     """A 10-minute token for this request's event stream only (for EventSource, as `?token=`)."""
     rid = parse_request_id(request_id)
-    if await find_request(session, tenant, rid) is None:
-        raise not_found("question")
+    found(await find_request(tx, tenant, rid), "question")
     return stream_token_response(
         request,
         tenant,
@@ -109,14 +102,12 @@ async def question_events(
     rid = parse_request_id(request_id)
     tenant = stream_tenant(request, bearer, token, request_stream_name(str(rid)))
     db = database(request)
-    async with db.sessions() as session:
-        if await find_request(session, tenant, rid) is None:
-            raise not_found("question")
-    cursor, _resumed = resume_point(request, after)
-    # seq is a 32-bit column: a larger cursor means "after everything" and must not reach SQL.
-    cursor = min(cursor, MAX_INT32)
-    if cursor > 0:
-        last = await terminal_seq(db, rid)
-        if last is not None and cursor >= last:
-            return Response(status_code=204)
+    async with db.sessions() as tx:
+        found(await find_request(tx, tenant, rid), "question")
+        cursor, _resumed = resume_point(request, after)
+        # seq is a 32-bit column: a larger cursor means "after everything" and must not reach SQL.
+        cursor = min(cursor, MAX_INT32)
+        last = await events_store.terminal_seq(tx, rid) if cursor > 0 else None
+    if last is not None and cursor >= last:
+        return Response(status_code=204)
     return sse_response(request, request_stream(db, hub_of(request), rid, cursor))

@@ -1,8 +1,8 @@
-"""Session routes: admit a question, history, clear, snapshots, session overview, session stream."""
+"""Session routes: the tenant's sessions, admit a question, history, clear, snapshots, one session's
+overview, its stream."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -10,11 +10,10 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.api.deps import DbSession, Tenant, database, settings_of
-from service.api.errors import ApiError, not_found, validation_error
+from service.api.errors import ApiError, found, validation_error
 from service.api.in_process import in_process_worker
 from service.api.metrics import Metrics
 from service.api.routes_common import (
-    MAX_INT32,
     SSE_RESPONSES,
     AfterParam,
     BearerTenant,
@@ -29,21 +28,25 @@ from service.api.routes_common import (
     stream_token_response,
 )
 from service.api.schemas import (
+    MAX_INT32,
     NO_NUL,
     Cleared,
     HistoryPage,
     QuestionIn,
     RequestRecord,
     SessionOut,
+    SessionPage,
     Snapshot,
     SnapshotStored,
     StreamToken,
 )
-from service.api.sse import database_now, session_stream
+from service.api.sse import session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
 from service.archive.model import check_text
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
+from service.store import events as events_store
 from service.store.admission import Admission, admit, clear_session
+from service.store.session_list import Cursor, sessions_page
 from service.store.sessions import (
     SnapshotJobPolicy,
     encode_or_refuse,
@@ -54,9 +57,33 @@ from service.store.sessions import (
     session_overview,
     store_snapshot,
 )
-from service.vocabulary import content_hash
+from service.vocabulary import MAX_SNAPSHOT_ID_CHARS, content_hash
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+
+@router.get("", response_model=SessionPage, responses=errors(400, 401, 422))
+async def list_sessions(
+    tenant: Tenant,
+    tx: DbSession,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    before: Annotated[
+        str | None,
+        # No length bounds: an empty or overlong cursor is one this service did not issue, 400 as on
+        # the hand-off list (the refusal quotes at most its first 100 characters).
+        Query(description="`next_before` of the previous page (opaque)."),
+    ] = None,
+) -> JSONResponse:
+    """The tenant's sessions, most recently active first: `{items, has_more, next_before}`.
+
+    Each item is the same session object as `GET /v1/sessions/{parent_id}`. Pass `next_before` as
+    `before` for the next (older) page; a cursor this service did not issue → 400 `invalid_cursor`.
+    """
+    cursor = None
+    if before is not None:
+        cursor = Cursor.decode(before)  # InvalidCursor: 400 invalid_cursor, through the one handler
+    return JSONResponse(await sessions_page(tx, tenant, limit=limit, before=cursor))
+
 
 IDEMPOTENCY_KEY_MAX = 300
 
@@ -116,8 +143,7 @@ async def admit_question(
     """The admission itself, once the parameters are valid: the route's body, and what
     :mod:`service.api.fast_admission` calls for a request it could validate without FastAPI.
 
-    ``parsed``: the body's JSON when the caller parsed it already, strictly (no NaN, no Infinity);
-    else it is read from the request (:func:`_parsed_body`)."""
+    ``parsed``: the body's JSON when the caller parsed it already, strictly (no NaN, no Infinity)."""
     settings = settings_of(request)
     size = len(body.question.encode("utf-8"))
     if size > settings.max_question_bytes:
@@ -128,17 +154,14 @@ async def admit_question(
         )
     # The JSON FastAPI already parsed (Starlette caches it), not a second parse of the bytes.
     if parsed is None:
-        parsed = await _parsed_body(request)
+        parsed = await request.json()
     inline: dict[str, Any] | None = None
     encoded: EncodedSnapshot | None = None
     prepared: PreparedSnapshot | None = None
     if body.snapshot is not None:
         inline = parsed["snapshot"]
         assert isinstance(inline, dict)
-        encoded = encode_or_refuse(inline)
-        if encoded.size > settings.max_snapshot_bytes:
-            raise _too_large("snapshot_too_large", "the snapshot", encoded.size, settings.max_snapshot_bytes)
-        prepared = _prepare_and_share(request, inline, encoded)
+        encoded, prepared = _prepare_snapshot(request, inline)
     if idempotency_key is not None:
         check_text(idempotency_key)
     options = {
@@ -157,7 +180,7 @@ async def admit_question(
         # Key-sorted compact JSON: the same body in another key order or spacing hashes the same.
         body_hash=content_hash(parsed) if idempotency_key is not None else None,
         on_busy=body.on_busy,
-        snapshot_jobs=SnapshotJobPolicy.of(settings, expecting=_summary_expected(request)),
+        snapshot_jobs=_snapshot_jobs(request),
     )
     admitted = await admit(
         database(request), tenant, parent_id, admission, max_queued=settings.max_queued_per_session
@@ -172,39 +195,31 @@ async def admit_question(
     )
 
 
-async def _parsed_body(request: Request) -> Any:
-    """The request's JSON as sent (key order kept). Strict already: a body Python's parser reads but
-    JSON is not (NaN, UTF-16, a BOM) never gets here (:class:`service.api.strict_input.StrictJsonBodies`)."""
-    return await request.json()
-
-
 @router.get("/{parent_id}/questions", response_model=HistoryPage, responses=errors(401, 404, 422))
 async def get_history(
     parent_id: ParentId,
     tenant: Tenant,
-    session: DbSession,
+    tx: DbSession,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     before: Annotated[int | None, Query(ge=1, le=MAX_INT32, description="Only ordinals below this.")] = None,
 ) -> JSONResponse:
     """History page: the newest `limit` requests with ordinal < `before`, in ascending ordinal."""
-    page = await history_page(session, tenant, parent_id, limit=limit, before=before)
-    if page is None:
-        raise not_found("session")
-    return JSONResponse(page)
+    page = await history_page(tx, tenant, parent_id, limit=limit, before=before)
+    return JSONResponse(found(page, "session"))
 
 
 @router.delete("/{parent_id}/questions", response_model=Cleared, responses=errors(401, 404, 422))
-async def clear_questions(parent_id: ParentId, tenant: Tenant, session: DbSession) -> JSONResponse:
+async def clear_questions(parent_id: ParentId, tenant: Tenant, tx: DbSession) -> JSONResponse:
     """Clear: cancel queued/running requests, delete history and memory, bump `clear_version`."""
-    async with session.begin():
-        result = await clear_session(session, tenant, parent_id)
-    if result is None:
-        raise not_found("session")
-    return JSONResponse(result)
+    async with tx.begin():
+        result = await clear_session(tx, tenant, parent_id)
+    return JSONResponse(found(result, "session"))
 
 
 async def _snapshot_id(
-    snapshot_id: Annotated[str, Path(min_length=1, max_length=500, json_schema_extra=NO_NUL)],
+    snapshot_id: Annotated[
+        str, Path(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)
+    ],
 ) -> str:
     return path_id("snapshot_id", snapshot_id)
 
@@ -223,73 +238,68 @@ async def put_snapshot(
     snapshot_id: Annotated[str, Depends(_snapshot_id)],
     body: Snapshot,
     tenant: Tenant,
-    session: DbSession,
+    tx: DbSession,
 ) -> JSONResponse:
     """Store a main snapshot: 201 when stored, 200 when the same content was already there.
 
     Immutable: the same id with other content → 409 `snapshot_conflict`. Content is compared by
     its key-sorted JSON, so key order and whitespace do not matter.
     """
-    del body  # validated; the stored content is the raw JSON as sent
-    settings = settings_of(request)
-    content = await _parsed_body(request)
+    del body  # validated; the stored content is the JSON as sent (key order kept; strict_input.py)
+    content = await request.json()
     assert isinstance(content, dict)
-    encoded = encode_or_refuse(content)
-    if encoded.size > settings.max_snapshot_bytes:
-        raise _too_large("snapshot_too_large", "the snapshot", encoded.size, settings.max_snapshot_bytes)
-    prepared = _prepare_and_share(request, content, encoded)
-    owner = await lock_or_create_session(session, tenant, parent_id)
+    encoded, prepared = _prepare_snapshot(request, content)
+    session_row = await lock_or_create_session(tx, tenant, parent_id)
     stored = await store_snapshot(
-        session,
-        owner.id,
+        tx,
+        session_row.id,
         snapshot_id,
         content,
-        owner=owner,
-        jobs=SnapshotJobPolicy.of(settings, expecting=_summary_expected(request)),
+        owner=session_row,
+        jobs=_snapshot_jobs(request),
         encoded=encoded,
         prepared=prepared,
     )
-    await session.commit()
+    await tx.commit()
     return JSONResponse(stored.public(), status_code=201 if stored.created else 200)
 
 
-def _prepare_and_share(
-    request: Request, content: dict[str, Any], encoded: EncodedSnapshot
-) -> PreparedSnapshot:
-    """Prepare a snapshot once and hand the preparation to a worker in this process at once
-    (``sidequest serve`` sets :attr:`InProcessWorker.snapshot_prepared`), so the question it came
-    with, and its background job, need not read 600 KB back from PostgreSQL — even when the worker claims that
-    question before this request's own code resumes after the commit. Safe before the commit: the
-    worker keys it by content hash, and a preparation is a pure function of the content."""
+def _prepare_snapshot(request: Request, content: dict[str, Any]) -> tuple[EncodedSnapshot, PreparedSnapshot]:
+    """A snapshot's encoding (413 beyond the limit) and its preparation, made once and handed at once
+    to a worker in this process (:class:`InProcessWorker`), so the question it came with, and its
+    background job, need not read it back from PostgreSQL — even when the worker claims that question
+    before this request resumes after the commit. Safe before the commit: the worker keys it by
+    content hash, and a preparation is a pure function of the content."""
+    limit = settings_of(request).max_snapshot_bytes
+    encoded = encode_or_refuse(content)
+    if encoded.size > limit:
+        raise _too_large("snapshot_too_large", "the snapshot", encoded.size, limit)
     prepared = prepare_or_refuse(content, encoded)
     hook = in_process_worker(request.app).snapshot_prepared
     if hook is not None:
         hook(encoded.content_hash, prepared)
-    return prepared
+    return encoded, prepared
 
 
-def _summary_expected(request: Request) -> Callable[[PreparedSnapshot], None] | None:
-    """Whom to tell that a snapshot's background summary will be queued (``sidequest serve`` sets
-    :attr:`InProcessWorker.snapshot_job_expected`: its worker renders the summary's material meanwhile)."""
-    return in_process_worker(request.app).snapshot_job_expected
+def _snapshot_jobs(request: Request) -> SnapshotJobPolicy:
+    """The settings' policy for snapshot summary jobs; a worker in this process is told when one will
+    be queued (:attr:`InProcessWorker.snapshot_job_expected`), to render its material meanwhile."""
+    expecting = in_process_worker(request.app).snapshot_job_expected
+    return SnapshotJobPolicy.of(settings_of(request), expecting=expecting)
 
 
 @router.get("/{parent_id}", response_model=SessionOut, responses=errors(401, 404, 422))
-async def get_session(parent_id: ParentId, tenant: Tenant, session: DbSession) -> JSONResponse:
+async def get_session(parent_id: ParentId, tenant: Tenant, tx: DbSession) -> JSONResponse:
     """Session: counts, `clear_version`, `next_ordinal`, memory overview."""
-    overview = await session_overview(session, tenant, parent_id)
-    if overview is None:
-        raise not_found("session")
-    return JSONResponse(overview)
+    return JSONResponse(found(await session_overview(tx, tenant, parent_id), "session"))
 
 
 @router.post("/{parent_id}/stream-token", response_model=StreamToken, responses=errors(401, 404, 422))
 async def session_stream_token(
-    request: Request, parent_id: ParentId, tenant: Tenant, session: DbSession
+    request: Request, parent_id: ParentId, tenant: Tenant, tx: DbSession
 ) -> JSONResponse:
     """A 10-minute token for this session's event stream only (for EventSource, as `?token=`)."""
-    if await find_session(session, tenant, parent_id) is None:
-        raise not_found("session")
+    found(await find_session(tx, tenant, parent_id), "session")
     return stream_token_response(
         request,
         tenant,
@@ -318,21 +328,19 @@ async def session_events(
     """
     tenant = stream_tenant(request, bearer, token, session_stream_name(parent_id))
     db = database(request)
-    async with db.sessions() as session:
-        owner = await find_session(session, tenant, parent_id)
-    if owner is None:
-        raise not_found("session")
-    cursor, resumed = resume_point(request, after)
-    opened_at = await database_now(db)
+    async with db.sessions() as tx:
+        session_row = found(await find_session(tx, tenant, parent_id), "session")
+        cursor, resumed = resume_point(request, after)
+        opened_at = await events_store.database_now(tx)
     return sse_response(
         request,
         session_stream(
             db,
             hub_of(request),
-            owner.id,
+            session_row.id,
             cursor,
             resumed=resumed,
             opened_at=opened_at,
-            ever_cleared=owner.cleared_at is not None,
+            ever_cleared=session_row.cleared_at is not None,
         ),
     )

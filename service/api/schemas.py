@@ -34,10 +34,11 @@ from service.vocabulary import (
     OUTPUT_CAP_MAX,
     OUTPUT_CAP_MIN,
     OnBusy,
+    Status,
 )
 
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
-ORDINAL_MAX = 2_147_483_647
+MAX_INT32 = 2**31 - 1  # PostgreSQL's integer: ordinals, seqs
 
 NO_NUL: dict[str, Any] = {"pattern": NO_NUL_PATTERN}
 # Open JSON (content blocks, tool schemas, extra keys) without NUL at any depth: the recursive
@@ -47,6 +48,8 @@ _STORABLE_JSON: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_JSON}
 _STORABLE_OBJECT: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_OBJECT}
 _OPEN_NO_NUL: dict[str, Any] = {"propertyNames": NO_NUL, "additionalProperties": _STORABLE_JSON}
 NulFreeText = Annotated[str, Field(json_schema_extra=NO_NUL)]
+SnapshotId = Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)]
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)]
 NulFreeObject = Annotated[dict[str, Any], WithJsonSchema(_STORABLE_OBJECT)]
 
 
@@ -80,9 +83,7 @@ class Snapshot(BaseModel):
 
     model_config = ConfigDict(extra="allow", json_schema_extra=_OPEN_NO_NUL)
 
-    snapshot_id: (
-        Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)] | None
-    ) = Field(
+    snapshot_id: SnapshotId | None = Field(
         default=None, description="Store the inline snapshot under this id (default: its content hash)."
     )
     taken_at: NulFreeText | None = None
@@ -126,13 +127,9 @@ class QuestionIn(BaseModel):
     question: str = Field(
         min_length=1, description="At most 64 KiB of UTF-8 (65536 bytes).", json_schema_extra=NO_NUL
     )
-    snapshot_id: (
-        Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)] | None
-    ) = None
+    snapshot_id: SnapshotId | None = None
     snapshot: Snapshot | None = None
-    model: (
-        Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)] | None
-    ) = None
+    model: ModelName | None = None
     context_window: Annotated[JsonInt, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)] | None = None
     max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = None
     main_max_output_tokens: Annotated[JsonInt, Field(ge=1, le=10_000_000)] | None = None
@@ -184,9 +181,6 @@ class Usage(BaseModel):
     calls: list[UsageCall] = Field(default_factory=list)
 
 
-Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-
-
 class RequestRecord(BaseModel):
     """One side request."""
 
@@ -194,7 +188,7 @@ class RequestRecord(BaseModel):
     parent_id: str
     ordinal: int
     question: str
-    status: Status
+    status: Literal[Status.QUEUED, Status.RUNNING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED]
     stage: str | None
     answer: str | None
     truncated: bool
@@ -253,7 +247,7 @@ class HandoffIn(BaseModel):
         "`all`: every succeeded one.",
     )
     ordinals: (
-        Annotated[list[Annotated[JsonInt, Field(ge=1, le=ORDINAL_MAX)]], Field(min_length=1, max_length=1000)]
+        Annotated[list[Annotated[JsonInt, Field(ge=1, le=MAX_INT32)]], Field(min_length=1, max_length=1000)]
         | None
     ) = Field(
         default=None,
@@ -360,6 +354,14 @@ class SessionOut(BaseModel):
     memory: MemoryOverview
     created_at: Timestamp
     updated_at: Timestamp
+
+
+class SessionPage(BaseModel):
+    """A page of the tenant's sessions, most recently active first."""
+
+    items: list[SessionOut]
+    has_more: bool
+    next_before: str | None
 
 
 class Cleared(BaseModel):

@@ -1,9 +1,9 @@
 """Event streams (SPEC §4): what one connection to a request or a session stream sends.
 
-Every stream joins its feed in the process's :class:`~service.api.event_hub.EventHub` (one shared
-reader per stream key; the handover without duplicates or gaps is described there) and keeps its own
-``delivered`` cursor, so ids on one connection strictly increase whatever races happen. A request
-stream ends after its terminal event; a session stream never ends by itself.
+Every stream joins its feed in the process's :class:`~service.api.event_hub.EventHub` and keeps its
+own ``delivered`` cursor, so ids on one connection strictly increase whatever races happen
+(docs/architecture.md, "Streams"). A request stream ends after its terminal event; a session stream
+never ends by itself.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from datetime import datetime
 
 from sse_starlette.event import ServerSentEvent
 
-from service.api.event_hub import PAGE, REQUEST, SESSION, EventHub, FeedItem, request_item, session_item
-from service.store import events as events_store
+from service.api.event_hub import PAGE, REQUEST, SESSION, EventHub, FeedItem, read_items
 from service.store.db import Database
 
 log = logging.getLogger(__name__)
@@ -30,24 +29,24 @@ def retry_hint() -> ServerSentEvent:
     return ServerSentEvent(comment="sidequest stream", retry=RETRY_MS)
 
 
-async def terminal_seq(db: Database, request_id: uuid.UUID) -> int | None:
-    """The seq of the request's terminal event (``done`` / ``error``), or None while it runs."""
-    async with db.sessions() as session:
-        return await events_store.terminal_seq(session, request_id)
+def visible_on_session_stream(
+    item: FeedItem, *, resumed: bool, opened_at: datetime, seen: set[uuid.UUID | None]
+) -> bool:
+    """Whether a session stream sends ``item``: a clear deletes the history (SPEC §3).
 
-
-async def _catch_up_request(db: Database, hub: EventHub, request_id: uuid.UUID, after: int) -> list[FeedItem]:
-    hub.catchup_reads += 1
-    async with db.connection() as conn:
-        events = await events_store.request_events_after(conn, request_id, after, PAGE)
-    return [request_item(event) for event in events]
-
-
-async def _catch_up_session(db: Database, hub: EventHub, session_id: uuid.UUID, after: int) -> list[FeedItem]:
-    hub.catchup_reads += 1
-    async with db.sessions() as session:
-        rows = await events_store.session_events_with_deletion(session, session_id, after, PAGE)
-    return [session_item(*row) for row in rows]
+    No stream serves what a cleared request (or the session-level events of a history a clear or an
+    archive restore replaced) wrote before the clear, once the clear is read — not even one that
+    resumes from before it. What the clear itself wrote (the ``cancelled`` events of the requests it
+    cancelled) reaches a stream open when it happened, one that resumes from before it (``resumed``)
+    and one that already sent that request's earlier events (``seen``), not a fresh stream opened
+    after it (``opened_at``, the database's clock).
+    """
+    if item.deleted_at is None:
+        return True
+    if item.cleared_content:
+        return False
+    request_id = item.event.request_id
+    return resumed or item.deleted_at > opened_at or (request_id is not None and request_id in seen)
 
 
 async def request_stream(
@@ -60,7 +59,7 @@ async def request_stream(
         while True:
             live = not catch_up
             if catch_up:
-                items = await _catch_up_request(db, hub, request_id, delivered)
+                items = await read_items(db, REQUEST, request_id, delivered)
                 catch_up = len(items) >= PAGE
             else:
                 items = await subscriber.next_batch()
@@ -90,12 +89,6 @@ async def request_stream(
                 return
 
 
-async def database_now(db: Database) -> datetime:
-    """PostgreSQL's clock (the one ``deleted_at`` is written with)."""
-    async with db.sessions() as session:
-        return await events_store.database_now(session)
-
-
 async def session_stream(
     db: Database,
     hub: EventHub,
@@ -108,14 +101,9 @@ async def session_stream(
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """Events of every request of a session with global ``id > after``; never ends by itself.
 
-    A clear deletes the history (SPEC §3): no stream serves what a cleared request (or the
-    session-level events of a history a clear or an archive restore replaced) wrote before the
-    clear, once the clear is read — not even one that resumes from before it. What the clear itself
-    wrote (the ``cancelled`` events of the requests it cancelled) reaches a stream open when it
-    happened and one that resumes from before it, not a fresh stream opened after it. A fresh
-    stream therefore reads its history itself (``deleted_at`` as of now); a resumed one may start
-    from memory, unless the session was ever cleared (or restored: ``ever_cleared``): a live feed's
-    buffer has the flags of when it was read, perhaps before the clear.
+    A fresh stream reads its history itself (``deleted_at`` as of now); a resumed one may start from
+    memory, unless the session was ever cleared (or restored: ``ever_cleared``): a live feed's buffer
+    has the flags of when it was read, perhaps before the clear (:func:`visible_on_session_stream`).
     """
     yield retry_hint()
     seen: set[uuid.UUID | None] = set()
@@ -124,7 +112,7 @@ async def session_stream(
         delivered = after
         while True:
             if catch_up:
-                items = await _catch_up_session(db, hub, session_id, delivered)
+                items = await read_items(db, SESSION, session_id, delivered)
                 catch_up = len(items) >= PAGE
             else:
                 items = await subscriber.next_batch()
@@ -135,16 +123,8 @@ async def session_stream(
                 if item.cursor <= delivered:
                     continue
                 delivered = item.cursor
-                event = item.event
-                if item.deleted_at is None or (
-                    not item.cleared_content
-                    and (
-                        resumed
-                        or item.deleted_at > opened_at
-                        or (event.request_id is not None and event.request_id in seen)
-                    )
-                ):
-                    seen.add(event.request_id)
+                if visible_on_session_stream(item, resumed=resumed, opened_at=opened_at, seen=seen):
+                    seen.add(item.event.request_id)
                     chunks.append(item.wire)
             if chunks:
                 yield b"".join(chunks)

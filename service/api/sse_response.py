@@ -1,19 +1,16 @@
 """sse-starlette's EventSourceResponse with a cheaper per-send timeout.
 
-sse-starlette wraps every send in ``anyio.move_on_after(send_timeout)``: a cancel scope with its own
-timer per message, about 15 µs of CPU each on the project machine, a third of what delivering one
-event to one subscriber costs in total (docs/benchmarks.md, SSE fan-out). Here one watchdog task per
-app (:class:`SendWatchdog`, held by the app's :class:`~service.api.event_hub.EventHub`; none at
-module level, so two apps in one process never share one) checks once a second for a send that has
-been pending longer than the timeout and cancels just that task; the send then fails with
-sse-starlette's own ``SendTimeoutError``, so the response ends exactly as before (iterator closed,
-task group torn down). A send that completes — nearly all: a send only waits while the client's
-socket is full — costs a set insert and delete.
+sse-starlette wraps every send in its own ``anyio.move_on_after``: a timer per message, a third of
+what delivering one event to one subscriber costs (docs/benchmarks.md, SSE fan-out). Instead one
+:class:`SendWatchdog` per app (held by its :class:`~service.api.event_hub.EventHub`) cancels, once a
+second, a send pending longer than the timeout; the send then fails with sse-starlette's own
+``SendTimeoutError``, so the response ends exactly as sse-starlette's would.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from sse_starlette.sse import EventSourceResponse, SendTimeoutError
@@ -28,13 +25,11 @@ WATCHDOG_TICK_S = 1.0
 WATCHDOG_IDLE_TICKS = 30
 
 
+@dataclass(slots=True, eq=False)
 class _Pending:
-    __slots__ = ("deadline", "expired", "task")
-
-    def __init__(self, task: asyncio.Task[object], deadline: float) -> None:
-        self.task = task
-        self.deadline = deadline
-        self.expired = False
+    task: asyncio.Task[object]
+    deadline: float
+    expired: bool = False
 
 
 class SendWatchdog:

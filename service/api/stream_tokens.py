@@ -1,14 +1,7 @@
 """Short-lived signed tokens that let a browser's EventSource open exactly one stream.
 
-A token is ``base64url(payload) "." base64url(HMAC-SHA256(secret, payload))`` where the payload
-names the tenant, the one stream (``q:<request id>`` or ``s:<parent id>``) and the expiry. It is
-only accepted as ``?token=`` on that stream's route, for that target.
-
-The secret (docs/api.md): ``SIDEQUEST_STREAM_TOKEN_SECRET`` when set; otherwise derived from
-``SIDEQUEST_API_TOKENS`` so that every API process of one deployment agrees without extra
-configuration (rotating the API tokens invalidates outstanding stream tokens, which live 10 minutes
-anyway). With neither (no auth at all) a random per-process secret is used: nothing needs a token
-then, since every stream is open.
+The token's format, its secret and why the secret is derived from the API tokens when none is set:
+docs/api.md, "Stream tokens". A token is accepted only as ``?token=`` on its own stream's route.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ TOKEN_TTL_S = 600
 
 
 def stream_secret(settings: Settings) -> bytes:
-    """The signing key for this deployment (see the module docstring)."""
+    """The signing key for this deployment (docs/api.md)."""
     if settings.stream_token_secret:
         return hashlib.sha256(b"sidequest-stream-token:" + settings.stream_token_secret.encode()).digest()
     tokens = settings.tenant_tokens()

@@ -1,19 +1,11 @@
 """What a request's bytes may be: a path that is UTF-8 once percent-decoded, and a JSON body that is
-RFC 8259 text — UTF-8, no byte order mark, no NaN or Infinity.
+RFC 8259 text — UTF-8, no byte order mark, no NaN or Infinity (docs/api.md).
 
-The server decodes a path's percent-escapes with replacement: ``%FF`` and ``%C3`` both became
-``U+FFFD``, two ids one session. :class:`Utf8Paths` answers 422 for such a path.
-
-Python's parser (FastAPI's and Starlette's too) is lenient in two ways the contract is not: it reads
-the constants ``NaN``, ``Infinity`` and ``-Infinity`` as numbers, and it detects UTF-16 and UTF-32
-and a byte order mark and decodes them. A request body that is not JSON is 400 ``malformed_json``
-(docs/api.md), whichever route it goes to and whether or not its fields would validate: a NaN in a
-typed field would be a 422 ``validation_error``, and a UTF-16 body would be accepted.
-
-The rule has one home, :func:`service.vocabulary.strict_json` (archive restore applies it too, with
-its own code); :func:`service.vocabulary.may_be_lenient_json` says, at C speed, whether a body could
-break it at all (almost none do), and :class:`StrictJsonBodies` applies it to every JSON body before
-a route (or the admission's fast path) reads it.
+The server decodes a path's bad percent-escapes to ``U+FFFD`` (``%FF`` and ``%C3``: two ids, one
+session); Python's JSON parser reads ``NaN`` / ``Infinity`` and decodes UTF-16, UTF-32 and a BOM,
+so a NaN in a typed field would answer 422 and a UTF-16 body be accepted, not 400 ``malformed_json``.
+The JSON rule's home is :func:`service.vocabulary.strict_json`; :class:`StrictJsonBodies` applies
+it to every JSON body before a route (or the admission's fast path) reads it.
 """
 
 from __future__ import annotations
@@ -27,7 +19,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api.errors import ApiError, error_response, validation_error
 from service.vocabulary import NotJson, may_be_lenient_json, strict_json
 
-_JSON_TYPES: Final = (b"application/json",)
 _WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
 # Archive restore reads its body itself, by the same rule, and answers with its own code
 # (``invalid_archive``: docs/api.md).
@@ -61,10 +52,15 @@ def replaying(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
+def is_json_media(content_type: bytes) -> bool:
+    """Whether a Content-Type header's value is ``application/json`` (parameters aside)."""
+    return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
+
+
 def _is_json(scope: Scope) -> bool:
     for name, value in scope.get("headers") or []:
         if name == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() in _JSON_TYPES
+            return is_json_media(value)
     return False
 
 
@@ -118,6 +114,3 @@ class Utf8Paths:
                 await error_response(error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-__all__ = ["StrictJsonBodies", "Utf8Paths", "read_body", "replaying"]

@@ -26,38 +26,38 @@ async def ask(
 
 async def append(db: Database, request_id: str, event_type: str, fields: dict[str, Any]) -> Event:
     """Append one event in its own transaction (as a worker would)."""
-    async with db.sessions() as session:
-        event = await append_event(session, uuid.UUID(request_id), event_type, fields)
-        await session.commit()
+    async with db.sessions() as tx:
+        event = await append_event(tx, uuid.UUID(request_id), event_type, fields)
+        await tx.commit()
     return event
 
 
 async def mark_running(db: Database, request_id: str, stage: str = "preparing") -> None:
     """Put a request in ``running`` as a worker's claim would (lease included) and emit its status."""
-    async with db.sessions() as session:
-        await session.execute(
+    async with db.sessions() as tx:
+        await tx.execute(
             update(RequestRow)
             .where(RequestRow.id == uuid.UUID(request_id))
             .values(status="running", stage=stage, attempt=1, lease_owner="test-worker")
         )
-        await append_event(session, uuid.UUID(request_id), "status", {"status": "running", "stage": stage})
-        await session.commit()
+        await append_event(tx, uuid.UUID(request_id), "status", {"status": "running", "stage": stage})
+        await tx.commit()
 
 
 async def finish(db: Database, request_id: str, answer: str = "because") -> None:
     """Finish a request successfully: terminal status event, then ``done`` with the record."""
-    async with db.sessions() as session:
-        await session.execute(
+    async with db.sessions() as tx:
+        await tx.execute(
             update(RequestRow)
             .where(RequestRow.id == uuid.UUID(request_id))
             .values(status="succeeded", stage=None, answer=answer)
         )
-        row = await session.scalar(
+        row = await tx.scalar(
             select(RequestRow)
             .where(RequestRow.id == uuid.UUID(request_id))
             .execution_options(populate_existing=True)
         )
         assert row is not None
-        await append_event(session, row.id, "status", {"status": "succeeded", "stage": None})
-        await append_event(session, row.id, "done", {"record": request_record(row, "p")})
-        await session.commit()
+        await append_event(tx, row.id, "status", {"status": "succeeded", "stage": None})
+        await append_event(tx, row.id, "done", {"record": request_record(row, "p")})
+        await tx.commit()

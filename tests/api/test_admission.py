@@ -37,10 +37,10 @@ SNAPSHOT: dict[str, Any] = {
 
 
 async def _row_counts(db: Database) -> tuple[int, int, int, int]:
-    async with db.sessions() as session:
+    async with db.sessions() as tx:
         counts = []
         for table in (SessionRow, RequestRow, EventRow, SnapshotRow):
-            counts.append(int(await session.scalar(select(func.count()).select_from(table)) or 0))
+            counts.append(int(await tx.scalar(select(func.count()).select_from(table)) or 0))
     return counts[0], counts[1], counts[2], counts[3]
 
 
@@ -74,11 +74,11 @@ async def test_admission_answers_202_with_a_queued_record_and_its_queued_event(
             "finished_at",
         }
         assert expected <= set(first)
-    async with db.sessions() as session:
-        row = await session.scalar(select(RequestRow).where(RequestRow.ordinal == 1))
+    async with db.sessions() as tx:
+        row = await tx.scalar(select(RequestRow).where(RequestRow.ordinal == 1))
         assert row is not None
         assert row.options == {"model": "m-1", "max_output_tokens": 1024}
-        event = await session.scalar(select(EventRow).where(EventRow.request_id == row.id))
+        event = await tx.scalar(select(EventRow).where(EventRow.request_id == row.id))
         assert event is not None and event.type == "status"
         assert event.data["status"] == "queued" and event.data["stage"] is None
 
@@ -100,8 +100,8 @@ async def test_inline_snapshot_is_stored_under_its_id_or_content_hash(server: Se
             "/v1/sessions/p-snap/questions", json={"question": "q", "snapshot": other}
         )
         assert response.status_code == 409 and response.json()["error"]["code"] == "snapshot_conflict"
-    async with db.sessions() as session:
-        stored = await session.scalar(select(SnapshotRow).where(SnapshotRow.snapshot_id == "s-42"))
+    async with db.sessions() as tx:
+        stored = await tx.scalar(select(SnapshotRow).where(SnapshotRow.snapshot_id == "s-42"))
         assert stored is not None and next(iter(stored.content)) == "taken_at"  # kept as posted
         assert stored.token_estimate > 0
 
@@ -184,11 +184,11 @@ async def test_the_21st_queued_request_is_429_and_running_ones_do_not_count(
         assert error["code"] == "queue_full" and "20" in error["message"]
         assert (await _row_counts(db))[1] == 20
         # One starts running: a slot in the queue frees up.
-        async with db.sessions() as session:
-            row = await session.get(RequestRow, uuid.UUID(records[0]["id"]))
+        async with db.sessions() as tx:
+            row = await tx.get(RequestRow, uuid.UUID(records[0]["id"]))
             assert row is not None
             row.status = "running"
-            await session.commit()
+            await tx.commit()
         assert (await client.post("/v1/sessions/p-q/questions", json={"question": "fits"})).status_code == 202
         # Other sessions are not affected.
         assert (
@@ -207,8 +207,8 @@ async def test_the_text_backslash_u0000_in_a_snapshot_is_stored_not_refused(
         assert response.status_code == 202, response.text
         put = await client.put("/v1/sessions/p-escaped/snapshots/s1", json=body["snapshot"])
         assert put.status_code in (200, 201), put.text
-    async with db.sessions() as session:
-        stored = await session.scalar(select(SnapshotRow).where(SnapshotRow.snapshot_id == "s1"))
+    async with db.sessions() as tx:
+        stored = await tx.scalar(select(SnapshotRow).where(SnapshotRow.snapshot_id == "s1"))
         assert stored is not None and stored.content["messages"][0]["content"] == text
 
 

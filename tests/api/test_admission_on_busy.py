@@ -19,16 +19,16 @@ from tests.factories import merge_session_settings
 
 
 async def _row_counts(db: Database) -> tuple[int, int, int, int]:
-    async with db.sessions() as session:
+    async with db.sessions() as tx:
         counts = []
         for table in (SessionRow, RequestRow, EventRow, SnapshotRow):
-            counts.append(int(await session.scalar(select(func.count()).select_from(table)) or 0))
+            counts.append(int(await tx.scalar(select(func.count()).select_from(table)) or 0))
     return counts[0], counts[1], counts[2], counts[3]
 
 
 async def _next_ordinal(db: Database, parent: str) -> int:
-    async with db.sessions() as session:
-        value = await session.scalar(select(SessionRow.next_ordinal).where(SessionRow.parent_id == parent))
+    async with db.sessions() as tx:
+        value = await tx.scalar(select(SessionRow.next_ordinal).where(SessionRow.parent_id == parent))
     assert value is not None
     return int(value)
 
@@ -64,11 +64,11 @@ async def test_the_sessions_setting_applies_and_the_request_overrides_it(
 ) -> None:
     async with server.client() as client:
         await ask(client, "p-s")
-        async with db.sessions() as session:
-            owner = await session.scalar(select(SessionRow).where(SessionRow.parent_id == "p-s"))
-            assert owner is not None
-            await merge_session_settings(session, owner.id, {"on_busy": "reject"})
-            await session.commit()
+        async with db.sessions() as tx:
+            session_row = await tx.scalar(select(SessionRow).where(SessionRow.parent_id == "p-s"))
+            assert session_row is not None
+            await merge_session_settings(tx, session_row.id, {"on_busy": "reject"})
+            await tx.commit()
         url, body = _post("p-s")
         assert (await client.post(url, json=body)).status_code == 409
         assert (await client.post(url, json={**body, "on_busy": "enqueue"})).status_code == 202
@@ -188,7 +188,7 @@ async def test_the_body_is_parsed_once_yet_strictly(server: Server, db: Database
             url, json={"question": "q", "snapshot": {**snapshot, "system": "t"}}, headers=headers
         )
         assert other.status_code == 409
-    async with db.sessions() as session:
-        row = await session.get(RequestRow, uuid.UUID(first.json()["id"]))
+    async with db.sessions() as tx:
+        row = await tx.get(RequestRow, uuid.UUID(first.json()["id"]))
         assert row is not None and row.snapshot_id is not None
         assert (await _row_counts(db))[1] == 2

@@ -201,8 +201,8 @@ async def test_a_session_restored_up_to_the_last_ordinal_refuses_new_questions_w
             assert reply.json()["error"]["code"] == "ordinals_exhausted"
         history = (await client.get("/v1/sessions/full/questions")).json()
     assert [r["ordinal"] for r in history["items"]] == [MAX_ORDINAL]
-    async with db.sessions() as session:
-        assert await session.scalar(select(func.count()).select_from(RequestRow)) == 1
+    async with db.sessions() as tx:
+        assert await tx.scalar(select(func.count()).select_from(RequestRow)) == 1
 
 
 async def test_archived_settings_written_as_integral_floats_restore_as_integers(server: Server) -> None:

@@ -12,21 +12,22 @@ from service.api.metrics import DatabaseSnapshot, Metrics
 from service.store import calibration as store
 from service.store.db import Database
 from service.store.models import RequestRow
+from service.store.stats import RequestStats
 from tests.api.conftest import Server
 from tests.api.helpers import ask
 
 
 async def test_metrics_report_the_calibration_ratio_and_drift(server: Server, db: Database) -> None:
-    async with db.sessions() as session, session.begin():
+    async with db.sessions() as tx, tx.begin():
         for _ in range(5):
-            await store.add_sample(session, "openai", "gpt-x", 1000, 1500)
-        await store.add_sample(session, "openai", "gpt-y", 1000, 1200)
+            await store.add_sample(tx, "openai", "gpt-x", 1000, 1500)
+        await store.add_sample(tx, "openai", "gpt-y", 1000, 1200)
     async with server.client() as client:
         first = await ask(client, "metrics-parent")
         second = await ask(client, "metrics-parent")
         for rid, prompt in ((first["id"], 120), (second["id"], 200)):
-            async with db.sessions() as session:
-                await session.execute(
+            async with db.sessions() as tx:
+                await tx.execute(
                     update(RequestRow)
                     .where(RequestRow.id == uuid.UUID(rid))
                     .values(
@@ -34,7 +35,7 @@ async def test_metrics_report_the_calibration_ratio_and_drift(server: Server, db
                         context_info={"estimate": {"total": 100}, "provider_prompt_tokens": prompt},
                     )
                 )
-                await session.commit()
+                await tx.commit()
         text = (await client.get("/metrics")).text
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -58,9 +59,7 @@ def test_with_calibration_off_the_ratio_in_use_is_reported_as_one() -> None:
     rows = [("openai", "gpt-x", 5, 1000 * 5, 1500 * 5)]
     for on, expected in ((True, 1.5), (False, 1.0)):
         metrics = Metrics(lambda: 0, calibration_on=on)
-        snap = DatabaseSnapshot()
-        snap.calibration, snap.ok = rows, True
-        metrics._collector.snapshot = snap
+        metrics._collector.snapshot = DatabaseSnapshot(RequestStats(calibration=rows), ok=True)
         values = {
             (s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())

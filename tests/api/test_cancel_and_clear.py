@@ -18,8 +18,8 @@ from tests.api.helpers import ask, finish, mark_running
 
 
 async def _events(db: Database, request_id: str) -> list[tuple[str, dict[str, object]]]:
-    async with db.sessions() as session:
-        rows = await session.scalars(
+    async with db.sessions() as tx:
+        rows = await tx.scalars(
             select(EventRow).where(EventRow.request_id == uuid.UUID(request_id)).order_by(EventRow.seq)
         )
         return [(r.type, r.data) for r in rows]
@@ -56,13 +56,13 @@ async def test_cancel_a_running_request_notifies_its_worker(
             assert record["status"] == "cancelled" and record["stage"] == "answering"
             assert await asyncio.wait_for(heard.get(), 5) == rid
             # A worker's late terminal write (guarded by status = 'running') changes nothing.
-            async with db.sessions() as session:
-                late = await session.execute(
+            async with db.sessions() as tx:
+                late = await tx.execute(
                     update(RequestRow)
                     .where(RequestRow.id == uuid.UUID(rid), RequestRow.status == "running")
                     .values(status="succeeded")
                 )
-                await session.commit()
+                await tx.commit()
                 assert late.rowcount == 0  # type: ignore[attr-defined]
     finally:
         await conn.close()
@@ -87,18 +87,18 @@ async def test_clear_cancels_hides_resets_and_keeps_counting(server: Server, db:
         queued = (await ask(client, "p-clr", snapshot={"messages": [{"role": "user", "content": "hi"}]}))[
             "id"
         ]
-        async with db.sessions() as session:
-            await session.execute(
+        async with db.sessions() as tx:
+            await tx.execute(
                 update(SessionRow)
                 .where(SessionRow.parent_id == "p-clr")
                 .values(
                     memory={"qa_summary": {"covered_through_ordinal": 1}, "context_summaries": [{"key": "k"}]}
                 )
             )
-            owner_id = await session.scalar(select(SessionRow.id).where(SessionRow.parent_id == "p-clr"))
+            owner_id = await tx.scalar(select(SessionRow.id).where(SessionRow.parent_id == "p-clr"))
             assert owner_id is not None
-            await append_session_event(session, owner_id, "handoff", {"handoff": {"ordinals": [1]}})
-            await session.commit()
+            await append_session_event(tx, owner_id, "handoff", {"handoff": {"ordinals": [1]}})
+            await tx.commit()
         response = await client.delete("/v1/sessions/p-clr/questions")
         assert response.status_code == 200
         assert response.json() == {
@@ -123,17 +123,17 @@ async def test_clear_cancels_hides_resets_and_keeps_counting(server: Server, db:
         assert history == {"items": [], "has_more": False, "next_before": None}
         nxt = await ask(client, "p-clr")
         assert nxt["ordinal"] == 4 and nxt["clear_version"] == 1
-    async with db.sessions() as session:
-        assert await session.scalar(select(SnapshotRow.snapshot_id)) is not None  # snapshots kept
+    async with db.sessions() as tx:
+        assert await tx.scalar(select(SnapshotRow.snapshot_id)) is not None  # snapshots kept
         # The sweep purges cleared requests (and their events) once they are old enough, and the
         # session-level events of the history the clear replaced (the hand-off event above) with them.
-        assert await session.scalar(select(EventRow.id).where(EventRow.request_id.is_(None))) is not None
-        assert await purge_cleared(session, 3600) == 0
-        assert await purge_cleared(session, 0) == 3
-        await session.commit()
-        remaining = list(await session.scalars(select(RequestRow.ordinal)))
+        assert await tx.scalar(select(EventRow.id).where(EventRow.request_id.is_(None))) is not None
+        assert await purge_cleared(tx, 3600) == 0
+        assert await purge_cleared(tx, 0) == 3
+        await tx.commit()
+        remaining = list(await tx.scalars(select(RequestRow.ordinal)))
         assert remaining == [4]
-        assert await session.scalar(select(EventRow.id).where(EventRow.request_id.is_(None))) is None
+        assert await tx.scalar(select(EventRow.id).where(EventRow.request_id.is_(None))) is None
 
 
 async def test_clear_of_an_unknown_session_is_404(server: Server) -> None:

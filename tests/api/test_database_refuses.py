@@ -48,8 +48,8 @@ async def test_the_drivers_refusal_counts_as_unavailable(
     db = connect(own_url)
     try:
         with pytest.raises(Exception) as caught:
-            async with db.sessions() as session, session.begin():
-                await session.execute(text("CREATE TABLE written (x int)"))
+            async with db.sessions() as tx, tx.begin():
+                await tx.execute(text("CREATE TABLE written (x int)"))
     finally:
         await db.dispose()
     assert sqlstate in repr(caught.value) or getattr(caught.value.__cause__, "sqlstate", None) == sqlstate

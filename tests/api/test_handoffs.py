@@ -28,8 +28,8 @@ async def answered(
 
 
 async def handoff_rows(db: Database) -> int:
-    async with db.sessions() as session:
-        return int(await session.scalar(select(func.count()).select_from(HandoffRow)) or 0)
+    async with db.sessions() as tx:
+        return int(await tx.scalar(select(func.count()).select_from(HandoffRow)) or 0)
 
 
 async def test_post_handoff_is_201_then_nothing_new_is_200_and_get_lists_newest_first(
@@ -187,8 +187,8 @@ async def test_bad_input_is_refused_with_a_clear_message_and_writes_nothing(
     async with server.client() as client:
         await answered(client, db, "p")
         failed = await ask(client, "p")
-        async with db.sessions() as session, session.begin():
-            await session.execute(
+        async with db.sessions() as tx, tx.begin():
+            await tx.execute(
                 update(RequestRow).where(RequestRow.id == uuid.UUID(failed["id"])).values(status="failed")
             )
         kwargs: dict[str, Any] = {"content": body} if isinstance(body, str) else {"json": body}
@@ -201,8 +201,8 @@ async def test_bad_input_is_refused_with_a_clear_message_and_writes_nothing(
         if code == "unknown_ordinals":
             assert "not succeeded" in error["message"] and error["detail"]["ordinals"]
     assert await handoff_rows(db) == 0
-    async with db.sessions() as session:
-        assert await session.scalar(select(SessionRow.handed_off_through)) == 0
+    async with db.sessions() as tx:
+        assert await tx.scalar(select(SessionRow.handed_off_through)) == 0
 
 
 async def test_another_tenant_gets_404_everywhere(auth_server: Server, db: Database) -> None:

@@ -300,11 +300,11 @@ async def test_summary_coverage_starts_where_the_summary_does_after_a_clear(
     the page reads the summary's first ordinal rather than assuming #1."""
     await _answered(stack, "p-cover", "First question?")
     qa = {"first_ordinal": 26, "covered_through_ordinal": 29, "tokens": 120, "updated_at": None}
-    async with db.sessions() as session:
-        await session.execute(
+    async with db.sessions() as tx:
+        await tx.execute(
             update(SessionRow).where(SessionRow.parent_id == "p-cover").values(memory={"qa_summary": qa})
         )
-        await session.commit()
+        await tx.commit()
     await connect(browser, stack.url, "tok-acme")
     await open_session(browser, "p-cover")
     await browser.wait_for("document.getElementById('session-memory').innerText.includes('Rolling')")

@@ -38,13 +38,13 @@ async def test_metrics_report_admissions_statuses_calls_latency_and_subscribers(
                 {"purpose": "answer", "status": "failed", "latency_ms": 1500},
             ],
         }
-        async with db.sessions() as session:
-            await session.execute(
+        async with db.sessions() as tx:
+            await tx.execute(
                 update(RequestRow)
                 .where(RequestRow.id == uuid.UUID(first["id"]))
                 .values(status="failed", error={"code": "timeout", "message": "m", "detail": {}}, usage=usage)
             )
-            await session.commit()
+            await tx.commit()
         async with client.stream("GET", "/v1/sessions/secret-parent-id/events") as stream:
             assert stream.status_code == 200
             text = (await client.get("/metrics")).text

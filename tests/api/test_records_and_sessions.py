@@ -67,11 +67,9 @@ async def test_session_overview_counts_and_memory(server: Server, db: Database) 
                 }
             ],
         }
-        async with db.sessions() as session:
-            await session.execute(
-                update(SessionRow).where(SessionRow.parent_id == "p-ov").values(memory=memory)
-            )
-            await session.commit()
+        async with db.sessions() as tx:
+            await tx.execute(update(SessionRow).where(SessionRow.parent_id == "p-ov").values(memory=memory))
+            await tx.commit()
         body = (await client.get("/v1/sessions/p-ov")).json()
         assert body["parent_id"] == "p-ov" and body["clear_version"] == 0 and body["next_ordinal"] == 3
         assert body["counts"] == {"queued": 2, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0}

@@ -72,9 +72,9 @@ async def test_sessions_active_in_the_same_microsecond_are_neither_skipped_nor_r
         for i in range(5):
             await ask(client, f"p-tie-{i}", "q")
         same = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
-        async with db.sessions() as session:
-            await session.execute(update(SessionRow).values(updated_at=same))
-            await session.commit()
+        async with db.sessions() as tx:
+            await tx.execute(update(SessionRow).values(updated_at=same))
+            await tx.commit()
         pages = await _all_pages(client, limit=2)
     seen = [s["parent_id"] for p in pages for s in p["items"]]
     assert sorted(seen) == [f"p-tie-{i}" for i in range(5)]  # each exactly once
@@ -162,8 +162,8 @@ async def test_a_page_costs_three_queries_however_many_sessions(auth_server: Ser
 
     event.listen(db.engine.sync_engine, "before_cursor_execute", count)
     try:
-        async with db.sessions() as session:
-            page = await sessions_page(session, "acme", limit=10, before=None)
+        async with db.sessions() as tx:
+            page = await sessions_page(tx, "acme", limit=10, before=None)
     finally:
         event.remove(db.engine.sync_engine, "before_cursor_execute", count)
     assert len(page["items"]) == 10 and page["has_more"] is True

@@ -24,8 +24,8 @@ UNSET = {
 
 
 async def session_count(db: Database) -> int:
-    async with db.sessions() as session:
-        return int(await session.scalar(select(func.count()).select_from(SessionRow)) or 0)
+    async with db.sessions() as tx:
+        return int(await tx.scalar(select(func.count()).select_from(SessionRow)) or 0)
 
 
 async def test_put_creates_the_session_changes_only_named_fields_and_null_clears(server: Server) -> None:

@@ -143,9 +143,9 @@ SECOND_PROCESS = textwrap.dedent(
         db = connect(sys.argv[1], pool_size=1)
         for rid in sys.argv[2:]:
             for i in range(3):
-                async with db.sessions() as session:
-                    await append_event(session, uuid.UUID(rid), "delta", {"text": f"{rid[:4]}-{i}"})
-                    await session.commit()
+                async with db.sessions() as tx:
+                    await append_event(tx, uuid.UUID(rid), "delta", {"text": f"{rid[:4]}-{i}"})
+                    await tx.commit()
                 await asyncio.sleep(0.05)
         await db.dispose()
 

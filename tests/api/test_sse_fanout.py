@@ -115,15 +115,15 @@ async def follow(
 
 
 async def _session_id(db: Database, parent_id: str) -> uuid.UUID:
-    async with db.sessions() as session:
-        sid = await session.scalar(select(SessionRow.id).where(SessionRow.parent_id == parent_id))
+    async with db.sessions() as tx:
+        sid = await tx.scalar(select(SessionRow.id).where(SessionRow.parent_id == parent_id))
     assert sid is not None
     return sid
 
 
 async def _session_ids(db: Database, session_id: uuid.UUID) -> list[int]:
-    async with db.sessions() as session:
-        rows = await session.scalars(
+    async with db.sessions() as tx:
+        rows = await tx.scalars(
             select(EventRow.id).where(EventRow.session_id == session_id).order_by(EventRow.id)
         )
         return list(rows)
@@ -132,9 +132,9 @@ async def _session_ids(db: Database, session_id: uuid.UUID) -> list[int]:
 async def _append_session_event(
     db: Database, session_id: uuid.UUID, kind: str, fields: dict[str, Any]
 ) -> int:
-    async with db.sessions() as session:
-        event = await append_session_event(session, session_id, kind, fields)
-        await session.commit()
+    async with db.sessions() as tx:
+        event = await append_session_event(tx, session_id, kind, fields)
+        await tx.commit()
     return event.id
 
 
@@ -250,11 +250,9 @@ async def test_session_stream_fanout_with_session_level_events(
     for one in followed:
         _check_exactly_once(one, [i for i in all_ids if i > one.start])
     # Session-level events (no request, no seq) were delivered to everyone who joined before them.
-    async with db.sessions() as session:
+    async with db.sessions() as tx:
         session_level = set(
-            await session.scalars(
-                select(EventRow.id).where(EventRow.session_id == sid, EventRow.seq.is_(None))
-            )
+            await tx.scalars(select(EventRow.id).where(EventRow.session_id == sid, EventRow.seq.is_(None)))
         )
     assert len(session_level) == 41
     assert all(session_level & set(one.ids) for one in followed)
