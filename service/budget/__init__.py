@@ -16,7 +16,6 @@ from service.budget.chunk import (
 from service.budget.cut import (
     ALL_FIT_RECENT,
     CUT_REFUSAL_REASONS,
-    MIN_SUMMARIZED_TOKENS,
     NOTHING_TO_SUMMARIZE,
     RECENT_BUDGET_TOKENS,
     TOO_LITTLE_TO_SUMMARIZE,
@@ -42,10 +41,8 @@ from service.budget.estimate import (
 )
 from service.budget.messages import (
     MessageGroup,
-    NormalizedSnapshot,
     group_messages,
     normalize_messages,
-    normalize_messages_with_system,
     normalize_snapshot,
     pending_tool_ids,
     tool_result_ids,
@@ -53,9 +50,6 @@ from service.budget.messages import (
     tool_use_ids,
 )
 from service.budget.meter import (
-    PRESSURE_CRITICAL,
-    PRESSURE_NORMAL,
-    PRESSURE_TIGHT,
     SegmentEstimate,
     meter_segments,
     pressure,
@@ -63,15 +57,12 @@ from service.budget.meter import (
 )
 from service.budget.replay import (
     HISTORY_BATCH_SIZE,
-    REPLAY_MAX_GROUPS,
-    REPLAY_MAX_TOKENS,
     QAItem,
     ReplayPlan,
     replay_token_limit,
     select_replay,
 )
 from service.budget.window import (
-    DEFAULT_OUTPUT_CAP,
     DEFAULT_WINDOW,
     WindowPlan,
     plan_window,
@@ -84,27 +75,19 @@ from service.budget.window import (
 __all__ = [
     "ALL_FIT_RECENT",
     "CUT_REFUSAL_REASONS",
-    "DEFAULT_OUTPUT_CAP",
     "DEFAULT_WINDOW",
     "FIRST_OUTPUT_TOKENS",
     "HISTORY_BATCH_SIZE",
     "MESSAGE_ENVELOPE_TOKENS",
     "MIN_CHUNK_CAPACITY",
-    "MIN_SUMMARIZED_TOKENS",
     "NOTHING_TO_SUMMARIZE",
-    "PRESSURE_CRITICAL",
-    "PRESSURE_NORMAL",
-    "PRESSURE_TIGHT",
     "RECENT_BUDGET_TOKENS",
-    "REPLAY_MAX_GROUPS",
-    "REPLAY_MAX_TOKENS",
     "RETRY_OUTPUT_TOKENS",
     "TOO_LITTLE_TO_SUMMARIZE",
     "Calibration",
     "CutPlan",
     "CutRefusal",
     "MessageGroup",
-    "NormalizedSnapshot",
     "QAItem",
     "ReplayPlan",
     "SegmentEstimate",
@@ -123,7 +106,6 @@ __all__ = [
     "group_messages",
     "meter_segments",
     "normalize_messages",
-    "normalize_messages_with_system",
     "normalize_snapshot",
     "overflow_target",
     "pending_tool_ids",

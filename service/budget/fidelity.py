@@ -76,5 +76,3 @@ def measure_fidelity(
         artifacts_in_prompt=len(everything & carried),
     )
 
-
-__all__ = ["Fidelity", "measure_fidelity"]

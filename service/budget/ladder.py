@@ -212,20 +212,3 @@ def needs_summary(snapshot: PreparedSnapshot, room: int, *, mask: bool) -> bool:
     decision = decide(snapshot, room, mask=mask)
     return isinstance(decision, Compaction) and decision.tier == SUMMARY
 
-
-__all__ = [
-    "MASKED",
-    "NONE",
-    "SUMMARY",
-    "SUMMARY_RESERVE_TOKENS",
-    "SUMMARY_TURN_TOKENS",
-    "Compaction",
-    "Tier",
-    "decide",
-    "needs_summary",
-    "plan_after_summary",
-    "plan_compaction",
-    "recent_budget_for",
-    "recent_start",
-    "snapshot_room",
-]

@@ -294,21 +294,3 @@ def mask_groups(
     """:func:`mask_group` of every group of a transcript."""
     return tuple(mask_group(messages[g.start : g.end], message_tokens[g.start : g.end]) for g in groups)
 
-
-__all__ = [
-    "ARTIFACT_MAX_CHARS",
-    "ELIDED_PREFIX",
-    "KEY_ARGUMENT_FIELDS",
-    "PAYLOAD_THRESHOLD_BYTES",
-    "STUB_LINE_MAX_CHARS",
-    "Artifact",
-    "MaskedGroup",
-    "artifact_of",
-    "artifact_text",
-    "field_stub",
-    "group_artifacts",
-    "key_argument",
-    "mask_group",
-    "mask_groups",
-    "result_stub",
-]

@@ -414,17 +414,3 @@ def prepare_snapshot(content: Mapping[str, Any], encoded: EncodedSnapshot | None
         ),
     )
 
-
-__all__ = [
-    "MAX_SNAPSHOT_DEPTH",
-    "PREPARED_VERSION",
-    "EncodedSnapshot",
-    "PreparedSnapshot",
-    "UnstorableSnapshot",
-    "canonical_bytes",
-    "encode_snapshot",
-    "json_depth",
-    "prefix_digests",
-    "prepare_snapshot",
-    "summary_cache_key",
-]

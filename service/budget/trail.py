@@ -139,16 +139,3 @@ def render_trail(entries: Sequence[TrailEntry]) -> str:
         return ""
     return "\n".join([TRAIL_HEADING, *(entry.line() for entry in entries)])
 
-
-__all__ = [
-    "TRAIL_HEADING",
-    "TRAIL_MAX_BYTES",
-    "TRAIL_MAX_ENTRIES",
-    "TRAIL_MAX_TOKENS",
-    "TrailEntry",
-    "TrailSizes",
-    "bound_trail",
-    "collect_trail",
-    "render_trail",
-    "trail_tokens",
-]

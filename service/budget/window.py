@@ -7,8 +7,6 @@ from typing import Final
 
 # Model window when neither the request, the snapshot nor the configuration names one.
 DEFAULT_WINDOW: Final = 200_000
-# Side answer output cap when neither the request nor SIDEQUEST_MAX_OUTPUT_TOKENS sets one.
-DEFAULT_OUTPUT_CAP: Final = 8192
 
 # The safety margin absorbs estimate error: 5 % of the window, but never so little that a small
 # window has no slack, nor so much that a huge window wastes thousands of tokens.
