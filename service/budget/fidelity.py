@@ -75,4 +75,3 @@ def measure_fidelity(
         artifacts_total=len(everything),
         artifacts_in_prompt=len(everything & carried),
     )
-

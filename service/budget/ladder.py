@@ -211,4 +211,3 @@ def needs_summary(snapshot: PreparedSnapshot, room: int, *, mask: bool) -> bool:
     summary could help) needs none either: nothing would be made."""
     decision = decide(snapshot, room, mask=mask)
     return isinstance(decision, Compaction) and decision.tier == SUMMARY
-

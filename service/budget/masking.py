@@ -293,4 +293,3 @@ def mask_groups(
 ) -> tuple[MaskedGroup, ...]:
     """:func:`mask_group` of every group of a transcript."""
     return tuple(mask_group(messages[g.start : g.end], message_tokens[g.start : g.end]) for g in groups)
-

@@ -138,4 +138,3 @@ def render_trail(entries: Sequence[TrailEntry]) -> str:
     if not entries:
         return ""
     return "\n".join([TRAIL_HEADING, *(entry.line() for entry in entries)])
-
