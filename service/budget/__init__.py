@@ -51,7 +51,6 @@ from service.budget.messages import (
 )
 from service.budget.meter import (
     SegmentEstimate,
-    meter_segments,
     pressure,
     prompt_drift,
 )
@@ -104,7 +103,6 @@ __all__ = [
     "estimate_text",
     "estimate_tools",
     "group_messages",
-    "meter_segments",
     "normalize_messages",
     "normalize_snapshot",
     "overflow_target",

@@ -84,58 +84,48 @@ def recent_budget_within(room: int) -> int:
     return max(0, min(RECENT_BUDGET_TOKENS, room))
 
 
+def recent_start(verbatim: Sequence[int], recent_budget: int) -> int:
+    """The first group of the recent part: the newest whole groups whose estimates sum to at most
+    ``recent_budget`` (a newest group larger than that leaves the recent part empty)."""
+    kept = 0
+    start = len(verbatim)
+    while start > 0 and kept + verbatim[start - 1] <= recent_budget:
+        start -= 1
+        kept += verbatim[start]
+    return start
+
+
 def plan_cut(
     groups: Sequence[MessageGroup],
     recent_budget: int = RECENT_BUDGET_TOKENS,
     min_summarized_tokens: int = MIN_SUMMARIZED_TOKENS,
 ) -> CutPlan | CutRefusal:
-    """Plan the cut: keep the newest whole groups whose estimates sum to at most ``recent_budget``.
-
-    Counting stops at the first group (from the newest) that does not fit, so the kept part is a
-    contiguous tail and a group is never split; a newest group larger than ``recent_budget`` goes
-    whole into the summary (nothing is kept). Overflow recovery compacts harder by passing a
-    smaller ``recent_budget`` (0 keeps nothing) or ``min_summarized_tokens=0``.
-    """
+    """Plan the cut: keep the newest whole groups whose estimates sum to at most ``recent_budget``
+    (:func:`recent_start`), summarise the rest. Overflow recovery compacts harder by passing a
+    smaller ``recent_budget`` (0 keeps nothing) or ``min_summarized_tokens=0``."""
     _check_partition(groups)
     if not groups:
         return CutRefusal(NOTHING_TO_SUMMARIZE, "the snapshot has no messages to summarise")
-    kept = 0
-    kept_tokens = 0
-    for group in reversed(groups):
-        if kept_tokens + group.tokens > recent_budget:
-            break
-        kept += 1
-        kept_tokens += group.tokens
-    if kept == len(groups):
+    summarized = recent_start([group.tokens for group in groups], recent_budget)
+    if summarized == 0:
         return CutRefusal(
             ALL_FIT_RECENT,
-            f"all {groups[-1].end} messages ({kept_tokens} tokens) fit the recent budget of"
-            f" {recent_budget} tokens: there are no old messages to summarise",
+            f"all {groups[-1].end} messages ({sum(g.tokens for g in groups)} tokens) fit the recent budget"
+            f" of {recent_budget} tokens: there are no old messages to summarise",
         )
-    summarized = len(groups) - kept
-    summarize_until = groups[summarized - 1].end
-    gross = sum(group.tokens for group in groups[:summarized])
-    if gross < min_summarized_tokens:
+    plan = cut_at(groups, summarized)
+    if plan.gross_removed_tokens < min_summarized_tokens:
         return CutRefusal(
             TOO_LITTLE_TO_SUMMARIZE,
-            f"only {gross} tokens in {summarize_until} old messages would be summarised, less than"
-            f" {min_summarized_tokens}: a summary would not reliably be smaller",
+            f"only {plan.gross_removed_tokens} tokens in {plan.summarize_until} old messages would be"
+            f" summarised, less than {min_summarized_tokens}: a summary would not reliably be smaller",
         )
-    total_messages = groups[-1].end
-    return CutPlan(
-        summarize_until=summarize_until,
-        summarized_groups=summarized,
-        kept_groups=kept,
-        summarized_messages=summarize_until,
-        kept_messages=total_messages - summarize_until,
-        gross_removed_tokens=gross,
-        kept_tokens=kept_tokens,
-    )
+    return plan
 
 
 def cut_at(groups: Sequence[MessageGroup], summarized_groups: int) -> CutPlan:
-    """The cut that summarises exactly the first ``summarized_groups`` groups (1 ≤ it < len(groups)
-    is not required: the ladder may summarise up to the end), as :func:`plan_cut` would describe it."""
+    """The cut that summarises exactly the first ``summarized_groups`` groups (the ladder may summarise
+    up to the end), as :func:`plan_cut` would describe it."""
     _check_partition(groups)
     if not 0 < summarized_groups <= len(groups):
         raise ValueError("a cut summarises at least one group and at most all of them")

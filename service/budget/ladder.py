@@ -1,14 +1,7 @@
-"""The compaction ladder (SPEC §6.2): THE decision of how a snapshot copy is made to fit.
-
-One pure function, :func:`plan_compaction`, answers for a request, for a background job and for a
-stored snapshot's trigger (§6.6) alike: does the transcript fit as it is (tier ``none``); does it fit
-with the payloads of its oldest groups masked (tier ``masked``, no call); or must its oldest groups be
-summarised (tier ``summary``), the rest masked, the recent part verbatim. :func:`plan_after_summary`
-answers the same for a transcript whose prefix a cached summary already covers (§6.7).
-
-Everything is in whole groups (a tool call and its results are never split) and in raw estimate
-tokens: the caller gives ``room``, the tokens left for the transcript once the rest of the request is
-counted (the calibration already applied to the budget it came from).
+"""The compaction ladder (SPEC §6.2): THE decision of how a snapshot copy is made to fit, for a
+request, a background job and a stored snapshot's trigger (§6.6) alike (docs/budget.md "The compaction
+ladder"). Everything is in whole groups and raw estimate tokens: ``room`` is what is left for the
+transcript once the rest of the request is counted (the calibration already applied to its budget).
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ from service.budget.cut import (
     CutRefusal,
     plan_cut,
     recent_budget_within,
+    recent_start,
 )
 from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS
 from service.budget.messages import MessageGroup
@@ -64,17 +58,6 @@ def _prefix_sums(values: Sequence[int]) -> list[int]:
     return sums
 
 
-def recent_start(verbatim: Sequence[int], recent_budget: int) -> int:
-    """The first group of the recent part: the newest whole groups whose estimates sum to at most
-    ``recent_budget`` (a newest group larger than that leaves the recent part empty)."""
-    kept = 0
-    start = len(verbatim)
-    while start > 0 and kept + verbatim[start - 1] <= recent_budget:
-        start -= 1
-        kept += verbatim[start]
-    return start
-
-
 def _least_masking(
     verbatim_sums: list[int], masked_sums: list[int], start: int, limit: int, fixed: int, room: int
 ) -> int | None:
@@ -99,20 +82,12 @@ def plan_compaction(
     min_summarized_tokens: int = MIN_SUMMARIZED_TOKENS,
 ) -> Compaction | CutRefusal:
     """Plan the compaction of a transcript of ``groups`` (``masked``: each group's estimate in its
-    masked form; None when masking is off) into ``room`` tokens.
-
-    - tier ``none`` when it fits as it is;
-    - tier ``masked``: the fewest oldest groups masked that make it fit, never one of the recent part
-      (the newest groups within ``recent_budget``);
-    - tier ``summary``: the fewest oldest groups (in their masked form) summarised — counted at
-      ``summary_tokens``, the summary at its largest, plus ``trail_tokens(s)``, the trail of the first
-      ``s`` groups (deterministic, so counted exactly) — that make it fit with every later group
-      before the recent part masked; at least ``min_summarized_tokens`` of material, since a summary
-      of less would not reliably be smaller.
-
-    With masking off, tier 2 is the behaviour before masking (:func:`plan_cut`): everything before
-    the recent part is summarised as it is, and nothing is masked. A :class:`CutRefusal` says why no
-    plan can help.
+    masked form; None when masking is off) into ``room`` tokens: tier ``none`` when it fits as it is;
+    ``masked``, the fewest oldest groups masked that make it fit, never one of the recent part; else
+    ``summary``, the fewest oldest groups summarised (at ``summary_tokens`` plus ``trail_tokens(s)``,
+    their trail counted exactly) that make it fit with every later group before the recent part masked,
+    and at least ``min_summarized_tokens`` of material. Masking off: :func:`plan_cut`'s tier 2. A
+    :class:`CutRefusal` says why no plan can help.
     """
     verbatim = [group.tokens for group in groups]
     if masked is not None and len(masked) != len(verbatim):

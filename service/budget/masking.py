@@ -1,19 +1,9 @@
 """Tier 1 of the compaction ladder: masking tool payloads (SPEC §6.8), and the artifacts (§6.9).
 
-Real agent sessions are mostly tool payloads — files read, command output, whole files written — while
-what a person names a tool call by (the file, the command, the pattern) is a few bytes. Masking keeps
-those bytes and elides the payloads, a group at a time:
-
-- the **key argument** of a tool call is the first non-empty string among :data:`KEY_ARGUMENT_FIELDS`,
-  else its first string field; its first line, cut to :data:`ARTIFACT_MAX_CHARS`, is the call's
-  **artifact**;
-- a **payload** is a tool result's content, or a string input field other than the key argument,
-  larger than :data:`PAYLOAD_THRESHOLD_BYTES` of UTF-8;
-- text, tool names, ids and key arguments are never elided.
-
-The masked form of a group is a function of that group alone (no index, no neighbour, no budget),
-so the masked prefix of a growing session is byte-identical from one question to the next and a
-provider's prompt cache serves it. Only groups that change are copied and re-estimated.
+Masking keeps what a person names a tool call by (its key argument) and elides payloads larger than
+:data:`PAYLOAD_THRESHOLD_BYTES`; docs/budget.md "The compaction ladder" has the rules. The masked form
+of a group is a function of that group alone (no index, neighbour or budget), so the masked prefix of a
+growing session is byte-identical from one question to the next and a provider's prompt cache serves it.
 """
 
 from __future__ import annotations
@@ -103,17 +93,13 @@ def _tool_uses(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]
 def group_artifacts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[Artifact, bool]]:
     """Each tool call's artifact in ``messages`` (one group, or any run of them), in call order, with
     whether its result in the same messages was marked as an error."""
-    errors = set()
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            for block in content:
-                if (
-                    isinstance(block, Mapping)
-                    and block.get("type") == "tool_result"
-                    and block.get("is_error")
-                ):
-                    errors.add(str(block.get("tool_use_id") or ""))
+    errors = {
+        str(block.get("tool_use_id") or "")
+        for message in messages
+        if isinstance(content := message.get("content"), list)
+        for block in content
+        if isinstance(block, Mapping) and block.get("type") == "tool_result" and block.get("is_error")
+    }
     found = []
     for use in _tool_uses(messages):
         artifact = artifact_of(use)
@@ -265,11 +251,8 @@ def _mask_posted(message: Any, masked_results: Mapping[str, str]) -> Any:
 
 
 def mask_group(messages: Sequence[dict[str, Any]], tokens: Sequence[int]) -> MaskedGroup:
-    """The masked form of one group (``messages``, with their estimates ``tokens``).
-
-    Unchanged messages are returned as the same objects with their estimates as given; only a
-    changed message is copied and estimated again.
-    """
+    """The masked form of one group (``messages``, with their estimates ``tokens``): only a changed
+    message is copied and estimated again, the others are the same objects."""
     tools_by_id = {str(use.get("id") or ""): str(use.get("name") or "") for use in _tool_uses(messages)}
     out: list[dict[str, Any]] = []
     total = 0
