@@ -9,7 +9,6 @@ from service.budget.chunk import (
     MIN_CHUNK_CAPACITY,
     RETRY_OUTPUT_TOKENS,
     chunk_pieces,
-    split_text,
     summary_capacity,
     summary_output_caps,
 )
@@ -118,7 +117,6 @@ __all__ = [
     "resolve_window",
     "safety_margin",
     "select_replay",
-    "split_text",
     "summary_capacity",
     "summary_output_caps",
     "tool_result_ids",

@@ -1,9 +1,6 @@
-"""Cut planning for compacting the snapshot copy (SPEC §6.2 compacting_context).
-
-The copy is cut between message groups only: ``messages[:summarize_until]`` go into the context
-summary, the rest stays verbatim. When compaction cannot help, :func:`plan_cut` says why with a
-:class:`CutRefusal` whose ``reason`` is one of the distinct constants below — never a bare False,
-because "reporting success while doing nothing is worse than an error".
+"""Cut planning for compacting the snapshot copy (SPEC §6.2 compacting_context), between message
+groups only. When compaction cannot help, :func:`plan_cut` says why with a :class:`CutRefusal` of a
+distinct ``reason``, never a bare False: "reporting success while doing nothing is worse than an error".
 """
 
 from __future__ import annotations
@@ -21,27 +18,20 @@ RECENT_BUDGET_TOKENS: Final = 8000
 # can make the copy longer instead of shorter, so by default such a cut is refused.
 MIN_SUMMARIZED_TOKENS: Final = FIRST_OUTPUT_TOKENS
 
-# Refusal reasons (CutRefusal.reason). Each means something different to the caller.
+# Refusal reasons (CutRefusal.reason), each meaning something different to the caller: no messages;
+# every group fits the recent budget (shrinking needs a smaller one or another segment); the old
+# messages estimate below the minimum (a summary of them would not reliably be smaller).
 NOTHING_TO_SUMMARIZE: Final = "nothing_to_summarize"
-"""The transcript has no messages: there is nothing to compact."""
 ALL_FIT_RECENT: Final = "all_fit_recent"
-"""Every group fits in the recent budget: no old message exists to summarise (the cut would be at
-message 0). Shrinking needs a smaller recent budget or another segment."""
 TOO_LITTLE_TO_SUMMARIZE: Final = "too_little_to_summarize"
-"""The old messages estimate below the minimum: a summary of them would not reliably be smaller."""
 
 CUT_REFUSAL_REASONS: Final = frozenset({NOTHING_TO_SUMMARIZE, ALL_FIT_RECENT, TOO_LITTLE_TO_SUMMARIZE})
 
 
 @dataclass(frozen=True)
 class CutPlan:
-    """Where to cut the snapshot copy and what that removes.
-
-    ``messages[:summarize_until]`` (``summarized_groups`` whole groups, ``summarized_messages``
-    messages) go into the summary; ``messages[summarize_until:]`` (``kept_groups``,
-    ``kept_messages``, estimate ``kept_tokens``) stay verbatim. ``gross_removed_tokens`` is the
-    estimate of the summarised messages, before the summary that replaces them is added back.
-    """
+    """``messages[:summarize_until]`` go into the summary, the rest stays verbatim.
+    ``gross_removed_tokens`` is the summarised messages' estimate, before the summary is added back."""
 
     summarize_until: int
     summarized_groups: int
@@ -75,12 +65,8 @@ def _check_partition(groups: Sequence[MessageGroup]) -> None:
 
 
 def recent_budget_within(room: int) -> int:
-    """The verbatim tail a compaction may keep when ``room`` tokens of the input budget are left for it.
-
-    SPEC §6.2 keeps the most recent messages verbatim *up to* 8000 tokens; with a small window that
-    much would not fit at all, so the tail is held to the room the rest of the request leaves (the
-    caller subtracts everything else and the summary's largest size), never below 0 (keep nothing).
-    """
+    """The verbatim tail a compaction may keep when ``room`` tokens are left for it: SPEC §6.2's *up to*
+    8000, held to the room in a small window where 8000 would not fit, never below 0."""
     return max(0, min(RECENT_BUDGET_TOKENS, room))
 
 

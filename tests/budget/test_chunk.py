@@ -15,13 +15,17 @@ from service.budget import (
     chunk_pieces,
     estimate_text,
     safety_margin,
-    split_text,
     summary_capacity,
 )
 
 from .strategies import mixed_text
 
 FAMILY = "👨\u200d👩\u200d👧\u200d👦"  # one cluster of 7 code points, 25 bytes
+
+
+def split_text(text: str, capacity: int) -> list[str]:
+    """One string chunked alone: the splitting rules without any packing of pieces."""
+    return chunk_pieces([text], capacity)
 
 
 def test_attempt_output_caps() -> None:
