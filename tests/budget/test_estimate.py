@@ -10,17 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.budget import (
-    MESSAGE_ENVELOPE_TOKENS,
     Calibration,
-    estimate_content,
     estimate_message,
     estimate_messages,
     estimate_system,
     estimate_text,
     estimate_tools,
-    normalize_messages,
     overflow_target,
 )
+from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS, estimate_content
+from service.budget.messages import normalize_messages
 
 from .strategies import mixed_text
 
