@@ -12,13 +12,7 @@ from service.budget.chunk import (
     summary_capacity,
     summary_output_caps,
 )
-from service.budget.cut import (
-    RECENT_BUDGET_TOKENS,
-    CutPlan,
-    CutRefusal,
-    plan_cut,
-    recent_budget_within,
-)
+from service.budget.cut import RECENT_BUDGET_TOKENS, CutPlan, CutRefusal, plan_cut, recent_budget_within
 from service.budget.estimate import (
     Calibration,
     envelope_tokens,
@@ -37,17 +31,8 @@ from service.budget.messages import (
     pending_tool_ids,
     tool_result_text,
 )
-from service.budget.meter import (
-    SegmentEstimate,
-    pressure,
-    prompt_drift,
-)
-from service.budget.replay import (
-    HISTORY_BATCH_SIZE,
-    QAItem,
-    ReplayPlan,
-    select_replay,
-)
+from service.budget.meter import SegmentEstimate, pressure, prompt_drift
+from service.budget.replay import HISTORY_BATCH_SIZE, QAItem, ReplayPlan, select_replay
 from service.budget.window import (
     WindowPlan,
     plan_window,

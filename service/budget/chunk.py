@@ -6,6 +6,7 @@ packing works on byte counts; where it splits is in docs/budget.md "Chunking" (n
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Sequence
 from typing import Final
@@ -32,6 +33,8 @@ MIN_SUMMARY_MATERIAL: Final = 1024
 MIN_CHUNK_CAPACITY: Final = 2
 
 _ZWJ: Final = "\u200d"
+# Where a piece is cut into lines: after every LF, each keeping its own.
+_AFTER_LF: Final = re.compile("(?<=\n)")
 _ZWNJ: Final = "\u200c"
 
 
@@ -179,7 +182,7 @@ class _Packer:
             return
         if self._fits(piece, size):
             return
-        for line in _lines(piece):
+        for line in _AFTER_LF.split(piece):  # only LF: other separators are ordinary characters
             self.add_line(line)
 
     def add_line(self, line: str) -> None:
@@ -210,29 +213,16 @@ class _Packer:
         return self.chunks
 
 
-def _lines(text: str) -> list[str]:
-    """``text`` cut after every ``"\\n"`` (only LF: other separators are ordinary characters)."""
-    lines = text.split("\n")
-    result = [line + "\n" for line in lines[:-1]]
-    if lines[-1]:
-        result.append(lines[-1])
-    return result
-
-
-def _limit_bytes(capacity_tokens: int) -> int:
+def chunk_pieces(pieces: Sequence[str], capacity_tokens: int) -> list[str]:
+    """Pack ``pieces`` (e.g. rendered message groups) greedily into chunks with
+    ``estimate_text(chunk) <= capacity_tokens``, splitting only a piece larger than a whole chunk;
+    ``"".join(chunks) == "".join(pieces)``. Raises ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`."""
     if capacity_tokens < MIN_CHUNK_CAPACITY:
         raise ValueError(
             f"chunk capacity must be at least {MIN_CHUNK_CAPACITY} tokens (got {capacity_tokens}):"
             " a smaller one cannot hold a 4-byte character"
         )
-    return capacity_tokens * BYTES_PER_TOKEN
-
-
-def chunk_pieces(pieces: Sequence[str], capacity_tokens: int) -> list[str]:
-    """Pack ``pieces`` (e.g. rendered message groups) greedily into chunks with
-    ``estimate_text(chunk) <= capacity_tokens``, splitting only a piece larger than a whole chunk;
-    ``"".join(chunks) == "".join(pieces)``. Raises ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`."""
-    packer = _Packer(_limit_bytes(capacity_tokens))
+    packer = _Packer(capacity_tokens * BYTES_PER_TOKEN)
     for piece in pieces:
         packer.add_piece(piece)
     return packer.result()
