@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Final, Literal
 
 from service.budget.chunk import SUMMARY_MAX_TOKENS
@@ -41,9 +42,8 @@ SUMMARY: Final = "summary"
 @dataclass(frozen=True)
 class Compaction:
     """Groups ``[0, summarize_until)`` summarised, ``[summarize_until, mask_until)`` masked, the rest
-    verbatim (group indices). ``fits``: the plan fits ``room`` with the summary at the size it was
-    planned with (a tier-2 plan that cannot fit even then summarises everything before the recent part
-    and says so here, for the caller to go on or refuse)."""
+    verbatim. ``fits`` is False for a tier-2 plan that cannot fit even so (it then summarises all
+    before the recent part), for the caller to go on or refuse."""
 
     tier: Tier
     summarize_until: int
@@ -52,10 +52,7 @@ class Compaction:
 
 
 def _prefix_sums(values: Sequence[int]) -> list[int]:
-    sums = [0]
-    for value in values:
-        sums.append(sums[-1] + value)
-    return sums
+    return list(accumulate(values, initial=0))
 
 
 def _least_masking(
@@ -156,9 +153,7 @@ def plan_after_summary(
 
 def decide(snapshot: PreparedSnapshot, room: int, *, mask: bool) -> Compaction | CutRefusal:
     """THE compaction decision of a prepared snapshot whose messages must fit ``room`` tokens, with
-    masking on or off (SPEC §11.2 ``mask_tool_results``): what a request, a background job and a
-    stored snapshot's trigger (§6.6) all ask. The recent part is the newest 8000 tokens' worth, less
-    when the room left beside the largest summary is smaller."""
+    masking on or off (SPEC §11.2 ``mask_tool_results``), for a request, a job and a trigger alike."""
     return plan_compaction(
         snapshot.groups,
         snapshot.masked_tokens() if mask else None,

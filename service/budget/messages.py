@@ -26,33 +26,29 @@ _SYSTEM_ROLES = frozenset({"system", "developer"})
 
 @dataclass(frozen=True)
 class NormalizedSnapshot:
-    """A snapshot in canonical form: system text, Anthropic-style tools and messages.
-
-    ``context_window`` / ``max_output_tokens`` carry the snapshot's own numbers (None when absent
-    or not a positive integer) for :func:`service.budget.window.resolve_window` and the main cap.
-    """
+    """A snapshot in canonical form: system text, Anthropic-style tools and messages, and the
+    snapshot's own window and output cap (None unless a positive integer)."""
 
     system: str | None
     tools: list[dict[str, Any]]
     messages: list[Message]
     context_window: int | None = None
     max_output_tokens: int | None = None
-    # The snapshot's ``system`` as posted, when it is a list of text blocks and no system message
-    # joins it (empty otherwise): a provider that takes blocks (Anthropic) gets them as they are, so
-    # the main session's prefix cache, and its ``cache_control`` breakpoints, still match (SPEC §7).
-    # ``system`` is their text, for the estimate and for providers that take a string.
+    # The snapshot's ``system`` as posted when it is a list of text blocks no system message joins: a
+    # provider that takes blocks gets them as they are, so the main session's prefix cache and its
+    # ``cache_control`` breakpoints still match (SPEC §7); ``system`` is their text.
     system_blocks: tuple[dict[str, Any], ...] = ()
 
 
 def _posted_system_blocks(system: object) -> tuple[dict[str, Any], ...]:
     """A snapshot's ``system`` when it is a non-empty list of text blocks, as posted; else ()."""
-    if not isinstance(system, (list, tuple)) or not system:
-        return ()
-    if all(
-        isinstance(b, Mapping) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in system
-    ):
+    if isinstance(system, (list, tuple)) and system and all(_is_text_block(b) for b in system):
         return tuple(dict(b) for b in system)
     return ()
+
+
+def _is_text_block(block: object) -> bool:
+    return isinstance(block, Mapping) and block.get("type") == "text" and isinstance(block.get("text"), str)
 
 
 # slots: plans build thousands of groups, and slotted instances are smaller and quicker to make.
@@ -76,16 +72,16 @@ def _text_of(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, (list, tuple)):
-        texts: list[str] = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            else:
-                texts.append(compact_json(part))
-        return "\n".join(texts)
+        return "\n".join(_part_text(part) for part in content)
     return compact_json(content)
+
+
+def _part_text(part: object) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+        return str(part["text"])
+    return compact_json(part)
 
 
 def _content_blocks(content: object) -> list[Any]:
@@ -120,11 +116,8 @@ def _parse_json_object(text: str) -> Any | None:
 
 
 def _tool_input(arguments: object) -> Any:
-    """An OpenAI ``arguments`` JSON string as a tool_use ``input`` object.
-
-    Anthropic inputs are objects; arguments that are not a JSON object are kept verbatim under
-    ``"_arguments"`` so that nothing the main session sent is lost or invented.
-    """
+    """An OpenAI ``arguments`` JSON string as a tool_use ``input`` object; arguments that are not a
+    JSON object are kept verbatim under ``"_arguments"``, so nothing sent is lost or invented."""
     if isinstance(arguments, str):
         if not arguments:
             return {}
@@ -322,12 +315,8 @@ def _blocks_problem(content: object, where: str) -> str | None:
 
 
 def normalize_snapshot(snapshot: Mapping[str, Any]) -> NormalizedSnapshot:
-    """A snapshot (either style) in canonical form.
-
-    The system text is the snapshot's ``system`` (a string, or text blocks joined) followed by the
-    text of any system messages, separated by a blank line; None when there is none. A ``system`` of
-    text blocks that nothing joins is also kept as posted (``system_blocks``).
-    """
+    """A snapshot (either style) in canonical form: its ``system`` then the text of any system
+    messages, joined by a blank line (None when there is none)."""
     parts: list[str] = []
     top_system = _text_of(snapshot.get("system"))
     if top_system:
@@ -366,11 +355,8 @@ def tool_result_text(
     other_block: Callable[[Mapping[str, Any]], str],
     other_value: Callable[[Any], str],
 ) -> str:
-    """A ``tool_result``'s content as plain text: strings as they are, text blocks joined by lines.
-
-    Callers say how a non-text block (an image, say) and a content of another type read for them:
-    the provider wire and the summary transcript label them differently.
-    """
+    """A ``tool_result``'s content as plain text, text blocks joined by lines. Callers say how a
+    non-text block and a content of another type read: the wire and the transcript label them apart."""
     if content is None:
         return ""
     if isinstance(content, str):
