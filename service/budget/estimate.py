@@ -80,8 +80,7 @@ def _text_bytes(value: object) -> int:
     """UTF-8 bytes of a string field, or of the compact JSON of anything else (None → 0)."""
     if value is None:
         return 0
-    text = value if isinstance(value, str) else compact_json(value)
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
+    return utf8_length(value if isinstance(value, str) else compact_json(value))
 
 
 def estimate_block(block: object) -> int:
@@ -104,8 +103,7 @@ def estimate_block(block: object) -> int:
             return _ceil_tokens(_text_bytes(block.get("tool_use_id"))) + estimate_content(
                 block.get("content")
             )
-        return estimate_text(compact_json(block))
-    if isinstance(block, str):
+    elif isinstance(block, str):
         return estimate_text(block)
     return estimate_text(compact_json(block))
 
@@ -161,9 +159,7 @@ def envelope_tokens(message_count: int) -> int:
 
 def estimate_system(system: str | None) -> int:
     """Estimated tokens of the system prompt (0 when there is none)."""
-    if not system:
-        return 0
-    return estimate_text(system)
+    return estimate_text(system) if system else 0
 
 
 # A canonical message or tool converted from an OpenAI-style one keeps what was posted under this key,
@@ -176,9 +172,7 @@ POSTED_FORM: Final = "_sidequest_posted"
 
 def estimate_tools(tools: Sequence[Mapping[str, Any]]) -> int:
     """Estimated tokens of the tool schemas: their compact JSON (0 when there are none)."""
-    if not tools:
-        return 0
-    return estimate_text(compact_json([without_posted_form(tool) for tool in tools]))
+    return estimate_text(compact_json([without_posted_form(tool) for tool in tools])) if tools else 0
 
 
 def without_posted_form(item: Mapping[str, Any]) -> dict[str, Any]:

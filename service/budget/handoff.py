@@ -389,9 +389,7 @@ def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
     sep = utf8_length(_SEPARATOR)
     omitted = list(plan.omitted)
     for victim in _shortening_order(plan, protected=protected):
-        if victim is plan.entries[-1]:
-            break
-        if total <= limit:
+        if victim is plan.entries[-1] or total <= limit:
             break
         cost_before = _omitted_cost(omitted)
         victim.omitted = True
@@ -404,10 +402,7 @@ def _shorten_omitted_line(plan: _Plan, limit: int) -> None:
     """Name fewer runs of the left-out line, the newest first to go, until the block fits: leaving
     many scattered Q&A out can make the line that lists them longer than what leaving them out freed.
     The response's ``omitted_ordinals`` still lists every one."""
-    if not plan.omitted:
-        return
-    runs = len(_runs(plan.omitted))
-    for shown in range(runs - 1, -1, -1):
+    for shown in range(len(_runs(plan.omitted)) - 1, -1, -1):
         plan.omitted_runs_shown = shown
         if plan.size() <= limit:
             return
@@ -416,12 +411,9 @@ def _shorten_omitted_line(plan: _Plan, limit: int) -> None:
 def build_handoff(
     items: Sequence[HandoffItem], summary: HandoffSummary | None, max_tokens: int
 ) -> HandoffBlock | None:
-    """Build the hand-off block of ``items`` (any order; duplicates by ordinal are an error).
-
-    Returns None when there is nothing to hand off. ``summary`` is the session's rolling Q&A summary
-    (None when there is none); it is used only for non-pinned items it covers, and only when needed.
-    Raises ``ValueError`` for ``max_tokens`` outside 256–32768.
-    """
+    """The hand-off block of ``items`` (any order, distinct ordinals), None when there are none;
+    ``summary``, the session's rolling Q&A summary, stands in for older items only where needed.
+    Raises ``ValueError`` for ``max_tokens`` outside 256–32768."""
     if not HANDOFF_MIN_TOKENS <= max_tokens <= HANDOFF_MAX_TOKENS:
         raise ValueError(f"max_tokens must be from {HANDOFF_MIN_TOKENS} to {HANDOFF_MAX_TOKENS}")
     if not items:
@@ -476,12 +468,10 @@ def build_handoff(
 
 @dataclass(frozen=True)
 class HandoffMarks:
-    """What recording a hand-off changes in its session (docs/handoff.md): ``handed_off_through``
-    moves up to the highest carried ordinal, never down (a hand-off of older pinned Q&A alone leaves
-    it); the carried Q&A are unpinned (``unpin``); and those left out that the main conversation never
-    had (above the old mark) are pinned (``pin``), so the next ``include: "new"`` hand-off carries them
-    and no finding is lost to the mark. One left out that was handed off before is left as it is:
-    pinning it would carry it twice."""
+    """What recording a hand-off changes in its session (docs/handoff.md): ``handed_off_through`` up to
+    the highest carried ordinal, never down; the carried Q&A unpinned; those left out that the main
+    conversation never had (above the old mark) pinned, so no finding is lost to the mark (one handed
+    off before is left as it is: pinning it would carry it twice)."""
 
     handed_off_through: int
     pin: tuple[int, ...]

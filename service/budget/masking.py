@@ -57,14 +57,10 @@ def key_argument(arguments: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _cut(line: str, limit: int) -> str:
-    return line if len(line) <= limit else line[:limit]
-
-
 def artifact_text(value: str) -> str:
     """A key argument's artifact: its first line, at most :data:`ARTIFACT_MAX_CHARS` characters."""
     newline = value.find("\n")
-    return _cut(value if newline < 0 else value[:newline], ARTIFACT_MAX_CHARS)
+    return (value if newline < 0 else value[:newline])[:ARTIFACT_MAX_CHARS]
 
 
 def artifact_of(block: Mapping[str, Any]) -> Artifact | None:
@@ -100,12 +96,11 @@ def group_artifacts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[Artifac
         for block in content
         if isinstance(block, Mapping) and block.get("type") == "tool_result" and block.get("is_error")
     }
-    found = []
-    for use in _tool_uses(messages):
-        artifact = artifact_of(use)
-        if artifact is not None:
-            found.append((artifact, str(use.get("id") or "") in errors))
-    return found
+    return [
+        (artifact, str(use.get("id") or "") in errors)
+        for use in _tool_uses(messages)
+        if (artifact := artifact_of(use)) is not None
+    ]
 
 
 def _edge_lines(lines: list[str]) -> tuple[str, str]:
@@ -115,7 +110,7 @@ def _edge_lines(lines: list[str]) -> tuple[str, str]:
     if not first:
         return "", ""
     last = next(stripped for line in reversed(lines) if (stripped := line.strip()))
-    return _cut(first, STUB_LINE_MAX_CHARS), _cut(last, STUB_LINE_MAX_CHARS)
+    return first[:STUB_LINE_MAX_CHARS], last[:STUB_LINE_MAX_CHARS]
 
 
 def _payload_text(content: Any) -> str:
