@@ -33,9 +33,9 @@ MIN_SUMMARY_MATERIAL: Final = 1024
 MIN_CHUNK_CAPACITY: Final = 2
 
 _ZWJ: Final = "\u200d"
+_ZWNJ: Final = "\u200c"
 # Where a piece is cut into lines: after every LF, each keeping its own.
 _AFTER_LF: Final = re.compile("(?<=\n)")
-_ZWNJ: Final = "\u200c"
 
 
 def summary_output_caps(window: int, prompt_tokens: int, safety_margin: int) -> tuple[int, int]:

@@ -76,8 +76,8 @@ class UnstorableSnapshot(ValueError):
 
 
 def json_depth(value: Any) -> int:
-    """Nesting depth of a JSON value (a scalar is 1, ``{"a": 1}`` is 2), without recursion. Only
-    containers go on the stack: a 600 KB snapshot has tens of thousands of strings."""
+    """Nesting depth of a JSON value (a scalar is 1, ``{"a": 1}`` is 2), without recursion; only
+    containers go on the stack (a 600 KB snapshot has tens of thousands of strings)."""
     if not isinstance(value, dict | list):
         return 1
     deepest = 1
@@ -331,6 +331,7 @@ class PreparedSnapshot:
             raise ValueError("this preparation needs the snapshot's own messages")
         messages = posted_messages if as_posted else value["messages"]
         assert messages is not None
+        digests = bytes.fromhex(value["digests"])
         snapshot = NormalizedSnapshot(
             system=value["system"],
             tools=list(value["tools"]),
@@ -346,14 +347,9 @@ class PreparedSnapshot:
             tools_tokens=int(value["tools_tokens"]),
             message_tokens=tuple(int(t) for t in value["message_tokens"]),
             groups=tuple(MessageGroup(*g) for g in value["groups"]),
-            digests=_split_digests(value["digests"]),
+            digests=tuple(digests[i : i + 32] for i in range(0, len(digests), 32)),
             messages_as_posted=as_posted,
         )
-
-
-def _split_digests(value: Any) -> tuple[bytes, ...]:
-    raw = bytes.fromhex(value) if isinstance(value, str) else b"".join(bytes.fromhex(d) for d in value)
-    return tuple(raw[i : i + 32] for i in range(0, len(raw), 32))
 
 
 def prepare_snapshot(content: Mapping[str, Any], encoded: EncodedSnapshot | None = None) -> PreparedSnapshot:
