@@ -206,14 +206,10 @@ class Calibration:
         return float(self._ratio())
 
     @property
-    def in_use(self) -> bool:
-        """Whether there are enough samples for the ratio to be used (≥ 5)."""
-        return self.samples >= CALIBRATION_MIN_SAMPLES and self.estimate_sum > 0
-
-    @property
     def applied(self) -> bool:
-        """Whether the ratio is in use and changes anything (≠ 1), as ``context_info`` reports it."""
-        return self.in_use and self._ratio() != 1
+        """Whether the ratio is in use and changes anything (≠ 1), as ``context_info`` reports it (a ratio
+        not in use is exactly 1)."""
+        return self._ratio() != 1
 
     def apply(self, total: int) -> int:
         """``total`` scaled by the ratio, rounded up (exact integer arithmetic): what the provider is

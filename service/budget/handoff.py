@@ -83,12 +83,8 @@ class HandoffSummary:
 
 @dataclass(frozen=True)
 class HandoffBlock:
-    """The built block and what it carries.
-
-    ``ordinals`` are the Q&A the block carries (verbatim, shortened or through the summary), ascending;
-    ``summarized_ordinals`` those carried by the summary; ``shortened_ordinals`` those with a cut
-    question or answer; ``omitted_ordinals`` those left out entirely to fit (not carried).
-    """
+    """The built block and what it carries: ``ordinals`` (ascending) verbatim, shortened or through the
+    summary (``summarized_ordinals``); ``omitted_ordinals`` are left out entirely to fit."""
 
     text: str
     estimate_tokens: int

@@ -40,9 +40,7 @@ class ReplayPlan:
     @property
     def replayed_ordinals(self) -> tuple[int, int] | None:
         """``(first, last)`` replayed ordinal, or None (SPEC ``context_info.replayed_ordinals``)."""
-        if not self.replay:
-            return None
-        return (self.replay[0], self.replay[-1])
+        return (self.replay[0], self.replay[-1]) if self.replay else None
 
 
 def replay_token_limit(input_budget: int, max_tokens: int = REPLAY_MAX_TOKENS) -> int:
