@@ -58,11 +58,8 @@ def summary_capacity(
     calibration: Calibration | None = None,
 ) -> int:
     """Tokens of material one summary call may carry: window − margin − retry output − prompt, sized
-    for the retry so that a retry from the same material always fits (``prompt_tokens``: the larger
-    of the two attempts' prompts). May be ≤ 0: the caller must then fail rather than chunk.
-
-    With a ``calibration`` (SPEC §5.1) the window's room is in the provider's tokens and the prompt
-    and material are in ours, so the capacity is ``raw_capacity(room) − prompt``, still a raw estimate.
+    for the retry so that a retry from the same material fits. May be ≤ 0: the caller must then fail.
+    With a ``calibration`` the window's room is in the provider's tokens: ``raw_capacity(room) − prompt``.
     """
     room = window - safety_margin - retry_output_tokens
     if calibration is not None:

@@ -173,9 +173,8 @@ def _mask_openai_call(call: Any) -> Any:
 
 @dataclass(frozen=True)
 class MaskedGroup:
-    """One group in its masked form: ``messages`` (the very same objects where nothing changed),
-    ``tokens`` their estimate (envelopes included), ``masked_messages`` how many changed and
-    ``payload_bytes`` the UTF-8 bytes elided."""
+    """One group in its masked form (the very same objects where nothing changed), its estimate, how
+    many messages changed and the UTF-8 bytes elided."""
 
     messages: tuple[dict[str, Any], ...]
     tokens: int

@@ -146,12 +146,9 @@ def _splice(head: bytes, items: Sequence[bytes]) -> bytes:
 
 
 def _too_deep(content: Mapping[str, Any], messages: Any, parts: tuple[bytes, ...]) -> bool:
-    """Whether ``content`` nests deeper than :data:`MAX_SNAPSHOT_DEPTH`, walking as little as it can.
-
-    A message sits at depth 2, so it may nest ``MAX - 2`` levels; its depth is at most one more than
-    the ``{`` and ``[`` bytes of its canonical JSON (brackets in strings only over-count), so a message
-    with no more than ``MAX - 3`` of them is not walked: counting bytes is C-speed, walking is not.
-    """
+    """Whether ``content`` nests deeper than :data:`MAX_SNAPSHOT_DEPTH`. A message (at depth 2) is at
+    most one deeper than the ``{`` and ``[`` bytes of its canonical JSON, so one with no more than
+    ``MAX - 3`` of them is not walked: counting bytes is C-speed, walking is not."""
     if not isinstance(messages, list) or not parts:
         return json_depth(content) > MAX_SNAPSHOT_DEPTH
     envelope = {key: value for key, value in content.items() if key != "messages"}
