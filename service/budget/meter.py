@@ -45,11 +45,8 @@ class SegmentEstimate:
 
 
 def pressure(total: int, input_budget: int | None) -> str:
-    """``normal``, ``tight`` (≥ 75 % of the budget) or ``critical`` (≥ 90 %).
-
-    Integer arithmetic (no float rounding at the edges). An unknown or non-positive budget is
-    ``critical``: with no room we cannot claim anything is fine.
-    """
+    """``normal``, ``tight`` (≥ 75 % of the budget) or ``critical`` (≥ 90 %), in integer arithmetic (no
+    float rounding at the edges); with an unknown or non-positive budget nothing is fine: ``critical``."""
     if input_budget is None or input_budget <= 0:
         return PRESSURE_CRITICAL
     scaled = total * 100
@@ -61,11 +58,8 @@ def pressure(total: int, input_budget: int | None) -> str:
 
 
 def prompt_drift(estimated_total: int, provider_prompt_tokens: int | None) -> int | None:
-    """Provider prompt tokens minus our estimate (positive: we estimated too low).
-
-    None when the provider reported nothing (None or 0 — unreported usage is recorded as 0 and must
-    not read as a huge over-estimate).
-    """
+    """Provider prompt tokens minus our estimate (positive: we estimated too low); None when the
+    provider reported nothing (unreported usage is recorded as 0, not a huge over-estimate)."""
     if provider_prompt_tokens is None or provider_prompt_tokens <= 0:
         return None
     return provider_prompt_tokens - estimated_total
