@@ -249,11 +249,6 @@ def estimate_handoff(text: str) -> int:
     return estimate_message({"role": "user", "content": text})
 
 
-def _byte_limit(max_tokens: int) -> int:
-    """Most content bytes whose estimate (bytes / 3 up, plus the envelope) stays within ``max_tokens``."""
-    return max(0, (max_tokens - MESSAGE_ENVELOPE_TOKENS) * 3)
-
-
 def _protected(plan: _Plan, entry: _Entry) -> bool:
     """The newest Q&A and the pinned ones: SPEC §11.1 carries them verbatim first."""
     return entry.item.pinned or entry is plan.entries[-1]
@@ -426,7 +421,7 @@ def build_handoff(
         entries=[_Entry(i, item_header(i), i.question.strip(), i.answer.strip()) for i in ordered],
         summary=summary,
     )
-    limit = _byte_limit(max_tokens)
+    limit = max(0, (max_tokens - MESSAGE_ENVELOPE_TOKENS) * 3)  # most content bytes whose estimate fits
     steps: tuple[Callable[[], None], ...] = (
         # docs/handoff.md's steps, in its order: the older Q&A give way first, then the protected ones.
         lambda: _use_summary(plan, limit),

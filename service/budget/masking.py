@@ -113,10 +113,6 @@ def _edge_lines(lines: list[str]) -> tuple[str, str]:
     return first[:STUB_LINE_MAX_CHARS], last[:STUB_LINE_MAX_CHARS]
 
 
-def _payload_text(content: Any) -> str:
-    return tool_result_text(content, other_block=compact_json, other_value=compact_json)
-
-
 def result_stub(text: str, tool: str, *, is_error: bool) -> str:
     """What a masked tool result says instead of its content (SPEC §6.8's wording)."""
     lines = text.splitlines()
@@ -126,11 +122,6 @@ def result_stub(text: str, tool: str, *, is_error: bool) -> str:
         f"{ELIDED_PREFIX}{utf8_length(text)} bytes, {len(lines)} lines of {tool or 'tool'} output{flag};"
         f" first line: {first}; last line: {last}]"
     )
-
-
-def field_stub(value: str) -> str:
-    """What a masked string input field says instead of its value."""
-    return f"{ELIDED_PREFIX}{utf8_length(value)} bytes]"
 
 
 def _mask_arguments(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], int] | None:
@@ -146,7 +137,7 @@ def _mask_arguments(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], int] 
             continue
         if masked is None:
             masked = dict(arguments)
-        masked[name] = field_stub(value)
+        masked[name] = f"{ELIDED_PREFIX}{size} bytes]"  # what a masked input field says instead
         elided += size
     return (masked, elided) if masked is not None else None
 
@@ -197,7 +188,7 @@ def _mask_message(
         kind = block.get("type")
         replacement: dict[str, Any] | None = None
         if kind == "tool_result":
-            text = _payload_text(block.get("content"))
+            text = tool_result_text(block.get("content"), other_block=compact_json, other_value=compact_json)
             size = utf8_length(text)
             if size > PAYLOAD_THRESHOLD_BYTES:
                 use_id = str(block.get("tool_use_id") or "")
