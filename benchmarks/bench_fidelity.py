@@ -56,14 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from deployed import ROOT, deployed
 
-from service.budget.cut import MIN_SUMMARIZED_TOKENS, CutRefusal
-from service.budget.ladder import (
-    SUMMARY_RESERVE_TOKENS,
-    Compaction,
-    decide,
-    recent_budget_for,
-    recent_start,
-)
+from service.budget.cut import MIN_SUMMARIZED_TOKENS, CutRefusal, recent_start
+from service.budget.ladder import SUMMARY_RESERVE_TOKENS, Compaction, decide, recent_budget_for
 from service.budget.masking import Artifact, artifact_of, artifact_text, key_argument
 from service.budget.prepared import PreparedSnapshot, prepare_snapshot
 from service.budget.trail import TRAIL_HEADING, TrailSizes

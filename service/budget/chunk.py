@@ -1,13 +1,12 @@
 """Summary call capacity and UTF-8-safe chunking of summary material (SPEC §6.3).
 
-A chunk fits when ``estimate_text(chunk) <= capacity``, i.e. when its UTF-8 encoding has at most
-``3 × capacity`` bytes, so packing works on byte counts. Splits prefer, in order: piece (group)
-boundaries, line boundaries (after ``"\\n"``), grapheme-cluster boundaries, and only as a last
-resort code-point boundaries. A split never falls inside a UTF-8 character.
+A chunk fits when ``estimate_text(chunk) <= capacity``, i.e. at most ``3 × capacity`` UTF-8 bytes, so
+packing works on byte counts; where it splits is in docs/budget.md "Chunking" (never inside a character).
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Sequence
 from typing import Final
@@ -35,17 +34,15 @@ MIN_CHUNK_CAPACITY: Final = 2
 
 _ZWJ: Final = "\u200d"
 _ZWNJ: Final = "\u200c"
+# Where a piece is cut into lines: after every LF, each keeping its own.
+_AFTER_LF: Final = re.compile("(?<=\n)")
 
 
 def summary_output_caps(window: int, prompt_tokens: int, safety_margin: int) -> tuple[int, int]:
-    """The output caps of a summary call's (first attempt, retry): SPEC §6.3's 2048 and 8192.
-
-    Unless the window is too small to reserve 8192 for the retry and still carry
-    :data:`MIN_SUMMARY_MATERIAL` tokens of material: then the retry's cap is half of what the window
-    leaves after the prompt and the safety margin (the other half is material), and the first
-    attempt's at most that. An 8000-token window made every summary impossible before (an outside
-    check: each question after the replay window filled failed ``context_overflow``).
-    """
+    """The output caps of a summary call's (first attempt, retry): SPEC §6.3's 2048 and 8192, unless
+    the window is too small to reserve 8192 for the retry and still carry :data:`MIN_SUMMARY_MATERIAL`
+    tokens of material (an 8000-token window could not summarise at all): then the retry's cap is half
+    of what the window leaves after the prompt and the margin, and the first attempt's at most that."""
     room = window - safety_margin - prompt_tokens
     if room - RETRY_OUTPUT_TOKENS >= MIN_SUMMARY_MATERIAL:
         return FIRST_OUTPUT_TOKENS, RETRY_OUTPUT_TOKENS
@@ -60,16 +57,9 @@ def summary_capacity(
     retry_output_tokens: int = RETRY_OUTPUT_TOKENS,
     calibration: Calibration | None = None,
 ) -> int:
-    """Tokens of material one summary call may carry: window − margin − retry output − prompt.
-
-    Sized for the retry (output cap 8192, the larger of the two attempts) so that a retry from the
-    same material always fits; ``prompt_tokens`` is the larger of the two attempts' prompts without
-    the material. May be ≤ 0: the caller must then fail rather than chunk.
-
-    With a ``calibration`` (SPEC §5.1) the room the window leaves for the input is in the provider's
-    tokens and the prompt and material are in ours: the whole input (prompt + material) must fit once
-    scaled, so the capacity is ``raw_capacity(room) − prompt``. The result stays a raw estimate (what
-    the chunker packs), never a rewritten segment.
+    """Tokens of material one summary call may carry: window − margin − retry output − prompt, sized
+    for the retry so that a retry from the same material fits. May be ≤ 0: the caller must then fail.
+    With a ``calibration`` the window's room is in the provider's tokens: ``raw_capacity(room) − prompt``.
     """
     room = window - safety_margin - retry_output_tokens
     if calibration is not None:
@@ -95,13 +85,9 @@ def _extends(char: str) -> bool:
 
 
 def _is_soft_boundary(text: str, index: int) -> bool:
-    """Whether ``text`` may be cut before ``text[index]`` without breaking a grapheme cluster.
-
-    A stdlib approximation of UAX #29: no break inside CR LF, before combining / spacing marks,
-    variation selectors, skin tones, tags or ZWJ, after ZWJ (emoji ZWJ sequences), nor inside a
-    regional-indicator pair (flags). Hangul jamo sequences are not recognised (precomposed
-    syllables, the common form, are single code points anyway).
-    """
+    """Whether ``text`` may be cut before ``text[index]`` without breaking a grapheme cluster: a
+    stdlib approximation of UAX #29 (no break inside CR LF, before a mark that extends, after ZWJ, nor
+    inside a flag pair; Hangul jamo sequences are not recognised, precomposed syllables are)."""
     before, after = text[index - 1], text[index]
     if before == "\r" and after == "\n":
         return False
@@ -128,12 +114,10 @@ def _cluster_cut(piece: str, tail: str) -> int:
 
 
 def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> list[str]:
-    """Split one line into parts of at most ``limit_bytes`` UTF-8 bytes (the first part at most
-    ``first_limit_bytes``, the room left in the chunk being filled).
-
-    Cuts fall at grapheme boundaries where possible and always at code-point boundaries. The first
-    part may be ``""`` when the room left cannot take the first cluster: a fresh chunk is better
-    than a broken cluster. Only a cluster larger than a whole chunk is cut between code points.
+    """Split one line into parts of at most ``limit_bytes`` UTF-8 bytes (the first at most
+    ``first_limit_bytes``, the room left in the chunk being filled), at grapheme boundaries where
+    possible. The first part may be ``""`` when the room left cannot take the first cluster: a fresh
+    chunk is better than a broken cluster. Only a cluster larger than a chunk is cut between code points.
     """
     data = text.encode("utf-8")
     parts: list[str] = []
@@ -164,12 +148,9 @@ def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> li
 
 
 class _Packer:
-    """Greedy chunk builder: fills the current chunk, opens a new one when a unit does not fit.
-
-    A unit larger than a whole chunk is taken apart (a piece into lines, a line into characters)
-    and its parts continue filling the current chunk, which keeps the number of chunks — and so
-    of summary calls — as small as greedy packing allows.
-    """
+    """Greedy chunk builder: fills the current chunk, opens a new one when a unit does not fit. A unit
+    larger than a whole chunk is taken apart (a piece into lines, a line into characters) and its parts
+    continue filling the current chunk, so there are as few chunks (summary calls) as greedy allows."""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit = limit_bytes
@@ -198,7 +179,7 @@ class _Packer:
             return
         if self._fits(piece, size):
             return
-        for line in _lines(piece):
+        for line in _AFTER_LF.split(piece):  # only LF: other separators are ordinary characters
             self.add_line(line)
 
     def add_line(self, line: str) -> None:
@@ -229,45 +210,16 @@ class _Packer:
         return self.chunks
 
 
-def _lines(text: str) -> list[str]:
-    """``text`` cut after every ``"\\n"`` (only LF: other separators are ordinary characters)."""
-    lines = text.split("\n")
-    result = [line + "\n" for line in lines[:-1]]
-    if lines[-1]:
-        result.append(lines[-1])
-    return result
-
-
-def _limit_bytes(capacity_tokens: int) -> int:
+def chunk_pieces(pieces: Sequence[str], capacity_tokens: int) -> list[str]:
+    """Pack ``pieces`` (e.g. rendered message groups) greedily into chunks with
+    ``estimate_text(chunk) <= capacity_tokens``, splitting only a piece larger than a whole chunk;
+    ``"".join(chunks) == "".join(pieces)``. Raises ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`."""
     if capacity_tokens < MIN_CHUNK_CAPACITY:
         raise ValueError(
             f"chunk capacity must be at least {MIN_CHUNK_CAPACITY} tokens (got {capacity_tokens}):"
             " a smaller one cannot hold a 4-byte character"
         )
-    return capacity_tokens * BYTES_PER_TOKEN
-
-
-def split_text(text: str, capacity_tokens: int) -> list[str]:
-    """Split one string into parts with ``estimate_text(part) <= capacity_tokens``.
-
-    Cuts after ``"\\n"`` where possible; an overlong line is cut at grapheme boundaries, or at
-    code-point boundaries when one cluster is itself too large. ``"".join(parts) == text``; an
-    empty text gives ``[]``. Raises ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`.
-    """
-    packer = _Packer(_limit_bytes(capacity_tokens))
-    packer.add_piece(text)
-    return packer.result()
-
-
-def chunk_pieces(pieces: Sequence[str], capacity_tokens: int) -> list[str]:
-    """Pack ``pieces`` (e.g. rendered message groups) greedily into chunks within capacity.
-
-    Pieces are only split when a single piece is larger than a whole chunk (then as
-    :func:`split_text`). ``"".join(chunks) == "".join(pieces)`` exactly and every chunk satisfies
-    ``estimate_text(chunk) <= capacity_tokens``. Raises ``ValueError`` below
-    :data:`MIN_CHUNK_CAPACITY`.
-    """
-    packer = _Packer(_limit_bytes(capacity_tokens))
+    packer = _Packer(capacity_tokens * BYTES_PER_TOKEN)
     for piece in pieces:
         packer.add_piece(piece)
     return packer.result()

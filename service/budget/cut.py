@@ -1,9 +1,6 @@
-"""Cut planning for compacting the snapshot copy (SPEC §6.2 compacting_context).
-
-The copy is cut between message groups only: ``messages[:summarize_until]`` go into the context
-summary, the rest stays verbatim. When compaction cannot help, :func:`plan_cut` says why with a
-:class:`CutRefusal` whose ``reason`` is one of the distinct constants below — never a bare False,
-because "reporting success while doing nothing is worse than an error".
+"""Cut planning for compacting the snapshot copy (SPEC §6.2 compacting_context), between message
+groups only. When compaction cannot help, :func:`plan_cut` says why with a :class:`CutRefusal` of a
+distinct ``reason``, never a bare False: "reporting success while doing nothing is worse than an error".
 """
 
 from __future__ import annotations
@@ -21,27 +18,20 @@ RECENT_BUDGET_TOKENS: Final = 8000
 # can make the copy longer instead of shorter, so by default such a cut is refused.
 MIN_SUMMARIZED_TOKENS: Final = FIRST_OUTPUT_TOKENS
 
-# Refusal reasons (CutRefusal.reason). Each means something different to the caller.
+# Refusal reasons (CutRefusal.reason), each meaning something different to the caller: no messages;
+# every group fits the recent budget (shrinking needs a smaller one or another segment); the old
+# messages estimate below the minimum (a summary of them would not reliably be smaller).
 NOTHING_TO_SUMMARIZE: Final = "nothing_to_summarize"
-"""The transcript has no messages: there is nothing to compact."""
 ALL_FIT_RECENT: Final = "all_fit_recent"
-"""Every group fits in the recent budget: no old message exists to summarise (the cut would be at
-message 0). Shrinking needs a smaller recent budget or another segment."""
 TOO_LITTLE_TO_SUMMARIZE: Final = "too_little_to_summarize"
-"""The old messages estimate below the minimum: a summary of them would not reliably be smaller."""
 
 CUT_REFUSAL_REASONS: Final = frozenset({NOTHING_TO_SUMMARIZE, ALL_FIT_RECENT, TOO_LITTLE_TO_SUMMARIZE})
 
 
 @dataclass(frozen=True)
 class CutPlan:
-    """Where to cut the snapshot copy and what that removes.
-
-    ``messages[:summarize_until]`` (``summarized_groups`` whole groups, ``summarized_messages``
-    messages) go into the summary; ``messages[summarize_until:]`` (``kept_groups``,
-    ``kept_messages``, estimate ``kept_tokens``) stay verbatim. ``gross_removed_tokens`` is the
-    estimate of the summarised messages, before the summary that replaces them is added back.
-    """
+    """``messages[:summarize_until]`` go into the summary, the rest stays verbatim.
+    ``gross_removed_tokens`` is the summarised messages' estimate, before the summary is added back."""
 
     summarize_until: int
     summarized_groups: int
@@ -75,13 +65,20 @@ def _check_partition(groups: Sequence[MessageGroup]) -> None:
 
 
 def recent_budget_within(room: int) -> int:
-    """The verbatim tail a compaction may keep when ``room`` tokens of the input budget are left for it.
-
-    SPEC §6.2 keeps the most recent messages verbatim *up to* 8000 tokens; with a small window that
-    much would not fit at all, so the tail is held to the room the rest of the request leaves (the
-    caller subtracts everything else and the summary's largest size), never below 0 (keep nothing).
-    """
+    """The verbatim tail a compaction may keep when ``room`` tokens are left for it: SPEC §6.2's *up to*
+    8000, held to the room in a small window where 8000 would not fit, never below 0."""
     return max(0, min(RECENT_BUDGET_TOKENS, room))
+
+
+def recent_start(verbatim: Sequence[int], recent_budget: int) -> int:
+    """The first group of the recent part: the newest whole groups whose estimates sum to at most
+    ``recent_budget`` (a newest group larger than that leaves the recent part empty)."""
+    kept = 0
+    start = len(verbatim)
+    while start > 0 and kept + verbatim[start - 1] <= recent_budget:
+        start -= 1
+        kept += verbatim[start]
+    return start
 
 
 def plan_cut(
@@ -89,53 +86,32 @@ def plan_cut(
     recent_budget: int = RECENT_BUDGET_TOKENS,
     min_summarized_tokens: int = MIN_SUMMARIZED_TOKENS,
 ) -> CutPlan | CutRefusal:
-    """Plan the cut: keep the newest whole groups whose estimates sum to at most ``recent_budget``.
-
-    Counting stops at the first group (from the newest) that does not fit, so the kept part is a
-    contiguous tail and a group is never split; a newest group larger than ``recent_budget`` goes
-    whole into the summary (nothing is kept). Overflow recovery compacts harder by passing a
-    smaller ``recent_budget`` (0 keeps nothing) or ``min_summarized_tokens=0``.
-    """
+    """Plan the cut: keep the newest whole groups whose estimates sum to at most ``recent_budget``
+    (:func:`recent_start`), summarise the rest. Overflow recovery compacts harder by passing a
+    smaller ``recent_budget`` (0 keeps nothing) or ``min_summarized_tokens=0``."""
     _check_partition(groups)
     if not groups:
         return CutRefusal(NOTHING_TO_SUMMARIZE, "the snapshot has no messages to summarise")
-    kept = 0
-    kept_tokens = 0
-    for group in reversed(groups):
-        if kept_tokens + group.tokens > recent_budget:
-            break
-        kept += 1
-        kept_tokens += group.tokens
-    if kept == len(groups):
+    summarized = recent_start([group.tokens for group in groups], recent_budget)
+    if summarized == 0:
         return CutRefusal(
             ALL_FIT_RECENT,
-            f"all {groups[-1].end} messages ({kept_tokens} tokens) fit the recent budget of"
-            f" {recent_budget} tokens: there are no old messages to summarise",
+            f"all {groups[-1].end} messages ({sum(g.tokens for g in groups)} tokens) fit the recent budget"
+            f" of {recent_budget} tokens: there are no old messages to summarise",
         )
-    summarized = len(groups) - kept
-    summarize_until = groups[summarized - 1].end
-    gross = sum(group.tokens for group in groups[:summarized])
-    if gross < min_summarized_tokens:
+    plan = cut_at(groups, summarized)
+    if plan.gross_removed_tokens < min_summarized_tokens:
         return CutRefusal(
             TOO_LITTLE_TO_SUMMARIZE,
-            f"only {gross} tokens in {summarize_until} old messages would be summarised, less than"
-            f" {min_summarized_tokens}: a summary would not reliably be smaller",
+            f"only {plan.gross_removed_tokens} tokens in {plan.summarize_until} old messages would be"
+            f" summarised, less than {min_summarized_tokens}: a summary would not reliably be smaller",
         )
-    total_messages = groups[-1].end
-    return CutPlan(
-        summarize_until=summarize_until,
-        summarized_groups=summarized,
-        kept_groups=kept,
-        summarized_messages=summarize_until,
-        kept_messages=total_messages - summarize_until,
-        gross_removed_tokens=gross,
-        kept_tokens=kept_tokens,
-    )
+    return plan
 
 
 def cut_at(groups: Sequence[MessageGroup], summarized_groups: int) -> CutPlan:
-    """The cut that summarises exactly the first ``summarized_groups`` groups (1 ≤ it < len(groups)
-    is not required: the ladder may summarise up to the end), as :func:`plan_cut` would describe it."""
+    """The cut that summarises exactly the first ``summarized_groups`` groups (the ladder may summarise
+    up to the end), as :func:`plan_cut` would describe it."""
     _check_partition(groups)
     if not 0 < summarized_groups <= len(groups):
         raise ValueError("a cut summarises at least one group and at most all of them")

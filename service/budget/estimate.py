@@ -1,11 +1,7 @@
-"""Token estimates without a tokenizer (SPEC §5).
+"""Token estimates without a tokenizer (SPEC §5), and the calibration that scales them (§5.1).
 
-Every estimate is ``ceil(utf8_bytes / 3)``: the usual "4 bytes per token" rule of thumb with a 4/3
-safety margin on top (bytes / 4 × 4/3 = bytes / 3). Over-estimating costs a little window; under-
-estimating costs a failed provider call, so every rounding here goes up.
-
-The request JSON's character count is never used: JSON escapes (``\\u4e2d`` for one Chinese
-character) and key names would make the same text look several times larger or smaller.
+Every estimate is ``ceil(utf8_bytes / 3)``, rounded up everywhere: under-estimating costs a failed
+provider call, over-estimating a little window. Why bytes / 3 and not the JSON's length: docs/budget.md.
 """
 
 from __future__ import annotations
@@ -36,16 +32,14 @@ def _ceil_tokens(byte_count: int) -> int:
     return -(-byte_count // BYTES_PER_TOKEN)
 
 
-# Shared, configured once: json.dumps with non-default options would build an encoder per call,
-# which dominates the cost of estimating thousands of small tool inputs. The encoder keeps no
-# state between calls.
+# Shared, configured once: json.dumps with non-default options builds an encoder per call, which
+# dominates the cost of estimating thousands of small tool inputs.
 _COMPACT_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
 
-# JSONEncoder.encode still builds a C encoder (and a cycle-marker dict) on every call, about 3 of
-# the 4 µs a small tool input costs. The same C encoder, built once without cycle markers, gives
-# the identical text; a cycle then ends in RecursionError, and that rare case is redone by
-# _COMPACT_ENCODER so that cycles and over-deep values behave exactly as before. None where the
-# C accelerator is missing (another interpreter): then every call takes _COMPACT_ENCODER.
+# JSONEncoder.encode still builds a C encoder (and a cycle-marker dict) on every call, 3 of the 4 µs
+# a small tool input costs. The same C encoder built once without cycle markers gives the identical
+# text; a cycle then ends in RecursionError and is redone by _COMPACT_ENCODER, which decides as it
+# always did. None where the C accelerator is missing: then every call takes _COMPACT_ENCODER.
 _c_make_encoder: Callable[..., Callable[[object, int], Sequence[str]]] | None = getattr(
     json.encoder, "c_make_encoder", None
 )
@@ -57,11 +51,8 @@ _FAST_COMPACT_ENCODER: Final = (
 
 
 def compact_json(value: object) -> str:
-    """``value`` as compact JSON with non-ASCII kept as UTF-8 (what a provider would see).
-
-    Never raises: an unserialisable value (a cycle, a non-string key) is estimated from its
-    ``repr`` instead, because an estimate must not crash the pipeline over odd input.
-    """
+    """``value`` as compact JSON with non-ASCII kept as UTF-8 (what a provider would see). Never
+    raises: an estimate must not crash the pipeline, so an unserialisable value gives its ``repr``."""
     if _FAST_COMPACT_ENCODER is not None:
         try:
             return "".join(_FAST_COMPACT_ENCODER(value, 0))
@@ -89,17 +80,12 @@ def _text_bytes(value: object) -> int:
     """UTF-8 bytes of a string field, or of the compact JSON of anything else (None → 0)."""
     if value is None:
         return 0
-    text = value if isinstance(value, str) else compact_json(value)
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
+    return utf8_length(value if isinstance(value, str) else compact_json(value))
 
 
 def estimate_block(block: object) -> int:
-    """Estimated tokens of one content block.
-
-    ``text`` counts its text; ``tool_use`` its id, name and compact JSON input; ``tool_result`` its
-    ``tool_use_id`` plus its content (a string or nested blocks). Any other block (image,
-    thinking, document, …) or a non-dict is estimated from its compact JSON.
-    """
+    """Estimated tokens of one content block, by its type as docs/budget.md "Estimator" lists; any
+    other block from its compact JSON."""
     # isinstance(dict) first: the Mapping ABC check is several times slower and rarely needed.
     if isinstance(block, dict) or isinstance(block, Mapping):
         kind = block.get("type")
@@ -117,8 +103,7 @@ def estimate_block(block: object) -> int:
             return _ceil_tokens(_text_bytes(block.get("tool_use_id"))) + estimate_content(
                 block.get("content")
             )
-        return estimate_text(compact_json(block))
-    if isinstance(block, str):
+    elif isinstance(block, str):
         return estimate_text(block)
     return estimate_text(compact_json(block))
 
@@ -139,12 +124,9 @@ def estimate_content(content: object) -> int:
 
 
 def estimate_message_content(message: Mapping[str, Any]) -> int:
-    """Estimated tokens of a message without its envelope.
-
-    Canonical messages only carry ``content``; OpenAI-style ``tool_calls`` / ``tool_call_id`` are
-    counted too when present, so a caller that forgot to normalise gets an estimate that is too
-    high rather than one that silently misses the tool calls.
-    """
+    """Estimated tokens of a message without its envelope. OpenAI-style ``tool_calls`` /
+    ``tool_call_id`` count too: a caller that forgot to normalise gets too high an estimate, not one
+    that silently misses the tool calls."""
     tokens = estimate_content(message.get("content"))
     if "tool_calls" in message:
         tokens += estimate_text(compact_json(message["tool_calls"]))
@@ -177,42 +159,31 @@ def envelope_tokens(message_count: int) -> int:
 
 def estimate_system(system: str | None) -> int:
     """Estimated tokens of the system prompt (0 when there is none)."""
-    if not system:
-        return 0
-    return estimate_text(system)
+    return estimate_text(system) if system else 0
 
 
 # A canonical message or tool converted from an OpenAI-style one keeps what was posted under this key,
-# so that an OpenAI-compatible provider gets it back byte for byte (SPEC §7: the main session's
-# messages and tools exactly as it had them, for its prefix cache — re-encoding a tool call's
-# arguments, or joining content parts, changes the bytes from the first tool call on). On a message:
-# ``{"messages": [posted…], "blocks": n}`` — the posted message(s) stand for its first ``n`` content
-# blocks (blocks appended later, the answer's final turn, are rendered after them). On a tool: the
-# posted tool. Nothing else reads it: the estimate counts content (and a tool's schema without it),
-# and the Anthropic wire drops it.
+# so that an OpenAI-compatible provider gets it back byte for byte, for its prefix cache (SPEC §7). On a
+# message: ``{"messages": [posted…], "blocks": n}``, the posted message(s) standing for its first ``n``
+# content blocks (blocks appended later are rendered after them); on a tool: the posted tool. The
+# estimate does not count it and the Anthropic wire drops it.
 POSTED_FORM: Final = "_sidequest_posted"
 
 
 def estimate_tools(tools: Sequence[Mapping[str, Any]]) -> int:
     """Estimated tokens of the tool schemas: their compact JSON (0 when there are none)."""
-    if not tools:
-        return 0
-    return estimate_text(compact_json([without_posted_form(tool) for tool in tools]))
+    return estimate_text(compact_json([without_posted_form(tool) for tool in tools])) if tools else 0
 
 
 def without_posted_form(item: Mapping[str, Any]) -> dict[str, Any]:
-    """A message or tool schema without what only Sidequest keeps beside it (:data:`POSTED_FORM`):
-    what the estimate counts and what a wire that does not use the posted form is sent."""
+    """A message or tool schema without :data:`POSTED_FORM`: what the estimate counts."""
     return {k: v for k, v in item.items() if k != POSTED_FORM}
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Running ratio of provider prompt tokens to our estimates, for optional scaling of a total.
-
-    Immutable: :meth:`observe` returns a new value. The ratio is only a hint applied to a whole
-    total by the caller; segment estimates are never rewritten from a provider's figure.
-    """
+    """The ratio of provider prompt tokens to our estimates, from the store's counters (SPEC §5.1). It
+    scales a whole total for a fit decision; segment estimates are never rewritten from it."""
 
     samples: int = 0
     estimate_sum: int = 0
@@ -222,20 +193,6 @@ class Calibration:
     def empty(cls) -> Calibration:
         """A calibration with no samples (ratio 1.0)."""
         return cls()
-
-    def observe(self, estimate: int, provider_prompt_tokens: int) -> Calibration:
-        """Add one (estimate, provider prompt tokens) pair.
-
-        A pair with a non-positive side carries no signal — notably a provider that did not report
-        usage is recorded as 0 (SPEC §7) — so it is ignored and ``self`` is returned.
-        """
-        if estimate <= 0 or provider_prompt_tokens <= 0:
-            return self
-        return Calibration(
-            samples=self.samples + 1,
-            estimate_sum=self.estimate_sum + estimate,
-            provider_sum=self.provider_sum + provider_prompt_tokens,
-        )
 
     def _ratio(self) -> Fraction:
         if self.samples < CALIBRATION_MIN_SAMPLES or self.estimate_sum <= 0:
@@ -249,21 +206,14 @@ class Calibration:
         return float(self._ratio())
 
     @property
-    def in_use(self) -> bool:
-        """Whether there are enough samples for the ratio to be used (≥ 5)."""
-        return self.samples >= CALIBRATION_MIN_SAMPLES and self.estimate_sum > 0
-
-    @property
     def applied(self) -> bool:
-        """Whether the ratio is in use and changes anything (≠ 1), as ``context_info`` reports it."""
-        return self.in_use and self._ratio() != 1
+        """Whether the ratio is in use and changes anything (≠ 1), as ``context_info`` reports it (a ratio
+        not in use is exactly 1)."""
+        return self._ratio() != 1
 
     def apply(self, total: int) -> int:
-        """``total`` scaled by the ratio, rounded up (exact integer arithmetic).
-
-        This is the *fit* total: what the provider is expected to count for a request whose raw
-        estimate is ``total``. Only a fit decision uses it; segments and ``estimate.*`` stay raw.
-        """
+        """``total`` scaled by the ratio, rounded up (exact integer arithmetic): what the provider is
+        expected to count. Only a fit decision uses it; segments and ``estimate.*`` stay raw."""
         ratio = self._ratio()
         return -(-(total * ratio.numerator) // ratio.denominator)
 
@@ -273,50 +223,23 @@ class Calibration:
         return self.apply(total) <= input_budget
 
     def raw_capacity(self, capacity: int) -> int:
-        """The largest raw estimate whose calibrated total fits ``capacity`` (rounded down).
-
-        The inverse of :meth:`apply` for sizing: how much material, by our estimate, fits a room of
-        ``capacity`` provider tokens (a summary chunk). A non-positive capacity is returned as is.
-        """
+        """The largest raw estimate whose calibrated total fits ``capacity`` (the inverse of
+        :meth:`apply`, rounded down); a non-positive capacity is returned as is."""
         if capacity <= 0:
             return capacity
         ratio = self._ratio()
         return capacity * ratio.denominator // ratio.numerator
 
     def info(self) -> dict[str, Any]:
-        """``context_info.calibration``: ``{ratio, samples, applied}``.
-
-        The ratio is reported unrounded: ``applied`` says it is not exactly 1, and a ratio rounded to
-        1.0 beside ``applied: true`` would contradict it (0.99997 is applied, and is not 1).
-        """
+        """``context_info.calibration``: ``{ratio, samples, applied}``, the ratio unrounded: one rounded
+        to 1.0 beside ``applied: true`` would contradict it."""
         return {"ratio": self.ratio, "samples": self.samples, "applied": self.applied}
-
-    def as_dict(self) -> dict[str, int]:
-        """The three counters, for persisting between requests."""
-        return {"samples": self.samples, "estimate_sum": self.estimate_sum, "provider_sum": self.provider_sum}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
-        """Inverse of :meth:`as_dict`; missing or invalid counters read as an empty calibration."""
-        try:
-            samples = int(data.get("samples", 0))
-            estimate_sum = int(data.get("estimate_sum", 0))
-            provider_sum = int(data.get("provider_sum", 0))
-        except (TypeError, ValueError):
-            return cls()
-        if samples < 0 or estimate_sum < 0 or provider_sum < 0:
-            return cls()
-        return cls(samples=samples, estimate_sum=estimate_sum, provider_sum=provider_sum)
 
 
 def overflow_target(input_budget: int, estimate: int, prompt_tokens: int) -> int:
-    """The raw estimate a request must shrink to after an overflow that stated its real count.
-
-    The provider counted ``prompt_tokens`` for a request we estimated at ``estimate``: its tokenizer
-    counts ``prompt_tokens / estimate`` of ours, so the request fits ``input_budget`` real tokens once
-    its raw estimate is at most ``input_budget × estimate / prompt_tokens`` (rounded down). Without a
-    usable count (``prompt_tokens`` or ``estimate`` ≤ 0) the budget itself is the target.
-    """
+    """The raw estimate a request must shrink to after an overflow that stated its real count,
+    ``input_budget × estimate / prompt_tokens`` rounded down: at the provider's own rate it then fits
+    the budget. Without a usable count (``prompt_tokens`` or ``estimate`` ≤ 0), the budget itself."""
     if prompt_tokens <= 0 or estimate <= 0:
         return max(0, input_budget)
     return max(0, input_budget * estimate // prompt_tokens)

@@ -1,16 +1,12 @@
-"""What of the snapshot reached the model (SPEC §6.10 ``context_info.fidelity``).
-
-Counted from the plan the answer request was built from — which groups were summarised, which masked,
-which kept verbatim, and the trail after the summary — never estimated: a message is *masked* when
-masking changed it, *verbatim* when it went as the main session had it, *summarised* when only the
-summary (and its trail) stands for it. An artifact is *in the prompt* when the answer request carries
-its text: in a kept tool call (masking never elides a key argument) or in the trail.
+"""What of the snapshot reached the model (SPEC §6.10 ``context_info.fidelity``), counted from the
+plan the answer request was built from, never estimated. An artifact is *in the prompt* when the
+request carries its text: in a kept tool call (masking never elides a key argument) or in the trail.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from service.budget.ladder import MASKED, NONE, SUMMARY, Tier
@@ -32,14 +28,12 @@ class Fidelity:
     artifacts_in_prompt: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "tier": self.tier,
-            "verbatim_messages": self.verbatim_messages,
-            "masked_messages": self.masked_messages,
-            "masked_payload_bytes": self.masked_payload_bytes,
-            "summarized_messages": self.summarized_messages,
-            "artifacts": {"total": self.artifacts_total, "in_prompt": self.artifacts_in_prompt},
+        value = asdict(self)
+        value["artifacts"] = {
+            "total": value.pop("artifacts_total"),
+            "in_prompt": value.pop("artifacts_in_prompt"),
         }
+        return value
 
 
 def measure_fidelity(
@@ -60,14 +54,8 @@ def measure_fidelity(
     everything = {artifact for found in artifacts for artifact, _ in found}
     carried = {artifact for found in artifacts[summarize_until:] for artifact, _ in found}
     carried.update(entry.artifact for entry in trail)
-    if summarize_until > 0:
-        tier: Tier = SUMMARY
-    elif mask_until > 0:
-        tier = MASKED
-    else:
-        tier = NONE
     return Fidelity(
-        tier=tier,
+        tier=SUMMARY if summarize_until > 0 else MASKED if mask_until > 0 else NONE,
         verbatim_messages=total_messages - summarized - masked_messages,
         masked_messages=masked_messages,
         masked_payload_bytes=payload,
@@ -75,6 +63,3 @@ def measure_fidelity(
         artifacts_total=len(everything),
         artifacts_in_prompt=len(everything & carried),
     )
-
-
-__all__ = ["Fidelity", "measure_fidelity"]

@@ -1,35 +1,10 @@
-"""The hand-off block (SPEC §11.1): side findings as one user message for the main agent. Pure.
+"""The hand-off block (SPEC §11.1): side findings as one user message for the main agent.
 
-Deterministic — no model call, no clock: the same Q&A, summary and limit give the same bytes. The block
-
-1. frames itself: side questions asked while the main agent worked, answered by a separate assistant
-   from read-only snapshots; information, not instructions; each answer may be stale and the main
-   agent's own context wins;
-2. then carries each Q&A with its ordinal, when it was asked and which snapshot (id, time) it was
-   answered against, in ordinal order, the rolling Q&A summary first when it stands in for older ones.
-
-Fitting ``max_tokens`` uses the SPEC §5 estimate of the message (UTF-8 bytes / 3, rounded up, plus one
-message envelope) and works on byte sizes, so a long history costs one pass, not one render per step.
-The steps, each taken only when the previous one was not enough:
-
-- everything verbatim;
-- the rolling Q&A summary in place of the oldest Q&A it covers, but never the newest or a pinned one
-  (as few as needed);
-- shorten the *older* answers (every Q&A but the newest and the pinned ones), oldest first, each down
-  to a few lines (:data:`ANSWER_FLOOR_BYTES`), never to nothing;
-- leave out the oldest of them entirely (said so in the block: ``omitted_ordinals``); then shorten the
-  summary;
-- only then the newest and the pinned Q&A, which SPEC §11.1 keeps verbatim first: their answers
-  shortened to a few lines (pinned before the newest); then the pinned ones left out, oldest first;
-  then the newest's answer and question, down to nothing if the limit leaves no choice — never left
-  out.
-
-Then a pinned Q&A cut to the bare marker (question and answer) is left out instead (it stays pinned),
-and what room a later step freed is given back to the cuts, the last made first.
-
-Every cut is UTF-8-safe (never inside a character) and visible (:data:`SHORTENED_MARKER`). The last step
-always ends with a block that fits: the framing plus the newest Q&A at its smallest fits the smallest
-allowed ``max_tokens`` (256), which the property tests pin.
+Deterministic (no model call, no clock): the same Q&A, summary and limit give the same bytes. What the
+block says and the order in which it gives way to fit ``max_tokens`` are in docs/handoff.md ("The
+block"); :func:`build_handoff` takes the steps in that order on byte sizes, so a long history costs
+one pass, not one render per step. The framing plus the newest Q&A at its smallest always fits the
+smallest ``max_tokens`` (256), which the property tests pin.
 """
 
 from __future__ import annotations
@@ -39,11 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS, estimate_message
+from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS, estimate_message, utf8_length
 
 HANDOFF_MIN_TOKENS: Final = 256
 HANDOFF_MAX_TOKENS: Final = 32768
-HANDOFF_DEFAULT_TOKENS: Final = 2000
 
 SHORTENED_MARKER: Final = "[… shortened]"
 # An older answer is shortened to no less than this (a few lines): below it, it is left out whole instead
@@ -65,12 +39,9 @@ FRAMING: Final = (
 )
 END_LINE: Final = "--- End of side findings."
 _SEPARATOR: Final = "\n\n"
-# The block's own structure lines begin with "---" (each Q&A's header, the end line): in the text of a
-# question, an answer or the summary, such a line is written "- - -" (still a rule in Markdown), so
-# that no Q&A can fake the end of the block and put words after it, outside the framing.
-# Indented too: Markdown reads up to three leading spaces as the same rule, and a reader may ignore any
-# — any whitespace or zero-width character, that is. And a line is what any reader splits on: every
-# line break str.splitlines() knows (CR, VT, FF, NEL, U+2028…) is written as a newline first.
+# No Q&A may fake the block's structure lines ("---", after any whitespace or zero-width indentation)
+# and put words after its end: such a line is written "- - -", and a line is what any reader splits on
+# (every str.splitlines() break becomes a newline first). docs/handoff.md "The block".
 _LINE_BREAKS: Final = re.compile("\r\n|[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 _STRUCTURE_LINE: Final = re.compile(r"^((?:[^\S\n]|[\u200b\u200c\u200d\u2060\ufeff])*)---", re.MULTILINE)
 
@@ -112,12 +83,8 @@ class HandoffSummary:
 
 @dataclass(frozen=True)
 class HandoffBlock:
-    """The built block and what it carries.
-
-    ``ordinals`` are the Q&A the block carries (verbatim, shortened or through the summary), ascending;
-    ``summarized_ordinals`` those carried by the summary; ``shortened_ordinals`` those with a cut
-    question or answer; ``omitted_ordinals`` those left out entirely to fit (not carried).
-    """
+    """The built block and what it carries: ``ordinals`` (ascending) verbatim, shortened or through the
+    summary (``summarized_ordinals``); ``omitted_ordinals`` are left out entirely to fit."""
 
     text: str
     estimate_tokens: int
@@ -131,10 +98,6 @@ class HandoffBlock:
     def truncated(self) -> bool:
         """Whether anything was cut or left out (SPEC ``truncated``)."""
         return bool(self.shortened_ordinals or self.omitted_ordinals or self.summary_shortened)
-
-
-def _size(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def cut_utf8(text: str, max_bytes: int) -> str:
@@ -152,9 +115,9 @@ def _label(value: str) -> str:
     """A client-given label in one line, capped at :data:`LABEL_MAX_CHARS` characters and
     :data:`LABEL_MAX_BYTES` bytes (``…`` when cut)."""
     one_line = " ".join(value.split())
-    if len(one_line) <= LABEL_MAX_CHARS and _size(one_line) <= LABEL_MAX_BYTES:
+    if len(one_line) <= LABEL_MAX_CHARS and utf8_length(one_line) <= LABEL_MAX_BYTES:
         return one_line
-    kept = cut_utf8(one_line[: LABEL_MAX_CHARS - 1], LABEL_MAX_BYTES - _size("…"))
+    kept = cut_utf8(one_line[: LABEL_MAX_CHARS - 1], LABEL_MAX_BYTES - utf8_length("…"))
     return kept + "…"
 
 
@@ -241,7 +204,7 @@ class _Entry:
 
     def size(self) -> int:
         # header + "\nQ: " + question + "\nA: " + answer
-        return _size(self.header) + 4 + _size(self.question) + 4 + _size(self.answer)
+        return utf8_length(self.header) + 4 + utf8_length(self.question) + 4 + utf8_length(self.answer)
 
     def render(self) -> str:
         return f"{self.header}\nQ: {self.question}\nA: {self.answer}"
@@ -272,23 +235,18 @@ class _Plan:
 
     def size(self) -> int:
         """UTF-8 bytes of the rendered text, computed from the parts' sizes."""
-        sizes = [_size(FRAMING), _size(END_LINE)]
+        sizes = [utf8_length(FRAMING), utf8_length(END_LINE)]
         if self.omitted:
-            sizes.append(_size(omitted_line(self.omitted, self.omitted_runs_shown)))
+            sizes.append(utf8_length(omitted_line(self.omitted, self.omitted_runs_shown)))
         if self.summary_used and self.summary is not None:
-            sizes.append(_size(summary_header(self.summary)) + 1 + _size(self.summary_text))
+            sizes.append(utf8_length(summary_header(self.summary)) + 1 + utf8_length(self.summary_text))
         sizes.extend(e.size() for e in self.entries if not (e.summarized or e.omitted))
-        return sum(sizes) + _size(_SEPARATOR) * (len(sizes) - 1)
+        return sum(sizes) + utf8_length(_SEPARATOR) * (len(sizes) - 1)
 
 
 def estimate_handoff(text: str) -> int:
     """SPEC §5 estimate of the block as one user message (content bytes / 3 up, plus the envelope)."""
     return estimate_message({"role": "user", "content": text})
-
-
-def _byte_limit(max_tokens: int) -> int:
-    """Most content bytes whose estimate (bytes / 3 up, plus the envelope) stays within ``max_tokens``."""
-    return max(0, (max_tokens - MESSAGE_ENVELOPE_TOKENS) * 3)
 
 
 def _protected(plan: _Plan, entry: _Entry) -> bool:
@@ -307,28 +265,27 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
     """Cut ``attr`` (question / answer) of one tier's entries in shortening order, each to no less than
     ``floor`` bytes of its original text, until the plan fits."""
     total = plan.size()
-    marker_cost = _size(SHORTENED_MARKER) + 1
+    marker_cost = utf8_length(SHORTENED_MARKER) + 1
     for entry in _shortening_order(plan, protected=protected):
         excess = total - limit
         if excess <= 0:
             return
         current: str = getattr(entry, attr)
-        current_size = _size(current)
+        current_size = utf8_length(current)
         # The kept prefix: small enough to remove the excess, never below the floor of this pass.
         keep = max(floor, current_size - excess - marker_cost)
         replacement = _shorten(getattr(entry.item, attr).strip(), keep)
-        if _size(replacement) >= current_size:
+        if utf8_length(replacement) >= current_size:
             continue  # already at or below this pass's floor (or too small for the marker to pay)
         setattr(entry, attr, replacement)
         entry.shortened = True
         plan.cuts.append((entry, attr))
-        total += _size(replacement) - current_size
+        total += utf8_length(replacement) - current_size
 
 
 def _leave_out_pinned_without_answer(plan: _Plan) -> None:
-    """A pinned Q&A whose answer was cut to the bare marker carries no finding: it is left out instead
-    (said so), so that it stays pinned for the next hand-off and its room goes to the others: carried
-    as "A: [… shortened]" it would be unpinned with its finding gone."""
+    """A pinned Q&A whose answer was cut to the bare marker carries no finding: left out instead, it
+    stays pinned for the next hand-off (carried, it would be unpinned with its finding gone)."""
     for entry in plan.entries:
         if (
             entry.item.pinned
@@ -343,7 +300,7 @@ def _leave_out_pinned_without_answer(plan: _Plan) -> None:
 def _give_back(plan: _Plan, limit: int) -> None:
     """Undo cuts, the last made first, as far as the room left allows: a later step (leaving Q&A out)
     can free more than the cuts before it took, which they then did not need to take."""
-    marker_cost = _size(SHORTENED_MARKER) + 1
+    marker_cost = utf8_length(SHORTENED_MARKER) + 1
     undone: set[tuple[int, str]] = set()
     for entry, attr in reversed(plan.cuts):
         if (id(entry), attr) in undone or entry.omitted or entry.summarized:
@@ -354,11 +311,11 @@ def _give_back(plan: _Plan, limit: int) -> None:
             return
         original: str = getattr(entry.item, attr).strip()
         current: str = getattr(entry, attr)
-        if _size(original) - _size(current) <= room:
+        if utf8_length(original) - utf8_length(current) <= room:
             grown = original
         else:  # the kept prefix, the marker and its space within what the cut had plus the room
-            grown = _shorten(original, _size(current) + room - marker_cost)
-        if _size(grown) <= _size(current):
+            grown = _shorten(original, utf8_length(current) + room - marker_cost)
+        if utf8_length(grown) <= utf8_length(current):
             continue
         setattr(entry, attr, grown)
         entry.shortened = (
@@ -375,10 +332,10 @@ def _use_summary(plan: _Plan, limit: int) -> None:
     coverable = [e for e in plan.entries if not _protected(plan, e) and summary.covers(e.item.ordinal)]
     if not coverable:
         return
-    sep = _size(_SEPARATOR)
+    sep = utf8_length(_SEPARATOR)
     before = plan.size()
     text = summary.text.strip()
-    total = before + _size(summary_header(summary)) + 1 + _size(text) + sep
+    total = before + utf8_length(summary_header(summary)) + 1 + utf8_length(text) + sep
     plan.summary_used = True
     plan.summary_text = text
     for entry in coverable:
@@ -399,7 +356,7 @@ def _shrink_summary(plan: _Plan, limit: int) -> None:
     excess = plan.size() - limit
     if excess <= 0:
         return
-    keep = _size(plan.summary_text) - excess - _size(SHORTENED_MARKER) - 1
+    keep = utf8_length(plan.summary_text) - excess - utf8_length(SHORTENED_MARKER) - 1
     if keep <= 0:
         # Not even a line of it fits: the Q&A it stood in for are left out instead (said so in the block).
         plan.summary_used = False
@@ -414,18 +371,16 @@ def _shrink_summary(plan: _Plan, limit: int) -> None:
 
 
 def _omitted_cost(ordinals: Sequence[int]) -> int:
-    return _size(omitted_line(ordinals)) + _size(_SEPARATOR) if ordinals else 0
+    return utf8_length(omitted_line(ordinals)) + utf8_length(_SEPARATOR) if ordinals else 0
 
 
 def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
     """Leave out one tier's whole Q&A, oldest first — never the newest."""
     total = plan.size()
-    sep = _size(_SEPARATOR)
+    sep = utf8_length(_SEPARATOR)
     omitted = list(plan.omitted)
     for victim in _shortening_order(plan, protected=protected):
-        if victim is plan.entries[-1]:
-            break
-        if total <= limit:
+        if victim is plan.entries[-1] or total <= limit:
             break
         cost_before = _omitted_cost(omitted)
         victim.omitted = True
@@ -436,12 +391,9 @@ def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
 
 def _shorten_omitted_line(plan: _Plan, limit: int) -> None:
     """Name fewer runs of the left-out line, the newest first to go, until the block fits: leaving
-    many scattered Q&A out can make the line that lists them longer than what leaving them out freed
-    (a property test found one). The response's ``omitted_ordinals`` still lists every one."""
-    if not plan.omitted:
-        return
-    runs = len(_runs(plan.omitted))
-    for shown in range(runs - 1, -1, -1):
+    many scattered Q&A out can make the line that lists them longer than what leaving them out freed.
+    The response's ``omitted_ordinals`` still lists every one."""
+    for shown in range(len(_runs(plan.omitted)) - 1, -1, -1):
         plan.omitted_runs_shown = shown
         if plan.size() <= limit:
             return
@@ -450,12 +402,9 @@ def _shorten_omitted_line(plan: _Plan, limit: int) -> None:
 def build_handoff(
     items: Sequence[HandoffItem], summary: HandoffSummary | None, max_tokens: int
 ) -> HandoffBlock | None:
-    """Build the hand-off block of ``items`` (any order; duplicates by ordinal are an error).
-
-    Returns None when there is nothing to hand off. ``summary`` is the session's rolling Q&A summary
-    (None when there is none); it is used only for non-pinned items it covers, and only when needed.
-    Raises ``ValueError`` for ``max_tokens`` outside 256–32768.
-    """
+    """The hand-off block of ``items`` (any order, distinct ordinals), None when there are none;
+    ``summary``, the session's rolling Q&A summary, stands in for older items only where needed.
+    Raises ``ValueError`` for ``max_tokens`` outside 256–32768."""
     if not HANDOFF_MIN_TOKENS <= max_tokens <= HANDOFF_MAX_TOKENS:
         raise ValueError(f"max_tokens must be from {HANDOFF_MIN_TOKENS} to {HANDOFF_MAX_TOKENS}")
     if not items:
@@ -472,17 +421,13 @@ def build_handoff(
         entries=[_Entry(i, item_header(i), i.question.strip(), i.answer.strip()) for i in ordered],
         summary=summary,
     )
-    limit = _byte_limit(max_tokens)
+    limit = max(0, (max_tokens - MESSAGE_ENVELOPE_TOKENS) * 3)  # most content bytes whose estimate fits
     steps: tuple[Callable[[], None], ...] = (
+        # docs/handoff.md's steps, in its order: the older Q&A give way first, then the protected ones.
         lambda: _use_summary(plan, limit),
-        # The older Q&A give way first: their answers down to a few lines, then whole Q&A, oldest first.
         lambda: _shrink_field(plan, limit, "answer", ANSWER_FLOOR_BYTES, protected=False),
         lambda: _omit_oldest(plan, limit, protected=False),
         lambda: _shrink_summary(plan, limit),
-        # Only then the newest and the pinned ones: their answers down to a few lines (pinned oldest
-        # first, the newest last); then pinned Q&A left out whole, oldest first (they stay pinned) —
-        # rather than every pinned answer cut to nothing and then left out anyway, which carried
-        # none of them; and last the newest alone, down to nothing if need be.
         lambda: _shrink_field(plan, limit, "answer", ANSWER_FLOOR_BYTES, protected=True),
         lambda: _omit_oldest(plan, limit, protected=True),
         lambda: _shrink_field(plan, limit, "answer", 0, protected=True),
@@ -512,21 +457,22 @@ def build_handoff(
     )
 
 
-__all__ = [
-    "ANSWER_FLOOR_BYTES",
-    "END_LINE",
-    "FRAMING",
-    "HANDOFF_DEFAULT_TOKENS",
-    "HANDOFF_MAX_TOKENS",
-    "HANDOFF_MIN_TOKENS",
-    "SHORTENED_MARKER",
-    "HandoffBlock",
-    "HandoffItem",
-    "HandoffSummary",
-    "build_handoff",
-    "cut_utf8",
-    "estimate_handoff",
-    "item_header",
-    "ordinal_runs",
-    "unframed",
-]
+@dataclass(frozen=True)
+class HandoffMarks:
+    """What recording a hand-off changes in its session (docs/handoff.md): ``handed_off_through`` up to
+    the highest carried ordinal, never down; the carried Q&A unpinned; those left out that the main
+    conversation never had (above the old mark) pinned, so no finding is lost to the mark (one handed
+    off before is left as it is: pinning it would carry it twice)."""
+
+    handed_off_through: int
+    pin: tuple[int, ...]
+    unpin: tuple[int, ...]
+
+
+def handoff_marks(block: HandoffBlock, handed_off_through: int) -> HandoffMarks:
+    """The marks of recording ``block`` in a session whose mark is ``handed_off_through``."""
+    return HandoffMarks(
+        handed_off_through=max(handed_off_through, block.ordinals[-1]),
+        pin=tuple(o for o in block.omitted_ordinals if o > handed_off_through),
+        unpin=block.ordinals,
+    )

@@ -1,20 +1,14 @@
-"""The compaction ladder (SPEC §6.2): THE decision of how a snapshot copy is made to fit.
-
-One pure function, :func:`plan_compaction`, answers for a request, for a background job and for a
-stored snapshot's trigger (§6.6) alike: does the transcript fit as it is (tier ``none``); does it fit
-with the payloads of its oldest groups masked (tier ``masked``, no call); or must its oldest groups be
-summarised (tier ``summary``), the rest masked, the recent part verbatim. :func:`plan_after_summary`
-answers the same for a transcript whose prefix a cached summary already covers (§6.7).
-
-Everything is in whole groups (a tool call and its results are never split) and in raw estimate
-tokens: the caller gives ``room``, the tokens left for the transcript once the rest of the request is
-counted (the calibration already applied to the budget it came from).
+"""The compaction ladder (SPEC §6.2): THE decision of how a snapshot copy is made to fit, for a
+request, a background job and a stored snapshot's trigger (§6.6) alike (docs/budget.md "The compaction
+ladder"). Everything is in whole groups and raw estimate tokens: ``room`` is what is left for the
+transcript once the rest of the request is counted (the calibration already applied to its budget).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Final, Literal
 
 from service.budget.chunk import SUMMARY_MAX_TOKENS
@@ -27,6 +21,7 @@ from service.budget.cut import (
     CutRefusal,
     plan_cut,
     recent_budget_within,
+    recent_start,
 )
 from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS
 from service.budget.messages import MessageGroup
@@ -47,9 +42,8 @@ SUMMARY: Final = "summary"
 @dataclass(frozen=True)
 class Compaction:
     """Groups ``[0, summarize_until)`` summarised, ``[summarize_until, mask_until)`` masked, the rest
-    verbatim (group indices). ``fits``: the plan fits ``room`` with the summary at the size it was
-    planned with (a tier-2 plan that cannot fit even then summarises everything before the recent part
-    and says so here, for the caller to go on or refuse)."""
+    verbatim. ``fits`` is False for a tier-2 plan that cannot fit even so (it then summarises all
+    before the recent part), for the caller to go on or refuse."""
 
     tier: Tier
     summarize_until: int
@@ -58,21 +52,7 @@ class Compaction:
 
 
 def _prefix_sums(values: Sequence[int]) -> list[int]:
-    sums = [0]
-    for value in values:
-        sums.append(sums[-1] + value)
-    return sums
-
-
-def recent_start(verbatim: Sequence[int], recent_budget: int) -> int:
-    """The first group of the recent part: the newest whole groups whose estimates sum to at most
-    ``recent_budget`` (a newest group larger than that leaves the recent part empty)."""
-    kept = 0
-    start = len(verbatim)
-    while start > 0 and kept + verbatim[start - 1] <= recent_budget:
-        start -= 1
-        kept += verbatim[start]
-    return start
+    return list(accumulate(values, initial=0))
 
 
 def _least_masking(
@@ -99,20 +79,12 @@ def plan_compaction(
     min_summarized_tokens: int = MIN_SUMMARIZED_TOKENS,
 ) -> Compaction | CutRefusal:
     """Plan the compaction of a transcript of ``groups`` (``masked``: each group's estimate in its
-    masked form; None when masking is off) into ``room`` tokens.
-
-    - tier ``none`` when it fits as it is;
-    - tier ``masked``: the fewest oldest groups masked that make it fit, never one of the recent part
-      (the newest groups within ``recent_budget``);
-    - tier ``summary``: the fewest oldest groups (in their masked form) summarised — counted at
-      ``summary_tokens``, the summary at its largest, plus ``trail_tokens(s)``, the trail of the first
-      ``s`` groups (deterministic, so counted exactly) — that make it fit with every later group
-      before the recent part masked; at least ``min_summarized_tokens`` of material, since a summary
-      of less would not reliably be smaller.
-
-    With masking off, tier 2 is the behaviour before masking (:func:`plan_cut`): everything before
-    the recent part is summarised as it is, and nothing is masked. A :class:`CutRefusal` says why no
-    plan can help.
+    masked form; None when masking is off) into ``room`` tokens: tier ``none`` when it fits as it is;
+    ``masked``, the fewest oldest groups masked that make it fit, never one of the recent part; else
+    ``summary``, the fewest oldest groups summarised (at ``summary_tokens`` plus ``trail_tokens(s)``,
+    their trail counted exactly) that make it fit with every later group before the recent part masked,
+    and at least ``min_summarized_tokens`` of material. Masking off: :func:`plan_cut`'s tier 2. A
+    :class:`CutRefusal` says why no plan can help.
     """
     verbatim = [group.tokens for group in groups]
     if masked is not None and len(masked) != len(verbatim):
@@ -181,9 +153,7 @@ def plan_after_summary(
 
 def decide(snapshot: PreparedSnapshot, room: int, *, mask: bool) -> Compaction | CutRefusal:
     """THE compaction decision of a prepared snapshot whose messages must fit ``room`` tokens, with
-    masking on or off (SPEC §11.2 ``mask_tool_results``): what a request, a background job and a
-    stored snapshot's trigger (§6.6) all ask. The recent part is the newest 8000 tokens' worth, less
-    when the room left beside the largest summary is smaller."""
+    masking on or off (SPEC §11.2 ``mask_tool_results``), for a request, a job and a trigger alike."""
     return plan_compaction(
         snapshot.groups,
         snapshot.masked_tokens() if mask else None,
@@ -211,21 +181,3 @@ def needs_summary(snapshot: PreparedSnapshot, room: int, *, mask: bool) -> bool:
     summary could help) needs none either: nothing would be made."""
     decision = decide(snapshot, room, mask=mask)
     return isinstance(decision, Compaction) and decision.tier == SUMMARY
-
-
-__all__ = [
-    "MASKED",
-    "NONE",
-    "SUMMARY",
-    "SUMMARY_RESERVE_TOKENS",
-    "SUMMARY_TURN_TOKENS",
-    "Compaction",
-    "Tier",
-    "decide",
-    "needs_summary",
-    "plan_after_summary",
-    "plan_compaction",
-    "recent_budget_for",
-    "recent_start",
-    "snapshot_room",
-]

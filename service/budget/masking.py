@@ -1,19 +1,9 @@
 """Tier 1 of the compaction ladder: masking tool payloads (SPEC §6.8), and the artifacts (§6.9).
 
-Real agent sessions are mostly tool payloads — files read, command output, whole files written — while
-what a person names a tool call by (the file, the command, the pattern) is a few bytes. Masking keeps
-those bytes and elides the payloads, a group at a time:
-
-- the **key argument** of a tool call is the first non-empty string among :data:`KEY_ARGUMENT_FIELDS`,
-  else its first string field; its first line, cut to :data:`ARTIFACT_MAX_CHARS`, is the call's
-  **artifact**;
-- a **payload** is a tool result's content, or a string input field other than the key argument,
-  larger than :data:`PAYLOAD_THRESHOLD_BYTES` of UTF-8;
-- text, tool names, ids and key arguments are never elided.
-
-The masked form of a group is a function of that group alone (no index, no neighbour, no budget),
-so the masked prefix of a growing session is byte-identical from one question to the next and a
-provider's prompt cache serves it. Only groups that change are copied and re-estimated.
+Masking keeps what a person names a tool call by (its key argument) and elides payloads larger than
+:data:`PAYLOAD_THRESHOLD_BYTES`; docs/budget.md "The compaction ladder" has the rules. The masked form
+of a group is a function of that group alone (no index, neighbour or budget), so the masked prefix of a
+growing session is byte-identical from one question to the next and a provider's prompt cache serves it.
 """
 
 from __future__ import annotations
@@ -67,14 +57,10 @@ def key_argument(arguments: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _cut(line: str, limit: int) -> str:
-    return line if len(line) <= limit else line[:limit]
-
-
 def artifact_text(value: str) -> str:
     """A key argument's artifact: its first line, at most :data:`ARTIFACT_MAX_CHARS` characters."""
     newline = value.find("\n")
-    return _cut(value if newline < 0 else value[:newline], ARTIFACT_MAX_CHARS)
+    return (value if newline < 0 else value[:newline])[:ARTIFACT_MAX_CHARS]
 
 
 def artifact_of(block: Mapping[str, Any]) -> Artifact | None:
@@ -103,23 +89,18 @@ def _tool_uses(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]
 def group_artifacts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[Artifact, bool]]:
     """Each tool call's artifact in ``messages`` (one group, or any run of them), in call order, with
     whether its result in the same messages was marked as an error."""
-    errors = set()
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            for block in content:
-                if (
-                    isinstance(block, Mapping)
-                    and block.get("type") == "tool_result"
-                    and block.get("is_error")
-                ):
-                    errors.add(str(block.get("tool_use_id") or ""))
-    found = []
-    for use in _tool_uses(messages):
-        artifact = artifact_of(use)
-        if artifact is not None:
-            found.append((artifact, str(use.get("id") or "") in errors))
-    return found
+    errors = {
+        str(block.get("tool_use_id") or "")
+        for message in messages
+        if isinstance(content := message.get("content"), list)
+        for block in content
+        if isinstance(block, Mapping) and block.get("type") == "tool_result" and block.get("is_error")
+    }
+    return [
+        (artifact, str(use.get("id") or "") in errors)
+        for use in _tool_uses(messages)
+        if (artifact := artifact_of(use)) is not None
+    ]
 
 
 def _edge_lines(lines: list[str]) -> tuple[str, str]:
@@ -129,11 +110,7 @@ def _edge_lines(lines: list[str]) -> tuple[str, str]:
     if not first:
         return "", ""
     last = next(stripped for line in reversed(lines) if (stripped := line.strip()))
-    return _cut(first, STUB_LINE_MAX_CHARS), _cut(last, STUB_LINE_MAX_CHARS)
-
-
-def _payload_text(content: Any) -> str:
-    return tool_result_text(content, other_block=compact_json, other_value=compact_json)
+    return first[:STUB_LINE_MAX_CHARS], last[:STUB_LINE_MAX_CHARS]
 
 
 def result_stub(text: str, tool: str, *, is_error: bool) -> str:
@@ -145,11 +122,6 @@ def result_stub(text: str, tool: str, *, is_error: bool) -> str:
         f"{ELIDED_PREFIX}{utf8_length(text)} bytes, {len(lines)} lines of {tool or 'tool'} output{flag};"
         f" first line: {first}; last line: {last}]"
     )
-
-
-def field_stub(value: str) -> str:
-    """What a masked string input field says instead of its value."""
-    return f"{ELIDED_PREFIX}{utf8_length(value)} bytes]"
 
 
 def _mask_arguments(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], int] | None:
@@ -165,7 +137,7 @@ def _mask_arguments(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], int] 
             continue
         if masked is None:
             masked = dict(arguments)
-        masked[name] = field_stub(value)
+        masked[name] = f"{ELIDED_PREFIX}{size} bytes]"  # what a masked input field says instead
         elided += size
     return (masked, elided) if masked is not None else None
 
@@ -192,9 +164,8 @@ def _mask_openai_call(call: Any) -> Any:
 
 @dataclass(frozen=True)
 class MaskedGroup:
-    """One group in its masked form: ``messages`` (the very same objects where nothing changed),
-    ``tokens`` their estimate (envelopes included), ``masked_messages`` how many changed and
-    ``payload_bytes`` the UTF-8 bytes elided."""
+    """One group in its masked form (the very same objects where nothing changed), its estimate, how
+    many messages changed and the UTF-8 bytes elided."""
 
     messages: tuple[dict[str, Any], ...]
     tokens: int
@@ -217,7 +188,7 @@ def _mask_message(
         kind = block.get("type")
         replacement: dict[str, Any] | None = None
         if kind == "tool_result":
-            text = _payload_text(block.get("content"))
+            text = tool_result_text(block.get("content"), other_block=compact_json, other_value=compact_json)
             size = utf8_length(text)
             if size > PAYLOAD_THRESHOLD_BYTES:
                 use_id = str(block.get("tool_use_id") or "")
@@ -265,11 +236,8 @@ def _mask_posted(message: Any, masked_results: Mapping[str, str]) -> Any:
 
 
 def mask_group(messages: Sequence[dict[str, Any]], tokens: Sequence[int]) -> MaskedGroup:
-    """The masked form of one group (``messages``, with their estimates ``tokens``).
-
-    Unchanged messages are returned as the same objects with their estimates as given; only a
-    changed message is copied and estimated again.
-    """
+    """The masked form of one group (``messages``, with their estimates ``tokens``): only a changed
+    message is copied and estimated again, the others are the same objects."""
     tools_by_id = {str(use.get("id") or ""): str(use.get("name") or "") for use in _tool_uses(messages)}
     out: list[dict[str, Any]] = []
     total = 0
@@ -293,22 +261,3 @@ def mask_groups(
 ) -> tuple[MaskedGroup, ...]:
     """:func:`mask_group` of every group of a transcript."""
     return tuple(mask_group(messages[g.start : g.end], message_tokens[g.start : g.end]) for g in groups)
-
-
-__all__ = [
-    "ARTIFACT_MAX_CHARS",
-    "ELIDED_PREFIX",
-    "KEY_ARGUMENT_FIELDS",
-    "PAYLOAD_THRESHOLD_BYTES",
-    "STUB_LINE_MAX_CHARS",
-    "Artifact",
-    "MaskedGroup",
-    "artifact_of",
-    "artifact_text",
-    "field_stub",
-    "group_artifacts",
-    "key_argument",
-    "mask_group",
-    "mask_groups",
-    "result_stub",
-]

@@ -1,15 +1,9 @@
 """Snapshot normalisation and message groups (SPEC §3 snapshot, §6.2 "cut only between groups").
 
-Canonical messages are Anthropic-style: ``{"role": "user" | "assistant", "content": str | [blocks]}``
-with ``text``, ``tool_use`` and ``tool_result`` blocks. OpenAI-style messages (assistant
-``tool_calls``, ``role: "tool"``, ``role: "system"``) are converted to that shape; canonical
-messages pass through as the very same objects (nothing here mutates its input, so sharing is safe
-as long as callers do not mutate either).
-
-Malformed but recognisable input never raises: a tool call without a result, or a result without
-its call, becomes a group of its own (see :func:`group_messages`). Only a message or tool that is
-not a mapping at all is refused (``ValueError``): the API validates snapshots, so that is a caller
-bug, and guessing a shape for it would send the model something the main session never had.
+Canonical messages are Anthropic-style; OpenAI-style ones are converted, canonical ones pass through
+as the very same objects (nothing here mutates its input). Malformed but recognisable input never
+raises; only a message or tool that is not a mapping is refused (``ValueError``): the API validates
+snapshots, so that is a caller bug. The rules are in docs/budget.md "Messages and groups".
 """
 
 from __future__ import annotations
@@ -17,7 +11,7 @@ from __future__ import annotations
 import json
 import json.scanner
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -32,58 +26,43 @@ _SYSTEM_ROLES = frozenset({"system", "developer"})
 
 @dataclass(frozen=True)
 class NormalizedSnapshot:
-    """A snapshot in canonical form: system text, Anthropic-style tools and messages.
-
-    ``context_window`` / ``max_output_tokens`` carry the snapshot's own numbers (None when absent
-    or not a positive integer) for :func:`service.budget.window.resolve_window` and the main cap.
-    """
+    """A snapshot in canonical form: system text, Anthropic-style tools and messages, and the
+    snapshot's own window and output cap (None unless a positive integer)."""
 
     system: str | None
     tools: list[dict[str, Any]]
     messages: list[Message]
     context_window: int | None = None
     max_output_tokens: int | None = None
-    # The snapshot's ``system`` as posted, when it is a list of text blocks and no system message
-    # joins it (empty otherwise): a provider that takes blocks (Anthropic) gets them as they are, so
-    # the main session's prefix cache, and its ``cache_control`` breakpoints, still match (SPEC §7).
-    # ``system`` is their text, for the estimate and for providers that take a string.
+    # The snapshot's ``system`` as posted when it is a list of text blocks no system message joins: a
+    # provider that takes blocks gets them as they are, so the main session's prefix cache and its
+    # ``cache_control`` breakpoints still match (SPEC §7); ``system`` is their text.
     system_blocks: tuple[dict[str, Any], ...] = ()
 
 
 def _posted_system_blocks(system: object) -> tuple[dict[str, Any], ...]:
     """A snapshot's ``system`` when it is a non-empty list of text blocks, as posted; else ()."""
-    if not isinstance(system, (list, tuple)) or not system:
-        return ()
-    if all(
-        isinstance(b, Mapping) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in system
-    ):
+    if isinstance(system, (list, tuple)) and system and all(_is_text_block(b) for b in system):
         return tuple(dict(b) for b in system)
     return ()
+
+
+def _is_text_block(block: object) -> bool:
+    return isinstance(block, Mapping) and block.get("type") == "text" and isinstance(block.get("text"), str)
 
 
 # slots: plans build thousands of groups, and slotted instances are smaller and quicker to make.
 @dataclass(frozen=True, slots=True)
 class MessageGroup:
-    """A run of messages that must stay together: ``messages[start:end]``.
-
-    An assistant message with tool calls and the messages carrying their results form one group;
-    every other message is a group of its own. ``tokens`` is the estimate of the run, envelopes
-    included. ``unanswered_calls`` counts tool calls no following message answered;
-    ``orphan_results`` counts tool results whose call is not in this group (both 0 when the
-    transcript is well formed).
-    """
+    """A run of messages that must stay together, ``messages[start:end]`` (:func:`group_messages`);
+    ``tokens`` is its estimate, envelopes included."""
 
     start: int
     end: int
     tokens: int
     has_tool_calls: bool
     unanswered_calls: int = 0
-    orphan_results: int = field(default=0)
-
-    @property
-    def message_count(self) -> int:
-        """Number of messages in the group."""
-        return self.end - self.start
+    orphan_results: int = 0
 
 
 def _text_of(content: object) -> str:
@@ -93,16 +72,16 @@ def _text_of(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, (list, tuple)):
-        texts: list[str] = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            else:
-                texts.append(compact_json(part))
-        return "\n".join(texts)
+        return "\n".join(_part_text(part) for part in content)
     return compact_json(content)
+
+
+def _part_text(part: object) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+        return str(part["text"])
+    return compact_json(part)
 
 
 def _content_blocks(content: object) -> list[Any]:
@@ -137,11 +116,8 @@ def _parse_json_object(text: str) -> Any | None:
 
 
 def _tool_input(arguments: object) -> Any:
-    """An OpenAI ``arguments`` JSON string as a tool_use ``input`` object.
-
-    Anthropic inputs are objects; arguments that are not a JSON object are kept verbatim under
-    ``"_arguments"`` so that nothing the main session sent is lost or invented.
-    """
+    """An OpenAI ``arguments`` JSON string as a tool_use ``input`` object; arguments that are not a
+    JSON object are kept verbatim under ``"_arguments"``, so nothing sent is lost or invented."""
     if isinstance(arguments, str):
         if not arguments:
             return {}
@@ -175,23 +151,9 @@ def _tool_use_block(call: object) -> dict[str, Any]:
     }
 
 
-def _tool_result_content(content: object) -> Any:
-    """A ``role: tool`` message's content as tool_result content (string or blocks)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return _content_blocks(content)
-
-
 def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tuple[str | None, list[Message]]:
-    """Canonical messages plus the text of any system messages found among them.
-
-    - ``role: system`` / ``developer`` messages are removed; their texts are joined by a blank line.
-    - An assistant message with ``tool_calls`` becomes text block(s) followed by ``tool_use`` blocks.
-    - Consecutive ``role: tool`` messages become ONE user message of ``tool_result`` blocks, in order.
-    - Any other message (canonical already, or an unknown role) is returned as the same object.
-    """
+    """Canonical messages plus the text of any system messages found among them (joined by a blank
+    line); consecutive ``role: tool`` messages become ONE user message of ``tool_result`` blocks."""
     system_parts: list[str] = []
     result: list[Message] = []
     # The user message currently being filled by consecutive role:tool messages, if any.
@@ -202,11 +164,12 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
         role = message.get("role")
         if role == "tool":
             content = message.get("content")
+            if not isinstance(content, str):
+                content = "" if content is None else _content_blocks(content)
             block = {
                 "type": "tool_result",
                 "tool_use_id": str(message.get("tool_call_id") or ""),
-                # A string (the usual result) is taken as is without the call.
-                "content": content if isinstance(content, str) else _tool_result_content(content),
+                "content": content,
             }
             if open_results is None:
                 open_results = [block]
@@ -245,11 +208,8 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
 
 
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
-    """Messages in canonical Anthropic style; canonical input comes back equal (same objects).
-
-    System messages are dropped here; use :func:`normalize_snapshot` (or
-    :func:`normalize_messages_with_system`) to keep their text.
-    """
+    """Messages in canonical Anthropic style, system messages dropped (:func:`normalize_snapshot` keeps
+    their text)."""
     return normalize_messages_with_system(messages)[1]
 
 
@@ -281,14 +241,9 @@ def _tool_name(tool: object) -> object:
 
 
 def snapshot_shape_problem(snapshot: Mapping[str, Any]) -> str | None:
-    """What makes a posted snapshot one no provider would take, where normalising it would lose it
-    without a word, or None: a tool without a name (Anthropic's ``name``, OpenAI's ``function.name``),
-    a tool call without one (a ``tool_use`` block, an OpenAI ``tool_calls`` entry), a content
-    block that is an object without a ``type`` (also inside a ``tool_result``), a message of no known
-    role or without content (unless it carries tool calls), a ``role: tool`` message without its
-    ``tool_call_id``, ``tool_calls`` that is not a list, or a ``taken_at`` that is not an ISO 8601
-    time. Checked when a snapshot is stored, never when a stored one is read (those were accepted
-    before the rule)."""
+    """What makes a posted snapshot one no provider would take, or normalising would lose without a
+    word (the list is in docs/budget.md), or None. Checked when a snapshot is stored, never when a
+    stored one is read (those were accepted before the rule)."""
     taken_at = snapshot.get("taken_at")
     if taken_at is not None and not _is_timestamp(taken_at):
         return "taken_at is not an ISO 8601 time (like 2026-11-29T10:00:00Z)"
@@ -360,12 +315,8 @@ def _blocks_problem(content: object, where: str) -> str | None:
 
 
 def normalize_snapshot(snapshot: Mapping[str, Any]) -> NormalizedSnapshot:
-    """A snapshot (either style) in canonical form.
-
-    The system text is the snapshot's ``system`` (a string, or text blocks joined) followed by the
-    text of any system messages, separated by a blank line; None when there is none. A ``system`` of
-    text blocks that nothing joins is also kept as posted (``system_blocks``).
-    """
+    """A snapshot (either style) in canonical form: its ``system`` then the text of any system
+    messages, joined by a blank line (None when there is none)."""
     parts: list[str] = []
     top_system = _text_of(snapshot.get("system"))
     if top_system:
@@ -404,11 +355,8 @@ def tool_result_text(
     other_block: Callable[[Mapping[str, Any]], str],
     other_value: Callable[[Any], str],
 ) -> str:
-    """A ``tool_result``'s content as plain text: strings as they are, text blocks joined by lines.
-
-    Callers say how a non-text block (an image, say) and a content of another type read for them:
-    the provider wire and the summary transcript label them differently.
-    """
+    """A ``tool_result``'s content as plain text, text blocks joined by lines. Callers say how a
+    non-text block and a content of another type read: the wire and the transcript label them apart."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -443,32 +391,13 @@ def _block_ids(content: object, kind: str, key: str) -> list[str]:
     return ids
 
 
-def _count_blocks(content: list[Any], kind: str) -> int:
-    """Number of blocks of type ``kind`` in ``content`` (``len(_block_ids(...))`` without the ids)."""
-    count = 0
-    for block in content:
-        if (isinstance(block, dict) or isinstance(block, Mapping)) and block.get("type") == kind:
-            count += 1
-    return count
-
-
 def group_messages(
     messages: Sequence[Mapping[str, Any]], message_tokens: Sequence[int] | None = None
 ) -> list[MessageGroup]:
-    """Partition canonical ``messages`` into contiguous groups that a cut must not split.
-
-    An assistant message with ``tool_use`` blocks and the directly following messages that carry
-    results for its calls (until every call is answered) form one group. Choices for broken
-    transcripts, so that nothing crashes and nothing is split that belongs together:
-
-    - a call that is never answered: the group ends at the first message carrying none of its
-      results (``unanswered_calls`` counts the missing ones);
-    - a result whose call is not in the group right before it: that message is a group of its own
-      (``orphan_results``), kept or summarised whole like any other message.
-
-    ``message_tokens`` (per-message estimates, envelopes included) may be passed to avoid estimating
-    twice; it must have one entry per message.
-    """
+    """Partition canonical ``messages`` into contiguous groups that a cut must not split: an assistant
+    message with ``tool_use`` blocks and the following messages that answer its calls, every other
+    message alone; broken transcripts as docs/budget.md says. ``message_tokens`` (one estimate per
+    message, envelopes included) saves estimating twice."""
     count = len(messages)
     tokens_of: Sequence[int]
     if message_tokens is None:
@@ -490,7 +419,7 @@ def group_messages(
             continue
         calls = _block_ids(content, "tool_use", "id") if message.get("role") == "assistant" else []
         if not calls:
-            orphans = _count_blocks(content, "tool_result")
+            orphans = len(_block_ids(content, "tool_result", "tool_use_id"))
             groups.append(MessageGroup(index, index + 1, tokens_of[index], False, 0, orphans))
             index += 1
             continue

@@ -7,17 +7,8 @@ up as drift instead of disappearing into a corrected number.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
-
-from service.budget.estimate import (
-    envelope_tokens,
-    estimate_message_content,
-    estimate_system,
-    estimate_text,
-    estimate_tools,
-)
+from dataclasses import asdict, dataclass
+from typing import Final
 
 PRESSURE_NORMAL: Final = "normal"
 PRESSURE_TIGHT: Final = "tight"
@@ -27,18 +18,13 @@ PRESSURE_CRITICAL: Final = "critical"
 TIGHT_PERCENT: Final = 75
 CRITICAL_PERCENT: Final = 90
 
-SEGMENTS: Final = ("system", "tools", "context", "qa_summary", "qa_raw", "question", "envelope")
-
 
 @dataclass(frozen=True)
 class SegmentEstimate:
-    """Estimated tokens per prompt segment; ``total`` is their sum.
-
-    ``context`` is the main snapshot's messages (or its summary plus kept messages), ``qa_summary``
-    the rolling Q&A summary, ``qa_raw`` the replayed Q&A, ``question`` the final user turn's own
-    text (the question and Sidequest's instructions), ``envelope`` the per-message overhead of every
-    message sent. Message contents are counted without envelope so no token is counted twice.
-    """
+    """Estimated tokens per prompt segment (SPEC ``context_info.estimate``): ``context`` the main
+    snapshot's messages (or its summary plus kept messages), ``qa_summary`` the rolling Q&A summary,
+    ``qa_raw`` the replayed Q&A, ``question`` the final turn's own text, ``envelope`` every message's
+    overhead; contents are counted without envelope, so no token is counted twice."""
 
     system: int = 0
     tools: int = 0
@@ -51,64 +37,16 @@ class SegmentEstimate:
     @property
     def total(self) -> int:
         """Sum of all segments."""
-        return (
-            self.system
-            + self.tools
-            + self.context
-            + self.qa_summary
-            + self.qa_raw
-            + self.question
-            + self.envelope
-        )
+        return sum(asdict(self).values())
 
     def as_dict(self) -> dict[str, int]:
         """The segments plus ``"total"``, as SPEC ``context_info.estimate``."""
-        return {
-            "system": self.system,
-            "tools": self.tools,
-            "context": self.context,
-            "qa_summary": self.qa_summary,
-            "qa_raw": self.qa_raw,
-            "question": self.question,
-            "envelope": self.envelope,
-            "total": self.total,
-        }
-
-
-def meter_segments(
-    *,
-    system: str | None = None,
-    tools: Sequence[Mapping[str, Any]] = (),
-    context_messages: Sequence[Mapping[str, Any]] = (),
-    qa_summary: str = "",
-    qa_raw: str = "",
-    question: str = "",
-    extra_messages: int = 1,
-) -> SegmentEstimate:
-    """Measure one request's prompt segment by segment.
-
-    ``context_messages`` are canonical messages (content counted per block); ``qa_summary``,
-    ``qa_raw`` and ``question`` are the rendered texts of the final turn. ``envelope`` covers every
-    context message plus ``extra_messages`` more (default 1: the final user turn that carries the
-    summary, the replayed Q&A and the question).
-    """
-    return SegmentEstimate(
-        system=estimate_system(system),
-        tools=estimate_tools(tools),
-        context=sum(estimate_message_content(message) for message in context_messages),
-        qa_summary=estimate_text(qa_summary),
-        qa_raw=estimate_text(qa_raw),
-        question=estimate_text(question),
-        envelope=envelope_tokens(len(context_messages) + extra_messages),
-    )
+        return {**asdict(self), "total": self.total}
 
 
 def pressure(total: int, input_budget: int | None) -> str:
-    """``normal``, ``tight`` (≥ 75 % of the budget) or ``critical`` (≥ 90 %).
-
-    Integer arithmetic (no float rounding at the edges). An unknown or non-positive budget is
-    ``critical``: with no room we cannot claim anything is fine.
-    """
+    """``normal``, ``tight`` (≥ 75 % of the budget) or ``critical`` (≥ 90 %), in integer arithmetic (no
+    float rounding at the edges); with an unknown or non-positive budget nothing is fine: ``critical``."""
     if input_budget is None or input_budget <= 0:
         return PRESSURE_CRITICAL
     scaled = total * 100
@@ -120,11 +58,8 @@ def pressure(total: int, input_budget: int | None) -> str:
 
 
 def prompt_drift(estimated_total: int, provider_prompt_tokens: int | None) -> int | None:
-    """Provider prompt tokens minus our estimate (positive: we estimated too low).
-
-    None when the provider reported nothing (None or 0 — unreported usage is recorded as 0 and must
-    not read as a huge over-estimate).
-    """
+    """Provider prompt tokens minus our estimate (positive: we estimated too low); None when the
+    provider reported nothing (unreported usage is recorded as 0, not a huge over-estimate)."""
     if provider_prompt_tokens is None or provider_prompt_tokens <= 0:
         return None
     return provider_prompt_tokens - estimated_total

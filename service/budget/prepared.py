@@ -1,13 +1,9 @@
 """A snapshot prepared once, when it is stored: normalised, estimated, grouped, hashed.
 
-Snapshots are immutable, so everything a request derives from one — the canonical messages, each
-message's estimate, the groups a cut must not split, the content digest of every prefix (the
-context-summary cache is keyed by them, SPEC §6.2) — is computed once by :func:`prepare_snapshot`
-and kept beside the snapshot as JSON (:meth:`PreparedSnapshot.to_json`). A request then reads it
-instead of re-normalising and re-hashing 1600 messages.
-
-:data:`PREPARED_VERSION` names the format *and* the estimator: a change to either bumps it, and a
-stored preparation of another version is simply recomputed from the snapshot (never trusted).
+Snapshots are immutable, so what a request derives from one (canonical messages, estimates, groups,
+the prefix digests that key the context-summary cache, SPEC §6.2) is computed once and kept beside it
+as JSON. :data:`PREPARED_VERSION` names the format *and* the estimator: a stored preparation of
+another version is recomputed from the snapshot, never trusted.
 """
 
 from __future__ import annotations
@@ -25,14 +21,10 @@ from service.budget.messages import MessageGroup, NormalizedSnapshot, group_mess
 from service.budget.trail import TrailEntry, bound_trail, collect_trail
 from service.vocabulary import canonical_bytes, json_has_nul
 
-# 2: the canonical messages are not stored again when they are the snapshot's own (``messages_as_posted``).
-# 3: a system of text blocks is kept as posted (``system_blocks``).
-# 4: converted OpenAI messages and tools keep their posted form (``messages.POSTED_FORM``).
 PREPARED_VERSION: Final = 4
 
 # The seed of the prefix digest chain: part of every cache key, so changing it invalidates them all.
 _CHAIN_SEED: Final = b"sidequest-context-prefix-v1"
-
 
 # Where the masked groups and the artifacts are kept, once computed (PreparedSnapshot.memo).
 _MASKED: Final = "budget.masked_groups"
@@ -55,9 +47,8 @@ _NON_FINITE: Final = re.compile(rb"[:,\[]-?(?:NaN|Infinity)")
 
 
 def has_non_finite(value: Any, canonical: bytes) -> bool:
-    """Whether ``value`` (whose :func:`canonical_bytes` are ``canonical``) holds a non-finite number.
-    Two C-speed substring tests first (~0.8 ms for 600 KB), then the pattern, and only where it
-    matches, the walk."""
+    """Whether ``value`` (whose :func:`canonical_bytes` are ``canonical``) holds a non-finite number:
+    C-speed substring tests first, then the pattern, and only where it matches, the walk."""
     if b"NaN" not in canonical and b"Infinity" not in canonical:
         return False
     if _NON_FINITE.search(canonical) is None:
@@ -76,9 +67,8 @@ def has_non_finite(value: Any, canonical: bytes) -> bool:
 
 
 class UnstorableSnapshot(ValueError):
-    """A snapshot that cannot be stored or used: ``reason`` is ``"nul"`` or ``"surrogate"`` (text
-    PostgreSQL cannot store, a provider cannot take), ``"number"`` (a number beyond a double: JSON
-    allows it, PostgreSQL's ``json`` and every provider refuse it) or ``"depth"`` (absurd nesting)."""
+    """A snapshot that cannot be stored or used (PostgreSQL or a provider would refuse it); ``reason``
+    is a key of :data:`_UNSTORABLE`."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(_UNSTORABLE[reason])
@@ -86,11 +76,8 @@ class UnstorableSnapshot(ValueError):
 
 
 def json_depth(value: Any) -> int:
-    """Nesting depth of a JSON value (a scalar is 1, ``{"a": 1}`` is 2), computed without recursion.
-
-    Only containers go on the stack: a 600 KB snapshot has tens of thousands of strings, and pushing
-    each of them made this walk the most expensive step of an inline admission.
-    """
+    """Nesting depth of a JSON value (a scalar is 1, ``{"a": 1}`` is 2), without recursion; only
+    containers go on the stack (a 600 KB snapshot has tens of thousands of strings)."""
     if not isinstance(value, dict | list):
         return 1
     deepest = 1
@@ -116,13 +103,9 @@ _MESSAGES_MARK_JSON: Final = b'"\\u0000"'
 
 @dataclass(frozen=True)
 class EncodedSnapshot:
-    """A snapshot as posted, encoded canonically once: the admission's size check, its
-    content hash, the prefix digests and the stored JSON all come from these bytes.
-
-    ``canonical`` is exactly :func:`canonical_bytes` of the whole snapshot (so its length is the
-    size of its compact JSON, and its SHA-256 the snapshot's content hash); ``message_bytes[i]``
-    that of ``content["messages"][i]``.
-    """
+    """A snapshot as posted, encoded canonically once: the admission's size check, its content hash,
+    the prefix digests and the stored JSON all come from ``canonical`` (exactly :func:`canonical_bytes`
+    of the whole); ``message_bytes[i]`` is that of ``content["messages"][i]``."""
 
     content: Mapping[str, Any]
     canonical: bytes
@@ -130,7 +113,7 @@ class EncodedSnapshot:
 
     @property
     def content_hash(self) -> str:
-        """SHA-256 of the canonical JSON (hex): :func:`service.vocabulary.content_hash` of the content."""
+        """:func:`service.vocabulary.content_hash` of the content."""
         return hashlib.sha256(self.canonical).hexdigest()
 
     @property
@@ -163,14 +146,9 @@ def _splice(head: bytes, items: Sequence[bytes]) -> bytes:
 
 
 def _too_deep(content: Mapping[str, Any], messages: Any, parts: tuple[bytes, ...]) -> bool:
-    """Whether ``content`` nests deeper than :data:`MAX_SNAPSHOT_DEPTH`, walking as little as it can.
-
-    A message sits at depth 2 (the snapshot, its list), so it may nest ``MAX - 2`` levels; its depth
-    is at most one more than the containers on its deepest path, and those are at most the ``{`` and
-    ``[`` bytes of its canonical JSON (brackets inside strings only over-count). A message with no
-    more than ``MAX - 3`` of them cannot be too deep and is not walked: counting bytes is C-speed,
-    walking 1600 messages' containers in Python was 7 ms of an inline admission.
-    """
+    """Whether ``content`` nests deeper than :data:`MAX_SNAPSHOT_DEPTH`. A message (at depth 2) is at
+    most one deeper than the ``{`` and ``[`` bytes of its canonical JSON, so one with no more than
+    ``MAX - 3`` of them is not walked: counting bytes is C-speed, walking is not."""
     if not isinstance(messages, list) or not parts:
         return json_depth(content) > MAX_SNAPSHOT_DEPTH
     envelope = {key: value for key, value in content.items() if key != "messages"}
@@ -212,10 +190,8 @@ def encode_snapshot(content: Mapping[str, Any]) -> EncodedSnapshot:
 def prefix_digests(
     messages: Sequence[Mapping[str, Any]], encoded: Sequence[bytes] | None = None
 ) -> list[bytes]:
-    """``digests[k]`` = content digest of ``messages[:k]`` (k = 0..len), one hash chain pass.
-
-    ``encoded`` (the canonical bytes of each message, when already known) saves encoding them again.
-    """
+    """``digests[k]`` = content digest of ``messages[:k]`` (k = 0..len), one hash chain pass;
+    ``encoded``, the messages' canonical bytes when known, saves encoding them again."""
     state = hashlib.sha256(_CHAIN_SEED).digest()
     digests = [state]
     for item in encoded if encoded is not None else (canonical_bytes(m) for m in messages):
@@ -233,11 +209,8 @@ def summary_cache_key(prefix_digest: bytes, model: str, prompt_version: str) -> 
 
 @dataclass(frozen=True)
 class PreparedSnapshot:
-    """Everything a request needs from one snapshot, computed once.
-
-    ``message_tokens[i]`` is the estimate of ``messages[i]`` (envelope included); ``digests[k]`` the
-    content digest of ``messages[:k]``; ``groups`` the message groups (tool call + results together).
-    """
+    """Everything a request needs from one snapshot, computed once: ``message_tokens[i]`` estimates
+    ``messages[i]`` (envelope included), ``digests[k]`` is the content digest of ``messages[:k]``."""
 
     snapshot: NormalizedSnapshot
     taken_at: str | None
@@ -246,13 +219,11 @@ class PreparedSnapshot:
     message_tokens: tuple[int, ...]
     groups: tuple[MessageGroup, ...]
     digests: tuple[bytes, ...]
-    # The canonical messages are exactly the snapshot's own (the usual case: normalisation rewrites
-    # only OpenAI tool messages and system messages): the stored form then leaves them out, and the
-    # store reads them from the snapshot's content instead of a second copy of the transcript.
+    # The canonical messages are the snapshot's own (the usual case): the stored form leaves them out
+    # and the store reads them from the snapshot's content, not from a second copy of the transcript.
     messages_as_posted: bool = False
-    # Values derived from this preparation that a later layer computes at most once per snapshot —
-    # the summary layer's transcript pieces (service.summary.context.snapshot_pieces) — kept with it in
-    # the worker's memory, never stored.
+    # Values a later layer derives at most once per snapshot (service.summary.context.snapshot_pieces),
+    # kept with it in the worker's memory, never stored.
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -274,8 +245,7 @@ class PreparedSnapshot:
         return summary_cache_key(self.digests[length], model, prompt_version)
 
     def masked(self) -> tuple[MaskedGroup, ...]:
-        """Every group in its masked form (SPEC §6.8), computed at most once per preparation: the
-        snapshot is immutable, and so is a group's masked form."""
+        """Every group in its masked form (SPEC §6.8), computed at most once per preparation."""
         found: tuple[MaskedGroup, ...] | None = self.memo.get(_MASKED)
         if found is None:
             found = self.memo[_MASKED] = mask_groups(self.messages, self.groups, self.message_tokens)
@@ -299,8 +269,7 @@ class PreparedSnapshot:
         return bound_trail(collect_trail(use for found in self.artifacts()[:groups] for use in found))
 
     def group_index(self, message: int) -> int:
-        """The index of the group that starts at ``message`` (a group boundary; the count of groups
-        for the end of the transcript)."""
+        """The index of the group that starts at ``message`` (the count of groups for the end)."""
         for index, group in enumerate(self.groups):
             if group.start == message:
                 return index
@@ -351,9 +320,7 @@ class PreparedSnapshot:
         cls, value: Mapping[str, Any], posted_messages: Sequence[Any] | None = None
     ) -> PreparedSnapshot:
         """Inverse of :meth:`to_json`; ``ValueError`` for another version (recompute instead).
-
-        ``posted_messages``: the snapshot's own ``messages``, needed when the stored form left them out.
-        """
+        ``posted_messages``: the snapshot's own ``messages``, needed when the stored form left them out."""
         if value.get("version") != PREPARED_VERSION:
             raise ValueError(f"prepared snapshot version {value.get('version')!r} is not {PREPARED_VERSION}")
         as_posted = bool(value.get("messages_as_posted"))
@@ -361,6 +328,7 @@ class PreparedSnapshot:
             raise ValueError("this preparation needs the snapshot's own messages")
         messages = posted_messages if as_posted else value["messages"]
         assert messages is not None
+        digests = bytes.fromhex(value["digests"])
         snapshot = NormalizedSnapshot(
             system=value["system"],
             tools=list(value["tools"]),
@@ -376,14 +344,9 @@ class PreparedSnapshot:
             tools_tokens=int(value["tools_tokens"]),
             message_tokens=tuple(int(t) for t in value["message_tokens"]),
             groups=tuple(MessageGroup(*g) for g in value["groups"]),
-            digests=_split_digests(value["digests"]),
+            digests=tuple(digests[i : i + 32] for i in range(0, len(digests), 32)),
             messages_as_posted=as_posted,
         )
-
-
-def _split_digests(value: Any) -> tuple[bytes, ...]:
-    raw = bytes.fromhex(value) if isinstance(value, str) else b"".join(bytes.fromhex(d) for d in value)
-    return tuple(raw[i : i + 32] for i in range(0, len(raw), 32))
 
 
 def prepare_snapshot(content: Mapping[str, Any], encoded: EncodedSnapshot | None = None) -> PreparedSnapshot:
@@ -413,18 +376,3 @@ def prepare_snapshot(content: Mapping[str, Any], encoded: EncodedSnapshot | None
             )
         ),
     )
-
-
-__all__ = [
-    "MAX_SNAPSHOT_DEPTH",
-    "PREPARED_VERSION",
-    "EncodedSnapshot",
-    "PreparedSnapshot",
-    "UnstorableSnapshot",
-    "canonical_bytes",
-    "encode_snapshot",
-    "json_depth",
-    "prefix_digests",
-    "prepare_snapshot",
-    "summary_cache_key",
-]

@@ -28,12 +28,8 @@ class QAItem:
 
 @dataclass(frozen=True)
 class ReplayPlan:
-    """Which Q&A groups are replayed verbatim and which are folded into the rolling summary.
-
-    ``replay`` and ``fold`` are ascending ordinals; ``fold_batches`` is ``fold`` cut into
-    consecutive batches. ``replay_tokens`` is the replay window's estimate, ``replay_limit`` the
-    token limit it had to respect.
-    """
+    """Which Q&A groups (ascending ordinals) are replayed verbatim and which folded into the rolling
+    summary, in ``fold_batches``; ``replay_tokens`` is the replay's estimate, ``replay_limit`` its limit."""
 
     replay: tuple[int, ...]
     fold: tuple[int, ...]
@@ -44,9 +40,7 @@ class ReplayPlan:
     @property
     def replayed_ordinals(self) -> tuple[int, int] | None:
         """``(first, last)`` replayed ordinal, or None (SPEC ``context_info.replayed_ordinals``)."""
-        if not self.replay:
-            return None
-        return (self.replay[0], self.replay[-1])
+        return (self.replay[0], self.replay[-1]) if self.replay else None
 
 
 def replay_token_limit(input_budget: int, max_tokens: int = REPLAY_MAX_TOKENS) -> int:
@@ -62,17 +56,9 @@ def select_replay(
     max_tokens: int = REPLAY_MAX_TOKENS,
     batch_size: int = HISTORY_BATCH_SIZE,
 ) -> ReplayPlan:
-    """Choose the verbatim replay window and the groups to fold into the rolling summary.
-
-    ``items`` are the successful Q&A groups in strictly ascending ordinal. The replay window is the
-    newest contiguous run of items not covered by the summary (ordinal > ``covered_through_ordinal``)
-    with at most ``max_groups`` items and an estimate of at most
-    ``min(input_budget // 4, max_tokens)``; it stops at the first item that does not fit, so it
-    never has holes. Every uncovered item older than the window is folded, in ascending batches of
-    at most ``batch_size``. Replay, fold and the covered items partition ``items``.
-
-    Overflow recovery folds harder by passing ``max_groups=0`` (replay nothing).
-    """
+    """Choose the verbatim replay window (the newest uncovered run of ``items`` within ``max_groups``
+    and :func:`replay_token_limit`, without holes) and fold every older uncovered item, in batches
+    (docs/budget.md "Replay"). Overflow recovery folds harder with ``max_groups=0``."""
     if max_groups < 0:
         raise ValueError("max_groups must be >= 0")
     if batch_size < 1:

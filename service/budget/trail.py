@@ -1,11 +1,8 @@
 """The artifact trail (SPEC §6.9): what the summarised groups touched, extracted, not summarised.
 
-A summary model keeps some of the files and commands of what it summarises and drops the rest (the
-"artifact trail" is the weakest dimension of every summariser measured). The trail puts them back
-without a call: each distinct (tool, artifact) of the summarised groups, in order of last use, with
-how often it was used and whether its last result was an error. It is bounded (the most recently used
-entries kept) so that a session of thousands of calls cannot crowd out the window, and deterministic,
-so it is cached with the summary it follows.
+A summary model drops some of the files and commands it summarises (the weakest dimension of every
+summariser measured); the trail puts them back without a call. It is bounded, so thousands of calls
+cannot crowd out the window, and deterministic, so it is cached with its summary.
 """
 
 from __future__ import annotations
@@ -104,9 +101,8 @@ def trail_tokens(entries: Sequence[TrailEntry]) -> int:
 
 
 class TrailSizes:
-    """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups. The uses are
-    taken in once, in order, as ``s`` grows (a plan tries one ``s`` after another), so a size costs
-    one walk of at most the 64 newest entries."""
+    """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups, the uses taken
+    in once as ``s`` grows (as a plan tries them), so a size costs a walk of the 64 newest entries."""
 
     def __init__(self, artifacts: Sequence[Sequence[tuple[Artifact, bool]]]) -> None:
         self._artifacts = artifacts
@@ -138,17 +134,3 @@ def render_trail(entries: Sequence[TrailEntry]) -> str:
     if not entries:
         return ""
     return "\n".join([TRAIL_HEADING, *(entry.line() for entry in entries)])
-
-
-__all__ = [
-    "TRAIL_HEADING",
-    "TRAIL_MAX_BYTES",
-    "TRAIL_MAX_ENTRIES",
-    "TRAIL_MAX_TOKENS",
-    "TrailEntry",
-    "TrailSizes",
-    "bound_trail",
-    "collect_trail",
-    "render_trail",
-    "trail_tokens",
-]

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Final
 
 # Model window when neither the request, the snapshot nor the configuration names one.
 DEFAULT_WINDOW: Final = 200_000
-# Side answer output cap when neither the request nor SIDEQUEST_MAX_OUTPUT_TOKENS sets one.
-DEFAULT_OUTPUT_CAP: Final = 8192
 
 # The safety margin absorbs estimate error: 5 % of the window, but never so little that a small
 # window has no slack, nor so much that a huge window wastes thousands of tokens.
 SAFETY_MARGIN_PERCENT: Final = 5
 SAFETY_MARGIN_MIN: Final = 128
 SAFETY_MARGIN_MAX: Final = 8192
-
-
-def _given(value: int | None) -> bool:
-    """A cap or window counts as given only when positive (0 / negative mean "not set")."""
-    return value is not None and value > 0
 
 
 def positive_setting(value: object) -> int | None:
@@ -34,20 +27,10 @@ def positive_setting(value: object) -> int | None:
 def resolve_output_cap(
     request_cap: int | None, config_cap: int, main_cap: int | None, *, session_cap: int | None = None
 ) -> int:
-    """Side answer output cap: ``min(request_cap or session_cap or config_cap, main_cap)``.
-
-    The request's cap wins over the session's default (SPEC §11.2), which wins over the configured
-    one; the main session's own cap (request ``main_max_output_tokens`` or the snapshot's
-    ``max_output_tokens``) is never exceeded. Non-positive values count as not given.
-    """
-    cap = config_cap
-    for given in (request_cap, session_cap):
-        if given is not None and _given(given):
-            cap = given
-            break
-    if main_cap is not None and _given(main_cap):
-        cap = min(cap, main_cap)
-    return cap
+    """Side answer output cap: ``min(request_cap or session_cap or config_cap, main_cap)`` (SPEC §11.2),
+    ``main_cap`` being the main session's own; a non-positive value counts as not given."""
+    cap = next((given for given in (request_cap, session_cap) if given is not None and given > 0), config_cap)
+    return min(cap, main_cap) if main_cap is not None and main_cap > 0 else cap
 
 
 def resolve_window(
@@ -58,17 +41,12 @@ def resolve_window(
     session_window: int | None = None,
 ) -> int:
     """Model window: request → session settings → snapshot → ``SIDEQUEST_CONTEXT_WINDOW`` → 200000."""
-    for window in (request_window, session_window, snapshot_window, config_window):
-        if window is not None and _given(window):
-            return window
-    return DEFAULT_WINDOW
+    given = (request_window, session_window, snapshot_window, config_window)
+    return next((window for window in given if window is not None and window > 0), DEFAULT_WINDOW)
 
 
 def safety_margin(window: int) -> int:
-    """``clamp(ceil(5 % of window), 128, 8192)``.
-
-    Rounded up: the margin exists to absorb under-estimates, so a fraction of a token goes to it.
-    """
+    """``clamp(ceil(5 % of window), 128, 8192)``, rounded up: the margin absorbs under-estimates."""
     five_percent = -(-window * SAFETY_MARGIN_PERCENT // 100)
     return min(SAFETY_MARGIN_MAX, max(SAFETY_MARGIN_MIN, five_percent))
 
@@ -84,20 +62,12 @@ class WindowPlan:
 
     def as_dict(self) -> dict[str, int]:
         """``{"window", "max_output_tokens", "safety_margin", "input_budget"}``."""
-        return {
-            "window": self.window,
-            "max_output_tokens": self.max_output_tokens,
-            "safety_margin": self.safety_margin,
-            "input_budget": self.input_budget,
-        }
+        return asdict(self)
 
 
 def plan_window(window: int, max_output_tokens: int) -> WindowPlan:
-    """Input budget = window − output cap − safety margin.
-
-    Never raises: a window no larger than the output cap gives a budget ≤ 0, which the meter
-    reports as ``critical`` and the pipeline as an overflow — visible, not an exception here.
-    """
+    """Input budget = window − output cap − safety margin. Never raises: a budget ≤ 0 is reported as
+    ``critical`` pressure and an overflow downstream, visible rather than an exception here."""
     margin = safety_margin(window)
     return WindowPlan(
         window=window,

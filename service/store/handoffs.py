@@ -17,7 +17,7 @@ from sqlalchemy import and_, delete, func, literal_column, or_, select, tuple_, 
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
-from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff
+from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff, handoff_marks
 from service.errors import SidequestError
 from service.store.events import append_session_event
 from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow, snapshot_taken_at_sql
@@ -265,24 +265,18 @@ async def create_handoff(
         created_at=created_at,
     )
     session.add(row)
-    # Never down: a hand-off of older pinned Q&A alone leaves the mark where it was.
-    marked_before = session_row.handed_off_through
-    session_row.handed_off_through = max(session_row.handed_off_through, ordinals[-1])
+    marks = handoff_marks(block, session_row.handed_off_through)
+    session_row.handed_off_through = marks.handed_off_through
     session_row.updated_at = func.now()
-    # What it carried is unpinned. What it had to leave out, and the main conversation never had,
-    # is pinned, so the next include: "new" hand-off carries it although the mark has moved past it:
-    # no finding is lost to the mark. One handed off before (an "all" or "ordinals" hand-off of
-    # older Q&A) is not: the main conversation has it, and pinning it would carry it twice.
-    unseen = [o for o in block.omitted_ordinals if o > marked_before]
     await session.execute(
         update(RequestRow)
         .where(
             RequestRow.session_id == session_row.id,
-            RequestRow.ordinal.in_([*ordinals, *unseen]),
+            RequestRow.ordinal.in_([*marks.unpin, *marks.pin]),
             RequestRow.status == Status.SUCCEEDED,
             RequestRow.deleted_at.is_(None),
         )
-        .values(pinned=RequestRow.ordinal.in_(unseen))
+        .values(pinned=RequestRow.ordinal.in_(marks.pin))
         .execution_options(synchronize_session=False)
     )
     await session.flush()

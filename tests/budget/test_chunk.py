@@ -15,13 +15,17 @@ from service.budget import (
     chunk_pieces,
     estimate_text,
     safety_margin,
-    split_text,
     summary_capacity,
 )
 
 from .strategies import mixed_text
 
 FAMILY = "👨\u200d👩\u200d👧\u200d👦"  # one cluster of 7 code points, 25 bytes
+
+
+def split_text(text: str, capacity: int) -> list[str]:
+    """One string chunked alone: the splitting rules without any packing of pieces."""
+    return chunk_pieces([text], capacity)
 
 
 def test_attempt_output_caps() -> None:
@@ -201,9 +205,7 @@ def test_packing_into_a_partly_filled_chunk_keeps_clusters_whole(pieces: list[st
 def test_calibrated_summary_capacity_fits_prompt_and_material_once_scaled() -> None:
     from service.budget import Calibration
 
-    calibration = Calibration.empty()
-    for _ in range(5):
-        calibration = calibration.observe(1000, 1500)
+    calibration = Calibration(samples=5, estimate_sum=5000, provider_sum=7500)
     margin = safety_margin(200_000)
     room = 200_000 - margin - 8192
     raw = summary_capacity(200_000, 1500, margin)
@@ -212,4 +214,4 @@ def test_calibrated_summary_capacity_fits_prompt_and_material_once_scaled() -> N
     # The whole input (prompt + material) of a full chunk fits the room in the provider's tokens.
     assert calibration.apply(calibrated + 1500) <= room
     # Fewer than 5 samples: nothing changes.
-    assert summary_capacity(200_000, 1500, margin, calibration=Calibration.empty().observe(1, 2)) == raw
+    assert summary_capacity(200_000, 1500, margin, calibration=Calibration(1, 1, 2)) == raw

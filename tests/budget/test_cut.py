@@ -9,21 +9,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.budget import (
-    ALL_FIT_RECENT,
-    CUT_REFUSAL_REASONS,
-    NOTHING_TO_SUMMARIZE,
     RECENT_BUDGET_TOKENS,
-    TOO_LITTLE_TO_SUMMARIZE,
     CutPlan,
     CutRefusal,
     MessageGroup,
     group_messages,
-    normalize_messages,
     plan_cut,
     recent_budget_within,
-    tool_result_ids,
-    tool_use_ids,
 )
+from service.budget.cut import (
+    ALL_FIT_RECENT,
+    CUT_REFUSAL_REASONS,
+    NOTHING_TO_SUMMARIZE,
+    TOO_LITTLE_TO_SUMMARIZE,
+)
+from service.budget.messages import normalize_messages, tool_result_ids, tool_use_ids
 
 from .strategies import transcripts
 

@@ -10,17 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.budget import (
-    MESSAGE_ENVELOPE_TOKENS,
     Calibration,
-    estimate_content,
     estimate_message,
     estimate_messages,
     estimate_system,
     estimate_text,
     estimate_tools,
-    normalize_messages,
     overflow_target,
 )
+from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS, estimate_content
+from service.budget.messages import normalize_messages
 
 from .strategies import mixed_text
 
@@ -134,47 +133,33 @@ def test_unserialisable_input_does_not_crash() -> None:
     assert estimate_content([{"type": "tool_use", "id": "t", "name": "n", "input": cyclic}]) > 0
 
 
+def observed(pairs: list[tuple[int, int]]) -> Calibration:
+    """The counters after these (estimate, provider prompt tokens) samples, as the store adds them."""
+    return Calibration(len(pairs), sum(e for e, _ in pairs), sum(p for _, p in pairs))
+
+
 def test_calibration_is_neutral_until_five_samples() -> None:
-    calibration = Calibration.empty()
-    for _ in range(4):
-        calibration = calibration.observe(1000, 1500)
+    calibration = observed([(1000, 1500)] * 4)
     assert calibration.ratio == 1.0
     assert calibration.apply(1000) == 1000
-    calibration = calibration.observe(1000, 1500)
-    assert calibration.samples == 5
+    calibration = observed([(1000, 1500)] * 5)
     assert calibration.ratio == 1.5
     assert calibration.apply(1001) == 1502  # 1501.5 rounded up
 
 
 def test_calibration_ratio_is_clamped() -> None:
-    high = Calibration.empty()
-    low = Calibration.empty()
-    for _ in range(5):
-        high = high.observe(100, 1000)
-        low = low.observe(1000, 100)
+    high = observed([(100, 1000)] * 5)
+    low = observed([(1000, 100)] * 5)
     assert high.ratio == 2.0
     assert high.apply(100) == 200
     assert low.ratio == 0.5
     assert low.apply(101) == 51
 
 
-def test_calibration_ignores_unreported_usage_and_is_immutable() -> None:
-    calibration = Calibration.empty()
-    assert calibration.observe(1000, 0) is calibration
-    assert calibration.observe(0, 1000) is calibration
-    observed = calibration.observe(10, 12)
-    assert calibration.samples == 0
-    assert observed.samples == 1
-    assert Calibration.from_dict(observed.as_dict()) == observed
-    assert Calibration.from_dict({"samples": "x"}) == Calibration.empty()
-
-
 @given(st.lists(st.tuples(st.integers(1, 10**6), st.integers(1, 10**6)), max_size=20), st.integers(0, 10**6))
 @settings(max_examples=60)
 def test_calibrated_total_stays_within_clamp(pairs: list[tuple[int, int]], total: int) -> None:
-    calibration = Calibration.empty()
-    for estimate, provider in pairs:
-        calibration = calibration.observe(estimate, provider)
+    calibration = observed(pairs)
     assert 0.5 <= calibration.ratio <= 2.0
     assert math.ceil(total / 2) <= calibration.apply(total) <= 2 * total
 
@@ -182,24 +167,19 @@ def test_calibrated_total_stays_within_clamp(pairs: list[tuple[int, int]], total
 def test_calibration_info_reports_ratio_samples_and_applied() -> None:
     calibration = Calibration.empty()
     assert calibration.info() == {"ratio": 1.0, "samples": 0, "applied": False}
-    for _ in range(4):
-        calibration = calibration.observe(1000, 1500)
+    calibration = observed([(1000, 1500)] * 4)
     # Four samples: the ratio is not in use yet, whatever the counters say.
     assert calibration.info() == {"ratio": 1.0, "samples": 4, "applied": False}
-    calibration = calibration.observe(1000, 1500)
-    assert calibration.in_use and calibration.applied
+    calibration = observed([(1000, 1500)] * 5)
+    assert calibration.applied
     assert calibration.info() == {"ratio": 1.5, "samples": 5, "applied": True}
-    exact = Calibration.empty()
-    for _ in range(5):
-        exact = exact.observe(100, 100)
+    exact = observed([(100, 100)] * 5)
     # In use but equal to 1: not "applied" (it changes nothing).
-    assert exact.in_use and not exact.applied
+    assert exact.samples == 5 and not exact.applied
 
 
 def test_raw_capacity_is_the_inverse_of_apply_rounded_down() -> None:
-    calibration = Calibration.empty()
-    for _ in range(5):
-        calibration = calibration.observe(1000, 1500)
+    calibration = observed([(1000, 1500)] * 5)
     assert calibration.raw_capacity(1500) == 1000
     assert calibration.raw_capacity(1501) == 1000
     assert calibration.raw_capacity(0) == 0
@@ -212,9 +192,7 @@ def test_raw_capacity_is_the_inverse_of_apply_rounded_down() -> None:
 )
 @settings(max_examples=80)
 def test_raw_capacity_never_overfills(pairs: list[tuple[int, int]], capacity: int) -> None:
-    calibration = Calibration.empty()
-    for estimate, provider in pairs:
-        calibration = calibration.observe(estimate, provider)
+    calibration = observed(pairs)
     raw = calibration.raw_capacity(capacity)
     # What fits by the raw estimate fits by the calibrated one, and one token more would not.
     assert calibration.apply(raw) <= capacity

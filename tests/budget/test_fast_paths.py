@@ -10,18 +10,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.budget import (
+from service.budget import MessageGroup, estimate_message, group_messages
+from service.budget.estimate import (
     MESSAGE_ENVELOPE_TOKENS,
-    MessageGroup,
     compact_json,
-    estimate_message,
     estimate_message_content,
-    group_messages,
-    normalize_messages,
-    tool_result_ids,
-    tool_use_ids,
+    utf8_length,
 )
-from service.budget.estimate import utf8_length
+from service.budget.messages import normalize_messages, tool_result_ids, tool_use_ids
 
 from .strategies import mixed_text, transcripts
 

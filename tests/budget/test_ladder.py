@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service.budget import CutRefusal, MessageGroup, plan_cut
-from service.budget.cut import ALL_FIT_RECENT, TOO_LITTLE_TO_SUMMARIZE
-from service.budget.ladder import Compaction, plan_after_summary, plan_compaction, recent_start
+from service.budget.cut import ALL_FIT_RECENT, TOO_LITTLE_TO_SUMMARIZE, recent_start
+from service.budget.ladder import Compaction, plan_after_summary, plan_compaction
 from service.budget.masking import Artifact
 from service.budget.trail import TrailSizes, bound_trail, collect_trail, trail_tokens
 

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.budget import estimate_message, group_messages, normalize_messages
+from service.budget import estimate_message, group_messages
 from service.budget.estimate import POSTED_FORM
 from service.budget.masking import (
     ELIDED_PREFIX,
@@ -23,6 +23,7 @@ from service.budget.masking import (
     mask_groups,
     result_stub,
 )
+from service.budget.messages import normalize_messages
 from service.budget.trail import TRAIL_MAX_BYTES, TRAIL_MAX_ENTRIES, bound_trail, collect_trail, render_trail
 from tests.budget.strategies import mixed_text
 

@@ -8,16 +8,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from service.budget import (
-    MessageGroup,
-    estimate_message,
-    group_messages,
-    normalize_messages,
-    normalize_snapshot,
-    tool_result_ids,
-    tool_use_ids,
-)
+from service.budget import MessageGroup, estimate_message, group_messages, normalize_snapshot
 from service.budget.estimate import POSTED_FORM, without_posted_form
+from service.budget.messages import normalize_messages, tool_result_ids, tool_use_ids
 
 from .strategies import transcripts
 

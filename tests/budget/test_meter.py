@@ -6,10 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.budget import (
-    MESSAGE_ENVELOPE_TOKENS,
     SegmentEstimate,
-    estimate_tools,
-    meter_segments,
     pressure,
     prompt_drift,
 )
@@ -21,28 +18,6 @@ def test_as_dict_has_the_spec_keys_and_total() -> None:
     estimate = SegmentEstimate(system=1, tools=2, context=3, qa_summary=4, qa_raw=5, question=6, envelope=7)
     assert list(estimate.as_dict()) == KEYS
     assert estimate.total == 28 == estimate.as_dict()["total"]
-
-
-def test_meter_keeps_segments_apart() -> None:
-    tools = [{"name": "grep", "input_schema": {}}]
-    estimate = meter_segments(
-        system="a" * 30,
-        tools=tools,
-        context_messages=[{"role": "user", "content": "b" * 30}, {"role": "assistant", "content": "c" * 3}],
-        qa_summary="d" * 6,
-        qa_raw="e" * 9,
-        question="中文",
-    )
-    assert estimate.as_dict() == {
-        "system": 10,
-        "tools": estimate_tools(tools),
-        "context": 11,
-        "qa_summary": 2,
-        "qa_raw": 3,
-        "question": 2,
-        "envelope": 3 * MESSAGE_ENVELOPE_TOKENS,
-        "total": 10 + estimate_tools(tools) + 11 + 2 + 3 + 2 + 3 * MESSAGE_ENVELOPE_TOKENS,
-    }
 
 
 def test_pressure_thresholds_are_entered_on_reaching_them() -> None:

@@ -21,13 +21,13 @@ from service.budget.prepared import (
     PREPARED_VERSION,
     PreparedSnapshot,
     UnstorableSnapshot,
-    canonical_bytes,
     encode_snapshot,
     json_depth,
     prefix_digests,
     prepare_snapshot,
 )
 from service.summary.context import prefix_key
+from service.vocabulary import canonical_bytes
 
 texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=40)
 

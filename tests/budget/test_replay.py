@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.budget import QAItem, replay_token_limit, select_replay
+from service.budget import QAItem, select_replay
+from service.budget.replay import replay_token_limit
 
 BIG_BUDGET = 1_000_000  # budget / 4 is far above 16000
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.budget import DEFAULT_WINDOW, plan_window, resolve_output_cap, resolve_window, safety_margin
+from service.budget import plan_window, resolve_output_cap, resolve_window, safety_margin
+from service.budget.window import DEFAULT_WINDOW
 
 
 def test_window_precedence_request_snapshot_config_default() -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from service.budget import DEFAULT_WINDOW, resolve_output_cap, resolve_window
+from service.budget import resolve_output_cap, resolve_window
+from service.budget.window import DEFAULT_WINDOW
 
 
 def test_window_order_is_request_session_snapshot_config_default() -> None:
