@@ -126,7 +126,12 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
             and getattr(current, "sqlstate", None) in _SHUTDOWN_STATES
         ):
             return True
-        if isinstance(current, asyncpg.InterfaceError) and "connection is closed" in str(current):
+        if isinstance(current, asyncpg.InterfaceError) and any(
+            # A pooled connection whose server ended it is closed and detached from its proxy: which
+            # of the two words a statement meets depends on when the loop read the server's goodbye.
+            words in str(current)
+            for words in ("connection is closed", "released back to the pool")
+        ):
             return True
         if isinstance(current, asyncpg.InternalClientError) and _BROKEN_PROTOCOL in str(current):
             # A connection left mid-protocol by a failure (its server went away between an error
