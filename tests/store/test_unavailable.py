@@ -159,3 +159,25 @@ async def test_readiness_gives_up_after_its_own_deadline(monkeypatch: pytest.Mon
     monkeypatch.setattr(db_module, "READINESS_TIMEOUT_S", 0.05)
     with pytest.raises(TimeoutError):
         await db_module.readiness(object())  # type: ignore[arg-type]
+
+
+async def test_a_pooled_connection_read_as_ended_is_lost(database_url: str) -> None:
+    """Once asyncpg has read the server's goodbye it detaches the pool's proxy, and a statement meets
+    "released back to the pool" instead of "connection is closed": the same lost connection."""
+    import asyncpg
+
+    from service.store.db import connection_lost, plain_dsn
+
+    db = connect(database_url, pool_size=1)
+    admin = await asyncpg.connect(plain_dsn(database_url))
+    try:
+        with pytest.raises(asyncpg.InterfaceError) as caught:
+            async with db.connection() as raw:
+                await admin.execute("SELECT pg_terminate_backend($1)", raw.get_server_pid())
+                await asyncio.sleep(0.5)  # the loop reads the termination meanwhile
+                await raw.fetchval("SELECT 1")
+    finally:
+        await admin.close()
+        await db.dispose()
+    assert "released back to the pool" in str(caught.value)
+    assert connection_lost(caught.value) and is_unavailable(caught.value)
