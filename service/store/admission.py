@@ -44,6 +44,7 @@ from service.vocabulary import (
     CANCELLED_BY_CLIENT,
     Status,
     cancelled_error,
+    superseded_error,
 )
 
 
@@ -126,10 +127,6 @@ class SessionBusyRejected(SidequestError):
         self.running = running
 
 
-ON_BUSY = ("enqueue", "reject", "interrupt")
-SUPERSEDED_MESSAGE = "cancelled because a newer question of the session interrupted it"
-
-
 @dataclass(frozen=True)
 class Admission:
     """A validated question, ready to be admitted.
@@ -183,17 +180,18 @@ _PARAMS = (
     "body_hash",
     "max_queued",
     "on_busy",
-    "superseded_message",
+    "superseded",
 )
 
 
 def _arguments(
     tenant: str, parent_id: str, admission: Admission, snapshot_id: str | None, max_queued: int
 ) -> tuple[Any, ...]:
+    request_id = uuid.uuid4()
     return (
         tenant,
         parent_id,
-        uuid.uuid4(),
+        request_id,
         admission.question,
         snapshot_id,
         json_text(admission.options),
@@ -202,7 +200,7 @@ def _arguments(
         admission.body_hash,
         max_queued,
         admission.on_busy,
-        SUPERSEDED_MESSAGE,
+        json_text(superseded_error(request_id)),
     )
 
 

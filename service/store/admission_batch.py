@@ -54,7 +54,7 @@ class AdmitResult:
 
 # The argument tuple of one admission, in ``sidequest_admit_now``'s order (admission._arguments).
 Arguments = tuple[Any, ...]
-_TENANT, _PARENT, _MESSAGE = 0, 1, 11
+_TENANT, _PARENT = 0, 1
 
 
 class AdmissionBatcher:
@@ -129,7 +129,6 @@ class AdmissionBatcher:
         # within a session.
         ordered = sorted(batch, key=lambda item: (item[0][_TENANT], item[0][_PARENT]))
         columns = [list(column) for column in zip(*(args for args, _ in ordered), strict=True)]
-        columns[_MESSAGE] = ordered[0][0][_MESSAGE]
         try:
             async with pool.acquire() as conn:
                 # Outside any transaction block, so that the procedure may commit.

@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import func, select, update
 
 from service.store.admission import (
-    SUPERSEDED_MESSAGE,
     Admission,
     Admitted,
     IdempotencyConflict,
@@ -29,6 +28,7 @@ from service.store.admission import (
 from service.store.db import Database, plain_dsn
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
+from service.vocabulary import superseded_error
 from tests.factories import merge_session_settings
 
 TENANT = "t1"
@@ -250,11 +250,7 @@ async def test_on_busy_interrupt_supersedes_queued_and_running_requests(db: Data
     assert new.created and new.record["ordinal"] == 4 and new.record["status"] == "queued"
     assert [str(i) for i in new.superseded] == old_ids
     assert cancelled_ids == set(old_ids)
-    expected_error = {
-        "code": "superseded",
-        "message": SUPERSEDED_MESSAGE,
-        "detail": {"superseded_by": new.record["id"]},
-    }
+    expected_error = superseded_error(new.record["id"])
     async with db.sessions() as s:
         for rid, stage in zip(old_ids, ("answering", None, None), strict=True):
             row = await s.get(RequestRow, uuid.UUID(rid))
