@@ -169,17 +169,22 @@ def unusable_reason(exc: BaseException) -> str | None:
 # While the database is away, a loop (or a driver's own retry) says so once in this many seconds, in
 # one line — not a traceback per try, thousands of them in an outage of seconds.
 OUTAGE_LOG_EVERY_S: Final = 30.0
-_outage_logged: dict[str, float] = {}
 
 
-def outage_line_due(what: str) -> bool:
-    """Whether the one line about ``what`` failing for want of the database is due now (then it is
-    counted as said): once per :data:`OUTAGE_LOG_EVERY_S` for each ``what``."""
-    now = time.monotonic()
-    if now - _outage_logged.get(what, -OUTAGE_LOG_EVERY_S) < OUTAGE_LOG_EVERY_S:
-        return False
-    _outage_logged[what] = now
-    return True
+@dataclass
+class OutageLog:
+    """When each kind of failure for want of the database was last said: its owner (a worker, the
+    listener, the driver's log filter) says it once per :data:`OUTAGE_LOG_EVERY_S`."""
+
+    said_at: dict[str, float] = field(default_factory=dict)
+
+    def due(self, what: str) -> bool:
+        """Whether the line about ``what`` is due now (then it counts as said)."""
+        now = time.monotonic()
+        if now - self.said_at.get(what, -OUTAGE_LOG_EVERY_S) < OUTAGE_LOG_EVERY_S:
+            return False
+        self.said_at[what] = now
+        return True
 
 
 class QuietOutages(logging.Filter):
@@ -187,11 +192,15 @@ class QuietOutages(logging.Filter):
     traceback on every try while PostgreSQL is away. Such a record becomes one line per
     :data:`OUTAGE_LOG_EVERY_S`, without the traceback; any other record passes as it is."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.outages = OutageLog()
+
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if exc is None or not is_unavailable(exc):
             return True
-        if not outage_line_due(f"{record.name}: {record.msg}"):
+        if not self.outages.due(f"{record.name}: {record.msg}"):
             return False
         record.msg = f"{record.getMessage()} (the database is unavailable: {unusable_reason(exc) or exc})"
         record.args = ()

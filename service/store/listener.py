@@ -33,7 +33,7 @@ from typing import Final
 import asyncpg
 
 from service.aio import settle, wait_event
-from service.store.db import is_unavailable, open_connection, outage_line_due, plain_dsn
+from service.store.db import OutageLog, is_unavailable, open_connection, plain_dsn
 from service.vocabulary import ALL_CHANNELS, CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Listener:
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
         self._stopping = False
+        self._outages = OutageLog()
 
     def subscribe(self, channel: str, callback: Callback) -> Callable[[], None]:
         """Register ``callback`` for ``channel``; returns the function that unsubscribes it."""
@@ -150,7 +151,7 @@ class Listener:
                 raise
             except Exception as exc:
                 expected = is_unavailable(exc) or isinstance(exc, StandbyNow)
-                if not expected or outage_line_due("LISTEN"):  # not once per reconnect try
+                if not expected or self._outages.due("LISTEN"):  # not once per reconnect try
                     log.warning("LISTEN connection lost (%s); reconnecting", exc)
             finally:
                 if conn is not None and not conn.is_closed():
