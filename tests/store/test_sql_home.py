@@ -15,7 +15,8 @@ import pytest
 from alembic.script import ScriptDirectory
 
 from service.store import queries
-from service.store.db import MIGRATIONS_DIR, plain_dsn
+from service.store.db import plain_dsn
+from service.store.schema import MIGRATIONS_DIR
 
 SERVICE = Path(queries.__file__).resolve().parents[1]
 PYPROJECT = SERVICE.parent / "pyproject.toml"
