@@ -244,7 +244,7 @@ async def put_snapshot(
         owner.id,
         snapshot_id,
         content,
-        owner=owner,
+        session_row=owner,
         jobs=SnapshotJobPolicy.of(settings, expecting=_summary_expected(request)),
         encoded=encoded,
         prepared=prepared,

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import asyncpg as pg_asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import TextClause
@@ -29,6 +30,7 @@ from service.store import queries
 
 Executor: TypeAlias = AsyncSession | asyncpg.Connection
 Row: TypeAlias = Mapping[Any, Any]
+Model = TypeVar("Model")
 
 _DIALECT = pg_asyncpg.dialect()  # type: ignore[no-untyped-call]
 _COMPILED: dict[int, tuple[TextClause, str, tuple[str, ...]]] = {}
@@ -94,6 +96,15 @@ async def execute(x: Executor, clause: TextClause, params: Mapping[str, Any]) ->
     await x.execute(sql, *args)
 
 
+async def fetch_models(
+    tx: AsyncSession, model: type[Model], clause: TextClause, params: Mapping[str, Any]
+) -> list[Model]:
+    """The rows of ``clause`` (a table's own columns) as ``model`` objects of ``tx``, refreshed from
+    the database: for callers that read or change a row as an object (:mod:`service.store.models`)."""
+    statement = select(model).from_statement(clause).execution_options(populate_existing=True)
+    return list(await tx.scalars(statement, dict(params)))
+
+
 @asynccontextmanager
 async def transaction(x: Executor) -> AsyncIterator[None]:
     """Open and commit one transaction on ``x`` (a fresh session, or a connection in none)."""
@@ -116,18 +127,3 @@ async def committed(x: Executor) -> AsyncIterator[None]:
     else:
         assert not x.is_in_transaction(), "committed() on a connection inside a transaction"
         yield
-
-
-__all__ = [
-    "Executor",
-    "Row",
-    "committed",
-    "execute",
-    "fetch_all",
-    "fetch_one",
-    "fetch_value",
-    "json_text",
-    "notify",
-    "positional",
-    "transaction",
-]

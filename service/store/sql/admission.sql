@@ -317,3 +317,39 @@ SELECT a.outcome, a.detail, a.superseded, (a.req).* FROM sidequest_admit(
     :tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text), :snapshot_stored,
     CAST(CAST(:options AS text) AS jsonb), CAST(:model AS text), :idempotency_key, :body_hash,
     :max_queued, CAST(:on_busy AS text), CAST(CAST(:superseded AS text) AS jsonb), true) a;
+
+-- name: active_requests_of_session
+-- A clear cancels these first (each through terminal.finish_request), in ordinal order.
+SELECT id FROM side_question_requests
+WHERE session_id = :session_id AND deleted_at IS NULL AND status IN ('queued', 'running')
+ORDER BY ordinal;
+
+-- name: hide_session_requests
+-- A clear hides every request of the session at once (the sweep purges them later); how many.
+WITH hidden AS (
+    UPDATE side_question_requests SET deleted_at = now()
+    WHERE session_id = :session_id AND deleted_at IS NULL
+    RETURNING 1
+)
+SELECT count(*) FROM hidden;
+
+-- name: reset_cleared_session
+-- The end of a clear (SPEC 11.1, 11.2): the hand-offs go, the mark and memory reset, clear_version
+-- bumped so that no late summary write restores anything; ordinals and settings are kept.
+WITH handoffs AS (DELETE FROM side_question_handoffs WHERE session_id = :session_id)
+UPDATE side_question_sessions
+SET handed_off_through = 0,
+    memory = CAST(CAST(:empty_memory AS text) AS jsonb),
+    clear_version = clear_version + 1,
+    updated_at = now()
+WHERE id = :session_id
+RETURNING parent_id, clear_version, next_ordinal;
+
+-- name: purge_cleared_requests
+-- The sweep: requests (and, by cascade, their events) cleared long enough ago; how many.
+WITH purged AS (
+    DELETE FROM side_question_requests
+    WHERE deleted_at IS NOT NULL AND deleted_at < now() - make_interval(secs => :older_than_s)
+    RETURNING 1
+)
+SELECT count(*) FROM purged;
