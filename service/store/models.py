@@ -219,14 +219,6 @@ class SnapshotRow(Base):
     )
 
 
-def snapshot_taken_at_sql(alias: str) -> str:
-    """SQL for when a stored snapshot (``alias`` names its ``main_snapshots`` row) says its main
-    context was taken: its ``taken_at`` string, NULL when it has none (or an empty one). Read from
-    the preparation (a fraction of the content's JSON text) when it has one; it holds the content's
-    ``taken_at`` as posted (``budget.prepared.prepare_snapshot``)."""
-    return f"NULLIF(COALESCE({alias}.prepared ->> 'taken_at', {alias}.content ->> 'taken_at'), '')"
-
-
 class JobRow(Base):
     """A background summary job (SPEC §6.6): claimed like a request (SKIP LOCKED, lease, sweep).
 

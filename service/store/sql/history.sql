@@ -17,7 +17,7 @@ LIMIT :limit;
 
 -- name: latest_context_time
 -- The main context time of the newest folded Q&A that was asked on a snapshot: its snapshot's
--- taken_at (the expression is service.store.models.snapshot_taken_at_sql's; a test keeps it so).
+-- taken_at (the expression is handoffs.sql's handoff_candidates'; a test keeps them equal).
 SELECT t.taken_at FROM side_question_requests r
 JOIN main_snapshots s ON s.session_id = r.session_id AND s.snapshot_id = r.snapshot_id
 CROSS JOIN LATERAL (SELECT NULLIF(COALESCE(s.prepared ->> 'taken_at', s.content ->> 'taken_at'), '') AS taken_at) t
