@@ -21,8 +21,8 @@ from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.errors import SidequestError
 from service.store import queries
 from service.store.db import Database, driver_chain
-from service.store.events import mark_session_events_cleared, purge_cleared_session_events
-from service.store.execute import fetch_all, fetch_one, fetch_value, json_text, notify
+from service.store.events import mark_session_events_cleared
+from service.store.execute import execute, fetch_all, fetch_one, fetch_value, json_text, notify
 from service.store.jobs import cancel_session_jobs
 from service.store.models import EMPTY_MEMORY, RequestRow
 from service.store.records import request_record
@@ -332,5 +332,5 @@ async def purge_cleared(tx: AsyncSession, older_than_s: float) -> int:
     """Delete requests (and, by cascade, their events) cleared more than ``older_than_s`` ago, and
     the session-level events of the histories those clears replaced, in the caller's transaction
     (the worker's sweep). Returns how many requests were purged."""
-    await purge_cleared_session_events(tx, older_than_s)
+    await execute(tx, queries.purge_cleared_session_events, {"older_than_s": older_than_s})
     return int(await fetch_value(tx, queries.purge_cleared_requests, {"older_than_s": older_than_s}))
