@@ -54,3 +54,13 @@ RETURNING created_at;
 -- name: stored_snapshot
 SELECT content_hash, token_estimate, size_bytes, created_at FROM main_snapshots
 WHERE session_id = :session_id AND snapshot_id = :snapshot_id;
+
+-- name: sessions_page
+-- GET /v1/sessions: the tenant's sessions after the cursor (:updated_at, :id; none: from the
+-- newest), most recently active first, walking ix_sessions_tenant_activity backwards.
+SELECT * FROM side_question_sessions
+WHERE tenant = :tenant
+  AND (CAST(:updated_at AS timestamptz) IS NULL
+       OR (updated_at, id) < (CAST(:updated_at AS timestamptz), CAST(:id AS uuid)))
+ORDER BY updated_at DESC, id DESC
+LIMIT :limit;
