@@ -11,8 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -24,8 +23,8 @@ from service.store.db import Database, driver_chain
 from service.store.events import mark_session_events_cleared
 from service.store.execute import execute, fetch_all, fetch_one, fetch_value, json_text, notify
 from service.store.jobs import cancel_session_jobs
-from service.store.models import EMPTY_MEMORY, RequestRow
-from service.store.records import request_record
+from service.store.models import EMPTY_MEMORY
+from service.store.records import record_of_row, request_record
 from service.store.sessions import (
     SnapshotJobPolicy,
     find_request,
@@ -200,8 +199,7 @@ def _outcome(
     """The call's result as an :class:`Admitted`, or the refusal it stands for, raised."""
     if outcome in ("created", "replay"):
         assert request is not None
-        # The row's own columns, so the record is exactly request_record's, like every other read.
-        record = request_record(cast(RequestRow, SimpleNamespace(**dict(request))), parent_id)
+        record = record_of_row(request, parent_id)
         return Admitted(record, created=outcome == "created", superseded=tuple(superseded or ()))
     detail = detail or {}
     if outcome == "queue_full":

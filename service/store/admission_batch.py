@@ -173,6 +173,3 @@ class AdmissionBatcher:
         self.admissions += 1
         if not future.done():
             future.set_result(AdmitResult(outcome, detail, superseded, request))
-
-
-__all__ = ["IN_FLIGHT", "MAX_BATCH", "AdmissionBatcher", "AdmitResult"]

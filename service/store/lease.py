@@ -76,11 +76,3 @@ async def emit_if_held(
         },
     )
     return bool(held)
-
-
-__all__ = [
-    "claim_owner",
-    "emit_if_held",
-    "lock_if_held",
-    "worker_of",
-]

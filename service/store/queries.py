@@ -121,6 +121,3 @@ def __getattr__(name: str) -> TextClause:
         raise AttributeError(f"no query named {name!r} in service/store/sql/*.sql")
     globals().update(clauses)
     return clauses[name]
-
-
-__all__ = ["Section", "definitions", "definitions_digest", "named", "parse", "sections"]
