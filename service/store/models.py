@@ -26,7 +26,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 # Stable constraint names so that Alembic autogenerate and downgrade agree.
 NAMING = {
@@ -42,6 +42,25 @@ EMPTY_MEMORY: dict[str, Any] = {"qa_summary": None, "context_summaries": []}
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+
+def _now() -> MappedColumn[Any]:
+    """A ``timestamptz`` PostgreSQL sets to ``now()`` on insert."""
+    return mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+def _session_id(**options: Any) -> MappedColumn[Any]:
+    """The session a row belongs to, deleted with it."""
+    return mapped_column(
+        UUID(as_uuid=True), ForeignKey("side_question_sessions.id", ondelete="CASCADE"), **options
+    )
+
+
+# A usage object with nothing spent (records.EMPTY_USAGE), as a column default.
+_EMPTY_USAGE = text(
+    """'{"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, """
+    """"cached_tokens": 0, "calls": []}'::jsonb"""
+)
 
 
 class SessionRow(Base):
@@ -76,12 +95,8 @@ class SessionRow(Base):
     # the history it replaced, hidden from session streams opened after ``cleared_at``.
     cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cleared_through_event: Mapped[int | None] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
-    updated_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
 
 
 class RequestRow(Base):
@@ -109,11 +124,7 @@ class RequestRow(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    session_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
-        nullable=False,
-    )
+    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
     ordinal: Mapped[int] = mapped_column(Integer, nullable=False)
     question: Mapped[str] = mapped_column(Text, nullable=False)
     snapshot_id: Mapped[str | None] = mapped_column(String(500))
@@ -123,14 +134,7 @@ class RequestRow(Base):
     truncated: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
     stop_reason: Mapped[str | None] = mapped_column(String(60))
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
-    usage: Mapped[dict[str, Any]] = mapped_column(
-        JSONB,
-        nullable=False,
-        server_default=text(
-            """'{"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, """
-            """"cached_tokens": 0, "calls": []}'::jsonb"""
-        ),
-    )
+    usage: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=_EMPTY_USAGE)
     context_info: Mapped[dict[str, Any]] = mapped_column(
         JSONB, nullable=False, server_default=text("'{}'::jsonb")
     )
@@ -155,9 +159,7 @@ class RequestRow(Base):
     # A clear hides requests at once (404) and a sweep purges them later, so that streams
     # already open can still read their final `cancelled` events (docs/architecture.md).
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -181,17 +183,11 @@ class EventRow(Base):
         ForeignKey("side_question_requests.id", ondelete="CASCADE"),
         nullable=True,
     )
-    session_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
-        nullable=False,
-    )
+    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
     seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
     type: Mapped[str] = mapped_column(String(20), nullable=False)
     data: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
 
 
 class SnapshotRow(Base):
@@ -199,11 +195,7 @@ class SnapshotRow(Base):
 
     __tablename__ = "main_snapshots"
 
-    session_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
-        primary_key=True,
-    )
+    session_id: Mapped[uuid.UUID] = _session_id(primary_key=True)
     snapshot_id: Mapped[str] = mapped_column(String(500), primary_key=True)
     content: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
     content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
@@ -214,9 +206,7 @@ class SnapshotRow(Base):
     # JSON (text), not JSONB: it is only ever read whole, and text costs PostgreSQL no parsing.
     prepared: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     prepared_version: Mapped[int | None] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
 
 
 class JobRow(Base):
@@ -243,11 +233,7 @@ class JobRow(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    session_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
-        nullable=False,
-    )
+    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
     kind: Mapped[str] = mapped_column(String(40), nullable=False)
     key: Mapped[str] = mapped_column(String(200), nullable=False)
     # What the job needs to run (snapshot id, ordinal range, model, …).
@@ -258,21 +244,12 @@ class JobRow(Base):
     calls: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     # What the finished job covers (e.g. {"covered_messages": n} or {"covered_through_ordinal": n}).
     covered: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
-    usage: Mapped[dict[str, Any]] = mapped_column(
-        JSONB,
-        nullable=False,
-        server_default=text(
-            """'{"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, """
-            """"cached_tokens": 0, "calls": []}'::jsonb"""
-        ),
-    )
+    usage: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=_EMPTY_USAGE)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -293,19 +270,13 @@ class HandoffRow(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    session_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
-        nullable=False,
-    )
+    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
     # The whole public hand-off object as returned by POST (SPEC §11.1), minus id/parent_id.
     body: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
     through_ordinal: Mapped[int | None] = mapped_column(Integer)
     idempotency_key: Mapped[str | None] = mapped_column(String(300))
     body_hash: Mapped[str | None] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
 
 
 class CalibrationRow(Base):
@@ -318,6 +289,4 @@ class CalibrationRow(Base):
     samples: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
     sum_estimate: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
     sum_provider: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
-    updated_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    updated_at: Mapped[datetime] = _now()
