@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import queries
 from service.store.execute import Executor, Row, execute, fetch_all, fetch_one, fetch_value, json_text, notify
+from service.store.ledger import USAGE_FIELDS
 from service.vocabulary import (
     CANCEL_CHANNEL,
     JobKind,
@@ -322,9 +323,6 @@ async def job_state(tx: Executor, job_id: uuid.UUID) -> JobState | None:
     return None if row is None else _state(row)
 
 
-_USAGE_TOTALS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
-
-
 async def background_overviews(
     tx: AsyncSession, session_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
@@ -338,7 +336,7 @@ async def background_overviews(
         calls = list(row.calls or [])
         usage: dict[str, Any] = {
             name: sum(int(call.get(name) or 0) for call in calls if isinstance(call, dict))
-            for name in _USAGE_TOTALS
+            for name in USAGE_FIELDS
         }
         usage["calls"] = calls
         result[row.session_id] = {"jobs": counts, "usage": usage}
