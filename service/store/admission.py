@@ -54,7 +54,6 @@ class QueueFull(SidequestError):
             f"the session already has {limit} queued questions; wait for some to finish",
             {"max_queued": limit},
         )
-        self.limit = limit
 
 
 class SnapshotMissing(SidequestError):
@@ -68,7 +67,6 @@ class SnapshotMissing(SidequestError):
             f"snapshot {snapshot_id!r} was never stored for this session; PUT it first",
             {"snapshot_id": snapshot_id},
         )
-        self.snapshot_id = snapshot_id
 
 
 class IdempotencyConflict(SidequestError):
@@ -79,7 +77,6 @@ class IdempotencyConflict(SidequestError):
 
     def __init__(self, key: str) -> None:
         super().__init__("this Idempotency-Key was already used with a different request body")
-        self.key = key
 
 
 class OrdinalsExhausted(SidequestError):
@@ -118,8 +115,6 @@ class SessionBusyRejected(SidequestError):
             "wait for them to finish, or send on_busy 'enqueue' or 'interrupt'",
             {"queued": queued, "running": running},
         )
-        self.queued = queued
-        self.running = running
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,6 @@ class UnknownOrdinals(SidequestError):
             "only succeeded answers can be handed off",
             {"ordinals": list(ordinals)},
         )
-        self.ordinals = list(ordinals)
 
 
 class HandoffIdempotencyConflict(SidequestError):
@@ -66,7 +65,6 @@ class NotPinnable(SidequestError):
             f"only a succeeded side question can be pinned; this one is {request_status}",
             {"status": request_status},
         )
-        self.request_status = request_status
 
 
 @dataclass(frozen=True)

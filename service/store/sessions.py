@@ -56,7 +56,6 @@ class SnapshotConflict(SidequestError):
         super().__init__(
             f"snapshot {snapshot_id!r} already exists with other content", {"snapshot_id": snapshot_id}
         )
-        self.snapshot_id = snapshot_id
 
 
 class InvalidSnapshot(SidequestError):

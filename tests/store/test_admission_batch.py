@@ -78,7 +78,7 @@ async def test_waiting_admissions_share_one_call_and_each_gets_its_own_answer(db
             f"q{i}" for i in range(30) if i % 6 == s
         ]
     full, replay, conflict = outcomes[30:]
-    assert isinstance(full, QueueFull) and full.limit == 3
+    assert isinstance(full, QueueFull) and full.detail == {"max_queued": 3}
     assert isinstance(replay, Admitted) and not replay.created and replay.record == earlier.record
     assert isinstance(conflict, IdempotencyConflict)
     assert await _count(db, RequestRow) == 3 + 1 + 30
