@@ -163,8 +163,8 @@ async def restore_archive(
     nothing. Raises :class:`SessionHasHistory` when the session has history and ``replace`` is false,
     :class:`SessionBusy` when ``replace`` is asked while requests are queued or running.
     """
-    target = await lock_or_create_session(tx, tenant, parent_id)
-    counts = (await status_counts_of(tx, [target.id]))[target.id]
+    session_row = await lock_or_create_session(tx, tenant, parent_id)
+    counts = (await status_counts_of(tx, [session_row.id]))[session_row.id]
     existing = sum(counts.values())
     in_flight = sum(n for status, n in counts.items() if status not in TERMINAL_STATUSES)
     if existing and not replace:
@@ -180,18 +180,20 @@ async def restore_archive(
             {"in_flight": in_flight},
         )
 
-    clear_version = target.clear_version
+    clear_version = session_row.clear_version
     if replace and existing:
         # Replacing is a clear followed by a restore: bump clear_version like a clear does, so no
         # summary computed for the old history can ever be written over the restored memory.
         clear_version += 1
         # The old requests are hidden like a clear hides them (their finished streams stay readable
         # until the sweep purges them), unless the archive reuses their ordinal (purged below).
-        await execute(tx, queries.hide_session_requests, {"session_id": target.id})
+        await execute(tx, queries.hide_session_requests, {"session_id": session_row.id})
     ordinals = [r.ordinal for r in archive.requests]
     if ordinals:
-        await execute(tx, queries.purge_cleared_ordinals, {"session_id": target.id, "ordinals": ordinals})
-    next_ordinal = max([target.next_ordinal, *(o + 1 for o in ordinals)])
+        await execute(
+            tx, queries.purge_cleared_ordinals, {"session_id": session_row.id, "ordinals": ordinals}
+        )
+    next_ordinal = max([session_row.next_ordinal, *(o + 1 for o in ordinals)])
     settings = None
     if archive.settings is not None:
         # The archive's set fields are written over the session's own; its null (unset) ones clear
@@ -202,9 +204,9 @@ async def restore_archive(
             for k, v in archive.settings.items()
             if k in SETTINGS_FIELDS and v is not None
         }
-        settings = json_text({**(target.settings or {}), **written})
+        settings = json_text({**(session_row.settings or {}), **written})
     session_values = {
-        "session_id": target.id,
+        "session_id": session_row.id,
         # Missing parts of the memory are empty, as in a fresh session; other keys are kept as they are.
         "memory": json_text({**EMPTY_MEMORY, **(archive.memory or {})}),
         "clear_version": clear_version,
@@ -215,11 +217,11 @@ async def restore_archive(
     await execute(tx, queries.restore_session, session_values)
     # The session-level events (hand-offs, background summaries) of the history replaced are hidden
     # from streams opened from now on.
-    await mark_session_events_cleared(tx, target.id)
+    await mark_session_events_cleared(tx, session_row.id)
     tx.add_all(
         HandoffRow(
             id=uuid.uuid4(),
-            session_id=target.id,
+            session_id=session_row.id,
             body=item.body,
             through_ordinal=item.through_ordinal,
             created_at=item.created_at,
@@ -234,7 +236,7 @@ async def restore_archive(
             **{name: getattr(item, name) for name in QUESTION_FIELDS[3] if name != "usage"},
             usage=item.usage if item.usage is not None else json.loads(json.dumps(EMPTY_USAGE)),
             id=uuid.uuid4(),
-            session_id=target.id,
+            session_id=session_row.id,
             stage=None,
             options={},
             clear_version=clear_version,
@@ -249,19 +251,21 @@ async def restore_archive(
     if rows:
         # Same ordering rule as append_event: global event ids of a session are allocated under
         # its advisory lock. One NOTIFY is enough: it is a wake-up call, readers read the rows.
-        await execute(tx, queries.lock_session_events, {"session_id": target.id})
+        await execute(tx, queries.lock_session_events, {"session_id": session_row.id})
         at = utc_iso()
         events = []
         for row in rows:
             for seq, (event_type, fields) in enumerate(_terminal_events(row, parent_id), start=1):
                 data = {"request_id": str(row.id), "ordinal": row.ordinal, "seq": seq, "at": at, **fields}
                 events.append(
-                    EventRow(request_id=row.id, session_id=target.id, seq=seq, type=event_type, data=data)
+                    EventRow(
+                        request_id=row.id, session_id=session_row.id, seq=seq, type=event_type, data=data
+                    )
                 )
         tx.add_all(events)
         await tx.flush()
         payload = json.dumps(
-            {"id": events[-1].id, "request_id": str(rows[-1].id), "session_id": str(target.id)}
+            {"id": events[-1].id, "request_id": str(rows[-1].id), "session_id": str(session_row.id)}
         )
         await notify(tx, NOTIFY_CHANNEL, payload)
 

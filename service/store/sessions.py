@@ -207,23 +207,23 @@ async def session_overviews(tx: AsyncSession, session_rows: list[SessionRow]) ->
     """SPEC's session object for each of ``session_rows``, in their order: the one builder of it
     (``GET /v1/sessions/{parent_id}`` and the list), with one query per kind of data, never one per
     session."""
-    ids = [row.id for row in session_rows]
+    ids = [session_row.id for session_row in session_rows]
     counts = await status_counts_of(tx, ids)
     background = await background_overviews(tx, ids)
     return [
         {
-            "parent_id": row.parent_id,
-            "clear_version": row.clear_version,
-            "next_ordinal": row.next_ordinal,
-            "handed_off_through": row.handed_off_through,
-            "settings": {name: (row.settings or {}).get(name) for name in SETTINGS_FIELDS},
-            "counts": counts[row.id],
-            "background": background[row.id],
-            "memory": memory_overview(row.memory),
-            "created_at": iso_or_none(row.created_at),
-            "updated_at": iso_or_none(row.updated_at),
+            "parent_id": session_row.parent_id,
+            "clear_version": session_row.clear_version,
+            "next_ordinal": session_row.next_ordinal,
+            "handed_off_through": session_row.handed_off_through,
+            "settings": {name: (session_row.settings or {}).get(name) for name in SETTINGS_FIELDS},
+            "counts": counts[session_row.id],
+            "background": background[session_row.id],
+            "memory": memory_overview(session_row.memory),
+            "created_at": iso_or_none(session_row.created_at),
+            "updated_at": iso_or_none(session_row.updated_at),
         }
-        for row in session_rows
+        for session_row in session_rows
     ]
 
 

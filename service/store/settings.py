@@ -122,16 +122,14 @@ class InvalidSettings(SidequestError):
         self.problems = problems
 
 
-async def read_settings(session: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
+async def read_settings(tx: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
     """The tenant's session settings as the public object, or None when there is no such session."""
-    row = await find_session(session, tenant, parent_id)
-    if row is None:
-        return None
-    return public_settings(row.settings)
+    session_row = await find_session(tx, tenant, parent_id)
+    return None if session_row is None else public_settings(session_row.settings)
 
 
 async def update_settings(
-    session: AsyncSession, tenant: str, parent_id: str, changes: dict[str, Any]
+    tx: AsyncSession, tenant: str, parent_id: str, changes: dict[str, Any]
 ) -> dict[str, Any]:
     """Apply a PUT (only the named fields; ``None`` clears one), creating the session if needed,
     inside the caller's transaction.
@@ -142,7 +140,7 @@ async def update_settings(
     problems = settings_problems(changes)
     if problems:
         raise InvalidSettings(problems)
-    session_row = await lock_or_create_session(session, tenant, parent_id)
+    session_row = await lock_or_create_session(tx, tenant, parent_id)
     merged = {k: v for k, v in (session_row.settings or {}).items() if k in SETTINGS_FIELDS}
     for name, value in changes.items():
         if value is None:
@@ -151,7 +149,7 @@ async def update_settings(
             merged[name] = stored_setting(name, value)
     session_row.settings = merged
     session_row.updated_at = func.now()
-    await session.flush()
+    await tx.flush()
     return public_settings(merged)
 
 
