@@ -9,7 +9,6 @@ exactly one terminal write lands) and tell a running worker through ``NOTIFY sid
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.errors import SidequestError
 from service.store import queries
+from service.store.admission_batch import AdmitResult
 from service.store.db import Database, driver_chain
 from service.store.events import mark_session_events_cleared
 from service.store.execute import execute, fetch_all, fetch_one, fetch_value, json_text, notify
@@ -182,21 +182,13 @@ def _arguments(
     )
 
 
-def _outcome(
-    outcome: str,
-    detail: dict[str, Any] | None,
-    superseded: list[uuid.UUID] | None,
-    request: Mapping[Any, Any] | None,
-    parent_id: str,
-    admission: Admission,
-    snapshot_id: str | None,
-) -> Admitted:
+def _outcome(result: AdmitResult, parent_id: str, admission: Admission, snapshot_id: str | None) -> Admitted:
     """The call's result as an :class:`Admitted`, or the refusal it stands for, raised."""
+    outcome, detail = result.outcome, result.detail or {}
     if outcome in ("created", "replay"):
-        assert request is not None
-        record = record_of_row(request, parent_id)
-        return Admitted(record, created=outcome == "created", superseded=tuple(superseded or ()))
-    detail = detail or {}
+        assert result.request is not None
+        record = record_of_row(result.request, parent_id)
+        return Admitted(record, created=outcome == "created", superseded=result.superseded)
     if outcome == "queue_full":
         raise QueueFull(int(detail["max_queued"]))
     if outcome == "session_busy":
@@ -236,10 +228,7 @@ async def admit(
         if _ordinal_overflow(exc):
             raise OrdinalsExhausted() from exc
         raise
-    superseded = list(result.superseded)
-    return _outcome(
-        result.outcome, result.detail, superseded, result.request, parent_id, admission, admission.snapshot_id
-    )
+    return _outcome(result, parent_id, admission, admission.snapshot_id)
 
 
 async def _admit_in_transaction(
@@ -264,9 +253,9 @@ async def _admit_in_transaction(
     params = dict(zip(_PARAMS, args, strict=True))
     params["snapshot_stored"] = admission.snapshot is not None
     row = dict(await fetch_one(tx, queries.admit_in_transaction, params) or {})
-    outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
-    request = row if row["id"] is not None else None
-    return _outcome(outcome, detail, superseded, request, parent_id, admission, snapshot_id)
+    outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), tuple(row.pop("superseded") or ())
+    result = AdmitResult(outcome, detail, superseded, row if row["id"] is not None else None)
+    return _outcome(result, parent_id, admission, snapshot_id)
 
 
 async def _cancel(tx: AsyncSession, request_id: uuid.UUID, message: str) -> bool:
