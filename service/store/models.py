@@ -165,11 +165,8 @@ class RequestRow(Base):
 
 
 class EventRow(Base):
-    """One event; ``id`` is global and increasing, ``seq`` per request.
-
-    Session-level events (``memory``, ``handoff``) have no request: ``request_id`` and ``seq`` are
-    NULL, and they appear only on the session stream.
-    """
+    """One event; ``id`` is global and increasing, ``seq`` per request. A session-level event
+    (``memory``, ``handoff``) has no request: ``request_id`` and ``seq`` are NULL."""
 
     __tablename__ = "side_question_events"
     __table_args__ = (
@@ -210,12 +207,8 @@ class SnapshotRow(Base):
 
 
 class JobRow(Base):
-    """A background summary job (SPEC §6.6): claimed like a request (SKIP LOCKED, lease, sweep).
-
-    ``kind`` is ``qa_fold`` or ``context_summary``; ``key`` says what it summarises (the prefix's content
-    hash; the ordinal range). At most one job per (session, kind, key) is not ended, enforced by the
-    partial unique index below.
-    """
+    """A background summary job (SPEC §6.6) or a request's single-flight registration
+    (:mod:`service.store.jobs`); ``uq_jobs_active`` keeps one active per (session, kind, key)."""
 
     __tablename__ = "side_question_jobs"
     __table_args__ = (
