@@ -151,40 +151,36 @@ async def status_counts_of(tx: AsyncSession, session_ids: list[uuid.UUID]) -> di
     return result
 
 
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+# SPEC's memory overview: of each summary, its coverage and cache key with their types, never the
+# document (a field of another type, or missing, is null).
+_QA_SUMMARY_VIEW = {"first_ordinal": int, "covered_through_ordinal": int, "tokens": int, "updated_at": str}
+_CONTEXT_SUMMARY_VIEW = {
+    "key": str,
+    "snapshot_id": str,
+    "covered_messages": int,
+    "tokens": int,
+    "created_at": str,
+}
 
 
-def _str_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None
+def _view(item: dict[str, Any], fields: dict[str, type]) -> dict[str, Any]:
+    return {
+        name: value if isinstance(value := item.get(name), kind) and not isinstance(value, bool) else None
+        for name, kind in fields.items()
+    }
 
 
 def memory_overview(memory: dict[str, Any] | None) -> dict[str, Any]:
     """SPEC's memory overview from the memory JSONB: coverage and cache keys, never the documents."""
     memory = memory or {}
     qa = memory.get("qa_summary")
-    qa_view = None
-    if isinstance(qa, dict):
-        qa_view = {
-            "first_ordinal": _int_or_none(qa.get("first_ordinal")),
-            "covered_through_ordinal": _int_or_none(qa.get("covered_through_ordinal")),
-            "tokens": _int_or_none(qa.get("tokens")),
-            "updated_at": _str_or_none(qa.get("updated_at")),
-        }
-    summaries = []
-    for item in memory.get("context_summaries") or []:
-        if not isinstance(item, dict):
-            continue
-        summaries.append(
-            {
-                "key": _str_or_none(item.get("key")),
-                "snapshot_id": _str_or_none(item.get("snapshot_id")),
-                "covered_messages": _int_or_none(item.get("covered_messages")),
-                "tokens": _int_or_none(item.get("tokens")),
-                "created_at": _str_or_none(item.get("created_at")),
-            }
-        )
-    return {"qa_summary": qa_view, "context_summaries": summaries}
+    summaries = memory.get("context_summaries") or []
+    return {
+        "qa_summary": _view(qa, _QA_SUMMARY_VIEW) if isinstance(qa, dict) else None,
+        "context_summaries": [
+            _view(item, _CONTEXT_SUMMARY_VIEW) for item in summaries if isinstance(item, dict)
+        ],
+    }
 
 
 async def read_one_snapshot(tx: AsyncSession) -> None:
