@@ -30,7 +30,8 @@ from sqlalchemy import text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.store import lease, queue
-from service.store.db import connect, upgrade_to_head
+from service.store.db import connect
+from service.store.schema import upgrade_to_head
 from tests import pg
 from tests.factories import admit, make_session
 

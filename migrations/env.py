@@ -10,8 +10,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from service.config import SettingsError, asyncpg_url, load_settings
-from service.store.db import MIGRATION_LOCK_KEY, migration_engine
+from service.store.db import migration_engine
 from service.store.models import Base
+from service.store.schema import MIGRATION_LOCK_KEY
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -49,7 +49,7 @@ def _raise_shutdown(signum: int, _frame: object) -> None:
 
 
 def _migrate(url: str) -> None:
-    from service.store.db import upgrade_to_head
+    from service.store.schema import upgrade_to_head
 
     upgrade_to_head(url)
     log.info("database migrated to head")

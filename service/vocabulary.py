@@ -338,6 +338,15 @@ def cancelled_error(message: str = "the request was cancelled") -> dict[str, Any
     return terminal_error("cancelled", message)
 
 
+def superseded_error(superseded_by: object) -> dict[str, Any]:
+    """A request cancelled by a newer question of its session sent with ``on_busy: interrupt``."""
+    return terminal_error(
+        "superseded",
+        "cancelled because a newer question of the session interrupted it",
+        {"superseded_by": str(superseded_by)},
+    )
+
+
 def session_cleared_error() -> dict[str, Any]:
     """A background job (or a request's registration) ended by a clear of its session."""
     return terminal_error("cancelled", "the session was cleared")

@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy import text
 
 from service.config import Settings
-from service.store.db import Database, connect, upgrade_to_head
+from service.store.db import Database, connect
 from service.store.models import Base
+from service.store.schema import upgrade_to_head
 from tests import pg
 
 pytest_plugins = ["tests.scripted_provider"]

@@ -130,20 +130,20 @@ async def test_a_worker_loop_logs_the_database_being_away_as_one_line_now_and_th
     from service.store.db import DatabaseUnavailable
     from service.worker import runner
 
-    db._outage_logged.clear()
+    outages = db.OutageLog()
     caplog.set_level(logging.WARNING, logger=runner.log.name)
     for _ in range(5):
         try:
             raise DatabaseUnavailable("connection refused")
         except DatabaseUnavailable:
-            runner.log_loop_failure("heartbeat failed")
+            runner.log_loop_failure("heartbeat failed", outages)
     outage = [r for r in caplog.records if r.message.startswith("heartbeat failed")]
     assert len(outage) == 1 and outage[0].levelno == logging.WARNING and outage[0].exc_info is None
     assert "the database is unavailable" in outage[0].message
     try:
         raise KeyError("a bug")
     except KeyError:
-        runner.log_loop_failure("recovery sweep failed")
+        runner.log_loop_failure("recovery sweep failed", outages)
     bug = [r for r in caplog.records if r.message == "recovery sweep failed"]
     assert len(bug) == 1 and bug[0].levelno == logging.ERROR and bug[0].exc_info is not None
 
@@ -155,8 +155,10 @@ def test_the_drivers_own_retries_log_one_line_now_and_then_without_a_traceback(
     traceback on every try of an outage, and the LISTEN loss once per reconnect try."""
     from service.store import db
 
-    db._outage_logged.clear()
     db.quiet_driver_outages()
+    for quiet in logging.getLogger("asyncpg.pool").filters:
+        if isinstance(quiet, db.QuietOutages):
+            quiet.outages.said_at.clear()
     pool_log = logging.getLogger("asyncpg.pool")
     caplog.set_level(logging.WARNING, logger="asyncpg.pool")
     for _ in range(4):

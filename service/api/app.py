@@ -39,8 +39,9 @@ from service.api.stream_tokens import StreamTokens, stream_secret
 from service.api.strict_input import StrictJsonBodies, Utf8Paths
 from service.archive.schema import OPENAPI_REFS, storable_json_defs
 from service.config import Settings
-from service.store.db import Database, connect, head_revision, readiness
+from service.store.db import Database, connect
 from service.store.listener import Listener
+from service.store.schema import head_revision, readiness
 
 log = logging.getLogger(__name__)
 

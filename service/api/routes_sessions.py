@@ -255,7 +255,7 @@ async def put_snapshot(
         session_row.id,
         snapshot_id,
         content,
-        owner=session_row,
+        session_row=session_row,
         jobs=_snapshot_jobs(request),
         encoded=encoded,
         prepared=prepared,

@@ -1,38 +1,33 @@
 """Admission, cancel and clear: the API's writes, each one short transaction.
 
-Admission is one statement (``sidequest_admit()``, migration 0003_h12a) on a plain asyncpg
-connection: the hot path of the API, and the ORM's object graph cost about ten times the CPU of the
-work itself. None of these waits for a worker: admission locks only the session row (which workers
-never hold across a model call), cancel and clear write the terminal state themselves and tell a
-running worker through ``NOTIFY sidequest_cancel``. A worker's own terminal writes are guarded by
-``status = 'running'`` and its lease, so whichever terminal write lands first wins and the other is
-a no-op.
+Admission is one statement (``sidequest_admit()``, service/store/sql/admission.sql) on a plain
+asyncpg connection: the hot path of the API. None of these waits for a worker: cancel and clear
+write the terminal state themselves (guarded by the status it leaves, like the worker's own, so
+exactly one terminal write lands) and tell a running worker through ``NOTIFY sidequest_cancel``.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import asyncpg
-from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.errors import SidequestError
 from service.store import queries
+from service.store.admission_batch import AdmitResult
 from service.store.db import Database, driver_chain
-from service.store.events import mark_session_events_cleared, purge_cleared_session_events
-from service.store.execute import json_text, notify
+from service.store.events import mark_session_events_cleared
+from service.store.execute import execute, fetch_all, fetch_one, fetch_value, json_text, notify
 from service.store.jobs import cancel_session_jobs
-from service.store.models import EMPTY_MEMORY, HandoffRow, RequestRow, SessionRow
-from service.store.records import request_record
+from service.store.models import EMPTY_MEMORY
+from service.store.records import record_of_row, request_record
 from service.store.sessions import (
     SnapshotJobPolicy,
-    StoredSnapshot,
+    find_request,
     lock_or_create_session,
     lock_session,
     store_snapshot,
@@ -44,6 +39,7 @@ from service.vocabulary import (
     CANCELLED_BY_CLIENT,
     Status,
     cancelled_error,
+    superseded_error,
 )
 
 
@@ -58,7 +54,6 @@ class QueueFull(SidequestError):
             f"the session already has {limit} queued questions; wait for some to finish",
             {"max_queued": limit},
         )
-        self.limit = limit
 
 
 class SnapshotMissing(SidequestError):
@@ -72,7 +67,6 @@ class SnapshotMissing(SidequestError):
             f"snapshot {snapshot_id!r} was never stored for this session; PUT it first",
             {"snapshot_id": snapshot_id},
         )
-        self.snapshot_id = snapshot_id
 
 
 class IdempotencyConflict(SidequestError):
@@ -83,7 +77,6 @@ class IdempotencyConflict(SidequestError):
 
     def __init__(self, key: str) -> None:
         super().__init__("this Idempotency-Key was already used with a different request body")
-        self.key = key
 
 
 class OrdinalsExhausted(SidequestError):
@@ -122,12 +115,6 @@ class SessionBusyRejected(SidequestError):
             "wait for them to finish, or send on_busy 'enqueue' or 'interrupt'",
             {"queued": queued, "running": running},
         )
-        self.queued = queued
-        self.running = running
-
-
-ON_BUSY = ("enqueue", "reject", "interrupt")
-SUPERSEDED_MESSAGE = "cancelled because a newer question of the session interrupted it"
 
 
 @dataclass(frozen=True)
@@ -166,34 +153,23 @@ class Admitted:
 
 # The hot path (no inline snapshot) is ``db.admissions`` (admission_batch): ``CALL
 # sidequest_admit_now`` for one admission, ``sidequest_admit_many`` for several waiting at once; both
-# commit the rows, then send the NOTIFYs in a transaction of their own (a NOTIFY in the writing
-# transaction would serialise every admission's commit behind one database-wide lock; see migration
-# 0003_h12a). The function itself runs inside a caller's transaction (an inline snapshot stored
-# first) and NOTIFYs there (queries.admit_in_transaction). The parameters of all three statements
-# (service/store/sql/admission.sql), in this order:
-_PARAMS = (
-    "tenant",
-    "parent_id",
-    "request_id",
-    "question",
-    "snapshot_id",
-    "options",
-    "model",
-    "idempotency_key",
-    "body_hash",
-    "max_queued",
-    "on_busy",
-    "superseded_message",
+# commit the rows, then send the NOTIFYs in a transaction of their own (admission.sql says why). With
+# an inline snapshot the function runs inside the caller's transaction and NOTIFYs there
+# (queries.admit_in_transaction). The parameters of all three statements, in this order:
+_PARAMS = tuple(
+    "tenant parent_id request_id question snapshot_id options model idempotency_key body_hash"
+    " max_queued on_busy superseded".split()
 )
 
 
 def _arguments(
     tenant: str, parent_id: str, admission: Admission, snapshot_id: str | None, max_queued: int
 ) -> tuple[Any, ...]:
+    request_id = uuid.uuid4()
     return (
         tenant,
         parent_id,
-        uuid.uuid4(),
+        request_id,
         admission.question,
         snapshot_id,
         json_text(admission.options),
@@ -202,26 +178,17 @@ def _arguments(
         admission.body_hash,
         max_queued,
         admission.on_busy,
-        SUPERSEDED_MESSAGE,
+        json_text(superseded_error(request_id)),
     )
 
 
-def _outcome(
-    outcome: str,
-    detail: dict[str, Any] | None,
-    superseded: list[uuid.UUID] | None,
-    request: Mapping[Any, Any] | None,
-    parent_id: str,
-    admission: Admission,
-    snapshot_id: str | None,
-) -> Admitted:
+def _outcome(result: AdmitResult, parent_id: str, admission: Admission, snapshot_id: str | None) -> Admitted:
     """The call's result as an :class:`Admitted`, or the refusal it stands for, raised."""
+    outcome, detail = result.outcome, result.detail or {}
     if outcome in ("created", "replay"):
-        assert request is not None
-        # The row's own columns, so the record is exactly request_record's, like every other read.
-        record = request_record(cast(RequestRow, SimpleNamespace(**dict(request))), parent_id)
-        return Admitted(record, created=outcome == "created", superseded=tuple(superseded or ()))
-    detail = detail or {}
+        assert result.request is not None
+        record = record_of_row(result.request, parent_id)
+        return Admitted(record, created=outcome == "created", superseded=result.superseded)
     if outcome == "queue_full":
         raise QueueFull(int(detail["max_queued"]))
     if outcome == "session_busy":
@@ -240,59 +207,43 @@ async def admit(
 ) -> Admitted:
     """Admit one question and commit it.
 
-    Given the :class:`Database` (the API's hot path), this is at most one round trip: ``CALL
-    sidequest_admit_now(…)`` (migration 0003_h12a), or one ``sidequest_admit_many`` shared with the
-    admissions waiting beside it (``db.admissions``, group commit), locks or creates the session, answers an
-    idempotent replay, applies on_busy (SPEC 11.2), the queue limit and the snapshot check, and only
-    then writes: the cancellations an ``interrupt`` makes, the ordinal, the request and its
-    ``queued`` event; it commits, then NOTIFYs. A refusal (raised here as QueueFull,
-    SessionBusyRejected, IdempotencyConflict, SnapshotMissing) writes nothing, not even a session
-    for a first request.
+    Given the :class:`Database` (the API's hot path), one round trip (``db.admissions``, shared with
+    the admissions waiting beside it) does everything ``sidequest_admit`` does: every check, then
+    the writes, the commit, the NOTIFYs. A refusal (QueueFull, SessionBusyRejected,
+    IdempotencyConflict, SnapshotMissing) writes nothing, not even a session for a first request.
 
-    An inline snapshot is first stored through :func:`store_snapshot`, then the same SQL function runs
-    in that transaction (and NOTIFYs there), which a refusal rolls back. Given an ``AsyncSession``,
-    everything runs that way, inside the caller's transaction (a refusal raises: the caller's
-    ``session.begin()`` rolls it back).
+    An inline snapshot is first stored (:func:`store_snapshot`), then the same SQL function runs in
+    that transaction, which a refusal rolls back. Given an ``AsyncSession``, everything runs that
+    way, inside the caller's transaction (which a refusal's exception rolls back).
     """
     try:
         if isinstance(db, AsyncSession):
             return await _admit_in_transaction(db, tenant, parent_id, admission, max_queued=max_queued)
         if admission.snapshot is not None:
-            async with db.sessions() as session, session.begin():
-                return await _admit_in_transaction(
-                    session, tenant, parent_id, admission, max_queued=max_queued
-                )
+            async with db.sessions() as tx, tx.begin():
+                return await _admit_in_transaction(tx, tenant, parent_id, admission, max_queued=max_queued)
         args = _arguments(tenant, parent_id, admission, admission.snapshot_id, max_queued)
         result = await db.admissions.admit(args)
     except Exception as exc:
         if _ordinal_overflow(exc):
             raise OrdinalsExhausted() from exc
         raise
-    return _outcome(
-        result.outcome,
-        result.detail,
-        list(result.superseded),
-        result.request,
-        parent_id,
-        admission,
-        admission.snapshot_id,
-    )
+    return _outcome(result, parent_id, admission, admission.snapshot_id)
 
 
 async def _admit_in_transaction(
-    session: AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
+    tx: AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
     snapshot_id = admission.snapshot_id
-    stored: StoredSnapshot | None = None
     if admission.snapshot is not None:
-        session_row = await lock_or_create_session(session, tenant, parent_id)
+        session_row = await lock_or_create_session(tx, tenant, parent_id)
         own_id = admission.snapshot.get("snapshot_id")
         stored = await store_snapshot(
-            session,
+            tx,
             session_row.id,
             own_id if isinstance(own_id, str) and own_id else None,
             admission.snapshot,
-            owner=session_row,
+            session_row=session_row,
             jobs=admission.snapshot_jobs,
             encoded=admission.snapshot_encoding,
             prepared=admission.snapshot_prepared,
@@ -301,18 +252,17 @@ async def _admit_in_transaction(
     args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
     params = dict(zip(_PARAMS, args, strict=True))
     params["snapshot_stored"] = admission.snapshot is not None
-    row = dict((await session.execute(queries.admit_in_transaction, params)).mappings().one())
-    outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), row.pop("superseded")
-    request = row if row["id"] is not None else None
-    admitted = _outcome(outcome, detail, superseded, request, parent_id, admission, snapshot_id)
-    return admitted
+    row = dict(await fetch_one(tx, queries.admit_in_transaction, params) or {})
+    outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), tuple(row.pop("superseded") or ())
+    result = AdmitResult(outcome, detail, superseded, row if row["id"] is not None else None)
+    return _outcome(result, parent_id, admission, snapshot_id)
 
 
-async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) -> bool:
+async def _cancel(tx: AsyncSession, request_id: uuid.UUID, message: str) -> bool:
     """Cancel one queued or running request through THE terminal transition (terminal.finish_request),
     guarded by the status it leaves, and tell its worker; False when it had already ended."""
     ended = await finish_request(
-        session,
+        tx,
         request_id,
         status=Status.CANCELLED,
         owner=None,
@@ -321,103 +271,48 @@ async def _cancel(session: AsyncSession, request_id: uuid.UUID, message: str) ->
     )
     if ended is None:
         return False
-    await notify(session, CANCEL_CHANNEL, str(request_id))
+    await notify(tx, CANCEL_CHANNEL, str(request_id))
     return True
 
 
-async def cancel_request(session: AsyncSession, tenant: str, request_id: uuid.UUID) -> dict[str, Any] | None:
+async def cancel_request(tx: AsyncSession, tenant: str, request_id: uuid.UUID) -> dict[str, Any] | None:
     """Cancel a queued or running request of the tenant, inside the caller's transaction; None when
-    not found.
-
-    Idempotent: a terminal request is returned unchanged. A running one gets its terminal state
-    from here at once and its worker is told through ``NOTIFY sidequest_cancel``.
-    """
-    found = (
-        await session.execute(
-            select(RequestRow, SessionRow)
-            .join(SessionRow, SessionRow.id == RequestRow.session_id)
-            .where(RequestRow.id == request_id, RequestRow.deleted_at.is_(None), SessionRow.tenant == tenant)
-        )
-    ).first()
+    not found. Idempotent: a terminal request is returned unchanged. A running one ends here at once
+    and its worker is told through ``NOTIFY sidequest_cancel``."""
+    found = await find_request(tx, tenant, request_id)
     if found is None:
         return None
-    session_row: SessionRow = found[1]
-    # Guarded by the status it is leaving, so a worker finishing at the same moment wins or loses
-    # cleanly: exactly one terminal write happens.
-    await _cancel(session, request_id, CANCELLED_BY_CLIENT)
-    row = await session.scalar(
-        select(RequestRow).where(RequestRow.id == request_id).execution_options(populate_existing=True)
-    )
-    assert row is not None
-    return request_record(row, session_row.parent_id)
+    request_row, session_row = found
+    await _cancel(tx, request_id, CANCELLED_BY_CLIENT)
+    await tx.refresh(request_row)
+    return request_record(request_row, session_row.parent_id)
 
 
-async def clear_session(session: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
+async def clear_session(tx: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
     """Clear a session, inside the caller's transaction; None when the tenant has no such session.
 
-    Cancels queued and running requests (their streams end with ``error`` code ``cancelled``),
-    hides every request at once (``deleted_at``; a later sweep purges them), resets memory and
-    bumps ``clear_version`` so that no late summary write restores anything; deletes the session's
-    hand-offs and resets ``handed_off_through`` to 0. Ordinals keep counting; stored snapshots and
-    the session's settings are kept.
+    Cancels queued and running requests and jobs (their streams end with ``error`` code
+    ``cancelled``), hides every request at once (``deleted_at``; a later sweep purges them) and the
+    old history's session-level events, deletes the hand-offs, resets memory and the hand-off mark,
+    and bumps ``clear_version``. Ordinals keep counting; snapshots and settings are kept.
     """
-    session_row = await lock_session(session, tenant, parent_id)
+    session_row = await lock_session(tx, tenant, parent_id)
     if session_row is None:
         return None
-    candidates = list(
-        await session.scalars(
-            select(RequestRow.id)
-            .where(
-                RequestRow.session_id == session_row.id,
-                RequestRow.deleted_at.is_(None),
-                RequestRow.status.in_((Status.QUEUED, Status.RUNNING)),
-            )
-            .order_by(RequestRow.ordinal)
-        )
-    )
-    active = [rid for rid in candidates if await _cancel(session, rid, CANCELLED_BY_CLEAR)]
-    hidden: Any = await session.execute(
-        update(RequestRow)
-        .where(RequestRow.session_id == session_row.id, RequestRow.deleted_at.is_(None))
-        .values(deleted_at=func.now())
-        .execution_options(synchronize_session=False)
-    )
-    removed = hidden.rowcount
-    # Background jobs of the session end too (SPEC §6.6); their late writes are refused anyway.
-    await cancel_session_jobs(session, session_row.id)
-    # The old history's hand-off and memory events are hidden like its requests' (theirs included).
-    await mark_session_events_cleared(session, session_row.id)
-    # SPEC §11.1: a clear deletes the hand-offs and resets the mark; settings are kept (§11.2).
-    await session.execute(delete(HandoffRow).where(HandoffRow.session_id == session_row.id))
-    session_row.handed_off_through = 0
-    session_row.memory = dict(EMPTY_MEMORY)
-    session_row.clear_version = session_row.clear_version + 1
-    session_row.updated_at = func.now()
-    await session.flush()
-    result = {
-        "parent_id": session_row.parent_id,
-        "clear_version": session_row.clear_version,
-        "next_ordinal": session_row.next_ordinal,
-        "cleared_requests": int(removed or 0),
-        "cancelled_requests": len(active),
-    }
-    return result
+    active = await fetch_all(tx, queries.active_requests_of_session, {"session_id": session_row.id})
+    cancelled = [row["id"] for row in active if await _cancel(tx, row["id"], CANCELLED_BY_CLEAR)]
+    hidden = await fetch_value(tx, queries.hide_session_requests, {"session_id": session_row.id})
+    await cancel_session_jobs(tx, session_row.id)
+    await mark_session_events_cleared(tx, session_row.id)
+    params = {"session_id": session_row.id, "empty_memory": json_text(EMPTY_MEMORY)}
+    reset = await fetch_one(tx, queries.reset_cleared_session, params)
+    assert reset is not None
+    return {**reset, "cleared_requests": int(hidden), "cancelled_requests": len(cancelled)}
 
 
-async def purge_cleared(session: AsyncSession, older_than_s: float) -> int:
+async def purge_cleared(tx: AsyncSession, older_than_s: float) -> int:
     """Delete requests (and, by cascade, their events) cleared more than ``older_than_s`` ago, and
-    the session-level events of the histories those clears replaced.
-
-    For the worker's sweep; runs in the caller's transaction (the caller commits). Returns how many
-    requests were purged.
-    """
-    await purge_cleared_session_events(session, older_than_s)
-    result: Any = await session.execute(
-        delete(RequestRow)
-        .where(
-            RequestRow.deleted_at.is_not(None),
-            RequestRow.deleted_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than_s),
-        )
-        .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount or 0)
+    the session-level events of the histories those clears replaced, in the caller's transaction
+    (the worker's sweep). Returns how many requests were purged."""
+    await execute(tx, queries.purge_cleared_session_events, {"older_than_s": older_than_s})
+    return int(await fetch_value(tx, queries.purge_cleared_requests, {"older_than_s": older_than_s}))

@@ -1,24 +1,15 @@
-"""Group commit for admissions: the questions an API process has waiting go to PostgreSQL in one CALL.
+"""Group commit for admissions: the questions an API process has waiting go to PostgreSQL in one CALL
+(docs/architecture.md, "Admission", says why and what it bought).
 
-One admission alone is one ``CALL sidequest_admit_now`` (migration 0003_h12a), as before. Under load
-most of that CALL's database CPU is what any CALL pays whatever it does (the round trip, a commit
-that waits for its flush, the transaction that sends the NOTIFYs); so while a CALL is in flight, the
-admissions that arrive meanwhile wait for it and then go together, in one ``CALL
-sidequest_admit_many`` (migration 0008_admit_many), which runs the same ``sidequest_admit()`` for
-each in turn and commits once. Nobody waits for a batch to fill: an admission is sent the moment a
-connection is free for it (at most :data:`IN_FLIGHT` CALLs at once), so at low load every admission
-goes alone and at once, and under load the batches grow by themselves.
+One admission alone is one ``CALL sidequest_admit_now``. While a CALL is in flight, the admissions
+that arrive wait for it and then go together in one ``CALL sidequest_admit_many`` (the same
+``sidequest_admit()`` for each, one commit). Nobody waits for a batch to fill: at most
+:data:`IN_FLIGHT` CALLs at once, so at low load each admission goes alone and at once.
 
-Every admission is answered on its own: a refusal is one admission's result, never the batch's. If
-the batched CALL itself fails with a database error, nothing of it was committed (the procedure
-commits once, at its end), and each admission of it is sent again alone, so that an error belongs
-to the admission that caused it. An unreachable database (``db.is_unavailable``) fails every
-admission of the CALL alike, as it would have failed each alone, and every admission waiting behind
-it at the same time: they would only wait for the same failure, one connect timeout after another.
-
-Lock order: a batch locks several sessions' rows. It sends them ordered by (tenant, parent_id),
-arrival order kept within a session, so two batches (of this process or another) take their
-session locks in the same order and cannot deadlock; a single admission locks one session only.
+Every admission is answered on its own. A batch that fails with a database error committed nothing,
+and each admission of it is sent again alone, so an error belongs to the admission that caused it;
+an unreachable database fails the whole batch, and everything waiting behind it, at once. A batch
+locks its sessions in (tenant, parent_id) order, so two batches cannot deadlock.
 """
 
 from __future__ import annotations
@@ -38,9 +29,6 @@ from service.store.execute import positional
 MAX_BATCH: Final = 64
 IN_FLIGHT: Final = 3
 
-# The CALLs are queries.admit_now and queries.admit_many (service/store/sql/admission.sql), run by
-# position: their parameters are in the order of an admission's arguments (admission._arguments).
-
 
 @dataclass(frozen=True)
 class AdmitResult:
@@ -52,9 +40,9 @@ class AdmitResult:
     request: Mapping[str, Any] | None
 
 
-# The argument tuple of one admission, in ``sidequest_admit_now``'s order (admission._arguments).
+# The argument tuple of one admission, in the CALLs' parameter order (admission._arguments).
 Arguments = tuple[Any, ...]
-_TENANT, _PARENT, _MESSAGE = 0, 1, 11
+_TENANT, _PARENT = 0, 1
 
 
 class AdmissionBatcher:
@@ -101,9 +89,8 @@ class AdmissionBatcher:
                     await self._send(batch)
                 except Exception as exc:  # never leave a caller waiting
                     if self._unavailable(exc):
-                        # The database is unreachable: the admissions that came in meanwhile would
-                        # only wait for the same failure (a connect timeout each), so they fail now
-                        # with it — 503 within one timeout, as an admission alone would (SPEC 9).
+                        # Those that came in meanwhile would only wait for the same failure (a
+                        # connect timeout each): 503 now, within one timeout (SPEC 9).
                         batch, self._waiting = batch + self._waiting, []
                     for _, future in batch:
                         if not future.done():
@@ -113,9 +100,8 @@ class AdmissionBatcher:
                         future.cancel()
                     raise
         finally:
-            # Leaves the set in the same step in which it found nothing waiting (no await in
-            # between): a done-callback would run a step later, and an admission handed in during
-            # that step would count this sender as still sending and be left waiting.
+            # Leaves the set in the step that found nothing waiting: a done-callback would run a
+            # step later, and an admission handed in meanwhile would be left waiting.
             sender = asyncio.current_task()
             assert sender is not None
             self._senders.discard(sender)
@@ -129,7 +115,6 @@ class AdmissionBatcher:
         # within a session.
         ordered = sorted(batch, key=lambda item: (item[0][_TENANT], item[0][_PARENT]))
         columns = [list(column) for column in zip(*(args for args, _ in ordered), strict=True)]
-        columns[_MESSAGE] = ordered[0][0][_MESSAGE]
         try:
             async with pool.acquire() as conn:
                 # Outside any transaction block, so that the procedure may commit.
@@ -174,6 +159,3 @@ class AdmissionBatcher:
         self.admissions += 1
         if not future.done():
             future.set_result(AdmitResult(outcome, detail, superseded, request))
-
-
-__all__ = ["IN_FLIGHT", "MAX_BATCH", "AdmissionBatcher", "AdmitResult"]

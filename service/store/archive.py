@@ -17,7 +17,6 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.archive import (
@@ -32,11 +31,12 @@ from service.archive import (
     encode_archive,
     superseding_ids,
 )
+from service.store import queries
 from service.store.events import mark_session_events_cleared
-from service.store.execute import notify
-from service.store.models import EMPTY_MEMORY, EventRow, HandoffRow, RequestRow, SessionRow
+from service.store.execute import execute, fetch_all, fetch_models, json_text, notify
+from service.store.models import EMPTY_MEMORY, EventRow, HandoffRow, RequestRow
 from service.store.records import EMPTY_USAGE, request_record
-from service.store.sessions import find_session, lock_or_create_session
+from service.store.sessions import find_session, lock_or_create_session, status_counts_of
 from service.vocabulary import EVENTS_CHANNEL as NOTIFY_CHANNEL
 from service.vocabulary import TERMINAL as TERMINAL_STATUSES
 from service.vocabulary import Status, utc_iso
@@ -78,11 +78,7 @@ class RestoreResult:
         return asdict(self)
 
 
-# --------------------------------------------------------------------------------------------
-# SQL: export and restore.
-
-
-async def _ordinals_of(session: AsyncSession, session_id: uuid.UUID, ids: set[str]) -> dict[str, int]:
+async def _ordinals_of(tx: AsyncSession, session_id: uuid.UUID, ids: set[str]) -> dict[str, int]:
     """Request id → ordinal of the session's requests among ``ids`` (an error's ``superseded_by``);
     text that is no id (stored by a restore before ids were checked) names none."""
     valid = []
@@ -93,15 +89,11 @@ async def _ordinals_of(session: AsyncSession, session_id: uuid.UUID, ids: set[st
             continue
     if not valid:
         return {}
-    rows = await session.execute(
-        select(RequestRow.id, RequestRow.ordinal).where(
-            RequestRow.session_id == session_id, RequestRow.id.in_(sorted(valid))
-        )
-    )
-    return {str(rid): ordinal for rid, ordinal in rows}
+    rows = await fetch_all(tx, queries.request_ordinals, {"session_id": session_id, "ids": sorted(valid)})
+    return {str(row["id"]): row["ordinal"] for row in rows}
 
 
-async def export_archive(session: AsyncSession, tenant: str, parent_id: str, version: int) -> dict[str, Any]:
+async def export_archive(tx: AsyncSession, tenant: str, parent_id: str, version: int) -> dict[str, Any]:
     """Export the session's finished history as a version ``version`` archive.
 
     Raises :class:`SessionNotFound` when the tenant has no such session. The memory is read before
@@ -110,35 +102,22 @@ async def export_archive(session: AsyncSession, tenant: str, parent_id: str, ver
     """
     if version not in ARCHIVE_VERSIONS:
         raise ArchiveUnreadable(f"unsupported archive version {version!r}: supported versions are 1, 2 and 3")
-    row = await find_session(session, tenant, parent_id)
-    if row is None:
+    session_row = await find_session(tx, tenant, parent_id)
+    if session_row is None:
         raise SessionNotFound(f"no session {parent_id!r}")
-    exportable = (Status.SUCCEEDED,) if version == 1 else tuple(sorted(TERMINAL_STATUSES))
-    rows = (
-        await session.scalars(
-            select(RequestRow)
-            .where(
-                RequestRow.session_id == row.id,
-                RequestRow.deleted_at.is_(None),
-                RequestRow.status.in_(exportable),
-            )
-            .order_by(RequestRow.ordinal)
-        )
-    ).all()
-    ordinal_of = await _ordinals_of(session, row.id, superseding_ids(r.error for r in rows))
-    handoffs = await session.scalars(
-        select(HandoffRow)
-        .where(HandoffRow.session_id == row.id)
-        .order_by(HandoffRow.created_at, HandoffRow.id)
-    )
+    exportable = [Status.SUCCEEDED] if version == 1 else sorted(TERMINAL_STATUSES)
+    params = {"session_id": session_row.id, "statuses": [str(s) for s in exportable]}
+    rows = await fetch_models(tx, RequestRow, queries.archive_requests, params)
+    ordinal_of = await _ordinals_of(tx, session_row.id, superseding_ids(r.error for r in rows))
+    handoffs = await fetch_all(tx, queries.archive_handoffs, {"session_id": session_row.id})
     archive = Archive(
         version=version,
         parent_id=parent_id,
         requests=tuple(_archived(r, ordinal_of) for r in rows),
-        memory={**EMPTY_MEMORY, **(row.memory or {})},
-        handoffs=tuple(ArchivedHandoff(h.created_at, h.body, h.through_ordinal) for h in handoffs),
-        handed_off_through=row.handed_off_through,
-        settings=row.settings,
+        memory={**EMPTY_MEMORY, **(session_row.memory or {})},
+        handoffs=tuple(ArchivedHandoff(h["created_at"], h["body"], h["through_ordinal"]) for h in handoffs),
+        handed_off_through=session_row.handed_off_through,
+        settings=session_row.settings,
     )
     return encode_archive(archive)
 
@@ -176,22 +155,15 @@ def _terminal_events(row: RequestRow, parent_id: str) -> list[tuple[str, dict[st
 
 
 async def restore_archive(
-    session: AsyncSession, tenant: str, parent_id: str, archive: Archive, *, replace: bool = False
+    tx: AsyncSession, tenant: str, parent_id: str, archive: Archive, *, replace: bool = False
 ) -> RestoreResult:
     """Write ``archive`` into the session (tenant, parent_id), creating it if needed, inside the
     caller's transaction: the caller commits it whole or rolls it back, so a refused restore writes
     nothing. Raises :class:`SessionHasHistory` when the session has history and ``replace`` is false,
     :class:`SessionBusy` when ``replace`` is asked while requests are queued or running.
     """
-    target = await lock_or_create_session(session, tenant, parent_id)
-    live = (
-        await session.execute(
-            select(RequestRow.status, func.count())
-            .where(RequestRow.session_id == target.id, RequestRow.deleted_at.is_(None))
-            .group_by(RequestRow.status)
-        )
-    ).all()
-    counts = {status: count for status, count in live}
+    session_row = await lock_or_create_session(tx, tenant, parent_id)
+    counts = (await status_counts_of(tx, [session_row.id]))[session_row.id]
     existing = sum(counts.values())
     in_flight = sum(n for status, n in counts.items() if status not in TERMINAL_STATUSES)
     if existing and not replace:
@@ -207,59 +179,44 @@ async def restore_archive(
             {"in_flight": in_flight},
         )
 
-    clear_version = target.clear_version
+    clear_version = session_row.clear_version
     if replace and existing:
         # Replacing is a clear followed by a restore: bump clear_version like a clear does, so no
         # summary computed for the old history can ever be written over the restored memory.
         clear_version += 1
         # The old requests are hidden like a clear hides them (their finished streams stay readable
         # until the sweep purges them), unless the archive reuses their ordinal (purged below).
-        await session.execute(
-            update(RequestRow)
-            .where(RequestRow.session_id == target.id, RequestRow.deleted_at.is_(None))
-            .values(deleted_at=func.now())
-            .execution_options(synchronize_session=False)
-        )
+        await execute(tx, queries.hide_session_requests, {"session_id": session_row.id})
     ordinals = [r.ordinal for r in archive.requests]
     if ordinals:
-        # Cleared requests still occupy their ordinals until the sweep purges them; the archive's
-        # ordinals win (they are already invisible, 404, to every client).
-        await session.execute(
-            delete(RequestRow)
-            .where(
-                RequestRow.session_id == target.id,
-                RequestRow.deleted_at.is_not(None),
-                RequestRow.ordinal.in_(ordinals),
-            )
-            .execution_options(synchronize_session=False)
+        await execute(
+            tx, queries.purge_cleared_ordinals, {"session_id": session_row.id, "ordinals": ordinals}
         )
-    next_ordinal = max([target.next_ordinal, *(o + 1 for o in ordinals)])
-    session_values: dict[str, Any] = {
-        # Missing parts of the memory are empty, as in a fresh session; other keys are kept as they are.
-        "memory": {**EMPTY_MEMORY, **(archive.memory or {})},
-        "clear_version": clear_version,
-        "next_ordinal": next_ordinal,
-        "handed_off_through": archive.handed_off_through,
-        "updated_at": func.now(),
-    }
+    next_ordinal = max([session_row.next_ordinal, *(o + 1 for o in ordinals)])
+    settings = None
     if archive.settings is not None:
         # The archive's set fields are written over the session's own; its null (unset) ones clear
         # nothing: settings are cleared by nothing but PUT (SPEC 11.2). Into a fresh parent id, as an
         # export's round trip goes, that is exactly the archive's settings.
-        session_values["settings"] = {
-            **(target.settings or {}),
-            **{k: v for k, v in archive.settings.items() if v is not None},
-        }
-    await session.execute(update(SessionRow).where(SessionRow.id == target.id).values(**session_values))
-    # The hand-offs belong to the history being restored: earlier ones of this session go with it,
-    # and the session-level events (hand-offs, background summaries) of the history replaced are
-    # hidden from streams opened from now on.
-    await session.execute(delete(HandoffRow).where(HandoffRow.session_id == target.id))
-    await mark_session_events_cleared(session, target.id)
-    session.add_all(
+        written = {k: v for k, v in archive.settings.items() if v is not None}
+        settings = json_text({**(session_row.settings or {}), **written})
+    session_values = {
+        "session_id": session_row.id,
+        # Missing parts of the memory are empty, as in a fresh session; other keys are kept as they are.
+        "memory": json_text({**EMPTY_MEMORY, **(archive.memory or {})}),
+        "clear_version": clear_version,
+        "next_ordinal": next_ordinal,
+        "handed_off_through": archive.handed_off_through,
+        "settings": settings,
+    }
+    await execute(tx, queries.restore_session, session_values)
+    # The session-level events (hand-offs, background summaries) of the history replaced are hidden
+    # from streams opened from now on.
+    await mark_session_events_cleared(tx, session_row.id)
+    tx.add_all(
         HandoffRow(
             id=uuid.uuid4(),
-            session_id=target.id,
+            session_id=session_row.id,
             body=item.body,
             through_ordinal=item.through_ordinal,
             created_at=item.created_at,
@@ -274,7 +231,7 @@ async def restore_archive(
             **{name: getattr(item, name) for name in QUESTION_FIELDS[3] if name != "usage"},
             usage=item.usage if item.usage is not None else json.loads(json.dumps(EMPTY_USAGE)),
             id=uuid.uuid4(),
-            session_id=target.id,
+            session_id=session_row.id,
             stage=None,
             options={},
             clear_version=clear_version,
@@ -283,29 +240,29 @@ async def restore_archive(
         )
         for item in archive.requests
     ]
-    session.add_all(rows)
-    await session.flush()
+    tx.add_all(rows)
+    await tx.flush()
 
     if rows:
         # Same ordering rule as append_event: global event ids of a session are allocated under
         # its advisory lock. One NOTIFY is enough: it is a wake-up call, readers read the rows.
-        await session.execute(
-            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 7))"), {"key": str(target.id)}
-        )
+        await execute(tx, queries.lock_session_events, {"session_id": session_row.id})
         at = utc_iso()
         events = []
         for row in rows:
             for seq, (event_type, fields) in enumerate(_terminal_events(row, parent_id), start=1):
                 data = {"request_id": str(row.id), "ordinal": row.ordinal, "seq": seq, "at": at, **fields}
                 events.append(
-                    EventRow(request_id=row.id, session_id=target.id, seq=seq, type=event_type, data=data)
+                    EventRow(
+                        request_id=row.id, session_id=session_row.id, seq=seq, type=event_type, data=data
+                    )
                 )
-        session.add_all(events)
-        await session.flush()
+        tx.add_all(events)
+        await tx.flush()
         payload = json.dumps(
-            {"id": events[-1].id, "request_id": str(rows[-1].id), "session_id": str(target.id)}
+            {"id": events[-1].id, "request_id": str(rows[-1].id), "session_id": str(session_row.id)}
         )
-        await notify(session, NOTIFY_CHANNEL, payload)
+        await notify(tx, NOTIFY_CHANNEL, payload)
 
     return RestoreResult(
         parent_id=parent_id,

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget import Calibration
 from service.store import queries
-from service.store.execute import Executor, execute, fetch_one
+from service.store.execute import Executor, Row, execute, fetch_all, fetch_one
 
 # The key columns' sizes (models.CalibrationRow): a longer model name is cut rather than refused,
 # because a sample must never fail a request.
@@ -26,16 +26,14 @@ def _key(provider: str, model: str) -> dict[str, str]:
     return {"provider": provider[:_PROVIDER_MAX], "model": model[:_MODEL_MAX]}
 
 
+def _calibration(row: Row) -> Calibration:
+    return Calibration(int(row["samples"]), int(row["sum_estimate"]), int(row["sum_provider"]))
+
+
 async def load_calibration(tx: Executor, provider: str, model: str) -> Calibration:
     """The counters of (``provider``, ``model``) as a :class:`Calibration` (empty when none)."""
     row = await fetch_one(tx, queries.load_calibration, _key(provider, model))
-    if row is None:
-        return Calibration.empty()
-    return Calibration(
-        samples=int(row["samples"]),
-        estimate_sum=int(row["sum_estimate"]),
-        provider_sum=int(row["sum_provider"]),
-    )
+    return Calibration.empty() if row is None else _calibration(row)
 
 
 @dataclass(frozen=True)
@@ -52,11 +50,8 @@ async def add_sample(
     tx: Executor, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
 ) -> bool:
     """Add one sample (``estimate`` as sent, the provider's prompt tokens) inside the caller's
-    transaction (the answer's end writes it with the request's success: one commit).
-
-    Unreported usage (``None`` or 0 prompt tokens) and an empty estimate add nothing: they carry no
-    signal about the tokenizer. Returns whether a sample was written.
-    """
+    transaction. Unreported usage (``None`` or 0 prompt tokens) and an empty estimate carry no signal
+    about the tokenizer and add nothing. Returns whether a sample was written."""
     if reported_prompt_tokens is None or reported_prompt_tokens <= 0 or estimate <= 0:
         return False
     await execute(
@@ -78,15 +73,5 @@ class ModelCalibration:
 
 async def all_calibrations(tx: AsyncSession) -> list[ModelCalibration]:
     """Every (provider, model) with counters, ordered."""
-    return [
-        ModelCalibration(
-            provider=row.provider,
-            model=row.model,
-            calibration=Calibration(
-                samples=int(row.samples),
-                estimate_sum=int(row.sum_estimate),
-                provider_sum=int(row.sum_provider),
-            ),
-        )
-        for row in await tx.execute(queries.all_calibrations)
-    ]
+    rows = await fetch_all(tx, queries.all_calibrations, {})
+    return [ModelCalibration(row["provider"], row["model"], _calibration(row)) for row in rows]

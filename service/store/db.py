@@ -1,11 +1,7 @@
-"""The one engine / session factory, the schema-at-head check used by ``/readyz``, and what counts
-as "the database is unreachable" (SPEC §9).
-
-Nothing may hang while PostgreSQL is away: a new connection gives up after
-:data:`CONNECT_TIMEOUT_S`, a statement after :data:`COMMAND_TIMEOUT_S`, and waiting for a free pooled
-connection after :data:`POOL_TIMEOUT_S`. Every driver / OS error that means "unreachable" is recognised
-by :func:`is_unavailable`, so the API answers one ``503 service_unavailable`` for all of them.
-"""
+"""The one engine / session factory, every connection to the primary, and what counts as "the
+database is unreachable" (SPEC §9, one ``503 service_unavailable`` for all of it). Nothing may hang
+while PostgreSQL is away: connecting, a statement and a pool checkout each have a timeout. The
+failover design is in docs/architecture.md, "Past one database machine"."""
 
 from __future__ import annotations
 
@@ -13,17 +9,15 @@ import asyncio
 import contextlib
 import json
 import logging
-import sysconfig
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
-from sqlalchemy import event, pool, text
+from sqlalchemy import event, pool
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -32,24 +26,9 @@ from service.config import url_hosts
 from service.store.admission_batch import AdmissionBatcher
 from service.store.execute import json_text
 
-
-def _alembic_home() -> Path:
-    """Where ``alembic.ini`` and ``migrations/`` are: the source tree (a checkout, an editable install),
-    else the wheel's data files under ``<prefix>/share/sidequest`` (``pip install .``, the Docker image)."""
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "alembic.ini").is_file():
-        return checkout
-    return Path(sysconfig.get_path("data")) / "share" / "sidequest"
-
-
-ROOT = _alembic_home()
-ALEMBIC_INI = ROOT / "alembic.ini"
-MIGRATIONS_DIR = ROOT / "migrations"
-
-# Outage bounds (SPEC §9: "within a few seconds, never a hang"). A refused connection fails at once;
-# these only bound the cases where nothing answers at all (a dead host, a half-open socket).
-# 5 s rather than less: a loaded machine can take a second or two to accept a connection, and a
-# spurious 503 under load would be worse than a slower one during a real outage.
+# Outage bounds (SPEC §9: "within a few seconds, never a hang") for when nothing answers at all (a
+# dead host, a half-open socket). 5 s, not less: a loaded machine can take a second or two to accept
+# a connection, and a spurious 503 under load would be worse than a slower one in a real outage.
 CONNECT_TIMEOUT_S: Final = 5.0
 POOL_TIMEOUT_S: Final = 5.0
 # Our statements are short (no transaction spans a model call); a 32 MiB snapshot insert takes well
@@ -62,26 +41,21 @@ class DatabaseUnavailable(Exception):
 
 
 # PostgreSQL's own "cannot serve you now" states, in two kinds.
-# The node is gone (SPEC 9.1): admin shutdown (57P01, ``pg_ctl stop -m fast``), crash shutdown
-# (57P02), cannot connect now (57P03: starting up or shutting down), and a read-only transaction
-# (25006: a write that reached a standby, or a primary demoted in a failover). Retrying on the same
-# connection would reach the same node again, so the connection is dropped and the next one looks
-# for the primary (:func:`connection_lost`).
+# The node is gone (SPEC 9.1): admin or crash shutdown (57P01, 57P02), starting up or shutting down
+# (57P03), a read-only transaction (25006: a standby, or a demoted primary). The same connection would
+# reach the same node again, so it is dropped and the next one looks for the primary.
 NODE_GONE_STATES: Final = frozenset({"57P01", "57P02", "57P03", "25006"})
-# The node is there but busy: too many connections (53300: every slot taken, e.g. by other clients
-# of a shared server) and a database not accepting connections (55000: ``ALLOW_CONNECTIONS false``
-# for maintenance; no statement of ours can raise it otherwise — no currval, lastval or concurrent
-# refresh). Dropping every connection for these would only add to the crowd.
+# The node is there but busy: too many connections (53300) or a database not accepting connections
+# (55000: ``ALLOW_CONNECTIONS false``; no statement of ours raises it otherwise). Dropping every
+# connection for these would only add to the crowd.
 _BUSY_STATES: Final = frozenset({"53300", "55000"})
 _SHUTDOWN_STATES: Final = NODE_GONE_STATES | _BUSY_STATES
 
 
 def driver_chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and every error the driver's wrappers hold inside it, each once: SQLAlchemy's
-    ``DBAPIError.orig`` and the ``__cause__`` of SQLAlchemy's errors, down to the asyncpg error.
-
-    Only the driver's wrappers are unwrapped: another library's error that merely happened while
-    handling an OSError (an HTTP timeout, say) is not the database's."""
+    """``exc`` and every error the driver's wrappers hold inside it, each once (``DBAPIError.orig``,
+    the ``__cause__`` of SQLAlchemy's errors). Only those: another library's error that merely
+    happened while handling an OSError (an HTTP timeout, say) is not the database's."""
     seen: set[int] = set()
     pending: list[BaseException | None] = [exc]
     while pending:
@@ -96,21 +70,13 @@ def driver_chain(exc: BaseException) -> Iterator[BaseException]:
             pending.append(current.__cause__)
 
 
-# asyncpg's words for a connection left mid-protocol: "cannot switch to state N; another operation
-# (M) is in progress".
-_BROKEN_PROTOCOL: Final = "another operation"
-
-
 def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool:
     """Whether ``exc`` (or what it wraps, :func:`driver_chain`) means the database is unreachable
-    rather than a bug: connection refused / reset and DNS failures (``OSError``), timeouts (connect,
-    command, pool checkout), asyncpg's connection errors, PostgreSQL's shutdown states, and any
-    SQLAlchemy error whose connection was invalidated as a disconnect.
+    rather than a bug: refused / reset connections and DNS failures, timeouts, asyncpg's connection
+    errors, PostgreSQL's shutdown states, a connection SQLAlchemy invalidated as a disconnect.
 
-    asyncpg raises a connect or command timeout as a bare ``TimeoutError``, which cannot be told
-    from any other deadline; ``include_timeouts=False`` leaves bare timeouts out, for callers (the
-    pipeline) that have deadlines of their own. SQLAlchemy's pool timeout always counts.
-    """
+    asyncpg's connect and command timeouts are bare ``TimeoutError``s; ``include_timeouts=False``
+    leaves those out, for callers (the pipeline) with deadlines of their own."""
     for current in driver_chain(exc):
         if isinstance(current, TimeoutError):  # before OSError: TimeoutError is one
             if include_timeouts:
@@ -133,9 +99,9 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
             for words in ("connection is closed", "released back to the pool")
         ):
             return True
-        if isinstance(current, asyncpg.InternalClientError) and _BROKEN_PROTOCOL in str(current):
-            # A connection left mid-protocol by a failure (its server went away between an error
-            # response and ReadyForQuery): the connection is unusable, not the statement wrong.
+        if isinstance(current, asyncpg.InternalClientError) and "another operation" in str(current):
+            # "cannot switch to state N; another operation is in progress": a connection left
+            # mid-protocol by its server going away, not a wrong statement.
             return True
         if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
             return True
@@ -144,9 +110,8 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
 
 def connection_lost(exc: BaseException) -> bool:
     """Whether the connection that raised ``exc`` must never run another statement: the database is
-    unavailable (:func:`is_unavailable`) for any reason but a busy server (53300, 55000). It covers
-    a node gone in a failover (:data:`NODE_GONE_STATES`) — reconnect elsewhere, never retry on the
-    same node — a dropped socket, and a statement abandoned at its timeout."""
+    unavailable (:func:`is_unavailable`) for any reason but a busy server — a node gone in a
+    failover, a dropped socket, a statement abandoned at its timeout."""
     if not is_unavailable(exc):
         return False
     return not any(
@@ -156,9 +121,8 @@ def connection_lost(exc: BaseException) -> bool:
 
 
 def unusable_reason(exc: BaseException) -> str | None:
-    """Why the database cannot be used at all, in the driver's words, when ``exc`` says so: it is
-    unreachable (:func:`is_unavailable`), refuses our credentials (SQLSTATE class 28) or has no such
-    database (3D000); None for anything else (a bug, to be raised as it is)."""
+    """Why the database cannot be used at all, in the driver's words: unreachable, our credentials
+    refused (SQLSTATE class 28) or no such database (3D000); None for anything else (a bug)."""
     for current in driver_chain(exc):
         state = getattr(current, "sqlstate", None) if isinstance(current, asyncpg.PostgresError) else None
         if state is not None and (state.startswith("28") or state == "3D000"):
@@ -171,20 +135,25 @@ def unusable_reason(exc: BaseException) -> str | None:
     return str(exc) or "the database did not answer in time"
 
 
-# While the database is away, a loop (or a driver's own retry) says so once in this many seconds, in
-# one line — not a traceback per try, thousands of them in an outage of seconds.
+# While the database is away, a loop (or a driver's own retry) says so in one line this often, not
+# a traceback per try.
 OUTAGE_LOG_EVERY_S: Final = 30.0
-_outage_logged: dict[str, float] = {}
 
 
-def outage_line_due(what: str) -> bool:
-    """Whether the one line about ``what`` failing for want of the database is due now (then it is
-    counted as said): once per :data:`OUTAGE_LOG_EVERY_S` for each ``what``."""
-    now = time.monotonic()
-    if now - _outage_logged.get(what, -OUTAGE_LOG_EVERY_S) < OUTAGE_LOG_EVERY_S:
-        return False
-    _outage_logged[what] = now
-    return True
+@dataclass
+class OutageLog:
+    """When each kind of failure for want of the database was last said: its owner (a worker, the
+    listener, the driver's log filter) says it once per :data:`OUTAGE_LOG_EVERY_S`."""
+
+    said_at: dict[str, float] = field(default_factory=dict)
+
+    def due(self, what: str) -> bool:
+        """Whether the line about ``what`` is due now (then it counts as said)."""
+        now = time.monotonic()
+        if now - self.said_at.get(what, -OUTAGE_LOG_EVERY_S) < OUTAGE_LOG_EVERY_S:
+            return False
+        self.said_at[what] = now
+        return True
 
 
 class QuietOutages(logging.Filter):
@@ -192,11 +161,15 @@ class QuietOutages(logging.Filter):
     traceback on every try while PostgreSQL is away. Such a record becomes one line per
     :data:`OUTAGE_LOG_EVERY_S`, without the traceback; any other record passes as it is."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.outages = OutageLog()
+
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if exc is None or not is_unavailable(exc):
             return True
-        if not outage_line_due(f"{record.name}: {record.msg}"):
+        if not self.outages.due(f"{record.name}: {record.msg}"):
             return False
         record.msg = f"{record.getMessage()} (the database is unavailable: {unusable_reason(exc) or exc})"
         record.args = ()
@@ -225,8 +198,7 @@ def shown_url(url: str) -> str:
 
 
 # What a best-effort database step (a calibration sample, a metrics scrape) catches: the errors
-# :func:`is_unavailable` can recognise. Callers still check :func:`is_unavailable` when a bug must
-# not be swallowed.
+# :func:`is_unavailable` can recognise (callers still ask it when a bug must not be swallowed).
 DB_ERRORS: Final = (
     DatabaseUnavailable,
     OSError,
@@ -242,13 +214,9 @@ Pooler = Literal["none", "transaction"]
 
 class ServerConnection(asyncpg.Connection):  # type: ignore[misc]
     """Every connection of the service: a statement it gives up on (its timeout, a cancelled task)
-    is abandoned with its connection, never cancelled on the server.
-
-    asyncpg's way is a CancelRequest. A COMMIT waiting for a synchronous standby that is cancelled
-    becomes visible on the primary before the standby has it (PostgreSQL warns and keeps it), so a
-    failover right after would lose a row that readers already saw. With the socket closed instead,
-    the server keeps waiting for the standby and the row appears only once it is replicated; the
-    caller sees an unknown outcome either way, as with any lost connection."""
+    is abandoned with its connection, never cancelled on the server (asyncpg's CancelRequest): a
+    cancelled COMMIT that waits for its synchronous standby becomes visible on the primary before
+    the standby has it, and a failover right after would lose a row readers already saw."""
 
     def _cancel_current_command(self, waiter: asyncio.Future[Any], cancel_waiter: Any = None) -> None:
         if not waiter.done():
@@ -258,8 +226,7 @@ class ServerConnection(asyncpg.Connection):  # type: ignore[misc]
 
 
 def _single_host_dsns(dsn: str) -> list[str]:
-    """One DSN per host of a multi-host ``dsn`` (libpq's ``h1:5432,h2:5432``), each keeping the
-    query (``target_session_attrs`` included); ``[dsn]`` for a single host."""
+    """One DSN per host of a multi-host ``dsn`` (libpq's ``h1:5432,h2:5432``), each keeping the query."""
     hosts = url_hosts(dsn)
     if len(hosts) < 2:
         return [dsn]
@@ -285,8 +252,7 @@ class NotWritable(Exception):
 
 
 # Asked of the node, never read from the startup parameters (``in_hot_standby``): a PgBouncer hands
-# every new client the parameters its pool saw first, so a node that came back as a standby still
-# looked like the primary it had been, and every write through it failed with 25006.
+# every client the parameters its pool saw first, so a node back as a standby looked writable.
 _WRITABLE = "SELECT NOT pg_catalog.pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
 
 
@@ -312,22 +278,14 @@ async def open_connection(
 ) -> asyncpg.Connection:
     """A :class:`ServerConnection` to ``dsn``; with several hosts, to the one that is the primary now.
 
-    asyncpg's own multi-host connect tries the hosts one after another within one deadline and
-    gives up at the first server error: a PgBouncer in front of a dead node accepts the connection
-    and answers the read-write check only with an error after its ``query_wait_timeout``, so the
-    other hosts were never tried. Here every host is tried at once, each on its own
-    :data:`CONNECT_TIMEOUT_S` and asked whether it takes writes (whatever ``target_session_attrs``
-    says, the pools need the primary); the first that does wins, the others are closed.
-    ``unnamed_statements``: no statement is prepared under a name, as a pooler in transaction mode
-    needs (a named one may be missing from the next transaction's server).
+    Every host is tried at once, each on its own :data:`CONNECT_TIMEOUT_S`, and asked whether it
+    takes writes; the first that does wins. (asyncpg's own multi-host connect tries them in turn and
+    gives up at the first server error: a PgBouncer before a dead node answers only with an error.)
+    ``unnamed_statements``: nothing prepared under a name, as a pooler in transaction mode needs.
     ``kwargs``: what asyncpg's pool passes (``loop``, ``connection_class``, ``record_class``)."""
     kwargs.pop("loop", None)
     kwargs["connection_class"] = ServerConnection
-    options: dict[str, Any] = {
-        "timeout": CONNECT_TIMEOUT_S,
-        "command_timeout": command_timeout,
-        **kwargs,
-    }
+    options: dict[str, Any] = {"timeout": CONNECT_TIMEOUT_S, "command_timeout": command_timeout, **kwargs}
     if unnamed_statements:
         options["statement_cache_size"] = 0
     dsns = _single_host_dsns(dsn)
@@ -363,19 +321,14 @@ async def open_connection(
 class Database:
     """An engine plus its session factory; built once per process by the entry point.
 
-    Beside SQLAlchemy's pool it keeps a small plain asyncpg pool for the hot paths (admission, and
-    the worker's claim, events and answer end: :mod:`service.store.execute`): SQLAlchemy's
-    ``pool_pre_ping`` costs three round trips per checkout (BEGIN, ping, ROLLBACK) and its
-    transaction two more, around a statement that needs none of them. asyncpg's pool replaces a
-    connection the server closed (restart, failover) when it is next acquired. Admissions reach that
-    pool through :attr:`admissions`, which sends the ones waiting together (group commit,
-    :mod:`service.store.admission_batch`).
+    Beside SQLAlchemy's pool it keeps a small plain asyncpg pool for the hot paths (admission, the
+    worker's claim, events and answer end: :mod:`service.store.execute`): SQLAlchemy's
+    ``pool_pre_ping`` and transaction cost five round trips around a statement that needs none.
+    Admissions reach it through :attr:`admissions` (group commit, :mod:`.admission_batch`).
 
-    Failover (SPEC 9.1): a connection whose statement failed with :func:`connection_lost` is
-    dropped, never used again, and every other pooled connection of both pools is replaced before
-    its next use (:meth:`node_gone`): behind a PgBouncer per node, an idle connection to the old
-    primary's PgBouncer would otherwise stay open and reach that node again once it is back as a
-    standby — its reads stale, its writes refused.
+    Failover (SPEC 9.1): after a :func:`connection_lost` every pooled connection of both pools is
+    replaced (:meth:`node_gone`): an idle one to the old primary's PgBouncer would reach that node
+    again once it is back as a standby — its reads stale, its writes refused.
     """
 
     engine: AsyncEngine
@@ -423,9 +376,8 @@ class Database:
         conn.add_query_logger(drop_if_lost)
 
     def node_gone(self) -> None:
-        """The node behind some connection is gone (or a connection to it broke): every pooled
-        connection, of both pools, is replaced before its next use, so that each finds the primary
-        again. Connections in use finish (or fail) as they are."""
+        """The node behind some connection is gone: every pooled connection of both pools is replaced
+        before its next use, to find the primary again; those in use finish (or fail) as they are."""
         if self._raw is not None:
             # What Pool.expire_connections() does, in this step rather than in a task: a connection
             # that failed now is released right after, and must be closed then, not reused.
@@ -438,12 +390,9 @@ class Database:
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
         """A plain asyncpg connection from the raw pool (waits at most :data:`POOL_TIMEOUT_S`).
 
-        A connection whose work ended in a database error of the unavailable kind, a driver
-        interface error or a cancellation is terminated, never put back: it may be mid-protocol (an
-        error response read, its ReadyForQuery not yet), and the next statement on it failed with
-        asyncpg's "cannot switch to state …; another operation is in progress" — an
-        ``internal_error`` on a request after a database restart. Releasing it
-        would also try a ROLLBACK on it, whose failure replaced the original error."""
+        One whose work ended in an unavailable-kind error, a driver interface error or a
+        cancellation is terminated, never put back: it may be mid-protocol, and the next statement
+        on it would fail with "another operation is in progress" (a ROLLBACK on release, too)."""
         pool = await self.raw_pool()
         async with pool.acquire(timeout=POOL_TIMEOUT_S) as conn:
             try:
@@ -465,10 +414,8 @@ class Database:
 
 
 async def _init_jsonb(conn: asyncpg.Connection) -> None:
-    # Binary (version byte 1, then the JSON text): composite values (a whole row) that hold jsonb
-    # can only be decoded when every field has a binary codec. A parameter is JSON *text*, as with
-    # SQLAlchemy's own codec, so one statement runs the same on either kind of connection
-    # (service.store.execute).
+    # Binary (version byte 1, then the JSON text): a composite value (a whole row) holding jsonb is
+    # only decoded when every field has a binary codec. A parameter is JSON text, as SQLAlchemy's.
     await conn.set_type_codec(
         "jsonb",
         encoder=lambda value: b"\x01" + value.encode("utf-8"),
@@ -479,9 +426,8 @@ async def _init_jsonb(conn: asyncpg.Connection) -> None:
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
-    """No reset query on release (asyncpg's default is a round trip per release): the raw pool only
-    runs single statements that leave no session state (no SET, LISTEN or session-level lock), and
-    asyncpg still rolls back a transaction left open before calling this."""
+    """No reset query (a round trip) on release: the raw pool's statements leave no session state,
+    and asyncpg still rolls back a transaction left open before calling this."""
 
 
 def plain_dsn(url: str) -> str:
@@ -498,9 +444,8 @@ def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngin
     dsn = plain_dsn(url)
 
     async def connect_asyncpg() -> asyncpg.Connection:
-        # asyncpg reads the DSN's libpq-style query itself (sslmode, application_name,
-        # target_session_attrs…), as the raw pool and the listener do: SQLAlchemy would pass each
-        # as a keyword asyncpg does not take.
+        # asyncpg reads the DSN's libpq-style query itself (sslmode, target_session_attrs…):
+        # SQLAlchemy would pass each as a keyword asyncpg does not take.
         return await open_connection(dsn, unnamed_statements=unnamed_statements)
 
     def creator() -> Any:
@@ -511,19 +456,13 @@ def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngin
             prepared_statement_cache_size=0 if unnamed_statements else 100,
         )
 
-    engine = create_async_engine(
-        _DIALECT_URL,
-        creator=creator,
-        # JSONB columns hold our documents; keep key order as written.
-        json_serializer=json_text,
-        **options,
-    )
+    # json_text: JSONB columns hold our documents, their key order kept as written.
+    engine = create_async_engine(_DIALECT_URL, creator=creator, json_serializer=json_text, **options)
 
     @event.listens_for(engine.sync_engine, "handle_error")
     def _drop_lost_connection(context: ExceptionContext) -> None:
-        # A node gone in a failover answers 25006 or 57P0x, which SQLAlchemy does not count as a
-        # disconnect: counted here, the connection is invalidated (never retried) and the pool
-        # replaces its other connections too.
+        # A node gone in a failover answers 25006 or 57P0x, not a disconnect to SQLAlchemy: counted
+        # here, the connection is invalidated (never retried) and the pool replaces the others too.
         if not context.is_disconnect and connection_lost(context.original_exception):
             context.is_disconnect = True
 
@@ -531,14 +470,9 @@ def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngin
 
 
 def connect(url: str, *, pool_size: int = 10, pooler: Pooler = "none") -> Database:
-    """Create the engine for ``url`` (``postgresql+asyncpg://…``, one host or several).
-
-    The pool reconnects by itself after an outage: ``pool_pre_ping`` replaces a connection that died
-    while idle, and a connection that dies mid-statement is invalidated by SQLAlchemy and replaced on
-    the next checkout. The timeouts bound every wait (module docstring). ``pooler="transaction"``:
-    PostgreSQL is reached through a pooler in transaction mode, so no statement is prepared under a
-    name (SPEC 9.1).
-    """
+    """Create the engine for ``url`` (``postgresql+asyncpg://…``, one host or several). The pool
+    reconnects by itself after an outage (``pool_pre_ping``; a connection that dies mid-statement is
+    invalidated). ``pooler="transaction"``: nothing is prepared under a name (SPEC 9.1)."""
     engine = _engine(
         url,
         unnamed_statements=pooler == "transaction",
@@ -568,69 +502,3 @@ def migration_engine(url: str) -> AsyncEngine:
     theirs (several hosts, the primary found), its statements unnamed so that it runs through a
     pooler in transaction mode too (a migration is a handful of statements)."""
     return _engine(url, unnamed_statements=True, poolclass=pool.NullPool)
-
-
-def _alembic_config() -> Any:
-    """The service's Alembic configuration: alembic.ini, the migrations shipped with this code, and
-    the service's own logging left as it is (alembic.ini's would set the root logger to WARNING in
-    env.py and silence every INFO line of the process after start-up)."""
-    from alembic.config import Config
-
-    config = Config(str(ALEMBIC_INI))
-    config.attributes["configure_logger"] = False
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    return config
-
-
-def head_revision() -> str:
-    """The newest migration revision shipped with this code."""
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
-    if head is None:
-        raise RuntimeError("no migrations found")
-    return head
-
-
-# A readiness probe answers within this (a database that accepts connections but never answers — a
-# frozen or overloaded server — is not ready, and a probe must say so before its own timeout).
-READINESS_TIMEOUT_S: Final = 3.0
-
-
-async def readiness(db: Database) -> tuple[str | None, bool]:
-    """``(revision, accepts writes)`` on one connection: the schema's revision (None when never
-    migrated) and whether a transaction opened now could write — false on a standby (or a primary
-    demoted in a failover) and while ``default_transaction_read_only`` is on. ``TimeoutError``
-    after :data:`READINESS_TIMEOUT_S`."""
-    async with asyncio.timeout(READINESS_TIMEOUT_S):
-        return await _readiness(db)
-
-
-async def _readiness(db: Database) -> tuple[str | None, bool]:
-    async with db.engine.connect() as conn:
-        row = (
-            await conn.execute(
-                text(
-                    "SELECT to_regclass('public.alembic_version') IS NOT NULL,"
-                    " current_setting('transaction_read_only') = 'off'"
-                )
-            )
-        ).one()
-        exists, writable = bool(row[0]), bool(row[1])
-        if not exists:
-            return None, writable
-        revision = await conn.scalar(text("SELECT version_num FROM alembic_version"))
-        return (str(revision) if revision is not None else None), writable
-
-
-# The advisory lock every migration run holds (migrations/env.py): one at a time per database.
-MIGRATION_LOCK_KEY: Final = 0x51DE0E57
-
-
-def upgrade_to_head(sync_url: str) -> None:
-    """Run ``alembic upgrade head`` against ``sync_url`` (any SQLAlchemy URL; asyncpg is fine)."""
-    from alembic import command
-
-    config = _alembic_config()
-    config.set_main_option("sqlalchemy.url", sync_url.replace("%", "%%"))
-    command.upgrade(config, "head")

@@ -1,16 +1,10 @@
-"""One statement, two ways to run it: on an ``AsyncSession`` or on a plain asyncpg connection.
+"""One named query, two ways to run it: on an ``AsyncSession`` or on a plain asyncpg connection.
 
-The worker's hot path (claim, events, the answer's end) runs on :meth:`Database.connection`, a plain
-asyncpg connection: a statement costs ~0.1 ms of the process's CPU there against ~0.35 ms through
-SQLAlchemy's session (greenlet switch, compile-cache lookup, result wrapping), and a transaction
-needs no ``pool_pre_ping`` checkout (a freed slot is taken again sooner). Every other caller passes
-the session it already has. Each statement is still written once, as a named query with ``:name`` parameters
-in ``service/store/sql/*.sql`` (:mod:`service.store.queries` makes it a ``text()`` clause, once);
-:func:`positional` compiles it once into asyncpg's ``$n`` form.
-
-Both ways behave alike: parameters are passed as they are (a jsonb parameter is JSON *text*, as
-SQLAlchemy's codec expects, and the raw pool's codec accepts the same), jsonb results come back as
-Python objects, rows are read by column name (``row["ordinal"]``).
+The worker's hot path (claim, events, the answer's end) runs on :meth:`Database.connection`: a
+statement costs ~0.1 ms of the process's CPU there against ~0.35 ms through SQLAlchemy's session, and
+needs no ``pool_pre_ping`` checkout. Every other caller passes the session it already has. Both ways
+behave alike: a jsonb parameter is JSON *text*, jsonb results are Python objects, rows are read by
+column name (``row["ordinal"]``).
 """
 
 from __future__ import annotations
@@ -18,9 +12,11 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeAlias
+from functools import cache
+from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import asyncpg as pg_asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import TextClause
@@ -29,9 +25,9 @@ from service.store import queries
 
 Executor: TypeAlias = AsyncSession | asyncpg.Connection
 Row: TypeAlias = Mapping[Any, Any]
+Model = TypeVar("Model")
 
 _DIALECT = pg_asyncpg.dialect()  # type: ignore[no-untyped-call]
-_COMPILED: dict[int, tuple[TextClause, str, tuple[str, ...]]] = {}
 
 
 def json_text(value: Any) -> str:
@@ -44,15 +40,11 @@ async def notify(x: Executor, channel: str, payload: str) -> None:
     await execute(x, queries.notify, {"channel": channel, "payload": payload})
 
 
+@cache
 def positional(clause: TextClause) -> tuple[str, tuple[str, ...]]:
-    """``clause`` as asyncpg runs it: the ``$n`` SQL and the parameter names in ``$n`` order."""
-    hit = _COMPILED.get(id(clause))
-    if hit is not None and hit[0] is clause:
-        return hit[1], hit[2]
+    """``clause`` as asyncpg runs it, compiled once: the ``$n`` SQL and the parameter names in order."""
     compiled = clause.compile(dialect=_DIALECT)
-    names = tuple(compiled.positiontup or ())
-    _COMPILED[id(clause)] = (clause, compiled.string, names)
-    return compiled.string, names
+    return compiled.string, tuple(compiled.positiontup or ())
 
 
 def _args(clause: TextClause, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
@@ -94,6 +86,15 @@ async def execute(x: Executor, clause: TextClause, params: Mapping[str, Any]) ->
     await x.execute(sql, *args)
 
 
+async def fetch_models(
+    tx: AsyncSession, model: type[Model], clause: TextClause, params: Mapping[str, Any]
+) -> list[Model]:
+    """The rows of ``clause`` (a table's own columns) as ``model`` objects of ``tx``, refreshed from
+    the database: for callers that read or change a row as an object (:mod:`service.store.models`)."""
+    statement = select(model).from_statement(clause).execution_options(populate_existing=True)
+    return list(await tx.scalars(statement, dict(params)))
+
+
 @asynccontextmanager
 async def transaction(x: Executor) -> AsyncIterator[None]:
     """Open and commit one transaction on ``x`` (a fresh session, or a connection in none)."""
@@ -116,18 +117,3 @@ async def committed(x: Executor) -> AsyncIterator[None]:
     else:
         assert not x.is_in_transaction(), "committed() on a connection inside a transaction"
         yield
-
-
-__all__ = [
-    "Executor",
-    "Row",
-    "committed",
-    "execute",
-    "fetch_all",
-    "fetch_one",
-    "fetch_value",
-    "json_text",
-    "notify",
-    "positional",
-    "transaction",
-]

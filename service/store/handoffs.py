@@ -1,9 +1,8 @@
 """Hand-offs (SPEC §11.1) and pins: select the Q&A, record the block, move ``handed_off_through``.
 
-One hand-off is one short transaction on the locked session row (``FOR NO KEY UPDATE``, like
-admission), so two concurrent hand-offs of a session never carry the same new Q&A twice, and an
-idempotent replay sees the first one's record. The block itself is built by the pure
-:func:`service.budget.handoff.build_handoff`; this module only reads its inputs and writes its result.
+One hand-off is one short transaction on the locked session row, so two concurrent hand-offs of a
+session never carry the same new Q&A twice, and an idempotent replay sees the first one's record.
+The block is built by the pure :func:`service.budget.handoff.build_handoff`.
 """
 
 from __future__ import annotations
@@ -11,23 +10,22 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
-from sqlalchemy import and_, delete, func, literal_column, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.sql.elements import ColumnElement
 
 from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff, handoff_marks
 from service.errors import SidequestError
+from service.store import queries
 from service.store.events import append_session_event
-from service.store.models import HandoffRow, RequestRow, SessionRow, SnapshotRow, snapshot_taken_at_sql
+from service.store.execute import execute, fetch_all, fetch_one, fetch_value, json_text
+from service.store.models import SessionRow
 from service.store.records import request_record
 from service.store.session_list import InvalidCursor
 from service.store.sessions import find_request, find_session, lock_session
 from service.vocabulary import Status, utc_iso, utc_iso_seconds
 
 HandoffFormat = Literal["anthropic", "openai", "text"]
-HANDOFF_FORMATS: Final = ("anthropic", "openai", "text")
 Include = Literal["new", "all"]
 
 
@@ -44,7 +42,6 @@ class UnknownOrdinals(SidequestError):
             "only succeeded answers can be handed off",
             {"ordinals": list(ordinals)},
         )
-        self.ordinals = list(ordinals)
 
 
 class HandoffIdempotencyConflict(SidequestError):
@@ -68,7 +65,6 @@ class NotPinnable(SidequestError):
             f"only a succeeded side question can be pinned; this one is {request_status}",
             {"status": request_status},
         )
-        self.request_status = request_status
 
 
 @dataclass(frozen=True)
@@ -91,9 +87,9 @@ class HandoffOutcome:
     created: bool
 
 
-def public_handoff(row: HandoffRow, parent_id: str) -> dict[str, Any]:
+def _public(handoff_id: object, body: dict[str, Any], parent_id: str) -> dict[str, Any]:
     """The public object of a recorded hand-off (its stored body plus id and parent id)."""
-    return {"id": str(row.id), "parent_id": parent_id, **row.body}
+    return {"id": str(handoff_id), "parent_id": parent_id, **body}
 
 
 def _empty(parent_id: str, ask: HandoffAsk) -> dict[str, Any]:
@@ -116,11 +112,8 @@ def _empty(parent_id: str, ask: HandoffAsk) -> dict[str, Any]:
 
 
 def _summary_of(memory: dict[str, Any] | None) -> HandoffSummary | None:
-    """The rolling Q&A summary as stored with its rendered text (``StoredQASummary.to_json``).
-
-    A summary without one (written before it was kept) or unreadable is as good as none: the Q&A
-    then go verbatim or shortened.
-    """
+    """The rolling Q&A summary as stored with its rendered text (``StoredQASummary.to_json``); one
+    without it (older) or unreadable is as good as none: the Q&A then go verbatim or shortened."""
     value = (memory or {}).get("qa_summary")
     if not isinstance(value, dict):
         return None
@@ -134,69 +127,50 @@ def _summary_of(memory: dict[str, Any] | None) -> HandoffSummary | None:
     return HandoffSummary(rendered, first, through)
 
 
-async def _candidates(session: AsyncSession, session_row: SessionRow, ask: HandoffAsk) -> list[RequestRow]:
-    visible = and_(
-        RequestRow.session_id == session_row.id,
-        RequestRow.deleted_at.is_(None),
-        RequestRow.status == Status.SUCCEEDED,
-        RequestRow.answer.is_not(None),
-    )
-    query = select(RequestRow).where(visible)
+async def _items(tx: AsyncSession, session_row: SessionRow, ask: HandoffAsk) -> list[HandoffItem]:
+    params = {
+        "session_id": session_row.id,
+        "ordinals": None if ask.ordinals is None else list(ask.ordinals),
+        "include": ask.include,
+        "handed_off_through": session_row.handed_off_through,
+    }
+    rows = await fetch_all(tx, queries.handoff_candidates, params)
     if ask.ordinals is not None:
-        query = query.where(RequestRow.ordinal.in_(ask.ordinals))
-    elif ask.include == "new":
-        query = query.where(
-            or_(RequestRow.ordinal > session_row.handed_off_through, RequestRow.pinned.is_(True))
-        )
-    rows = list(await session.scalars(query.order_by(RequestRow.ordinal)))
-    if ask.ordinals is not None:
-        found = {r.ordinal for r in rows}
-        missing = sorted(set(ask.ordinals) - found)
+        missing = sorted(set(ask.ordinals) - {r["ordinal"] for r in rows})
         if missing:
             raise UnknownOrdinals(missing)
-    return rows
+    return [
+        HandoffItem(
+            ordinal=r["ordinal"],
+            question=r["question"],
+            answer=r["answer"] or "",
+            asked_at=utc_iso_seconds(r["created_at"]),
+            snapshot_id=r["snapshot_id"],
+            snapshot_time=r["snapshot_time"],
+            snapshot_stored=utc_iso_seconds(r["snapshot_stored"]),
+            pinned=r["pinned"],
+        )
+        for r in rows
+    ]
 
 
-async def _summary_for(
-    session: AsyncSession, session_row: SessionRow, ask: HandoffAsk
-) -> HandoffSummary | None:
+async def _summary_for(tx: AsyncSession, session_row: SessionRow, ask: HandoffAsk) -> HandoffSummary | None:
     """The rolling summary the block may use: with ``ordinals`` (SPEC 11.1: exactly those), only when
     every succeeded Q&A it covers was asked for — it cannot carry part of what it summarises."""
     summary = _summary_of(session_row.memory)
     if summary is None or ask.ordinals is None:
         return summary
-    covered = await session.scalars(
-        select(RequestRow.ordinal).where(
-            RequestRow.session_id == session_row.id,
-            RequestRow.deleted_at.is_(None),
-            RequestRow.status == Status.SUCCEEDED,
-            RequestRow.ordinal.between(summary.first_ordinal, summary.covered_through_ordinal),
-        )
-    )
-    return summary if set(covered) <= set(ask.ordinals) else None
-
-
-async def _snapshot_times(
-    session: AsyncSession, session_id: uuid.UUID, snapshot_ids: set[str]
-) -> dict[str, tuple[str | None, str | None]]:
-    """``(taken_at, stored)`` of each named snapshot: its own ``taken_at`` when it has one, and when
-    the service stored it (UTC, seconds)."""
-    if not snapshot_ids:
-        return {}
-    taken: ColumnElement[str | None] = literal_column(snapshot_taken_at_sql(SnapshotRow.__tablename__))
-    rows = await session.execute(
-        select(SnapshotRow.snapshot_id, taken, SnapshotRow.created_at).where(
-            SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id.in_(sorted(snapshot_ids))
-        )
-    )
-    return {
-        snapshot_id: (None if value is None else str(value), utc_iso_seconds(stored))
-        for snapshot_id, value, stored in rows
+    params = {
+        "session_id": session_row.id,
+        "first": summary.first_ordinal,
+        "through": summary.covered_through_ordinal,
     }
+    covered = {r["ordinal"] for r in await fetch_all(tx, queries.succeeded_ordinals_between, params)}
+    return summary if covered <= set(ask.ordinals) else None
 
 
 async def create_handoff(
-    session: AsyncSession, tenant: str, parent_id: str, ask: HandoffAsk
+    tx: AsyncSession, tenant: str, parent_id: str, ask: HandoffAsk
 ) -> HandoffOutcome | None:
     """Build and record a hand-off inside the caller's transaction; None when the session is unknown.
 
@@ -204,42 +178,25 @@ async def create_handoff(
     :class:`HandoffIdempotencyConflict`, before any write, so a refusal writes nothing. Nothing to
     hand off → an empty object (``ordinals: []``), nothing recorded.
     """
-    session_row = await lock_session(session, tenant, parent_id)
+    session_row = await lock_session(tx, tenant, parent_id)
     if session_row is None:
         return None
     if ask.idempotency_key is not None:
-        earlier = await session.scalar(
-            select(HandoffRow).where(
-                HandoffRow.session_id == session_row.id, HandoffRow.idempotency_key == ask.idempotency_key
-            )
-        )
+        params = {"session_id": session_row.id, "idempotency_key": ask.idempotency_key}
+        earlier = await fetch_one(tx, queries.handoff_by_key, params)
         if earlier is not None:
-            if earlier.body_hash != ask.body_hash:
+            if earlier["body_hash"] != ask.body_hash:
                 raise HandoffIdempotencyConflict()
-            return HandoffOutcome(public_handoff(earlier, session_row.parent_id), created=False)
-    rows = await _candidates(session, session_row, ask)
-    times = await _snapshot_times(session, session_row.id, {r.snapshot_id for r in rows if r.snapshot_id})
-    items: list[HandoffItem] = []
-    for r in rows:
-        taken, stored = times.get(r.snapshot_id, (None, None)) if r.snapshot_id else (None, None)
-        items.append(
-            HandoffItem(
-                ordinal=r.ordinal,
-                question=r.question,
-                answer=r.answer or "",
-                asked_at=utc_iso_seconds(r.created_at),
-                snapshot_id=r.snapshot_id,
-                snapshot_time=taken,
-                snapshot_stored=stored,
-                pinned=r.pinned,
+            return HandoffOutcome(
+                _public(earlier["id"], earlier["body"], session_row.parent_id), created=False
             )
-        )
-    block = build_handoff(items, await _summary_for(session, session_row, ask), ask.max_tokens)
+    items = await _items(tx, session_row, ask)
+    block = build_handoff(items, await _summary_for(tx, session_row, ask), ask.max_tokens)
     if block is None:
         return HandoffOutcome(_empty(session_row.parent_id, ask), created=False)
 
     handoff_id = uuid.uuid4()
-    created_at = await session.scalar(select(func.now()))
+    created_at = await fetch_value(tx, queries.transaction_now, {})
     ordinals = list(block.ordinals)
     body: dict[str, Any] = {
         "created_at": utc_iso(created_at),
@@ -255,45 +212,28 @@ async def create_handoff(
         "message": None if ask.format == "text" else {"role": "user", "content": block.text},
         "text": block.text,
     }
-    row = HandoffRow(
-        id=handoff_id,
-        session_id=session_row.id,
-        body=body,
-        through_ordinal=ordinals[-1],
-        idempotency_key=ask.idempotency_key,
-        body_hash=ask.body_hash,
-        created_at=created_at,
-    )
-    session.add(row)
+    row = {
+        "id": handoff_id,
+        "session_id": session_row.id,
+        "body": json_text(body),
+        "through_ordinal": ordinals[-1],
+        "idempotency_key": ask.idempotency_key,
+        "body_hash": ask.body_hash,
+        "created_at": created_at,
+    }
+    await execute(tx, queries.insert_handoff, row)
+    # The session row is locked (lock_session): its marks move as the one rule says.
     marks = handoff_marks(block, session_row.handed_off_through)
-    session_row.handed_off_through = marks.handed_off_through
-    session_row.updated_at = func.now()
-    await session.execute(
-        update(RequestRow)
-        .where(
-            RequestRow.session_id == session_row.id,
-            RequestRow.ordinal.in_([*marks.unpin, *marks.pin]),
-            RequestRow.status == Status.SUCCEEDED,
-            RequestRow.deleted_at.is_(None),
-        )
-        .values(pinned=RequestRow.ordinal.in_(marks.pin))
-        .execution_options(synchronize_session=False)
-    )
-    await session.flush()
+    mark = marks.handed_off_through
+    await execute(tx, queries.mark_handed_off, {"session_id": session_row.id, "handed_off_through": mark})
+    params = {"session_id": session_row.id, "ordinals": [*marks.unpin, *marks.pin], "pin": list(marks.pin)}
+    await execute(tx, queries.repin_after_handoff, params)
+    public = _public(handoff_id, body, session_row.parent_id)
+    summary = {k: v for k, v in public.items() if k not in ("text", "message")}
     await append_session_event(
-        session,
-        session_row.id,
-        "handoff",
-        {
-            "handoff": {
-                k: v
-                for k, v in public_handoff(row, session_row.parent_id).items()
-                if k not in ("text", "message")
-            },
-            "handed_off_through": session_row.handed_off_through,
-        },
+        tx, session_row.id, "handoff", {"handoff": summary, "handed_off_through": mark}
     )
-    return HandoffOutcome(public_handoff(row, session_row.parent_id), created=True)
+    return HandoffOutcome(public, created=True)
 
 
 def _handoff_cursor(before: str) -> uuid.UUID:
@@ -307,84 +247,39 @@ def _handoff_cursor(before: str) -> uuid.UUID:
 
 
 async def list_handoffs(
-    session: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: str | None
+    tx: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: str | None
 ) -> dict[str, Any] | None:
-    """A page of the session's hand-offs, newest first: ``{items, has_more, next_before}``.
-
-    ``before`` is the previous page's ``next_before`` (the id of its last hand-off): anything that is
-    not an id raises :class:`InvalidCursor` (400); an id that is not one of this session's hand-offs
-    (one a clear deleted) gives an empty page. None when the session does not exist.
-    """
+    """A page of the session's hand-offs, newest first: ``{items, has_more, next_before}``; None when
+    the session does not exist. ``before`` is the previous page's ``next_before`` (the id of its last
+    hand-off): anything not an id raises :class:`InvalidCursor` (400); an id that is not one of this
+    session's hand-offs (one a clear deleted) gives an empty page."""
     cursor_id = None if before is None else _handoff_cursor(before)
-    session_row = await find_session(session, tenant, parent_id)
+    session_row = await find_session(tx, tenant, parent_id)
     if session_row is None:
         return None
-    query = select(HandoffRow).where(HandoffRow.session_id == session_row.id)
-    if cursor_id is not None:
-        cursor = (
-            await session.execute(
-                select(HandoffRow.created_at, HandoffRow.id).where(
-                    HandoffRow.session_id == session_row.id, HandoffRow.id == cursor_id
-                )
-            )
-        ).first()
-        if cursor is None:
-            return {"items": [], "has_more": False, "next_before": None}
-        query = query.where(tuple_(HandoffRow.created_at, HandoffRow.id) < tuple_(cursor[0], cursor[1]))
-    rows = list(
-        await session.scalars(
-            query.order_by(HandoffRow.created_at.desc(), HandoffRow.id.desc()).limit(limit + 1)
-        )
-    )
+    params = {"session_id": session_row.id, "before": cursor_id, "limit": limit + 1}
+    rows = await fetch_all(tx, queries.handoff_page, params)
     has_more = len(rows) > limit
     page = rows[:limit]
     return {
-        "items": [public_handoff(r, session_row.parent_id) for r in page],
+        "items": [_public(r["id"], r["body"], session_row.parent_id) for r in page],
         "has_more": has_more,
-        "next_before": str(page[-1].id) if has_more and page else None,
+        "next_before": str(page[-1]["id"]) if has_more and page else None,
     }
 
 
 async def set_pinned(
-    session: AsyncSession, tenant: str, request_id: uuid.UUID, pinned: bool
+    tx: AsyncSession, tenant: str, request_id: uuid.UUID, pinned: bool
 ) -> dict[str, Any] | None:
-    """Pin (a succeeded request only, else :class:`NotPinnable`) or unpin; idempotent; inside the
-    caller's transaction.
-
-    None when the request is not the tenant's or was cleared.
-    """
-    found = await find_request(session, tenant, request_id)
+    """Pin (a succeeded request only, else :class:`NotPinnable`) or unpin, idempotent, inside the
+    caller's transaction; None when the request is not the tenant's or was cleared."""
+    found = await find_request(tx, tenant, request_id)
     if found is None:
         return None
-    row, session_row = found
-    if pinned and row.status != Status.SUCCEEDED:
-        raise NotPinnable(row.status)
-    if row.pinned != pinned:
-        row.pinned = pinned
-        await session.flush()
-    return request_record(row, session_row.parent_id)
-
-
-async def delete_handoffs(session: AsyncSession, session_id: uuid.UUID) -> int:
-    """Delete every hand-off of a session in the caller's transaction (a clear); returns how many."""
-    result: Any = await session.execute(
-        delete(HandoffRow)
-        .where(HandoffRow.session_id == session_id)
-        .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount or 0)
-
-
-__all__ = [
-    "HANDOFF_FORMATS",
-    "HandoffAsk",
-    "HandoffIdempotencyConflict",
-    "HandoffOutcome",
-    "NotPinnable",
-    "UnknownOrdinals",
-    "create_handoff",
-    "delete_handoffs",
-    "list_handoffs",
-    "public_handoff",
-    "set_pinned",
-]
+    request_row, session_row = found
+    if pinned and request_row.status != Status.SUCCEEDED:
+        raise NotPinnable(request_row.status)
+    if request_row.pinned != pinned:
+        request_row.pinned = pinned
+        await tx.flush()
+    return request_record(request_row, session_row.parent_id)

@@ -1,7 +1,5 @@
-"""Reads the pipeline needs: its snapshot as prepared when stored, and the session's Q&A history.
-
-Read-only and lock-free: each runs in its own short transaction and is never held across a model call.
-"""
+"""Reads the pipeline needs: its snapshot as prepared when stored, and the session's Q&A history;
+lock-free, each in its own short transaction, never held across a model call."""
 
 from __future__ import annotations
 
@@ -9,17 +7,14 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.budget import HISTORY_BATCH_SIZE
 from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_snapshot
 from service.store import queries
 from service.store.db import Database
-from service.store.execute import Executor, fetch_all, fetch_value
-from service.store.models import SnapshotRow
+from service.store.execute import Executor, execute, fetch_all, fetch_one, fetch_value, json_text
 from service.vocabulary import Status
 
 
@@ -35,18 +30,6 @@ class HistoryItem:
     qa_tokens: int | None = None
 
 
-async def load_snapshot(
-    session: AsyncSession, session_id: uuid.UUID, snapshot_id: str
-) -> dict[str, Any] | None:
-    """The stored snapshot content (as posted), or None when it is not stored for this session."""
-    content = await session.scalar(
-        select(SnapshotRow.content).where(
-            SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id
-        )
-    )
-    return dict(content) if content is not None else None
-
-
 async def snapshot_content_hash(x: Executor, session_id: uuid.UUID, snapshot_id: str) -> str | None:
     """The content hash of a stored snapshot (None when the session does not have it): what names its
     preparation, which is a pure function of the content."""
@@ -57,42 +40,20 @@ async def snapshot_content_hash(x: Executor, session_id: uuid.UUID, snapshot_id:
 
 
 async def load_prepared_snapshot(
-    session: AsyncSession, session_id: uuid.UUID, snapshot_id: str
+    tx: AsyncSession, session_id: uuid.UUID, snapshot_id: str
 ) -> tuple[str, PreparedSnapshot] | None:
-    """The snapshot as prepared when it was stored, with the content hash it was read
-    with; None when it is not stored.
-
-    A snapshot stored before preparation existed, or prepared by another format version, is prepared
-    now from its content and the result written back (once: snapshots are immutable).
-    """
-    row = (
-        await session.execute(
-            select(
-                SnapshotRow.content_hash,
-                SnapshotRow.prepared,
-                SnapshotRow.prepared_version,
-                # The transcript itself, only when the preparation left it out (messages_as_posted).
-                case(
-                    (func.json_typeof(SnapshotRow.prepared["messages"]) == "array", None),
-                    else_=SnapshotRow.content["messages"],
-                ).label("posted_messages"),
-            ).where(SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id)
-        )
-    ).one_or_none()
+    """The snapshot as prepared when it was stored, with the content hash it was read with; None
+    when it is not stored. One stored before preparation existed, or prepared by another format
+    version, is prepared now from its content and the result written back."""
+    params = {"sid": session_id, "snapshot_id": snapshot_id, "prepared_version": PREPARED_VERSION}
+    row = await fetch_one(tx, queries.prepared_snapshot, params)
     if row is None:
         return None
-    if row.prepared is not None and row.prepared_version == PREPARED_VERSION:
-        return str(row.content_hash), PreparedSnapshot.from_json(row.prepared, row.posted_messages)
-    content = await load_snapshot(session, session_id, snapshot_id)
-    if content is None:
-        return None
-    prepared = prepare_snapshot(content)
-    await session.execute(
-        update(SnapshotRow)
-        .where(SnapshotRow.session_id == session_id, SnapshotRow.snapshot_id == snapshot_id)
-        .values(prepared=prepared.to_json(), prepared_version=PREPARED_VERSION)
-    )
-    return str(row.content_hash), prepared
+    if row["content"] is None:
+        return str(row["content_hash"]), PreparedSnapshot.from_json(row["prepared"], row["posted_messages"])
+    prepared = prepare_snapshot(dict(row["content"]))
+    await execute(tx, queries.store_preparation, {**params, "prepared": json_text(prepared.to_json())})
+    return str(row["content_hash"]), prepared
 
 
 async def latest_context_time(
@@ -123,12 +84,9 @@ async def iter_history(
     after_ordinal: int = 0,
     batch_size: int = HISTORY_BATCH_SIZE,
 ) -> AsyncIterator[list[HistoryItem]]:
-    """Yield the session's succeeded, visible Q&A in ``(after_ordinal, before_ordinal)`` in batches.
-
-    Only requests of the same ``clear_version`` count: history from before a clear is gone even if the
-    purge has not run yet. Each batch is its own short read (keyset pagination on the ordinal), on a
-    plain connection (the worker's hot path: service.store.execute).
-    """
+    """Yield the session's succeeded, visible Q&A in ``(after_ordinal, before_ordinal)`` in batches,
+    each its own short read on a plain connection. Only requests of the same ``clear_version``
+    count: history from before a clear is gone even if the purge has not run yet."""
     after = after_ordinal
     while True:
         async with db.connection() as conn:

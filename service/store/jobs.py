@@ -1,22 +1,14 @@
 """Background summary jobs (SPEC §6.6): enqueue, claim, requeue, finish, and the single-flight registry.
 
-Jobs are rows claimed exactly like requests — ``FOR UPDATE SKIP LOCKED`` under a claim advisory lock
-that enforces a global cap (``SIDEQUEST_MAX_BACKGROUND_CONCURRENCY``), a lease extended by the worker's
-one heartbeat and recovered by the one sweep (:mod:`service.store.queue`, which owns the lease
-statements of both tables). What differs is only what a job is:
+Jobs are claimed like requests (SKIP LOCKED under a claim lock that enforces the global cap, a lease,
+the one heartbeat and sweep of :mod:`service.store.queue`). ``key`` says what a job summarises (a
+fold's ordinal range, a context summary's cache key); the partial unique index ``uq_jobs_active``
+lets at most one job per (session, kind, key) be active: the database enforces single flight.
 
-- ``kind`` is ``qa_fold`` or ``context_summary``; ``key`` says what it summarises — the ordinal range of
-  a fold, the context-summary cache key (content hash of the prefix, model, prompt version) of a
-  compaction — and the partial unique index ``uq_jobs_active`` lets at most one job per
-  (session, kind, key) be queued or running. The database, not a process, enforces single flight.
-- A request that makes a summary itself first *registers* it here: a row with ``made_by = 'request'``
-  in ``params``, inserted directly as ``running`` (so no background job for the same key can be
-  enqueued while the request works on it). Registry rows are not background jobs: they are never
-  claimed, count toward no background slot, emit no ``memory`` event and are not in
-  ``session.background``. Their lease is the request's deadline (plus a grace), so a lost worker's
-  registration expires on its own.
-- Every transition of a background job appends a session-level ``memory`` event
-  ``{job_id, kind, status, calls, covered}`` and NOTIFYs ``sidequest_jobs`` (a slot freed, or work to do).
+A request that makes a summary itself first *registers* it: a row with ``made_by = 'request'`` in
+``params``, inserted as ``running`` under the request's deadline. A registration is never claimed,
+takes no background slot, emits no ``memory`` event and is not in ``session.background``. Every
+transition of a background job appends a session-level ``memory`` event and NOTIFYs ``sidequest_jobs``.
 """
 
 from __future__ import annotations
@@ -28,16 +20,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import queries
-from service.store.execute import (
-    Executor,
-    Row,
-    execute,
-    fetch_all,
-    fetch_one,
-    fetch_value,
-    json_text,
-    notify,
-)
+from service.store.execute import Executor, Row, execute, fetch_all, fetch_one, fetch_value, json_text, notify
+from service.store.ledger import USAGE_FIELDS
 from service.vocabulary import (
     CANCEL_CHANNEL,
     JobKind,
@@ -51,10 +35,6 @@ from service.vocabulary import (
 
 # Key of the advisory lock that serialises job claims (requests have their own).
 JOB_CLAIM_LOCK_KEY = 0x5EDE_0002
-
-# The statements are named queries in service/store/sql/jobs.sql (``queries.NAME``). There, a
-# background job is a row whose ``params->>'made_by'`` is ``'background'`` or absent; ``'request'``
-# marks a request's single-flight registration.
 
 
 @dataclass(frozen=True)
@@ -133,11 +113,8 @@ async def enqueue_job(
     params: dict[str, Any],
     clear_version: int,
 ) -> uuid.UUID | None:
-    """Queue a background job inside the caller's transaction; None when it is not needed.
-
-    Not needed: the same (session, kind, key) is already queued or running (a job or a request's
-    registration), or the session was cleared since ``clear_version`` was read.
-    """
+    """Queue a background job inside the caller's transaction; None when the same (session, kind,
+    key) is active already, or the session was cleared since ``clear_version`` was read."""
     job_id: uuid.UUID | None = await fetch_value(
         tx,
         queries.enqueue_job,
@@ -168,11 +145,7 @@ async def register_inline(
     lease_s: float,
 ) -> uuid.UUID | None:
     """Register that a request makes this summary itself (single flight), inside the caller's
-    transaction.
-
-    Returns the registration's id, or None when a job (or another registration) already holds the
-    key — the caller then waits for that one instead.
-    """
+    transaction: the registration's id, or None when another holds the key (then wait for that one)."""
     registration: uuid.UUID | None = await fetch_value(
         tx,
         queries.register_inline,
@@ -199,14 +172,8 @@ async def end_inline(tx: Executor, registration_id: uuid.UUID, *, ok: bool) -> N
 
 async def claim_job(tx: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
     """Claim the oldest queued background job under the global background cap, inside the caller's
-    transaction.
-
-    One statement (``sidequest_claim_job``), as a request's claim: the job claims' advisory lock,
-    the cap (running background jobs, never a request's registration), the pick — one running job
-    per (session, kind): folds of one session build on each other, and so do extensions of one
-    session's context summary — the start under a lease, the ``running`` memory event; and what the
-    job reads of its session. The worker runs it on a plain connection.
-    """
+    transaction: one statement (``sidequest_claim_job``, sql/jobs.sql), which also reads what the
+    job reads of its session. One running job per (session, kind): folds build on each other."""
     row = await fetch_one(
         tx,
         queries.claim_job,
@@ -248,13 +215,9 @@ async def finish_job(
     from_statuses: tuple[Status, ...] = (Status.RUNNING,),
 ) -> bool:
     """THE terminal transition of a job, inside the caller's transaction: its worker's end, the
-    sweep, a take-over, a clear.
-
-    Guarded by the statuses it leaves (``from_statuses``) and, when ``owner`` is given, the lease: a
-    job cancelled by a clear or taken over by the sweep is not written again. ``calls`` None keeps
-    the count on the row. Appends the ``memory`` event (not for a request's registration) and, when
-    the job was running, NOTIFYs the job queue that a background slot is free. Returns whether it wrote.
-    """
+    sweep, a take-over, a clear. Guarded by the statuses it leaves and, given ``owner``, the lease;
+    ``calls`` None keeps the row's count. Appends the ``memory`` event (not for a registration) and,
+    when the job was running, NOTIFYs that a background slot is free. Returns whether it wrote."""
     row = await fetch_one(
         tx,
         queries.finish_job,
@@ -318,22 +281,15 @@ async def take_over(tx: Executor, job_id: uuid.UUID) -> bool:
 
 
 async def take_key(tx: Executor, job_id: uuid.UUID, key: str) -> bool:
-    """Re-key a running job to the summary's real cache key, unless someone holds that key, inside
-    the caller's transaction.
-
-    False: another active job or a request's registration holds it — the summary is being made.
-    """
+    """Re-key a running job to the summary's real cache key, inside the caller's transaction; False
+    when another active job or registration holds that key (the summary is being made)."""
     taken = await fetch_value(tx, queries.take_job_key, {"id": job_id, "key": key})
     return taken is not None
 
 
 async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> list[uuid.UUID]:
-    """Cancel the session's queued and running jobs (a clear), inside the caller's transaction.
-
-    Each ends through :func:`finish_job`; running ones are told through ``NOTIFY sidequest_cancel``
-    (payload ``job:<id>``), and their late summary writes are refused anyway by the bumped
-    ``clear_version`` (SPEC §6.5).
-    """
+    """Cancel the session's queued and running jobs (a clear) through :func:`finish_job`, inside the
+    caller's transaction; running ones are told through ``NOTIFY sidequest_cancel`` (``job:<id>``)."""
     cancelled: list[uuid.UUID] = []
     for row in await fetch_all(tx, queries.active_session_jobs, {"sid": session_id}):
         await finish_job(
@@ -367,18 +323,11 @@ async def job_state(tx: Executor, job_id: uuid.UUID) -> JobState | None:
     return None if row is None else _state(row)
 
 
-_USAGE_TOTALS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens")
-
-
-async def background_overview(tx: AsyncSession, session_id: uuid.UUID) -> dict[str, Any]:
-    """SPEC §3 ``session.background``: jobs by status and the usage of every background call."""
-    return (await background_overviews(tx, [session_id]))[session_id]
-
-
 async def background_overviews(
     tx: AsyncSession, session_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
-    """:func:`background_overview` of several sessions in one query (every id in the result)."""
+    """SPEC §3 ``session.background`` of each session, in one query: jobs by status and the usage of
+    every background call."""
     result: dict[uuid.UUID, dict[str, Any]] = {}
     if not session_ids:
         return result
@@ -387,7 +336,7 @@ async def background_overviews(
         calls = list(row.calls or [])
         usage: dict[str, Any] = {
             name: sum(int(call.get(name) or 0) for call in calls if isinstance(call, dict))
-            for name in _USAGE_TOTALS
+            for name in USAGE_FIELDS
         }
         usage["calls"] = calls
         result[row.session_id] = {"jobs": counts, "usage": usage}
@@ -413,24 +362,3 @@ async def read_job_stats(tx: AsyncSession) -> JobStats:
         calls=[(r.kind, r.status, int(r.n)) for r in calls],
         tokens=[(r.kind, r.direction, int(r.n)) for r in tokens],
     )
-
-
-__all__ = [
-    "ClaimedJob",
-    "JobState",
-    "JobStats",
-    "active_jobs",
-    "background_overview",
-    "cancel_session_jobs",
-    "claim_job",
-    "count_calls",
-    "end_inline",
-    "enqueue_job",
-    "finish_job",
-    "job_state",
-    "read_job_stats",
-    "register_inline",
-    "requeue_job",
-    "take_key",
-    "take_over",
-]

@@ -1,13 +1,10 @@
-"""The lease guard: every write a worker makes to a request it runs is conditional on still holding it.
+"""The lease guard: every write a worker makes to a request it runs is conditional on still holding it
+(both guards are SQL functions, sql/lease.sql), so a request cancelled, cleared or swept is never
+written by a worker that lost it, and no event follows a terminal one.
 
-A claim (:mod:`service.store.queue`) sets ``lease_owner`` and ``lease_expires_at``; heartbeats extend
-them. The lease owner names one *claim*, not just the worker process (:func:`claim_owner`): a request
-(or job) whose lease expired while its run here went on, and that this same process then claimed again,
-has two runs for a moment, and only the newer one's writes may land — a statement the stale run still
-had in flight finds another owner on the row. :func:`lock_if_held` locks the row inside the caller's
-transaction only while the request is ``running`` under this claim, so a request cancelled, cleared or
-taken over by the sweep is never written by a worker that lost it, and no event ever follows a terminal
-one.
+The lease owner names one *claim*, not just the worker process (:func:`claim_owner`): a request whose
+lease expired while its run went on, and that the same process then claimed again, has two runs for a
+moment, and only the newer one's writes may land.
 """
 
 from __future__ import annotations
@@ -33,13 +30,9 @@ def worker_of(owner: str) -> str:
     return owner.split(_CLAIM_TOKEN_MARK, 1)[0]
 
 
-# Both guards are SQL functions (service/store/sql/lease.sql), so the rule has one home.
 async def lock_if_held(tx: Executor, request_id: uuid.UUID, owner: str) -> bool:
-    """Inside the caller's transaction: lock the request row if this worker still runs it.
-
-    Used before every worker write; a concurrent cancel or clear holding the row makes this wait, then
-    see the new status, so the worker's write is skipped rather than landing after a terminal event.
-    """
+    """Inside the caller's transaction: lock the request row if this worker still runs it. A cancel
+    or clear holding the row makes this wait and then see the new status: the write is skipped."""
     return bool(await fetch_value(tx, queries.lock_if_held, {"id": request_id, "owner": owner}))
 
 
@@ -53,13 +46,9 @@ async def emit_if_held(
     context_info: dict[str, Any] | None = None,
 ) -> bool:
     """Inside the caller's transaction, one statement: the lease guard, then (with ``stage``) the
-    stage change with ``context_info``, then ``events`` in order. False, writing nothing, when the
-    request is no longer this worker's.
-
-    The pipeline batches what happens between two slow steps (a stage change, the replay plan, the
-    next stage change) into one call. Every event's envelope ``at`` is this write's time, unless its
-    fields carry their own ``at`` (when it happened: an event batched until the next slow step keeps
-    its moment — the fields are merged over the envelope)."""
+    stage change with ``context_info``, then ``events`` in order; False, writing nothing, when the
+    request is no longer this worker's. The pipeline batches what happens between two slow steps
+    into one call; an event's own ``at`` (when it happened) wins over the envelope's (this write's)."""
     info = None
     if stage is not None:
         info = json_text({**(context_info or {}), "stage": stage})
@@ -76,11 +65,3 @@ async def emit_if_held(
         },
     )
     return bool(held)
-
-
-__all__ = [
-    "claim_owner",
-    "emit_if_held",
-    "lock_if_held",
-    "worker_of",
-]

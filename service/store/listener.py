@@ -1,24 +1,15 @@
-"""One LISTEN connection per process, fanned out in memory to any number of subscribers.
+"""One LISTEN connection per process, fanned out in memory to any number of subscribers (the
+channels and their payloads are the vocabulary's).
 
-Channels:
-- ``sidequest_events`` — an event row was committed (payload: ``{"id", "request_id", "session_id"}``);
-- ``sidequest_queue`` — a request was admitted or a slot was freed (payload: session id);
-- ``sidequest_cancel`` — a request was cancelled or its session cleared (payload: request id; ``job:<id>``
-  for a background job);
-- ``sidequest_jobs`` — a background job was queued (payload ``queued``) or a background slot freed
-  (``freed``).
+A notification is only a wake-up call: readers always read the rows themselves, so a lost one costs
+latency, never data; a callback must not block.
 
-A notification is only a wake-up call: readers always read the rows themselves, so a lost
-notification (reconnect) costs latency, never data. Subscribers get an unbounded-free queue of size
-1 semantics through :class:`asyncio.Event`, so a slow subscriber never blocks the listener.
-
-Failover (SPEC 9.1): notifications are not replicated and a standby refuses LISTEN, so the
-connection goes to the primary (``SIDEQUEST_LISTEN_DATABASE_URL``: the primary directly, never a
-pooler in transaction mode, which would hand the listening backend to other clients), finds the new
-one by itself after a failover (several hosts, :func:`~service.store.db.open_connection`), and its
-probe also notices a node that became a standby under it. After every (re)connect each subscriber is
+Failover (SPEC 9.1): a standby refuses LISTEN, so the connection goes to the primary
+(``SIDEQUEST_LISTEN_DATABASE_URL``: never a pooler in transaction mode, which would hand the
+listening backend to other clients), finds the new one by itself (:func:`~.db.open_connection`), and
+its probe notices a node that became a standby under it. After every (re)connect each subscriber is
 called with an empty payload — "anything may have been missed": every waiter re-reads — and
-``on_connect`` runs (the process's pools are renewed: a failover may have happened meanwhile).
+``on_connect`` runs (a failover may have happened meanwhile).
 """
 
 from __future__ import annotations
@@ -33,17 +24,16 @@ from typing import Final
 import asyncpg
 
 from service.aio import settle, wait_event
-from service.store.db import is_unavailable, open_connection, outage_line_due, plain_dsn
+from service.store.db import OutageLog, is_unavailable, open_connection, plain_dsn
 from service.vocabulary import ALL_CHANNELS, CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
 
 log = logging.getLogger(__name__)
 
-# The names live in service.vocabulary; a worker does not need the event notifications.
+# A worker does not need the event notifications.
 WORKER_CHANNELS = (QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
 
-# Outages (SPEC §9): a connect attempt gives up after the store's CONNECT_TIMEOUT_S, and a connection
-# that stays silent is probed every PROBE_S — a half-open socket (host gone, no FIN) never fires the
-# termination listener, and without the probe LISTEN would wait on it forever.
+# A silent connection is probed every PROBE_S: a half-open socket (host gone, no FIN) never fires the
+# termination listener, and LISTEN would wait on it forever.
 PROBE_S = 5.0
 PROBE_TIMEOUT_S = 3.0
 
@@ -80,6 +70,7 @@ class Listener:
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
         self._stopping = False
+        self._outages = OutageLog()
 
     def subscribe(self, channel: str, callback: Callback) -> Callable[[], None]:
         """Register ``callback`` for ``channel``; returns the function that unsubscribes it."""
@@ -150,7 +141,7 @@ class Listener:
                 raise
             except Exception as exc:
                 expected = is_unavailable(exc) or isinstance(exc, StandbyNow)
-                if not expected or outage_line_due("LISTEN"):  # not once per reconnect try
+                if not expected or self._outages.due("LISTEN"):  # not once per reconnect try
                     log.warning("LISTEN connection lost (%s); reconnecting", exc)
             finally:
                 if conn is not None and not conn.is_closed():

@@ -26,7 +26,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 # Stable constraint names so that Alembic autogenerate and downgrade agree.
 NAMING = {
@@ -42,6 +42,25 @@ EMPTY_MEMORY: dict[str, Any] = {"qa_summary": None, "context_summaries": []}
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+
+def _now() -> MappedColumn[Any]:
+    """A ``timestamptz`` PostgreSQL sets to ``now()`` on insert."""
+    return mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+def _session_id(**options: Any) -> MappedColumn[Any]:
+    """The session a row belongs to, deleted with it."""
+    return mapped_column(
+        UUID(as_uuid=True), ForeignKey("side_question_sessions.id", ondelete="CASCADE"), **options
+    )
+
+
+# A usage object with nothing spent (records.EMPTY_USAGE), as a column default.
+_EMPTY_USAGE = text(
+    """'{"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, """
+    """"cached_tokens": 0, "calls": []}'::jsonb"""
+)
 
 
 class SessionRow(Base):
@@ -76,12 +95,8 @@ class SessionRow(Base):
     # the history it replaced, hidden from session streams opened after ``cleared_at``.
     cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cleared_through_event: Mapped[int | None] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
-    updated_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
 
 
 class RequestRow(Base):
@@ -109,11 +124,7 @@ class RequestRow(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    session_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
-        nullable=False,
-    )
+    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
     ordinal: Mapped[int] = mapped_column(Integer, nullable=False)
     question: Mapped[str] = mapped_column(Text, nullable=False)
     snapshot_id: Mapped[str | None] = mapped_column(String(500))
@@ -123,14 +134,7 @@ class RequestRow(Base):
     truncated: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
     stop_reason: Mapped[str | None] = mapped_column(String(60))
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
-    usage: Mapped[dict[str, Any]] = mapped_column(
-        JSONB,
-        nullable=False,
-        server_default=text(
-            """'{"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, """
-            """"cached_tokens": 0, "calls": []}'::jsonb"""
-        ),
-    )
+    usage: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=_EMPTY_USAGE)
     context_info: Mapped[dict[str, Any]] = mapped_column(
         JSONB, nullable=False, server_default=text("'{}'::jsonb")
     )
@@ -155,19 +159,14 @@ class RequestRow(Base):
     # A clear hides requests at once (404) and a sweep purges them later, so that streams
     # already open can still read their final `cancelled` events (docs/architecture.md).
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class EventRow(Base):
-    """One event; ``id`` is global and increasing, ``seq`` per request.
-
-    Session-level events (``memory``, ``handoff``) have no request: ``request_id`` and ``seq`` are
-    NULL, and they appear only on the session stream.
-    """
+    """One event; ``id`` is global and increasing, ``seq`` per request. A session-level event
+    (``memory``, ``handoff``) has no request: ``request_id`` and ``seq`` are NULL."""
 
     __tablename__ = "side_question_events"
     __table_args__ = (
@@ -181,17 +180,11 @@ class EventRow(Base):
         ForeignKey("side_question_requests.id", ondelete="CASCADE"),
         nullable=True,
     )
-    session_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
-        nullable=False,
-    )
+    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
     seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
     type: Mapped[str] = mapped_column(String(20), nullable=False)
     data: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
 
 
 class SnapshotRow(Base):
@@ -199,11 +192,7 @@ class SnapshotRow(Base):
 
     __tablename__ = "main_snapshots"
 
-    session_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
-        primary_key=True,
-    )
+    session_id: Mapped[uuid.UUID] = _session_id(primary_key=True)
     snapshot_id: Mapped[str] = mapped_column(String(500), primary_key=True)
     content: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
     content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
@@ -214,26 +203,12 @@ class SnapshotRow(Base):
     # JSON (text), not JSONB: it is only ever read whole, and text costs PostgreSQL no parsing.
     prepared: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     prepared_version: Mapped[int | None] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
-
-
-def snapshot_taken_at_sql(alias: str) -> str:
-    """SQL for when a stored snapshot (``alias`` names its ``main_snapshots`` row) says its main
-    context was taken: its ``taken_at`` string, NULL when it has none (or an empty one). Read from
-    the preparation (a fraction of the content's JSON text) when it has one; it holds the content's
-    ``taken_at`` as posted (``budget.prepared.prepare_snapshot``)."""
-    return f"NULLIF(COALESCE({alias}.prepared ->> 'taken_at', {alias}.content ->> 'taken_at'), '')"
+    created_at: Mapped[datetime] = _now()
 
 
 class JobRow(Base):
-    """A background summary job (SPEC §6.6): claimed like a request (SKIP LOCKED, lease, sweep).
-
-    ``kind`` is ``qa_fold`` or ``context_summary``; ``key`` says what it summarises (the prefix's content
-    hash; the ordinal range). At most one job per (session, kind, key) is not ended, enforced by the
-    partial unique index below.
-    """
+    """A background summary job (SPEC §6.6) or a request's single-flight registration
+    (:mod:`service.store.jobs`); ``uq_jobs_active`` keeps one active per (session, kind, key)."""
 
     __tablename__ = "side_question_jobs"
     __table_args__ = (
@@ -251,11 +226,7 @@ class JobRow(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    session_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
-        nullable=False,
-    )
+    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
     kind: Mapped[str] = mapped_column(String(40), nullable=False)
     key: Mapped[str] = mapped_column(String(200), nullable=False)
     # What the job needs to run (snapshot id, ordinal range, model, …).
@@ -266,21 +237,12 @@ class JobRow(Base):
     calls: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
     # What the finished job covers (e.g. {"covered_messages": n} or {"covered_through_ordinal": n}).
     covered: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
-    usage: Mapped[dict[str, Any]] = mapped_column(
-        JSONB,
-        nullable=False,
-        server_default=text(
-            """'{"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, """
-            """"cached_tokens": 0, "calls": []}'::jsonb"""
-        ),
-    )
+    usage: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=_EMPTY_USAGE)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -301,19 +263,13 @@ class HandoffRow(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    session_id: Mapped[uuid.UUID] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_sessions.id", ondelete="CASCADE"),
-        nullable=False,
-    )
+    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
     # The whole public hand-off object as returned by POST (SPEC §11.1), minus id/parent_id.
     body: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
     through_ordinal: Mapped[int | None] = mapped_column(Integer)
     idempotency_key: Mapped[str | None] = mapped_column(String(300))
     body_hash: Mapped[str | None] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    created_at: Mapped[datetime] = _now()
 
 
 class CalibrationRow(Base):
@@ -326,6 +282,4 @@ class CalibrationRow(Base):
     samples: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
     sum_estimate: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
     sum_provider: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
-    updated_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    updated_at: Mapped[datetime] = _now()

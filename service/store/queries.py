@@ -1,19 +1,7 @@
-"""The store's SQL, read from its one home: ``service/store/sql/*.sql``, one file per concern.
-
-A file holds two kinds of section, each under a header line (procrastinate's ``sql/queries.sql``
-style):
-
-- ``-- name: claim_job`` — a named query: the statement a store module sends, as a ``text()`` clause
-  with ``:name`` parameters (``service.store.execute`` runs it on a session or a plain asyncpg
-  connection). The module uses it as ``queries.claim_job``; a typo fails at the first call, and
-  tests/store/test_sql_home.py checks every name the store uses is defined and every defined one used.
-- ``-- function: sidequest_claim`` — the CURRENT definition of one SQL function or procedure
-  (``CREATE OR REPLACE …``), each defined once. Migrations apply them (:func:`definitions`,
-  ``0011_sql_home``); changing one is a change to its section *and* a new migration that applies the
-  files again, which the test above enforces through :func:`definitions_digest`.
-
-Comment lines right under a header say what the section is for; they are not sent to PostgreSQL.
-The files are read once, on the first use, from the installed package (pyproject's package data).
+"""The store's SQL, read once from its one home, ``service/store/sql/*.sql`` (package data): named
+queries (``-- name: claim_job``, used as ``queries.claim_job``, a ``text()`` clause) and the current
+definitions of the SQL functions (``-- function: sidequest_claim``, applied by migrations).
+docs/architecture.md, "The store's front door", has the convention and the tests that keep it.
 """
 
 from __future__ import annotations
@@ -121,6 +109,3 @@ def __getattr__(name: str) -> TextClause:
         raise AttributeError(f"no query named {name!r} in service/store/sql/*.sql")
     globals().update(clauses)
     return clauses[name]
-
-
-__all__ = ["Section", "definitions", "definitions_digest", "named", "parse", "sections"]

@@ -1,40 +1,20 @@
-"""The queue: claim, lease + heartbeat, the way back to the queue, the recovery sweep. With
-:mod:`service.store.lease` (the guard of every worker write) and :mod:`service.store.terminal` (the
-one terminal transition), the store's front door for the worker, which never writes SQL itself
-(procrastinate's "one manager").
+"""The queue: claim, lease + heartbeat, the way back to the queue, the recovery sweep — with
+:mod:`.lease` (the guard of every worker write) and :mod:`.terminal` (the one terminal transition),
+the worker's front door: it never writes SQL itself. The claim itself is ``sidequest_claim``
+(sql/queue.sql), which keeps these invariants:
 
-Invariants, and how each is kept:
-
-- **Global cap** (SPEC §9: at most ``max_concurrency`` running across all processes): every claim takes
-  one transaction-level advisory lock, counts ``running`` rows and picks the next request inside that
-  lock. Claims are therefore serialised (a claim is a few milliseconds) and the count a claimer sees
-  includes every earlier claim, because READ COMMITTED takes a fresh snapshot per statement, after the
-  lock was granted.
-- **One running per session, ordinal order**: only the lowest queued ordinal of a session with nothing
-  running is a candidate.
-- **Never waiting on the API**: the pick locks the request *and* its session row with ``SKIP LOCKED``
-  (``FOR NO KEY UPDATE``, like every session-row lock: an event insert's foreign key takes ``KEY
-  SHARE`` on that row while holding the session's event lock, and ``FOR UPDATE`` would deadlock
-  with it — e.g. a background job's ``memory`` event during a claim);
-  a session whose row an admission or a clear holds right now is skipped this time (their commit
-  NOTIFYs the queue, so it is picked up at once after), and the claim never queues behind them.
-- **Round robin**: among candidates, the session whose ``last_started_at`` is oldest goes first (NULL —
-  never started — first), ties broken by the oldest queued request. Claiming stamps
-  ``last_started_at``.
-- **Lease**: a claim sets ``lease_owner`` and ``lease_expires_at``; heartbeats extend it. Every write a
-  worker makes afterwards (events, stage, terminal state) is guarded by ``status = 'running' AND
-  lease_owner = <me>``, so a request cancelled, cleared or taken over by the sweep is never written by a
-  worker that lost it, and no event ever follows a terminal one.
-- **Recovery**: a running request whose lease expired is queued again once (``attempt`` 1 → the next
-  claim makes it 2; usage kept) or, on its second loss, failed with ``worker_lost``.
-- **Background jobs** (:mod:`service.store.jobs`) share this machinery: one :func:`heartbeat` extends
-  the leases of a worker's requests *and* jobs, one :func:`sweep_expired` recovers both tables.
-- **One terminal transition**: every way a request ends — succeeded, failed, cancelled (by the
-  client, a clear or a newer question), swept — goes through
-  :func:`service.store.terminal.finish_request`, which writes the row, the terminal ``status`` event
-  and the ``done`` / ``error`` event, and frees the slot.
-- **Slot NOTIFYs** say why: ``freed:<session id>`` when a slot frees (a worker whose cluster is full
-  only claims again on these), the bare session id when a request was admitted.
+- **Global cap** (SPEC §9): every claim counts ``running`` rows under one advisory lock, so claims
+  are serialised and each sees every earlier one.
+- **One running per session, in ordinal order**, and **round robin**: the session whose
+  ``last_started_at`` is oldest goes first.
+- **Never waiting on the API**: the pick locks the request and its session row with ``SKIP
+  LOCKED`` (``FOR NO KEY UPDATE``, as every session-row lock: ``sessions.lock_or_create_session``
+  says why); a session an admission or a clear holds is skipped, and their commit NOTIFYs the queue.
+- **Lease**: every later write of the worker is guarded by ``status = 'running' AND lease_owner =
+  <me>``, so a request cancelled, cleared or swept is never written by a worker that lost it.
+- **Recovery**: an expired lease is re-run once (``attempt`` 2), else failed with ``worker_lost``;
+  background jobs share the heartbeat and the sweep.
+- **Slot NOTIFYs** say why: ``freed:<session id>`` when a slot frees, the bare id on an admission.
 """
 
 from __future__ import annotations
@@ -62,9 +42,7 @@ MAX_ATTEMPTS = 2
 
 @dataclass(frozen=True)
 class Claimed:
-    """A request this worker now holds: what the pipeline needs to start, read by the claim itself
-    (one round trip instead of a claim and then loads of the request, the session's memory and
-    settings)."""
+    """A request this worker now holds: what the pipeline needs to start, read by the claim itself."""
 
     id: uuid.UUID
     session_id: uuid.UUID
@@ -81,12 +59,10 @@ class Claimed:
     memory: dict[str, Any] = field(default_factory=dict)
     session_settings: dict[str, Any] = field(default_factory=dict)
     created_at: str | None = None
-    # Whether the session had a queued or running background job (or registration) at the claim:
-    # if not, the request need not look for one to wait for (a job queued later is met by the
-    # single-flight registration instead).
+    # Whether the session had an active background job (or registration) at the claim: if not, the
+    # request need not look for one to wait for (a later one meets its single-flight registration).
     jobs_active: bool = True
-    # The content hash of the snapshot it names, when the session has it (what the worker's prepared
-    # snapshots are keyed by); None: no snapshot named, or not stored.
+    # The content hash of the snapshot it names (the worker's prepared snapshots' key); None: none.
     snapshot_hash: str | None = None
 
 
@@ -99,13 +75,8 @@ async def claim_next(tx: Executor, *, owner: str, lease_s: float, max_running: i
 async def try_claim(
     tx: Executor, *, owner: str, lease_s: float, max_running: int
 ) -> tuple[Claimed | None, bool]:
-    """Claim the next request per SPEC §9; also says whether the cluster is at its cap (then None).
-
-    One statement (``sidequest_claim``), inside the caller's transaction (the worker's hot path runs
-    it alone on a plain connection, ``execute.committed``): lock, count, pick, mark running with stage
-    ``preparing`` and a lease, stamp the session's ``last_started_at``, write the ``status`` event —
-    and return what the pipeline needs (the request, the session's memory and settings).
-    """
+    """Claim the next request per SPEC §9 (``sidequest_claim``, inside the caller's transaction);
+    also says whether the cluster is at its cap (then None)."""
     row = await fetch_one(
         tx,
         queries.claim_request,
@@ -157,13 +128,9 @@ async def heartbeat(
     jobs: Mapping[uuid.UUID, str] | None = None,
 ) -> Held:
     """Extend the leases of the requests and background jobs a worker holds, inside the caller's
-    transaction.
-
-    ``requests`` and ``jobs`` map each id to the lease owner of the claim its run holds: a lease is
-    extended only for that claim, never for an earlier one of the same process. An id missing from
-    the result was cancelled, cleared, finished or taken over: its task must stop. A request with
-    ``cancel_requested`` set is treated as lost too.
-    """
+    transaction. ``requests`` and ``jobs`` map each id to the lease owner of its run's claim (never
+    an earlier claim's). An id missing from the result (cancelled, cleared, finished, taken over, or
+    a request with ``cancel_requested``) must stop."""
     jobs = jobs or {}
     if not requests and not jobs:
         return Held(set(), set())
@@ -189,10 +156,8 @@ async def requeue_request(
 ) -> bool:
     """THE way back to ``queued`` of a running request, inside the caller's transaction: a worker's
     graceful stop (``worker_stopped``, guarded by its ``owner``; the attempt does not count) or the
-    sweep (``worker_lost``, on a row it locked). Writes the ``progress`` event telling clients to
-    discard the text streamed so far and the ``status`` event back to ``queued``, and NOTIFYs that a
-    slot is free. False, writing nothing, when the request is not (or no longer ``owner``'s) running.
-    """
+    sweep (``worker_lost``). Writes the ``progress`` event (clients discard the text so far) and the
+    ``status`` event, NOTIFYs a free slot. False, writing nothing, when it is not ``owner``'s running."""
     if owner is not None and not await lock_if_held(tx, request_id, owner):
         return False
     row = await fetch_one(
@@ -219,13 +184,8 @@ class SweepResult:
 
 async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -> SweepResult:
     """Recover requests and background jobs whose lease expired (their worker died), inside the
-    caller's transaction.
-
-    A request is re-run once, else failed with ``worker_lost`` (usage, context_info and events already
-    recorded are kept; a re-run gets a ``status`` event back to ``queued`` and a ``progress`` event
-    telling clients to discard the text streamed so far). A background job is queued again once, else
-    failed; a request's expired single-flight registration just ends (the request is gone).
-    """
+    caller's transaction: each is re-run once (:func:`requeue_request`, :func:`jobs.requeue_job`),
+    else failed with ``worker_lost`` (what it recorded is kept); an expired registration just ends."""
     requeued: list[uuid.UUID] = []
     failed: list[uuid.UUID] = []
     for row in (await tx.execute(queries.expired_requests)).all():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any, cast
 
 from service.store.models import RequestRow
 from service.vocabulary import iso_or_none
@@ -40,3 +42,8 @@ def request_record(row: RequestRow, parent_id: str) -> dict[str, Any]:
         "finished_at": iso_or_none(row.finished_at),
         "pinned": row.pinned,
     }
+
+
+def record_of_row(row: Mapping[str, Any], parent_id: str) -> dict[str, Any]:
+    """:func:`request_record` of a request row read by a SQL function (its own columns, by name)."""
+    return request_record(cast(RequestRow, SimpleNamespace(**row)), parent_id)

@@ -1,14 +1,10 @@
 """The tenant's sessions, most recently active first (``GET /v1/sessions``), keyset-paginated.
 
-"Activity" is the session row's ``updated_at``: what a client did — admission, a clear, an archive
-restore, a settings PUT, a hand-off — moves it; a background summary does not (docs/api.md). Pages
-are ordered by ``(updated_at, id)`` descending — the id breaks ties between sessions touched in the
-same microsecond — and walk the index ``ix_sessions_tenant_activity`` (tenant, updated_at, id)
-backwards, so a page costs the same however deep it is.
-
-The cursor is opaque to clients: URL-safe base64 of ``[updated_at, id]`` of the last session of the
-previous page. A session that becomes active while a client pages moves to the front; it is then
-not shown again further down (its new position is before the cursor), and none is skipped.
+"Activity" is the session row's ``updated_at``: what a client did moves it, a background summary
+does not (docs/api.md). Pages are ordered by ``(updated_at, id)`` descending (the id breaks ties)
+along an index, so a page costs the same however deep it is. The cursor, opaque to clients, is
+URL-safe base64 of ``[updated_at, id]`` of the previous page's last session: a session that becomes
+active meanwhile moves to the front and is not shown again further down; none is skipped.
 """
 
 from __future__ import annotations
@@ -21,10 +17,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.errors import SidequestError
+from service.store import queries
+from service.store.execute import fetch_models
 from service.store.models import SessionRow
 from service.store.sessions import read_one_snapshot, session_overviews
 from service.vocabulary import utc_iso
@@ -67,25 +64,22 @@ class Cursor:
 
 
 async def sessions_page(
-    session: AsyncSession, tenant: str, *, limit: int, before: Cursor | None
+    tx: AsyncSession, tenant: str, *, limit: int, before: Cursor | None
 ) -> dict[str, Any]:
-    """``{items: [session overview…], has_more, next_before}`` of the tenant, newest activity first.
-
-    ``next_before`` is the cursor after this page's last session when more remain, else None.
-    Overviews are built for the whole page at once (:func:`session_overviews`), not one by one.
-    """
-    await read_one_snapshot(session)  # each overview's row and counts agree, as in GET /v1/sessions/{id}
-    query = select(SessionRow).where(SessionRow.tenant == tenant)
-    if before is not None:
-        query = query.where(
-            tuple_(SessionRow.updated_at, SessionRow.id) < tuple_(before.updated_at, before.session_id)
-        )
-    query = query.order_by(SessionRow.updated_at.desc(), SessionRow.id.desc()).limit(limit + 1)
-    rows = list(await session.scalars(query.execution_options(populate_existing=True)))
+    """``{items: [session overview…], has_more, next_before}`` of the tenant, newest activity first;
+    ``next_before`` is the cursor after this page's last session when more remain, else None."""
+    await read_one_snapshot(tx)  # each overview's row and counts agree, as in GET /v1/sessions/{id}
+    params = {
+        "tenant": tenant,
+        "updated_at": None if before is None else before.updated_at,
+        "id": None if before is None else before.session_id,
+        "limit": limit + 1,
+    }
+    rows = await fetch_models(tx, SessionRow, queries.sessions_page, params)
     has_more = len(rows) > limit
     page = rows[:limit]
     return {
-        "items": await session_overviews(session, page),
+        "items": await session_overviews(tx, page),
         "has_more": has_more,
         "next_before": Cursor(page[-1].updated_at, page[-1].id).encode() if has_more and page else None,
     }

@@ -25,20 +25,18 @@ def public_settings(stored: dict[str, Any] | None) -> dict[str, Any]:
     return {name: stored.get(name) for name in SETTINGS_FIELDS}
 
 
-async def read_settings(session: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
+async def read_settings(tx: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
     """The tenant's session settings as the public object, or None when there is no such session."""
-    row = await find_session(session, tenant, parent_id)
-    if row is None:
-        return None
-    return public_settings(row.settings)
+    session_row = await find_session(tx, tenant, parent_id)
+    return None if session_row is None else public_settings(session_row.settings)
 
 
 async def update_settings(
-    session: AsyncSession, tenant: str, parent_id: str, changes: SessionSettingsIn
+    tx: AsyncSession, tenant: str, parent_id: str, changes: SessionSettingsIn
 ) -> dict[str, Any]:
     """Apply a PUT (only the fields ``changes`` names; ``None`` clears one), creating the session if
     needed, inside the caller's transaction. Returns the whole settings object after the change."""
-    session_row = await lock_or_create_session(session, tenant, parent_id)
+    session_row = await lock_or_create_session(tx, tenant, parent_id)
     merged = {k: v for k, v in (session_row.settings or {}).items() if k in SETTINGS_FIELDS}
     for name in changes.model_fields_set:
         if (value := getattr(changes, name)) is None:
@@ -47,5 +45,5 @@ async def update_settings(
             merged[name] = value
     session_row.settings = merged
     session_row.updated_at = func.now()
-    await session.flush()
+    await tx.flush()
     return public_settings(merged)

@@ -22,17 +22,15 @@ class RequestStats:
     calibration: list[tuple[str, str, int, int, int]] = field(default_factory=list)
 
 
-async def read_request_stats(session: AsyncSession) -> RequestStats:
+async def read_request_stats(tx: AsyncSession) -> RequestStats:
     """Run the scrape queries."""
     return RequestStats(
-        by_status=[(r.status, r.code, int(r.n)) for r in await session.execute(queries.requests_by_status)],
-        calls=[(r.purpose, r.status, int(r.n)) for r in await session.execute(queries.request_calls)],
-        latencies=[
-            (r.purpose, float(r.seconds)) for r in await session.execute(queries.request_call_latencies)
-        ],
-        drift=[(r.model, float(r.ratio)) for r in await session.execute(queries.answer_drift)],
+        by_status=[(r.status, r.code, int(r.n)) for r in await tx.execute(queries.requests_by_status)],
+        calls=[(r.purpose, r.status, int(r.n)) for r in await tx.execute(queries.request_calls)],
+        latencies=[(r.purpose, float(r.seconds)) for r in await tx.execute(queries.request_call_latencies)],
+        drift=[(r.model, float(r.ratio)) for r in await tx.execute(queries.answer_drift)],
         calibration=[
             (r.provider, r.model, int(r.samples), int(r.sum_estimate), int(r.sum_provider))
-            for r in await session.execute(queries.all_calibrations)
+            for r in await tx.execute(queries.all_calibrations)
         ],
     )

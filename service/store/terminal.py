@@ -1,28 +1,19 @@
-"""THE terminal transition of a side request, and the worker's ways to reach it.
-
-Every way a request ends — succeeded (:func:`finish_answered`, :func:`finish_succeeded`), failed or
-cancelled by its worker (:func:`finish_failed`), cancelled by the client, a clear or a newer question
-(the API, through :func:`finish_request`), swept (:mod:`service.store.queue`) — goes through
-:func:`finish_request`, which writes the row, the terminal ``status`` event and the ``done`` / ``error``
-event, and NOTIFYs that a slot is free. The two departures (the ``on_busy`` interrupt inside the
-admission SQL function, archive restore) are in docs/architecture.md.
-
-Transaction convention (docs/architecture.md): store functions never commit — the caller opens the
-transaction and composes several writes into one commit.
+"""THE terminal transition of a side request (:func:`finish_request`), and the worker's ways to
+reach it. Every way a request ends goes through it — the worker's success and failure, the API's
+cancel and clear, the sweep; the two departures on purpose (the ``on_busy`` interrupt inside the
+admission's SQL function, archive restore) are in docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from service.store import calibration, jobs, ledger, queries
 from service.store.execute import Executor, execute, fetch_one, json_text, notify
 from service.store.lease import emit_if_held
-from service.store.models import RequestRow
-from service.store.records import request_record
+from service.store.records import record_of_row
 from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
 
 
@@ -39,9 +30,6 @@ class Ended:
     record: dict[str, Any] | None
 
 
-# THE terminal transition is two SQL functions (service/store/sql/terminal.sql): the lease guard
-# and the guarded UPDATE (returning the row), then — once the record is built from that row — the
-# events.
 async def finish_request(
     tx: Executor,
     request_id: uuid.UUID,
@@ -58,13 +46,12 @@ async def finish_request(
     context_info: dict[str, Any] | None = None,
     with_record: bool = False,
 ) -> Ended | None:
-    """THE terminal transition of a request, inside the caller's transaction.
+    """THE terminal transition of a request, inside the caller's transaction: two statements
+    (sql/terminal.sql), the guarded UPDATE, then the events once the record is built from its row.
 
-    Guarded by the status it leaves (``from_statuses``) and, when ``owner`` is given, the worker's
-    lease — so whichever terminal write lands first wins and every other is a no-op (None, nothing
-    written). Writes the row, the terminal ``status`` event, then ``done`` (with the final record) for
-    a success or ``error`` otherwise, and NOTIFYs the queue that a slot is free. Callers: the worker's
-    success and failure, its cancel settlement, the API's cancel / clear / interrupt, the sweep.
+    Guarded by the status it leaves (``from_statuses``) and, given ``owner``, the worker's lease, so
+    whichever terminal write lands first wins and every other is a no-op (None). Writes the row, the
+    ``status`` event, then ``done`` (with the record) or ``error``, and NOTIFYs that a slot is free.
     """
     if status == Status.SUCCEEDED:
         error = None
@@ -89,14 +76,9 @@ async def finish_request(
     )
     if ended is None:
         return None
-    # The updated row's own columns, so the record is exactly request_record's, like every other read.
     row = dict(ended)
     parent_id = str(row.pop("parent_of_row"))
-    record = (
-        request_record(cast(RequestRow, SimpleNamespace(**row)), parent_id)
-        if with_record or status == Status.SUCCEEDED
-        else None
-    )
+    record = record_of_row(row, parent_id) if with_record or status == Status.SUCCEEDED else None
     session_id, stage = row["session_id"], row["stage"]
     last_type, last_fields = ("done", {"record": record}) if status == Status.SUCCEEDED else ("error", error)
     await execute(
@@ -149,13 +131,11 @@ async def finish_succeeded(
     tail: AnswerTail | None = None,
 ) -> dict[str, Any] | None:
     """The worker's success, inside the caller's transaction: the terminal state, ``status`` +
-    ``done``, and its follow-up background jobs. None when the worker no longer holds the request:
-    nothing written but the ``tail``'s ledger entry and calibration sample (tokens were spent
-    whatever happened).
+    ``done``, and its follow-up background jobs; None when the worker no longer holds the request.
 
-    ``tail`` is what the answer's end still has to write — its last text, its call, its calibration
-    sample — written here, in order (``delta``, ``usage``, then ``status`` and ``done``), so the end of
-    an answer is one commit instead of four: a slot is handed on after one fsync, not four.
+    ``tail`` is what the answer's end still has to write (its last text, its call, its calibration
+    sample), written first, so the end of an answer is one commit (one fsync) instead of four. Its
+    ledger entry and sample are written even when the request is lost: the tokens were spent.
     """
     usage = None
     if tail is not None:
@@ -212,12 +192,8 @@ async def finish_failed(
     model: str | None = None,
     context_info: dict[str, Any] | None = None,
 ) -> bool:
-    """The worker's failure or cancel settlement, inside the caller's transaction: ``status`` +
-    ``error`` events. ``model``: the answer model the request was prepared with, when it got that far
-    (the record names it).
-
-    Returns False, writing nothing, when the request is no longer running under ``owner``.
-    """
+    """The worker's failure or cancel settlement, inside the caller's transaction (``model``: the
+    answer model, when it got that far); False, writing nothing, when ``owner`` lost the request."""
     ended = await finish_request(
         tx,
         request_id,
@@ -228,14 +204,3 @@ async def finish_failed(
         context_info=context_info,
     )
     return ended is not None
-
-
-__all__ = [
-    "AnswerTail",
-    "Ended",
-    "FollowUp",
-    "finish_failed",
-    "finish_request",
-    "finish_succeeded",
-    "notify_slot_freed",
-]

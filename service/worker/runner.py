@@ -26,7 +26,7 @@ from service.pipeline.snapshots import PreparedSnapshots
 from service.providers import build_provider
 from service.store import jobs, lease, queue, terminal
 from service.store.admission import purge_cleared
-from service.store.db import Database, is_unavailable, outage_line_due, unusable_reason
+from service.store.db import Database, OutageLog, is_unavailable, unusable_reason
 from service.store.execute import committed
 from service.store.listener import WORKER_CHANNELS, Listener
 from service.vocabulary import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL, Status, cancelled_error
@@ -56,14 +56,14 @@ class _Work(Protocol):
 W = TypeVar("W", bound=_Work)
 
 
-def log_loop_failure(what: str) -> None:
+def log_loop_failure(what: str, outages: OutageLog) -> None:
     """Log the exception being handled by a worker loop: a bug with its traceback, the database
-    being unavailable as one warning line per ``what`` now and then (:func:`outage_line_due`)."""
+    being unavailable as one warning line per ``what`` now and then (``outages``, the loop owner's)."""
     exc = sys.exc_info()[1]
     if exc is None or not is_unavailable(exc):
         log.exception("%s", what)
         return
-    if outage_line_due(what):
+    if outages.due(what):
         log.warning("%s: the database is unavailable (%s); retrying", what, unusable_reason(exc) or exc)
 
 
@@ -102,6 +102,7 @@ class SlotPool(Generic[W]):
         self._stale: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._cluster_full = False
+        self._outages = OutageLog()
         self._stopping = False
 
     @property
@@ -145,7 +146,7 @@ class SlotPool(Generic[W]):
                         break
                     self._spawn(work)
             except Exception:
-                log_loop_failure(f"{self.name} claim failed; retrying after the poll interval")
+                log_loop_failure(f"{self.name} claim failed; retrying after the poll interval", self._outages)
             await wait_event(self._wake, self._poll_s)
             if not self._wake.is_set():
                 self._cluster_full = False  # the poll fallback always tries again
@@ -171,7 +172,7 @@ class SlotPool(Generic[W]):
             try:
                 await self._settle(work, self._cancel_reasons.get(task, "cancelled"))
             except Exception:
-                log_loop_failure(f"could not settle a cancelled {self.name}")
+                log_loop_failure(f"could not settle a cancelled {self.name}", self._outages)
         except Exception:
             log.exception("%s %s crashed", self.name, work.id)
         finally:
@@ -208,6 +209,7 @@ class Worker:
         self.settings = settings
         self.db = db
         self.owner = owner or worker_id()
+        self._outages = OutageLog()
         self._deps: PipelineDeps | None = None
         self._loops: list[asyncio.Task[None]] = []
         # A shared listener (the API's, in `serve`) is started and stopped by its owner.
@@ -382,7 +384,7 @@ class Worker:
                         session, requests=requests, jobs=job_owners, lease_s=self.settings.lease_s
                     )
             except Exception:
-                log_loop_failure("heartbeat failed")
+                log_loop_failure("heartbeat failed", self._outages)
                 continue
             for request_id in requests:
                 if request_id not in held.requests:
@@ -408,5 +410,5 @@ class Worker:
                 async with self.db.sessions() as session, session.begin():
                     await purge_cleared(session, PURGE_CLEARED_AFTER_S)
             except Exception:
-                log_loop_failure("recovery sweep failed")
+                log_loop_failure("recovery sweep failed", self._outages)
             await asyncio.sleep(interval)

@@ -30,7 +30,7 @@ import uvicorn
 
 from service.config import Settings
 from service.serve import create_serving_app
-from service.store.db import upgrade_to_head
+from service.store.schema import upgrade_to_head
 from tests import pg
 
 TOKEN = "fuzz-token"

@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import func, select
 
 from service.client.sse import SseMessage as Message
-from service.store.admission import SUPERSEDED_MESSAGE
 from service.store.db import Database
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
+from service.vocabulary import superseded_error
 from tests.api.conftest import Server
 from tests.api.helpers import ask, mark_running
 from tests.api.sse_client import events
@@ -107,7 +107,7 @@ async def test_interrupt_ends_the_running_stream_with_superseded_and_admits_the_
             for _ in range(5):
                 received.append(await asyncio.wait_for(anext(session_events), 5))
         ended = await asyncio.wait_for(asyncio.gather(*streams), 5)
-    expected = {"code": "superseded", "message": SUPERSEDED_MESSAGE, "detail": {"superseded_by": new["id"]}}
+    expected = superseded_error(new["id"])
     for stream in ended:
         status, error = stream[-2], stream[-1]
         assert status.event == "status" and status.json()["status"] == "cancelled"

@@ -16,7 +16,8 @@ from sqlalchemy import text
 
 from service.api.app import create_app
 from service.config import Settings
-from service.store.db import connect, is_unavailable, readiness, upgrade_to_head
+from service.store.db import connect, is_unavailable
+from service.store.schema import readiness, upgrade_to_head
 from tests import pg
 from tests.api.conftest import serve
 

@@ -22,7 +22,8 @@ from sqlalchemy import text
 from service.client.sse import SseMessage
 from service.config import Settings
 from service.serve import create_serving_app
-from service.store.db import Database, connect, plain_dsn, upgrade_to_head
+from service.store.db import Database, connect, plain_dsn
+from service.store.schema import upgrade_to_head
 from tests.api.conftest import serve
 from tests.api.sse_client import events
 from tests.pgbouncer import PgBouncer

@@ -420,7 +420,7 @@ async def _store(
     )
     async with db.sessions() as session:
         owner = await lock_or_create_session(session, "default", "parent-1")
-        await store_snapshot(session, sid, snapshot_id, content, owner=owner, jobs=policy)
+        await store_snapshot(session, sid, snapshot_id, content, session_row=owner, jobs=policy)
         await session.commit()
 
 
@@ -442,7 +442,7 @@ async def test_storing_a_snapshot_announces_exactly_the_snapshots_whose_job_it_q
         )
         async with db.sessions() as session:
             owner = await lock_or_create_session(session, "default", "parent-1")
-            await store_snapshot(session, owner.id, snapshot_id, content, owner=owner, jobs=policy)
+            await store_snapshot(session, owner.id, snapshot_id, content, session_row=owner, jobs=policy)
             await session.commit()
 
     sid = await make_session(db)

@@ -20,7 +20,6 @@ from sqlalchemy import func, select
 
 from service.store import admission_batch
 from service.store.admission import (
-    SUPERSEDED_MESSAGE,
     Admission,
     Admitted,
     IdempotencyConflict,
@@ -30,6 +29,7 @@ from service.store.admission import (
 )
 from service.store.db import Database, connect, is_unavailable, plain_dsn
 from service.store.models import EventRow, RequestRow, SessionRow
+from service.vocabulary import superseded_error
 
 TENANT = "t1"
 
@@ -78,7 +78,7 @@ async def test_waiting_admissions_share_one_call_and_each_gets_its_own_answer(db
             f"q{i}" for i in range(30) if i % 6 == s
         ]
     full, replay, conflict = outcomes[30:]
-    assert isinstance(full, QueueFull) and full.limit == 3
+    assert isinstance(full, QueueFull) and full.detail == {"max_queued": 3}
     assert isinstance(replay, Admitted) and not replay.created and replay.record == earlier.record
     assert isinstance(conflict, IdempotencyConflict)
     assert await _count(db, RequestRow) == 3 + 1 + 30
@@ -99,7 +99,7 @@ async def test_an_interrupt_in_a_batch_supersedes_and_reports_its_own_cancellati
     async with db.sessions() as s:
         rows = [await s.get(RequestRow, uuid.UUID(rid)) for rid in queued]
     assert all(r is not None and r.status == "cancelled" for r in rows)
-    assert all(r is not None and r.error and r.error["message"] == SUPERSEDED_MESSAGE for r in rows)
+    assert all(r is not None and r.error == superseded_error(outcomes[1].record["id"]) for r in rows)
 
 
 async def test_a_database_error_in_a_batch_is_the_one_admissions_that_caused_it(db: Database) -> None:

@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import func, select, update
 
 from service.store.admission import (
-    SUPERSEDED_MESSAGE,
     Admission,
     Admitted,
     IdempotencyConflict,
@@ -29,6 +28,7 @@ from service.store.admission import (
 from service.store.db import Database, plain_dsn
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
 from service.store.records import request_record
+from service.vocabulary import superseded_error
 from tests.factories import merge_session_settings
 
 TENANT = "t1"
@@ -139,7 +139,7 @@ async def test_a_full_queue_refuses_without_spending_an_ordinal(db: Database) ->
     before = await _counts(db)
     with pytest.raises(QueueFull) as refused:
         await _admit(db, "p-full", "one too many")
-    assert refused.value.limit == 20
+    assert refused.value.detail == {"max_queued": 20}
     assert await _counts(db) == before
     owner = await _session(db, "p-full")
     assert owner is not None and owner.next_ordinal == 21
@@ -151,7 +151,7 @@ async def test_a_full_queue_refuses_without_spending_an_ordinal(db: Database) ->
 async def test_a_refused_first_request_leaves_no_session(db: Database) -> None:
     with pytest.raises(SnapshotMissing) as refused:
         await _admit(db, "p-new", snapshot_id="never-stored")
-    assert refused.value.snapshot_id == "never-stored"
+    assert refused.value.detail == {"snapshot_id": "never-stored"}
     assert await _counts(db) == (0, 0, 0, 0)
     # And for an existing session: nothing written, no ordinal spent.
     await _admit(db, "p-new")
@@ -218,11 +218,11 @@ async def test_on_busy_reject_refuses_while_busy_and_writes_nothing(db: Database
     before = await _counts(db)
     with pytest.raises(SessionBusyRejected) as busy:
         await _admit(db, "p-rej", on_busy="reject")
-    assert (busy.value.queued, busy.value.running) == (1, 0)
+    assert busy.value.detail == {"queued": 1, "running": 0}
     await _set_status(db, first["id"], "running", "answering")
     with pytest.raises(SessionBusyRejected) as busy:
         await _admit(db, "p-rej", on_busy="reject")
-    assert (busy.value.queued, busy.value.running) == (0, 1)
+    assert busy.value.detail == {"queued": 0, "running": 1}
     assert await _counts(db) == before
     owner = await _session(db, "p-rej")
     assert owner is not None and owner.next_ordinal == 2
@@ -250,11 +250,7 @@ async def test_on_busy_interrupt_supersedes_queued_and_running_requests(db: Data
     assert new.created and new.record["ordinal"] == 4 and new.record["status"] == "queued"
     assert [str(i) for i in new.superseded] == old_ids
     assert cancelled_ids == set(old_ids)
-    expected_error = {
-        "code": "superseded",
-        "message": SUPERSEDED_MESSAGE,
-        "detail": {"superseded_by": new.record["id"]},
-    }
+    expected_error = superseded_error(new.record["id"])
     async with db.sessions() as s:
         for rid, stage in zip(old_ids, ("answering", None, None), strict=True):
             row = await s.get(RequestRow, uuid.UUID(rid))

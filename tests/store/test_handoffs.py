@@ -111,7 +111,7 @@ async def test_all_takes_every_succeeded_one_and_ordinals_exactly_those(db: Data
     for bad in ((2,), (9,), (1, 2)):
         with pytest.raises(UnknownOrdinals) as refused:
             await handoff(db, ordinals=bad)
-        assert 1 not in refused.value.ordinals
+        assert 1 not in refused.value.detail["ordinals"]
     assert await handoff_count(db) == 3
 
 

@@ -15,7 +15,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
 from service.store import queries
-from service.store.db import ALEMBIC_INI, MIGRATIONS_DIR
+from service.store.schema import ALEMBIC_INI, MIGRATIONS_DIR
 from tests import pg
 
 
@@ -117,7 +117,7 @@ def test_migrating_from_the_service_leaves_its_logging_as_it_was(scratch_url: st
     WARNING, and no INFO line of the service (worker started, request ended…) would show."""
     import logging
 
-    from service.store.db import upgrade_to_head
+    from service.store.schema import upgrade_to_head
 
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)

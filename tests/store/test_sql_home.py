@@ -15,7 +15,8 @@ import pytest
 from alembic.script import ScriptDirectory
 
 from service.store import queries
-from service.store.db import MIGRATIONS_DIR, plain_dsn
+from service.store.db import plain_dsn
+from service.store.schema import MIGRATIONS_DIR
 
 SERVICE = Path(queries.__file__).resolve().parents[1]
 PYPROJECT = SERVICE.parent / "pyproject.toml"
@@ -157,9 +158,7 @@ def _between(statement: str, start: str, end: str) -> str:
 def test_the_statements_written_twice_in_the_files_stay_the_same() -> None:
     """A rule two statements share is written out in each (a named query is one whole statement):
     the memory value of both guarded writes, the ledger's append for both tables, the snapshot time
-    that the hand-off reads through ``models.snapshot_taken_at_sql``."""
-    from service.store.models import snapshot_taken_at_sql
-
+    that the hand-off and the fold read."""
     request, job = queries.save_memory_of_request.text, queries.save_memory_of_job.text
     assert _between(request, "SET memory", "FROM side_question_requests r\n") == _between(
         job, "SET memory", "FROM side_question_jobs j\n"
@@ -167,7 +166,8 @@ def test_the_statements_written_twice_in_the_files_stay_the_same() -> None:
     request, job = queries.append_request_calls.text, queries.append_job_calls.text
     model = _between(request, ",\n    model = ", "\n    WHERE r.id")
     assert request.replace(model, "").replace("side_question_requests", "side_question_jobs") == job
-    assert snapshot_taken_at_sql("s") in queries.latest_context_time.text
+    taken_at = _between(queries.latest_context_time.text, "CROSS JOIN LATERAL", " t\n")
+    assert taken_at in queries.handoff_candidates.text
 
 
 def test_the_admission_calls_take_their_parameters_in_the_order_the_batcher_passes_them() -> None:

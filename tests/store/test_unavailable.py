@@ -149,16 +149,16 @@ async def test_readiness_gives_up_after_its_own_deadline(monkeypatch: pytest.Mon
     must hear "not ready" within its own deadline."""
     import asyncio
 
-    from service.store import db as db_module
+    from service.store import schema
 
     async def never(_db: object) -> tuple[str | None, bool]:
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
 
-    monkeypatch.setattr(db_module, "_readiness", never)
-    monkeypatch.setattr(db_module, "READINESS_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(schema, "_readiness", never)
+    monkeypatch.setattr(schema, "READINESS_TIMEOUT_S", 0.05)
     with pytest.raises(TimeoutError):
-        await db_module.readiness(object())  # type: ignore[arg-type]
+        await schema.readiness(object())  # type: ignore[arg-type]
 
 
 async def test_a_pooled_connection_read_as_ended_is_lost(database_url: str) -> None:

@@ -20,7 +20,7 @@ CREATE OR REPLACE FUNCTION sidequest_admit(
     p_body_hash text,
     p_max_queued integer,
     p_on_busy text,              -- null: the session's settings->>'on_busy', else 'enqueue'
-    p_superseded_message text,
+    p_superseded jsonb,          -- the error object of the requests an interrupt cancels
     p_notify boolean,            -- true: NOTIFY here; false: return them (notices) to send after commit
     OUT outcome text,            -- created | replay | idempotency_conflict | session_busy
                                  -- | queue_full | snapshot_missing
@@ -123,10 +123,7 @@ BEGIN
                SET status = 'cancelled',
                    cancel_requested = true,
                    finished_at = now(),
-                   error = jsonb_build_object(
-                       'code', 'superseded',
-                       'message', p_superseded_message,
-                       'detail', jsonb_build_object('superseded_by', p_request_id::text)),
+                   error = p_superseded,
                    lease_owner = NULL,
                    lease_expires_at = NULL,
                    event_seq = event_seq + 2
@@ -170,9 +167,8 @@ BEGIN
             '{"id": %s, "request_id": "%s", "session_id": "%s"}', v_event_id, v_ids[i], v_sid)];
         INSERT INTO side_question_events (request_id, session_id, seq, type, data)
         VALUES (v_ids[i], v_sid, v_seqs[i], 'error', jsonb_build_object(
-            'request_id', v_ids[i]::text, 'ordinal', v_ordinals[i], 'seq', v_seqs[i], 'at', v_at,
-            'code', 'superseded', 'message', p_superseded_message,
-            'detail', jsonb_build_object('superseded_by', p_request_id::text)))
+            'request_id', v_ids[i]::text, 'ordinal', v_ordinals[i], 'seq', v_seqs[i], 'at', v_at)
+            || p_superseded)
         RETURNING id INTO v_event_id;
         notices := notices || ARRAY['sidequest_events', format(
             '{"id": %s, "request_id": "%s", "session_id": "%s"}', v_event_id, v_ids[i], v_sid)];
@@ -218,7 +214,7 @@ CREATE OR REPLACE PROCEDURE sidequest_admit_now(
     p_body_hash text,
     p_max_queued integer,
     p_on_busy text,
-    p_superseded_message text,
+    p_superseded jsonb,
     INOUT outcome text DEFAULT NULL,
     INOUT detail jsonb DEFAULT NULL,
     INOUT superseded uuid[] DEFAULT NULL,
@@ -231,7 +227,7 @@ DECLARE
 BEGIN
     SELECT * INTO r FROM sidequest_admit(
         p_tenant, p_parent_id, p_request_id, p_question, p_snapshot_id, false, p_options, p_model,
-        p_idempotency_key, p_body_hash, p_max_queued, p_on_busy, p_superseded_message, false);
+        p_idempotency_key, p_body_hash, p_max_queued, p_on_busy, p_superseded, false);
     outcome := r.outcome;
     detail := r.detail;
     superseded := r.superseded;
@@ -264,7 +260,7 @@ CREATE OR REPLACE PROCEDURE sidequest_admit_many(
     p_body_hash text[],
     p_max_queued integer[],
     p_on_busy text[],
-    p_superseded_message text,
+    p_superseded jsonb[],
     INOUT outcome text[] DEFAULT NULL,
     INOUT detail jsonb[] DEFAULT NULL,
     INOUT superseded jsonb[] DEFAULT NULL,
@@ -283,7 +279,7 @@ BEGIN
         r := sidequest_admit(
             p_tenant[i], p_parent_id[i], p_request_id[i], p_question[i], p_snapshot_id[i], false,
             p_options[i], p_model[i], p_idempotency_key[i], p_body_hash[i], p_max_queued[i],
-            p_on_busy[i], p_superseded_message, false);
+            p_on_busy[i], p_superseded[i], false);
         outcome := outcome || r.outcome;
         detail := detail || r.detail;
         superseded := superseded || to_jsonb(r.superseded);
@@ -302,17 +298,17 @@ $fn$;
 -- parameters are in admission._PARAMS' order (the batcher passes them by position; a test checks).
 CALL sidequest_admit_now(:tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text),
                          CAST(CAST(:options AS text) AS jsonb), CAST(:model AS text), :idempotency_key,
-                         :body_hash, :max_queued, CAST(:on_busy AS text), :superseded_message);
+                         :body_hash, :max_queued, CAST(:on_busy AS text),
+                         CAST(CAST(:superseded AS text) AS jsonb));
 
 -- name: admit_many
--- Several admissions waiting at once, one CALL: each parameter an array aligned with the others but
--- the one superseded message.
+-- Several admissions waiting at once, one CALL: each parameter an array aligned with the others.
 CALL sidequest_admit_many(CAST(:tenant AS text[]), CAST(:parent_id AS text[]), CAST(:request_id AS uuid[]),
                           CAST(:question AS text[]), CAST(:snapshot_id AS text[]),
                           CAST(CAST(:options AS text[]) AS jsonb[]), CAST(:model AS text[]),
                           CAST(:idempotency_key AS text[]), CAST(:body_hash AS text[]),
                           CAST(:max_queued AS integer[]), CAST(:on_busy AS text[]),
-                          CAST(:superseded_message AS text));
+                          CAST(CAST(:superseded AS text[]) AS jsonb[]));
 
 -- name: admit_in_transaction
 -- The function itself, inside a caller's transaction (an inline snapshot stored first), NOTIFYing
@@ -320,4 +316,40 @@ CALL sidequest_admit_many(CAST(:tenant AS text[]), CAST(:parent_id AS text[]), C
 SELECT a.outcome, a.detail, a.superseded, (a.req).* FROM sidequest_admit(
     :tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text), :snapshot_stored,
     CAST(CAST(:options AS text) AS jsonb), CAST(:model AS text), :idempotency_key, :body_hash,
-    :max_queued, CAST(:on_busy AS text), :superseded_message, true) a;
+    :max_queued, CAST(:on_busy AS text), CAST(CAST(:superseded AS text) AS jsonb), true) a;
+
+-- name: active_requests_of_session
+-- A clear cancels these first (each through terminal.finish_request), in ordinal order.
+SELECT id FROM side_question_requests
+WHERE session_id = :session_id AND deleted_at IS NULL AND status IN ('queued', 'running')
+ORDER BY ordinal;
+
+-- name: hide_session_requests
+-- A clear hides every request of the session at once (the sweep purges them later); how many.
+WITH hidden AS (
+    UPDATE side_question_requests SET deleted_at = now()
+    WHERE session_id = :session_id AND deleted_at IS NULL
+    RETURNING 1
+)
+SELECT count(*) FROM hidden;
+
+-- name: reset_cleared_session
+-- The end of a clear (SPEC 11.1, 11.2): the hand-offs go, the mark and memory reset, clear_version
+-- bumped so that no late summary write restores anything; ordinals and settings are kept.
+WITH handoffs AS (DELETE FROM side_question_handoffs WHERE session_id = :session_id)
+UPDATE side_question_sessions
+SET handed_off_through = 0,
+    memory = CAST(CAST(:empty_memory AS text) AS jsonb),
+    clear_version = clear_version + 1,
+    updated_at = now()
+WHERE id = :session_id
+RETURNING parent_id, clear_version, next_ordinal;
+
+-- name: purge_cleared_requests
+-- The sweep: requests (and, by cascade, their events) cleared long enough ago; how many.
+WITH purged AS (
+    DELETE FROM side_question_requests
+    WHERE deleted_at IS NOT NULL AND deleted_at < now() - make_interval(secs => :older_than_s)
+    RETURNING 1
+)
+SELECT count(*) FROM purged;

@@ -87,6 +87,43 @@ WHERE request_id = :request_id AND seq > :after_seq
 ORDER BY seq
 LIMIT :limit;
 
+-- name: session_events_after
+SELECT id, request_id, session_id, seq, type, data FROM side_question_events
+WHERE session_id = :session_id AND id > :after_id
+ORDER BY id
+LIMIT :limit;
+
+-- name: session_events_with_deletion
+-- A session's events after an id, each with when it was hidden — its request's deleted_at, or for a
+-- session-level event of a history a clear replaced, that clear's cleared_at — and whether it was
+-- written before that.
+SELECT e.id, e.request_id, e.session_id, e.seq, e.type, e.data, h.hidden,
+       coalesce(e.created_at < h.hidden, false) AS written_before
+FROM side_question_events e
+JOIN side_question_sessions s ON s.id = e.session_id
+LEFT JOIN side_question_requests r ON r.id = e.request_id
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN e.request_id IS NULL AND e.id <= s.cleared_through_event THEN s.cleared_at
+                ELSE r.deleted_at END AS hidden
+) h
+WHERE e.session_id = :session_id AND e.id > :after_id
+ORDER BY e.id
+LIMIT :limit;
+
+-- name: terminal_seq
+SELECT min(seq) FROM side_question_events WHERE request_id = :request_id AND type IN ('done', 'error');
+
+-- name: request_exists
+-- Cleared rows stay until the sweep purges them.
+SELECT EXISTS (SELECT 1 FROM side_question_requests WHERE id = :request_id);
+
+-- name: session_high_water
+SELECT coalesce(max(id), 0) FROM side_question_events WHERE session_id = :session_id;
+
+-- name: database_now
+-- PostgreSQL's clock (the one deleted_at is written with).
+SELECT clock_timestamp();
+
 -- name: mark_session_events_cleared
 -- A clear or an archive restore: the session-level events written so far belong to the history
 -- it replaces (a fresh session stream does not replay them; a resuming one still gets them).
