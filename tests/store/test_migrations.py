@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import pytest
 from alembic import command
 from alembic.config import Config
-from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
 from service.store import queries
@@ -162,16 +161,17 @@ def _function_definitions(url: str) -> dict[str, str]:
     return {str(signature): str(definition) for signature, definition in rows}
 
 
-def test_the_sql_home_migration_recreates_exactly_the_functions_the_database_had(scratch_url: str) -> None:
-    """0011_sql_home moved the definitions into service/store/sql/*.sql: the files hold what 0003–0010
-    had left in the database, so applying them changes no function (tests/store/test_sql_home.py
-    checks the files against the migrated database; this, against the history)."""
-    sql_home = ScriptDirectory(str(MIGRATIONS_DIR)).get_revision("0011_sql_home")
-    if sql_home.module.FUNCTIONS_SHA256 != queries.definitions_digest():
-        pytest.skip("the files changed since 0011_sql_home (a later migration applies them)")
+def test_the_sql_home_and_its_successors_go_back_to_exactly_the_functions_the_database_had(
+    scratch_url: str,
+) -> None:
+    """0011_sql_home moved the definitions into service/store/sql/*.sql without changing one; every
+    later migration that applies the files again keeps the definitions it replaces for its downgrade.
+    So upgrading to the head and back down to 0011 leaves exactly the functions 0003–0010 had left
+    (tests/store/test_sql_home.py checks the files against the head; this, against the history)."""
     config = _config(scratch_url)
     command.upgrade(config, "0010_session_cleared")
     before = _function_definitions(scratch_url)
-    command.upgrade(config, "0011_sql_home")
-    assert len(before) == len(queries.definitions())
+    command.upgrade(config, "head")
+    assert len(_function_definitions(scratch_url)) == len(queries.definitions())
+    command.downgrade(config, "0011_sql_home")
     assert _function_definitions(scratch_url) == before
