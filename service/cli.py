@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from service.budget.handoff import HANDOFF_MAX_TOKENS, HANDOFF_MIN_TOKENS
-from service.config import Settings, SettingsError, load_settings
+from service.config import Settings, SettingsError, load_settings, shown_url
 
 log = logging.getLogger("sidequest")
 
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return commands[args.command]()
     except Exception as exc:
-        from service.store.db import shown_url, unusable_reason
+        from service.store.db import unusable_reason
 
         reason = unusable_reason(exc)
         if reason is None:

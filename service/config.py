@@ -52,6 +52,18 @@ def asyncpg_url(value: str | None) -> str | None:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
+def shown_url(url: str) -> str:
+    """A database URL fit for a message: its password hidden (every host of a multi-host URL kept)."""
+    try:
+        parts = urlsplit(url)
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        netloc = f"{user}:***@{hosts}" if colon else parts.netloc
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:  # an unreadable URL is refused by the settings before this
+        return "(the configured URL)"
+
+
 def url_hosts(url: str) -> list[tuple[str, int | None]]:
     """The ``(host, port)`` pairs of a database URL's netloc, one per host of a multi-host URL.
 

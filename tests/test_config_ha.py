@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.config import SettingsError, asyncpg_url, load_settings, url_hosts
-from service.store.db import shown_url
+from service.config import SettingsError, asyncpg_url, load_settings, shown_url, url_hosts
 
 
 def test_sqlalchemys_repeated_host_parameters_become_libpqs_host_list() -> None:

@@ -22,7 +22,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
-from service.config import url_hosts
+from service.config import shown_url, url_hosts
 from service.store.admission_batch import AdmissionBatcher
 from service.store.execute import json_text
 
@@ -93,10 +93,9 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
         ):
             return True
         if isinstance(current, asyncpg.InterfaceError) and any(
-            # A pooled connection whose server ended it is closed and detached from its proxy: which
-            # of the two words a statement meets depends on when the loop read the server's goodbye.
-            words in str(current)
-            for words in ("connection is closed", "released back to the pool")
+            # A connection its server ended: "released" once asyncpg has read the goodbye (the pool
+            # then detaches it from its proxy).
+            words in str(current) for words in ("connection is closed", "released back to the pool")
         ):
             return True
         if isinstance(current, asyncpg.InternalClientError) and "another operation" in str(current):
@@ -183,18 +182,6 @@ def quiet_driver_outages() -> None:
     pool_log = logging.getLogger("asyncpg.pool")
     if not any(isinstance(f, QuietOutages) for f in pool_log.filters):
         pool_log.addFilter(QuietOutages())
-
-
-def shown_url(url: str) -> str:
-    """A database URL fit for a message: its password hidden (every host of a multi-host URL kept)."""
-    try:
-        parts = urlsplit(url)
-        userinfo, _, hosts = parts.netloc.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        netloc = f"{user}:***@{hosts}" if colon else parts.netloc
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:  # an unreadable URL is refused by the settings before this
-        return "(the configured URL)"
 
 
 # What a best-effort database step (a calibration sample, a metrics scrape) catches: the errors
