@@ -437,22 +437,3 @@ async def compact_snapshot(
         return result
     trail = render_trail(prepared.trail(prepared.group_index(cut_plan.summarize_until))) or None
     return dataclasses.replace(result, new_entry=dataclasses.replace(result.new_entry, trail=trail))
-
-
-__all__ = [
-    "CacheHit",
-    "CacheMiss",
-    "CacheOutcome",
-    "CachedContextSummary",
-    "ContextCompaction",
-    "PrefixReuse",
-    "Reuse",
-    "compact_context",
-    "compact_snapshot",
-    "covering_summary",
-    "find_reusable",
-    "longest_cached_prefix",
-    "prefix_key",
-    "snapshot_pieces",
-    "warm_snapshot_pieces",
-]

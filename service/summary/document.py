@@ -289,19 +289,3 @@ def render_summary(document: SummaryDocument, provenance: Provenance) -> str:
         header += f"; main context as of {provenance.context_time}"
     header += f"; summarised by {provenance.model} at {provenance.created_at}]"
     return header + "\n" + render_body(document)
-
-
-__all__ = [
-    "BODY_TOKEN_LIMIT",
-    "DOCUMENT_KEYS",
-    "MAX_LIST_ITEMS",
-    "MAX_STRING_BYTES",
-    "RETRY_BODY_TOKENS",
-    "Provenance",
-    "SummaryDocument",
-    "body_tokens",
-    "check_body_size",
-    "parse_summary_document",
-    "render_body",
-    "render_summary",
-]

@@ -111,14 +111,3 @@ class SummaryCallCap(SummaryError):
         self.calls_needed = calls_needed
         self.max_calls = max_calls
         self.calls_reserved = calls_reserved
-
-
-__all__ = [
-    "SummaryCallCap",
-    "SummaryEmpty",
-    "SummaryError",
-    "SummaryInvalid",
-    "SummaryTooLong",
-    "SummaryToolCall",
-    "SummaryTruncated",
-]

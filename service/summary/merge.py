@@ -61,6 +61,3 @@ def planned_merge_calls(documents: int, piece_tokens: int, capacity: int) -> int
         calls += merge_calls_of(groups)
         documents = len(groups)
     return calls
-
-
-__all__ = ["can_merge", "merge_calls_of", "merge_groups", "planned_merge_calls"]

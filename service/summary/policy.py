@@ -393,16 +393,3 @@ def judge_reply(result: CallResult, max_output_tokens: int) -> SummaryDocument:
     document = parse_summary_document(result.text)
     check_body_size(document)
     return document
-
-
-__all__ = [
-    "PURPOSE_OF",
-    "STAGE_OF",
-    "CallReservation",
-    "CallTally",
-    "SampleCallback",
-    "SummaryCallBudget",
-    "SummaryCaller",
-    "judge_reply",
-    "prompt_estimate",
-]

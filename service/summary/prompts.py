@@ -377,21 +377,3 @@ def build_answer_request(
         estimate=estimate,
         system_blocks=tuple(dict(b) for b in system_blocks),
     )
-
-
-__all__ = [
-    "ANSWER_INSTRUCTIONS",
-    "ANSWER_INSTRUCTIONS_NO_CONTEXT",
-    "PROMPT_VERSION",
-    "AnswerRequest",
-    "SummaryKind",
-    "SummaryPrompt",
-    "build_answer_request",
-    "build_merge_prompt",
-    "build_summary_prompt",
-    "merge_piece",
-    "merge_prompt_reserve",
-    "prompt_version",
-    "summary_prompt_reserve",
-    "summary_system_prompt",
-]

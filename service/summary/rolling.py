@@ -160,6 +160,3 @@ async def fold_qa(
         covered_through_ordinal=through,
         tokens=estimate_text(render_summary(document, provenance)),
     )
-
-
-__all__ = ["QAPair", "StoredQASummary", "fold_qa"]

@@ -292,11 +292,3 @@ def _chunk_event(kind: SummaryKind, chunk: int, chunks: int) -> dict[str, Any]:
 def worst_piece_tokens(documents: int) -> int:
     """The largest a merge call's document can be: a body at the 2200-token limit, plus its tag."""
     return BODY_TOKEN_LIMIT + estimate_text(merge_piece(max(documents, 1), ""))
-
-
-__all__ = [
-    "ProgressCallback",
-    "SummaryPlan",
-    "SummaryRunner",
-    "worst_piece_tokens",
-]
