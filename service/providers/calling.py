@@ -1,10 +1,8 @@
-"""The calling policy shared by summary calls and answers (SPEC §7, §8).
+"""The calling policy shared by summary calls and answers (SPEC §7, §8; docs/providers.md).
 
-:func:`run_call` drives one logical call through a provider: it collects the stream, forwards answer
-text as it arrives, waits and retries on rate limits (honouring ``Retry-After``, at most twice, never past
-the deadline, never on an exhausted quota) and records **every attempt** — succeeded, failed or
-cancelled — with the usage the provider reported for it. Everything else (overflow recovery, summary
-retries with a bigger cap) is the caller's business: this layer never retries anything but a rate limit.
+:func:`run_call` collects one logical call's stream, forwards answer text as it arrives, retries rate
+limits (never past the deadline, never an exhausted quota) and records **every attempt** with the usage
+the provider reported for it. It retries nothing but a rate limit: the rest is the caller's business.
 """
 
 from __future__ import annotations
@@ -62,14 +60,12 @@ class CallRecorder(Protocol):
         *,
         purpose: str,
         model: str,
-        status: Literal["ok", "failed", "cancelled"],
+        status: CallStatus,
         usage: CallUsage,
         latency_ms: int = 0,
     ) -> None:
-        """Record one attempt with the usage the provider reported (zeros, ``reported=False``, if none).
-
-        ``latency_ms`` is the attempt's wall time, from sending the request to its last event or error.
-        """
+        """Record one attempt with the usage the provider reported (zeros, ``reported=False``, if none)
+        and its wall time, from sending the request to its last event or error."""
         ...
 
 
@@ -99,15 +95,11 @@ async def run_call(
 ) -> CallResult:
     """Run ``call`` on ``provider`` under the calling policy and return what it produced.
 
-    ``deadline`` is an absolute ``clock()`` value: each attempt gets the time left as its timeout and
-    the whole attempt is bounded by it (:class:`ProviderTimeout` when it runs out). ``before_attempt``
-    runs before every attempt and may raise to refuse it (the summary call cap); ``on_attempt`` is then
-    awaited, once the attempt is certain (a background job counts it on its row). Text deltas go to
-    ``on_text`` as they arrive. A :class:`RateLimited` that is not a quota is retried after its
-    ``Retry-After`` (else 1 s, then 2 s) at most ``max_rate_limit_retries`` times and only if the wait
-    ends before the deadline — and, for a call whose text streams out (``on_text``), only while none
-    has; the final :class:`RateLimited` carries ``attempts``. Every other error is
-    recorded and re-raised as it came.
+    ``deadline`` is an absolute ``clock()`` value bounding every attempt (:class:`ProviderTimeout`).
+    ``before_attempt`` may raise to refuse an attempt (the summary call cap); ``on_attempt`` is awaited
+    once it is certain. Text deltas go to ``on_text``. A :class:`RateLimited` that is not a quota is
+    retried after its ``Retry-After`` (else 1 s, then 2 s) at most ``max_rate_limit_retries`` times, if
+    the wait ends before the deadline and no text has streamed out; the last one carries ``attempts``.
     """
     attempts = 0
     retries = 0

@@ -16,11 +16,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import httpx2
+
 from service.providers.base import (
     CallUsage,
     ContextOverflow,
     ModelUnavailable,
     ProviderError,
+    ProviderTimeout,
     RateLimited,
 )
 from service.providers.error_body import ErrorInfo, parse_body
@@ -284,6 +287,20 @@ def classify_undecodable_chunk(exc: ValueError, *, usage: CallUsage | None = Non
         if type(error) is not ProviderError:
             return error
     return ProviderError(f"the stream sent invalid data: {exc}", usage=usage)
+
+
+STALLED = "the stream stalled past the call's timeout"
+
+
+def stream_broke(exc: httpx2.HTTPError | ValueError, usage: CallUsage | None) -> ProviderError:
+    """A running stream that failed beneath the SDK's own errors: its transport (the anthropic SDK lets
+    those through; the openai one wraps them today, whatever its next version does), or a chunk that is
+    not JSON."""
+    if isinstance(exc, httpx2.TimeoutException):
+        return ProviderTimeout(STALLED, usage=usage)
+    if isinstance(exc, httpx2.HTTPError):
+        return ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage)
+    return classify_undecodable_chunk(exc, usage=usage)
 
 
 def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple[int | None, int | None]:

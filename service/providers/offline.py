@@ -22,6 +22,7 @@ import re
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
+from service.providers import DEFAULT_MODELS
 from service.providers.base import (
     LENGTH,
     STOP,
@@ -32,8 +33,6 @@ from service.providers.base import (
     TextDelta,
     UsageReport,
 )
-
-OFFLINE_MODEL = "offline"
 
 # Roughly 3 bytes of text per token: the offline provider's only notion of an output cap.
 _BYTES_PER_TOKEN = 3
@@ -76,7 +75,7 @@ class OfflineProvider:
 
     name = "offline"
 
-    def __init__(self, default_model: str = OFFLINE_MODEL) -> None:
+    def __init__(self, default_model: str = DEFAULT_MODELS["offline"]) -> None:
         self.default_model = default_model
 
     async def aclose(self) -> None:

@@ -116,28 +116,16 @@ def _validate(value: Any) -> SummaryDocument:
     )
     # A document that says nothing would be "success while doing nothing": it would silently replace
     # real material with blanks, so it is invalid (and gets the one retry) rather than accepted.
-    if not any(
-        s.strip()
-        for s in (
-            document.objective,
-            document.state,
-            *document.decisions,
-            *document.open_work,
-            *document.risks,
-        )
-    ):
+    texts = (document.objective, document.state, *document.decisions, *document.open_work, *document.risks)
+    if not any(text.strip() for text in texts):
         raise SummaryInvalid("every field is empty")
     return document
 
 
 def parse_summary_document(text: str) -> SummaryDocument:
-    """Parse a model reply strictly into a :class:`SummaryDocument`.
-
-    Accepted: exactly one JSON object with exactly the five keys, right types, each string at most
-    2 KiB of UTF-8 and each list at most 32 items; surrounding whitespace and one ```json (or bare ```)
-    fence around the whole reply are tolerated. Anything else — prose around the JSON, two objects, a
-    second fence, duplicate keys — raises :class:`SummaryInvalid`.
-    """
+    """Parse a model reply strictly: exactly one JSON object with exactly the five keys and the SPEC
+    §6.4 limits, optionally in one ```json (or bare ```) fence around the whole reply; anything else —
+    prose around it, two objects, a second fence, duplicate keys — raises :class:`SummaryInvalid`."""
     body = text.strip()
     if not body:
         raise SummaryInvalid("the reply is blank")
@@ -161,10 +149,9 @@ def parse_summary_document(text: str) -> SummaryDocument:
 class Provenance:
     """Where a summary came from; written by Sidequest, never by the model.
 
-    ``source`` is the human line ("side Q&A ordinals 1–30", "snapshot 3fa2c0d19b7e messages 0–139");
-    the structured fields say the same for code. ``context_time`` is the main snapshot's ``taken_at``
-    the summarised material was read against (None when there was no snapshot). ``created_at`` is passed
-    in by the caller: the core has no clock.
+    ``source`` is the human line ("side Q&A ordinals 1–30", "snapshot 3fa2c0d19b7e messages 0–139"),
+    the other fields say the same for code. ``context_time``: the main snapshot's ``taken_at`` the
+    material was read against (None without a snapshot).
     """
 
     source: str

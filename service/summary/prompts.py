@@ -77,11 +77,8 @@ SESSION_INSTRUCTIONS_HEADER = (
 
 
 def summary_system_prompt(kind: SummaryKind, instructions: str | None = None) -> str:
-    """The system prompt of a summary call of this kind.
-
-    ``instructions`` (a session's ``summary_instructions``, SPEC §11.2) come *after* the built-in
-    instructions, which stay whole: they add to the prompt and can never replace the document format.
-    """
+    """The system prompt of a summary call of this kind; a session's ``instructions`` (SPEC §11.2)
+    come *after* the built-in ones, so they can never replace the document format."""
     base = _SYSTEM_QA if kind == "qa" else _SYSTEM_CONTEXT
     if instructions is None or not instructions.strip():
         return base
@@ -92,10 +89,8 @@ def summary_system_prompt(kind: SummaryKind, instructions: str | None = None) ->
 
 
 def prompt_version(instructions: str | None = None) -> str:
-    """:data:`PROMPT_VERSION`, extended by a hash of the session's summary instructions when it has any.
-
-    Part of the context-summary cache key: a summary made under other instructions is not reused.
-    """
+    """:data:`PROMPT_VERSION`, extended by a hash of the session's summary instructions (part of the
+    cache key: a summary made under other instructions is not reused)."""
     if instructions is None or not instructions.strip():
         return PROMPT_VERSION
     digest = hashlib.sha256(instructions.strip().encode("utf-8")).hexdigest()[:16]
@@ -120,15 +115,9 @@ def build_summary_prompt(
     chunks: int = 1,
     instructions: str | None = None,
 ) -> SummaryPrompt:
-    """The prompt of one summary attempt over ``material``.
-
-    ``instructions`` are the session's summary instructions (SPEC §11.2), appended to the built-in
-    system prompt (see :func:`summary_system_prompt`).
-
-    ``previous_body`` is the rendered body of the running (valid) summary: when given, the model is asked
-    to *update* it with the new material, keeping earlier conclusions. ``retry`` is the one retry after a
-    failed first attempt: same material, a firmer format reminder and a body under 600 tokens.
-    """
+    """The prompt of one summary attempt over ``material``: an *update* of ``previous_body`` (the
+    running valid summary, rendered) when given; ``retry`` adds a firmer format reminder and asks for a
+    body under 600 tokens."""
     what = "side questions and answers" if kind == "qa" else "transcript"
     parts: list[str] = []
     if previous_body is not None:
@@ -198,10 +187,7 @@ def build_merge_prompt(
     kind: SummaryKind, bodies: Sequence[str], *, retry: bool, instructions: str | None = None
 ) -> SummaryPrompt:
     """The prompt of one merge attempt: ``bodies`` (rendered valid documents, in material order) → one.
-
-    ``retry`` is the one retry after a failed first attempt, from the same documents, exactly as for a
-    chunk. Needs at least two documents: merging one would be a rewrite for nothing.
-    """
+    Needs at least two documents: merging one would be a rewrite for nothing."""
     if len(bodies) < 2:
         raise ValueError("a merge needs at least two documents")
     pieces = "".join(merge_piece(part, body) for part, body in enumerate(bodies, start=1))
@@ -215,16 +201,10 @@ def merge_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> 
 
 
 def summary_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
-    """Tokens a summary prompt needs besides its material, in the worst case.
-
-    The session's summary instructions (up to 4 KiB) are part of every prompt, so they are reserved too.
-
-    Worst case = the retry variant of an update of a chunk, with a previous summary at the body limit
-    (the running summary is shown as its rendered body, so its size is bounded by the same estimate),
-    or the retry variant of a merge prompt without its documents, whichever is larger. Chunk sizes and
-    merge groups reserve this in advance, so the retry of any chunk or merge fits as well as its first
-    attempt.
-    """
+    """Tokens a summary prompt needs besides its material, in the worst case: the retry variant of an
+    update with a previous summary at the body limit, or of a merge prompt without its documents,
+    whichever is larger (the session's instructions included). Chunk sizes and merge groups reserve
+    this, so the retry of any chunk or merge fits as well as its first attempt."""
     skeleton = build_summary_prompt(
         kind, "", previous_body="", retry=True, chunk=999, chunks=999, instructions=instructions
     )
@@ -292,20 +272,10 @@ def build_answer_request(
     replayed: Sequence[QAPair] = (),
     context_time: str | None = None,
 ) -> AnswerRequest:
-    """Assemble the side answer request in the SPEC §7 order, for the main session's prefix cache.
-
-    1. ``system`` (or its text blocks, ``system_blocks``) and ``tools`` exactly as the snapshot had them.
-    2. The snapshot's canonical ``messages`` exactly as given — or, when compacted, a user turn carrying
-       ``context_summary`` and a short assistant acknowledgement (dropped if the kept messages start with
-       an assistant turn, so roles still alternate), then the kept ``messages`` unchanged.
-    3. ONE final user turn: Sidequest's instructions, the rendered Q&A summary, the replayed Q&A
-       (ordinal, question, answer) and the question, each a text block.
-
-    Keeping the list valid: if the last message is a user turn, the final turn's blocks are *appended to
-    it* (a copy; every earlier message stays byte-identical, so the cached prefix still matches), rather
-    than inventing an assistant turn the main model never said. If the last message is an assistant turn
-    with tool calls that have no result yet (snapshot taken mid-tool), the final user turn starts with a
-    ``tool_result`` for each, saying the result is pending — a call is never left without its result.
+    """Assemble the side answer request in the SPEC §7 order, for the main session's prefix cache:
+    the snapshot's system and tools, its messages exactly as given (or a context summary, then the kept
+    ones), then ONE final user turn — merged into a trailing user turn, and completing a trailing
+    unanswered tool call with pending results (docs/summaries.md, "The answer request").
     ``messages_tokens`` is the estimate of ``messages`` when the caller has it (envelopes included).
     """
     out: list[dict[str, Any]] = []
