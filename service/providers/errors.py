@@ -89,42 +89,34 @@ _PARAMETER_CAP_PARAMS = frozenset(
 )
 
 # Messages that carry both the window and the requested output (and usually the prompt): the
-# arithmetic decides between an overflow and a parameter cap. Groups: window, output, input, tool.
+# arithmetic decides between an overflow and a parameter cap. Groups: window, output, input, tool. The
+# wordings, with an example each, are in docs/providers.md (rule 4).
 _WINDOW_AND_OUTPUT: tuple[re.Pattern[str], ...] = tuple(
     re.compile(p, re.IGNORECASE | re.DOTALL)
     for p in (
-        # OpenAI legacy / vLLM / DeepSeek: "… is 4097 tokens. However, you requested 4120 tokens
-        # (3120 in the messages, 1000 in the completion)".
+        # OpenAI legacy / vLLM / DeepSeek
         r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in the messages, "
         r"(?P<output>\d+) in the completion",
-        # OpenAI completions legacy: "(3975 in your prompt; 256 for the completion)".
+        # OpenAI completions legacy
         r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in your prompt[;,] "
         r"(?P<output>\d+) for the completion",
-        # vLLM ≥ 0.8: "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum
-        # context length is 4096 tokens and your request has 2778 input tokens".
+        # vLLM ≥ 0.8
         r"is too large: (?P<output>\d+)\. This model's maximum context length is (?P<window>\d+) tokens"
         r"(?: and your request has (?P<input>\d+) input tokens)?",
-        # vLLM (newer): "… maximum context length is 262144 tokens. However, you requested 64000 output
-        # tokens and your prompt contains at least 198145 input tokens".
+        # vLLM (newer)
         r"maximum context length is (?P<window>\d+) tokens\. However, you requested (?P<output>\d+) "
         r"output tokens(?: and your prompt contains at least (?P<input>\d+) input tokens)?",
-        # vLLM ≥ 0.10: "You passed 31745 input tokens and requested 1024 output tokens. However, the
-        # model's context length is only 32768 tokens".
+        # vLLM ≥ 0.10
         r"You passed (?P<input>\d+) input tokens and requested (?P<output>\d+) output tokens\. "
         r"However, the model'?s context length is only (?P<window>\d+) tokens",
-        # SGLang: "Requested token count exceeds the model's maximum context length of 4096 tokens. You
-        # requested a total of 4200 tokens: 3200 tokens from the input messages and 1000 tokens for the
-        # completion."
+        # SGLang
         r"maximum context length of (?P<window>\d+) tokens\. You requested a total of \d+ tokens: "
         r"(?P<input>\d+) tokens from the input messages and (?P<output>\d+) tokens for the completion",
-        # OpenRouter: "This endpoint's maximum context length is 65536 tokens. However, you requested
-        # about 92208 tokens (60833 of text input, 10042 of tool input, 21333 in the output)".
+        # OpenRouter
         r"maximum context length is (?P<window>\d+) tokens\. However, you requested about \d+ tokens "
         r"\((?P<input>\d+) of text input(?:, (?P<tool>\d+) of tool input)?, (?P<output>\d+) in the output",
-        # Anthropic: "input length and `max_tokens` exceed context limit: 178959 + 64000 > 200000".
-        r"exceed context limit: (?P<input>\d+) \+ (?P<output>\d+) > (?P<window>\d+)",
-        # TGI: "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and
-        # 200 `max_new_tokens`".
+        r"exceed context limit: (?P<input>\d+) \+ (?P<output>\d+) > (?P<window>\d+)",  # Anthropic
+        # TGI
         r"must be <= (?P<window>\d+)\. Given: (?P<input>\d+) `inputs` tokens and "
         r"(?P<output>\d+) `max_new_tokens`",
     )
@@ -209,6 +201,8 @@ _RATE_LIMIT_WORDING = re.compile(
     r"|^overloaded\.?$",  # Anthropic's overloaded_error, in a stream that lost its type
     re.IGNORECASE,
 )
+
+
 def classify_http_error(
     status: int | None,
     body: Any,
