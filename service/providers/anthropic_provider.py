@@ -122,22 +122,17 @@ class AnthropicProvider:
                         output_tokens = reported_count(getattr(reported, "output_tokens", None))
                         usage = _usage(input_usage, output_tokens)
                         yield UsageReport(usage)
-                elif kind == "content_block_start":
-                    block = getattr(event, "content_block", None)
-                    block_type = getattr(block, "type", None)
-                    if block_type in ("tool_use", "server_tool_use"):
-                        yield ToolCall(name=str(getattr(block, "name", "")), id=getattr(block, "id", None))
-                    elif block_type == "text" and getattr(block, "text", ""):
-                        yield TextDelta(str(getattr(block, "text", "")))
-                    elif block_type == "thinking" and getattr(block, "thinking", ""):
-                        yield ReasoningDelta(str(getattr(block, "thinking", "")))
-                elif kind == "content_block_delta":
-                    delta = getattr(event, "delta", None)
-                    delta_type = getattr(delta, "type", None)
-                    if delta_type == "text_delta" and getattr(delta, "text", ""):
-                        yield TextDelta(str(getattr(delta, "text", "")))
-                    elif delta_type == "thinking_delta" and getattr(delta, "thinking", ""):
-                        yield ReasoningDelta(str(getattr(delta, "thinking", "")))
+                elif kind in ("content_block_start", "content_block_delta"):
+                    # A block's start and its deltas carry text the same way ("text" / "text_delta").
+                    where = "content_block" if kind == "content_block_start" else "delta"
+                    part: Any = getattr(event, where, None)
+                    part_type = str(getattr(part, "type", "")).removesuffix("_delta")
+                    if part_type in ("tool_use", "server_tool_use"):
+                        yield ToolCall(name=str(getattr(part, "name", "")), id=getattr(part, "id", None))
+                    elif part_type == "text" and getattr(part, "text", None):
+                        yield TextDelta(str(part.text))
+                    elif part_type == "thinking" and getattr(part, "thinking", None):
+                        yield ReasoningDelta(str(part.thinking))
                 elif kind == "message_delta":
                     stop_raw = getattr(getattr(event, "delta", None), "stop_reason", None) or stop_raw
                     reported = getattr(event, "usage", None)

@@ -28,6 +28,7 @@ from service.summary.material import QAPair, render_qa_pair
 PROMPT_VERSION = "summary-prompts-1"
 
 SummaryKind = Literal["qa", "context"]
+_MATERIAL: dict[SummaryKind, str] = {"qa": "side questions and answers", "context": "transcript"}
 
 # What the first attempt asks for: comfortably below the 2200-token body limit.
 FIRST_BODY_TOKENS = 1500
@@ -118,7 +119,6 @@ def build_summary_prompt(
     """The prompt of one summary attempt over ``material``: an *update* of ``previous_body`` (the
     running valid summary, rendered) when given; ``retry`` adds a firmer format reminder and asks for a
     body under 600 tokens."""
-    what = "side questions and answers" if kind == "qa" else "transcript"
     parts: list[str] = []
     if previous_body is not None:
         parts.append(
@@ -130,15 +130,17 @@ def build_summary_prompt(
             "replaces them, and merge new facts in."
         )
     else:
-        parts.append(f"Summarise the {what} below.")
+        parts.append(f"Summarise the {_MATERIAL[kind]} below.")
     if chunks > 1:
         parts.append(f"This is part {chunk} of {chunks} of the material.")
     parts.append(f"<material>\n{material}\n</material>")
-    parts.append(_closing(retry))
-    return SummaryPrompt(
-        system=summary_system_prompt(kind, instructions),
-        messages=[{"role": "user", "content": "\n\n".join(parts)}],
-    )
+    return _prompt(kind, parts, retry, instructions)
+
+
+def _prompt(kind: SummaryKind, parts: list[str], retry: bool, instructions: str | None) -> SummaryPrompt:
+    """The system prompt, and one user turn of ``parts`` closed by :func:`_closing`."""
+    content = "\n\n".join([*parts, _closing(retry)])
+    return SummaryPrompt(summary_system_prompt(kind, instructions), [{"role": "user", "content": content}])
 
 
 def _closing(retry: bool) -> str:
@@ -167,20 +169,15 @@ def merge_piece(part: int, body: str) -> str:
 def _merge_prompt(
     kind: SummaryKind, pieces: str, count: int, *, retry: bool, instructions: str | None = None
 ) -> SummaryPrompt:
-    what = "side questions and answers" if kind == "qa" else "transcript"
     parts = [
-        f"Below are {count} partial summaries of consecutive parts of the {what}, in order: part 1 "
-        f"summarises the oldest material, part {count} the newest. Merge them into one summary in the "
+        f"Below are {count} partial summaries of consecutive parts of the {_MATERIAL[kind]}, in order: "
+        f"part 1 summarises the oldest material, part {count} the newest. Merge them into one summary in the "
         "same format. This is a merge, not a rewrite: keep the conclusions, decisions and open points of "
         "every part unless a later part explicitly settles or replaces them; where parts disagree, the "
         "later part describes the newer state. Say each fact once.",
         MERGE_OPEN + pieces + MERGE_CLOSE,
-        _closing(retry),
     ]
-    return SummaryPrompt(
-        system=summary_system_prompt(kind, instructions),
-        messages=[{"role": "user", "content": "\n\n".join(parts)}],
-    )
+    return _prompt(kind, parts, retry, instructions)
 
 
 def build_merge_prompt(
