@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from service.budget import estimate_text
@@ -45,18 +45,18 @@ class SummaryDocument:
 
     def to_json(self) -> dict[str, Any]:
         """The document as stored (and as shown to the model when it is updated)."""
-        return {
-            "objective": self.objective,
-            "state": self.state,
-            "decisions": list(self.decisions),
-            "open_work": list(self.open_work),
-            "risks": list(self.risks),
-        }
+        return _json_form(self)
 
     @classmethod
     def from_json(cls, value: Any) -> SummaryDocument:
         """Rebuild a stored document, validating it exactly like a model reply (stored data may be old)."""
         return _validate(value)
+
+
+def _json_form(value: SummaryDocument | Provenance) -> dict[str, Any]:
+    """A dataclass's fields in their order, tuples as JSON lists."""
+    items = ((f.name, getattr(value, f.name)) for f in fields(value))
+    return {name: list(item) if isinstance(item, tuple) else item for name, item in items}
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -207,16 +207,7 @@ class Provenance:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form for the session memory."""
-        return {
-            "source": self.source,
-            "model": self.model,
-            "created_at": self.created_at,
-            "context_time": self.context_time,
-            "first_ordinal": self.first_ordinal,
-            "covered_through_ordinal": self.covered_through_ordinal,
-            "snapshot_hash": self.snapshot_hash,
-            "message_range": list(self.message_range) if self.message_range is not None else None,
-        }
+        return _json_form(self)
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Provenance:

@@ -72,17 +72,12 @@ class SummaryCallBudget:
             raise ValueError("max_calls must be >= 0")
         self.max_calls = max_calls
         self.calls_made = 0
-        self._reserved = 0
-
-    @property
-    def reserved(self) -> int:
-        """Calls promised to running plans and not yet made."""
-        return self._reserved
+        self.reserved = 0  # calls promised to running plans and not yet made
 
     @property
     def remaining(self) -> int:
         """Calls still allowed and not promised to a running plan."""
-        return self.max_calls - self.calls_made - self._reserved
+        return self.max_calls - self.calls_made - self.reserved
 
     def take(self, reservation: CallReservation | None = None) -> None:
         """Count one call about to be made, out of ``reservation`` while it has calls left, else out of
@@ -91,7 +86,7 @@ class SummaryCallBudget:
             if reservation.budget is not self:
                 raise ValueError("the reservation belongs to another budget")
             reservation.left -= 1
-            self._reserved -= 1
+            self.reserved -= 1
             self.calls_made += 1
             return
         self.require()
@@ -104,27 +99,27 @@ class SummaryCallBudget:
                 calls_made=self.calls_made,
                 calls_needed=calls_needed,
                 max_calls=self.max_calls,
-                calls_reserved=self._reserved,
+                calls_reserved=self.reserved,
             )
 
     def reserve(self, calls_needed: int) -> CallReservation:
         """:meth:`require` the plan's calls and hold them for it until it releases the rest (``with
         budget.reserve(n) as reservation:``, the reservation passed to ``take``)."""
         self.require(calls_needed)
-        self._reserved += calls_needed
+        self.reserved += calls_needed
         return CallReservation(self, calls_needed)
 
 
+@dataclass
 class CallReservation:
     """Calls a plan holds in a :class:`SummaryCallBudget`; :meth:`release` returns those not made."""
 
-    def __init__(self, budget: SummaryCallBudget, calls: int) -> None:
-        self.budget = budget
-        self.left = calls
+    budget: SummaryCallBudget
+    left: int
 
     def release(self) -> None:
         """Give back the calls not made (idempotent)."""
-        self.budget._reserved -= self.left
+        self.budget.reserved -= self.left
         self.left = 0
 
     def __enter__(self) -> CallReservation:
