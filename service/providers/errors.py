@@ -270,12 +270,8 @@ def classify_stream_error(error: Any, *, usage: CallUsage | None = None) -> Prov
 
 
 def classify_undecodable_chunk(exc: ValueError, *, usage: CallUsage | None = None) -> ProviderError:
-    """Classify a stream chunk the SDK could not decode as JSON.
-
-    A server that breaks its JSON (SGLang's ``\\'``) or sends its error as text inside the stream still
-    says what went wrong: an overflow there must reach the overflow retry like any other. A chunk that
-    says nothing we recognise is a provider error about the invalid data.
-    """
+    """Classify a stream chunk the SDK could not decode as JSON (SGLang's ``\\'``, an error as text):
+    an overflow there must reach the overflow retry like any other; the rest is about invalid data."""
     if isinstance(exc, json.JSONDecodeError):
         error = classify_stream_error(exc.doc, usage=usage)
         if type(error) is not ProviderError:
@@ -298,12 +294,8 @@ def stream_broke(exc: httpx2.HTTPError | ValueError, usage: CallUsage | None) ->
 
 
 def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple[int | None, int | None]:
-    """``(prompt_tokens, context_limit)`` as an overflow message (or the error's own fields) states them.
-
-    Either is None when the body does not say it. Only real counts are taken: Ollama's "exceeded max
-    context length by 4 tokens" and LM Studio's "Trying to keep the first N tokens" (a part of the
-    prompt) give no prompt count.
-    """
+    """``(prompt_tokens, context_limit)`` as an overflow message (or the error's own fields) states
+    them, None where it does not (docs/providers.md, "The prompt's real token count")."""
     prompt: int | None = None
     limit: int | None = None
     if fields:

@@ -92,11 +92,8 @@ def _validate(value: Any) -> SummaryDocument:
     missing = [k for k in DOCUMENT_KEYS if k not in keys]
     extra = sorted(str(k) for k in keys - set(DOCUMENT_KEYS))
     if missing or extra:
-        parts = []
-        if missing:
-            parts.append("missing " + ", ".join(missing))
-        if extra:
-            parts.append("unexpected " + ", ".join(extra))
+        found = (("missing", missing), ("unexpected", extra))
+        parts = [f"{what} {', '.join(names)}" for what, names in found if names]
         raise SummaryInvalid("the object must have exactly the five keys (" + "; ".join(parts) + ")")
     strings = {k: _check_string(k, value[k]) for k in _STRING_KEYS}
     lists: dict[str, tuple[str, ...]] = {}
@@ -107,19 +104,12 @@ def _validate(value: Any) -> SummaryDocument:
         if len(items) > MAX_LIST_ITEMS:
             raise SummaryInvalid(f"{key} has {len(items)} items, over the limit of {MAX_LIST_ITEMS}")
         lists[key] = tuple(_check_string(f"{key}[{i}]", item) for i, item in enumerate(items))
-    document = SummaryDocument(
-        objective=strings["objective"],
-        state=strings["state"],
-        decisions=lists["decisions"],
-        open_work=lists["open_work"],
-        risks=lists["risks"],
-    )
     # A document that says nothing would be "success while doing nothing": it would silently replace
     # real material with blanks, so it is invalid (and gets the one retry) rather than accepted.
-    texts = (document.objective, document.state, *document.decisions, *document.open_work, *document.risks)
+    texts = (*strings.values(), *(item for items in lists.values() for item in items))
     if not any(text.strip() for text in texts):
         raise SummaryInvalid("every field is empty")
-    return document
+    return SummaryDocument(strings["objective"], strings["state"], *(lists[key] for key in _LIST_KEYS))
 
 
 def parse_summary_document(text: str) -> SummaryDocument:
