@@ -34,6 +34,8 @@ from service.providers.base import (
 )
 from service.providers.errors import STALLED, classify_http_error, classify_stream_error, stream_broke
 
+# The input counts of Anthropic's usage (``_input_usage`` keeps exactly these keys).
+_INPUT_COUNTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 _STOP_REASONS: dict[str, str] = {
     "end_turn": STOP,
     "stop_sequence": STOP,
@@ -196,23 +198,11 @@ def _classify_status_error(exc: Any, usage: CallUsage | None) -> ProviderError:
 
 
 def _input_usage(reported: Any) -> dict[str, int]:
-    return {
-        "input_tokens": reported_count(getattr(reported, "input_tokens", None)),
-        "cache_read_input_tokens": reported_count(getattr(reported, "cache_read_input_tokens", None)),
-        "cache_creation_input_tokens": reported_count(getattr(reported, "cache_creation_input_tokens", None)),
-    }
+    return {key: reported_count(getattr(reported, key, None)) for key in _INPUT_COUNTS}
 
 
 def _usage(input_usage: Mapping[str, int], output_tokens: int) -> CallUsage:
     """Anthropic's ``input_tokens`` excludes cache reads and writes; ours includes both."""
-    cache_read = input_usage.get("cache_read_input_tokens", 0)
-    total_input = (
-        input_usage.get("input_tokens", 0) + cache_read + input_usage.get("cache_creation_input_tokens", 0)
-    )
-    return CallUsage(
-        input_tokens=total_input,
-        output_tokens=output_tokens,
-        reasoning_tokens=0,
-        cached_tokens=cache_read,
-        reported=True,
-    )
+    cached = input_usage.get("cache_read_input_tokens", 0)
+    total = sum(input_usage.values())
+    return CallUsage(input_tokens=total, output_tokens=output_tokens, cached_tokens=cached, reported=True)
