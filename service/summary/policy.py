@@ -9,6 +9,7 @@ it goes out, so the call after the last allowed one is never made.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -219,19 +220,15 @@ class SummaryCaller:
         tally: CallTally | None = None,
     ) -> SummaryDocument:
         """One chunk: first attempt, and on a retryable failure exactly one retry from the same input."""
-        previous_body = render_body(previous) if previous is not None else None
-
-        def prompt(retry: bool) -> SummaryPrompt:
-            return build_summary_prompt(
-                kind,
-                material,
-                previous_body=previous_body,
-                retry=retry,
-                chunk=chunk_index,
-                chunks=chunks,
-                instructions=self.instructions,
-            )
-
+        prompt = functools.partial(
+            build_summary_prompt,
+            kind,
+            material,
+            previous_body=render_body(previous) if previous is not None else None,
+            chunk=chunk_index,
+            chunks=chunks,
+            instructions=self.instructions,
+        )
         return await self._call_with_retry(kind, prompt, reservation=reservation, tally=tally)
 
     async def merge(
@@ -244,27 +241,25 @@ class SummaryCaller:
     ) -> SummaryDocument:
         """One merge call over two or more valid ``documents`` (in material order), retried as a chunk."""
         bodies = [render_body(document) for document in documents]
-
-        def prompt(retry: bool) -> SummaryPrompt:
-            return build_merge_prompt(kind, bodies, retry=retry, instructions=self.instructions)
-
+        prompt = functools.partial(build_merge_prompt, kind, bodies, instructions=self.instructions)
         return await self._call_with_retry(kind, prompt, reservation=reservation, tally=tally)
 
     async def _call_with_retry(
         self,
         kind: SummaryKind,
-        prompt: Callable[[bool], SummaryPrompt],
+        prompt: Callable[..., SummaryPrompt],
         *,
         reservation: CallReservation | None,
         tally: CallTally | None,
     ) -> SummaryDocument:
         try:
-            return await self._attempt(kind, prompt(False), retry=False, reservation=reservation, tally=tally)
+            first = prompt(retry=False)
+            return await self._attempt(kind, first, retry=False, reservation=reservation, tally=tally)
         except (SummaryToolCall, SummaryCallCap):
             raise  # never retried: a tool call is a policy breach, the cap is the cap
         except SummaryError:
             pass  # empty / truncated / invalid / too long: the one retry below, from the same input
-        return await self._attempt(kind, prompt(True), retry=True, reservation=reservation, tally=tally)
+        return await self._attempt(kind, prompt(retry=True), retry=True, reservation=reservation, tally=tally)
 
     async def _attempt(
         self,
