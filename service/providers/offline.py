@@ -93,7 +93,7 @@ def summarise(messages: list[dict[str, Any]]) -> dict[str, Any]:
     """An extractive summary document with exactly SPEC §6.4's keys, small enough for any retry: of
     the ``<material>`` (all the text when untagged), updating a ``<previous_summary>``; or a merge
     prompt's documents, merged in order."""
-    text = "\n".join(_all_texts(messages))
+    text = "\n".join(text for message in messages for text in _texts(message.get("content")))
     material = _tagged(text, "material")
     # A merge prompt has no <material>: a transcript that merely quotes the merge tags is still material.
     parts = _merge_parts(text) if material is None else []
@@ -179,10 +179,6 @@ def compose_answer(messages: list[dict[str, Any]]) -> str:
     else:
         parts.append("No line of the context shares a word with the question.")
     return "\n".join(parts) + "\n"
-
-
-def _all_texts(messages: Iterable[Mapping[str, Any]]) -> list[str]:
-    return [text for message in messages for text in _texts(message.get("content"))]
 
 
 def _context_lines(messages: list[dict[str, Any]]) -> list[str]:

@@ -187,7 +187,7 @@ def usage_from_openai(usage: Any) -> CallUsage:
     cached = reported_count(getattr(prompt_details, "cached_tokens", None))
     if not cached:
         # DeepSeek reports its context cache hits at the top level instead.
-        cached = reported_count(_extra(usage, "prompt_cache_hit_tokens"))
+        cached = reported_count((getattr(usage, "model_extra", None) or {}).get("prompt_cache_hit_tokens"))
     completion_details = getattr(usage, "completion_tokens_details", None)
     reasoning = reported_count(getattr(completion_details, "reasoning_tokens", None))
     return CallUsage(
@@ -336,8 +336,3 @@ def _classify_status_error(exc: openai.APIStatusError, *, usage: CallUsage | Non
 def _cause(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     return f"{exc} ({type(cause).__name__}: {cause})" if cause is not None else str(exc)
-
-
-def _extra(model: Any, name: str) -> Any:
-    extra = getattr(model, "model_extra", None) or {}
-    return extra.get(name)
