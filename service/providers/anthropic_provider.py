@@ -20,7 +20,6 @@ from service.providers.base import (
     STOP,
     TOOL_CALLS,
     CallUsage,
-    Finish,
     ProviderCall,
     ProviderError,
     ProviderEvent,
@@ -29,6 +28,7 @@ from service.providers.base import (
     TextDelta,
     ToolCall,
     UsageReport,
+    finished,
     reported_count,
     sdk_api_key,
 )
@@ -161,10 +161,7 @@ class AnthropicProvider:
         finally:
             await response.close()
 
-        if stop_raw is None:
-            raise ProviderError("the stream ended before the model finished", usage=usage)
-        # SPEC §3's stop reasons; any other value passes through.
-        yield Finish(stop_reason=_STOP_REASONS.get(stop_raw, stop_raw), raw_stop_reason=stop_raw)
+        yield finished(stop_raw, _STOP_REASONS, usage)
 
 
 def to_anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ itself (the calling policy decides) and never invents usage.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -207,6 +207,14 @@ class ProviderTimeout(ProviderError):
     passing: ``service.pipeline.failures.error_object``)."""
 
     code = "timeout"
+
+
+def finished(raw: str | None, reasons: Mapping[str, str], usage: CallUsage | None) -> Finish:
+    """The reply's end, ``raw`` as SPEC §3 names it by ``reasons`` (any other value passes through);
+    a stream that ended without a stop reason broke off."""
+    if raw is None:
+        raise ProviderError("the stream ended before the model finished", usage=usage)
+    return Finish(stop_reason=reasons.get(raw, raw), raw_stop_reason=raw)
 
 
 # Local servers need no key, but the SDKs insist on one; this placeholder is never a real credential.

@@ -23,7 +23,6 @@ from service.providers.base import (
     STOP,
     TOOL_CALLS,
     CallUsage,
-    Finish,
     ProviderCall,
     ProviderError,
     ProviderEvent,
@@ -32,6 +31,7 @@ from service.providers.base import (
     TextDelta,
     ToolCall,
     UsageReport,
+    finished,
     reported_count,
     sdk_api_key,
 )
@@ -173,10 +173,7 @@ class OpenAIProvider:
         finally:
             await response.close()
 
-        if finish_raw is None:
-            raise ProviderError("the stream ended before the model finished", usage=usage)
-        # SPEC §3's stop reasons; any other value passes through.
-        yield Finish(stop_reason=_FINISH_REASONS.get(finish_raw, finish_raw), raw_stop_reason=finish_raw)
+        yield finished(finish_raw, _FINISH_REASONS, usage)
 
 
 def usage_from_openai(usage: Any) -> CallUsage:

@@ -296,29 +296,26 @@ def build_answer_request(
     ]
     # The stand-in results complete the snapshot's own tool calls, so they count as context.
     context_tokens += sum(estimate_block(block) for block in blocks)
-    blocks.append(_text_block(instructions))
+
+    def add(text: str) -> int:
+        """Append one text block to the final turn; its estimate."""
+        blocks.append(_text_block(text))
+        return estimate_text(text)
+
     # Sidequest's own text in the final turn (instructions, the "Side question:" label) is envelope:
     # the "question" segment is the question's bytes alone (SPEC §5), so a user can read it as such.
-    wrapper_tokens = estimate_text(instructions)
-
+    wrapper_tokens = add(instructions)
     qa_summary_tokens = 0
     if qa_summary is not None:
-        text = "Summary of earlier side questions and answers:\n" + qa_summary
-        blocks.append(_text_block(text))
-        qa_summary_tokens = estimate_text(text)
+        qa_summary_tokens = add("Summary of earlier side questions and answers:\n" + qa_summary)
     qa_raw_tokens = 0
     if replayed:
-        text = "Recent side questions and answers (oldest first):\n\n" + "\n".join(
-            render_qa_pair(pair) for pair in replayed
-        )
-        blocks.append(_text_block(text))
-        qa_raw_tokens = estimate_text(text)
-    question_text = "Side question:\n" + question
-    blocks.append(_text_block(question_text))
+        pairs = "\n".join(render_qa_pair(pair) for pair in replayed)
+        qa_raw_tokens = add("Recent side questions and answers (oldest first):\n\n" + pairs)
     question_tokens = estimate_text(question)
     # The label's share is what the labelled block costs beyond the bare question (per-block rounding
     # included), so the segments still add up to the estimate of what is sent.
-    wrapper_tokens += estimate_text(question_text) - question_tokens
+    wrapper_tokens += add("Side question:\n" + question) - question_tokens
 
     if out and out[-1].get("role") == "user":
         last = out[-1]
