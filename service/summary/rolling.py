@@ -103,33 +103,23 @@ async def fold_qa(
     total = sum(len(chunks) for chunks in plans)
     plan = runner.plan("qa", total)
     document = previous.document if previous is not None else None
+    # In parallel mode batches are only a loading unit: all their chunks at once need one merge.
+    runs = [[chunk for chunks in plans for chunk in chunks]] if plan.parallel else plans
+    done = 0
     with runner.budget.reserve(plan.calls) as reservation:
-        if plan.parallel:
-            # Batches are only a loading unit: summarising all their chunks at once needs one merge.
+        for chunks in runs:
             document = await runner.summarize(
                 "qa",
-                [chunk for chunks in plans for chunk in chunks],
+                chunks,
                 document,
                 check_cap=False,
-                parallel=True,
+                progress_offset=done,
+                progress_total=total,
+                parallel=plan.parallel,
                 reservation=reservation,
                 tally=tally,
             )
-        else:
-            done = 0
-            for chunks in plans:
-                document = await runner.summarize(
-                    "qa",
-                    chunks,
-                    document,
-                    check_cap=False,
-                    progress_offset=done,
-                    progress_total=total,
-                    parallel=False,
-                    reservation=reservation,
-                    tally=tally,
-                )
-                done += len(chunks)
+            done += len(chunks)
     assert document is not None
     first = previous.first_ordinal if previous is not None else fresh[0][0].ordinal
     through = fresh[-1][-1].ordinal
