@@ -46,6 +46,3 @@ def build_provider(settings: Settings) -> Provider:
             default_model=model,
         )
     raise ValueError(f"unknown provider {settings.provider!r}")
-
-
-__all__ = ["DEFAULT_MODELS", "Provider", "build_provider"]

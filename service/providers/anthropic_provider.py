@@ -1,11 +1,7 @@
-"""Adapter for Anthropic's Messages API on the official ``anthropic`` SDK (an optional extra).
-
-The SDK is imported when the provider is built, so the service runs without it unless
-``SIDEQUEST_PROVIDER=anthropic``. Canonical messages already are Anthropic's shape; thinking blocks
-stream as reasoning, apart from the body. Usage arrives twice: input (with cache reads and writes) in
-``message_start`` and the output count in ``message_delta``; each :class:`UsageReport` carries the
-cumulative usage so far, so the last one is the call's usage and a call that fails or is cancelled
-midway still knows its input tokens.
+"""Adapter for Anthropic's Messages API on the official ``anthropic`` SDK, imported when the provider
+is built. Canonical messages already are Anthropic's shape. Usage arrives twice (input in
+``message_start``, output in ``message_delta``); each :class:`UsageReport` carries the cumulative
+usage, so a call that fails or is cancelled midway still knows its input tokens.
 """
 
 from __future__ import annotations
@@ -17,13 +13,13 @@ from typing import Any
 import httpx2
 
 from service.budget.estimate import without_posted_form
+from service.providers import DEFAULT_MODELS
 from service.providers.base import (
     CONTENT_FILTER,
     LENGTH,
     STOP,
     TOOL_CALLS,
     CallUsage,
-    Finish,
     ProviderCall,
     ProviderError,
     ProviderEvent,
@@ -32,16 +28,14 @@ from service.providers.base import (
     TextDelta,
     ToolCall,
     UsageReport,
+    finished,
+    reported_count,
     sdk_api_key,
 )
-from service.providers.errors import (
-    classify_http_error,
-    classify_stream_error,
-    classify_undecodable_chunk,
-)
+from service.providers.errors import STALLED, classify_http_error, classify_stream_error, stream_broke
 
-DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
-
+# The input counts of Anthropic's usage (``_input_usage`` keeps exactly these keys).
+_INPUT_COUNTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 _STOP_REASONS: dict[str, str] = {
     "end_turn": STOP,
     "stop_sequence": STOP,
@@ -51,11 +45,6 @@ _STOP_REASONS: dict[str, str] = {
     "tool_use": TOOL_CALLS,
     "refusal": CONTENT_FILTER,
 }
-
-
-def normalise_stop_reason(raw: str) -> str:
-    """Map an Anthropic ``stop_reason`` to SPEC §3's stop reasons; unknown values pass through."""
-    return _STOP_REASONS.get(raw, raw)
 
 
 def _import_sdk() -> Any:
@@ -77,7 +66,7 @@ class AnthropicProvider:
         self,
         base_url: str | None,
         api_key: str | None,
-        default_model: str = DEFAULT_ANTHROPIC_MODEL,
+        default_model: str = DEFAULT_MODELS["anthropic"],
     ) -> None:
         self._sdk = _import_sdk()
         self.default_model = default_model
@@ -132,25 +121,20 @@ class AnthropicProvider:
                     reported = getattr(getattr(event, "message", None), "usage", None)
                     if reported is not None:
                         input_usage = _input_usage(reported)
-                        output_tokens = _int(getattr(reported, "output_tokens", None))
+                        output_tokens = reported_count(getattr(reported, "output_tokens", None))
                         usage = _usage(input_usage, output_tokens)
                         yield UsageReport(usage)
-                elif kind == "content_block_start":
-                    block = getattr(event, "content_block", None)
-                    block_type = getattr(block, "type", None)
-                    if block_type in ("tool_use", "server_tool_use"):
-                        yield ToolCall(name=str(getattr(block, "name", "")), id=getattr(block, "id", None))
-                    elif block_type == "text" and getattr(block, "text", ""):
-                        yield TextDelta(str(getattr(block, "text", "")))
-                    elif block_type == "thinking" and getattr(block, "thinking", ""):
-                        yield ReasoningDelta(str(getattr(block, "thinking", "")))
-                elif kind == "content_block_delta":
-                    delta = getattr(event, "delta", None)
-                    delta_type = getattr(delta, "type", None)
-                    if delta_type == "text_delta" and getattr(delta, "text", ""):
-                        yield TextDelta(str(getattr(delta, "text", "")))
-                    elif delta_type == "thinking_delta" and getattr(delta, "thinking", ""):
-                        yield ReasoningDelta(str(getattr(delta, "thinking", "")))
+                elif kind in ("content_block_start", "content_block_delta"):
+                    # A block's start and its deltas carry text the same way ("text" / "text_delta").
+                    where = "content_block" if kind == "content_block_start" else "delta"
+                    part: Any = getattr(event, where, None)
+                    part_type = str(getattr(part, "type", "")).removesuffix("_delta")
+                    if part_type in ("tool_use", "server_tool_use"):
+                        yield ToolCall(name=str(getattr(part, "name", "")), id=getattr(part, "id", None))
+                    elif part_type == "text" and getattr(part, "text", None):
+                        yield TextDelta(str(part.text))
+                    elif part_type == "thinking" and getattr(part, "thinking", None):
+                        yield ReasoningDelta(str(part.thinking))
                 elif kind == "message_delta":
                     stop_raw = getattr(getattr(event, "delta", None), "stop_reason", None) or stop_raw
                     reported = getattr(event, "usage", None)
@@ -159,31 +143,25 @@ class AnthropicProvider:
                         # from message_start when they are absent.
                         updated = _input_usage(reported)
                         input_usage.update({k: v for k, v in updated.items() if v})
-                        output_tokens = _int(getattr(reported, "output_tokens", None)) or output_tokens
+                        output = reported_count(getattr(reported, "output_tokens", None))
+                        output_tokens = output or output_tokens
                         usage = _usage(input_usage, output_tokens)
                         yield UsageReport(usage)
         except sdk.APIStatusError as exc:
             # An `event: error` inside the 200 stream arrives as a status error carrying status 200.
             raise _classify_status_error(exc, usage) from exc
         except sdk.APITimeoutError as exc:
-            raise ProviderTimeout("the stream stalled past the call's timeout", usage=usage) from exc
+            raise ProviderTimeout(STALLED, usage=usage) from exc
         except sdk.APIConnectionError as exc:
             raise ProviderError(f"the stream broke: {exc}", usage=usage) from exc
         except sdk.APIError as exc:
             raise classify_stream_error(exc.body, usage=usage) from exc
-        # Unlike the openai SDK, the anthropic one lets transport errors of a running stream through.
-        except httpx2.TimeoutException as exc:
-            raise ProviderTimeout("the stream stalled past the call's timeout", usage=usage) from exc
-        except httpx2.HTTPError as exc:
-            raise ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage) from exc
-        except ValueError as exc:  # a chunk that is not JSON
-            raise classify_undecodable_chunk(exc, usage=usage) from exc
+        except (httpx2.HTTPError, ValueError) as exc:
+            raise stream_broke(exc, usage) from exc
         finally:
             await response.close()
 
-        if stop_raw is None:
-            raise ProviderError("the stream ended before the model finished", usage=usage)
-        yield Finish(stop_reason=normalise_stop_reason(stop_raw), raw_stop_reason=stop_raw)
+        yield finished(stop_raw, _STOP_REASONS, usage)
 
 
 def to_anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,30 +195,11 @@ def _classify_status_error(exc: Any, usage: CallUsage | None) -> ProviderError:
 
 
 def _input_usage(reported: Any) -> dict[str, int]:
-    return {
-        "input_tokens": _int(getattr(reported, "input_tokens", None)),
-        "cache_read_input_tokens": _int(getattr(reported, "cache_read_input_tokens", None)),
-        "cache_creation_input_tokens": _int(getattr(reported, "cache_creation_input_tokens", None)),
-    }
+    return {key: reported_count(getattr(reported, key, None)) for key in _INPUT_COUNTS}
 
 
 def _usage(input_usage: Mapping[str, int], output_tokens: int) -> CallUsage:
     """Anthropic's ``input_tokens`` excludes cache reads and writes; ours includes both."""
-    cache_read = input_usage.get("cache_read_input_tokens", 0)
-    total_input = (
-        input_usage.get("input_tokens", 0) + cache_read + input_usage.get("cache_creation_input_tokens", 0)
-    )
-    return CallUsage(
-        input_tokens=total_input,
-        output_tokens=output_tokens,
-        reasoning_tokens=0,
-        cached_tokens=cache_read,
-        reported=True,
-    )
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value) if value is not None else 0
-    except (TypeError, ValueError):
-        return 0
+    cached = input_usage.get("cache_read_input_tokens", 0)
+    total = sum(input_usage.values())
+    return CallUsage(input_tokens=total, output_tokens=output_tokens, cached_tokens=cached, reported=True)

@@ -1,18 +1,14 @@
 """The one small interface every model provider adapter implements.
 
-Messages travel in one canonical, Anthropic-style shape (the snapshot's own shape after
-normalisation): ``{"role": "user" | "assistant", "content": str | [block, ...]}`` where a block is
-``{"type": "text", "text"}``, ``{"type": "tool_use", "id", "name", "input"}`` or
-``{"type": "tool_result", "tool_use_id", "content"}``. The system prompt and tool schemas travel
-beside the messages. Each adapter converts to its wire format.
-
-An adapter streams :data:`ProviderEvent` values and raises one of the typed errors below; it never
-retries by itself (our policy in the pipeline decides) and never invents usage.
+Messages travel in one canonical, Anthropic-style shape (the snapshot's own, after normalisation),
+the system prompt and tool schemas beside them; each adapter converts to its wire format. An adapter
+streams :data:`ProviderEvent` values and raises one of the typed errors below; it never retries by
+itself (the calling policy decides) and never invents usage.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -27,11 +23,8 @@ CONTENT_FILTER = "content_filter"
 
 @dataclass(frozen=True)
 class CallUsage:
-    """Token usage of one provider call, exactly as the provider reported it.
-
-    ``input_tokens`` includes ``cached_tokens``. ``reported`` is False when the provider sent no usage:
-    the numbers are then zeros, never estimates.
-    """
+    """Token usage of one provider call, exactly as the provider reported it (``input_tokens``
+    includes ``cached_tokens``); ``reported`` False: it sent none, and the zeros are never estimates."""
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -106,13 +99,11 @@ ProviderEvent = TextDelta | ReasoningDelta | ToolCall | UsageReport | Finish
 
 
 class ProviderError(Exception):
-    """A provider call failed. ``status`` is the HTTP status when there was one.
+    """A provider call failed; ``status`` is the provider's HTTP status when there was one.
 
-    ``usage`` carries usage the provider reported before failing (else None); ``after_output`` says
-    whether text or a tool call had streamed before it (the calling policy sets it). Not a
-    :class:`~service.errors.SidequestError`: there ``status`` is the status *we* would answer with,
-    here it is the provider's own (reported in the error detail), and no provider error ever ends an
-    HTTP request of ours. It speaks the rest of the protocol: ``code`` and :meth:`to_error`.
+    ``usage``: what the provider reported before failing; ``after_output``: whether text or a tool
+    call had streamed before it. Not a :class:`~service.errors.SidequestError`, whose ``status`` is the
+    one *we* would answer with (docs/architecture.md); it speaks the rest: ``code``, :meth:`to_error`.
     """
 
     code = "provider_error"
@@ -149,10 +140,9 @@ class ProviderError(Exception):
 class ContextOverflow(ProviderError):
     """The prompt does not fit the model's context window.
 
-    ``prompt_tokens`` is the prompt's real token count when the error body states it ("your request
-    has N input tokens"): a calibration sample, and what the overflow retry shrinks to (SPEC §5.1).
-    ``context_limit`` is the window the body names, when it names one. ``output_fills_window``: the
-    body says the requested output alone fills that window, so no smaller prompt can fit.
+    ``prompt_tokens`` / ``context_limit``: the prompt's real count and the window, when the body states
+    them (a calibration sample, and what the overflow retry shrinks to: SPEC §5.1).
+    ``output_fills_window``: the requested output alone fills the window, so no smaller prompt fits.
     """
 
     code = "context_overflow"
@@ -180,11 +170,8 @@ class ModelUnavailable(ProviderError):
 
 
 class RateLimited(ProviderError):
-    """429 / 529 / a 413 that is a token-rate limit. ``quota_exhausted`` must not be retried.
-
-    ``attempts`` is how many calls were made before giving up (set by the calling policy, which
-    retries rate limits; SPEC §3 reports it in the ``rate_limited`` error detail).
-    """
+    """429 / 529 / a 413 that is a token-rate limit; ``quota_exhausted`` must not be retried.
+    ``attempts``: calls made before giving up (set by the calling policy; SPEC §3's error detail)."""
 
     code = "rate_limited"
 
@@ -216,13 +203,18 @@ class RateLimited(ProviderError):
 
 
 class ProviderTimeout(ProviderError):
-    """The call did not finish within its timeout.
-
-    A side request reports it as its deadline passing (``service.pipeline.failures.error_object``:
-    the ``timeout`` detail names the deadline and stage, which only the pipeline knows).
-    """
+    """The call did not finish within its timeout (a side request reports it as its deadline
+    passing: ``service.pipeline.failures.error_object``)."""
 
     code = "timeout"
+
+
+def finished(raw: str | None, reasons: Mapping[str, str], usage: CallUsage | None) -> Finish:
+    """The reply's end, ``raw`` as SPEC §3 names it by ``reasons`` (any other value passes through);
+    a stream that ended without a stop reason broke off."""
+    if raw is None:
+        raise ProviderError("the stream ended before the model finished", usage=usage)
+    return Finish(stop_reason=reasons.get(raw, raw), raw_stop_reason=raw)
 
 
 # Local servers need no key, but the SDKs insist on one; this placeholder is never a real credential.
@@ -235,6 +227,14 @@ def sdk_api_key(api_key: str | None, base_url: str | None) -> str | None:
     if api_key is None and base_url is not None:
         return _NO_KEY
     return api_key
+
+
+def reported_count(value: Any) -> int:
+    """A usage count as a provider reported it; 0 when it sent none, or not a number."""
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
 
 
 class Provider(Protocol):

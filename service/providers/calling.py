@@ -1,10 +1,8 @@
-"""The calling policy shared by summary calls and answers (SPEC §7, §8).
+"""The calling policy shared by summary calls and answers (SPEC §7, §8; docs/providers.md).
 
-:func:`run_call` drives one logical call through a provider: it collects the stream, forwards answer
-text as it arrives, waits and retries on rate limits (honouring ``Retry-After``, at most twice, never past
-the deadline, never on an exhausted quota) and records **every attempt** — succeeded, failed or
-cancelled — with the usage the provider reported for it. Everything else (overflow recovery, summary
-retries with a bigger cap) is the caller's business: this layer never retries anything but a rate limit.
+:func:`run_call` collects one logical call's stream, forwards answer text as it arrives, retries rate
+limits (never past the deadline, never an exhausted quota) and records **every attempt** with the usage
+the provider reported for it. It retries nothing but a rate limit: the rest is the caller's business.
 """
 
 from __future__ import annotations
@@ -62,26 +60,13 @@ class CallRecorder(Protocol):
         *,
         purpose: str,
         model: str,
-        status: Literal["ok", "failed", "cancelled"],
+        status: CallStatus,
         usage: CallUsage,
         latency_ms: int = 0,
     ) -> None:
-        """Record one attempt with the usage the provider reported (zeros, ``reported=False``, if none).
-
-        ``latency_ms`` is the attempt's wall time, from sending the request to its last event or error.
-        """
+        """Record one attempt with the usage the provider reported (zeros, ``reported=False``, if none)
+        and its wall time, from sending the request to its last event or error."""
         ...
-
-
-@dataclass
-class _Attempt:
-    """The running state of one attempt, so a failure can still record the usage seen so far."""
-
-    text: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    usage: CallUsage | None = None
-    finish: Finish | None = None
 
 
 async def run_call(
@@ -99,15 +84,11 @@ async def run_call(
 ) -> CallResult:
     """Run ``call`` on ``provider`` under the calling policy and return what it produced.
 
-    ``deadline`` is an absolute ``clock()`` value: each attempt gets the time left as its timeout and
-    the whole attempt is bounded by it (:class:`ProviderTimeout` when it runs out). ``before_attempt``
-    runs before every attempt and may raise to refuse it (the summary call cap); ``on_attempt`` is then
-    awaited, once the attempt is certain (a background job counts it on its row). Text deltas go to
-    ``on_text`` as they arrive. A :class:`RateLimited` that is not a quota is retried after its
-    ``Retry-After`` (else 1 s, then 2 s) at most ``max_rate_limit_retries`` times and only if the wait
-    ends before the deadline — and, for a call whose text streams out (``on_text``), only while none
-    has; the final :class:`RateLimited` carries ``attempts``. Every other error is
-    recorded and re-raised as it came.
+    ``deadline`` is an absolute ``clock()`` value bounding every attempt (:class:`ProviderTimeout`).
+    ``before_attempt`` may raise to refuse an attempt (the summary call cap); ``on_attempt`` is awaited
+    once it is certain. Text deltas go to ``on_text``. A :class:`RateLimited` that is not a quota is
+    retried after its ``Retry-After`` (else 1 s, then 2 s) at most ``max_rate_limit_retries`` times, if
+    the wait ends before the deadline and no text has streamed out; the last one carries ``attempts``.
     """
     attempts = 0
     retries = 0
@@ -167,10 +148,15 @@ async def _attempt(
     on_text: Callable[[str], Awaitable[None]] | None,
 ) -> CallResult:
     """One provider call, recorded exactly once whatever happens to it."""
-    state = _Attempt()
+    # The attempt's running state, so that a failure still records the usage seen so far.
+    text: list[str] = []
+    reasoning: list[str] = []
+    tool_calls: list[ToolCall] = []
+    usage: CallUsage | None = None
+    finish: Finish | None = None
     started = time.monotonic()
 
-    async def record(status: CallStatus, usage: CallUsage | None) -> None:
+    async def record(status: CallStatus, reported: CallUsage | None) -> None:
         # Written even when this task is cancelled meanwhile: parallel calls that pass one deadline
         # together each record their end while the first failure cancels the rest (SPEC 7: every
         # call has its usage entry). A cancel waits for the write, then holds.
@@ -179,7 +165,7 @@ async def _attempt(
                 purpose=call.purpose,
                 model=model,
                 status=status,
-                usage=usage if usage is not None else CallUsage(reported=False),
+                usage=reported if reported is not None else CallUsage(reported=False),
                 latency_ms=round((time.monotonic() - started) * 1000),
             )
         )
@@ -199,50 +185,48 @@ async def _attempt(
             try:
                 async for event in events:
                     if isinstance(event, TextDelta):
-                        state.text.append(event.text)
+                        text.append(event.text)
                         if on_text is not None:
                             await on_text(event.text)
                     elif isinstance(event, ReasoningDelta):
-                        state.reasoning.append(event.text)
+                        reasoning.append(event.text)
                     elif isinstance(event, ToolCall):
-                        state.tool_calls.append(event)
+                        tool_calls.append(event)
                     elif isinstance(event, UsageReport):
                         # Reports are cumulative: the last one is the call's usage.
-                        state.usage = event.usage
+                        usage = event.usage
                     elif isinstance(event, Finish):
-                        state.finish = event
+                        finish = event
             finally:
                 # Close the stream (and its HTTP response) now, not whenever it is garbage-collected.
                 close = getattr(events, "aclose", None)
                 if close is not None:
                     await close()
     except TimeoutError as exc:
-        usage = state.usage
         await record("failed", usage)
-        raise ProviderTimeout(
-            f"{call.purpose} call did not finish within {remaining:.1f}s", usage=usage
-        ) from exc
+        message = f"{call.purpose} call did not finish within {remaining:.1f}s"
+        raise ProviderTimeout(message, usage=usage) from exc
     except asyncio.CancelledError:
-        await record("cancelled", state.usage)
+        await record("cancelled", usage)
         raise
     except ProviderError as exc:
-        if exc.usage is None and state.usage is not None:
-            exc.usage = state.usage
+        if exc.usage is None and usage is not None:
+            exc.usage = usage
         # A reply that had begun (text, or a tool call: SPEC 7 retries neither) failed part-way.
-        exc.after_output = bool(state.text or state.tool_calls)
+        exc.after_output = bool(text or tool_calls)
         await record("failed", exc.usage)
         raise
     except Exception:
-        await record("failed", state.usage)
+        await record("failed", usage)
         raise
 
-    usage = state.usage or CallUsage(reported=False)
+    usage = usage or CallUsage(reported=False)
     await record("ok", usage)
     return CallResult(
-        text="".join(state.text),
-        reasoning="".join(state.reasoning),
-        tool_calls=state.tool_calls,
-        stop_reason=state.finish.stop_reason if state.finish else None,
-        raw_stop_reason=state.finish.raw_stop_reason if state.finish else None,
+        text="".join(text),
+        reasoning="".join(reasoning),
+        tool_calls=tool_calls,
+        stop_reason=finish.stop_reason if finish else None,
+        raw_stop_reason=finish.raw_stop_reason if finish else None,
         usage=usage,
     )

@@ -1,18 +1,7 @@
-"""The ``offline`` provider (SPEC §1): deterministic, no network, no model.
-
-It exists so that ``sidequest serve`` works on a fresh machine, not as a test double:
-
-* **Summaries** (``qa_summary`` / ``context_summary``) are *extractive*: a valid summary document
-  (SPEC §6.4) built from lines of the material — the first user ask as the objective, the last lines as
-  the state, lines about decisions, open work and risks. The material is what the summary prompt wraps
-  in ``<material>`` tags (all message text when there are none); ``call.system`` holds instructions and
-  is never quoted. A ``<previous_summary>`` is updated, not rewritten; the documents of a merge prompt
-  (``<partial_summaries>``, parallel mode) are merged in order: earlier parts' items first.
-* **Answers** quote the context lines that share the most words with the question and say plainly that
-  they come from the offline provider.
-
-Usage is reported as zeros with ``reported=False``: there is no model whose tokens could be counted, and
-an estimate must never pass for provider usage (SPEC §7).
+"""The ``offline`` provider (SPEC §1): deterministic, no network, no model, so that ``sidequest serve``
+works on a fresh machine (docs/providers.md, "The offline provider"). Summaries are extractive, answers
+quote the context lines that share the most words with the question. Usage is zeros with
+``reported=False``: an estimate must never pass for provider usage (SPEC §7).
 """
 
 from __future__ import annotations
@@ -22,6 +11,7 @@ import re
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
+from service.providers import DEFAULT_MODELS
 from service.providers.base import (
     LENGTH,
     STOP,
@@ -32,8 +22,6 @@ from service.providers.base import (
     TextDelta,
     UsageReport,
 )
-
-OFFLINE_MODEL = "offline"
 
 # Roughly 3 bytes of text per token: the offline provider's only notion of an output cap.
 _BYTES_PER_TOKEN = 3
@@ -62,6 +50,8 @@ _PREVIOUS_SECTIONS = {"decisions": "decisions", "open work": "open_work", "risks
 _DECISION = re.compile(r"decid|decision|\bchose\b|\bchosen\b|\bchoose\b|agreed", re.IGNORECASE)
 _OPEN_WORK = re.compile(r"\btodo\b|\bnext\b|remaining|still need|follow[- ]up|pending", re.IGNORECASE)
 _RISK = re.compile(r"error|fail|risk|exception|traceback|broken|warning", re.IGNORECASE)
+_LISTED = {"decisions": _DECISION, "open_work": _OPEN_WORK, "risks": _RISK}
+_NOTHING = "(no material to summarise)"
 # Words too common to say anything about relevance.
 _STOPWORDS = frozenset(
     """a an and are as at be been but by can could did do does for from had has have how i if in into is
@@ -76,7 +66,7 @@ class OfflineProvider:
 
     name = "offline"
 
-    def __init__(self, default_model: str = OFFLINE_MODEL) -> None:
+    def __init__(self, default_model: str = DEFAULT_MODELS["offline"]) -> None:
         self.default_model = default_model
 
     async def aclose(self) -> None:
@@ -100,13 +90,10 @@ class OfflineProvider:
 
 
 def summarise(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """An extractive summary document with exactly SPEC §6.4's keys, small enough for any retry.
-
-    The material is what the summary prompt wraps in ``<material>`` tags (all the text when there are
-    none). A ``<previous_summary>`` is *updated*: its objective and items are kept, new ones added.
-    A merge prompt's documents are merged in order (see :func:`_merge`).
-    """
-    text = "\n".join(_all_texts(messages))
+    """An extractive summary document with exactly SPEC §6.4's keys, small enough for any retry: of
+    the ``<material>`` (all the text when untagged), updating a ``<previous_summary>``; or a merge
+    prompt's documents, merged in order."""
+    text = "\n".join(text for message in messages for text in _texts(message.get("content")))
     material = _tagged(text, "material")
     # A merge prompt has no <material>: a transcript that merely quotes the merge tags is still material.
     parts = _merge_parts(text) if material is None else []
@@ -121,16 +108,12 @@ def summarise(messages: list[dict[str, Any]]) -> dict[str, Any]:
     objective = previous.get("objective") or _first_ask(lines) or (content[0] if content else "")
     state = " ".join(content[-2:])
     document: dict[str, Any] = {
-        "objective": _clip(str(objective)) or "(no material to summarise)",
-        "state": _clip(state) or str(previous.get("state") or "") or "(no material to summarise)",
+        "objective": _clip(str(objective)) or _NOTHING,
+        "state": _clip(state) or str(previous.get("state") or "") or _NOTHING,
     }
-    for key, pattern in (("decisions", _DECISION), ("open_work", _OPEN_WORK), ("risks", _RISK)):
-        items = [_clip(item) for item in previous.get(key, [])]
-        for line in content:
-            clipped = _clip(line)
-            if pattern.search(line) and clipped not in items:
-                items.append(clipped)
-        document[key] = items[:_SUMMARY_LIST_ITEMS]
+    for key, pattern in _LISTED.items():
+        kept = [_clip(item) for item in previous.get(key, [])]
+        document[key] = _items(kept, (_clip(line) for line in content if pattern.search(line)))
     return _fit(document)
 
 
@@ -139,25 +122,25 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     item once in order (earlier parts' items first, so earlier conclusions are kept)."""
     objective = next((str(part["objective"]) for part in parts if part.get("objective")), "")
     state = next((str(part["state"]) for part in reversed(parts) if part.get("state")), "")
-    document: dict[str, Any] = {
-        "objective": _clip(objective) or "(no material to summarise)",
-        "state": _clip(state) or "(no material to summarise)",
-    }
-    for key in ("decisions", "open_work", "risks"):
-        items: list[str] = []
-        for part in parts:
-            for item in part.get(key, []):
-                clipped = _clip(item)
-                if clipped not in items:
-                    items.append(clipped)
-        document[key] = items[:_SUMMARY_LIST_ITEMS]
+    document: dict[str, Any] = {"objective": _clip(objective) or _NOTHING, "state": _clip(state) or _NOTHING}
+    for key in _LISTED:
+        document[key] = _items([], (_clip(item) for part in parts for item in part.get(key, [])))
     return document
+
+
+def _items(kept: list[str], added: Iterable[str]) -> list[str]:
+    """``kept``, then each ``added`` item it does not hold yet, at most the list's limit."""
+    items = list(kept)
+    for item in added:
+        if item not in items:
+            items.append(item)
+    return items[:_SUMMARY_LIST_ITEMS]
 
 
 def _fit(document: dict[str, Any]) -> dict[str, Any]:
     """Keep the body small: drop the longest list's last item until it fits."""
     while len(json.dumps(document, ensure_ascii=False).encode("utf-8")) > _SUMMARY_MAX_BYTES:
-        longest = max(("decisions", "open_work", "risks"), key=lambda key: len(document[key]))
+        longest = max(_LISTED, key=lambda key: len(document[key]))
         if not document[longest]:
             document["objective"] = _clip(document["objective"], 120)
             document["state"] = _clip(document["state"], 120)
@@ -196,10 +179,6 @@ def compose_answer(messages: list[dict[str, Any]]) -> str:
     else:
         parts.append("No line of the context shares a word with the question.")
     return "\n".join(parts) + "\n"
-
-
-def _all_texts(messages: Iterable[Mapping[str, Any]]) -> list[str]:
-    return [text for message in messages for text in _texts(message.get("content"))]
 
 
 def _context_lines(messages: list[dict[str, Any]]) -> list[str]:
@@ -243,23 +222,19 @@ def _tagged(text: str, tag: str) -> str | None:
 
 def _merge_parts(text: str) -> list[dict[str, Any]]:
     """The documents of a merge prompt (``<summary part="N">`` bodies inside ``<partial_summaries>``)."""
-    block = _tagged(text, "partial_summaries")
-    if block is None:
-        return []
+    block = _tagged(text, "partial_summaries") or ""
     return [_parse_body(match.group("body")) for match in _MERGE_PART.finditer(block)]
 
 
 def _previous_summary(text: str) -> dict[str, Any]:
     """The ``<previous_summary>`` of an update prompt, read back into its fields ({} when none)."""
     body = _tagged(text, "previous_summary")
-    if body is None:
-        return {}
-    return _parse_body(body)
+    return {} if body is None else _parse_body(body)
 
 
 def _parse_body(body: str) -> dict[str, Any]:
     """The rendered body of service.summary.document.render_body, read back into its fields."""
-    found: dict[str, Any] = {"decisions": [], "open_work": [], "risks": []}
+    found: dict[str, Any] = {key: [] for key in _LISTED}
     section: str | None = None
     for raw in body.splitlines():
         line = raw.strip()

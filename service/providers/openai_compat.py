@@ -1,10 +1,7 @@
-"""Adapter for any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, llama.cpp server,
-LM Studio, DeepSeek, Groq, OpenRouter, …) on the official ``openai`` SDK.
-
-Always streams, with ``stream_options.include_usage`` so the final chunk (which has no choices) carries
-the usage. Reasoning text (``reasoning_content`` on vLLM / DeepSeek, ``reasoning`` on Ollama /
-OpenRouter) is kept apart from the answer body. The SDK's own retries are off: the calling policy
-(:mod:`service.providers.calling`) decides what is retried.
+"""Adapter for any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, llama.cpp,
+LM Studio, DeepSeek, Groq, OpenRouter, …) on the official ``openai`` SDK, its own retries off.
+Always streams, with ``stream_options.include_usage`` so the final chunk carries the usage; reasoning
+text (``reasoning_content`` / ``reasoning``) is kept apart from the answer body.
 """
 
 from __future__ import annotations
@@ -19,13 +16,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from service.budget.estimate import POSTED_FORM
 from service.budget.messages import tool_result_text
+from service.providers import DEFAULT_MODELS
 from service.providers.base import (
     CONTENT_FILTER,
     LENGTH,
     STOP,
     TOOL_CALLS,
     CallUsage,
-    Finish,
     ProviderCall,
     ProviderError,
     ProviderEvent,
@@ -34,15 +31,11 @@ from service.providers.base import (
     TextDelta,
     ToolCall,
     UsageReport,
+    finished,
+    reported_count,
     sdk_api_key,
 )
-from service.providers.errors import (
-    classify_http_error,
-    classify_stream_error,
-    classify_undecodable_chunk,
-)
-
-DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+from service.providers.errors import STALLED, classify_http_error, classify_stream_error, stream_broke
 
 _FINISH_REASONS: dict[str, str] = {
     "stop": STOP,
@@ -55,19 +48,12 @@ _FINISH_REASONS: dict[str, str] = {
 OutputCapParam = Literal["max_tokens", "max_completion_tokens"]
 
 
-def normalise_finish_reason(raw: str) -> str:
-    """Map an OpenAI ``finish_reason`` to SPEC §3's stop reasons; unknown values pass through."""
-    return _FINISH_REASONS.get(raw, raw)
-
-
 class OpenAIProvider:
     """Streams Chat Completions through ``openai.AsyncOpenAI``.
 
-    ``output_cap_param`` chooses how the output cap is sent: OpenAI itself wants
-    ``max_completion_tokens`` (its reasoning models refuse ``max_tokens``), while several compatible
-    servers (Ollama, older vLLM and llama.cpp) only read ``max_tokens``. The default follows the
-    endpoint: OpenAI's own API (no ``base_url``, or ``api.openai.com``) gets ``max_completion_tokens``,
-    anything else ``max_tokens``.
+    ``output_cap_param``: OpenAI's own API (no ``base_url``, or ``api.openai.com``) wants
+    ``max_completion_tokens`` (its reasoning models refuse ``max_tokens``); several compatible servers
+    (Ollama, older vLLM and llama.cpp) only read ``max_tokens``, the default anywhere else.
     """
 
     name = "openai"
@@ -76,7 +62,7 @@ class OpenAIProvider:
         self,
         base_url: str | None,
         api_key: str | None,
-        default_model: str = DEFAULT_OPENAI_MODEL,
+        default_model: str = DEFAULT_MODELS["openai"],
         *,
         output_cap_param: OutputCapParam | None = None,
     ) -> None:
@@ -172,7 +158,7 @@ class OpenAIProvider:
                     if choice.finish_reason:
                         finish_raw = choice.finish_reason
         except openai.APITimeoutError as exc:
-            raise ProviderTimeout("the stream stalled past the call's timeout", usage=usage) from exc
+            raise ProviderTimeout(STALLED, usage=usage) from exc
         except openai.APIConnectionError as exc:
             raise ProviderError(f"the stream broke: {_cause(exc)}", usage=usage) from exc
         except openai.APIStatusError as exc:
@@ -182,32 +168,25 @@ class OpenAIProvider:
             raise classify_stream_error(
                 exc.body if exc.body is not None else exc.message, usage=usage
             ) from exc
-        # The SDK wraps transport errors of the stream today; keep that true whatever its version does.
-        except httpx2.TimeoutException as exc:
-            raise ProviderTimeout("the stream stalled past the call's timeout", usage=usage) from exc
-        except httpx2.HTTPError as exc:
-            raise ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage) from exc
-        except ValueError as exc:  # a chunk that is not JSON
-            raise classify_undecodable_chunk(exc, usage=usage) from exc
+        except (httpx2.HTTPError, ValueError) as exc:
+            raise stream_broke(exc, usage) from exc
         finally:
             await response.close()
 
-        if finish_raw is None:
-            raise ProviderError("the stream ended before the model finished", usage=usage)
-        yield Finish(stop_reason=normalise_finish_reason(finish_raw), raw_stop_reason=finish_raw)
+        yield finished(finish_raw, _FINISH_REASONS, usage)
 
 
 def usage_from_openai(usage: Any) -> CallUsage:
     """Our usage from an OpenAI ``usage`` object (``prompt_tokens`` already includes cached tokens)."""
-    prompt = _int(getattr(usage, "prompt_tokens", None))
-    completion = _int(getattr(usage, "completion_tokens", None))
+    prompt = reported_count(getattr(usage, "prompt_tokens", None))
+    completion = reported_count(getattr(usage, "completion_tokens", None))
     prompt_details = getattr(usage, "prompt_tokens_details", None)
-    cached = _int(getattr(prompt_details, "cached_tokens", None))
+    cached = reported_count(getattr(prompt_details, "cached_tokens", None))
     if not cached:
         # DeepSeek reports its context cache hits at the top level instead.
-        cached = _int(_extra(usage, "prompt_cache_hit_tokens"))
+        cached = reported_count((getattr(usage, "model_extra", None) or {}).get("prompt_cache_hit_tokens"))
     completion_details = getattr(usage, "completion_tokens_details", None)
-    reasoning = _int(getattr(completion_details, "reasoning_tokens", None))
+    reasoning = reported_count(getattr(completion_details, "reasoning_tokens", None))
     return CallUsage(
         input_tokens=prompt,
         output_tokens=completion,
@@ -218,12 +197,8 @@ def usage_from_openai(usage: Any) -> CallUsage:
 
 
 def to_openai_messages(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
-    """Canonical (Anthropic-style) messages → Chat Completions messages, system prompt first.
-
-    ``tool_use`` blocks become the assistant's ``tool_calls``; ``tool_result`` blocks become ``role:
-    tool`` messages placed right after it (before any text of the same user turn, as OpenAI requires);
-    thinking blocks are dropped. Messages already in OpenAI shape pass through.
-    """
+    """Canonical (Anthropic-style) messages → Chat Completions messages, system prompt first
+    (docs/providers.md, "Message conversion"); messages already in OpenAI shape pass through."""
     out: list[dict[str, Any]] = []
     if system:
         out.append({"role": "system", "content": system})
@@ -358,15 +333,3 @@ def _classify_status_error(exc: openai.APIStatusError, *, usage: CallUsage | Non
 def _cause(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     return f"{exc} ({type(cause).__name__}: {cause})" if cause is not None else str(exc)
-
-
-def _extra(model: Any, name: str) -> Any:
-    extra = getattr(model, "model_extra", None) or {}
-    return extra.get(name)
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value) if value is not None else 0
-    except (TypeError, ValueError):
-        return 0

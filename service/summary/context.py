@@ -1,17 +1,10 @@
-"""Context compaction with a content-keyed summary cache (SPEC §6.2).
+"""Context compaction with a content-keyed summary cache (SPEC §6.2; docs/summaries.md).
 
-The old part of the snapshot *copy* (``messages[:cut_plan.summarize_until]``) is replaced by a summary.
-Summaries are cached under :func:`prefix_key` — a hash of the summarised messages' content, the
-summariser model and :data:`PROMPT_VERSION` — so:
-
-- the same content costs no summary call the second time (``hit``), whatever its snapshot id;
-- another snapshot never reuses a summary of different content (the key would differ);
-- a snapshot that extends an earlier one reuses the summary of their common prefix and summarises only
-  the new messages, as an update of the cached document (``prefix``).
-
-The key is a hash *chain* over messages, so the key of every prefix of a transcript comes out of one
-pass, and "does the new transcript start with exactly the messages this entry covered?" is one lookup.
-Saving is the store's job: this module only returns what to save, and only validated documents.
+The old part of the snapshot *copy* (``messages[:cut_plan.summarize_until]``) is replaced by a summary,
+cached under :func:`prefix_key` — a hash chain over the summarised messages' content, the summary model
+and the prompt version — so the same content is a ``hit`` whatever its snapshot id, different content
+never matches, and a snapshot that extends an earlier one summarises only its new messages, as an update
+of the cached document (``prefix``). This module only returns what to save, and only validated documents.
 """
 
 from __future__ import annotations
@@ -45,11 +38,9 @@ def prefix_key(
 
 @dataclass(frozen=True)
 class CachedContextSummary:
-    """One validated context summary as kept in ``memory.context_summaries``.
-
-    It covers ``messages[:covered_messages]`` of any snapshot whose prefix of that length has ``key``.
-    ``snapshot_id`` is the snapshot it was first made for (informational: reuse goes by content).
-    """
+    """One validated context summary as kept in ``memory.context_summaries``: it covers
+    ``messages[:covered_messages]`` of any snapshot whose prefix of that length has ``key``
+    (``snapshot_id``, the one it was first made for, is informational: reuse goes by content)."""
 
     key: str
     snapshot_id: str | None
@@ -136,43 +127,27 @@ def find_reusable(
     prompt_version: str = PROMPT_VERSION,
     digests: Sequence[bytes] | None = None,
 ) -> Reuse:
-    """Find the best cached summary for ``messages[:cut_plan.summarize_until]``.
-
-    Exact key → :class:`CacheHit`. Otherwise the entry covering the *longest* prefix whose content hash
-    matches the new transcript's prefix of the same length → :class:`PrefixReuse`. A prefix must end on a
-    group boundary of the new transcript (a tool call and its result are never split between the cached
-    summary and the new material) and be non-empty and shorter than the part to summarise.
-    """
+    """The best cached summary for ``messages[:cut_plan.summarize_until]``: the exact key
+    (:class:`CacheHit`), else the entry covering the *longest* non-empty shorter prefix that ends on a
+    group boundary of this transcript (:class:`PrefixReuse`), else :class:`CacheMiss`."""
     until = cut_plan.summarize_until
     if digests is None:  # a prepared snapshot passes its stored chain
         digests = prefix_digests(messages[:until])
-    # Keys only where an entry could match: the cut itself and the cached lengths that are group
-    # boundaries of this transcript (hashing every boundary of 1600 messages cost milliseconds).
-    boundaries = {g.start for g in groups if 0 < g.start <= until}
-    lengths = {until} | {e.covered_messages for e in cache_entries if e.covered_messages in boundaries}
-    keys_by_length = {length: summary_cache_key(digests[length], model, prompt_version) for length in lengths}
-    by_key = {entry.key: entry for entry in cache_entries}
-    exact = by_key.get(keys_by_length[until])
+    exact = {entry.key: entry for entry in cache_entries}.get(
+        summary_cache_key(digests[until], model, prompt_version)
+    )
     if exact is not None and exact.covered_messages == until:
         return CacheHit(exact)
-    best: PrefixReuse | None = None
-    for entry in cache_entries:
-        length = entry.covered_messages
-        if not 0 < length < until or keys_by_length.get(length) != entry.key:
-            continue
-        if best is None or length > best.covered_messages:
-            best = PrefixReuse(entry, length)
-    return best if best is not None else CacheMiss()
+    boundaries = {g.start for g in groups if 0 < g.start < until}
+    found = _cached_prefixes(cache_entries, boundaries, digests, model=model, prompt_version=prompt_version)
+    return max(found, key=lambda reuse: reuse.covered_messages, default=CacheMiss())
 
 
 @dataclass(frozen=True)
 class ContextCompaction:
-    """What compaction produced: the summary to put in front of the kept messages, and what to cache.
-
-    ``new_entry`` is None on a hit (already cached); otherwise the store saves it (guarded by
-    ``clear_version``). ``calls`` counts provider attempts made here (chunks, merges, retries and
-    rate-limit attempts), ``chunks`` the chunks of material summarised (a merge call is not a chunk).
-    """
+    """What compaction produced: the summary to put in front of the kept messages, and what to cache
+    (``new_entry``, None on a hit). ``calls`` counts the provider attempts made here, ``chunks`` the
+    chunks of material summarised (a merge call is not a chunk)."""
 
     document: SummaryDocument
     provenance: Provenance
@@ -234,13 +209,9 @@ def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int, *, masked:
 
 
 async def warm_snapshot_pieces(prepared: PreparedSnapshot, slice_groups: int = WARM_SLICE) -> None:
-    """Render every group's piece ahead of time, a slice per turn of the event loop.
-
-    For a snapshot a summary will likely be made of (a long snapshot posted inline):
-    rendering 1500 messages costs ~7 ms of CPU, which then fills the time the process waits on the
-    database while it stores the snapshot, instead of delaying the summary's first call. Slices keep
-    every other task of the loop waiting at most one slice.
-    """
+    """Render every group's piece ahead of time, a slice per turn of the event loop: for a long
+    snapshot a summary will likely be made of, ~7 ms of CPU then fills the wait on the database while it
+    is stored, instead of delaying the summary's first call; slices keep other tasks waiting at most one."""
     rendered = _rendered(prepared)
     for index, group in enumerate(prepared.groups):
         if index not in rendered:
@@ -313,15 +284,10 @@ async def compact_context(
     digests: Sequence[bytes] | None = None,
     material: Callable[[int, int], list[str]] | None = None,
 ) -> ContextCompaction:
-    """Summarise ``messages[:cut_plan.summarize_until]`` (canonical messages), reusing the cache.
-
-    Hit: no call. Prefix: only the messages after the cached prefix are summarised, as an update of the
-    cached document. Miss: everything before the cut is summarised. Material larger than one call is
-    chunked (ordered: each chunk an update of the running summary; parallel: chunks at once, then
-    merged); the whole plan is checked against the call cap before the first call. ``material(start,
-    end)``: the transcript pieces of ``messages[start:end]`` (default: rendered here, :func:`_pieces`).
-    Raises the summary / provider errors of the runner.
-    """
+    """Summarise ``messages[:cut_plan.summarize_until]`` (canonical messages), reusing the cache: a
+    hit makes no call, a prefix summarises only the messages after it, a miss everything before the
+    cut. ``material(start, end)``: the transcript pieces of ``messages[start:end]`` (default
+    :func:`_pieces`). Raises the summary / provider errors of the runner."""
     until = cut_plan.summarize_until
     if groups is None:
         groups = group_messages(messages)
@@ -437,22 +403,3 @@ async def compact_snapshot(
         return result
     trail = render_trail(prepared.trail(prepared.group_index(cut_plan.summarize_until))) or None
     return dataclasses.replace(result, new_entry=dataclasses.replace(result.new_entry, trail=trail))
-
-
-__all__ = [
-    "CacheHit",
-    "CacheMiss",
-    "CacheOutcome",
-    "CachedContextSummary",
-    "ContextCompaction",
-    "PrefixReuse",
-    "Reuse",
-    "compact_context",
-    "compact_snapshot",
-    "covering_summary",
-    "find_reusable",
-    "longest_cached_prefix",
-    "prefix_key",
-    "snapshot_pieces",
-    "warm_snapshot_pieces",
-]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from service.budget import estimate_text
@@ -45,18 +45,18 @@ class SummaryDocument:
 
     def to_json(self) -> dict[str, Any]:
         """The document as stored (and as shown to the model when it is updated)."""
-        return {
-            "objective": self.objective,
-            "state": self.state,
-            "decisions": list(self.decisions),
-            "open_work": list(self.open_work),
-            "risks": list(self.risks),
-        }
+        return _json_form(self)
 
     @classmethod
     def from_json(cls, value: Any) -> SummaryDocument:
         """Rebuild a stored document, validating it exactly like a model reply (stored data may be old)."""
         return _validate(value)
+
+
+def _json_form(value: SummaryDocument | Provenance) -> dict[str, Any]:
+    """A dataclass's fields in their order, tuples as JSON lists."""
+    items = ((f.name, getattr(value, f.name)) for f in fields(value))
+    return {name: list(item) if isinstance(item, tuple) else item for name, item in items}
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -92,11 +92,8 @@ def _validate(value: Any) -> SummaryDocument:
     missing = [k for k in DOCUMENT_KEYS if k not in keys]
     extra = sorted(str(k) for k in keys - set(DOCUMENT_KEYS))
     if missing or extra:
-        parts = []
-        if missing:
-            parts.append("missing " + ", ".join(missing))
-        if extra:
-            parts.append("unexpected " + ", ".join(extra))
+        found = (("missing", missing), ("unexpected", extra))
+        parts = [f"{what} {', '.join(names)}" for what, names in found if names]
         raise SummaryInvalid("the object must have exactly the five keys (" + "; ".join(parts) + ")")
     strings = {k: _check_string(k, value[k]) for k in _STRING_KEYS}
     lists: dict[str, tuple[str, ...]] = {}
@@ -107,37 +104,18 @@ def _validate(value: Any) -> SummaryDocument:
         if len(items) > MAX_LIST_ITEMS:
             raise SummaryInvalid(f"{key} has {len(items)} items, over the limit of {MAX_LIST_ITEMS}")
         lists[key] = tuple(_check_string(f"{key}[{i}]", item) for i, item in enumerate(items))
-    document = SummaryDocument(
-        objective=strings["objective"],
-        state=strings["state"],
-        decisions=lists["decisions"],
-        open_work=lists["open_work"],
-        risks=lists["risks"],
-    )
     # A document that says nothing would be "success while doing nothing": it would silently replace
     # real material with blanks, so it is invalid (and gets the one retry) rather than accepted.
-    if not any(
-        s.strip()
-        for s in (
-            document.objective,
-            document.state,
-            *document.decisions,
-            *document.open_work,
-            *document.risks,
-        )
-    ):
+    texts = (*strings.values(), *(item for items in lists.values() for item in items))
+    if not any(text.strip() for text in texts):
         raise SummaryInvalid("every field is empty")
-    return document
+    return SummaryDocument(strings["objective"], strings["state"], *(lists[key] for key in _LIST_KEYS))
 
 
 def parse_summary_document(text: str) -> SummaryDocument:
-    """Parse a model reply strictly into a :class:`SummaryDocument`.
-
-    Accepted: exactly one JSON object with exactly the five keys, right types, each string at most
-    2 KiB of UTF-8 and each list at most 32 items; surrounding whitespace and one ```json (or bare ```)
-    fence around the whole reply are tolerated. Anything else — prose around the JSON, two objects, a
-    second fence, duplicate keys — raises :class:`SummaryInvalid`.
-    """
+    """Parse a model reply strictly: exactly one JSON object with exactly the five keys and the SPEC
+    §6.4 limits, optionally in one ```json (or bare ```) fence around the whole reply; anything else —
+    prose around it, two objects, a second fence, duplicate keys — raises :class:`SummaryInvalid`."""
     body = text.strip()
     if not body:
         raise SummaryInvalid("the reply is blank")
@@ -161,10 +139,9 @@ def parse_summary_document(text: str) -> SummaryDocument:
 class Provenance:
     """Where a summary came from; written by Sidequest, never by the model.
 
-    ``source`` is the human line ("side Q&A ordinals 1–30", "snapshot 3fa2c0d19b7e messages 0–139");
-    the structured fields say the same for code. ``context_time`` is the main snapshot's ``taken_at``
-    the summarised material was read against (None when there was no snapshot). ``created_at`` is passed
-    in by the caller: the core has no clock.
+    ``source`` is the human line ("side Q&A ordinals 1–30", "snapshot 3fa2c0d19b7e messages 0–139"),
+    the other fields say the same for code. ``context_time``: the main snapshot's ``taken_at`` the
+    material was read against (None without a snapshot).
     """
 
     source: str
@@ -220,16 +197,7 @@ class Provenance:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form for the session memory."""
-        return {
-            "source": self.source,
-            "model": self.model,
-            "created_at": self.created_at,
-            "context_time": self.context_time,
-            "first_ordinal": self.first_ordinal,
-            "covered_through_ordinal": self.covered_through_ordinal,
-            "snapshot_hash": self.snapshot_hash,
-            "message_range": list(self.message_range) if self.message_range is not None else None,
-        }
+        return _json_form(self)
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Provenance:
@@ -289,19 +257,3 @@ def render_summary(document: SummaryDocument, provenance: Provenance) -> str:
         header += f"; main context as of {provenance.context_time}"
     header += f"; summarised by {provenance.model} at {provenance.created_at}]"
     return header + "\n" + render_body(document)
-
-
-__all__ = [
-    "BODY_TOKEN_LIMIT",
-    "DOCUMENT_KEYS",
-    "MAX_LIST_ITEMS",
-    "MAX_STRING_BYTES",
-    "RETRY_BODY_TOKENS",
-    "Provenance",
-    "SummaryDocument",
-    "body_tokens",
-    "check_body_size",
-    "parse_summary_document",
-    "render_body",
-    "render_summary",
-]

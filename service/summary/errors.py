@@ -1,11 +1,8 @@
 """One exception type per way a summary can fail (SPEC §8).
 
-Every failure is a :class:`SummaryError` (a :class:`~service.errors.SidequestError`) with the SPEC
-error ``code``, a human ``message`` and a JSON-able ``detail`` dict, so the pipeline maps it to
-``{"error": {"code", "message", "detail"}}`` (``to_error()``) without knowing which one it got.
-Provider errors (``service.providers.base.ProviderError`` and its subclasses, the deadline's timeout
-included) are *not* wrapped: they propagate unchanged, because their own codes
-(``provider_error``, ``rate_limited``, ``timeout`` …) are what the caller must report.
+Each is a :class:`SummaryError` (a :class:`~service.errors.SidequestError`: ``code``, ``message``,
+``detail``), so the pipeline reports it without knowing which one it got. Provider errors are *not*
+wrapped: their own codes (``provider_error``, ``rate_limited``, ``timeout`` …) are what the caller reports.
 """
 
 from __future__ import annotations
@@ -33,8 +30,6 @@ class SummaryTruncated(SummaryError):
             f" (stop reason {stop_reason})",
             {"max_output_tokens": max_output_tokens, "stop_reason": stop_reason},
         )
-        self.max_output_tokens = max_output_tokens
-        self.stop_reason = stop_reason
 
 
 class SummaryEmpty(SummaryError):
@@ -45,7 +40,6 @@ class SummaryEmpty(SummaryError):
     def __init__(self, *, thinking_only: bool = False) -> None:
         what = "only thinking, no summary text" if thinking_only else "no text"
         super().__init__(f"the summary reply was empty ({what})", {"thinking_only": thinking_only})
-        self.thinking_only = thinking_only
 
 
 class SummaryInvalid(SummaryError):
@@ -68,7 +62,6 @@ class SummaryToolCall(SummaryError):
             f"the model tried to call the tool {tool_name!r} while summarising; summaries use no tools",
             {"tool_name": tool_name},
         )
-        self.tool_name = tool_name
 
 
 class SummaryTooLong(SummaryError):
@@ -81,8 +74,6 @@ class SummaryTooLong(SummaryError):
             f"the summary body is about {body_tokens} tokens, over the limit of {limit}",
             {"body_tokens": body_tokens, "limit": limit},
         )
-        self.body_tokens = body_tokens
-        self.limit = limit
 
 
 class SummaryCallCap(SummaryError):
@@ -97,28 +88,9 @@ class SummaryCallCap(SummaryError):
             f"summaries need {calls_needed} more call(s) but {calls_made} of the {max_calls} allowed "
             "summary calls of this request are already used"
         )
-        detail: dict[str, int] = {
-            "calls_made": calls_made,
-            "calls_needed": calls_needed,
-            "max_calls": max_calls,
-        }
+        detail = {"calls_made": calls_made, "calls_needed": calls_needed, "max_calls": max_calls}
         if calls_reserved:
             # Only when another summary plan of the same request, running at the same time, holds them.
             message += f" and {calls_reserved} more are promised to another summary running beside it"
             detail["calls_reserved"] = calls_reserved
         super().__init__(message, detail)
-        self.calls_made = calls_made
-        self.calls_needed = calls_needed
-        self.max_calls = max_calls
-        self.calls_reserved = calls_reserved
-
-
-__all__ = [
-    "SummaryCallCap",
-    "SummaryEmpty",
-    "SummaryError",
-    "SummaryInvalid",
-    "SummaryTooLong",
-    "SummaryToolCall",
-    "SummaryTruncated",
-]

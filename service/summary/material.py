@@ -79,6 +79,3 @@ def render_message(index: int, message: dict[str, Any]) -> str:
 def render_messages(messages: Sequence[dict[str, Any]], start: int = 0) -> str:
     """Consecutive messages as one transcript piece; ``start`` is the first message's snapshot index."""
     return "".join(render_message(start + i, m) for i, m in enumerate(messages))
-
-
-__all__ = ["QAPair", "render_message", "render_messages", "render_qa_pair"]

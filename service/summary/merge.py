@@ -1,14 +1,9 @@
 """Merge planning for parallel summaries (SPEC §6.3): which documents each merge call takes. Pure.
 
-In parallel mode every chunk becomes a document of its own and merge calls fold them, in order, into
-one. A merge call carries as many consecutive documents as fit its capacity (tokens of documents,
-counted as their :func:`~service.summary.prompts.merge_piece` estimates); when they do not all fit one
-call they are merged in *rounds*: each round groups the documents (next-fit, order kept), each group of
-two or more is one merge call, a group of one passes to the next round unchanged, until one remains.
-
-:func:`planned_merge_calls` bounds the calls of that process before any document exists, with every
-document at its largest possible size: next-fit never needs more groups for smaller items, so the real
-rounds never need more merge calls than planned (checked by a property test).
+Merges run in *rounds* (docs/summaries.md, "Parallel mode and merges"). :func:`planned_merge_calls`
+bounds their calls before any document exists, with every document at its largest possible size:
+next-fit never needs more groups for smaller items, so the real rounds never need more merge calls than
+planned (checked by a property test).
 """
 
 from __future__ import annotations
@@ -17,11 +12,8 @@ from collections.abc import Sequence
 
 
 def merge_groups(sizes: Sequence[int], capacity: int) -> list[range]:
-    """Split documents of these token ``sizes`` into consecutive groups that each fit ``capacity``.
-
-    Next-fit, in order: every document is in exactly one group, groups keep the documents' order, and
-    a group's sizes sum to at most ``capacity`` unless it is a single document larger than that.
-    """
+    """Split documents of these token ``sizes`` into consecutive groups (next-fit, order kept) whose
+    sizes sum to at most ``capacity``, unless a group is a single document larger than that."""
     groups: list[range] = []
     start = 0
     used = 0
@@ -46,11 +38,8 @@ def can_merge(piece_tokens: int, capacity: int) -> bool:
 
 
 def planned_merge_calls(documents: int, piece_tokens: int, capacity: int) -> int:
-    """Merge calls needed to fold ``documents`` of at most ``piece_tokens`` each into one, all rounds.
-
-    Raises ``ValueError`` when one call cannot take two such documents (see :func:`can_merge`): the
-    rounds would never end, so such a plan must not be made.
-    """
+    """Merge calls needed to fold ``documents`` of at most ``piece_tokens`` each into one, all rounds;
+    ``ValueError`` when one call cannot take two of them (the rounds would never end)."""
     if documents < 2:
         return 0
     if not can_merge(piece_tokens, capacity):
@@ -61,6 +50,3 @@ def planned_merge_calls(documents: int, piece_tokens: int, capacity: int) -> int
         calls += merge_calls_of(groups)
         documents = len(groups)
     return calls
-
-
-__all__ = ["can_merge", "merge_calls_of", "merge_groups", "planned_merge_calls"]

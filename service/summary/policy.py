@@ -1,28 +1,18 @@
 """The summary call policy (SPEC §6.3): one call, its one retry, under the per-request call cap.
 
-One *summary* over some material is one or more chunks (:mod:`service.summary.runner` runs them);
-each chunk — and each merge call — is one call with at most one retry:
-
-- first attempt: output cap 2048 (``FIRST_OUTPUT_TOKENS``);
-- empty / thinking-only, truncated (stop reason ``length``), invalid, or body over 2200 tokens →
-  exactly one retry from the *original* material (same chunk, same previous valid summary) with output
-  cap 8192 (``RETRY_OUTPUT_TOKENS``), asking for a body under 600 tokens;
-- both caps smaller only in a window too small for them (:meth:`SummaryCaller.output_caps`);
-- a tool call → :class:`SummaryToolCall` at once; a provider error → propagates at once, unchanged;
-- the retry failing too → the error of *that* failure (truncated / empty / invalid / too long).
-
-Every provider attempt — rate-limit retries inside ``run_call`` included, because ``run_call`` calls
-``budget.take`` before each — counts toward the request's :class:`SummaryCallBudget`, so the call after
-the last allowed one is refused before it is made. Every attempt runs under the request deadline.
+Each chunk, and each merge call, is one call with at most one retry (output caps 2048, then 8192); a
+tool call fails at once, a provider error propagates unchanged (docs/summaries.md, "The call policy").
+Every provider attempt, rate-limit retries included, is counted by :class:`SummaryCallBudget` *before*
+it goes out, so the call after the last allowed one is never made.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from service.budget import (
     MIN_CHUNK_CAPACITY,
@@ -70,13 +60,12 @@ SampleCallback = Callable[[str, int, int | None], Awaitable[None]]
 
 
 class SummaryCallBudget:
-    """The per-request summary call cap (``SIDEQUEST_MAX_SUMMARY_CALLS``, default 12).
+    """The per-request summary call cap (``SIDEQUEST_MAX_SUMMARY_CALLS``), shared by the Q&A fold and
+    the compaction of one side request.
 
-    One budget object lives for the whole side request, shared by the Q&A fold and the context
-    compaction, so retries and rate-limit attempts of either count against the same cap. The two may
-    run at the same time: every method is synchronous (no await inside), so on one event loop counts
-    can never interleave; and each plan reserves its calls (:meth:`reserve`), so two plans that
-    together need more than remain cannot both start — the second fails before it spends anything.
+    The two may run at the same time: every method is synchronous, so on one event loop counts never
+    interleave; and each plan reserves its calls (:meth:`reserve`), so two plans that together need
+    more than remain cannot both start — the second fails before it spends anything.
     """
 
     def __init__(self, max_calls: int) -> None:
@@ -84,71 +73,54 @@ class SummaryCallBudget:
             raise ValueError("max_calls must be >= 0")
         self.max_calls = max_calls
         self.calls_made = 0
-        self._reserved = 0
-
-    @property
-    def reserved(self) -> int:
-        """Calls promised to running plans and not yet made."""
-        return self._reserved
+        self.reserved = 0  # calls promised to running plans and not yet made
 
     @property
     def remaining(self) -> int:
         """Calls still allowed and not promised to a running plan."""
-        return self.max_calls - self.calls_made - self._reserved
+        return self.max_calls - self.calls_made - self.reserved
 
     def take(self, reservation: CallReservation | None = None) -> None:
-        """Count one call about to be made; raise :class:`SummaryCallCap` instead if none is left.
-
-        The call comes out of ``reservation`` while it has calls left, else out of what no plan holds
-        (a retry beyond its plan). Raising *before* the call is what guarantees the (cap + 1)-th call
-        is never sent.
-        """
+        """Count one call about to be made, out of ``reservation`` while it has calls left, else out of
+        what no plan holds (a retry beyond its plan); raise :class:`SummaryCallCap` if none is left."""
         if reservation is not None and reservation.left > 0:
             if reservation.budget is not self:
                 raise ValueError("the reservation belongs to another budget")
             reservation.left -= 1
-            self._reserved -= 1
+            self.reserved -= 1
             self.calls_made += 1
             return
-        if self.remaining <= 0:
-            raise SummaryCallCap(
-                calls_made=self.calls_made,
-                calls_needed=1,
-                max_calls=self.max_calls,
-                calls_reserved=self._reserved,
-            )
+        self.require()
         self.calls_made += 1
 
-    def require(self, calls_needed: int) -> None:
+    def require(self, calls_needed: int = 1) -> None:
         """Fail now if a plan already needs more calls than remain (before any of them is spent)."""
         if calls_needed > self.remaining:
             raise SummaryCallCap(
                 calls_made=self.calls_made,
                 calls_needed=calls_needed,
                 max_calls=self.max_calls,
-                calls_reserved=self._reserved,
+                calls_reserved=self.reserved,
             )
 
     def reserve(self, calls_needed: int) -> CallReservation:
-        """:meth:`require` the plan's calls and hold them for it until it releases the rest.
-
-        Use as ``with budget.reserve(n) as reservation:`` and pass the reservation to ``take``.
-        """
+        """:meth:`require` the plan's calls and hold them for it until it releases the rest (``with
+        budget.reserve(n) as reservation:``, the reservation passed to ``take``)."""
         self.require(calls_needed)
-        self._reserved += calls_needed
+        self.reserved += calls_needed
         return CallReservation(self, calls_needed)
 
 
+@dataclass
 class CallReservation:
     """Calls a plan holds in a :class:`SummaryCallBudget`; :meth:`release` returns those not made."""
 
-    def __init__(self, budget: SummaryCallBudget, calls: int) -> None:
-        self.budget = budget
-        self.left = calls
+    budget: SummaryCallBudget
+    left: int
 
     def release(self) -> None:
         """Give back the calls not made (idempotent)."""
-        self.budget._reserved -= self.left
+        self.budget.reserved -= self.left
         self.left = 0
 
     def __enter__(self) -> CallReservation:
@@ -160,11 +132,8 @@ class CallReservation:
 
 @dataclass
 class CallTally:
-    """Attempts made for one caller's summaries (context_info ``calls`` of a fold or a compaction).
-
-    Two summaries running at once on one runner cannot tell their calls apart by the runner's shared
-    ``attempts_made``; each passes its own tally instead.
-    """
+    """Attempts made for one caller's summaries (context_info ``calls`` of a fold or a compaction):
+    two summaries running at once on one runner cannot tell their calls apart otherwise."""
 
     calls: int = 0
 
@@ -173,16 +142,10 @@ class CallTally:
 class SummaryCaller:
     """Everything a side request's summary calls share, and one call with its retry.
 
-    ``deadline`` is an absolute ``clock()`` value (the request's deadline, as for ``run_call``).
-    ``window`` / ``safety_margin`` are the summariser model's window numbers; chunk capacity is derived
-    from them. ``model`` is the *summary* model (SPEC §11.2 choice); ``instructions`` the session's
-    summary instructions, in every prompt (merges included).
-
-    ``calibration`` (SPEC §5.1), when given, is used only for :meth:`capacity` (how much material
-    fits one chunk). ``on_sample`` receives one calibration sample per summary attempt: the attempt's
-    prompt estimate as sent (system + messages, envelopes included; summary calls carry no tools) and
-    the prompt tokens the provider reported for it (from its usage, or from an overflow error that
-    states the count). A summary over several chunks is :class:`~service.summary.runner.SummaryRunner`.
+    ``deadline`` is an absolute ``clock()`` value (as for ``run_call``); ``window`` / ``safety_margin``
+    are the summary ``model``'s, and chunk capacity is derived from them (and ``calibration``, SPEC
+    §5.1). ``on_sample`` receives one calibration sample per attempt: its prompt estimate as sent and
+    the prompt tokens the provider reported (in its usage, or in an overflow error's message).
     """
 
     provider: Provider
@@ -197,9 +160,8 @@ class SummaryCaller:
     job_id: str | None = None
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    # Wall-clock time for a summary's created_at (SPEC's one timestamp format).
-    now: Callable[[], str] = utc_iso
-    # The session's summary instructions (SPEC §11.2): sent with every summary call, after the built-in ones.
+    now: Callable[[], str] = utc_iso  # a summary's created_at
+    # The session's summary instructions (SPEC §11.2), in every summary and merge prompt.
     instructions: str | None = None
     calibration: Calibration | None = None
     on_sample: SampleCallback | None = None
@@ -213,17 +175,14 @@ class SummaryCaller:
     attempts_made: int = field(default=0, init=False)
 
     def output_caps(self, kind: SummaryKind) -> tuple[int, int]:
-        """The (first attempt, retry) output caps of this kind's calls: 2048 and 8192, smaller only
-        in a window too small for those (:func:`service.budget.chunk.summary_output_caps`)."""
+        """The (first attempt, retry) output caps: 2048 and 8192, smaller only in a window too small."""
         return summary_output_caps(
             self.window, summary_prompt_reserve(kind, self.instructions), self.safety_margin
         )
 
     def capacity(self, kind: SummaryKind) -> int:
-        """Material tokens one call may carry, reserving the retry's output (8192) and prompt.
-
-        The same capacity bounds a merge call's documents: the prompt reserve covers both prompts.
-        """
+        """Material tokens one call (a chunk's, or a merge call's documents) may carry, reserving the
+        retry's output and the larger of the two prompts."""
         return summary_capacity(
             self.window,
             summary_prompt_reserve(kind, self.instructions),
@@ -234,16 +193,13 @@ class SummaryCaller:
 
     @property
     def prompt_version(self) -> str:
-        """The prompt version of this runner's calls (instructions and material included), for cache keys."""
+        """The prompt version of these calls (instructions and material included), for cache keys."""
         base = prompt_version(self.instructions)
         return base if self.material_variant is None else f"{base}+{self.material_variant}"
 
     def chunk(self, kind: SummaryKind, pieces: Sequence[str]) -> list[str]:
-        """Pack material ``pieces`` (one per group) into chunks that each fit one call.
-
-        Raises :class:`ContextOverflow` when the window leaves no room for material at all: chunking
-        into nothing would loop forever, and no summary call could succeed.
-        """
+        """Pack material ``pieces`` (one per group) into chunks that each fit one call; ContextOverflow
+        when the window leaves no room for material at all (no summary call could succeed)."""
         capacity = self.capacity(kind)
         if capacity < MIN_CHUNK_CAPACITY:
             raise ContextOverflow(
@@ -264,19 +220,15 @@ class SummaryCaller:
         tally: CallTally | None = None,
     ) -> SummaryDocument:
         """One chunk: first attempt, and on a retryable failure exactly one retry from the same input."""
-        previous_body = render_body(previous) if previous is not None else None
-
-        def prompt(retry: bool) -> SummaryPrompt:
-            return build_summary_prompt(
-                kind,
-                material,
-                previous_body=previous_body,
-                retry=retry,
-                chunk=chunk_index,
-                chunks=chunks,
-                instructions=self.instructions,
-            )
-
+        prompt = functools.partial(
+            build_summary_prompt,
+            kind,
+            material,
+            previous_body=render_body(previous) if previous is not None else None,
+            chunk=chunk_index,
+            chunks=chunks,
+            instructions=self.instructions,
+        )
         return await self._call_with_retry(kind, prompt, reservation=reservation, tally=tally)
 
     async def merge(
@@ -287,30 +239,27 @@ class SummaryCaller:
         reservation: CallReservation | None = None,
         tally: CallTally | None = None,
     ) -> SummaryDocument:
-        """One merge call over two or more valid ``documents`` (in material order), with the same
-        first attempt, one retry and validation as a chunk."""
+        """One merge call over two or more valid ``documents`` (in material order), retried as a chunk."""
         bodies = [render_body(document) for document in documents]
-
-        def prompt(retry: bool) -> SummaryPrompt:
-            return build_merge_prompt(kind, bodies, retry=retry, instructions=self.instructions)
-
+        prompt = functools.partial(build_merge_prompt, kind, bodies, instructions=self.instructions)
         return await self._call_with_retry(kind, prompt, reservation=reservation, tally=tally)
 
     async def _call_with_retry(
         self,
         kind: SummaryKind,
-        prompt: Callable[[bool], SummaryPrompt],
+        prompt: Callable[..., SummaryPrompt],
         *,
         reservation: CallReservation | None,
         tally: CallTally | None,
     ) -> SummaryDocument:
         try:
-            return await self._attempt(kind, prompt(False), retry=False, reservation=reservation, tally=tally)
+            first = prompt(retry=False)
+            return await self._attempt(kind, first, retry=False, reservation=reservation, tally=tally)
         except (SummaryToolCall, SummaryCallCap):
             raise  # never retried: a tool call is a policy breach, the cap is the cap
         except SummaryError:
             pass  # empty / truncated / invalid / too long: the one retry below, from the same input
-        return await self._attempt(kind, prompt(True), retry=True, reservation=reservation, tally=tally)
+        return await self._attempt(kind, prompt(retry=True), retry=True, reservation=reservation, tally=tally)
 
     async def _attempt(
         self,
@@ -350,37 +299,27 @@ class SummaryCaller:
                 clock=self.clock,
                 sleep=self.sleep,
             )
-        except ContextOverflow as exc:
-            if exc.prompt_tokens is not None:
-                await self._sample(prompt_estimate(prompt.system, prompt.messages), exc.prompt_tokens)
-            raise
         except ProviderError as exc:
-            if exc.reported_prompt_tokens is not None:  # a failed call that reported usage (§5.1)
-                await self._sample(
-                    prompt_estimate(prompt.system, prompt.messages), exc.reported_prompt_tokens
-                )
+            # An overflow may state the prompt's count; another failure may have reported usage (§5.1).
+            tokens = exc.prompt_tokens if isinstance(exc, ContextOverflow) else exc.reported_prompt_tokens
+            if tokens is not None:
+                await self._sample(prompt, tokens)
             raise
         if result.usage.reported:
-            await self._sample(prompt_estimate(prompt.system, prompt.messages), result.usage.input_tokens)
+            await self._sample(prompt, result.usage.input_tokens)
         return judge_reply(result, cap)
 
-    async def _sample(self, estimate: int, prompt_tokens: int) -> None:
+    async def _sample(self, prompt: SummaryPrompt, prompt_tokens: int) -> None:
         if self.on_sample is not None:
+            # The estimate as sent: system prompt plus messages, envelopes included.
+            estimate = estimate_system(prompt.system) + estimate_messages(prompt.messages)
             await self.on_sample(self.model, estimate, prompt_tokens)
 
 
-def prompt_estimate(system: str | None, messages: Sequence[dict[str, Any]]) -> int:
-    """A summary call's estimate as sent: its system prompt plus its messages (envelopes included)."""
-    return estimate_system(system) + estimate_messages(messages)
-
-
 def judge_reply(result: CallResult, max_output_tokens: int) -> SummaryDocument:
-    """Turn one finished call into a valid document or the failure it is.
-
-    Order matters: a tool call is fatal whatever else came; a reply cut at its cap is ``truncated``
-    even when no text survived (a thinking model can spend the whole cap thinking); then empty, then
-    the strict parse, then the body size.
-    """
+    """Turn one finished call into a valid document or the failure it is, judged in the order of
+    docs/summaries.md (a reply cut at its cap is ``truncated`` even when no text survived: a thinking
+    model can spend the whole cap thinking)."""
     if result.tool_calls or result.stop_reason == "tool_calls":
         name = result.tool_calls[0].name if result.tool_calls else "(unnamed)"
         raise SummaryToolCall(tool_name=name)
@@ -393,16 +332,3 @@ def judge_reply(result: CallResult, max_output_tokens: int) -> SummaryDocument:
     document = parse_summary_document(result.text)
     check_body_size(document)
     return document
-
-
-__all__ = [
-    "PURPOSE_OF",
-    "STAGE_OF",
-    "CallReservation",
-    "CallTally",
-    "SampleCallback",
-    "SummaryCallBudget",
-    "SummaryCaller",
-    "judge_reply",
-    "prompt_estimate",
-]

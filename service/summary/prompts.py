@@ -28,6 +28,7 @@ from service.summary.material import QAPair, render_qa_pair
 PROMPT_VERSION = "summary-prompts-1"
 
 SummaryKind = Literal["qa", "context"]
+_MATERIAL: dict[SummaryKind, str] = {"qa": "side questions and answers", "context": "transcript"}
 
 # What the first attempt asks for: comfortably below the 2200-token body limit.
 FIRST_BODY_TOKENS = 1500
@@ -77,11 +78,8 @@ SESSION_INSTRUCTIONS_HEADER = (
 
 
 def summary_system_prompt(kind: SummaryKind, instructions: str | None = None) -> str:
-    """The system prompt of a summary call of this kind.
-
-    ``instructions`` (a session's ``summary_instructions``, SPEC §11.2) come *after* the built-in
-    instructions, which stay whole: they add to the prompt and can never replace the document format.
-    """
+    """The system prompt of a summary call of this kind; a session's ``instructions`` (SPEC §11.2)
+    come *after* the built-in ones, so they can never replace the document format."""
     base = _SYSTEM_QA if kind == "qa" else _SYSTEM_CONTEXT
     if instructions is None or not instructions.strip():
         return base
@@ -92,10 +90,8 @@ def summary_system_prompt(kind: SummaryKind, instructions: str | None = None) ->
 
 
 def prompt_version(instructions: str | None = None) -> str:
-    """:data:`PROMPT_VERSION`, extended by a hash of the session's summary instructions when it has any.
-
-    Part of the context-summary cache key: a summary made under other instructions is not reused.
-    """
+    """:data:`PROMPT_VERSION`, extended by a hash of the session's summary instructions (part of the
+    cache key: a summary made under other instructions is not reused)."""
     if instructions is None or not instructions.strip():
         return PROMPT_VERSION
     digest = hashlib.sha256(instructions.strip().encode("utf-8")).hexdigest()[:16]
@@ -120,16 +116,9 @@ def build_summary_prompt(
     chunks: int = 1,
     instructions: str | None = None,
 ) -> SummaryPrompt:
-    """The prompt of one summary attempt over ``material``.
-
-    ``instructions`` are the session's summary instructions (SPEC §11.2), appended to the built-in
-    system prompt (see :func:`summary_system_prompt`).
-
-    ``previous_body`` is the rendered body of the running (valid) summary: when given, the model is asked
-    to *update* it with the new material, keeping earlier conclusions. ``retry`` is the one retry after a
-    failed first attempt: same material, a firmer format reminder and a body under 600 tokens.
-    """
-    what = "side questions and answers" if kind == "qa" else "transcript"
+    """The prompt of one summary attempt over ``material``: an *update* of ``previous_body`` (the
+    running valid summary, rendered) when given; ``retry`` adds a firmer format reminder and asks for a
+    body under 600 tokens."""
     parts: list[str] = []
     if previous_body is not None:
         parts.append(
@@ -141,15 +130,17 @@ def build_summary_prompt(
             "replaces them, and merge new facts in."
         )
     else:
-        parts.append(f"Summarise the {what} below.")
+        parts.append(f"Summarise the {_MATERIAL[kind]} below.")
     if chunks > 1:
         parts.append(f"This is part {chunk} of {chunks} of the material.")
     parts.append(f"<material>\n{material}\n</material>")
-    parts.append(_closing(retry))
-    return SummaryPrompt(
-        system=summary_system_prompt(kind, instructions),
-        messages=[{"role": "user", "content": "\n\n".join(parts)}],
-    )
+    return _prompt(kind, parts, retry, instructions)
+
+
+def _prompt(kind: SummaryKind, parts: list[str], retry: bool, instructions: str | None) -> SummaryPrompt:
+    """The system prompt, and one user turn of ``parts`` closed by :func:`_closing`."""
+    content = "\n\n".join([*parts, _closing(retry)])
+    return SummaryPrompt(summary_system_prompt(kind, instructions), [{"role": "user", "content": content}])
 
 
 def _closing(retry: bool) -> str:
@@ -178,30 +169,22 @@ def merge_piece(part: int, body: str) -> str:
 def _merge_prompt(
     kind: SummaryKind, pieces: str, count: int, *, retry: bool, instructions: str | None = None
 ) -> SummaryPrompt:
-    what = "side questions and answers" if kind == "qa" else "transcript"
     parts = [
-        f"Below are {count} partial summaries of consecutive parts of the {what}, in order: part 1 "
-        f"summarises the oldest material, part {count} the newest. Merge them into one summary in the "
+        f"Below are {count} partial summaries of consecutive parts of the {_MATERIAL[kind]}, in order: "
+        f"part 1 summarises the oldest material, part {count} the newest. Merge them into one summary in the "
         "same format. This is a merge, not a rewrite: keep the conclusions, decisions and open points of "
         "every part unless a later part explicitly settles or replaces them; where parts disagree, the "
         "later part describes the newer state. Say each fact once.",
         MERGE_OPEN + pieces + MERGE_CLOSE,
-        _closing(retry),
     ]
-    return SummaryPrompt(
-        system=summary_system_prompt(kind, instructions),
-        messages=[{"role": "user", "content": "\n\n".join(parts)}],
-    )
+    return _prompt(kind, parts, retry, instructions)
 
 
 def build_merge_prompt(
     kind: SummaryKind, bodies: Sequence[str], *, retry: bool, instructions: str | None = None
 ) -> SummaryPrompt:
     """The prompt of one merge attempt: ``bodies`` (rendered valid documents, in material order) → one.
-
-    ``retry`` is the one retry after a failed first attempt, from the same documents, exactly as for a
-    chunk. Needs at least two documents: merging one would be a rewrite for nothing.
-    """
+    Needs at least two documents: merging one would be a rewrite for nothing."""
     if len(bodies) < 2:
         raise ValueError("a merge needs at least two documents")
     pieces = "".join(merge_piece(part, body) for part, body in enumerate(bodies, start=1))
@@ -215,16 +198,10 @@ def merge_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> 
 
 
 def summary_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
-    """Tokens a summary prompt needs besides its material, in the worst case.
-
-    The session's summary instructions (up to 4 KiB) are part of every prompt, so they are reserved too.
-
-    Worst case = the retry variant of an update of a chunk, with a previous summary at the body limit
-    (the running summary is shown as its rendered body, so its size is bounded by the same estimate),
-    or the retry variant of a merge prompt without its documents, whichever is larger. Chunk sizes and
-    merge groups reserve this in advance, so the retry of any chunk or merge fits as well as its first
-    attempt.
-    """
+    """Tokens a summary prompt needs besides its material, in the worst case: the retry variant of an
+    update with a previous summary at the body limit, or of a merge prompt without its documents,
+    whichever is larger (the session's instructions included). Chunk sizes and merge groups reserve
+    this, so the retry of any chunk or merge fits as well as its first attempt."""
     skeleton = build_summary_prompt(
         kind, "", previous_body="", retry=True, chunk=999, chunks=999, instructions=instructions
     )
@@ -292,20 +269,10 @@ def build_answer_request(
     replayed: Sequence[QAPair] = (),
     context_time: str | None = None,
 ) -> AnswerRequest:
-    """Assemble the side answer request in the SPEC §7 order, for the main session's prefix cache.
-
-    1. ``system`` (or its text blocks, ``system_blocks``) and ``tools`` exactly as the snapshot had them.
-    2. The snapshot's canonical ``messages`` exactly as given — or, when compacted, a user turn carrying
-       ``context_summary`` and a short assistant acknowledgement (dropped if the kept messages start with
-       an assistant turn, so roles still alternate), then the kept ``messages`` unchanged.
-    3. ONE final user turn: Sidequest's instructions, the rendered Q&A summary, the replayed Q&A
-       (ordinal, question, answer) and the question, each a text block.
-
-    Keeping the list valid: if the last message is a user turn, the final turn's blocks are *appended to
-    it* (a copy; every earlier message stays byte-identical, so the cached prefix still matches), rather
-    than inventing an assistant turn the main model never said. If the last message is an assistant turn
-    with tool calls that have no result yet (snapshot taken mid-tool), the final user turn starts with a
-    ``tool_result`` for each, saying the result is pending — a call is never left without its result.
+    """Assemble the side answer request in the SPEC §7 order, for the main session's prefix cache:
+    the snapshot's system and tools, its messages exactly as given (or a context summary, then the kept
+    ones), then ONE final user turn — merged into a trailing user turn, and completing a trailing
+    unanswered tool call with pending results (docs/summaries.md, "The answer request").
     ``messages_tokens`` is the estimate of ``messages`` when the caller has it (envelopes included).
     """
     out: list[dict[str, Any]] = []
@@ -329,29 +296,26 @@ def build_answer_request(
     ]
     # The stand-in results complete the snapshot's own tool calls, so they count as context.
     context_tokens += sum(estimate_block(block) for block in blocks)
-    blocks.append(_text_block(instructions))
+
+    def add(text: str) -> int:
+        """Append one text block to the final turn; its estimate."""
+        blocks.append(_text_block(text))
+        return estimate_text(text)
+
     # Sidequest's own text in the final turn (instructions, the "Side question:" label) is envelope:
     # the "question" segment is the question's bytes alone (SPEC §5), so a user can read it as such.
-    wrapper_tokens = estimate_text(instructions)
-
+    wrapper_tokens = add(instructions)
     qa_summary_tokens = 0
     if qa_summary is not None:
-        text = "Summary of earlier side questions and answers:\n" + qa_summary
-        blocks.append(_text_block(text))
-        qa_summary_tokens = estimate_text(text)
+        qa_summary_tokens = add("Summary of earlier side questions and answers:\n" + qa_summary)
     qa_raw_tokens = 0
     if replayed:
-        text = "Recent side questions and answers (oldest first):\n\n" + "\n".join(
-            render_qa_pair(pair) for pair in replayed
-        )
-        blocks.append(_text_block(text))
-        qa_raw_tokens = estimate_text(text)
-    question_text = "Side question:\n" + question
-    blocks.append(_text_block(question_text))
+        pairs = "\n".join(render_qa_pair(pair) for pair in replayed)
+        qa_raw_tokens = add("Recent side questions and answers (oldest first):\n\n" + pairs)
     question_tokens = estimate_text(question)
     # The label's share is what the labelled block costs beyond the bare question (per-block rounding
     # included), so the segments still add up to the estimate of what is sent.
-    wrapper_tokens += estimate_text(question_text) - question_tokens
+    wrapper_tokens += add("Side question:\n" + question) - question_tokens
 
     if out and out[-1].get("role") == "user":
         last = out[-1]
@@ -377,21 +341,3 @@ def build_answer_request(
         estimate=estimate,
         system_blocks=tuple(dict(b) for b in system_blocks),
     )
-
-
-__all__ = [
-    "ANSWER_INSTRUCTIONS",
-    "ANSWER_INSTRUCTIONS_NO_CONTEXT",
-    "PROMPT_VERSION",
-    "AnswerRequest",
-    "SummaryKind",
-    "SummaryPrompt",
-    "build_answer_request",
-    "build_merge_prompt",
-    "build_summary_prompt",
-    "merge_piece",
-    "merge_prompt_reserve",
-    "prompt_version",
-    "summary_prompt_reserve",
-    "summary_system_prompt",
-]

@@ -1,9 +1,5 @@
-"""The rolling Q&A summary (SPEC §6.1): older side Q&A folded into one summary, by *updating* it.
-
-Each fold shows the model the previous summary and asks it to merge the new Q&A in, keeping earlier
-conclusions, so what group 1 established survives fold after fold instead of being rewritten away (in
-parallel mode the previous summary goes with the first chunk, and the merge prompt keeps the earlier
-parts' conclusions the same way).
+"""The rolling Q&A summary (SPEC §6.1): older side Q&A folded into one summary by *updating* it, so
+what the first fold established survives fold after fold (docs/summaries.md, "Rolling Q&A summary").
 The result carries our provenance (ordinal range, context time) and is returned for the store to save.
 """
 
@@ -22,10 +18,8 @@ from service.summary.runner import SummaryRunner
 
 @dataclass(frozen=True)
 class StoredQASummary:
-    """A validated rolling Q&A summary as kept in ``memory.qa_summary``.
-
-    ``tokens`` is the estimate of :meth:`rendered` — the text that goes into the answer prompt.
-    """
+    """A validated rolling Q&A summary as kept in ``memory.qa_summary``; ``tokens`` estimates
+    :meth:`rendered`, the text that goes into the answer prompt."""
 
     document: SummaryDocument
     provenance: Provenance
@@ -95,19 +89,12 @@ async def fold_qa(
 ) -> StoredQASummary | None:
     """Fold ``batches`` of Q&A pairs (ascending ordinals) into ``previous``.
 
-    ``context_time``: when the main context was taken for the newest of the folded Q&A asked on a
-    snapshot (``service.store.history.latest_context_time``); None when none was, and the new summary
-    then keeps ``previous``'s (SPEC 6.1: a summary states its context time).
-
-    All chunks of all batches are planned first and the whole plan (chunks, plus merge calls in
-    parallel mode) is reserved against the call cap before any call is made. Ordered mode: each batch
-    is one update of the running summary (more than one call only when a batch is larger than one
-    call's capacity). Parallel mode (``runner.parallelism`` > 1, two or more chunks in all): the
-    chunks of every batch are summarised at once and merged, in order, into one update of
-    ``previous``. Returns the new summary covering through the last folded ordinal, ``previous``
-    unchanged when there is nothing new, or None when there is nothing at all. ``tally`` counts the
-    attempts made here (the runner's ``attempts_made`` also counts a compaction running beside it).
-    Raises the summary / provider errors of :meth:`SummaryRunner.summarize`.
+    ``context_time``: when the main context was taken for the newest folded Q&A asked on a snapshot;
+    None keeps ``previous``'s (SPEC 6.1: a summary states its context time). The whole plan, all
+    batches together, is reserved against the call cap before any call. Ordered mode: each batch is one
+    update of the running summary; parallel mode: every chunk at once, merged into one update. Returns
+    the new summary, ``previous`` when there is nothing new, or None when there is nothing at all.
+    ``tally`` counts the attempts made here (a compaction may run beside it on the same runner).
     """
     fresh = _new_pairs(previous, batches)
     if not fresh:
@@ -116,33 +103,23 @@ async def fold_qa(
     total = sum(len(chunks) for chunks in plans)
     plan = runner.plan("qa", total)
     document = previous.document if previous is not None else None
+    # In parallel mode batches are only a loading unit: all their chunks at once need one merge.
+    runs = [[chunk for chunks in plans for chunk in chunks]] if plan.parallel else plans
+    done = 0
     with runner.budget.reserve(plan.calls) as reservation:
-        if plan.parallel:
-            # Batches are only a loading unit: summarising all their chunks at once needs one merge.
+        for chunks in runs:
             document = await runner.summarize(
                 "qa",
-                [chunk for chunks in plans for chunk in chunks],
+                chunks,
                 document,
                 check_cap=False,
-                parallel=True,
+                progress_offset=done,
+                progress_total=total,
+                parallel=plan.parallel,
                 reservation=reservation,
                 tally=tally,
             )
-        else:
-            done = 0
-            for chunks in plans:
-                document = await runner.summarize(
-                    "qa",
-                    chunks,
-                    document,
-                    check_cap=False,
-                    progress_offset=done,
-                    progress_total=total,
-                    parallel=False,
-                    reservation=reservation,
-                    tally=tally,
-                )
-                done += len(chunks)
+            done += len(chunks)
     assert document is not None
     first = previous.first_ordinal if previous is not None else fresh[0][0].ordinal
     through = fresh[-1][-1].ordinal
@@ -160,6 +137,3 @@ async def fold_qa(
         covered_through_ordinal=through,
         tokens=estimate_text(render_summary(document, provenance)),
     )
-
-
-__all__ = ["QAPair", "StoredQASummary", "fold_qa"]

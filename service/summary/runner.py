@@ -1,18 +1,11 @@
 """A summary over one or more chunks (SPEC §6.3): the plan, the ordered and the parallel mode.
 
-Each chunk, and each merge call, is one call of the policy in :mod:`service.summary.policy` (one
-retry, the call cap, the deadline). Two modes (``SummaryRunner.parallelism``,
-``SIDEQUEST_SUMMARY_PARALLELISM``):
-
-- *ordered* (parallelism 1, or a single chunk): chunks are updates of the running summary, which is
-  always the last *valid* document;
-- *parallel*: the chunks are summarised at once, each on its own (the previous summary goes with the
-  first), at most ``parallelism`` calls in flight, then merge calls — summary calls like any other, with
-  the same retry, cap and validation — fold the documents, in order, into one, in rounds when they do
-  not fit one call (:mod:`service.summary.merge`). The first failure cancels the calls in flight.
-
-Either way a failure raises, so a failed partial summary can never become the input of the next call.
-The whole plan (chunks + planned merge calls) is reserved in the budget before the first call.
+Each chunk, and each merge call, is one call of the policy in :mod:`service.summary.policy`. *Ordered*
+(parallelism 1, or a single chunk): each chunk updates the running summary, always the last *valid*
+document. *Parallel*: the chunks are summarised at once (the previous summary goes with the first), then
+merge calls fold the documents, in order, into one (:mod:`service.summary.merge`); the first failure
+cancels the calls in flight. Either way a failure raises, so a failed partial summary never feeds the
+next call, and the whole plan is reserved in the budget before the first call (docs/summaries.md).
 """
 
 from __future__ import annotations
@@ -71,44 +64,31 @@ async def _all_or_nothing(calls: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:
 class SummaryRunner(SummaryCaller):
     """A :class:`~service.summary.policy.SummaryCaller` that summarises chunks, ordered or in parallel.
 
-    ``on_progress`` receives one event dict per chunk and per merge call. ``parallelism`` is
-    ``SIDEQUEST_SUMMARY_PARALLELISM``: above 1, two or more chunks are summarised at once (at most
-    that many calls in flight) and merged; 1 keeps the ordered rolling update.
+    ``on_progress`` receives one event dict per chunk and per merge call; ``parallelism`` is
+    ``SIDEQUEST_SUMMARY_PARALLELISM`` (at most that many calls in flight; 1 keeps the ordered mode).
     """
 
     on_progress: ProgressCallback | None = None
-    # Chunk summaries of one summary made at once (SPEC §6.3, SIDEQUEST_SUMMARY_PARALLELISM).
     parallelism: int = 1
 
     def __post_init__(self) -> None:
         if self.parallelism < 1:
             raise ValueError("parallelism must be >= 1")
 
-    def plan(self, kind: SummaryKind, chunks: int) -> SummaryPlan:
+    def plan(self, kind: SummaryKind, chunks: int, parallel: bool | None = None) -> SummaryPlan:
         """How ``chunks`` chunks will be summarised, and the calls that needs (retries not counted).
 
-        Parallel when ``parallelism`` > 1, there are two or more chunks, one merge call can take two
-        documents at the body limit, and chunks + planned merge calls fit the calls that remain. A
-        parallel plan that would not fit falls back to the ordered rolling update (one call per
-        chunk): parallelism buys time, and must not fail a request that the ordered mode can serve.
+        Parallel when allowed (``parallel`` not False, ``parallelism`` > 1, two or more chunks, one
+        merge call can take two documents at the body limit) and, unless ``parallel`` is True, when its
+        chunks and merge calls fit the calls that remain: parallelism buys time, and must not fail a
+        request that the ordered rolling update can serve.
         """
-        if (
-            chunks >= 2
-            and self.parallelism > 1
-            and can_merge(worst_piece_tokens(chunks), self.capacity(kind))
-        ):
-            parallel = self._plan_of(kind, chunks, parallel=True)
-            if parallel.calls <= self.budget.remaining:
-                return parallel
-        return SummaryPlan(chunks=chunks, parallel=False)
-
-    def _plan_of(self, kind: SummaryKind, chunks: int, *, parallel: bool) -> SummaryPlan:
-        """The plan of the given mode, whether or not it fits the budget."""
         worst, capacity = worst_piece_tokens(chunks), self.capacity(kind)
-        if not parallel or chunks < 2 or self.parallelism == 1 or not can_merge(worst, capacity):
-            return SummaryPlan(chunks=chunks, parallel=False)
-        merges = planned_merge_calls(chunks, worst, capacity)
-        return SummaryPlan(chunks=chunks, parallel=True, merge_calls=merges)
+        if parallel is not False and chunks >= 2 and self.parallelism > 1 and can_merge(worst, capacity):
+            merging = SummaryPlan(chunks, True, planned_merge_calls(chunks, worst, capacity))
+            if parallel or merging.calls <= self.budget.remaining:
+                return merging
+        return SummaryPlan(chunks=chunks, parallel=False)
 
     async def summarize(
         self,
@@ -123,94 +103,21 @@ class SummaryRunner(SummaryCaller):
         reservation: CallReservation | None = None,
         tally: CallTally | None = None,
     ) -> SummaryDocument:
-        """Summarise ``chunks`` (in material order) into one document.
+        """Summarise ``chunks`` (in material order) into one document, updating ``previous`` (None:
+        start fresh); ``parallel`` None means :meth:`plan`'s choice, a caller that planned passes it.
 
-        Ordered mode: each chunk is an update of the running summary, ``previous`` the one the first
-        chunk updates (None: start fresh). Parallel mode: every chunk is summarised on its own, at
-        most ``parallelism`` at a time (``previous`` goes with the first chunk only), then merge calls
-        fold the documents, in order, into one (in rounds when they do not fit one call).
-        ``parallel`` None means :meth:`plan`'s choice; a caller that planned passes it.
-
-        ``check_cap`` reserves the plan's calls (chunks + merges) in the budget first, failing with
-        :class:`SummaryCallCap` before any call; a caller that already holds a ``reservation`` for a
-        larger plan passes it (and ``check_cap`` False). ``progress_offset`` / ``progress_total``
-        number the chunk progress events when this is one part of a larger plan (several Q&A batches).
-        ``tally`` counts this summary's attempts. Returns the last valid document; raises the first
-        failure (in parallel mode after cancelling the calls still in flight).
+        ``check_cap`` reserves the plan's calls (chunks + merges) first, failing with
+        :class:`SummaryCallCap` before any call; a caller that holds a ``reservation`` for a larger plan
+        passes it instead. ``progress_offset`` / ``progress_total`` number the chunk events when this is
+        one part of a larger plan; ``tally`` counts this summary's attempts. Raises the first failure.
         """
         if not chunks:
             if previous is None:
                 raise ValueError("nothing to summarise")
             return previous
-        if parallel is None:
-            plan = self.plan(kind, len(chunks))
-        else:
-            plan = self._plan_of(kind, len(chunks), parallel=parallel)
+        plan = self.plan(kind, len(chunks), parallel)
         held = self.budget.reserve(plan.calls) if check_cap and reservation is None else None
-        try:
-            if plan.parallel:
-                return await self._summarize_parallel(
-                    kind,
-                    chunks,
-                    previous,
-                    progress_offset=progress_offset,
-                    progress_total=progress_total,
-                    reservation=held or reservation,
-                    tally=tally,
-                )
-            return await self._summarize_ordered(
-                kind,
-                chunks,
-                previous,
-                progress_offset=progress_offset,
-                progress_total=progress_total,
-                reservation=held or reservation,
-                tally=tally,
-            )
-        finally:
-            if held is not None:
-                held.release()
-
-    async def _summarize_ordered(
-        self,
-        kind: SummaryKind,
-        chunks: Sequence[str],
-        previous: SummaryDocument | None,
-        *,
-        progress_offset: int,
-        progress_total: int | None,
-        reservation: CallReservation | None,
-        tally: CallTally | None,
-    ) -> SummaryDocument:
-        running = previous
-        total = len(chunks)
-        for index, chunk in enumerate(chunks, start=1):
-            if self.on_progress is not None:
-                await self.on_progress(_chunk_event(kind, progress_offset + index, progress_total or total))
-            running = await self.summarize_chunk(
-                kind,
-                chunk,
-                running,
-                chunk_index=index,
-                chunks=total,
-                reservation=reservation,
-                tally=tally,
-            )
-        assert running is not None
-        return running
-
-    async def _summarize_parallel(
-        self,
-        kind: SummaryKind,
-        chunks: Sequence[str],
-        previous: SummaryDocument | None,
-        *,
-        progress_offset: int,
-        progress_total: int | None,
-        reservation: CallReservation | None,
-        tally: CallTally | None,
-    ) -> SummaryDocument:
-        total = len(chunks)
+        total = progress_total or len(chunks)
         slots = asyncio.Semaphore(self.parallelism)
         # Progress events go out one at a time, in the order the calls take their slots.
         emitting = asyncio.Lock()
@@ -220,29 +127,40 @@ class SummaryRunner(SummaryCaller):
                 async with emitting:
                     await self.on_progress(event)
 
-        async def one_chunk(index: int, chunk: str) -> SummaryDocument:
+        async def one_chunk(index: int, chunk: str, running: SummaryDocument | None) -> SummaryDocument:
             async with slots:
-                await report(_chunk_event(kind, progress_offset + index, progress_total or total))
+                number = progress_offset + index
+                await report(vocabulary.summary_chunk(STAGE_OF[kind], PURPOSE_OF[kind], number, total))
                 return await self.summarize_chunk(
                     kind,
                     chunk,
-                    previous if index == 1 else None,
+                    running,
                     chunk_index=index,
-                    chunks=total,
-                    reservation=reservation,
+                    chunks=len(chunks),
+                    reservation=held or reservation,
                     tally=tally,
                 )
 
-        documents = await _all_or_nothing(
-            [one_chunk(index, chunk) for index, chunk in enumerate(chunks, start=1)]
-        )
-        merge_round = 0
-        while len(documents) > 1:
-            merge_round += 1
-            documents = await self._merge_round(
-                kind, documents, merge_round, slots, report, reservation=reservation, tally=tally
+        try:
+            if not plan.parallel:
+                running = previous
+                for index, chunk in enumerate(chunks, start=1):
+                    running = await one_chunk(index, chunk, running)
+                assert running is not None
+                return running
+            documents = await _all_or_nothing(
+                [one_chunk(i, chunk, previous if i == 1 else None) for i, chunk in enumerate(chunks, start=1)]
             )
-        return documents[0]
+            merge_round = 0
+            while len(documents) > 1:
+                merge_round += 1
+                documents = await self._merge_round(
+                    kind, documents, merge_round, slots, report, reservation=held or reservation, tally=tally
+                )
+            return documents[0]
+        finally:
+            if held is not None:
+                held.release()
 
     async def _merge_round(
         self,
@@ -285,18 +203,6 @@ class SummaryRunner(SummaryCaller):
         return [next(merged) if len(group) > 1 else documents[group.start] for group in groups]
 
 
-def _chunk_event(kind: SummaryKind, chunk: int, chunks: int) -> dict[str, Any]:
-    return vocabulary.summary_chunk(STAGE_OF[kind], PURPOSE_OF[kind], chunk, chunks)
-
-
 def worst_piece_tokens(documents: int) -> int:
     """The largest a merge call's document can be: a body at the 2200-token limit, plus its tag."""
     return BODY_TOKEN_LIMIT + estimate_text(merge_piece(max(documents, 1), ""))
-
-
-__all__ = [
-    "ProgressCallback",
-    "SummaryPlan",
-    "SummaryRunner",
-    "worst_piece_tokens",
-]

@@ -16,12 +16,8 @@ from service.providers.base import (
     ProviderTimeout,
     RateLimited,
 )
-from service.providers.errors import (
-    classify_http_error,
-    classify_stream_error,
-    overflow_counts,
-    parse_retry_after,
-)
+from service.providers.errors import classify_http_error, classify_stream_error, overflow_counts
+from service.providers.retry_after import parse_retry_after
 from tests.providers import error_table
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "provider_errors"

@@ -1,0 +1,90 @@
+"""How long a rate-limited provider asks us to wait (docs/providers.md, "Error classification", rule 3)."""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Mapping
+
+# One part of a wait: "250ms", "6.5s", "60 seconds", "2 minutes", and OpenAI's compound "1m30s" / "1h2m".
+_WAIT_UNIT = r"(ms|milliseconds?|seconds?|secs?|s|minutes?|mins?|m|hours?|h)(?![a-z])"
+_WAIT_PART = re.compile(rf"(\d+(?:\.\d+)?)\s*{_WAIT_UNIT}", re.IGNORECASE)
+_TRY_AGAIN_IN = re.compile(
+    rf"(?:try again|retry) (?:in|after) ((?:\d+(?:\.\d+)?\s*{_WAIT_UNIT}\s*)+)", re.IGNORECASE
+)
+# Gemini / Vertex put the wait in a google.rpc.RetryInfo detail: "retryDelay": "26s" (in Python's
+# quotes when a gateway printed the body).
+_RETRY_DELAY = re.compile(r"[\"']retryDelay[\"']\s*:\s*[\"'](\d+(?:\.\d+)?)s[\"']")
+
+
+def _unit_seconds(unit: str) -> float:
+    unit = unit.lower()
+    if unit == "ms" or unit.startswith("milli"):
+        return 0.001
+    return {"s": 1.0, "m": 60.0, "h": 3600.0}[unit[0]]
+
+
+def _wait_seconds(text: str) -> float:
+    """``1m30s`` → 90.0: the sum of the wait's parts."""
+    return sum(float(number) * _unit_seconds(unit) for number, unit in _WAIT_PART.findall(text))
+
+
+def parse_retry_after(
+    headers: Mapping[str, str] | None,
+    *,
+    message: str | None = None,
+    now: float | None = None,
+) -> float | None:
+    """Seconds to wait before retrying, from ``retry-after-ms``, ``retry-after`` (seconds or HTTP date;
+    also under LiteLLM's ``llm_provider-`` prefix) or, failing both, a hint in the provider's message:
+    "try again in 6s" / "in 250ms", Azure's "Please retry after 60 seconds", Gemini's "Please retry in
+    20.04s" or its ``"retryDelay": "26s"``; last, OpenAI's ``x-ratelimit-reset-*`` headers."""
+    lowered = {k.lower(): v for k, v in (headers or {}).items()}
+    for name in ("retry-after-ms", "retry-after"):
+        # LiteLLM's proxy passes the upstream's headers on under an ``llm_provider-`` prefix.
+        if name not in lowered and f"llm_provider-{name}" in lowered:
+            lowered[name] = lowered[f"llm_provider-{name}"]
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            return max(0.0, float(raw_ms) / 1000.0)
+        except ValueError:
+            pass
+    raw = lowered.get("retry-after")
+    if raw is not None:
+        raw = raw.strip()
+        try:
+            return max(0.0, float(raw))
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            when = None
+        if when is not None:
+            current = time.time() if now is None else now
+            return max(0.0, when.timestamp() - current)
+    if message:
+        match = _TRY_AGAIN_IN.search(message)
+        if match:
+            return _wait_seconds(match.group(1))
+        match = _RETRY_DELAY.search(message)
+        if match:
+            return float(match.group(1))
+    return _reset_header_wait(lowered, message or "")
+
+
+def _reset_header_wait(headers: Mapping[str, str], message: str) -> float | None:
+    """OpenAI's ``x-ratelimit-reset-requests`` / ``-tokens`` ("1s", "6m0s", "20ms"): when the limit
+    reset — the one the message names ("… for requests", "… tokens per min"), else the later."""
+    waits: dict[str, float] = {}
+    for kind in ("requests", "tokens"):
+        raw = headers.get(f"x-ratelimit-reset-{kind}")
+        if raw is not None and _WAIT_PART.search(raw):
+            waits[kind] = _wait_seconds(raw)
+    if not waits:
+        return None
+    lowered = message.lower()
+    named = [k for k in waits if k in lowered or (k == "tokens" and "tpm" in lowered)]
+    return waits[named[0]] if len(named) == 1 else max(waits.values())
