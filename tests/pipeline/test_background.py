@@ -5,6 +5,7 @@ test waits for (the job's row is ``running``), not a race."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import uuid
@@ -223,6 +224,39 @@ async def test_a_request_waits_for_a_running_fold_instead_of_making_it_again(
         ]
     assert progress and progress[0]["job_id"] == str(job_id)
     assert (await row_of(db, second)).status == "succeeded"
+
+
+async def test_a_fold_that_finds_its_range_taken_answers_with_the_jobs_summary(
+    worker: Worker, db: Database, server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background job takes the fold's range between the request's plan and its registration: the
+    request waits for the job, plans its history again, and answers from that plan — the job's
+    summary in the prompt — not from the plan made before the wait, which had neither the summary
+    nor the folded Q&A."""
+    from service.pipeline import history as history_module
+    from service.pipeline.waiting import registered as real
+
+    sid = await make_session(db)
+    await add_history(db, sid, _history(21))
+    server.script("qa_summary", Step.valid_summary().with_delay(before_s=0.5))
+    taken: list[uuid.UUID] = []
+
+    @contextlib.asynccontextmanager
+    async def racing(rt: Any, kind: JobKind, key: str) -> AsyncIterator[bool]:
+        if not taken:
+            through = int(key.rsplit("-", 1)[-1])
+            taken.append(await _enqueue(db, sid, kind, key, {"through_ordinal": through}))
+        async with real(rt, kind, key) as mine:
+            yield mine
+
+    monkeypatch.setattr(history_module, "registered", racing)
+    rid = await admit(db, sid, "question 22?")
+    await wait_for(lambda: _done(db, rid), within=30)
+    row = await row_of(db, rid)
+    assert taken and row.status == "succeeded"
+    assert row.context_info["qa_summary"]["made_by"] == "background"
+    answer = next(r for r in server.requests("answer") if r.request_id == str(rid))
+    assert VALID_SUMMARY["objective"] in json.dumps(answer.body)
 
 
 async def queue_events(session: Any, rid: uuid.UUID) -> list[Any]:
