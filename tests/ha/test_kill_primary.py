@@ -207,6 +207,20 @@ async def _call(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any)
         return None
 
 
+@contextlib.asynccontextmanager
+async def _open_stream(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], out: Outcomes, call: str
+) -> AsyncIterator[httpx.Response | None]:
+    """An event stream opened and its outcome recorded: the response, or None when the API refused it
+    (its body read first, so a 5xx is recorded with its text)."""
+    async with client.stream("GET", url, headers=headers) as response:
+        refused = response.status_code != 200
+        if refused:
+            await response.aread()
+        out.record(call, response)
+        yield None if refused else response
+
+
 async def _follow_request(
     client: httpx.AsyncClient, apis: list[str], request_id: str, out: Outcomes, deadline: float
 ) -> None:
@@ -220,13 +234,12 @@ async def _follow_request(
         if seqs:
             out.stream_resumes += 1
         try:
-            async with client.stream("GET", f"{base}/v1/questions/{request_id}/events", headers=headers) as r:
-                if r.status_code != 200:
-                    await r.aread()
-                    out.record("stream", r)
+            async with _open_stream(
+                client, f"{base}/v1/questions/{request_id}/events", headers, out, "stream"
+            ) as r:
+                if r is None:
                     await asyncio.sleep(0.5)
                     continue
-                out.record("stream", r)
                 # The client leaves after a few events and resumes on the other API process.
                 budget = random.randint(1, 6)
                 async for message in events(r):
@@ -254,13 +267,12 @@ async def _follow_session(
         attempt += 1
         headers = {"Last-Event-ID": str(ids[-1])} if ids else {}
         try:
-            async with client.stream("GET", f"{base}/v1/sessions/{parent}/events", headers=headers) as r:
-                if r.status_code != 200:
-                    await r.aread()
-                    out.record("session stream", r)
+            async with _open_stream(
+                client, f"{base}/v1/sessions/{parent}/events", headers, out, "session stream"
+            ) as r:
+                if r is None:
                     await asyncio.sleep(0.5)
                     continue
-                out.record("session stream", r)
                 if ids:
                     out.stream_resumes += 1
                 budget = random.randint(3, 20)
