@@ -40,6 +40,14 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
+def with_hosts(url: str, *hosts: str) -> str:
+    """Return ``url`` pointing at ``hosts`` (``host:port`` each; several make a multi-host URL), its
+    user, password, database and query kept."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{','.join(hosts)}"))
+
+
 async def _answers(url: str) -> bool:
     try:
         conn = await asyncpg.connect(_plain(url), timeout=3)

@@ -16,7 +16,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from tests.pg import with_hosts
 
 
 def _free_port() -> int:
@@ -64,9 +66,7 @@ class PgBouncer:
 
     def url(self, url: str) -> str:
         """``url`` (a database on the upstream server) through this PgBouncer."""
-        parts = urlsplit(url)
-        userinfo = parts.netloc.rpartition("@")[0]
-        return urlunsplit(parts._replace(netloc=f"{userinfo}@127.0.0.1:{self.port}"))
+        return with_hosts(url, f"127.0.0.1:{self.port}")
 
     def start(self) -> PgBouncer:
         command = [self.binary, str(self.config)]

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -27,6 +27,7 @@ from service.store.db import Database, plain_dsn
 from service.store.listener import Listener
 from tests.api.conftest import serve
 from tests.api.sse_client import events
+from tests.pg import with_hosts
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
 SNAPSHOT = {"messages": [{"role": "user", "content": "Rename the loader."}]}
@@ -78,12 +79,6 @@ class TcpProxy:
             task.add_done_callback(self._pipes.discard)
 
 
-def _through(url: str, port: int) -> str:
-    parts = urlsplit(url)
-    userinfo = parts.netloc.rpartition("@")[0]
-    return urlunsplit(parts._replace(netloc=f"{userinfo}@127.0.0.1:{port}"))
-
-
 async def _status(client: httpx.AsyncClient, request_id: str) -> str:
     response = await client.get(f"/v1/questions/{request_id}")
     assert response.status_code == 200, response.text
@@ -126,7 +121,7 @@ async def test_every_waiter_re_reads_after_the_listen_connection_is_terminated(
     async with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
         # Polls far longer than the test: only a notification or the reconnect's re-read can wake.
         chosen = settings.model_copy(
-            update={"listen_database_url": _through(url, proxy.port), "poll_s": 30.0}
+            update={"listen_database_url": with_hosts(url, f"127.0.0.1:{proxy.port}"), "poll_s": 30.0}
         )
         app = create_serving_app(chosen, url)
         app.state.hub.poll_s = 30.0
