@@ -19,7 +19,6 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
 import uvicorn
 from starlette.applications import Starlette
@@ -27,9 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-
-def _at() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+from service.vocabulary import utc_iso
 
 
 def _wire(seq: int, kind: str, data: dict[str, object]) -> bytes:
@@ -61,7 +58,7 @@ class Stream:
         self.started = False
 
     def _data(self, seq: int, **fields: object) -> dict[str, object]:
-        return {"request_id": self.request_id, "ordinal": 1, "seq": seq, "at": _at(), **fields}
+        return {"request_id": self.request_id, "ordinal": 1, "seq": seq, "at": utc_iso(), **fields}
 
     def _publish(self, wire: bytes, *, last: bool = False) -> None:
         for inbox in self.inboxes:
