@@ -159,6 +159,13 @@ def _parse(reads: list[tuple[bytes, float]], chunked: bool) -> dict[str, Any]:
     return {"events": events, "duplicates": duplicates, "gaps": gaps}
 
 
+def _widen(by_event: dict[str, list[float]], event_id: str, first: float, last: float) -> None:
+    """Widen an event's [first, last] subscriber delay to take in another subscriber's (or another
+    client process's range)."""
+    seen = by_event.setdefault(event_id, [first, last])
+    seen[0], seen[1] = min(seen[0], first), max(seen[1], last)
+
+
 async def _client_main(url: str, path: str, n: int) -> None:
     host, port = url.removeprefix("http://").split(":")
     ready = asyncio.Event()
@@ -181,13 +188,12 @@ async def _client_main(url: str, path: str, n: int) -> None:
     # Per delta event: its delay at the first and at the last of this process's subscribers. The
     # first is what comes before the fan-out (commit, NOTIFY, the shared read); last − first is the
     # fan-out's own spread.
-    by_event: dict[int, list[float]] = {}
+    by_event: dict[str, list[float]] = {}
     for result in results:
         for event_id, kind, at, arrival in result["events"]:
             if kind == "delta":
                 delay = (arrival - at) * 1000
-                seen = by_event.setdefault(event_id, [delay, delay])
-                seen[0], seen[1] = min(seen[0], delay), max(seen[1], delay)
+                _widen(by_event, str(event_id), delay, delay)
     for result in results:
         duplicates += result["duplicates"]
         gaps += result["gaps"]
@@ -215,7 +221,7 @@ async def _client_main(url: str, path: str, n: int) -> None:
                 "connections": len(results),
                 "finished": len(done_delays),
                 "cpu_s": cpu,
-                "by_event": {str(k): [round(v[0], 2), round(v[1], 2)] for k, v in by_event.items()},
+                "by_event": {k: [round(v[0], 2), round(v[1], 2)] for k, v in by_event.items()},
             }
         ),
         flush=True,
@@ -353,8 +359,7 @@ async def phase(
     by_event: dict[str, list[float]] = {}
     for out in outputs:
         for event_id, (first, last) in out["by_event"].items():
-            seen = by_event.setdefault(event_id, [first, last])
-            seen[0], seen[1] = min(seen[0], first), max(seen[1], last)
+            _widen(by_event, event_id, first, last)
     firsts = [first for first, _ in by_event.values()]
     spreads = [last - first for first, last in by_event.values()]
     delivered = sum(len(out["delta_delays_ms"]) for out in outputs) + sum(
