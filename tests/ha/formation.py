@@ -22,7 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg2
@@ -73,7 +73,6 @@ class Formation:
     monitor_port: int
     nodes: list[Node]
     monitor: subprocess.Popen[bytes] | None = None
-    log_files: list[Path] = field(default_factory=list)
 
     # ------------------------------------------------------------------ URLs
 
@@ -122,7 +121,6 @@ class Formation:
     def spawn(self, log_name: str, *args: str) -> subprocess.Popen[bytes]:
         """Start a long-running process as ``postgres`` in a process group of its own."""
         log = self.root / "logs" / f"{log_name}.log"
-        self.log_files.append(log)
         with log.open("ab") as out:
             process = subprocess.Popen(
                 self._command(*args),
@@ -221,15 +219,6 @@ class Formation:
             if (pgdata / "postmaster.pid").exists():
                 self.stop_postgres(pgdata)
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def logs_tail(self, lines: int = 30) -> str:
-        """The end of every log, for a failure message."""
-        parts = []
-        for log in self.log_files:
-            with contextlib.suppress(OSError):
-                tail = log.read_text(errors="replace").splitlines()[-lines:]
-                parts.append(f"--- {log.name}\n" + "\n".join(tail))
-        return "\n".join(parts)
 
 
 # Every process group a formation starts, one id a line: scripts/test-ha kills what is left of them
