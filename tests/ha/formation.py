@@ -130,7 +130,7 @@ class Formation:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        _record_group(process.pid)
+        record_group(process.pid)
         return process
 
     def start_keeper(self, node: Node) -> None:
@@ -226,18 +226,16 @@ class Formation:
 GROUPS_FILE_ENV = "SIDEQUEST_HA_GROUPS_FILE"
 
 
-def _record_group(pgid: int) -> None:
+def record_group(pgid: int) -> None:
+    """Name a process group for scripts/test-ha to kill, should the run not clean up itself."""
+    _record_for_cleanup(str(pgid))
+
+
+def _record_for_cleanup(line: str) -> None:
     path = os.environ.get(GROUPS_FILE_ENV)
     if path:
         with open(path, "a") as out:
-            out.write(f"{pgid}\n")
-
-
-def _record_root(root: Path) -> None:
-    path = os.environ.get(GROUPS_FILE_ENV)
-    if path:
-        with open(path, "a") as out:
-            out.write(f"root {root}\n")
+            out.write(f"{line}\n")
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -314,7 +312,7 @@ def build_formation() -> Formation:
         for i in (1, 2)
     ]
     formation = Formation(root=root, monitor_port=free_port(), nodes=nodes)
-    _record_root(root)
+    _record_for_cleanup(f"root {root}")
     if os.geteuid() == 0:
         subprocess.run(["chown", "-R", "postgres:postgres", str(root)], check=True)
     try:

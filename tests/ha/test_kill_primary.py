@@ -44,7 +44,7 @@ import pytest
 
 from service.store.db import open_connection, plain_dsn
 from tests.api.sse_client import events
-from tests.ha.formation import Formation, _record_group, build_formation, free_port, missing_tools
+from tests.ha.formation import Formation, build_formation, free_port, missing_tools, record_group
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
 pytestmark = pytest.mark.ha
@@ -106,7 +106,7 @@ def _spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pop
         process = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-    _record_group(process.pid)
+    record_group(process.pid)
     return process
 
 
