@@ -453,6 +453,11 @@ class Report:
     usage_twice: int
 
 
+def _stored_json(value: Any) -> Any:
+    """A json / jsonb column as the driver returned it: text without a type codec, else the value."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
 async def _check(
     deployment: Deployment,
     out: Outcomes,
@@ -490,7 +495,7 @@ async def _check(
     ]
     statuses = Counter(requests[i]["status"] for i in ids if i in requests)
     failures = Counter(
-        (json.loads(row["error"]) if isinstance(row["error"], str) else row["error"] or {}).get("code")
+        (_stored_json(row["error"]) or {}).get("code")
         for row in requests.values()
         if row["status"] == "failed"
     )
@@ -501,7 +506,7 @@ async def _check(
     for i in ids:
         segments: list[str] = []
         for event in by_request[i]:
-            data = json.loads(event["data"]) if isinstance(event["data"], str) else event["data"]
+            data = _stored_json(event["data"])
             if event["type"] == "status" and data.get("status") == "running":
                 segments.append("")
             elif event["type"] == "delta" and segments:
@@ -513,15 +518,14 @@ async def _check(
     # No usage entry twice.
     usage_twice = 0
     for i in ids:
-        usage = requests[i]["usage"] if i in requests else {}
-        usage = json.loads(usage) if isinstance(usage, str) else usage
+        usage = _stored_json(requests[i]["usage"]) if i in requests else {}
         call_ids = [c.get("call_id") for c in (usage or {}).get("calls", [])]
         usage_twice += len(call_ids) - len(set(call_ids))
 
     # Streams: no gap, no duplicate, ends with its terminal event.
     gaps = []
     for request_id, seqs in out.request_streams.items():
-        if not seqs or seqs != list(range(seqs[0], seqs[0] + len(seqs))) or seqs[0] != 1:
+        if not seqs or seqs != list(range(1, len(seqs) + 1)):
             gaps.append(f"request {request_id}: {seqs}")
         elif out.request_stream_ends.get(request_id) not in TERMINAL_EVENTS:
             gaps.append(f"request {request_id}: no terminal event (got {len(seqs)} events)")
