@@ -18,13 +18,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tests.e2e.test_serve import free_port
 from tests.pg import with_hosts
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PgBouncer:
@@ -37,7 +32,7 @@ class PgBouncer:
                 "pgbouncer is missing: install Debian's pgbouncer package (scripts/test does, as root)"
             )
         self.binary = binary
-        self.port = _free_port()
+        self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="sidequest-pgbouncer-"))
         (self.root / "users.txt").write_text('"postgres" ""\n')
         self.config = self.root / "pgbouncer.ini"

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import psycopg2
 
+from tests.e2e.test_serve import free_port
+
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 DATABASE = "sidequest"
 # Monitor settings (milliseconds): pg_auto_failover's defaults wait 20 s before calling a node
@@ -49,12 +51,6 @@ def missing_tools() -> list[str]:
     if not (PG_BIN / "pg_ctl").exists():
         missing.append(str(PG_BIN / "pg_ctl"))
     return missing
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -44,7 +44,8 @@ import pytest
 
 from service.store.db import open_connection, plain_dsn
 from tests.api.sse_client import events
-from tests.ha.formation import Formation, build_formation, free_port, missing_tools, record_group
+from tests.e2e.test_serve import free_port
+from tests.ha.formation import Formation, build_formation, missing_tools, record_group
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
 pytestmark = pytest.mark.ha

@@ -143,9 +143,7 @@ def _here(url: str) -> str:
 
 
 def _with_hosts(url: str, *hosts: str) -> str:
-    parts = urlsplit(plain_dsn(url))
-    userinfo = parts.netloc.rpartition("@")[0]
-    return urlunsplit(parts._replace(netloc=f"{userinfo}@{','.join(hosts)}"))
+    return pg.with_hosts(plain_dsn(url), *hosts)
 
 
 async def test_several_hosts_reach_the_one_that_answers(database_url: str) -> None:
