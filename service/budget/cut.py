@@ -55,6 +55,29 @@ class CutRefusal:
     explanation: str
 
 
+# Each refusal's words live here, whichever planner (this one or the ladder's) refuses.
+NO_MESSAGES: Final = CutRefusal(NOTHING_TO_SUMMARIZE, "the snapshot has no messages to summarise")
+
+
+def all_fit_recent(messages: int, tokens: int, recent_budget: int) -> CutRefusal:
+    """Every one of ``messages`` (``tokens`` in all) fits the recent budget: no old part to summarise."""
+    return CutRefusal(
+        ALL_FIT_RECENT,
+        f"all {messages} messages ({tokens} tokens) fit the recent budget of {recent_budget} tokens:"
+        " there are no old messages to summarise",
+    )
+
+
+def too_little_to_summarize(amount: str, messages: int, minimum: int) -> CutRefusal:
+    """The old part of ``messages`` estimates below ``minimum`` tokens; ``amount`` says how much, in
+    words (``"1200 tokens"``, ``"1200 tokens (masked)"``)."""
+    return CutRefusal(
+        TOO_LITTLE_TO_SUMMARIZE,
+        f"only {amount} in {messages} old messages would be summarised, less than {minimum}:"
+        " a summary would not reliably be smaller",
+    )
+
+
 def _check_partition(groups: Sequence[MessageGroup]) -> None:
     """Groups must tile ``messages[0:n]`` in order, as :func:`group_messages` produces them."""
     expected = 0
@@ -91,20 +114,14 @@ def plan_cut(
     smaller ``recent_budget`` (0 keeps nothing) or ``min_summarized_tokens=0``."""
     _check_partition(groups)
     if not groups:
-        return CutRefusal(NOTHING_TO_SUMMARIZE, "the snapshot has no messages to summarise")
+        return NO_MESSAGES
     summarized = recent_start([group.tokens for group in groups], recent_budget)
     if summarized == 0:
-        return CutRefusal(
-            ALL_FIT_RECENT,
-            f"all {groups[-1].end} messages ({sum(g.tokens for g in groups)} tokens) fit the recent budget"
-            f" of {recent_budget} tokens: there are no old messages to summarise",
-        )
+        return all_fit_recent(groups[-1].end, sum(g.tokens for g in groups), recent_budget)
     plan = cut_at(groups, summarized)
     if plan.gross_removed_tokens < min_summarized_tokens:
-        return CutRefusal(
-            TOO_LITTLE_TO_SUMMARIZE,
-            f"only {plan.gross_removed_tokens} tokens in {plan.summarize_until} old messages would be"
-            f" summarised, less than {min_summarized_tokens}: a summary would not reliably be smaller",
+        return too_little_to_summarize(
+            f"{plan.gross_removed_tokens} tokens", plan.summarize_until, min_summarized_tokens
         )
     return plan
 

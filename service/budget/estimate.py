@@ -27,8 +27,8 @@ CALIBRATION_MIN_RATIO: Final = Fraction(1, 2)
 CALIBRATION_MAX_RATIO: Final = Fraction(2)
 
 
-def _ceil_tokens(byte_count: int) -> int:
-    """Tokens for ``byte_count`` UTF-8 bytes, rounded up."""
+def tokens_of_bytes(byte_count: int) -> int:
+    """Tokens for ``byte_count`` UTF-8 bytes, rounded up (the estimate of text that long)."""
     return -(-byte_count // BYTES_PER_TOKEN)
 
 
@@ -94,13 +94,13 @@ def estimate_block(block: object) -> int:
             if isinstance(text, str):
                 return -(-(len(text) if text.isascii() else len(text.encode("utf-8"))) // BYTES_PER_TOKEN)
         elif kind == "tool_use":
-            return _ceil_tokens(
+            return tokens_of_bytes(
                 _text_bytes(block.get("id"))
                 + _text_bytes(block.get("name"))
                 + _text_bytes(block.get("input"))
             )
         elif kind == "tool_result":
-            return _ceil_tokens(_text_bytes(block.get("tool_use_id"))) + estimate_content(
+            return tokens_of_bytes(_text_bytes(block.get("tool_use_id"))) + estimate_content(
                 block.get("content")
             )
     elif isinstance(block, str):

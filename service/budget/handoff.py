@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS, estimate_message, utf8_length
+from service.budget.estimate import BYTES_PER_TOKEN, MESSAGE_ENVELOPE_TOKENS, estimate_message, utf8_length
 
 HANDOFF_MIN_TOKENS: Final = 256
 HANDOFF_MAX_TOKENS: Final = 32768
@@ -421,7 +421,8 @@ def build_handoff(
         entries=[_Entry(i, item_header(i), i.question.strip(), i.answer.strip()) for i in ordered],
         summary=summary,
     )
-    limit = max(0, (max_tokens - MESSAGE_ENVELOPE_TOKENS) * 3)  # most content bytes whose estimate fits
+    # The most content bytes whose estimate fits.
+    limit = max(0, (max_tokens - MESSAGE_ENVELOPE_TOKENS) * BYTES_PER_TOKEN)
     steps: tuple[Callable[[], None], ...] = (
         # docs/handoff.md's steps, in its order: the older Q&A give way first, then the protected ones.
         lambda: _use_summary(plan, limit),

@@ -13,15 +13,15 @@ from typing import Final, Literal
 
 from service.budget.chunk import SUMMARY_MAX_TOKENS
 from service.budget.cut import (
-    ALL_FIT_RECENT,
     MIN_SUMMARIZED_TOKENS,
-    NOTHING_TO_SUMMARIZE,
+    NO_MESSAGES,
     RECENT_BUDGET_TOKENS,
-    TOO_LITTLE_TO_SUMMARIZE,
     CutRefusal,
+    all_fit_recent,
     plan_cut,
     recent_budget_within,
     recent_start,
+    too_little_to_summarize,
 )
 from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS
 from service.budget.messages import MessageGroup
@@ -93,7 +93,7 @@ def plan_compaction(
     if verbatim_sums[-1] <= room:
         return Compaction(NONE, 0, 0)
     if not groups:
-        return CutRefusal(NOTHING_TO_SUMMARIZE, "the snapshot has no messages to summarise")
+        return NO_MESSAGES
     if masked is None:
         cut = plan_cut(groups, recent_budget, min_summarized_tokens)
         if isinstance(cut, CutRefusal):
@@ -106,16 +106,10 @@ def plan_compaction(
     if mask_until is not None:
         return Compaction(MASKED, 0, mask_until)
     if recent == 0:
-        return CutRefusal(
-            ALL_FIT_RECENT,
-            f"all {groups[-1].end} messages ({verbatim_sums[-1]} tokens) fit the recent budget of"
-            f" {recent_budget} tokens: there are no old messages to summarise",
-        )
+        return all_fit_recent(groups[-1].end, verbatim_sums[-1], recent_budget)
     if masked_sums[recent] < min_summarized_tokens:
-        return CutRefusal(
-            TOO_LITTLE_TO_SUMMARIZE,
-            f"only {masked_sums[recent]} tokens (masked) in {groups[recent].start} old messages would be"
-            f" summarised, less than {min_summarized_tokens}: a summary would not reliably be smaller",
+        return too_little_to_summarize(
+            f"{masked_sums[recent]} tokens (masked)", groups[recent].start, min_summarized_tokens
         )
     tail = verbatim_sums[-1] - verbatim_sums[recent]
     for until in range(1, recent + 1):

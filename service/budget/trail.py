@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from service.budget.estimate import utf8_length
+from service.budget.estimate import tokens_of_bytes, utf8_length
 from service.budget.masking import Artifact
 
 # Bounds of the rendered trail: the most recently used entries are kept within both.
@@ -21,8 +21,8 @@ TRAIL_HEADING: Final = (
     "Artifact trail of the summarised part (extracted by Sidequest from its tool calls, not summarised;"
     " least recently used first):"
 )
-# The trail at its largest, in tokens (bytes / 3, rounded up): what a plan reserves for it.
-TRAIL_MAX_TOKENS: Final = -(-TRAIL_MAX_BYTES // 3)
+# The trail at its largest, in tokens: what a plan reserves for it.
+TRAIL_MAX_TOKENS: Final = tokens_of_bytes(TRAIL_MAX_BYTES)
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def bound_trail(entries: Sequence[TrailEntry]) -> list[TrailEntry]:
 def trail_tokens(entries: Sequence[TrailEntry]) -> int:
     """What the rendered trail adds after a summary (its text and the blank line before it)."""
     text = render_trail(entries)
-    return -(-(utf8_length(text) + 2) // 3) if text else 0
+    return tokens_of_bytes(utf8_length(text) + 2) if text else 0
 
 
 class TrailSizes:
@@ -125,7 +125,7 @@ class TrailSizes:
             self._taken += 1
         lines = self._seen.line_bytes
         count, size = _fitting(lines[a] for a in reversed(lines))
-        tokens = self._sizes[groups] = -(-(size + 2) // 3) if count else 0
+        tokens = self._sizes[groups] = tokens_of_bytes(size + 2) if count else 0
         return tokens
 
 

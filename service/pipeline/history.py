@@ -197,5 +197,6 @@ def next_fold(plan: HistoryPlan, own: QAItem, input_budget: int) -> tuple[int, .
     """The groups the next question would have to fold, as they leave its replay window: the
     background fold to queue after this request succeeds (SPEC §6.6 "after an answer"); () if none."""
     covered = plan.qa.covered_through_ordinal if plan.qa else None
-    items = [item for item in plan.items if item.ordinal in set(plan.replay.replay)] + [own]
+    replayed = set(plan.replay.replay)
+    items = [item for item in plan.items if item.ordinal in replayed] + [own]
     return select_replay(items, covered, input_budget).fold

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 from service.providers.base import CallUsage
+from service.providers.calling import CallStatus
 from service.store import jobs, lease, ledger
 from service.store.db import Database, is_unavailable
 from service.store.execute import committed
@@ -45,7 +46,7 @@ class _CallRecorder:
         *,
         purpose: str,
         model: str,
-        status: Literal["ok", "failed", "cancelled"],
+        status: CallStatus,
         usage: CallUsage,
         latency_ms: int = 0,
     ) -> None:

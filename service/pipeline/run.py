@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -60,7 +60,7 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     # largest valid size (the body limit plus room for the provenance header), so the decision holds.
     bound = SUMMARY_MAX_TOKENS if folding and history.qa is None else 0
 
-    def fits(summary_text: str | None, kept: Any, kept_tokens: int) -> bool:
+    def fits(summary_text: str | None, kept: Sequence[dict[str, Any]], kept_tokens: int) -> bool:
         candidate = build_answer(
             prepared, history, context, summary_text=summary_text, kept=kept, kept_tokens=kept_tokens
         )

@@ -23,6 +23,10 @@ FALLBACK_POLL_S = 0.5
 # request takes it over (cancels it and makes the summary itself) rather than wait behind a queue
 # that may be long — or have no worker at all (docs/summaries.md).
 QUEUED_GRACE_S = 1.0
+# A request's single-flight registration outlives its deadline by this much: it never expires under a
+# request still finishing its summary (the request's own timeout fires a little after its deadline),
+# and one its request could not end (a worker that died) is swept this long after that deadline.
+REGISTRATION_LEASE_MARGIN_S = 30.0
 
 
 class JobWaiter:
@@ -117,7 +121,7 @@ async def registered(rt: RequestRuntime, kind: JobKind, key: str) -> AsyncIterat
             request_id=rt.claimed.id,
             owner=rt.owner,
             clear_version=rt.claimed.clear_version,
-            lease_s=rt.remaining_s() + 30.0,
+            lease_s=rt.remaining_s() + REGISTRATION_LEASE_MARGIN_S,
         )
     if registration is None:
         yield False
