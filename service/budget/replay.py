@@ -58,7 +58,7 @@ def select_replay(
 ) -> ReplayPlan:
     """Choose the verbatim replay window (the newest uncovered run of ``items`` within ``max_groups``
     and :func:`replay_token_limit`, without holes) and fold every older uncovered item, in batches
-    (docs/budget.md "Replay"). Overflow recovery folds harder with ``max_groups=0``."""
+    (docs/budget.md "Replay"). ``max_groups=0`` replays nothing and folds every uncovered item."""
     if max_groups < 0:
         raise ValueError("max_groups must be >= 0")
     if batch_size < 1:
