@@ -34,8 +34,8 @@ from service.archive import (
 from service.store import queries
 from service.store.events import mark_session_events_cleared
 from service.store.execute import execute, fetch_all, fetch_models, json_text, notify
-from service.store.models import EMPTY_MEMORY, EventRow, HandoffRow, RequestRow
-from service.store.records import EMPTY_USAGE, request_record
+from service.store.models import EMPTY_MEMORY, EMPTY_USAGE, EventRow, HandoffRow, RequestRow
+from service.store.records import request_record
 from service.store.sessions import find_session, lock_or_create_session, status_counts_of
 from service.vocabulary import EVENTS_CHANNEL as NOTIFY_CHANNEL
 from service.vocabulary import TERMINAL as TERMINAL_STATUSES
