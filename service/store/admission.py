@@ -252,7 +252,9 @@ async def _admit_in_transaction(
     args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
     params = dict(zip(_PARAMS, args, strict=True))
     params["snapshot_stored"] = admission.snapshot is not None
-    row = dict(await fetch_one(tx, queries.admit_in_transaction, params) or {})
+    admitted = await fetch_one(tx, queries.admit_in_transaction, params)
+    assert admitted is not None  # sidequest_admit returns one row whatever the outcome
+    row = dict(admitted)
     outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), tuple(row.pop("superseded") or ())
     result = AdmitResult(outcome, detail, superseded, row if row["id"] is not None else None)
     return _outcome(result, parent_id, admission, snapshot_id)
