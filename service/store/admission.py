@@ -75,7 +75,7 @@ class IdempotencyConflict(SidequestError):
     code = "idempotency_conflict"
     status = 409
 
-    def __init__(self, key: str) -> None:
+    def __init__(self) -> None:
         super().__init__("this Idempotency-Key was already used with a different request body")
 
 
@@ -182,7 +182,7 @@ def _arguments(
     )
 
 
-def _outcome(result: AdmitResult, parent_id: str, admission: Admission, snapshot_id: str | None) -> Admitted:
+def _outcome(result: AdmitResult, parent_id: str, snapshot_id: str | None) -> Admitted:
     """The call's result as an :class:`Admitted`, or the refusal it stands for, raised."""
     outcome, detail = result.outcome, result.detail or {}
     if outcome in ("created", "replay"):
@@ -194,8 +194,7 @@ def _outcome(result: AdmitResult, parent_id: str, admission: Admission, snapshot
     if outcome == "session_busy":
         raise SessionBusyRejected(int(detail["queued"]), int(detail["running"]))
     if outcome == "idempotency_conflict":
-        assert admission.idempotency_key is not None
-        raise IdempotencyConflict(admission.idempotency_key)
+        raise IdempotencyConflict()
     if outcome == "snapshot_missing":
         assert snapshot_id is not None
         raise SnapshotMissing(snapshot_id)
@@ -228,7 +227,7 @@ async def admit(
         if _ordinal_overflow(exc):
             raise OrdinalsExhausted() from exc
         raise
-    return _outcome(result, parent_id, admission, admission.snapshot_id)
+    return _outcome(result, parent_id, admission.snapshot_id)
 
 
 async def _admit_in_transaction(
@@ -252,10 +251,12 @@ async def _admit_in_transaction(
     args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
     params = dict(zip(_PARAMS, args, strict=True))
     params["snapshot_stored"] = admission.snapshot is not None
-    row = dict(await fetch_one(tx, queries.admit_in_transaction, params) or {})
+    admitted = await fetch_one(tx, queries.admit_in_transaction, params)
+    assert admitted is not None  # sidequest_admit returns one row whatever the outcome
+    row = dict(admitted)
     outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), tuple(row.pop("superseded") or ())
     result = AdmitResult(outcome, detail, superseded, row if row["id"] is not None else None)
-    return _outcome(result, parent_id, admission, snapshot_id)
+    return _outcome(result, parent_id, snapshot_id)
 
 
 async def _cancel(tx: AsyncSession, request_id: uuid.UUID, message: str) -> bool:

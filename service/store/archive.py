@@ -12,6 +12,7 @@ validation, upgrades, encoding, the JSON Schemas — is :mod:`service.archive`'s
 
 from __future__ import annotations
 
+import copy
 import json
 import uuid
 from dataclasses import asdict, dataclass
@@ -34,8 +35,8 @@ from service.archive import (
 from service.store import queries
 from service.store.events import mark_session_events_cleared
 from service.store.execute import execute, fetch_all, fetch_models, json_text, notify
-from service.store.models import EMPTY_MEMORY, EventRow, HandoffRow, RequestRow
-from service.store.records import EMPTY_USAGE, request_record
+from service.store.models import EMPTY_MEMORY, EMPTY_USAGE, EventRow, HandoffRow, RequestRow
+from service.store.records import request_record
 from service.store.sessions import find_session, lock_or_create_session, status_counts_of
 from service.vocabulary import EVENTS_CHANNEL as NOTIFY_CHANNEL
 from service.vocabulary import TERMINAL as TERMINAL_STATUSES
@@ -128,7 +129,7 @@ def _archived(row: RequestRow, ordinal_of: dict[str, int]) -> ArchivedRequest:
         **{
             **values,
             "error": archived_error(row.error, ordinal_of),
-            "usage": row.usage or json.loads(json.dumps(EMPTY_USAGE)),
+            "usage": row.usage or copy.deepcopy(EMPTY_USAGE),
             "context_info": row.context_info or {},
         }
     )
@@ -229,7 +230,7 @@ async def restore_archive(
     rows = [
         RequestRow(
             **{name: getattr(item, name) for name in QUESTION_FIELDS[3] if name != "usage"},
-            usage=item.usage if item.usage is not None else json.loads(json.dumps(EMPTY_USAGE)),
+            usage=item.usage if item.usage is not None else copy.deepcopy(EMPTY_USAGE),
             id=uuid.uuid4(),
             session_id=session_row.id,
             stage=None,

@@ -23,8 +23,9 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from service.config import shown_url, url_hosts
+from service.store import queries
 from service.store.admission_batch import AdmissionBatcher
-from service.store.execute import json_text
+from service.store.execute import json_text, positional
 
 # Outage bounds (SPEC §9: "within a few seconds, never a hang") for when nothing answers at all (a
 # dead host, a half-open socket). 5 s, not less: a loaded machine can take a second or two to accept
@@ -238,15 +239,12 @@ class NotWritable(Exception):
     """The host answered, but it is a standby (or read-only) now."""
 
 
-# Asked of the node, never read from the startup parameters (``in_hot_standby``): a PgBouncer hands
-# every client the parameters its pool saw first, so a node back as a standby looked writable.
-_WRITABLE = "SELECT NOT pg_catalog.pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
-
-
 async def _writable_connection(dsn: str, options: dict[str, Any]) -> asyncpg.Connection:
     conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
     try:
-        writable = await conn.fetchval(_WRITABLE, timeout=CONNECT_TIMEOUT_S)
+        # Asked of the node itself (sql/connections.sql says why).
+        sql, _ = positional(queries.node_takes_writes)
+        writable = await conn.fetchval(sql, timeout=CONNECT_TIMEOUT_S)
     except BaseException:
         conn.terminate()
         raise

@@ -287,10 +287,9 @@ async def take_key(tx: Executor, job_id: uuid.UUID, key: str) -> bool:
     return taken is not None
 
 
-async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> list[uuid.UUID]:
+async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> None:
     """Cancel the session's queued and running jobs (a clear) through :func:`finish_job`, inside the
     caller's transaction; running ones are told through ``NOTIFY sidequest_cancel`` (``job:<id>``)."""
-    cancelled: list[uuid.UUID] = []
     for row in await fetch_all(tx, queries.active_session_jobs, {"sid": session_id}):
         await finish_job(
             tx,
@@ -302,8 +301,6 @@ async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> list[uuid.
             from_statuses=(Status.QUEUED, Status.RUNNING),
         )
         await notify(tx, CANCEL_CHANNEL, f"job:{row['id']}")
-        cancelled.append(row["id"])
-    return cancelled
 
 
 def _state(row: Row) -> JobState:

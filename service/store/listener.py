@@ -24,7 +24,9 @@ from typing import Final
 import asyncpg
 
 from service.aio import settle, wait_event
+from service.store import queries
 from service.store.db import OutageLog, is_unavailable, open_connection, plain_dsn
+from service.store.execute import positional
 from service.vocabulary import ALL_CHANNELS, CANCEL_CHANNEL, JOBS_CHANNEL, QUEUE_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -38,8 +40,6 @@ PROBE_S = 5.0
 PROBE_TIMEOUT_S = 3.0
 
 Callback = Callable[[str, str], None]  # (channel, payload); must not block
-
-_PROBE = "SELECT pg_catalog.pg_is_in_recovery()"
 
 
 class StandbyNow(Exception):
@@ -134,7 +134,8 @@ class Listener:
                 backoff = 0.2
                 while not lost.is_set():
                     await wait_event(lost, PROBE_S)
-                    if not lost.is_set() and await conn.fetchval(_PROBE, timeout=PROBE_TIMEOUT_S):
+                    probe, _ = positional(queries.node_in_recovery)
+                    if not lost.is_set() and await conn.fetchval(probe, timeout=PROBE_TIMEOUT_S):
                         # Demoted under us: a standby's LISTEN would never hear the new primary.
                         raise StandbyNow("the LISTEN connection's node is a standby now")
             except asyncio.CancelledError:

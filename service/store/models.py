@@ -5,6 +5,7 @@ Every timestamp is ``timestamptz`` and set by PostgreSQL (``now()``) or by the s
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -38,6 +39,14 @@ NAMING = {
 }
 
 EMPTY_MEMORY: dict[str, Any] = {"qa_summary": None, "context_summaries": []}
+# A usage object with nothing spent (SPEC §3): a new row's, and a record's when its row has none.
+EMPTY_USAGE: dict[str, Any] = {
+    "input_tokens": 0,
+    "output_tokens": 0,
+    "reasoning_tokens": 0,
+    "cached_tokens": 0,
+    "calls": [],
+}
 
 
 class Base(DeclarativeBase):
@@ -56,11 +65,8 @@ def _session_id(**options: Any) -> MappedColumn[Any]:
     )
 
 
-# A usage object with nothing spent (records.EMPTY_USAGE), as a column default.
-_EMPTY_USAGE = text(
-    """'{"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, """
-    """"cached_tokens": 0, "calls": []}'::jsonb"""
-)
+# EMPTY_USAGE as a column default.
+_EMPTY_USAGE = text(f"'{json.dumps(EMPTY_USAGE)}'::jsonb")
 
 
 class SessionRow(Base):

@@ -6,16 +6,8 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any, cast
 
-from service.store.models import RequestRow
+from service.store.models import EMPTY_USAGE, RequestRow
 from service.vocabulary import iso_or_none
-
-EMPTY_USAGE: dict[str, Any] = {
-    "input_tokens": 0,
-    "output_tokens": 0,
-    "reasoning_tokens": 0,
-    "cached_tokens": 0,
-    "calls": [],
-}
 
 
 def request_record(row: RequestRow, parent_id: str) -> dict[str, Any]:

@@ -8,8 +8,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import text
-
+from service.store import queries
 from service.store.db import Database
 
 
@@ -65,18 +64,11 @@ async def readiness(db: Database) -> tuple[str | None, bool]:
 
 async def _readiness(db: Database) -> tuple[str | None, bool]:
     async with db.engine.connect() as conn:
-        row = (
-            await conn.execute(
-                text(
-                    "SELECT to_regclass('public.alembic_version') IS NOT NULL,"
-                    " current_setting('transaction_read_only') = 'off'"
-                )
-            )
-        ).one()
-        exists, writable = bool(row[0]), bool(row[1])
-        if not exists:
+        row = (await conn.execute(queries.schema_readiness)).one()
+        writable = bool(row.writable)
+        if not row.migrated:
             return None, writable
-        revision = await conn.scalar(text("SELECT version_num FROM alembic_version"))
+        revision = await conn.scalar(queries.schema_revision)
         return (str(revision) if revision is not None else None), writable
 
 

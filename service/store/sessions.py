@@ -160,6 +160,13 @@ def _view(item: dict[str, Any], fields: dict[str, type]) -> dict[str, Any]:
     }
 
 
+def public_settings(stored: dict[str, Any] | None) -> dict[str, Any]:
+    """The whole settings object (SPEC §11.2): every field, ``null`` when unset (unknown stored keys
+    are dropped)."""
+    stored = stored or {}
+    return {name: stored.get(name) for name in SETTINGS_FIELDS}
+
+
 def memory_overview(memory: dict[str, Any] | None) -> dict[str, Any]:
     """SPEC's memory overview from the memory JSONB: coverage and cache keys, never the documents."""
     memory = memory or {}
@@ -202,7 +209,7 @@ async def session_overviews(tx: AsyncSession, session_rows: list[SessionRow]) ->
             "clear_version": session_row.clear_version,
             "next_ordinal": session_row.next_ordinal,
             "handed_off_through": session_row.handed_off_through,
-            "settings": {name: (session_row.settings or {}).get(name) for name in SETTINGS_FIELDS},
+            "settings": public_settings(session_row.settings),
             "counts": counts[session_row.id],
             "background": background[session_row.id],
             "memory": memory_overview(session_row.memory),

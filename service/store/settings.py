@@ -16,13 +16,7 @@ from sqlalchemy import func
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.archive.model import SETTINGS_FIELDS, SessionSettingsIn
-from service.store.sessions import find_session, lock_or_create_session
-
-
-def public_settings(stored: dict[str, Any] | None) -> dict[str, Any]:
-    """The whole settings object: every field, ``null`` when unset (unknown stored keys are dropped)."""
-    stored = stored or {}
-    return {name: stored.get(name) for name in SETTINGS_FIELDS}
+from service.store.sessions import find_session, lock_or_create_session, public_settings
 
 
 async def read_settings(tx: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:

@@ -33,8 +33,7 @@ from service.store.archive import (
     restore_archive,
 )
 from service.store.db import Database
-from service.store.models import EMPTY_MEMORY, EventRow, RequestRow, SessionRow
-from service.store.records import EMPTY_USAGE
+from service.store.models import EMPTY_MEMORY, EMPTY_USAGE, EventRow, RequestRow, SessionRow
 from service.store.settings import read_settings, update_settings
 
 ROOT = Path(__file__).resolve().parents[2]
