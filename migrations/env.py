@@ -47,8 +47,8 @@ def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
     with context.begin_transaction():
         # One migration at a time: processes started together on a fresh database (an api and a
-        # worker, a fleet) each migrate first, and without this raced to create the same tables (an
-        # outside check: 3 of 4 exited). The next one waits here, then finds the schema at head.
+        # worker, a fleet) each migrate first, and without this race to create the same tables (all
+        # but one would exit). The next one waits here, then finds the schema at head.
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         context.run_migrations()
 
