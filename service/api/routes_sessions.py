@@ -248,18 +248,18 @@ async def put_snapshot(
     content = await request.json()
     assert isinstance(content, dict)
     encoded, prepared = _prepare_snapshot(request, content)
-    session_row = await lock_or_create_session(tx, tenant, parent_id)
-    stored = await store_snapshot(
-        tx,
-        session_row.id,
-        snapshot_id,
-        content,
-        session_row=session_row,
-        jobs=_snapshot_jobs(request),
-        encoded=encoded,
-        prepared=prepared,
-    )
-    await tx.commit()
+    async with tx.begin():
+        session_row = await lock_or_create_session(tx, tenant, parent_id)
+        stored = await store_snapshot(
+            tx,
+            session_row.id,
+            snapshot_id,
+            content,
+            session_row=session_row,
+            jobs=_snapshot_jobs(request),
+            encoded=encoded,
+            prepared=prepared,
+        )
     return JSONResponse(stored.public(), status_code=201 if stored.created else 200)
 
 
