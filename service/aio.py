@@ -45,12 +45,13 @@ async def settle(tasks: Collection[asyncio.Task[object]], seconds: float, what: 
         if not task.cancelled():
             task.exception()  # retrieved: a failure on the way out is the task's own to log
     for task in pending:
-        # Where it is stuck, innermost last: what the next look at such a stop needs.
+        # The line of the task's own coroutine it waits at: a suspended task's stack is that one frame
+        # (not the chain of awaits below it), enough to tell which step of the task held the stop.
         frames = [f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" for f in task.get_stack()]
         log.warning(
             "%s %s still running %.0f s after the stop; left to end on their own (at %s)",
             what,
             task.get_name(),
             seconds,
-            " <- ".join(reversed(frames)) or "no frame",
+            ", ".join(frames) or "no frame",
         )

@@ -11,9 +11,10 @@ from fastapi.responses import JSONResponse, Response
 from service.api.deps import bearer_tenant, unauthorized
 from service.api.errors import ApiError, validation_error
 from service.api.event_hub import EventHub
-from service.api.schemas import NO_NUL, ErrorBody
+from service.api.schemas import ErrorBody
 from service.api.sse_response import SEND_TIMEOUT_S, StreamResponse
 from service.api.stream_tokens import StreamTokens
+from service.archive.model import NO_NUL
 from service.vocabulary import MAX_PARENT_ID_CHARS, UNSTORABLE_TEXT, unstorable_reason, utc_iso
 
 MAX_INT64 = 2**63 - 1

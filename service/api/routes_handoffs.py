@@ -14,7 +14,7 @@ from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import JSONResponse
 
 from service.api.deps import DbSession, Tenant
-from service.api.errors import found, not_found
+from service.api.errors import found
 from service.api.routes_common import ParentId, errors
 from service.api.routes_sessions import IdempotencyKey
 from service.api.schemas import (
@@ -33,24 +33,21 @@ router = APIRouter(prefix="/v1/sessions", tags=["hand-offs and settings"])
 
 @router.put("/{parent_id}/settings", response_model=SessionSettingsOut, responses=errors(400, 401, 422))
 async def put_settings(
-    parent_id: ParentId, body: SessionSettingsIn, tenant: Tenant, session: DbSession
+    parent_id: ParentId, body: SessionSettingsIn, tenant: Tenant, tx: DbSession
 ) -> JSONResponse:
     """Change the named settings (`null` clears one); creates the session if needed.
 
     Returns the whole settings object, unset fields null. A refused PUT writes nothing.
     """
-    async with session.begin():
-        settings = await update_settings(session, tenant, parent_id, body)
+    async with tx.begin():
+        settings = await update_settings(tx, tenant, parent_id, body)
     return JSONResponse(settings)
 
 
 @router.get("/{parent_id}/settings", response_model=SessionSettingsOut, responses=errors(401, 404, 422))
-async def get_settings(parent_id: ParentId, tenant: Tenant, session: DbSession) -> JSONResponse:
+async def get_settings(parent_id: ParentId, tenant: Tenant, tx: DbSession) -> JSONResponse:
     """The session's settings (unset fields null)."""
-    settings = await read_settings(session, tenant, parent_id)
-    if settings is None:
-        raise not_found("session")
-    return JSONResponse(settings)
+    return JSONResponse(found(await read_settings(tx, tenant, parent_id), "session"))
 
 
 @router.post(

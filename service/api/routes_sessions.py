@@ -29,7 +29,6 @@ from service.api.routes_common import (
 )
 from service.api.schemas import (
     MAX_INT32,
-    NO_NUL,
     Cleared,
     HistoryPage,
     QuestionIn,
@@ -42,7 +41,7 @@ from service.api.schemas import (
 )
 from service.api.sse import session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
-from service.archive.model import check_text
+from service.archive.model import NO_NUL, check_text
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.store import events as events_store
 from service.store.admission import Admission, admit, clear_session
@@ -249,18 +248,18 @@ async def put_snapshot(
     content = await request.json()
     assert isinstance(content, dict)
     encoded, prepared = _prepare_snapshot(request, content)
-    session_row = await lock_or_create_session(tx, tenant, parent_id)
-    stored = await store_snapshot(
-        tx,
-        session_row.id,
-        snapshot_id,
-        content,
-        session_row=session_row,
-        jobs=_snapshot_jobs(request),
-        encoded=encoded,
-        prepared=prepared,
-    )
-    await tx.commit()
+    async with tx.begin():
+        session_row = await lock_or_create_session(tx, tenant, parent_id)
+        stored = await store_snapshot(
+            tx,
+            session_row.id,
+            snapshot_id,
+            content,
+            session_row=session_row,
+            jobs=_snapshot_jobs(request),
+            encoded=encoded,
+            prepared=prepared,
+        )
     return JSONResponse(stored.public(), status_code=201 if stored.created else 200)
 
 

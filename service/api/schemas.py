@@ -19,8 +19,9 @@ from pydantic import (
 from typing_extensions import TypedDict
 
 from service.archive.model import (
-    NO_NUL_PATTERN,
+    NO_NUL,
     JsonInt,
+    RequestedModelName,
     check_optional_text,
     check_text,
 )
@@ -29,7 +30,6 @@ from service.context_info import ContextInfo
 from service.vocabulary import (
     CONTEXT_WINDOW_MAX,
     CONTEXT_WINDOW_MIN,
-    MAX_MODEL_CHARS,
     MAX_SNAPSHOT_ID_CHARS,
     OUTPUT_CAP_MAX,
     OUTPUT_CAP_MIN,
@@ -40,7 +40,6 @@ from service.vocabulary import (
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 MAX_INT32 = 2**31 - 1  # PostgreSQL's integer: ordinals, seqs
 
-NO_NUL: dict[str, Any] = {"pattern": NO_NUL_PATTERN}
 # Open JSON (content blocks, tool schemas, extra keys) without NUL at any depth: the recursive
 # definitions live in the OpenAPI components (service/archive/schema.py: storable_json_defs; the app
 # adds them), so the schema says what the snapshot routes refuse (422 invalid_snapshot).
@@ -49,7 +48,6 @@ _STORABLE_OBJECT: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_OBJECT}
 _OPEN_NO_NUL: dict[str, Any] = {"propertyNames": NO_NUL, "additionalProperties": _STORABLE_JSON}
 NulFreeText = Annotated[str, Field(json_schema_extra=NO_NUL)]
 SnapshotId = Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)]
-ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)]
 NulFreeObject = Annotated[dict[str, Any], WithJsonSchema(_STORABLE_OBJECT)]
 
 
@@ -129,7 +127,7 @@ class QuestionIn(BaseModel):
     )
     snapshot_id: SnapshotId | None = None
     snapshot: Snapshot | None = None
-    model: ModelName | None = None
+    model: RequestedModelName | None = None
     context_window: Annotated[JsonInt, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)] | None = None
     max_output_tokens: Annotated[JsonInt, Field(ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)] | None = None
     main_max_output_tokens: Annotated[JsonInt, Field(ge=1, le=10_000_000)] | None = None

@@ -140,6 +140,7 @@ def _scan(value: object, path: list[str | int], found: list[tuple[Loc, str]]) ->
 
 
 def _question_index(problem: tuple[Loc, str]) -> int:
+    """The index of the question a problem is in; -1 for the document's own."""
     loc = problem[0]
     return loc[1] if len(loc) > 1 and loc[0] == "questions" and isinstance(loc[1], int) else -1
 
@@ -229,8 +230,8 @@ def parse_archive(document: object, *, max_question_bytes: int | None = None) ->
     unstorable = {loc for loc, _ in problems}
     problems += [(e["loc"], e["msg"]) for e in errors if e["loc"] not in unstorable]
     if isinstance(questions := upgraded.get("questions"), list):
-        failed = {loc[1] for loc, _ in problems if loc[:1] == ("questions",) and len(loc) > 1}
-        problems += _rule_problems(questions, {i for i in failed if isinstance(i, int)}, max_question_bytes)
+        failed = {index for problem in problems if (index := _question_index(problem)) >= 0}
+        problems += _rule_problems(questions, failed, max_question_bytes)
     if parsed is not None:
         problems += _handoff_problems(parsed)
     if problems:

@@ -236,7 +236,8 @@ def check_optional_text(value: str | None) -> str | None:
     return None if value is None else check_text(value)
 
 
-SettingsModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)]
+# A model a client asks for (a question's, a session setting's): lax str, as the API reads it.
+RequestedModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS, json_schema_extra=NO_NUL)]
 
 
 class SessionSettingsIn(BaseModel):
@@ -253,8 +254,8 @@ class SessionSettingsIn(BaseModel):
         "of every summary call of the session (never replacing them).",
         json_schema_extra=NO_NUL,
     )
-    summary_model: SettingsModelName | None = Field(default=None, description="Model for summary calls.")
-    answer_model: SettingsModelName | None = Field(
+    summary_model: RequestedModelName | None = Field(default=None, description="Model for summary calls.")
+    answer_model: RequestedModelName | None = Field(
         default=None, description="Model for answers (a request's own wins)."
     )
     context_window: Annotated[JsonInt, Field(ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)] | None = Field(

@@ -11,7 +11,8 @@ from pydantic_core import ErrorDetails
 
 from service.archive.model import V1_QUESTION_FIELDS, V2_QUESTION_FIELDS
 
-V1_DOCUMENT_FIELDS: Final = ("version", "parent_id", "exported_at", "questions")
+# Versions 1 and 2 have the same top-level fields; version 3 adds ``session``.
+OLDER_DOCUMENT_FIELDS: Final = ("version", "parent_id", "exported_at", "questions")
 
 
 def _unknown(version: int, loc: tuple[str | int, ...], value: object) -> ErrorDetails:
@@ -27,8 +28,8 @@ def _unknown(version: int, loc: tuple[str | int, ...], value: object) -> ErrorDe
 def _upgrade(
     document: dict[str, Any], version: int, question_fields: tuple[str, ...], implied: dict[str, Any]
 ) -> tuple[dict[str, Any], list[ErrorDetails]]:
-    errors = [_unknown(version, (key,), v) for key, v in document.items() if key not in V1_DOCUMENT_FIELDS]
-    upgraded = {k: v for k, v in document.items() if k in V1_DOCUMENT_FIELDS} | {"version": 3}
+    errors = [_unknown(version, (key,), v) for key, v in document.items() if key not in OLDER_DOCUMENT_FIELDS]
+    upgraded = {k: v for k, v in document.items() if k in OLDER_DOCUMENT_FIELDS} | {"version": 3}
     questions = document.get("questions")
     if isinstance(questions, list):
         upgraded["questions"] = []

@@ -29,13 +29,9 @@ async def own_url(pg_server: pg.Server) -> AsyncIterator[str]:
     try:
         yield url
     finally:
-        await _alter(pg_server, url, "ALLOW_CONNECTIONS true")
-        await _alter(pg_server, url, "RESET default_transaction_read_only")
+        await pg.alter_database(pg_server.admin_url, url, "ALLOW_CONNECTIONS true")
+        await pg.alter_database(pg_server.admin_url, url, "RESET default_transaction_read_only")
         await pg.drop_database(pg_server.admin_url, url)
-
-
-async def _alter(pg_server: pg.Server, url: str, change: str) -> None:
-    await pg.alter_database(pg_server.admin_url, url, change)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +41,7 @@ async def _alter(pg_server: pg.Server, url: str, change: str) -> None:
 async def test_the_drivers_refusal_counts_as_unavailable(
     pg_server: pg.Server, own_url: str, change: str, sqlstate: str
 ) -> None:
-    await _alter(pg_server, own_url, change)
+    await pg.alter_database(pg_server.admin_url, own_url, change)
     db = connect(own_url)
     try:
         with pytest.raises(Exception) as caught:
@@ -66,7 +62,7 @@ async def test_a_read_only_database_is_not_ready_and_writes_get_503_until_it_wri
             assert (await client.get("/readyz")).status_code == 200
             assert (await client.post("/v1/sessions/p/questions", json={"question": "q"})).status_code == 202
 
-            await _alter(pg_server, own_url, "SET default_transaction_read_only = on")
+            await pg.alter_database(pg_server.admin_url, own_url, "SET default_transaction_read_only = on")
             db = connect(own_url)
             try:
                 assert (await readiness(db))[1] is False  # reads work, writes would not
@@ -82,7 +78,7 @@ async def test_a_read_only_database_is_not_ready_and_writes_get_503_until_it_wri
             assert "Retry-After" in refused.headers
             assert (await client.get("/v1/sessions/p")).status_code == 200  # reads still work
 
-            await _alter(pg_server, own_url, "RESET default_transaction_read_only")
+            await pg.alter_database(pg_server.admin_url, own_url, "RESET default_transaction_read_only")
             assert (await client.get("/readyz")).status_code == 200
             for _ in range(2):
                 admitted = await client.post("/v1/sessions/p/questions", json={"question": "q3"})
