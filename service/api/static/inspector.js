@@ -187,8 +187,8 @@
     $("session").hidden = false;
     $("session-title").textContent = parentId;
     $("handoff-result").hidden = true;
-    // On a narrow screen the session opens below the list: bring it into view (an outside check
-    // tapped a session at 390 px and saw nothing happen).
+    // On a narrow screen the session opens below the list, out of sight: bring it into view, or a
+    // tap on a session seems to do nothing.
     if (reveal && window.matchMedia("(max-width: 1100px)").matches) $("session").scrollIntoView({ block: "start" });
     await loadSession();
   }
@@ -420,7 +420,7 @@
       record.status = data.status;
       record.stage = data.stage;
       // The budget and what was summarised are the record's context_info, written with each stage
-      // change: read it again (an outside check saw the pre-compaction budget during answering).
+      // change: read it again, or the page shows the budget from before compaction while answering.
       if (!TERMINAL.has(data.status)) refreshRecord(record.id, 300);
     }
     if (type === "usage" && data.usage) record.usage = data.usage;
@@ -970,8 +970,8 @@
   on("token-form", "submit", (event) => {
     event.preventDefault();
     const next = $("token").value.trim();
-    // Another token may be another tenant's: start clean, as after Forget (an outside check saw the
-    // last tenant's session and answer stay on screen).
+    // Another token may be another tenant's: start clean, as after Forget, so no session or answer
+    // of the last tenant stays on screen.
     if (sessionStorage.getItem(TOKEN_KEY) !== next) resetView();
     // An empty token is kept too: it means "this server has no auth", and a reload reconnects.
     sessionStorage.setItem(TOKEN_KEY, next);
