@@ -33,7 +33,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests import pg
+from tests.net import free_port
 from tests.scripted_provider import ScriptedServer, Step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,12 +135,6 @@ def backend_cpu(pids: dict[int, bool]) -> dict[int, float]:
 
 
 # ---------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @asynccontextmanager

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests import pg
+from tests.net import free_port
 from tests.scripted_provider import ScriptedServer, Step
 
 SNAPSHOT = {
@@ -130,9 +130,7 @@ async def throughput(url: str, delay_s: float, total: int = 40, sessions: int = 
 @asynccontextmanager
 async def service_process(command: str, env: dict[str, str]) -> AsyncIterator[str]:
     """Run ``sidequest <command>`` as its own process, as deployed; yield its base URL once ready."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

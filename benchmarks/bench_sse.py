@@ -44,7 +44,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -420,19 +419,18 @@ def _report(label: str, result: dict[str, Any]) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     from tests import pg
+    from tests.net import free_port
     from tests.scripted_provider import ScriptedServer, Step
 
     server = await asyncio.to_thread(pg.find_server)
     url = await pg.create_database(server.admin_url)
     words = " ".join(f"w{i}" for i in range(args.chunks))
     try:
-        with ScriptedServer() as model, socket.socket() as sock:
+        with ScriptedServer() as model:
             model.set_default(
                 "answer", Step.text(words, chunks=args.chunks).with_delay(between_s=1.0 / args.rate)
             )
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-            sock.close()
+            port = free_port()
             env = {
                 "SIDEQUEST_DATABASE_URL": url,
                 "SIDEQUEST_PROVIDER": "openai",

@@ -11,10 +11,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from tests.net import free_port
 
 
 def _bin_dir() -> Path:
@@ -31,12 +32,6 @@ def _bin_dir() -> Path:
     raise RuntimeError("no PostgreSQL binaries (pg_ctl) found")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class OwnPostgres:
     """One private server: ``start()``, ``stop(mode)``, ``start()`` again, ``destroy()``."""
 
@@ -45,7 +40,7 @@ class OwnPostgres:
         self.root = Path(tempfile.mkdtemp(prefix="sidequest-outage-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
-        self.port = _free_port()
+        self.port = free_port()
         self._as_root = os.geteuid() == 0
         if self._as_root:
             shutil.chown(self.root, "postgres", "postgres")

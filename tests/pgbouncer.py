@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tests.e2e.test_serve import free_port
+from tests.net import free_port
 from tests.pg import with_hosts
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from service.config import SettingsError, load_settings
+from tests.net import free_port
 
 
 def test_defaults_match_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,14 +144,6 @@ def test_libpq_style_query_parameters_are_kept_for_asyncpg(monkeypatch: pytest.M
     assert load_settings().database_url == "postgresql+asyncpg://u@h/d?sslmode=require"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.parametrize("command", ["migrate", "worker"])
 def test_a_database_that_cannot_be_used_at_start_is_one_clear_line_without_its_password(
     database_url: str, command: str
@@ -161,7 +154,7 @@ def test_a_database_that_cannot_be_used_at_start_is_one_clear_line_without_its_p
 
     existing = make_url(database_url)
     cases = {
-        f"postgresql://postgres:s3cret@127.0.0.1:{_free_port()}/x": "Connect call failed",
+        f"postgresql://postgres:s3cret@127.0.0.1:{free_port()}/x": "Connect call failed",
         existing.set(database="sidequest_no_such_db").render_as_string(hide_password=False): "does not exist",
     }
     for url, reason in cases.items():
@@ -198,7 +191,7 @@ def test_a_provider_that_cannot_be_built_stops_the_process_with_one_line(
                 "PYTHONPATH": str(tmp_path),
                 "SIDEQUEST_PROVIDER": "anthropic",
                 "SIDEQUEST_API_KEY": "x",
-                "SIDEQUEST_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{_free_port()}/never-reached",
+                "SIDEQUEST_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/never-reached",
             },
             capture_output=True,
             text=True,

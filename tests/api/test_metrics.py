@@ -77,7 +77,7 @@ async def test_numbers_the_database_did_not_give_are_left_out_not_zero() -> None
     read as a real value; what this process counts itself is still there."""
     from service.api.metrics import Metrics
     from service.store.db import connect
-    from tests.e2e.test_serve import free_port
+    from tests.net import free_port
 
     db = connect(f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/nothing")
     try:

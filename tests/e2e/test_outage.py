@@ -27,7 +27,7 @@ import pytest
 
 from service.client.sse import SseMessage as Message
 from tests.api.sse_client import events
-from tests.e2e.test_serve import free_port
+from tests.net import free_port
 from tests.own_postgres import OwnPostgres
 from tests.scripted_provider import ScriptedServer, Step, Usage
 

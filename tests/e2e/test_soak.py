@@ -26,7 +26,7 @@ import pytest
 
 from service.client.sse import SseMessage
 from tests.api.sse_client import events
-from tests.e2e.test_serve import free_port
+from tests.net import free_port
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
 pytestmark = pytest.mark.slow

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psycopg2
 
-from tests.e2e.test_serve import free_port
+from tests.net import free_port
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 DATABASE = "sidequest"

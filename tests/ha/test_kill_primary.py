@@ -44,8 +44,8 @@ import pytest
 
 from service.store.db import open_connection, plain_dsn
 from tests.api.sse_client import events
-from tests.e2e.test_serve import free_port
 from tests.ha.formation import Formation, build_formation, missing_tools, record_group
+from tests.net import free_port
 from tests.scripted_provider import ScriptedServer, Step, Usage
 
 pytestmark = pytest.mark.ha

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from service.providers.calling import run_call
 from service.providers.openai_compat import OpenAIProvider
 from service.store.db import Database
 from tests.factories import add_history, admit, make_session, scripted_settings
+from tests.net import free_port
 from tests.pipeline.conftest import run_one
 from tests.providers.helpers import ListRecorder, collect, make_call
 from tests.scripted_provider import ScriptedServer, Step, Usage
@@ -74,12 +74,6 @@ def litellm_executable() -> str:
         "LiteLLM's proxy is not installed: run scripts/test-gateway (it installs the `gateway` extra into "
         ".venv-gateway), or set SIDEQUEST_LITELLM to a `litellm` executable"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -124,7 +118,7 @@ def gateway(backend: ScriptedServer, tmp_path_factory: pytest.TempPathFactory) -
     config.write_text(_config(backend), encoding="utf-8")
     log = work / "proxy.log"
     key = "sk-" + secrets.token_hex(16)
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SIDEQUEST_", "OPENAI_", "LITELLM_"))}
     env.update(
         LITELLM_MASTER_KEY=key,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from service.providers.base import (
     RateLimited,
 )
 from service.providers.openai_compat import OpenAIProvider, to_openai_messages
+from tests.net import free_port
 from tests.providers.helpers import collect, make_call
 from tests.scripted_provider import VALID_SUMMARY, ScriptedServer, Step, Usage
 
@@ -379,9 +379,7 @@ async def test_unknown_model_is_model_unavailable(server: ScriptedServer, provid
 
 
 async def test_unreachable_server_is_a_provider_error() -> None:
-    with socket.socket() as sock:  # a port nobody listens on once this closes
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     adapter = OpenAIProvider(f"http://127.0.0.1:{port}/v1", "k", "m")
     try:
         with pytest.raises(ProviderError) as caught:

@@ -23,7 +23,7 @@ from service.store.db import (
     plain_dsn,
 )
 from tests import pg
-from tests.e2e.test_serve import free_port
+from tests.net import free_port
 
 
 @pytest.mark.parametrize(

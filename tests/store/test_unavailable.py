@@ -10,7 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from service.store.db import POOL_TIMEOUT_S, DatabaseUnavailable, connect, is_unavailable
-from tests.e2e.test_serve import free_port
+from tests.net import free_port
 
 
 async def test_a_refused_connection_is_unavailable_and_fails_fast() -> None:

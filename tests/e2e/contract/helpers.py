@@ -7,7 +7,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import httpx
 from service.client.sse import SseMessage
 from service.store.models import Base
 from tests.api.sse_client import messages
+from tests.net import free_port
 from tests.scripted_provider import ScriptedServer, Step
 
 READY_WITHIN_S = 30.0
@@ -71,12 +71,6 @@ class Service:
     log: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def _empty_tables(database_url: str) -> None:
     """Start from empty tables: requests left queued by earlier modules would otherwise be run by
     these workers and consume the scripted steps (the ``db`` fixture empties them per test too)."""
@@ -108,7 +102,7 @@ def _environment(database_url: str, scripted: ScriptedServer, **extra: str) -> d
 
 def _start(env: dict[str, str], log: Path, command: str = "serve") -> Service:
     """Start ``sidequest <command>`` (serve, api: on a free port; worker: no port)."""
-    port = _free_port()
+    port = free_port()
     args = ["--port", str(port)] if command in ("serve", "api") else []
     # A file, not a pipe: nobody reads a pipe while the server runs, and a full one would block it.
     out: IO[bytes] = log.open("wb")

@@ -17,12 +17,12 @@ import httpx
 from tests.e2e.contract.helpers import (
     Limited,
     Service,
-    _free_port,
     _tenant_client,
     ask,
     new_parent,
     wait_for,
 )
+from tests.net import free_port
 
 SPEC_ROUTES = {
     ("post", "/v1/sessions/{}/questions"),
@@ -92,7 +92,7 @@ async def test_serve_refuses_an_out_of_range_output_cap_and_a_public_bind_withou
             _serve_refuses,
             {"SIDEQUEST_DATABASE_URL": database_url, "SIDEQUEST_MAX_OUTPUT_TOKENS": value},
             "--port",
-            str(_free_port()),
+            str(free_port()),
             cwd=tmp_path,
         )
         assert refused.returncode != 0
@@ -103,7 +103,7 @@ async def test_serve_refuses_an_out_of_range_output_cap_and_a_public_bind_withou
         "--host",
         "0.0.0.0",
         "--port",
-        str(_free_port()),
+        str(free_port()),
         cwd=tmp_path,
     )
     assert public.returncode != 0 and "SIDEQUEST_API_TOKENS" in public.stderr
