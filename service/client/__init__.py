@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
@@ -44,52 +44,37 @@ MAX_RETRY_WAIT_S = 5.0
 
 
 class ClientError(Exception):
-    """The command cannot continue; ``message`` is printed and the command exits with 2."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    """The command cannot continue; its message is printed and the command exits with 2."""
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """Where the server is and how to authenticate."""
+def _client(args: argparse.Namespace) -> httpx.Client:
+    """A client of the server at ``--url`` (or ``$SIDEQUEST_URL``), with ``--token``'s (or
+    ``$SIDEQUEST_TOKEN``'s) bearer token."""
+    url = args.url or os.environ.get("SIDEQUEST_URL") or DEFAULT_URL
+    headers = {"User-Agent": "sidequest-cli"}
+    if token := args.token or os.environ.get("SIDEQUEST_TOKEN"):
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.Client(
+        base_url=url.rstrip("/"),
+        headers=headers,
+        timeout=httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S),
+        trust_env=False,  # a local service: never route through a proxy from the environment
+    )
 
-    base_url: str
-    token: str | None
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Endpoint:
-        url = args.url or os.environ.get("SIDEQUEST_URL") or DEFAULT_URL
-        token = args.token or os.environ.get("SIDEQUEST_TOKEN") or None
-        return cls(url.rstrip("/"), token)
-
-    def headers(self, **extra: str) -> dict[str, str]:
-        headers = {"User-Agent": "sidequest-cli", **extra}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        return headers
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.base_url,
-            headers=self.headers(),
-            timeout=httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S),
-            trust_env=False,  # a local service: never route through a proxy from the environment
-        )
-
-    def call(
-        self, client: httpx.Client, method: str, path: str, what: str, ok: tuple[int, ...] = (200,), **kw: Any
-    ) -> Any:
-        """The JSON body of ``method path``; an unreachable server, or a status not in ``ok`` (the
-        server's refusal of ``what``), is a :class:`ClientError`."""
-        try:
-            response = client.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            raise ClientError(f"cannot reach {self.base_url}: {exc}") from None
-        if response.status_code not in ok:
-            raise _refused(response, what)
-        return response.json()
+def _call(
+    client: httpx.Client, method: str, path: str, what: str, ok: tuple[int, ...] = (200,), **kw: Any
+) -> Any:
+    """The JSON body of ``method path``; an unreachable server, or a status not in ``ok`` (the
+    server's refusal of ``what``), is a :class:`ClientError`."""
+    try:
+        response = client.request(method, path, **kw)
+    except httpx.TransportError as exc:
+        # httpx ends a base URL with "/"; the message names the URL as given.
+        raise ClientError(f"cannot reach {str(client.base_url).rstrip('/')}: {exc}") from None
+    if response.status_code not in ok:
+        raise _refused(response, what)
+    return response.json()
 
 
 def _path_id(value: str) -> str:
@@ -129,20 +114,17 @@ def _read_json_file(name: str, what: str) -> tuple[bytes, Any]:
         raise ClientError(f"{what} {name} is not valid JSON: {exc}") from None
 
 
-# ------------------------------------------------------------------------------------ ask
-
-
 def _question_body(args: argparse.Namespace) -> dict[str, Any]:
     body: dict[str, Any] = {"question": args.question}
-    if getattr(args, "snapshot", None):
+    if args.snapshot:
         _raw, snapshot = _read_json_file(args.snapshot, "snapshot")
         if not isinstance(snapshot, dict):
             raise ClientError(f"snapshot {args.snapshot} must be a JSON object")
         body["snapshot"] = snapshot
-    if getattr(args, "snapshot_id", None):
+    if args.snapshot_id:
         body["snapshot_id"] = args.snapshot_id
     for name in ("model", "max_output_tokens"):
-        if getattr(args, name, None) is not None:
+        if getattr(args, name) is not None:
             body[name] = getattr(args, name)
     return body
 
@@ -217,12 +199,11 @@ def _final_outcome(client: httpx.Client, request_id: str, renderer: Renderer) ->
 
 def ask(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``sidequest ask``: post the question, render its stream, return the exit code."""
-    endpoint = Endpoint.from_args(args)
     body = _question_body(args)
     renderer = Renderer(out=out, err=err, live=err.isatty())
-    with endpoint.client() as client:
+    with _client(args) as client:
         path = f"/v1/sessions/{_path_id(args.parent_id)}/questions"
-        record = endpoint.call(client, "POST", path, "the question was", (200, 202), json=body)
+        record = _call(client, "POST", path, "the question was", (200, 202), json=body)
         request_id = str(record["id"])
         renderer.lasting(f"question #{record.get('ordinal')} admitted ({request_id}) in {args.parent_id}")
         try:
@@ -237,15 +218,11 @@ def ask(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK if outcome.status == Status.SUCCEEDED else EXIT_REQUEST_FAILED
 
 
-# ------------------------------------------------------------------------------------ archives
-
-
 def archive_export(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``sidequest archive export``: write the session's archive to a file or stdout."""
-    endpoint = Endpoint.from_args(args)
     path = f"/v1/sessions/{_path_id(args.parent_id)}/archive"
-    with endpoint.client() as client:
-        document = endpoint.call(client, "GET", path, "the export was", params={"version": args.version})
+    with _client(args) as client:
+        document = _call(client, "GET", path, "the export was", params={"version": args.version})
     text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     if args.output in (None, "-"):
         out.write(text)
@@ -273,10 +250,9 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     parent_id = args.parent_id or document.get("parent_id")
     if not isinstance(parent_id, str) or not parent_id:
         raise ClientError("the archive names no parent_id; pass --parent-id")
-    endpoint = Endpoint.from_args(args)
     params = {"mode": "replace"} if args.replace else {}
-    with endpoint.client() as client:
-        result = endpoint.call(
+    with _client(args) as client:
+        result = _call(
             client,
             "POST",
             f"/v1/sessions/{_path_id(parent_id)}/archive",
@@ -293,9 +269,6 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-# ------------------------------------------------------------------------------------ hand-off
-
-
 def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``sidequest handoff``: hand the session's side findings off and print the block to stdout.
 
@@ -303,13 +276,12 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     so ``sidequest handoff task-7 > block.txt`` captures exactly what to give the main agent. What was
     carried goes to stderr. Nothing to hand off: nothing on stdout, a note on stderr, exit 0.
     """
-    endpoint = Endpoint.from_args(args)
     body: dict[str, Any] = {"format": args.format, "include": "all" if args.all else "new"}
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
     path = f"/v1/sessions/{_path_id(args.parent_id)}/handoffs"
-    with endpoint.client() as client:
-        result = endpoint.call(client, "POST", path, "the hand-off was", (200, 201), json=body)
+    with _client(args) as client:
+        result = _call(client, "POST", path, "the hand-off was", (200, 201), json=body)
     ordinals = result.get("ordinals") or []
     if not ordinals:
         err.write(f"nothing to hand off in {args.parent_id}\n")
@@ -337,9 +309,6 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-# ------------------------------------------------------------------------------------ sessions
-
-
 def _session_line(item: dict[str, Any]) -> str:
     """One session as a table row: parent id, requests by status, clear version, last activity."""
     counts = item.get("counts") if isinstance(item.get("counts"), dict) else {}
@@ -357,14 +326,13 @@ def list_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     ``--all`` one page is printed and, when more remain, the ``--before`` cursor of the next page
     goes to stderr.
     """
-    endpoint = Endpoint.from_args(args)
     params: dict[str, Any] = {"limit": args.limit}
     if args.before:
         params["before"] = args.before
     shown = 0
-    with endpoint.client() as client:
+    with _client(args) as client:
         while True:
-            page = endpoint.call(client, "GET", "/v1/sessions", "listing sessions was", params=params)
+            page = _call(client, "GET", "/v1/sessions", "listing sessions was", params=params)
             for item in page.get("items") or []:
                 out.write((json.dumps(item, ensure_ascii=False) if args.json else _session_line(item)) + "\n")
                 shown += 1
@@ -381,31 +349,29 @@ def list_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-# ------------------------------------------------------------------------------------ entry
+COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
+    "ask": ask,
+    "archive export": archive_export,
+    "archive import": archive_import,
+    "handoff": handoff,
+    "sessions": list_sessions,
+}
 
 
 def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run ``ask``, ``archive`` or ``handoff``; returns the exit code (see the module docstring)."""
+    """Run a client command; returns the exit code (see the module docstring)."""
     out = out or sys.stdout
     err = err or sys.stderr
     # The CLI configures INFO logging for the server commands; a client's output is its rendering,
     # not one log line per HTTP request.
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # service/cli.py calls this for these commands only, and argparse requires an archive's subcommand.
+    name = f"archive {args.archive_command}" if args.command == "archive" else args.command
     try:
-        if args.command == "ask":
-            return ask(args, out, err)
-        if args.command == "archive" and args.archive_command == "export":
-            return archive_export(args, out, err)
-        if args.command == "archive" and args.archive_command == "import":
-            return archive_import(args, out, err)
-        if args.command == "handoff":
-            return handoff(args, out, err)
-        if args.command == "sessions":
-            return list_sessions(args, out, err)
-        raise ClientError(f"unknown command {args.command}")
+        return COMMANDS[name](args, out, err)
     except ClientError as exc:
-        err.write(f"sidequest: {exc.message}\n")
+        err.write(f"sidequest: {exc}\n")
         err.flush()
         return EXIT_CLIENT_ERROR
     except httpx.HTTPError as exc:
