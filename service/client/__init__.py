@@ -1,13 +1,8 @@
-"""The client half of the ``sidequest`` command: ``ask``, ``sessions``, ``archive export|import``,
-``handoff``, over HTTP (docs/quickstart.md).
+"""The client half of the ``sidequest`` command (``ask``, ``sessions``, ``archive export|import``,
+``handoff``) over HTTP; what each prints, and the exit codes, are in docs/quickstart.md.
 
-``ask`` follows the request's event stream: status, progress and usage go to stderr (a live line on a
-terminal), the answer text to stdout as it streams, so ``sidequest ask … > answer.txt`` captures just
-the answer. A dropped stream is resumed with ``Last-Event-ID``, so nothing is shown twice or skipped.
-
-Exit codes (docs/quickstart.md): 0 the request succeeded; 1 it failed or was cancelled (the error
-code and message are printed); 2 the client could not do its job (bad arguments, unreadable file,
-server unreachable, or the server refused the call); 130 interrupted (the request is cancelled).
+``ask`` writes status, progress and usage to stderr and only the answer to stdout, so
+``sidequest ask … > answer.txt`` captures just the answer.
 """
 
 from __future__ import annotations
@@ -48,8 +43,7 @@ class ClientError(Exception):
 
 
 def _client(args: argparse.Namespace) -> httpx.Client:
-    """A client of the server at ``--url`` (or ``$SIDEQUEST_URL``), with ``--token``'s (or
-    ``$SIDEQUEST_TOKEN``'s) bearer token."""
+    """A client of the server at ``--url``, with ``--token`` (or their environment variables)."""
     url = args.url or os.environ.get("SIDEQUEST_URL") or DEFAULT_URL
     headers = {"User-Agent": "sidequest-cli"}
     if token := args.token or os.environ.get("SIDEQUEST_TOKEN"):
@@ -82,24 +76,25 @@ def _path_id(value: str) -> str:
 
 
 def _refused(response: httpx.Response, action: str) -> ClientError:
-    """The server's error body as one clear message."""
+    """The server's error body as one clear message, a list of problems one per line."""
     try:
         body = response.json()
-        error = body.get("error") if isinstance(body, dict) else None
     except ValueError:
-        error = None
-    if isinstance(error, dict):
-        message = f"{action} refused ({response.status_code}) {format_error(error)}"
-        problems = error.get("detail", {}).get("errors") if isinstance(error.get("detail"), dict) else None
-        if isinstance(problems, list) and problems:
-            message = f"{action} refused ({response.status_code}) {error.get('code')}: {error.get('message')}"
-            for problem in problems[:20]:
-                if isinstance(problem, dict):
-                    loc = problem.get("loc")
-                    loc = ".".join(str(p) for p in loc) if isinstance(loc, list) else loc
-                    message += f"\n  {loc}: {problem.get('message') or problem.get('msg')}"
-        return ClientError(message)
-    return ClientError(f"{action} refused: HTTP {response.status_code} {response.text[:200]}")
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return ClientError(f"{action} refused: HTTP {response.status_code} {response.text[:200]}")
+    refused = f"{action} refused ({response.status_code})"
+    problems = error["detail"].get("errors") if isinstance(error.get("detail"), dict) else None
+    if not isinstance(problems, list) or not problems:
+        return ClientError(f"{refused} {format_error(error)}")
+    message = f"{refused} {error.get('code')}: {error.get('message')}"
+    for problem in problems[:20]:
+        if isinstance(problem, dict):
+            loc = problem.get("loc")
+            loc = ".".join(str(p) for p in loc) if isinstance(loc, list) else loc
+            message += f"\n  {loc}: {problem.get('message') or problem.get('msg')}"
+    return ClientError(message)
 
 
 def _read_json_file(name: str, what: str) -> tuple[bytes, Any]:
@@ -250,17 +245,11 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     parent_id = args.parent_id or document.get("parent_id")
     if not isinstance(parent_id, str) or not parent_id:
         raise ClientError("the archive names no parent_id; pass --parent-id")
+    path = f"/v1/sessions/{_path_id(parent_id)}/archive"
     params = {"mode": "replace"} if args.replace else {}
+    headers = {"Content-Type": "application/json"}
     with _client(args) as client:
-        result = _call(
-            client,
-            "POST",
-            f"/v1/sessions/{_path_id(parent_id)}/archive",
-            "the import was",
-            content=raw,
-            params=params,
-            headers={"Content-Type": "application/json"},
-        )
+        result = _call(client, "POST", path, "the import was", content=raw, params=params, headers=headers)
     replaced = f", replacing {result['replaced']}" if result.get("replaced") else ""
     out.write(
         f"restored {plural(result.get('restored'), 'request')} into {parent_id} "
@@ -270,12 +259,8 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """``sidequest handoff``: hand the session's side findings off and print the block to stdout.
-
-    The block is printed as it is (the text; for ``--format anthropic|openai`` the message JSON),
-    so ``sidequest handoff task-7 > block.txt`` captures exactly what to give the main agent. What was
-    carried goes to stderr. Nothing to hand off: nothing on stdout, a note on stderr, exit 0.
-    """
+    """``sidequest handoff``: the block on stdout as it is (the text, or the message JSON), what it
+    carried on stderr (docs/handoff.md); nothing to hand off is a note on stderr and exit 0."""
     body: dict[str, Any] = {"format": args.format, "include": "all" if args.all else "new"}
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
@@ -311,21 +296,17 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _session_line(item: dict[str, Any]) -> str:
     """One session as a table row: parent id, requests by status, clear version, last activity."""
-    counts = item.get("counts") if isinstance(item.get("counts"), dict) else {}
-    assert isinstance(counts, dict)
-    by_status = ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "no requests"
+    counts = item.get("counts")
+    by_status = ", ".join(f"{n} {s}" for s, n in counts.items() if n) if isinstance(counts, dict) else ""
     return (
-        f"{item.get('parent_id')}\t{by_status}\tclear {item.get('clear_version')}\t{item.get('updated_at')}"
+        f"{item.get('parent_id')}\t{by_status or 'no requests'}\tclear {item.get('clear_version')}"
+        f"\t{item.get('updated_at')}"
     )
 
 
 def list_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """``sidequest sessions``: the tenant's sessions, most recently active first.
-
-    One tab-separated line per session (``--json``: each session object as a JSON line). Without
-    ``--all`` one page is printed and, when more remain, the ``--before`` cursor of the next page
-    goes to stderr.
-    """
+    """``sidequest sessions``: one line per session, most recently active first; without ``--all``
+    one page, and the ``--before`` cursor of the next one on stderr."""
     params: dict[str, Any] = {"limit": args.limit}
     if args.before:
         params["before"] = args.before

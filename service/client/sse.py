@@ -28,11 +28,8 @@ class SseMessage:
 
 
 class SseParser:
-    """Parse SSE lines (without line terminators) one at a time, per the HTML living standard.
-
-    A blank line dispatches the block being built; a block cut off by the end of the stream is never
-    dispatched. ``iter_sse`` runs it over a sync stream, the tests over async ones.
-    """
+    """Parse SSE lines (without line terminators) one at a time, per the HTML living standard: a
+    block cut off by the end of the stream is never dispatched."""
 
     def __init__(self) -> None:
         self._last_id: str | None = None
