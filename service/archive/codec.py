@@ -1,17 +1,13 @@
 """An archive document to plain values ready to write (:func:`parse_archive`) and back
-(:func:`encode_archive`). Pure: the SQL of export and restore is :mod:`service.store.archive`'s.
-
-A refused archive is a 422 listing pydantic's own errors, each at its location in the archive
-(``questions[0].usage.calls[1].model``), and the few problems no model can see: text PostgreSQL cannot
-store, repeated ordinals, hand-offs of requests the archive does not have as succeeded, questions an
-admission would refuse. What PostgreSQL keeps as JSON is stored as the archive has it.
+(:func:`encode_archive`). A refused archive is a 422 listing pydantic's own errors, each at its
+location in the archive, and the few problems no model can see (docs/archive.md, "Errors").
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -19,7 +15,7 @@ from pydantic import ValidationError
 
 from service.archive.model import QUESTION_FIELDS, SETTINGS_FIELDS, ArchiveV3
 from service.archive.schema import ARCHIVE_VERSIONS
-from service.archive.upgrade import v1_to_v3, v2_to_v3
+from service.archive.upgrade import upgrade
 from service.errors import SidequestError
 from service.vocabulary import NotJson, Status, integral, iso_or_none, strict_json, unstorable_reason, utc_iso
 
@@ -109,16 +105,10 @@ def load_archive_json(body: bytes | str) -> object:
         raise ArchiveUnreadable(f"the archive is not valid JSON: {exc}") from None
 
 
-def unstorable_places(value: object) -> list[tuple[Loc, str]]:
-    """Where in ``value`` PostgreSQL would refuse it (NUL, unpaired surrogates, non-finite numbers)."""
-    found: list[tuple[Loc, str]] = []
-    _scan(value, [], found)
-    return found
-
-
-def _scan(value: object, path: list[str | int], found: list[tuple[Loc, str]]) -> None:
-    # One path, copied only where there is a problem: archives hold megabytes of usage and
-    # context_info, nearly all of it fine.
+def _find_unstorable(value: object, path: list[str | int], found: list[tuple[Loc, str]]) -> None:
+    """Add to ``found`` where in ``value`` PostgreSQL would refuse it (NUL, unpaired surrogates,
+    non-finite numbers). One path, copied only where there is a problem: archives hold megabytes of
+    usage and context_info, nearly all of it fine."""
     if len(path) > _MAX_DEPTH:
         found.append((tuple(path), "is nested too deeply"))
     elif isinstance(value, str):
@@ -127,13 +117,13 @@ def _scan(value: object, path: list[str | int], found: list[tuple[Loc, str]]) ->
     elif isinstance(value, dict):
         for key, item in value.items():
             path.append(key)
-            _scan(key, path, found)
-            _scan(item, path, found)
+            _find_unstorable(key, path, found)
+            _find_unstorable(item, path, found)
             path.pop()
     elif isinstance(value, list):
         for index, item in enumerate(value):
             path.append(index)
-            _scan(item, path, found)
+            _find_unstorable(item, path, found)
             path.pop()
     elif isinstance(value, float) and not math.isfinite(value):
         found.append((tuple(path), "must be a finite number"))
@@ -179,8 +169,6 @@ def _handoff_problems(parsed: ArchiveV3) -> list[tuple[Loc, str]]:
     not a succeeded request of the archive: the next questions would count as handed off already and
     never come in an ``include: "new"`` hand-off, and a hand-off carries only succeeded Q&A (a clear
     deletes hand-offs with the history). No export has either."""
-    if parsed.session is None:
-        return []
     highest = max((q.ordinal for q in parsed.questions), default=0)
     succeeded = {q.ordinal for q in parsed.questions if q.status == Status.SUCCEEDED.value}
     found: list[tuple[Loc, str]] = []
@@ -218,9 +206,9 @@ def parse_archive(document: object, *, max_question_bytes: int | None = None) ->
         named = "the archive has no version" if given is None else f"unsupported archive version {given!r}"
         detail = {"version": given if isinstance(given, int | float | str) else None}
         raise ArchiveUnreadable(f"{named}: supported versions are 1, 2 and 3", detail)
-    upgrade = {1: v1_to_v3, 2: v2_to_v3}.get(version)
-    upgraded, errors = upgrade(document) if upgrade else ({**document, "version": 3}, [])
-    problems = unstorable_places(document)
+    upgraded, errors = upgrade(document, version)
+    problems: list[tuple[Loc, str]] = []
+    _find_unstorable(document, [], problems)
     parsed: ArchiveV3 | None = None
     try:
         parsed = ArchiveV3.model_validate(upgraded)
@@ -257,24 +245,19 @@ def _archive(parsed: ArchiveV3, raw: dict[str, Any], version: int) -> Archive:
         )
         for q, item in zip(parsed.questions, raw["questions"], strict=True)
     ]
-    archive = Archive(version, parsed.parent_id, tuple(sorted(requests, key=lambda r: r.ordinal)))
-    if parsed.session is None:
-        return archive
-    session, raw_session = parsed.session, raw["session"]
-    handoffs = sorted(
-        (
-            ArchivedHandoff(h.created_at, body, h.through_ordinal)
-            for h, body in zip(session.handoffs, raw_session.get("handoffs", []), strict=True)
-        ),
-        key=lambda h: h.created_at,
-    )
-    settings = session.settings
-    return replace(
-        archive,
+    session, raw_session = parsed.session, raw.get("session", {})
+    handoffs = [
+        ArchivedHandoff(h.created_at, body, h.through_ordinal)
+        for h, body in zip(session.handoffs, raw_session.get("handoffs", []), strict=True)
+    ]
+    return Archive(
+        version,
+        parsed.parent_id,
+        tuple(sorted(requests, key=lambda r: r.ordinal)),
         memory=raw_session.get("memory"),
-        handoffs=tuple(handoffs),
+        handoffs=tuple(sorted(handoffs, key=lambda h: h.created_at)),
         handed_off_through=session.handed_off_through,
-        settings=None if settings is None else {name: getattr(settings, name) for name in SETTINGS_FIELDS},
+        settings=None if session.settings is None else session.settings.model_dump(),
     )
 
 
