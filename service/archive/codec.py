@@ -145,22 +145,20 @@ def _loc_text(loc: Loc) -> str:
 
 def _rule_problems(questions: list[Any], failed: set[int], max_bytes: int | None) -> list[tuple[Loc, str]]:
     """Repeated ordinals, and questions over the service's question limit (a restore makes no history
-    no client could have asked), among the questions without problems of their own."""
+    no client could have asked), among the questions without problems of their own: each of those is
+    a valid ``Question``, so its ordinal is an integer (5.0 too) and its question a string."""
     found: list[tuple[Loc, str]] = []
     seen: dict[int, int] = {}
     for index, item in enumerate(questions):
-        if index in failed or not isinstance(item, dict):
+        if index in failed:
             continue
-        if (ordinal := integral(item.get("ordinal"))) is not None:
-            if ordinal in seen:
-                found.append(
-                    (("questions", index, "ordinal"), f"ordinal {ordinal} repeats questions[{seen[ordinal]}]")
-                )
-            seen.setdefault(ordinal, index)
-        if isinstance(text := item.get("question"), str) and max_bytes is not None:
-            if (size := len(text.encode("utf-8"))) > max_bytes:
-                message = f"is {size} bytes of UTF-8, over the limit of {max_bytes} a question may have"
-                found.append((("questions", index, "question"), message))
+        if (ordinal := int(item["ordinal"])) in seen:
+            message = f"ordinal {ordinal} repeats questions[{seen[ordinal]}]"
+            found.append((("questions", index, "ordinal"), message))
+        seen.setdefault(ordinal, index)
+        if max_bytes is not None and (size := len(item["question"].encode("utf-8"))) > max_bytes:
+            message = f"is {size} bytes of UTF-8, over the limit of {max_bytes} a question may have"
+            found.append((("questions", index, "question"), message))
     return found
 
 
@@ -173,20 +171,15 @@ def _handoff_problems(parsed: ArchiveV3) -> list[tuple[Loc, str]]:
     succeeded = {q.ordinal for q in parsed.questions if q.status == Status.SUCCEEDED.value}
     found: list[tuple[Loc, str]] = []
     if (through := parsed.session.handed_off_through) > highest:
-        found.append(
-            (
-                ("session", "handed_off_through"),
-                f"is {through}, beyond the archive's highest ordinal ({highest})",
-            )
-        )
+        message = f"is {through}, beyond the archive's highest ordinal ({highest})"
+        found.append((("session", "handed_off_through"), message))
     for index, handoff in enumerate(parsed.session.handoffs):
         named = [o for key in _HANDOFF_ORDINALS for o in getattr(handoff, key) or []]
         named += [o for o in (handoff.from_ordinal, handoff.through_ordinal) if o is not None]
         if others := sorted(set(named) - succeeded):
+            beyond = max(others) > highest
             where = (
-                "beyond the archive's highest ordinal"
-                if max(others) > highest
-                else "not a succeeded request of the archive"
+                "beyond the archive's highest ordinal" if beyond else "not a succeeded request of the archive"
             )
             found.append((("session", "handoffs", index), f"names ordinal {max(others)}, {where}"))
     return found
@@ -194,11 +187,8 @@ def _handoff_problems(parsed: ArchiveV3) -> list[tuple[Loc, str]]:
 
 def parse_archive(document: object, *, max_question_bytes: int | None = None) -> Archive:
     """Validate an archive of any version and return it as plain values (``max_question_bytes``: the
-    service's question limit, which a restored question keeps too).
-
-    Raises :class:`ArchiveUnreadable` (400) when ``document`` is not an object with a supported
-    ``version``, and :class:`ArchiveInvalid` (422) listing every problem otherwise.
-    """
+    service's question limit, which a restored question keeps too). Raises :class:`ArchiveUnreadable`
+    (400) without a supported ``version``, else :class:`ArchiveInvalid` (422) listing every problem."""
     if not isinstance(document, dict):
         raise ArchiveUnreadable("an archive is a JSON object with a version, a parent_id and questions")
     version = integral(given := document.get("version"))
@@ -262,10 +252,8 @@ def _archive(parsed: ArchiveV3, raw: dict[str, Any], version: int) -> Archive:
 
 
 def archived_error(error: dict[str, Any] | None, ordinal_of: Mapping[str, int]) -> dict[str, Any] | None:
-    """A request's error as an archive holds it: archives carry no request ids (SPEC §10), so the
-    request that superseded this one is named by its ordinal (``superseded_by_ordinal``, from
-    ``ordinal_of``: request id → ordinal), and an id no ordinal is known for (one in another
-    session's archive, restored) is left out."""
+    """A request's error as an archive holds it (docs/archive.md): no request ids, so the one that
+    superseded it is named by its ordinal from ``ordinal_of`` (request id → ordinal), or left out."""
     detail = error.get("detail") if error else None
     if error is None or not isinstance(detail, dict) or SUPERSEDED_BY not in detail:
         return error
@@ -289,7 +277,7 @@ def _encode_request(request: ArchivedRequest, version: int) -> dict[str, Any]:
 
 def encode_archive(archive: Archive, exported_at: datetime | None = None) -> dict[str, Any]:
     """The document of ``archive`` in its version: no request ids (ordinals identify requests); a v3
-    session with every part, its settings with all six fields (null when unset)."""
+    session with every part, its settings with all their fields (null when unset)."""
     document: dict[str, Any] = {
         "version": archive.version,
         "parent_id": archive.parent_id,
