@@ -64,7 +64,7 @@ def _call(
     try:
         response = client.request(method, path, **kw)
     except httpx.TransportError as exc:
-        # httpx ends a base URL with "/"; the message names the URL as given.
+        # httpx keeps a base URL with a trailing "/" (and normalised); the message names it without.
         raise ClientError(f"cannot reach {str(client.base_url).rstrip('/')}: {exc}") from None
     if response.status_code not in ok:
         raise _refused(response, what)
