@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -24,10 +24,6 @@ _MAX_REPORTED_ERRORS: Final = 50
 # Deeper than any object the service writes, and shallow enough for a recursive walk.
 _MAX_DEPTH: Final = 64
 _HANDOFF_ORDINALS: Final = ("ordinals", "summarized_ordinals", "shortened_ordinals", "omitted_ordinals")
-# What the model gives a request as it is; the JSON PostgreSQL keeps comes from the archive itself.
-_TYPED_FIELDS: Final = tuple(
-    name for name in QUESTION_FIELDS[3] if name not in ("error", "usage", "context_info")
-)
 # The error detail that names another request by its id: a superseded request's (SPEC §11.2).
 SUPERSEDED_BY: Final = "superseded_by"
 
@@ -53,24 +49,24 @@ class ArchiveInvalid(ArchiveError):
 
 @dataclass(frozen=True)
 class ArchivedRequest:
-    """One request as an archive carries it; None where the archive has nothing (the store's
-    empty usage) and the defaults an older version implies."""
+    """One request as an archive carries it (``usage`` None where the archive has none: the store's
+    empty usage). Both builders (the parser, the store's export) give every field."""
 
     ordinal: int
     question: str
     answer: str | None
     created_at: datetime
-    status: str = Status.SUCCEEDED
-    error: dict[str, Any] | None = None
-    usage: dict[str, Any] | None = None
-    model: str | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    snapshot_id: str | None = None
-    truncated: bool = False
-    stop_reason: str | None = None
-    context_info: dict[str, Any] = field(default_factory=dict)
-    pinned: bool = False
+    status: str
+    error: dict[str, Any] | None
+    usage: dict[str, Any] | None
+    model: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    snapshot_id: str | None
+    truncated: bool
+    stop_reason: str | None
+    context_info: dict[str, Any]
+    pinned: bool
 
 
 @dataclass(frozen=True)
@@ -228,10 +224,13 @@ def _archive(parsed: ArchiveV3, raw: dict[str, Any], version: int) -> Archive:
     """The validated archive as plain values, with the JSON PostgreSQL keeps as the archive has it."""
     requests = [
         ArchivedRequest(
-            **{name: getattr(q, name) for name in _TYPED_FIELDS},
-            error=archived_error(item.get("error"), {}),
-            usage=item.get("usage"),
-            context_info=item.get("context_info", {}),
+            **{
+                **{name: getattr(q, name) for name in QUESTION_FIELDS[3]},
+                # The JSON PostgreSQL keeps is the archive's own, not the model's.
+                "error": archived_error(item.get("error"), {}),
+                "usage": item.get("usage"),
+                "context_info": item.get("context_info", {}),
+            }
         )
         for q, item in zip(parsed.questions, raw["questions"], strict=True)
     ]
