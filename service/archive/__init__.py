@@ -1,9 +1,5 @@
-"""Side-question archives (SPEC §10, docs/archive.md): the format, pure.
-
-One pydantic model of version 3 (:mod:`~service.archive.model`) validates every restore and makes the
-JSON Schemas (:mod:`~service.archive.schema`); versions 1 and 2 are upgraded to it first
-(:mod:`~service.archive.upgrade`); :mod:`~service.archive.codec` turns a document into plain values and
-back. The SQL of export and restore is :mod:`service.store.archive`'s.
+"""Side-question archives (SPEC §10, docs/archive.md): the format, pure; docs/architecture.md says
+which module holds what. The SQL of export and restore is :mod:`service.store.archive`'s.
 """
 
 from service.archive.codec import (
@@ -20,7 +16,7 @@ from service.archive.codec import (
     superseding_ids,
 )
 from service.archive.model import MAX_ORDINAL, QUESTION_FIELDS
-from service.archive.schema import ARCHIVE_VERSIONS, archive_json_schema, storable_json_defs
+from service.archive.schema import ARCHIVE_VERSIONS, archive_json_schema
 
 __all__ = [
     "ARCHIVE_VERSIONS",
@@ -37,6 +33,5 @@ __all__ = [
     "encode_archive",
     "load_archive_json",
     "parse_archive",
-    "storable_json_defs",
     "superseding_ids",
 ]

@@ -1,17 +1,13 @@
 """An archive document to plain values ready to write (:func:`parse_archive`) and back
-(:func:`encode_archive`). Pure: the SQL of export and restore is :mod:`service.store.archive`'s.
-
-A refused archive is a 422 listing pydantic's own errors, each at its location in the archive
-(``questions[0].usage.calls[1].model``), and the few problems no model can see: text PostgreSQL cannot
-store, repeated ordinals, hand-offs of requests the archive does not have as succeeded, questions an
-admission would refuse. What PostgreSQL keeps as JSON is stored as the archive has it.
+(:func:`encode_archive`). A refused archive is a 422 listing pydantic's own errors, each at its
+location in the archive, and the few problems no model can see (docs/archive.md, "Errors").
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -19,7 +15,7 @@ from pydantic import ValidationError
 
 from service.archive.model import QUESTION_FIELDS, SETTINGS_FIELDS, ArchiveV3
 from service.archive.schema import ARCHIVE_VERSIONS
-from service.archive.upgrade import v1_to_v3, v2_to_v3
+from service.archive.upgrade import upgrade
 from service.errors import SidequestError
 from service.vocabulary import NotJson, Status, integral, iso_or_none, strict_json, unstorable_reason, utc_iso
 
@@ -28,10 +24,6 @@ _MAX_REPORTED_ERRORS: Final = 50
 # Deeper than any object the service writes, and shallow enough for a recursive walk.
 _MAX_DEPTH: Final = 64
 _HANDOFF_ORDINALS: Final = ("ordinals", "summarized_ordinals", "shortened_ordinals", "omitted_ordinals")
-# What the model gives a request as it is; the JSON PostgreSQL keeps comes from the archive itself.
-_TYPED_FIELDS: Final = tuple(
-    name for name in QUESTION_FIELDS[3] if name not in ("error", "usage", "context_info")
-)
 # The error detail that names another request by its id: a superseded request's (SPEC §11.2).
 SUPERSEDED_BY: Final = "superseded_by"
 
@@ -57,24 +49,24 @@ class ArchiveInvalid(ArchiveError):
 
 @dataclass(frozen=True)
 class ArchivedRequest:
-    """One request as an archive carries it; None where the archive has nothing (the store's
-    empty usage) and the defaults an older version implies."""
+    """One request as an archive carries it (``usage`` None where the archive has none: the store's
+    empty usage). Both builders (the parser, the store's export) give every field."""
 
     ordinal: int
     question: str
     answer: str | None
     created_at: datetime
-    status: str = Status.SUCCEEDED
-    error: dict[str, Any] | None = None
-    usage: dict[str, Any] | None = None
-    model: str | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    snapshot_id: str | None = None
-    truncated: bool = False
-    stop_reason: str | None = None
-    context_info: dict[str, Any] = field(default_factory=dict)
-    pinned: bool = False
+    status: str
+    error: dict[str, Any] | None
+    usage: dict[str, Any] | None
+    model: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    snapshot_id: str | None
+    truncated: bool
+    stop_reason: str | None
+    context_info: dict[str, Any]
+    pinned: bool
 
 
 @dataclass(frozen=True)
@@ -109,16 +101,10 @@ def load_archive_json(body: bytes | str) -> object:
         raise ArchiveUnreadable(f"the archive is not valid JSON: {exc}") from None
 
 
-def unstorable_places(value: object) -> list[tuple[Loc, str]]:
-    """Where in ``value`` PostgreSQL would refuse it (NUL, unpaired surrogates, non-finite numbers)."""
-    found: list[tuple[Loc, str]] = []
-    _scan(value, [], found)
-    return found
-
-
-def _scan(value: object, path: list[str | int], found: list[tuple[Loc, str]]) -> None:
-    # One path, copied only where there is a problem: archives hold megabytes of usage and
-    # context_info, nearly all of it fine.
+def _find_unstorable(value: object, path: list[str | int], found: list[tuple[Loc, str]]) -> None:
+    """Add to ``found`` where in ``value`` PostgreSQL would refuse it (NUL, unpaired surrogates,
+    non-finite numbers). One path, copied only where there is a problem: archives hold megabytes of
+    usage and context_info, nearly all of it fine."""
     if len(path) > _MAX_DEPTH:
         found.append((tuple(path), "is nested too deeply"))
     elif isinstance(value, str):
@@ -127,13 +113,13 @@ def _scan(value: object, path: list[str | int], found: list[tuple[Loc, str]]) ->
     elif isinstance(value, dict):
         for key, item in value.items():
             path.append(key)
-            _scan(key, path, found)
-            _scan(item, path, found)
+            _find_unstorable(key, path, found)
+            _find_unstorable(item, path, found)
             path.pop()
     elif isinstance(value, list):
         for index, item in enumerate(value):
             path.append(index)
-            _scan(item, path, found)
+            _find_unstorable(item, path, found)
             path.pop()
     elif isinstance(value, float) and not math.isfinite(value):
         found.append((tuple(path), "must be a finite number"))
@@ -155,22 +141,20 @@ def _loc_text(loc: Loc) -> str:
 
 def _rule_problems(questions: list[Any], failed: set[int], max_bytes: int | None) -> list[tuple[Loc, str]]:
     """Repeated ordinals, and questions over the service's question limit (a restore makes no history
-    no client could have asked), among the questions without problems of their own."""
+    no client could have asked), among the questions without problems of their own: each of those is
+    a valid ``Question``, so its ordinal is an integer (5.0 too) and its question a string."""
     found: list[tuple[Loc, str]] = []
     seen: dict[int, int] = {}
     for index, item in enumerate(questions):
-        if index in failed or not isinstance(item, dict):
+        if index in failed:
             continue
-        if (ordinal := integral(item.get("ordinal"))) is not None:
-            if ordinal in seen:
-                found.append(
-                    (("questions", index, "ordinal"), f"ordinal {ordinal} repeats questions[{seen[ordinal]}]")
-                )
-            seen.setdefault(ordinal, index)
-        if isinstance(text := item.get("question"), str) and max_bytes is not None:
-            if (size := len(text.encode("utf-8"))) > max_bytes:
-                message = f"is {size} bytes of UTF-8, over the limit of {max_bytes} a question may have"
-                found.append((("questions", index, "question"), message))
+        if (ordinal := int(item["ordinal"])) in seen:
+            message = f"ordinal {ordinal} repeats questions[{seen[ordinal]}]"
+            found.append((("questions", index, "ordinal"), message))
+        seen.setdefault(ordinal, index)
+        if max_bytes is not None and (size := len(item["question"].encode("utf-8"))) > max_bytes:
+            message = f"is {size} bytes of UTF-8, over the limit of {max_bytes} a question may have"
+            found.append((("questions", index, "question"), message))
     return found
 
 
@@ -179,26 +163,19 @@ def _handoff_problems(parsed: ArchiveV3) -> list[tuple[Loc, str]]:
     not a succeeded request of the archive: the next questions would count as handed off already and
     never come in an ``include: "new"`` hand-off, and a hand-off carries only succeeded Q&A (a clear
     deletes hand-offs with the history). No export has either."""
-    if parsed.session is None:
-        return []
     highest = max((q.ordinal for q in parsed.questions), default=0)
     succeeded = {q.ordinal for q in parsed.questions if q.status == Status.SUCCEEDED.value}
     found: list[tuple[Loc, str]] = []
     if (through := parsed.session.handed_off_through) > highest:
-        found.append(
-            (
-                ("session", "handed_off_through"),
-                f"is {through}, beyond the archive's highest ordinal ({highest})",
-            )
-        )
+        message = f"is {through}, beyond the archive's highest ordinal ({highest})"
+        found.append((("session", "handed_off_through"), message))
     for index, handoff in enumerate(parsed.session.handoffs):
         named = [o for key in _HANDOFF_ORDINALS for o in getattr(handoff, key) or []]
         named += [o for o in (handoff.from_ordinal, handoff.through_ordinal) if o is not None]
         if others := sorted(set(named) - succeeded):
+            beyond = max(others) > highest
             where = (
-                "beyond the archive's highest ordinal"
-                if max(others) > highest
-                else "not a succeeded request of the archive"
+                "beyond the archive's highest ordinal" if beyond else "not a succeeded request of the archive"
             )
             found.append((("session", "handoffs", index), f"names ordinal {max(others)}, {where}"))
     return found
@@ -206,11 +183,8 @@ def _handoff_problems(parsed: ArchiveV3) -> list[tuple[Loc, str]]:
 
 def parse_archive(document: object, *, max_question_bytes: int | None = None) -> Archive:
     """Validate an archive of any version and return it as plain values (``max_question_bytes``: the
-    service's question limit, which a restored question keeps too).
-
-    Raises :class:`ArchiveUnreadable` (400) when ``document`` is not an object with a supported
-    ``version``, and :class:`ArchiveInvalid` (422) listing every problem otherwise.
-    """
+    service's question limit, which a restored question keeps too). Raises :class:`ArchiveUnreadable`
+    (400) without a supported ``version``, else :class:`ArchiveInvalid` (422) listing every problem."""
     if not isinstance(document, dict):
         raise ArchiveUnreadable("an archive is a JSON object with a version, a parent_id and questions")
     version = integral(given := document.get("version"))
@@ -218,9 +192,9 @@ def parse_archive(document: object, *, max_question_bytes: int | None = None) ->
         named = "the archive has no version" if given is None else f"unsupported archive version {given!r}"
         detail = {"version": given if isinstance(given, int | float | str) else None}
         raise ArchiveUnreadable(f"{named}: supported versions are 1, 2 and 3", detail)
-    upgrade = {1: v1_to_v3, 2: v2_to_v3}.get(version)
-    upgraded, errors = upgrade(document) if upgrade else ({**document, "version": 3}, [])
-    problems = unstorable_places(document)
+    upgraded, errors = upgrade(document, version)
+    problems: list[tuple[Loc, str]] = []
+    _find_unstorable(document, [], problems)
     parsed: ArchiveV3 | None = None
     try:
         parsed = ArchiveV3.model_validate(upgraded)
@@ -250,39 +224,35 @@ def _archive(parsed: ArchiveV3, raw: dict[str, Any], version: int) -> Archive:
     """The validated archive as plain values, with the JSON PostgreSQL keeps as the archive has it."""
     requests = [
         ArchivedRequest(
-            **{name: getattr(q, name) for name in _TYPED_FIELDS},
-            error=archived_error(item.get("error"), {}),
-            usage=item.get("usage"),
-            context_info=item.get("context_info", {}),
+            **{
+                **{name: getattr(q, name) for name in QUESTION_FIELDS[3]},
+                # The JSON PostgreSQL keeps is the archive's own, not the model's.
+                "error": archived_error(item.get("error"), {}),
+                "usage": item.get("usage"),
+                "context_info": item.get("context_info", {}),
+            }
         )
         for q, item in zip(parsed.questions, raw["questions"], strict=True)
     ]
-    archive = Archive(version, parsed.parent_id, tuple(sorted(requests, key=lambda r: r.ordinal)))
-    if parsed.session is None:
-        return archive
-    session, raw_session = parsed.session, raw["session"]
-    handoffs = sorted(
-        (
-            ArchivedHandoff(h.created_at, body, h.through_ordinal)
-            for h, body in zip(session.handoffs, raw_session.get("handoffs", []), strict=True)
-        ),
-        key=lambda h: h.created_at,
-    )
-    settings = session.settings
-    return replace(
-        archive,
+    session, raw_session = parsed.session, raw.get("session", {})
+    handoffs = [
+        ArchivedHandoff(h.created_at, body, h.through_ordinal)
+        for h, body in zip(session.handoffs, raw_session.get("handoffs", []), strict=True)
+    ]
+    return Archive(
+        version,
+        parsed.parent_id,
+        tuple(sorted(requests, key=lambda r: r.ordinal)),
         memory=raw_session.get("memory"),
-        handoffs=tuple(handoffs),
+        handoffs=tuple(sorted(handoffs, key=lambda h: h.created_at)),
         handed_off_through=session.handed_off_through,
-        settings=None if settings is None else {name: getattr(settings, name) for name in SETTINGS_FIELDS},
+        settings=None if session.settings is None else session.settings.model_dump(),
     )
 
 
 def archived_error(error: dict[str, Any] | None, ordinal_of: Mapping[str, int]) -> dict[str, Any] | None:
-    """A request's error as an archive holds it: archives carry no request ids (SPEC §10), so the
-    request that superseded this one is named by its ordinal (``superseded_by_ordinal``, from
-    ``ordinal_of``: request id → ordinal), and an id no ordinal is known for (one in another
-    session's archive, restored) is left out."""
+    """A request's error as an archive holds it (docs/archive.md): no request ids, so the one that
+    superseded it is named by its ordinal from ``ordinal_of`` (request id → ordinal), or left out."""
     detail = error.get("detail") if error else None
     if error is None or not isinstance(detail, dict) or SUPERSEDED_BY not in detail:
         return error
@@ -306,7 +276,7 @@ def _encode_request(request: ArchivedRequest, version: int) -> dict[str, Any]:
 
 def encode_archive(archive: Archive, exported_at: datetime | None = None) -> dict[str, Any]:
     """The document of ``archive`` in its version: no request ids (ordinals identify requests); a v3
-    session with every part, its settings with all six fields (null when unset)."""
+    session with every part, its settings with all their fields (null when unset)."""
     document: dict[str, Any] = {
         "version": archive.version,
         "parent_id": archive.parent_id,

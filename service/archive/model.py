@@ -1,11 +1,10 @@
-"""The archive format (SPEC §10) as one pydantic model, version 3: it validates every restore (older
-versions are upgraded to it first, :mod:`service.archive.upgrade`) and is the source of the archives'
-JSON Schemas (:mod:`service.archive.schema`). Its errors are pydantic's own.
+"""The archive format (SPEC §10, docs/archive.md) as one pydantic model, version 3: it validates every
+restore (older versions are upgraded to it first) and makes the archives' JSON Schemas.
 
 What PostgreSQL keeps as JSON (usage, error, context_info, memory, hand-off bodies) is only checked for
 what the service relies on, with every other key allowed: the parser stores the archive's own objects,
-not the model's. Text PostgreSQL cannot store is found by one walk over the whole document
-(:func:`service.archive.codec.unstorable_places`), so the string types here only say so in the schema.
+not the model's. Text PostgreSQL cannot store is found by one walk over the whole document (the
+codec's), so the string types here only say so in the schema.
 """
 
 from __future__ import annotations
@@ -76,13 +75,9 @@ def _integral(value: object) -> object:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _absent() -> Any:
-    return None
-
-
 def absent(**kwargs: Any) -> Any:
     """A field that may be left out (None then; ``model_fields_set`` tells) and has no schema default."""
-    return Field(default_factory=_absent, **kwargs)
+    return Field(default_factory=lambda: None, **kwargs)
 
 
 StrictInt = Annotated[int, Strict(), BeforeValidator(_integral)]
@@ -96,7 +91,6 @@ Counter = Annotated[int, Field(ge=0), Strict(), BeforeValidator(_integral)]
 # The bounds go before the validator, so that the schema carries them as minimum and maximum.
 Ordinal = Annotated[int, Field(ge=1, le=MAX_ORDINAL), Strict(), BeforeValidator(_integral)]
 Through = Annotated[int, Field(ge=0, le=MAX_ORDINAL), Strict(), BeforeValidator(_integral)]
-Flag = Annotated[bool, Strict()]
 StorableObject = Annotated[dict[str, Any], WithJsonSchema({"type": "object", **_OPEN})]
 ObjectOrNull = Annotated[
     dict[str, Any] | None, WithJsonSchema({"anyOf": [STORABLE_OBJECT, {"type": "null"}]})
@@ -108,9 +102,8 @@ _RFC3339: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:(\d\d)(\.\d+)?(Z|[+-]\d
 
 
 def _timestamp(value: object) -> datetime:
-    """An RFC 3339 timestamp as an aware UTC datetime; a leap second is, as in PostgreSQL, the next
-    minute's first instant. pydantic's own datetime takes a timestamp without a zone (which would be
-    read as the server's) and refuses a leap second, so the archive reads its own."""
+    """An RFC 3339 timestamp as an aware UTC datetime (docs/archive.md). pydantic's own datetime takes
+    one without a zone (read as the server's) and refuses a leap second, so the archive reads its own."""
     if not isinstance(value, str):
         raise ValueError("must be an RFC 3339 timestamp string")
     text = value.upper()
@@ -142,7 +135,7 @@ class Call(_Open):
     purpose: Text = absent()
     model: Text | None = absent()
     status: Text = absent()
-    reported: Flag = absent()
+    reported: StrictBool = absent()
     input_tokens: Counter = absent()
     output_tokens: Counter = absent()
     reasoning_tokens: Counter = absent()
@@ -192,8 +185,6 @@ def _handoff_schema(schema: dict[str, Any]) -> None:
 
 
 class Handoff(_Open):
-    """A hand-off (SPEC §11.1) without its id and parent_id."""
-
     model_config = ConfigDict(json_schema_extra=_handoff_schema)
     created_at: Timestamp
     format: Literal["anthropic", "openai", "text"]
@@ -204,7 +195,7 @@ class Handoff(_Open):
     summarized_ordinals: list[StrictInt] = absent()
     shortened_ordinals: list[StrictInt] = absent()
     omitted_ordinals: list[StrictInt] = absent()
-    truncated: Flag = absent()
+    truncated: StrictBool = absent()
     message: HandoffMessage | None = absent()
     text: Text
     id: Annotated[Any, PlainValidator(_not_archived)] = absent()
@@ -301,7 +292,6 @@ class Session(BaseModel):
 
 
 def _question_schema(schema: dict[str, Any]) -> None:
-    schema.pop("description", None)
     # The fields are in the order they are validated (status before the answer and pin it decides
     # about); the schema lists the required ones in SPEC's order.
     schema["required"] = ["ordinal", "question", "answer", "created_at"]
@@ -318,8 +308,6 @@ def _question_schema(schema: dict[str, Any]) -> None:
 
 
 class Question(BaseModel):
-    """One finished request (a v1 archive's, upgraded, has succeeded)."""
-
     model_config = ConfigDict(extra="forbid", json_schema_extra=_question_schema)
     ordinal: Ordinal = Field(
         description="identifies the request within its session; kept by restore; unique in an archive"
@@ -337,13 +325,13 @@ class Question(BaseModel):
         description="a reference only: archives carry no snapshot content"
     )
     stop_reason: StopReason | None = absent()
-    truncated: Flag = False
+    truncated: StrictBool = False
     started_at: Timestamp | None = absent(description=TIMESTAMP_NOTE)
     finished_at: Timestamp | None = absent(description=TIMESTAMP_NOTE)
     context_info: StorableObject = Field(
         {}, description="the request's budget report (SPEC §3 context_info); missing → {}"
     )
-    pinned: Flag = Field(
+    pinned: StrictBool = Field(
         False,
         description="pinned for the next hand-off (SPEC §11.1), succeeded requests only; missing → false",
     )
@@ -376,5 +364,7 @@ class ArchiveV3(BaseModel):
     exported_at: Timestamp = absent(
         description="when the archive was written (informational; ignored by restore)"
     )
-    session: Session = absent(description="missing → empty memory")
+    session: Session = Field(
+        default_factory=lambda: Session.model_validate({}), description="missing → empty memory"
+    )
     questions: list[Question] = Field(description="finished requests in ascending ordinal")

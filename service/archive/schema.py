@@ -81,7 +81,7 @@ def _tidy(node: Any, defs: dict[str, Any], refs: str) -> Any:
         # pydantic leaves the bounds of an integer behind a validator (the settings') as ge/le.
         node = {_BOUNDS.get(k, k): v for k, v in node.items()}
     match node.get("anyOf"):
-        case [dict() as only, {"type": "null"}] if len(node["anyOf"]) == 2:
+        case [dict() as only, {"type": "null"}]:
             only = _tidy(only, defs, refs)
             rest = _tidy({k: v for k, v in node.items() if k != "anyOf"}, defs, refs)
             if "enum" in only:
@@ -109,16 +109,9 @@ def _older(schema: dict[str, Any], version: int) -> dict[str, Any]:
 
 
 def archive_json_schema(version: int, *, standalone: bool = True) -> dict[str, Any]:
-    """The JSON Schema of a version ``version`` archive.
-
-    ``standalone`` adds ``$schema``/``$id`` for the published files and carries the NUL-free JSON
-    definitions (:func:`storable_json_defs`) in its own ``$defs``; an OpenAPI document embeds the
-    schema without them and refers to its components instead (the app adds them there). What a
-    schema cannot say (unique ordinals, hand-offs of the archive's own succeeded requests, the
-    question limit) only a restore checks.
-    """
-    if version not in ARCHIVE_VERSIONS:
-        raise ValueError(f"no archive version {version}")
+    """The JSON Schema of a version ``version`` archive: ``standalone`` (the published files) with
+    ``$schema``, ``$id`` and the NUL-free JSON definitions in its own ``$defs``; else as OpenAPI embeds
+    it, referring to its components (the app adds them there)."""
     generated = ArchiveV3.model_json_schema(schema_generator=_Untitled)
     defs = generated.pop("$defs", {})
     schema: dict[str, Any] = _tidy(generated, defs, STANDALONE_REFS if standalone else OPENAPI_REFS)

@@ -1,13 +1,8 @@
-"""The client half of the ``sidequest`` command: ``ask``, ``sessions``, ``archive export|import``,
-``handoff``, over HTTP (docs/quickstart.md).
+"""The client half of the ``sidequest`` command (``ask``, ``sessions``, ``archive export|import``,
+``handoff``) over HTTP; what each prints, and the exit codes, are in docs/quickstart.md.
 
-``ask`` follows the request's event stream: status, progress and usage go to stderr (a live line on a
-terminal), the answer text to stdout as it streams, so ``sidequest ask … > answer.txt`` captures just
-the answer. A dropped stream is resumed with ``Last-Event-ID``, so nothing is shown twice or skipped.
-
-Exit codes (docs/quickstart.md): 0 the request succeeded; 1 it failed or was cancelled (the error
-code and message are printed); 2 the client could not do its job (bad arguments, unreadable file,
-server unreachable, or the server refused the call); 130 interrupted (the request is cancelled).
+``ask`` writes status, progress and usage to stderr and only the answer to stdout, so
+``sidequest ask … > answer.txt`` captures just the answer.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
@@ -44,52 +39,36 @@ MAX_RETRY_WAIT_S = 5.0
 
 
 class ClientError(Exception):
-    """The command cannot continue; ``message`` is printed and the command exits with 2."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    """The command cannot continue; its message is printed and the command exits with 2."""
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """Where the server is and how to authenticate."""
+def _client(args: argparse.Namespace) -> httpx.Client:
+    """A client of the server at ``--url``, with ``--token`` (or their environment variables)."""
+    url = args.url or os.environ.get("SIDEQUEST_URL") or DEFAULT_URL
+    headers = {"User-Agent": "sidequest-cli"}
+    if token := args.token or os.environ.get("SIDEQUEST_TOKEN"):
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.Client(
+        base_url=url.rstrip("/"),
+        headers=headers,
+        timeout=httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S),
+        trust_env=False,  # a local service: never route through a proxy from the environment
+    )
 
-    base_url: str
-    token: str | None
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Endpoint:
-        url = args.url or os.environ.get("SIDEQUEST_URL") or DEFAULT_URL
-        token = args.token or os.environ.get("SIDEQUEST_TOKEN") or None
-        return cls(url.rstrip("/"), token)
-
-    def headers(self, **extra: str) -> dict[str, str]:
-        headers = {"User-Agent": "sidequest-cli", **extra}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        return headers
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.base_url,
-            headers=self.headers(),
-            timeout=httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S),
-            trust_env=False,  # a local service: never route through a proxy from the environment
-        )
-
-    def call(
-        self, client: httpx.Client, method: str, path: str, what: str, ok: tuple[int, ...] = (200,), **kw: Any
-    ) -> Any:
-        """The JSON body of ``method path``; an unreachable server, or a status not in ``ok`` (the
-        server's refusal of ``what``), is a :class:`ClientError`."""
-        try:
-            response = client.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            raise ClientError(f"cannot reach {self.base_url}: {exc}") from None
-        if response.status_code not in ok:
-            raise _refused(response, what)
-        return response.json()
+def _call(
+    client: httpx.Client, method: str, path: str, what: str, ok: tuple[int, ...] = (200,), **kw: Any
+) -> Any:
+    """The JSON body of ``method path``; an unreachable server, or a status not in ``ok`` (the
+    server's refusal of ``what``), is a :class:`ClientError`."""
+    try:
+        response = client.request(method, path, **kw)
+    except httpx.TransportError as exc:
+        # httpx keeps a base URL with a trailing "/" (and normalised); the message names it without.
+        raise ClientError(f"cannot reach {str(client.base_url).rstrip('/')}: {exc}") from None
+    if response.status_code not in ok:
+        raise _refused(response, what)
+    return response.json()
 
 
 def _path_id(value: str) -> str:
@@ -97,24 +76,25 @@ def _path_id(value: str) -> str:
 
 
 def _refused(response: httpx.Response, action: str) -> ClientError:
-    """The server's error body as one clear message."""
+    """The server's error body as one clear message, a list of problems one per line."""
     try:
         body = response.json()
-        error = body.get("error") if isinstance(body, dict) else None
     except ValueError:
-        error = None
-    if isinstance(error, dict):
-        message = f"{action} refused ({response.status_code}) {format_error(error)}"
-        problems = error.get("detail", {}).get("errors") if isinstance(error.get("detail"), dict) else None
-        if isinstance(problems, list) and problems:
-            message = f"{action} refused ({response.status_code}) {error.get('code')}: {error.get('message')}"
-            for problem in problems[:20]:
-                if isinstance(problem, dict):
-                    loc = problem.get("loc")
-                    loc = ".".join(str(p) for p in loc) if isinstance(loc, list) else loc
-                    message += f"\n  {loc}: {problem.get('message') or problem.get('msg')}"
-        return ClientError(message)
-    return ClientError(f"{action} refused: HTTP {response.status_code} {response.text[:200]}")
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return ClientError(f"{action} refused: HTTP {response.status_code} {response.text[:200]}")
+    refused = f"{action} refused ({response.status_code})"
+    problems = error["detail"].get("errors") if isinstance(error.get("detail"), dict) else None
+    if not isinstance(problems, list) or not problems:
+        return ClientError(f"{refused} {format_error(error)}")
+    message = f"{refused} {error.get('code')}: {error.get('message')}"
+    for problem in problems[:20]:
+        if isinstance(problem, dict):
+            loc = problem.get("loc")
+            loc = ".".join(str(p) for p in loc) if isinstance(loc, list) else loc
+            message += f"\n  {loc}: {problem.get('message') or problem.get('msg')}"
+    return ClientError(message)
 
 
 def _read_json_file(name: str, what: str) -> tuple[bytes, Any]:
@@ -129,20 +109,17 @@ def _read_json_file(name: str, what: str) -> tuple[bytes, Any]:
         raise ClientError(f"{what} {name} is not valid JSON: {exc}") from None
 
 
-# ------------------------------------------------------------------------------------ ask
-
-
 def _question_body(args: argparse.Namespace) -> dict[str, Any]:
     body: dict[str, Any] = {"question": args.question}
-    if getattr(args, "snapshot", None):
+    if args.snapshot:
         _raw, snapshot = _read_json_file(args.snapshot, "snapshot")
         if not isinstance(snapshot, dict):
             raise ClientError(f"snapshot {args.snapshot} must be a JSON object")
         body["snapshot"] = snapshot
-    if getattr(args, "snapshot_id", None):
+    if args.snapshot_id:
         body["snapshot_id"] = args.snapshot_id
     for name in ("model", "max_output_tokens"):
-        if getattr(args, name, None) is not None:
+        if getattr(args, name) is not None:
             body[name] = getattr(args, name)
     return body
 
@@ -217,12 +194,11 @@ def _final_outcome(client: httpx.Client, request_id: str, renderer: Renderer) ->
 
 def ask(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``sidequest ask``: post the question, render its stream, return the exit code."""
-    endpoint = Endpoint.from_args(args)
     body = _question_body(args)
     renderer = Renderer(out=out, err=err, live=err.isatty())
-    with endpoint.client() as client:
+    with _client(args) as client:
         path = f"/v1/sessions/{_path_id(args.parent_id)}/questions"
-        record = endpoint.call(client, "POST", path, "the question was", (200, 202), json=body)
+        record = _call(client, "POST", path, "the question was", (200, 202), json=body)
         request_id = str(record["id"])
         renderer.lasting(f"question #{record.get('ordinal')} admitted ({request_id}) in {args.parent_id}")
         try:
@@ -237,15 +213,11 @@ def ask(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK if outcome.status == Status.SUCCEEDED else EXIT_REQUEST_FAILED
 
 
-# ------------------------------------------------------------------------------------ archives
-
-
 def archive_export(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``sidequest archive export``: write the session's archive to a file or stdout."""
-    endpoint = Endpoint.from_args(args)
     path = f"/v1/sessions/{_path_id(args.parent_id)}/archive"
-    with endpoint.client() as client:
-        document = endpoint.call(client, "GET", path, "the export was", params={"version": args.version})
+    with _client(args) as client:
+        document = _call(client, "GET", path, "the export was", params={"version": args.version})
     text = json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     if args.output in (None, "-"):
         out.write(text)
@@ -273,18 +245,11 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     parent_id = args.parent_id or document.get("parent_id")
     if not isinstance(parent_id, str) or not parent_id:
         raise ClientError("the archive names no parent_id; pass --parent-id")
-    endpoint = Endpoint.from_args(args)
+    path = f"/v1/sessions/{_path_id(parent_id)}/archive"
     params = {"mode": "replace"} if args.replace else {}
-    with endpoint.client() as client:
-        result = endpoint.call(
-            client,
-            "POST",
-            f"/v1/sessions/{_path_id(parent_id)}/archive",
-            "the import was",
-            content=raw,
-            params=params,
-            headers={"Content-Type": "application/json"},
-        )
+    headers = {"Content-Type": "application/json"}
+    with _client(args) as client:
+        result = _call(client, "POST", path, "the import was", content=raw, params=params, headers=headers)
     replaced = f", replacing {result['replaced']}" if result.get("replaced") else ""
     out.write(
         f"restored {plural(result.get('restored'), 'request')} into {parent_id} "
@@ -293,23 +258,15 @@ def archive_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-# ------------------------------------------------------------------------------------ hand-off
-
-
 def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """``sidequest handoff``: hand the session's side findings off and print the block to stdout.
-
-    The block is printed as it is (the text; for ``--format anthropic|openai`` the message JSON),
-    so ``sidequest handoff task-7 > block.txt`` captures exactly what to give the main agent. What was
-    carried goes to stderr. Nothing to hand off: nothing on stdout, a note on stderr, exit 0.
-    """
-    endpoint = Endpoint.from_args(args)
+    """``sidequest handoff``: the block on stdout as it is (the text, or the message JSON), what it
+    carried on stderr (docs/handoff.md); nothing to hand off is a note on stderr and exit 0."""
     body: dict[str, Any] = {"format": args.format, "include": "all" if args.all else "new"}
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
     path = f"/v1/sessions/{_path_id(args.parent_id)}/handoffs"
-    with endpoint.client() as client:
-        result = endpoint.call(client, "POST", path, "the hand-off was", (200, 201), json=body)
+    with _client(args) as client:
+        result = _call(client, "POST", path, "the hand-off was", (200, 201), json=body)
     ordinals = result.get("ordinals") or []
     if not ordinals:
         err.write(f"nothing to hand off in {args.parent_id}\n")
@@ -337,34 +294,26 @@ def handoff(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-# ------------------------------------------------------------------------------------ sessions
-
-
 def _session_line(item: dict[str, Any]) -> str:
     """One session as a table row: parent id, requests by status, clear version, last activity."""
-    counts = item.get("counts") if isinstance(item.get("counts"), dict) else {}
-    assert isinstance(counts, dict)
-    by_status = ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "no requests"
+    counts = item.get("counts")
+    by_status = ", ".join(f"{n} {s}" for s, n in counts.items() if n) if isinstance(counts, dict) else ""
     return (
-        f"{item.get('parent_id')}\t{by_status}\tclear {item.get('clear_version')}\t{item.get('updated_at')}"
+        f"{item.get('parent_id')}\t{by_status or 'no requests'}\tclear {item.get('clear_version')}"
+        f"\t{item.get('updated_at')}"
     )
 
 
 def list_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """``sidequest sessions``: the tenant's sessions, most recently active first.
-
-    One tab-separated line per session (``--json``: each session object as a JSON line). Without
-    ``--all`` one page is printed and, when more remain, the ``--before`` cursor of the next page
-    goes to stderr.
-    """
-    endpoint = Endpoint.from_args(args)
+    """``sidequest sessions``: one line per session, most recently active first; without ``--all``
+    one page, and the ``--before`` cursor of the next one on stderr."""
     params: dict[str, Any] = {"limit": args.limit}
     if args.before:
         params["before"] = args.before
     shown = 0
-    with endpoint.client() as client:
+    with _client(args) as client:
         while True:
-            page = endpoint.call(client, "GET", "/v1/sessions", "listing sessions was", params=params)
+            page = _call(client, "GET", "/v1/sessions", "listing sessions was", params=params)
             for item in page.get("items") or []:
                 out.write((json.dumps(item, ensure_ascii=False) if args.json else _session_line(item)) + "\n")
                 shown += 1
@@ -381,31 +330,29 @@ def list_sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-# ------------------------------------------------------------------------------------ entry
+COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
+    "ask": ask,
+    "archive export": archive_export,
+    "archive import": archive_import,
+    "handoff": handoff,
+    "sessions": list_sessions,
+}
 
 
 def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run ``ask``, ``archive`` or ``handoff``; returns the exit code (see the module docstring)."""
+    """Run a client command; returns the exit code (see the module docstring)."""
     out = out or sys.stdout
     err = err or sys.stderr
     # The CLI configures INFO logging for the server commands; a client's output is its rendering,
     # not one log line per HTTP request.
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # service/cli.py calls this for these commands only, and argparse requires an archive's subcommand.
+    name = f"archive {args.archive_command}" if args.command == "archive" else args.command
     try:
-        if args.command == "ask":
-            return ask(args, out, err)
-        if args.command == "archive" and args.archive_command == "export":
-            return archive_export(args, out, err)
-        if args.command == "archive" and args.archive_command == "import":
-            return archive_import(args, out, err)
-        if args.command == "handoff":
-            return handoff(args, out, err)
-        if args.command == "sessions":
-            return list_sessions(args, out, err)
-        raise ClientError(f"unknown command {args.command}")
+        return COMMANDS[name](args, out, err)
     except ClientError as exc:
-        err.write(f"sidequest: {exc.message}\n")
+        err.write(f"sidequest: {exc}\n")
         err.flush()
         return EXIT_CLIENT_ERROR
     except httpx.HTTPError as exc:

@@ -16,26 +16,17 @@ def plural(n: object, noun: str) -> str:
 
 def _tokens(usage: dict[str, Any], *, last_call: bool = True) -> str:
     calls = usage.get("calls") or []
-    parts = [f"in {usage.get('input_tokens', 0)}"]
-    if usage.get("cached_tokens"):
-        parts[-1] += f" (cached {usage['cached_tokens']})"
-    parts.append(f"out {usage.get('output_tokens', 0)}")
+    cached = f" (cached {usage['cached_tokens']})" if usage.get("cached_tokens") else ""
+    parts = [f"in {usage.get('input_tokens', 0)}{cached}", f"out {usage.get('output_tokens', 0)}"]
     if usage.get("reasoning_tokens"):
         parts.append(f"reasoning {usage['reasoning_tokens']}")
     parts.append(plural(len(calls), "call"))
-    if last_call and calls and isinstance(calls[-1], dict):
-        last = calls[-1]
+    if last_call and calls and isinstance(last := calls[-1], dict):
         parts.append(f"last: {last.get('purpose', '?')} {last.get('status', '?')}")
     return " · ".join(parts)
 
 
 _ENVELOPE = frozenset({"request_id", "ordinal", "seq", "at", "stage", "what", "kind"})
-
-
-def _ordinal_range(value: object) -> str:
-    if isinstance(value, list) and len(value) == 2:
-        return f" (#{value[0]}–#{value[1]})" if value[0] != value[1] else f" (#{value[0]})"
-    return ""
 
 
 def describe_progress(data: dict[str, Any]) -> str:
@@ -45,7 +36,10 @@ def describe_progress(data: dict[str, Any]) -> str:
         replayed, folded = data.get("replayed_groups") or 0, data.get("folded_groups") or 0
         if not replayed and not folded:
             return "no earlier Q&A in this session"
-        text = f"replaying {plural(replayed, 'Q&A group')}{_ordinal_range(data.get('replayed_ordinals'))}"
+        text = f"replaying {plural(replayed, 'Q&A group')}"
+        match data.get("replayed_ordinals"):
+            case [first, last]:
+                text += f" (#{first}–#{last})" if first != last else f" (#{first})"
         if folded:
             text += f", folding {folded} into the rolling summary"
         return text
@@ -116,10 +110,8 @@ def describe_fidelity(fidelity: object) -> str | None:
             f" {summarized} summarised {'message' if summarized == 1 else 'messages'}"
         )
     if total:
-        text += f"; artifacts {in_prompt} of {total} in the prompt"
-    else:
-        text += "; no tool-call artifacts in the snapshot"
-    return text
+        return f"{text}; artifacts {in_prompt} of {total} in the prompt"
+    return f"{text}; no tool-call artifacts in the snapshot"
 
 
 @dataclass
@@ -127,7 +119,6 @@ class Outcome:
     """How the stream ended."""
 
     status: str
-    record: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
 
 
@@ -219,8 +210,7 @@ class Renderer:
             record = data.get("record") if isinstance(data.get("record"), dict) else {}
             assert isinstance(record, dict)
             self._finish_answer(record.get("answer"))
-            # What of the snapshot the model saw, beside the answer it gave (before the final line,
-            # which stays the outcome and usage).
+            # What of the snapshot the model saw, before the final line (the outcome and usage).
             info = record.get("context_info")
             fidelity = describe_fidelity(info.get("fidelity")) if isinstance(info, dict) else None
             if fidelity is not None:
@@ -231,10 +221,9 @@ class Renderer:
             if isinstance(record.get("usage"), dict):
                 summary += f" · {_tokens(record['usage'], last_call=False)}"
             self.lasting(summary)
-            return Outcome(Status.SUCCEEDED, record=record)
+            return Outcome(Status.SUCCEEDED)
         elif event == "error":
-            # The terminal status event right before says which (a superseded request is cancelled);
-            # without it, the code.
+            # The status event right before says which (a superseded request is cancelled), else the code.
             if self.terminal in (Status.CANCELLED, Status.FAILED):
                 status = Status(self.terminal)
             else:

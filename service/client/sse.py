@@ -24,17 +24,12 @@ class SseMessage:
     comments: tuple[str, ...] = ()
 
     def json(self) -> Any:
-        """The ``data`` parsed as JSON."""
         return json.loads(self.data)
 
 
 class SseParser:
-    """Parse SSE lines (without line terminators) one at a time, per the HTML living standard.
-
-    The one SSE parser of the project: ``iter_sse`` runs it over a sync stream, the tests over async ones.
-    A blank line dispatches the block being built; a block without ``data`` is not an event (see
-    :class:`SseMessage`); a block cut off by the end of the stream is never dispatched.
-    """
+    """Parse SSE lines (without line terminators) one at a time, per the HTML living standard: a
+    block cut off by the end of the stream is never dispatched."""
 
     def __init__(self) -> None:
         self._last_id: str | None = None
@@ -51,16 +46,10 @@ class SseParser:
         """Take one line; return the block it completes (a blank line), else ``None``."""
         if line == "":
             message = None
-            if self._data:
-                message = SseMessage(
-                    self._event or "message",
-                    "\n".join(self._data),
-                    self._last_id,
-                    self._retry,
-                    tuple(self._comments),
-                )
-            elif self._seen_field or self._comments:
-                message = SseMessage(None, "", self._last_id, self._retry, tuple(self._comments))
+            if self._data or self._seen_field or self._comments:
+                event = (self._event or "message") if self._data else None
+                data = "\n".join(self._data)
+                message = SseMessage(event, data, self._last_id, self._retry, tuple(self._comments))
             self._reset()
             return message
         if line.startswith(":"):
@@ -74,12 +63,10 @@ class SseParser:
             self._event = value
         elif name == "data":
             self._data.append(value)
-        elif name == "id":
-            if "\x00" not in value:
-                self._last_id = value
-        elif name == "retry":
-            if value.isdigit():
-                self._retry = int(value)
+        elif name == "id" and "\x00" not in value:
+            self._last_id = value
+        elif name == "retry" and value.isdigit():
+            self._retry = int(value)
         return None
 
 
@@ -87,6 +74,5 @@ def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
     """Parse SSE lines (without line terminators) into messages (see :class:`SseParser`)."""
     parser = SseParser()
     for line in lines:
-        message = parser.feed(line)
-        if message is not None:
+        if (message := parser.feed(line)) is not None:
             yield message
