@@ -68,7 +68,13 @@ def _call(
         raise ClientError(f"cannot reach {str(client.base_url).rstrip('/')}: {exc}") from None
     if response.status_code not in ok:
         raise _refused(response, what)
-    return response.json()
+    try:
+        return response.json()
+    except ValueError:  # --url names some other web server
+        raise ClientError(
+            f"{str(client.base_url).rstrip('/')} answered HTTP {response.status_code} without a JSON body;"
+            " is it a Sidequest server?"
+        ) from None
 
 
 def _path_id(value: str) -> str:
@@ -180,10 +186,7 @@ def follow(
 
 def _final_outcome(client: httpx.Client, request_id: str, renderer: Renderer) -> Outcome:
     """After a 204 (nothing after our cursor), the record tells how the request ended."""
-    response = client.get(f"/v1/questions/{_path_id(request_id)}")
-    if response.status_code != 200:
-        raise _refused(response, "reading the request")
-    record = response.json()
+    record = _call(client, "GET", f"/v1/questions/{_path_id(request_id)}", "reading the request")
     if record.get("status") == Status.SUCCEEDED:
         outcome = renderer.handle("done", {"record": record})
     else:

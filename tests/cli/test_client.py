@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +13,7 @@ import httpx
 import pytest
 
 from service import client as cli_client
+from service.cli import build_parser
 from service.client import follow
 from service.client.render import Renderer, describe_fidelity, describe_progress, format_error
 from service.client.sse import SseMessage, iter_sse
@@ -320,3 +323,29 @@ def test_the_fidelity_line_comes_after_the_answer_and_before_the_outcome() -> No
         render, _out, err = renderer()
         render.handle("done", {"record": {"answer": "x", "context_info": info}})
         assert "context:" not in err.getvalue() and err.getvalue().count("\n") == 1
+
+
+def test_a_server_that_is_not_sidequest_is_one_clear_line_not_a_traceback() -> None:
+    class NotSidequest(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>a web page</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotSidequest) as web:
+        threading.Thread(target=web.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{web.server_address[1]}"
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            code = cli_client.main(build_parser().parse_args(["sessions", "--url", url]), out=out, err=err)
+        finally:
+            web.shutdown()
+    assert code == 2
+    expected = f"sidequest: {url} answered HTTP 200 without a JSON body; is it a Sidequest server?\n"
+    assert err.getvalue() == expected
