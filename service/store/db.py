@@ -96,7 +96,8 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
         if isinstance(current, asyncpg.InterfaceError) and any(
             # A connection its server ended: "released" once asyncpg has read the goodbye (the pool
             # then detaches it from its proxy).
-            words in str(current) for words in ("connection is closed", "released back to the pool")
+            words in str(current)
+            for words in ("connection is closed", "released back to the pool")
         ):
             return True
         if isinstance(current, asyncpg.InternalClientError) and "another operation" in str(current):
@@ -179,7 +180,7 @@ class QuietOutages(logging.Filter):
 
 
 def quiet_driver_outages() -> None:
-    """Install :class:`QuietOutages` on asyncpg's pool logger (once)."""
+    """Install :class:`QuietOutages` on asyncpg's pool logger, once."""
     pool_log = logging.getLogger("asyncpg.pool")
     if not any(isinstance(f, QuietOutages) for f in pool_log.filters):
         pool_log.addFilter(QuietOutages())
@@ -261,13 +262,10 @@ async def open_connection(
     command_timeout: float | None = COMMAND_TIMEOUT_S,
     **kwargs: Any,
 ) -> asyncpg.Connection:
-    """A :class:`ServerConnection` to ``dsn``; with several hosts, to the one that is the primary now.
-
-    Every host is tried at once, each on its own :data:`CONNECT_TIMEOUT_S`, and asked whether it
-    takes writes; the first that does wins. (asyncpg's own multi-host connect tries them in turn and
-    gives up at the first server error: a PgBouncer before a dead node answers only with an error.)
-    ``unnamed_statements``: nothing prepared under a name, as a pooler in transaction mode needs.
-    ``kwargs``: what asyncpg's pool passes (``loop``, ``connection_class``, ``record_class``)."""
+    """A :class:`ServerConnection` to ``dsn``; with several hosts, to the first of them, all tried at
+    once, that says it takes writes (asyncpg's own multi-host connect gives up at the first server
+    error, and a PgBouncer before a dead node answers only with one). ``unnamed_statements``: for a
+    pooler in transaction mode. ``kwargs``: what asyncpg's pool passes."""
     kwargs.pop("loop", None)
     kwargs["connection_class"] = ServerConnection
     options: dict[str, Any] = {"timeout": CONNECT_TIMEOUT_S, "command_timeout": command_timeout, **kwargs}
@@ -304,17 +302,10 @@ async def open_connection(
 
 @dataclass
 class Database:
-    """An engine plus its session factory; built once per process by the entry point.
-
-    Beside SQLAlchemy's pool it keeps a small plain asyncpg pool for the hot paths (admission, the
-    worker's claim, events and answer end: :mod:`service.store.execute`): SQLAlchemy's
-    ``pool_pre_ping`` and transaction cost five round trips around a statement that needs none.
-    Admissions reach it through :attr:`admissions` (group commit, :mod:`.admission_batch`).
-
-    Failover (SPEC 9.1): after a :func:`connection_lost` every pooled connection of both pools is
-    replaced (:meth:`node_gone`): an idle one to the old primary's PgBouncer would reach that node
-    again once it is back as a standby — its reads stale, its writes refused.
-    """
+    """An engine plus its session factory, and a small plain asyncpg pool for the hot paths
+    (:mod:`service.store.execute`; admissions through :attr:`admissions`, :mod:`.admission_batch`);
+    built once per process by the entry point. Failover: docs/architecture.md, "Past one database
+    machine"."""
 
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
@@ -330,7 +321,7 @@ class Database:
         quiet_driver_outages()
 
     async def raw_pool(self) -> asyncpg.Pool:
-        """The plain asyncpg pool (created on first use); jsonb decodes to Python objects."""
+        """The plain asyncpg pool, created on first use."""
         if self._raw is None:
             async with self._raw_lock:
                 if self._raw is None:
@@ -350,7 +341,15 @@ class Database:
         return await open_connection(dsn, unnamed_statements=self.pooler == "transaction", **kwargs)
 
     async def _init_raw(self, conn: asyncpg.Connection) -> None:
-        await _init_jsonb(conn)
+        # Binary (version byte 1, then the JSON text): a composite value (a whole row) holding jsonb is
+        # only decoded when every field has a binary codec. A parameter is JSON text, as SQLAlchemy's.
+        await conn.set_type_codec(
+            "jsonb",
+            encoder=lambda value: b"\x01" + value.encode("utf-8"),
+            decoder=lambda data: json.loads(data[1:]),
+            schema="pg_catalog",
+            format="binary",
+        )
 
         def drop_if_lost(record: Any) -> None:
             # Not terminated here, inside asyncpg's own step (that frees its pool slot twice): the
@@ -396,18 +395,6 @@ class Database:
             raw, self._raw = self._raw, None
             await raw.close()
         await self.engine.dispose()
-
-
-async def _init_jsonb(conn: asyncpg.Connection) -> None:
-    # Binary (version byte 1, then the JSON text): a composite value (a whole row) holding jsonb is
-    # only decoded when every field has a binary codec. A parameter is JSON text, as SQLAlchemy's.
-    await conn.set_type_codec(
-        "jsonb",
-        encoder=lambda value: b"\x01" + value.encode("utf-8"),
-        decoder=lambda data: json.loads(data[1:]),
-        schema="pg_catalog",
-        format="binary",
-    )
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

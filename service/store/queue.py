@@ -1,6 +1,5 @@
-"""The queue: claim, lease + heartbeat, the way back to the queue, the recovery sweep — with
-:mod:`.lease` (the guard of every worker write) and :mod:`.terminal` (the one terminal transition),
-the worker's front door: it never writes SQL itself. The claim itself is ``sidequest_claim``
+"""The queue: claim, lease + heartbeat, the way back to the queue, the recovery sweep (with
+:mod:`.lease` and :mod:`.terminal`, the worker's front door). The claim is ``sidequest_claim``
 (sql/queue.sql), which keeps these invariants:
 
 - **Global cap** (SPEC §9): every claim counts ``running`` rows under one advisory lock, so claims
@@ -75,8 +74,8 @@ async def claim_next(tx: Executor, *, owner: str, lease_s: float, max_running: i
 async def try_claim(
     tx: Executor, *, owner: str, lease_s: float, max_running: int
 ) -> tuple[Claimed | None, bool]:
-    """Claim the next request per SPEC §9 (``sidequest_claim``, inside the caller's transaction);
-    also says whether the cluster is at its cap (then None)."""
+    """Claim the next request per SPEC §9 (``sidequest_claim``); also says whether the cluster is at
+    its cap (then None)."""
     row = await fetch_one(
         tx,
         queries.claim_request,
@@ -127,13 +126,9 @@ async def heartbeat(
     lease_s: float,
     jobs: Mapping[uuid.UUID, str] | None = None,
 ) -> Held:
-    """Extend the leases of the requests and background jobs a worker holds, inside the caller's
-    transaction. ``requests`` and ``jobs`` map each id to the lease owner of its run's claim (never
-    an earlier claim's). An id missing from the result (cancelled, cleared, finished, taken over, or
-    a request with ``cancel_requested``) must stop."""
-    jobs = jobs or {}
-    if not requests and not jobs:
-        return Held(set(), set())
+    """Extend the leases of the requests and background jobs a worker holds, each id mapped to the
+    lease owner of its run's claim. An id missing from the result (cancelled, cleared, finished,
+    taken over, or a request with ``cancel_requested``) must stop."""
     held_requests: set[uuid.UUID] = set()
     held_jobs: set[uuid.UUID] = set()
     if requests:
@@ -154,10 +149,9 @@ async def heartbeat(
 async def requeue_request(
     tx: Executor, request_id: uuid.UUID, *, reason: RequeueReason, owner: str | None = None
 ) -> bool:
-    """THE way back to ``queued`` of a running request, inside the caller's transaction: a worker's
-    graceful stop (``worker_stopped``, guarded by its ``owner``; the attempt does not count) or the
-    sweep (``worker_lost``). Writes the ``progress`` event (clients discard the text so far) and the
-    ``status`` event, NOTIFYs a free slot. False, writing nothing, when it is not ``owner``'s running."""
+    """THE way back to ``queued`` of a running request: a worker's graceful stop (``worker_stopped``,
+    guarded by its ``owner``; the attempt does not count) or the sweep (``worker_lost``). Its
+    ``progress`` event tells clients to discard the text so far. False when nothing was written."""
     if owner is not None and not await lock_if_held(tx, request_id, owner):
         return False
     row = await fetch_one(
@@ -183,9 +177,8 @@ class SweepResult:
 
 
 async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -> SweepResult:
-    """Recover requests and background jobs whose lease expired (their worker died), inside the
-    caller's transaction: each is re-run once (:func:`requeue_request`, :func:`jobs.requeue_job`),
-    else failed with ``worker_lost`` (what it recorded is kept); an expired registration just ends."""
+    """Recover requests and background jobs whose lease expired (their worker died): each is re-run
+    once, else failed with ``worker_lost`` (what it recorded is kept); a registration just ends."""
     requeued: list[uuid.UUID] = []
     failed: list[uuid.UUID] = []
     for row in (await tx.execute(queries.expired_requests)).all():

@@ -56,12 +56,8 @@ class InvalidSnapshot(SidequestError):
 
 
 def prepare_or_refuse(content: dict[str, Any], encoded: EncodedSnapshot | None = None) -> PreparedSnapshot:
-    """Prepare a snapshot once (normalise, estimate, group, hash: :mod:`service.budget.prepared`).
-
-    Raises :class:`InvalidSnapshot` when the snapshot does not normalise (e.g. a tool that is not an
-    object) or is one no provider would take (:func:`snapshot_shape_problem`): refusing it at
-    admission is better than failing the request later in the worker.
-    """
+    """Prepare a snapshot once (:mod:`service.budget.prepared`), refusing (:class:`InvalidSnapshot`)
+    one that does not normalise or no provider would take: better at admission than in the worker."""
     problem = snapshot_shape_problem(content)
     if problem is not None:
         raise InvalidSnapshot(f"snapshot is not a valid main-session context: {problem}")
@@ -89,14 +85,9 @@ async def find_session(tx: AsyncSession, tenant: str, parent_id: str) -> Session
 
 
 async def lock_or_create_session(tx: AsyncSession, tenant: str, parent_id: str) -> SessionRow:
-    """Get-or-create the session and lock its row (``FOR NO KEY UPDATE``) for the caller's transaction.
-
-    The lock serialises ordinal assignment, the queued-count check and idempotency lookups of one
-    session; callers keep that transaction short. Not ``FOR UPDATE``: a worker appending an event
-    holds the session's event advisory lock and then inserts a row whose foreign key takes ``KEY
-    SHARE`` on this row; ``FOR UPDATE`` would block that insert while this transaction waits for
-    the same advisory lock, a deadlock PostgreSQL breaks by failing one side.
-    """
+    """Get-or-create the session and lock its row for the caller's (short) transaction: it serialises
+    the session's admissions, clears and restores. ``FOR NO KEY UPDATE``, never ``FOR UPDATE``, which
+    deadlocks with a worker's event insert (docs/architecture.md, "Admission")."""
     await execute(tx, queries.create_session, {"tenant": tenant, "parent_id": parent_id})
     session_row = await lock_session(tx, tenant, parent_id)
     assert session_row is not None  # inserted or already there, and sessions are never deleted here
@@ -104,8 +95,7 @@ async def lock_or_create_session(tx: AsyncSession, tenant: str, parent_id: str) 
 
 
 async def lock_session(tx: AsyncSession, tenant: str, parent_id: str) -> SessionRow | None:
-    """Lock an existing session row (``FOR NO KEY UPDATE``, see :func:`lock_or_create_session`); None
-    when the tenant has no such session."""
+    """:func:`lock_or_create_session` of an existing session; None when the tenant has none."""
     found = await fetch_models(
         tx, SessionRow, queries.lock_session, {"tenant": tenant, "parent_id": parent_id}
     )
@@ -197,9 +187,8 @@ async def session_overview(tx: AsyncSession, tenant: str, parent_id: str) -> dic
 
 
 async def session_overviews(tx: AsyncSession, session_rows: list[SessionRow]) -> list[dict[str, Any]]:
-    """SPEC's session object for each of ``session_rows``, in their order: the one builder of it
-    (``GET /v1/sessions/{parent_id}`` and the list), with one query per kind of data, never one per
-    session."""
+    """SPEC's session object for each of ``session_rows``, in their order (the one builder of it),
+    with one query per kind of data, never one per session."""
     ids = [session_row.id for session_row in session_rows]
     counts = await status_counts_of(tx, ids)
     background = await background_overviews(tx, ids)
@@ -242,13 +231,10 @@ async def history_page(
 
 @dataclass(frozen=True)
 class SnapshotJobPolicy:
-    """When storing a snapshot queues a background context summary (SPEC §6.6, second trigger).
-
-    ``enabled`` is ``SIDEQUEST_BACKGROUND_SUMMARIES=on``; the window and cap are the service's
-    defaults, used after the session's settings and the snapshot's own numbers (SPEC §5 order).
-    ``expecting``, when set, is told of a snapshot whose job will be queued, before it is written
-    (``sidequest serve``: this process's worker renders the summary's material meanwhile).
-    """
+    """When storing a snapshot queues a background context summary (SPEC §6.6, second trigger). The
+    window and cap are the service's defaults, after the session's and the snapshot's (SPEC §5).
+    ``expecting`` is told of a snapshot whose job will be queued before it is written (``sidequest
+    serve``: this process's worker renders the summary's material meanwhile)."""
 
     enabled: bool
     context_window: int | None
@@ -302,7 +288,7 @@ def expected_numbers(
 
 @dataclass(frozen=True)
 class StoredSnapshot:
-    """What a snapshot write or read reports back (never the content itself)."""
+    """What a snapshot write or read reports back (never the content itself); its API view."""
 
     snapshot_id: str
     content_hash: str
@@ -312,7 +298,6 @@ class StoredSnapshot:
     created: bool
 
     def public(self) -> dict[str, Any]:
-        """The API view of the snapshot."""
         return asdict(self)
 
 
@@ -340,13 +325,10 @@ async def store_snapshot(
     encoded: EncodedSnapshot | None = None,
     prepared: PreparedSnapshot | None = None,
 ) -> StoredSnapshot:
-    """Store ``content`` under ``snapshot_id`` (or its content hash) in the caller's transaction.
-
-    Idempotent for identical content; raises :class:`SnapshotConflict` when the id already holds
-    other content and :class:`InvalidSnapshot` when the snapshot cannot be read. Given the
-    ``session_row`` and a ``jobs`` policy, a new snapshot may queue its background context summary
-    (SPEC §6.6). ``encoded`` / ``prepared``: the caller's own encoding and preparation of it (the
-    API needs them first), so a 600 KB snapshot is serialised once, not five times.
+    """Store ``content`` under ``snapshot_id`` (or its content hash); idempotent for identical
+    content, else :class:`SnapshotConflict`. Given the ``session_row`` and a ``jobs`` policy, a new
+    snapshot may queue its background context summary (SPEC §6.6). ``encoded`` / ``prepared``: the
+    caller's own (the API needs them first), so a 600 KB snapshot is serialised once, not five times.
     """
     if encoded is None:
         encoded = encode_or_refuse(content)
