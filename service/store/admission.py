@@ -1,9 +1,6 @@
-"""Admission, cancel and clear: the API's writes, each one short transaction.
-
-Admission is one statement (``sidequest_admit()``, service/store/sql/admission.sql) on a plain
-asyncpg connection: the hot path of the API. None of these waits for a worker: cancel and clear
-write the terminal state themselves (guarded by the status it leaves, like the worker's own, so
-exactly one terminal write lands) and tell a running worker through ``NOTIFY sidequest_cancel``.
+"""Admission, cancel and clear: the API's writes, each one short transaction, none waiting for a
+worker (docs/architecture.md, "Data flow of one side question"): cancel and clear write the terminal
+state themselves and tell a running worker through ``NOTIFY sidequest_cancel``.
 """
 
 from __future__ import annotations

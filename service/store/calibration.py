@@ -1,9 +1,6 @@
-"""Calibration counters per (provider, model) in ``sidequest_calibration`` (SPEC §5.1).
-
-Three counters — samples, Σ estimate, Σ provider prompt tokens — shared by every process and every
-tenant (they describe a tokenizer, not a customer). A sample is added with ONE atomic upsert, so two
-workers recording at once never lose an increment and no read-modify-write race exists. The ratio
-itself is computed by the pure :class:`service.budget.Calibration` from the counters.
+"""Calibration counters per (provider, model) (SPEC §5.1), shared by every process and tenant (they
+describe a tokenizer, not a customer). A sample is ONE atomic upsert, so no increment is lost; the
+ratio is the pure :class:`service.budget.Calibration`'s.
 """
 
 from __future__ import annotations

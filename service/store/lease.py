@@ -1,10 +1,6 @@
-"""The lease guard: every write a worker makes to a request it runs is conditional on still holding it
-(both guards are SQL functions, sql/lease.sql), so a request cancelled, cleared or swept is never
-written by a worker that lost it, and no event follows a terminal one.
-
-The lease owner names one *claim*, not just the worker process (:func:`claim_owner`): a request whose
-lease expired while its run went on, and that the same process then claimed again, has two runs for a
-moment, and only the newer one's writes may land.
+"""The lease guard (sql/lease.sql): every write a worker makes to a request it runs is conditional on
+still holding it, so a request cancelled, cleared or swept is never written by a worker that lost it.
+The lease owner names one *claim*, not just the process (docs/pipeline.md says why).
 """
 
 from __future__ import annotations

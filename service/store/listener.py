@@ -1,15 +1,8 @@
-"""One LISTEN connection per process, fanned out in memory to any number of subscribers (the
-channels and their payloads are the vocabulary's).
-
-A notification is only a wake-up call: readers always read the rows themselves, so a lost one costs
-latency, never data; a callback must not block.
-
-Failover (SPEC 9.1): a standby refuses LISTEN, so the connection goes to the primary
-(``SIDEQUEST_LISTEN_DATABASE_URL``: never a pooler in transaction mode, which would hand the
-listening backend to other clients), finds the new one by itself (:func:`~.db.open_connection`), and
-its probe notices a node that became a standby under it. After every (re)connect each subscriber is
-called with an empty payload — "anything may have been missed": every waiter re-reads — and
-``on_connect`` runs (a failover may have happened meanwhile).
+"""One LISTEN connection per process, fanned out in memory to any number of subscribers; a callback
+must not block. A notification is only a wake-up call (docs/architecture.md, "Past one database
+machine"): after every (re)connect each subscriber is called with an empty payload — anything may
+have been missed — and ``on_connect`` runs. The connection goes to the primary, found by
+:func:`~.db.open_connection`; its probe notices a node that became a standby under it.
 """
 
 from __future__ import annotations

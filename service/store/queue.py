@@ -2,17 +2,13 @@
 :mod:`.lease` and :mod:`.terminal`, the worker's front door). The claim is ``sidequest_claim``
 (sql/queue.sql), which keeps these invariants:
 
-- **Global cap** (SPEC §9): every claim counts ``running`` rows under one advisory lock, so claims
-  are serialised and each sees every earlier one.
+- **Global cap** (SPEC §9): every claim counts ``running`` rows under one advisory lock.
 - **One running per session, in ordinal order**, and **round robin**: the session whose
   ``last_started_at`` is oldest goes first.
 - **Never waiting on the API**: the pick locks the request and its session row with ``SKIP
-  LOCKED`` (``FOR NO KEY UPDATE``, as every session-row lock: ``sessions.lock_or_create_session``
-  says why); a session an admission or a clear holds is skipped, and their commit NOTIFYs the queue.
-- **Lease**: every later write of the worker is guarded by ``status = 'running' AND lease_owner =
-  <me>``, so a request cancelled, cleared or swept is never written by a worker that lost it.
-- **Recovery**: an expired lease is re-run once (``attempt`` 2), else failed with ``worker_lost``;
-  background jobs share the heartbeat and the sweep.
+  LOCKED``; a session an admission or a clear holds is skipped, and their commit NOTIFYs the queue.
+- **Lease** (:mod:`.lease`) and **recovery**: an expired lease is re-run once (``attempt`` 2), else
+  failed with ``worker_lost``; background jobs share the heartbeat and the sweep.
 - **Slot NOTIFYs** say why: ``freed:<session id>`` when a slot frees, the bare id on an admission.
 """
 
