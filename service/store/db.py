@@ -273,8 +273,7 @@ async def open_connection(
         options["statement_cache_size"] = 0
     dsns = _single_host_dsns(dsn)
     if len(dsns) == 1:
-        conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
-        return conn
+        return await asyncpg.connect(dsn, **options)
     attempts = [asyncio.ensure_future(_writable_connection(_without_session_attrs(d), options)) for d in dsns]
     chosen: asyncpg.Connection | None = None
     errors: list[BaseException] = []
@@ -334,8 +333,7 @@ class Database:
                         init=self._init_raw,
                         reset=_keep_session,
                     )
-        pool: asyncpg.Pool = self._raw
-        return pool
+        return self._raw
 
     async def _open_raw(self, dsn: str, **kwargs: Any) -> asyncpg.Connection:
         return await open_connection(dsn, unnamed_statements=self.pooler == "transaction", **kwargs)

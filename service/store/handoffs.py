@@ -238,13 +238,15 @@ async def list_handoffs(
     """A page of the session's hand-offs, newest first; None when the session does not exist.
     ``before`` is the previous page's ``next_before`` (its last hand-off's id); an id that is not one
     of this session's hand-offs (one a clear deleted) gives an empty page."""
-    try:
-        cursor_id = None if before is None else uuid.UUID(before)
-    except ValueError:
-        # Not an id at all, so not a next_before this service issued: 400, like the session list's.
-        raise InvalidCursor(
-            "before must be the next_before of an earlier page (a hand-off id)", {"before": before[:100]}
-        ) from None
+    cursor_id = None
+    if before is not None:
+        try:
+            cursor_id = uuid.UUID(before)
+        except ValueError:
+            # Not an id at all, so not a next_before this service issued: 400, like the session list's.
+            raise InvalidCursor(
+                "before must be the next_before of an earlier page (a hand-off id)", {"before": before[:100]}
+            ) from None
     session_row = await find_session(tx, tenant, parent_id)
     if session_row is None:
         return None
