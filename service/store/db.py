@@ -73,10 +73,7 @@ def driver_chain(exc: BaseException) -> Iterator[BaseException]:
 
 def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool:
     """Whether ``exc`` (or what it wraps, :func:`driver_chain`) means the database is unreachable
-    rather than a bug: refused / reset connections and DNS failures, timeouts, asyncpg's connection
-    errors, PostgreSQL's shutdown states, a connection SQLAlchemy invalidated as a disconnect.
-
-    asyncpg's connect and command timeouts are bare ``TimeoutError``s; ``include_timeouts=False``
+    rather than a bug. asyncpg's timeouts are bare ``TimeoutError``s; ``include_timeouts=False``
     leaves those out, for callers (the pipeline) with deadlines of their own."""
     for current in driver_chain(exc):
         if isinstance(current, TimeoutError):  # before OSError: TimeoutError is one
@@ -88,10 +85,7 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
             DatabaseUnavailable | OSError | sa_exc.TimeoutError | asyncpg.PostgresConnectionError,
         ):
             return True
-        if (
-            isinstance(current, asyncpg.PostgresError)
-            and getattr(current, "sqlstate", None) in _SHUTDOWN_STATES
-        ):
+        if isinstance(current, asyncpg.PostgresError) and current.sqlstate in _SHUTDOWN_STATES:
             return True
         if isinstance(current, asyncpg.InterfaceError) and any(
             # A connection its server ended: "released" once asyncpg has read the goodbye (the pool
@@ -111,12 +105,9 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
 
 def connection_lost(exc: BaseException) -> bool:
     """Whether the connection that raised ``exc`` must never run another statement: the database is
-    unavailable (:func:`is_unavailable`) for any reason but a busy server — a node gone in a
-    failover, a dropped socket, a statement abandoned at its timeout."""
-    if not is_unavailable(exc):
-        return False
-    return not any(
-        isinstance(current, asyncpg.PostgresError) and getattr(current, "sqlstate", None) in _BUSY_STATES
+    unavailable for any reason but a busy server."""
+    return is_unavailable(exc) and not any(
+        isinstance(current, asyncpg.PostgresError) and current.sqlstate in _BUSY_STATES
         for current in driver_chain(exc)
     )
 
@@ -125,7 +116,7 @@ def unusable_reason(exc: BaseException) -> str | None:
     """Why the database cannot be used at all, in the driver's words: unreachable, our credentials
     refused (SQLSTATE class 28) or no such database (3D000); None for anything else (a bug)."""
     for current in driver_chain(exc):
-        state = getattr(current, "sqlstate", None) if isinstance(current, asyncpg.PostgresError) else None
+        state = current.sqlstate if isinstance(current, asyncpg.PostgresError) else None
         if state is not None and (state.startswith("28") or state == "3D000"):
             return str(current)
     if not is_unavailable(exc):
@@ -370,11 +361,9 @@ class Database:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """A plain asyncpg connection from the raw pool (waits at most :data:`POOL_TIMEOUT_S`).
-
-        One whose work ended in an unavailable-kind error, a driver interface error or a
-        cancellation is terminated, never put back: it may be mid-protocol, and the next statement
-        on it would fail with "another operation is in progress" (a ROLLBACK on release, too)."""
+        """A plain asyncpg connection from the raw pool. One whose work ended in an unavailable-kind
+        error, a driver interface error or a cancellation is terminated, never put back: it may be
+        mid-protocol, and the next statement on it (a ROLLBACK on release, too) would fail."""
         pool = await self.raw_pool()
         async with pool.acquire(timeout=POOL_TIMEOUT_S) as conn:
             try:
@@ -440,9 +429,8 @@ def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngin
 
 
 def connect(url: str, *, pool_size: int = 10, pooler: Pooler = "none") -> Database:
-    """Create the engine for ``url`` (``postgresql+asyncpg://…``, one host or several). The pool
-    reconnects by itself after an outage (``pool_pre_ping``; a connection that dies mid-statement is
-    invalidated). ``pooler="transaction"``: nothing is prepared under a name (SPEC 9.1)."""
+    """The :class:`Database` for ``url`` (``postgresql+asyncpg://…``, one host or several); its pool
+    reconnects by itself after an outage. ``pooler="transaction"``: nothing prepared under a name."""
     engine = _engine(
         url,
         unnamed_statements=pooler == "transaction",
@@ -469,6 +457,5 @@ def connect(url: str, *, pool_size: int = 10, pooler: Pooler = "none") -> Databa
 
 def migration_engine(url: str) -> AsyncEngine:
     """The engine a migration run uses (migrations/env.py): one connection, made as the pools make
-    theirs (several hosts, the primary found), its statements unnamed so that it runs through a
-    pooler in transaction mode too (a migration is a handful of statements)."""
+    theirs, its statements unnamed so that it runs through a pooler in transaction mode too."""
     return _engine(url, unnamed_statements=True, poolclass=pool.NullPool)

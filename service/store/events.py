@@ -69,9 +69,8 @@ def _events(rows: list[Row]) -> list[Event]:
 async def request_events_after(
     x: Executor, request_id: uuid.UUID, after_seq: int, limit: int = 500
 ) -> list[Event]:
-    """Events of one request with ``seq > after_seq``, in order. A stream's shared reader runs it on a
-    plain connection, once per event, while this process writes that event to every subscriber:
-    each round trip saved (``pool_pre_ping``'s checkout, the ORM's transaction) would wait behind them."""
+    """Events of one request with ``seq > after_seq``, in order (a stream's shared reader runs it on a
+    plain connection, once per event: each round trip saved counts)."""
     params = {"request_id": request_id, "after_seq": after_seq, "limit": limit}
     return _events(await fetch_all(x, queries.request_events_after, params))
 

@@ -15,7 +15,6 @@ from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_
 from service.store import queries
 from service.store.db import Database
 from service.store.execute import Executor, execute, fetch_all, fetch_one, fetch_value, json_text
-from service.vocabulary import Status
 
 
 @dataclass(frozen=True)
@@ -64,13 +63,7 @@ async def latest_context_time(
     value = await fetch_value(
         x,
         queries.latest_context_time,
-        {
-            "sid": session_id,
-            "succeeded": str(Status.SUCCEEDED),
-            "cv": clear_version,
-            "after": after_ordinal,
-            "through": through_ordinal,
-        },
+        {"sid": session_id, "cv": clear_version, "after": after_ordinal, "through": through_ordinal},
     )
     return None if value is None else str(value)
 
@@ -95,7 +88,6 @@ async def iter_history(
                 queries.history_page,
                 {
                     "sid": session_id,
-                    "succeeded": str(Status.SUCCEEDED),
                     "cv": clear_version,
                     "after": after,
                     "before": before_ordinal,

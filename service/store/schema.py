@@ -55,9 +55,8 @@ READINESS_TIMEOUT_S: Final = 3.0
 
 async def readiness(db: Database) -> tuple[str | None, bool]:
     """``(revision, accepts writes)`` on one connection: the schema's revision (None when never
-    migrated) and whether a transaction opened now could write — false on a standby (or a primary
-    demoted in a failover) and while ``default_transaction_read_only`` is on. ``TimeoutError``
-    after :data:`READINESS_TIMEOUT_S`."""
+    migrated) and whether a transaction opened now could write (false on a standby, or while
+    ``default_transaction_read_only`` is on)."""
     async with asyncio.timeout(READINESS_TIMEOUT_S):
         return await _readiness(db)
 

@@ -171,9 +171,8 @@ def memory_overview(memory: dict[str, Any] | None) -> dict[str, Any]:
 
 
 async def read_one_snapshot(tx: AsyncSession) -> None:
-    """Make the reads of ``tx``'s next transaction see one snapshot of the database: under READ
-    COMMITTED an admission committing between a session row's read and its counts' showed counts
-    beyond ``next_ordinal``. A no-op when the transaction has begun already."""
+    """Make ``tx``'s next transaction read one snapshot (under READ COMMITTED an admission committing
+    between a session row's read and its counts' showed counts beyond ``next_ordinal``)."""
     if not tx.in_transaction():
         await tx.connection(execution_options={"isolation_level": "REPEATABLE READ"})
 
@@ -213,8 +212,7 @@ async def history_page(
     tx: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: int | None
 ) -> dict[str, Any] | None:
     """The newest ``limit`` visible requests with ordinal < ``before``, in ascending ordinal; None
-    when the session does not exist. ``next_before`` is the page's smallest ordinal when older
-    requests remain (``before`` of the previous page), else None."""
+    when the session does not exist."""
     session_row = await find_session(tx, tenant, parent_id)
     if session_row is None:
         return None
@@ -302,12 +300,10 @@ class StoredSnapshot:
 
 
 def posted_json(content: dict[str, Any], encoded: EncodedSnapshot) -> str:
-    """``content`` as compact JSON text in its posted key order, for the ``json`` column.
-
-    orjson writes 600 KB in ~1 ms where ``json.dumps`` takes ~8 ms (on the inline admission's path):
-    the same JSON value, not always the same bytes (``1e16`` for ``1e+16``). An encoded snapshot holds
-    no non-finite number (orjson would write null); an integer beyond 64 bits goes the json way.
-    """
+    """``content`` as compact JSON text in its posted key order, for the ``json`` column: orjson
+    writes 600 KB in ~1 ms where ``json.dumps`` takes ~8 ms (on the inline admission's path). The same
+    JSON value, not always the same bytes (``1e16`` for ``1e+16``); an encoded snapshot holds no
+    non-finite number (orjson would write null)."""
     try:
         return orjson.dumps(content).decode("utf-8")
     except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits, say
