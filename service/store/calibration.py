@@ -46,9 +46,8 @@ class Sample:
 async def add_sample(
     tx: Executor, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
 ) -> bool:
-    """Add one sample (``estimate`` as sent, the provider's prompt tokens) inside the caller's
-    transaction. Unreported usage (``None`` or 0 prompt tokens) and an empty estimate carry no signal
-    about the tokenizer and add nothing. Returns whether a sample was written."""
+    """Add one sample (``estimate`` as sent, the provider's prompt tokens), unless unreported usage or
+    an empty estimate carry no signal about the tokenizer; whether a sample was written."""
     if reported_prompt_tokens is None or reported_prompt_tokens <= 0 or estimate <= 0:
         return False
     await execute(

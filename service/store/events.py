@@ -1,9 +1,5 @@
-"""The event log: append (with NOTIFY) and read-after, for request and session streams.
-
-``Last-Event-ID`` resumption is gap-free: ``seq`` is per request, bumped under the request's row
-lock; the global ``id`` is drawn under a transaction-level advisory lock on the session, so one
-session's events commit in ``id`` order (the SQL functions in sql/events.sql). Callers keep the
-transaction that appends an event short (never across a model call).
+"""The event log: append (with NOTIFY) and read-after, for request and session streams. Resumption
+is gap-free (docs/architecture.md, "Ordering guarantees of the event log"; sql/events.sql).
 """
 
 from __future__ import annotations

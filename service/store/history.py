@@ -41,9 +41,8 @@ async def snapshot_content_hash(x: Executor, session_id: uuid.UUID, snapshot_id:
 async def load_prepared_snapshot(
     tx: AsyncSession, session_id: uuid.UUID, snapshot_id: str
 ) -> tuple[str, PreparedSnapshot] | None:
-    """The snapshot as prepared when it was stored, with the content hash it was read with; None
-    when it is not stored. One stored before preparation existed, or prepared by another format
-    version, is prepared now from its content and the result written back."""
+    """The snapshot as prepared when it was stored, with its content hash; None when not stored. One
+    prepared by another format version (or none) is prepared now and written back."""
     params = {"sid": session_id, "snapshot_id": snapshot_id, "prepared_version": PREPARED_VERSION}
     row = await fetch_one(tx, queries.prepared_snapshot, params)
     if row is None:

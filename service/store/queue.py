@@ -125,21 +125,20 @@ async def heartbeat(
     """Extend the leases of the requests and background jobs a worker holds, each id mapped to the
     lease owner of its run's claim. An id missing from the result (cancelled, cleared, finished,
     taken over, or a request with ``cancel_requested``) must stop."""
-    held_requests: set[uuid.UUID] = set()
-    held_jobs: set[uuid.UUID] = set()
+    held = Held(set(), set())
     if requests:
         rows = await tx.execute(
             queries.heartbeat_requests,
             {"ids": list(requests), "owners": list(requests.values()), "lease_s": lease_s},
         )
-        held_requests = {r.id for r in rows if not r.cancel_requested}
+        held.requests.update(r.id for r in rows if not r.cancel_requested)
     if jobs:
         rows = await tx.execute(
             queries.heartbeat_jobs,
             {"ids": list(jobs), "owners": list(jobs.values()), "lease_s": lease_s},
         )
-        held_jobs = {r.id for r in rows}
-    return Held(held_requests, held_jobs)
+        held.jobs.update(r.id for r in rows)
+    return held
 
 
 async def requeue_request(
@@ -166,8 +165,8 @@ async def requeue_request(
 class SweepResult:
     """What one recovery sweep did (requests and background jobs)."""
 
-    requeued: list[uuid.UUID]
-    failed: list[uuid.UUID]
+    requeued: list[uuid.UUID] = field(default_factory=list)
+    failed: list[uuid.UUID] = field(default_factory=list)
     jobs_requeued: list[uuid.UUID] = field(default_factory=list)
     jobs_failed: list[uuid.UUID] = field(default_factory=list)
 
@@ -175,12 +174,11 @@ class SweepResult:
 async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -> SweepResult:
     """Recover requests and background jobs whose lease expired (their worker died): each is re-run
     once, else failed with ``worker_lost`` (what it recorded is kept); a registration just ends."""
-    requeued: list[uuid.UUID] = []
-    failed: list[uuid.UUID] = []
+    result = SweepResult()
     for row in (await tx.execute(queries.expired_requests)).all():
         if row.attempt < max_attempts:
             await requeue_request(tx, row.id, reason="worker_lost")
-            requeued.append(row.id)
+            result.requeued.append(row.id)
         else:
             await finish_request(
                 tx,
@@ -189,13 +187,11 @@ async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -
                 owner=None,
                 error=worker_lost_error(row.attempt, row.stage, "request"),
             )
-            failed.append(row.id)
-    jobs_requeued: list[uuid.UUID] = []
-    jobs_failed: list[uuid.UUID] = []
+            result.failed.append(row.id)
     for job in (await tx.execute(queries.expired_jobs)).all():
         if job.made_by == "background" and job.attempt < max_attempts:
             await jobs.requeue_job(tx, job.id, reason="worker_lost")
-            jobs_requeued.append(job.id)
+            result.jobs_requeued.append(job.id)
         else:
             await jobs.finish_job(
                 tx,
@@ -205,5 +201,5 @@ async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -
                 calls=job.calls,
                 error=worker_lost_error(job.attempt, None, "job"),
             )
-            jobs_failed.append(job.id)
-    return SweepResult(requeued=requeued, failed=failed, jobs_requeued=jobs_requeued, jobs_failed=jobs_failed)
+            result.jobs_failed.append(job.id)
+    return result

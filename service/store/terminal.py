@@ -1,7 +1,6 @@
 """THE terminal transition of a side request (:func:`finish_request`), and the worker's ways to
-reach it. Every way a request ends goes through it — the worker's success and failure, the API's
-cancel and clear, the sweep; the two departures on purpose (the ``on_busy`` interrupt inside the
-admission's SQL function, archive restore) are in docs/architecture.md.
+reach it; every way a request ends goes through it but two, on purpose (docs/architecture.md, "Data
+flow of one side question", 4).
 """
 
 from __future__ import annotations
