@@ -133,11 +133,8 @@ class Admitted:
     superseded: tuple[uuid.UUID, ...] = ()
 
 
-# The hot path (no inline snapshot) is ``db.admissions`` (admission_batch): ``CALL
-# sidequest_admit_now`` for one admission, ``sidequest_admit_many`` for several waiting at once; both
-# commit the rows, then send the NOTIFYs in a transaction of their own (admission.sql says why). With
-# an inline snapshot the function runs inside the caller's transaction and NOTIFYs there
-# (queries.admit_in_transaction). The parameters of all three statements, in this order:
+# The parameters, in this order, of the three admission statements: admit_now and admit_many (the
+# batcher's CALLs, by position) and admit_in_transaction (an inline snapshot's).
 _PARAMS = tuple(
     "tenant parent_id request_id question snapshot_id options model idempotency_key body_hash"
     " max_queued on_busy superseded".split()

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from service.budget import Calibration
 from service.store import queries
-from service.store.execute import Executor, Row, execute, fetch_all, fetch_one
+from service.store.execute import Executor, execute, fetch_one
 
 # The key columns' sizes (models.CalibrationRow): a longer model name is cut rather than refused,
 # because a sample must never fail a request.
@@ -23,14 +21,12 @@ def _key(provider: str, model: str) -> dict[str, str]:
     return {"provider": provider[:_PROVIDER_MAX], "model": model[:_MODEL_MAX]}
 
 
-def _calibration(row: Row) -> Calibration:
-    return Calibration(int(row["samples"]), int(row["sum_estimate"]), int(row["sum_provider"]))
-
-
 async def load_calibration(tx: Executor, provider: str, model: str) -> Calibration:
     """The counters of (``provider``, ``model``) as a :class:`Calibration` (empty when none)."""
     row = await fetch_one(tx, queries.load_calibration, _key(provider, model))
-    return Calibration.empty() if row is None else _calibration(row)
+    if row is None:
+        return Calibration.empty()
+    return Calibration(int(row["samples"]), int(row["sum_estimate"]), int(row["sum_provider"]))
 
 
 @dataclass(frozen=True)
@@ -56,18 +52,3 @@ async def add_sample(
         {**_key(provider, model), "estimate": estimate, "reported": reported_prompt_tokens},
     )
     return True
-
-
-@dataclass(frozen=True)
-class ModelCalibration:
-    """One row of the counters, for ``/metrics``."""
-
-    provider: str
-    model: str
-    calibration: Calibration
-
-
-async def all_calibrations(tx: AsyncSession) -> list[ModelCalibration]:
-    """Every (provider, model) with counters, ordered."""
-    rows = await fetch_all(tx, queries.all_calibrations, {})
-    return [ModelCalibration(row["provider"], row["model"], _calibration(row)) for row in rows]

@@ -206,25 +206,17 @@ class ServerConnection(asyncpg.Connection):  # type: ignore[misc]
 
 
 def _single_host_dsns(dsn: str) -> list[str]:
-    """One DSN per host of a multi-host ``dsn`` (libpq's ``h1:5432,h2:5432``), each keeping the query."""
-    hosts = url_hosts(dsn)
-    if len(hosts) < 2:
-        return [dsn]
+    """One DSN per host of a multi-host ``dsn`` (libpq's ``h1:5432,h2:5432``), each keeping the query
+    but ``target_session_attrs``: :func:`open_connection` asks each node itself."""
     parts = urlsplit(dsn)
     userinfo, at, _ = parts.netloc.rpartition("@")
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "target_session_attrs"]
     result = []
-    for host, port in hosts:
+    for host, port in url_hosts(dsn):
         shown = f"[{host}]" if ":" in host else host
         netloc = f"{userinfo}{at}{shown}" + (f":{port}" if port is not None else "")
-        result.append(urlunsplit(parts._replace(netloc=netloc)))
+        result.append(urlunsplit(parts._replace(netloc=netloc, query=urlencode(query))))
     return result
-
-
-def _without_session_attrs(dsn: str) -> str:
-    """``dsn`` without ``target_session_attrs``: :func:`open_connection` asks the node itself."""
-    parts = urlsplit(dsn)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "target_session_attrs"]
-    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 class NotWritable(Exception):
@@ -262,10 +254,9 @@ async def open_connection(
     options: dict[str, Any] = {"timeout": CONNECT_TIMEOUT_S, "command_timeout": command_timeout, **kwargs}
     if unnamed_statements:
         options["statement_cache_size"] = 0
-    dsns = _single_host_dsns(dsn)
-    if len(dsns) == 1:
+    if len(url_hosts(dsn)) < 2:
         return await asyncpg.connect(dsn, **options)
-    attempts = [asyncio.ensure_future(_writable_connection(_without_session_attrs(d), options)) for d in dsns]
+    attempts = [asyncio.ensure_future(_writable_connection(d, options)) for d in _single_host_dsns(dsn)]
     chosen: asyncpg.Connection | None = None
     errors: list[BaseException] = []
     try:

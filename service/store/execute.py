@@ -102,9 +102,8 @@ async def transaction(x: Executor) -> AsyncIterator[None]:
 
 @asynccontextmanager
 async def committed(x: Executor) -> AsyncIterator[None]:
-    """Around ONE statement that must commit: a session's own transaction; on a connection nothing
-    at all, since a statement outside a transaction block commits by itself (no BEGIN / COMMIT round
-    trips). The connection must not be inside a transaction."""
+    """Around ONE statement that must commit: a session's own transaction; on a connection (not in a
+    transaction) nothing at all, since a statement outside a transaction block commits by itself."""
     if isinstance(x, AsyncSession):
         async with x.begin():
             yield

@@ -27,9 +27,8 @@ MIGRATIONS_DIR = ROOT / "migrations"
 
 
 def _alembic_config() -> Any:
-    """The service's Alembic configuration: alembic.ini, the migrations shipped with this code, and
-    the service's own logging left as it is (alembic.ini's would set the root logger to WARNING in
-    env.py and silence every INFO line of the process after start-up)."""
+    """The service's Alembic configuration, the service's own logging left as it is (alembic.ini's
+    would set the root logger to WARNING and silence every INFO line of the process after start-up)."""
     from alembic.config import Config
 
     config = Config(str(ALEMBIC_INI))

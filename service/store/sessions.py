@@ -255,9 +255,8 @@ class SnapshotJobPolicy:
         self, prepared: PreparedSnapshot, session_row: SessionRow, expected: dict[str, int]
     ) -> bool:
         """Would a question on this snapshot need a summary (tier 2: masking needs none), with the
-        session's expected numbers? The snapshot alone is the test: the question and the side Q&A
-        only add to it, and a job found unneeded ends with no call. The raw estimate: the job
-        decides again with the calibration ratio."""
+        session's expected numbers? The snapshot alone, raw estimate: the question and the side Q&A
+        only add to it, and the job decides again (calibrated) and ends with no call if unneeded."""
         window = resolve_window(
             expected.get("context_window"), prepared.snapshot.context_window, self.context_window
         )
