@@ -343,11 +343,8 @@ class JobStats:
 
 async def read_job_stats(tx: AsyncSession) -> JobStats:
     """The scrape queries for background jobs (no tenant data)."""
-    outcomes = await tx.execute(queries.job_outcomes)
-    calls = await tx.execute(queries.job_calls)
-    tokens = await tx.execute(queries.job_tokens)
     return JobStats(
-        by_outcome=[(r.kind, r.status, int(r.n)) for r in outcomes],
-        calls=[(r.kind, r.status, int(r.n)) for r in calls],
-        tokens=[(r.kind, r.direction, int(r.n)) for r in tokens],
+        by_outcome=[(r.kind, r.status, int(r.n)) for r in await tx.execute(queries.job_outcomes)],
+        calls=[(r.kind, r.status, int(r.n)) for r in await tx.execute(queries.job_calls)],
+        tokens=[(r.kind, r.direction, int(r.n)) for r in await tx.execute(queries.job_tokens)],
     )
