@@ -76,26 +76,19 @@ class JobState:
 
 
 async def _memory_event(
-    tx: Executor,
-    session_id: uuid.UUID,
-    job_id: uuid.UUID,
-    kind: str,
-    status: str,
-    calls: int,
-    covered: dict[str, Any] | None,
-    notify: str | None = None,
+    tx: Executor, job_id: uuid.UUID, job: Row, status: str, covered: dict[str, Any] | None, notify: str | None
 ) -> None:
-    """The transition's ``memory`` event and, with ``notify``, its ``NOTIFY sidequest_jobs`` (``queued``:
-    work to do; ``freed``: a slot freed)."""
+    """The ``memory`` event of a transition of the job (``job``: its session_id, kind and calls) and,
+    with ``notify``, its ``NOTIFY sidequest_jobs`` (``queued``: work to do; ``freed``: a slot freed)."""
     await execute(
         tx,
         queries.memory_event,
         {
-            "sid": session_id,
+            "sid": job["session_id"],
             "job_id": job_id,
-            "kind": str(kind),
+            "kind": job["kind"],
             "status": str(status),
-            "calls": calls,
+            "calls": job["calls"],
             "covered": json_text(covered) if covered is not None else None,
             "at": utc_iso(),
             "notify": notify,
@@ -230,7 +223,7 @@ async def finish_job(
         return False
     if row["made_by"] == "background":
         freed = "freed" if row["left_status"] == Status.RUNNING else None
-        await _memory_event(tx, row["session_id"], job_id, row["kind"], status, row["calls"], covered, freed)
+        await _memory_event(tx, job_id, row, status, covered, freed)
     return True
 
 
@@ -246,9 +239,7 @@ async def requeue_job(
     )
     if row is None:
         return False
-    await _memory_event(
-        tx, row["session_id"], job_id, row["kind"], Status.QUEUED, row["calls"], None, "queued"
-    )
+    await _memory_event(tx, job_id, row, Status.QUEUED, None, "queued")
     return True
 
 
