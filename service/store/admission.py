@@ -1,9 +1,6 @@
-"""Admission, cancel and clear: the API's writes, each one short transaction.
-
-Admission is one statement (``sidequest_admit()``, service/store/sql/admission.sql) on a plain
-asyncpg connection: the hot path of the API. None of these waits for a worker: cancel and clear
-write the terminal state themselves (guarded by the status it leaves, like the worker's own, so
-exactly one terminal write lands) and tell a running worker through ``NOTIFY sidequest_cancel``.
+"""Admission, cancel and clear: the API's writes, each one short transaction, none waiting for a
+worker (docs/architecture.md, "Data flow of one side question"): cancel and clear write the terminal
+state themselves and tell a running worker through ``NOTIFY sidequest_cancel``.
 """
 
 from __future__ import annotations
@@ -80,11 +77,8 @@ class IdempotencyConflict(SidequestError):
 
 
 class OrdinalsExhausted(SidequestError):
-    """The session's next ordinal would not fit its column: every question number is used.
-
-    Only a restored archive gets there (its ordinals may reach ``MAX_ORDINAL``); PostgreSQL refuses
-    the ordinal's increment, and nothing of the admission is written.
-    """
+    """The session's next ordinal would not fit its column. Only a restored archive gets there (its
+    ordinals may reach ``MAX_ORDINAL``); PostgreSQL refuses the increment, nothing is written."""
 
     code = "ordinals_exhausted"
     status = 409
@@ -94,13 +88,6 @@ class OrdinalsExhausted(SidequestError):
             "this session has used every question number; ask under another parent id "
             "(an export of this session restores into any parent id)"
         )
-
-
-def _ordinal_overflow(exc: BaseException) -> bool:
-    """Whether ``exc`` (or a driver error it wraps) is PostgreSQL's "integer out of range", which in
-    the admission can only be the session's ``next_ordinal + 1``: every other number is bounded
-    before it reaches SQL."""
-    return any(isinstance(e, asyncpg.NumericValueOutOfRangeError) for e in driver_chain(exc))
 
 
 class SessionBusyRejected(SidequestError):
@@ -119,10 +106,7 @@ class SessionBusyRejected(SidequestError):
 
 @dataclass(frozen=True)
 class Admission:
-    """A validated question, ready to be admitted.
-
-    ``on_busy`` None means the session's setting (``settings.on_busy``), else ``enqueue``.
-    """
+    """A validated question, ready to be admitted; ``on_busy`` None: the session's setting."""
 
     question: str
     snapshot_id: str | None = None
@@ -141,21 +125,16 @@ class Admission:
 
 @dataclass(frozen=True)
 class Admitted:
-    """The request record, and whether this call created it (False: an idempotent replay).
-
-    ``superseded``: the requests an ``interrupt`` cancelled (ids, in ordinal order).
-    """
+    """The request record, whether this call created it (False: an idempotent replay), and the
+    requests an ``interrupt`` cancelled, in ordinal order."""
 
     record: dict[str, Any]
     created: bool
     superseded: tuple[uuid.UUID, ...] = ()
 
 
-# The hot path (no inline snapshot) is ``db.admissions`` (admission_batch): ``CALL
-# sidequest_admit_now`` for one admission, ``sidequest_admit_many`` for several waiting at once; both
-# commit the rows, then send the NOTIFYs in a transaction of their own (admission.sql says why). With
-# an inline snapshot the function runs inside the caller's transaction and NOTIFYs there
-# (queries.admit_in_transaction). The parameters of all three statements, in this order:
+# The parameters, in this order, of the three admission statements: admit_now and admit_many (the
+# batcher's CALLs, by position) and admit_in_transaction (an inline snapshot's).
 _PARAMS = tuple(
     "tenant parent_id request_id question snapshot_id options model idempotency_key body_hash"
     " max_queued on_busy superseded".split()
@@ -204,17 +183,10 @@ def _outcome(result: AdmitResult, parent_id: str, snapshot_id: str | None) -> Ad
 async def admit(
     db: Database | AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
-    """Admit one question and commit it.
-
-    Given the :class:`Database` (the API's hot path), one round trip (``db.admissions``, shared with
-    the admissions waiting beside it) does everything ``sidequest_admit`` does: every check, then
-    the writes, the commit, the NOTIFYs. A refusal (QueueFull, SessionBusyRejected,
-    IdempotencyConflict, SnapshotMissing) writes nothing, not even a session for a first request.
-
-    An inline snapshot is first stored (:func:`store_snapshot`), then the same SQL function runs in
-    that transaction, which a refusal rolls back. Given an ``AsyncSession``, everything runs that
-    way, inside the caller's transaction (which a refusal's exception rolls back).
-    """
+    """Admit one question and commit it: given the :class:`Database`, one round trip (shared with the
+    admissions waiting beside it, ``db.admissions``); with an inline snapshot, or given an
+    ``AsyncSession``, the snapshot stored first and the same SQL function in that transaction. A
+    refusal (raised) writes nothing, not even a session for a first request."""
     try:
         if isinstance(db, AsyncSession):
             return await _admit_in_transaction(db, tenant, parent_id, admission, max_queued=max_queued)
@@ -224,7 +196,9 @@ async def admit(
         args = _arguments(tenant, parent_id, admission, admission.snapshot_id, max_queued)
         result = await db.admissions.admit(args)
     except Exception as exc:
-        if _ordinal_overflow(exc):
+        # "integer out of range" can only be the session's next_ordinal + 1: every other number is
+        # bounded before it reaches SQL.
+        if any(isinstance(e, asyncpg.NumericValueOutOfRangeError) for e in driver_chain(exc)):
             raise OrdinalsExhausted() from exc
         raise
     return _outcome(result, parent_id, admission.snapshot_id)
@@ -260,8 +234,8 @@ async def _admit_in_transaction(
 
 
 async def _cancel(tx: AsyncSession, request_id: uuid.UUID, message: str) -> bool:
-    """Cancel one queued or running request through THE terminal transition (terminal.finish_request),
-    guarded by the status it leaves, and tell its worker; False when it had already ended."""
+    """Cancel one queued or running request (terminal.finish_request) and tell its worker; False when
+    it had already ended."""
     ended = await finish_request(
         tx,
         request_id,
@@ -277,9 +251,8 @@ async def _cancel(tx: AsyncSession, request_id: uuid.UUID, message: str) -> bool
 
 
 async def cancel_request(tx: AsyncSession, tenant: str, request_id: uuid.UUID) -> dict[str, Any] | None:
-    """Cancel a queued or running request of the tenant, inside the caller's transaction; None when
-    not found. Idempotent: a terminal request is returned unchanged. A running one ends here at once
-    and its worker is told through ``NOTIFY sidequest_cancel``."""
+    """Cancel a queued or running request of the tenant (a running one ends here at once); None when
+    not found. Idempotent: a terminal request is returned unchanged."""
     found = await find_request(tx, tenant, request_id)
     if found is None:
         return None
@@ -290,13 +263,10 @@ async def cancel_request(tx: AsyncSession, tenant: str, request_id: uuid.UUID) -
 
 
 async def clear_session(tx: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
-    """Clear a session, inside the caller's transaction; None when the tenant has no such session.
-
-    Cancels queued and running requests and jobs (their streams end with ``error`` code
-    ``cancelled``), hides every request at once (``deleted_at``; a later sweep purges them) and the
-    old history's session-level events, deletes the hand-offs, resets memory and the hand-off mark,
-    and bumps ``clear_version``. Ordinals keep counting; snapshots and settings are kept.
-    """
+    """Clear a session; None when the tenant has no such session. Cancels queued and running requests
+    and jobs, hides every request at once (``deleted_at``; the sweep purges them) and the old
+    history's session-level events, deletes the hand-offs, resets memory and the hand-off mark, and
+    bumps ``clear_version``. Ordinals keep counting; snapshots and settings are kept."""
     session_row = await lock_session(tx, tenant, parent_id)
     if session_row is None:
         return None
@@ -312,8 +282,7 @@ async def clear_session(tx: AsyncSession, tenant: str, parent_id: str) -> dict[s
 
 
 async def purge_cleared(tx: AsyncSession, older_than_s: float) -> int:
-    """Delete requests (and, by cascade, their events) cleared more than ``older_than_s`` ago, and
-    the session-level events of the histories those clears replaced, in the caller's transaction
-    (the worker's sweep). Returns how many requests were purged."""
+    """The sweep: delete requests (with their events) cleared more than ``older_than_s`` ago, and the
+    session-level events of the histories those clears replaced; how many requests went."""
     await execute(tx, queries.purge_cleared_session_events, {"older_than_s": older_than_s})
     return int(await fetch_value(tx, queries.purge_cleared_requests, {"older_than_s": older_than_s}))

@@ -1,15 +1,7 @@
-"""Group commit for admissions: the questions an API process has waiting go to PostgreSQL in one CALL
-(docs/architecture.md, "Admission", says why and what it bought).
-
-One admission alone is one ``CALL sidequest_admit_now``. While a CALL is in flight, the admissions
-that arrive wait for it and then go together in one ``CALL sidequest_admit_many`` (the same
-``sidequest_admit()`` for each, one commit). Nobody waits for a batch to fill: at most
-:data:`IN_FLIGHT` CALLs at once, so at low load each admission goes alone and at once.
-
-Every admission is answered on its own. A batch that fails with a database error committed nothing,
-and each admission of it is sent again alone, so an error belongs to the admission that caused it;
-an unreachable database fails the whole batch, and everything waiting behind it, at once. A batch
-locks its sessions in (tenant, parent_id) order, so two batches cannot deadlock.
+"""Group commit for admissions: one admission alone is one ``CALL sidequest_admit_now``; those that
+arrive while :data:`IN_FLIGHT` CALLs are in flight go together in one ``CALL sidequest_admit_many``
+(docs/architecture.md, "Admission", says how and why). An unreachable database fails the whole batch,
+and everything waiting behind it, at once.
 """
 
 from __future__ import annotations
@@ -136,7 +128,7 @@ class AdmissionBatcher:
         assert row is not None
         for i, (_, future) in enumerate(ordered):
             superseded = tuple(uuid.UUID(s) for s in (row["superseded"][i] or ()))
-            self._answer(future, row["outcome"][i], row["detail"][i], superseded, row["req"][i])
+            self._answer(future, AdmitResult(row["outcome"][i], row["detail"][i], superseded, row["req"][i]))
 
     async def _send_alone(
         self, pool: asyncpg.Pool, args: Arguments, future: asyncio.Future[AdmitResult]
@@ -145,17 +137,12 @@ class AdmissionBatcher:
             row = await conn.fetchrow(positional(queries.admit_now)[0], *args)
         self.calls += 1
         assert row is not None
-        self._answer(future, row["outcome"], row["detail"], tuple(row["superseded"] or ()), row["req"])
+        self._answer(
+            future, AdmitResult(row["outcome"], row["detail"], tuple(row["superseded"] or ()), row["req"])
+        )
 
-    def _answer(
-        self,
-        future: asyncio.Future[AdmitResult],
-        outcome: str,
-        detail: dict[str, Any] | None,
-        superseded: tuple[uuid.UUID, ...],
-        request: Mapping[str, Any] | None,
-    ) -> None:
+    def _answer(self, future: asyncio.Future[AdmitResult], result: AdmitResult) -> None:
         """One admission's committed result, to its caller unless the caller is gone."""
         self.admissions += 1
         if not future.done():
-            future.set_result(AdmitResult(outcome, detail, superseded, request))
+            future.set_result(result)

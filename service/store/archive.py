@@ -1,13 +1,6 @@
-"""Side-question archives (SPEC §10, docs/archive.md): the SQL of export and restore. The format —
-validation, upgrades, encoding, the JSON Schemas — is :mod:`service.archive`'s.
-
-- Only terminal requests (``succeeded``, ``failed``, ``cancelled``) are history: queued and running
-  ones are work in flight, and a restored ``queued`` request would make a worker answer it in a
-  session that may not hold its snapshot. A v1 export holds only succeeded ones (v1 restores as
-  succeeded). Cleared requests (``deleted_at`` set) are never exported.
-- Restore writes in one transaction: the archive's ordinals are kept, ``next_ordinal`` continues
-  after the highest, restored requests get fresh ids, the archive's status and the session's
-  ``clear_version``, and the two events a finished request ends its stream with.
+"""Side-question archives: the SQL of export and restore (what is exported and how a restore writes
+it: docs/archive.md). The format — validation, upgrades, encoding, the JSON Schemas — is
+:mod:`service.archive`'s.
 """
 
 from __future__ import annotations
@@ -95,12 +88,9 @@ async def _ordinals_of(tx: AsyncSession, session_id: uuid.UUID, ids: set[str]) -
 
 
 async def export_archive(tx: AsyncSession, tenant: str, parent_id: str, version: int) -> dict[str, Any]:
-    """Export the session's finished history as a version ``version`` archive.
-
-    Raises :class:`SessionNotFound` when the tenant has no such session. The memory is read before
-    the requests: memory is written while a request runs, so the requests read after it are at least
-    as new as anything the memory covers.
-    """
+    """Export the session's finished history as a version ``version`` archive. The memory is read
+    before the requests: memory is written while a request runs, so the requests read after it are at
+    least as new as anything the memory covers."""
     if version not in ARCHIVE_VERSIONS:
         raise ArchiveUnreadable(f"unsupported archive version {version!r}: supported versions are 1, 2 and 3")
     session_row = await find_session(tx, tenant, parent_id)
@@ -142,27 +132,16 @@ def _terminal_events(row: RequestRow, parent_id: str) -> list[tuple[str, dict[st
         events.append(("done", {"record": request_record(row, parent_id)}))
     else:
         error = row.error or {}
-        events.append(
-            (
-                "error",
-                {
-                    "code": error.get("code", row.status),
-                    "message": error.get("message", f"the request was {row.status}"),
-                    "detail": error.get("detail") or {},
-                },
-            )
-        )
+        code, message = error.get("code", row.status), error.get("message", f"the request was {row.status}")
+        events.append(("error", {"code": code, "message": message, "detail": error.get("detail") or {}}))
     return events
 
 
 async def restore_archive(
     tx: AsyncSession, tenant: str, parent_id: str, archive: Archive, *, replace: bool = False
 ) -> RestoreResult:
-    """Write ``archive`` into the session (tenant, parent_id), creating it if needed, inside the
-    caller's transaction: the caller commits it whole or rolls it back, so a refused restore writes
-    nothing. Raises :class:`SessionHasHistory` when the session has history and ``replace`` is false,
-    :class:`SessionBusy` when ``replace`` is asked while requests are queued or running.
-    """
+    """Write ``archive`` into the session (tenant, parent_id), creating it if needed; a refusal
+    (history without ``replace``, requests in flight) raises, and the caller's rollback undoes all."""
     session_row = await lock_or_create_session(tx, tenant, parent_id)
     counts = (await status_counts_of(tx, [session_row.id]))[session_row.id]
     existing = sum(counts.values())

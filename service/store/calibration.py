@@ -1,20 +1,15 @@
-"""Calibration counters per (provider, model) in ``sidequest_calibration`` (SPEC §5.1).
-
-Three counters — samples, Σ estimate, Σ provider prompt tokens — shared by every process and every
-tenant (they describe a tokenizer, not a customer). A sample is added with ONE atomic upsert, so two
-workers recording at once never lose an increment and no read-modify-write race exists. The ratio
-itself is computed by the pure :class:`service.budget.Calibration` from the counters.
+"""Calibration counters per (provider, model) (SPEC §5.1), shared by every process and tenant (they
+describe a tokenizer, not a customer). A sample is ONE atomic upsert, so no increment is lost; the
+ratio is the pure :class:`service.budget.Calibration`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from service.budget import Calibration
 from service.store import queries
-from service.store.execute import Executor, Row, execute, fetch_all, fetch_one
+from service.store.execute import Executor, execute, fetch_one
 
 # The key columns' sizes (models.CalibrationRow): a longer model name is cut rather than refused,
 # because a sample must never fail a request.
@@ -26,14 +21,12 @@ def _key(provider: str, model: str) -> dict[str, str]:
     return {"provider": provider[:_PROVIDER_MAX], "model": model[:_MODEL_MAX]}
 
 
-def _calibration(row: Row) -> Calibration:
-    return Calibration(int(row["samples"]), int(row["sum_estimate"]), int(row["sum_provider"]))
-
-
 async def load_calibration(tx: Executor, provider: str, model: str) -> Calibration:
     """The counters of (``provider``, ``model``) as a :class:`Calibration` (empty when none)."""
     row = await fetch_one(tx, queries.load_calibration, _key(provider, model))
-    return Calibration.empty() if row is None else _calibration(row)
+    if row is None:
+        return Calibration.empty()
+    return Calibration(int(row["samples"]), int(row["sum_estimate"]), int(row["sum_provider"]))
 
 
 @dataclass(frozen=True)
@@ -49,9 +42,8 @@ class Sample:
 async def add_sample(
     tx: Executor, provider: str, model: str, estimate: int, reported_prompt_tokens: int | None
 ) -> bool:
-    """Add one sample (``estimate`` as sent, the provider's prompt tokens) inside the caller's
-    transaction. Unreported usage (``None`` or 0 prompt tokens) and an empty estimate carry no signal
-    about the tokenizer and add nothing. Returns whether a sample was written."""
+    """Add one sample (``estimate`` as sent, the provider's prompt tokens), unless unreported usage or
+    an empty estimate carry no signal about the tokenizer; whether a sample was written."""
     if reported_prompt_tokens is None or reported_prompt_tokens <= 0 or estimate <= 0:
         return False
     await execute(
@@ -60,18 +52,3 @@ async def add_sample(
         {**_key(provider, model), "estimate": estimate, "reported": reported_prompt_tokens},
     )
     return True
-
-
-@dataclass(frozen=True)
-class ModelCalibration:
-    """One row of the counters, for ``/metrics``."""
-
-    provider: str
-    model: str
-    calibration: Calibration
-
-
-async def all_calibrations(tx: AsyncSession) -> list[ModelCalibration]:
-    """Every (provider, model) with counters, ordered."""
-    rows = await fetch_all(tx, queries.all_calibrations, {})
-    return [ModelCalibration(row["provider"], row["model"], _calibration(row)) for row in rows]

@@ -73,10 +73,7 @@ def driver_chain(exc: BaseException) -> Iterator[BaseException]:
 
 def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool:
     """Whether ``exc`` (or what it wraps, :func:`driver_chain`) means the database is unreachable
-    rather than a bug: refused / reset connections and DNS failures, timeouts, asyncpg's connection
-    errors, PostgreSQL's shutdown states, a connection SQLAlchemy invalidated as a disconnect.
-
-    asyncpg's connect and command timeouts are bare ``TimeoutError``s; ``include_timeouts=False``
+    rather than a bug. asyncpg's timeouts are bare ``TimeoutError``s; ``include_timeouts=False``
     leaves those out, for callers (the pipeline) with deadlines of their own."""
     for current in driver_chain(exc):
         if isinstance(current, TimeoutError):  # before OSError: TimeoutError is one
@@ -88,15 +85,13 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
             DatabaseUnavailable | OSError | sa_exc.TimeoutError | asyncpg.PostgresConnectionError,
         ):
             return True
-        if (
-            isinstance(current, asyncpg.PostgresError)
-            and getattr(current, "sqlstate", None) in _SHUTDOWN_STATES
-        ):
+        if isinstance(current, asyncpg.PostgresError) and current.sqlstate in _SHUTDOWN_STATES:
             return True
         if isinstance(current, asyncpg.InterfaceError) and any(
             # A connection its server ended: "released" once asyncpg has read the goodbye (the pool
             # then detaches it from its proxy).
-            words in str(current) for words in ("connection is closed", "released back to the pool")
+            words in str(current)
+            for words in ("connection is closed", "released back to the pool")
         ):
             return True
         if isinstance(current, asyncpg.InternalClientError) and "another operation" in str(current):
@@ -110,12 +105,9 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
 
 def connection_lost(exc: BaseException) -> bool:
     """Whether the connection that raised ``exc`` must never run another statement: the database is
-    unavailable (:func:`is_unavailable`) for any reason but a busy server — a node gone in a
-    failover, a dropped socket, a statement abandoned at its timeout."""
-    if not is_unavailable(exc):
-        return False
-    return not any(
-        isinstance(current, asyncpg.PostgresError) and getattr(current, "sqlstate", None) in _BUSY_STATES
+    unavailable for any reason but a busy server."""
+    return is_unavailable(exc) and not any(
+        isinstance(current, asyncpg.PostgresError) and current.sqlstate in _BUSY_STATES
         for current in driver_chain(exc)
     )
 
@@ -124,7 +116,7 @@ def unusable_reason(exc: BaseException) -> str | None:
     """Why the database cannot be used at all, in the driver's words: unreachable, our credentials
     refused (SQLSTATE class 28) or no such database (3D000); None for anything else (a bug)."""
     for current in driver_chain(exc):
-        state = getattr(current, "sqlstate", None) if isinstance(current, asyncpg.PostgresError) else None
+        state = current.sqlstate if isinstance(current, asyncpg.PostgresError) else None
         if state is not None and (state.startswith("28") or state == "3D000"):
             return str(current)
     if not is_unavailable(exc):
@@ -179,7 +171,7 @@ class QuietOutages(logging.Filter):
 
 
 def quiet_driver_outages() -> None:
-    """Install :class:`QuietOutages` on asyncpg's pool logger (once)."""
+    """Install :class:`QuietOutages` on asyncpg's pool logger, once."""
     pool_log = logging.getLogger("asyncpg.pool")
     if not any(isinstance(f, QuietOutages) for f in pool_log.filters):
         pool_log.addFilter(QuietOutages())
@@ -214,25 +206,17 @@ class ServerConnection(asyncpg.Connection):  # type: ignore[misc]
 
 
 def _single_host_dsns(dsn: str) -> list[str]:
-    """One DSN per host of a multi-host ``dsn`` (libpq's ``h1:5432,h2:5432``), each keeping the query."""
-    hosts = url_hosts(dsn)
-    if len(hosts) < 2:
-        return [dsn]
+    """One DSN per host of a multi-host ``dsn`` (libpq's ``h1:5432,h2:5432``), each keeping the query
+    but ``target_session_attrs``: :func:`open_connection` asks each node itself."""
     parts = urlsplit(dsn)
     userinfo, at, _ = parts.netloc.rpartition("@")
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "target_session_attrs"]
     result = []
-    for host, port in hosts:
+    for host, port in url_hosts(dsn):
         shown = f"[{host}]" if ":" in host else host
         netloc = f"{userinfo}{at}{shown}" + (f":{port}" if port is not None else "")
-        result.append(urlunsplit(parts._replace(netloc=netloc)))
+        result.append(urlunsplit(parts._replace(netloc=netloc, query=urlencode(query))))
     return result
-
-
-def _without_session_attrs(dsn: str) -> str:
-    """``dsn`` without ``target_session_attrs``: :func:`open_connection` asks the node itself."""
-    parts = urlsplit(dsn)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "target_session_attrs"]
-    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 class NotWritable(Exception):
@@ -261,23 +245,18 @@ async def open_connection(
     command_timeout: float | None = COMMAND_TIMEOUT_S,
     **kwargs: Any,
 ) -> asyncpg.Connection:
-    """A :class:`ServerConnection` to ``dsn``; with several hosts, to the one that is the primary now.
-
-    Every host is tried at once, each on its own :data:`CONNECT_TIMEOUT_S`, and asked whether it
-    takes writes; the first that does wins. (asyncpg's own multi-host connect tries them in turn and
-    gives up at the first server error: a PgBouncer before a dead node answers only with an error.)
-    ``unnamed_statements``: nothing prepared under a name, as a pooler in transaction mode needs.
-    ``kwargs``: what asyncpg's pool passes (``loop``, ``connection_class``, ``record_class``)."""
+    """A :class:`ServerConnection` to ``dsn``; with several hosts, to the first of them, all tried at
+    once, that says it takes writes (asyncpg's own multi-host connect gives up at the first server
+    error, and a PgBouncer before a dead node answers only with one). ``unnamed_statements``: for a
+    pooler in transaction mode. ``kwargs``: what asyncpg's pool passes."""
     kwargs.pop("loop", None)
     kwargs["connection_class"] = ServerConnection
     options: dict[str, Any] = {"timeout": CONNECT_TIMEOUT_S, "command_timeout": command_timeout, **kwargs}
     if unnamed_statements:
         options["statement_cache_size"] = 0
-    dsns = _single_host_dsns(dsn)
-    if len(dsns) == 1:
-        conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
-        return conn
-    attempts = [asyncio.ensure_future(_writable_connection(_without_session_attrs(d), options)) for d in dsns]
+    if len(url_hosts(dsn)) < 2:
+        return await asyncpg.connect(dsn, **options)
+    attempts = [asyncio.ensure_future(_writable_connection(d, options)) for d in _single_host_dsns(dsn)]
     chosen: asyncpg.Connection | None = None
     errors: list[BaseException] = []
     try:
@@ -304,17 +283,10 @@ async def open_connection(
 
 @dataclass
 class Database:
-    """An engine plus its session factory; built once per process by the entry point.
-
-    Beside SQLAlchemy's pool it keeps a small plain asyncpg pool for the hot paths (admission, the
-    worker's claim, events and answer end: :mod:`service.store.execute`): SQLAlchemy's
-    ``pool_pre_ping`` and transaction cost five round trips around a statement that needs none.
-    Admissions reach it through :attr:`admissions` (group commit, :mod:`.admission_batch`).
-
-    Failover (SPEC 9.1): after a :func:`connection_lost` every pooled connection of both pools is
-    replaced (:meth:`node_gone`): an idle one to the old primary's PgBouncer would reach that node
-    again once it is back as a standby — its reads stale, its writes refused.
-    """
+    """An engine plus its session factory, and a small plain asyncpg pool for the hot paths
+    (:mod:`service.store.execute`; admissions through :attr:`admissions`, :mod:`.admission_batch`);
+    built once per process by the entry point. Failover: docs/architecture.md, "Past one database
+    machine"."""
 
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
@@ -330,7 +302,7 @@ class Database:
         quiet_driver_outages()
 
     async def raw_pool(self) -> asyncpg.Pool:
-        """The plain asyncpg pool (created on first use); jsonb decodes to Python objects."""
+        """The plain asyncpg pool, created on first use."""
         if self._raw is None:
             async with self._raw_lock:
                 if self._raw is None:
@@ -343,14 +315,21 @@ class Database:
                         init=self._init_raw,
                         reset=_keep_session,
                     )
-        pool: asyncpg.Pool = self._raw
-        return pool
+        return self._raw
 
     async def _open_raw(self, dsn: str, **kwargs: Any) -> asyncpg.Connection:
         return await open_connection(dsn, unnamed_statements=self.pooler == "transaction", **kwargs)
 
     async def _init_raw(self, conn: asyncpg.Connection) -> None:
-        await _init_jsonb(conn)
+        # Binary (version byte 1, then the JSON text): a composite value (a whole row) holding jsonb is
+        # only decoded when every field has a binary codec. A parameter is JSON text, as SQLAlchemy's.
+        await conn.set_type_codec(
+            "jsonb",
+            encoder=lambda value: b"\x01" + value.encode("utf-8"),
+            decoder=lambda data: json.loads(data[1:]),
+            schema="pg_catalog",
+            format="binary",
+        )
 
         def drop_if_lost(record: Any) -> None:
             # Not terminated here, inside asyncpg's own step (that frees its pool slot twice): the
@@ -373,11 +352,9 @@ class Database:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """A plain asyncpg connection from the raw pool (waits at most :data:`POOL_TIMEOUT_S`).
-
-        One whose work ended in an unavailable-kind error, a driver interface error or a
-        cancellation is terminated, never put back: it may be mid-protocol, and the next statement
-        on it would fail with "another operation is in progress" (a ROLLBACK on release, too)."""
+        """A plain asyncpg connection from the raw pool. One whose work ended in an unavailable-kind
+        error, a driver interface error or a cancellation is terminated, never put back: it may be
+        mid-protocol, and the next statement on it (a ROLLBACK on release, too) would fail."""
         pool = await self.raw_pool()
         async with pool.acquire(timeout=POOL_TIMEOUT_S) as conn:
             try:
@@ -396,18 +373,6 @@ class Database:
             raw, self._raw = self._raw, None
             await raw.close()
         await self.engine.dispose()
-
-
-async def _init_jsonb(conn: asyncpg.Connection) -> None:
-    # Binary (version byte 1, then the JSON text): a composite value (a whole row) holding jsonb is
-    # only decoded when every field has a binary codec. A parameter is JSON text, as SQLAlchemy's.
-    await conn.set_type_codec(
-        "jsonb",
-        encoder=lambda value: b"\x01" + value.encode("utf-8"),
-        decoder=lambda data: json.loads(data[1:]),
-        schema="pg_catalog",
-        format="binary",
-    )
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -455,9 +420,8 @@ def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngin
 
 
 def connect(url: str, *, pool_size: int = 10, pooler: Pooler = "none") -> Database:
-    """Create the engine for ``url`` (``postgresql+asyncpg://…``, one host or several). The pool
-    reconnects by itself after an outage (``pool_pre_ping``; a connection that dies mid-statement is
-    invalidated). ``pooler="transaction"``: nothing is prepared under a name (SPEC 9.1)."""
+    """The :class:`Database` for ``url`` (``postgresql+asyncpg://…``, one host or several); its pool
+    reconnects by itself after an outage. ``pooler="transaction"``: nothing prepared under a name."""
     engine = _engine(
         url,
         unnamed_statements=pooler == "transaction",
@@ -484,6 +448,5 @@ def connect(url: str, *, pool_size: int = 10, pooler: Pooler = "none") -> Databa
 
 def migration_engine(url: str) -> AsyncEngine:
     """The engine a migration run uses (migrations/env.py): one connection, made as the pools make
-    theirs (several hosts, the primary found), its statements unnamed so that it runs through a
-    pooler in transaction mode too (a migration is a handful of statements)."""
+    theirs, its statements unnamed so that it runs through a pooler in transaction mode too."""
     return _engine(url, unnamed_statements=True, poolclass=pool.NullPool)

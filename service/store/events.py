@@ -1,9 +1,5 @@
-"""The event log: append (with NOTIFY) and read-after, for request and session streams.
-
-``Last-Event-ID`` resumption is gap-free: ``seq`` is per request, bumped under the request's row
-lock; the global ``id`` is drawn under a transaction-level advisory lock on the session, so one
-session's events commit in ``id`` order (the SQL functions in sql/events.sql). Callers keep the
-transaction that appends an event short (never across a model call).
+"""The event log: append (with NOTIFY) and read-after, for request and session streams. Resumption
+is gap-free (docs/architecture.md, "Ordering guarantees of the event log"; sql/events.sql).
 """
 
 from __future__ import annotations
@@ -38,9 +34,8 @@ class Event:
 
 
 async def append_event(tx: Executor, request_id: uuid.UUID, event_type: str, fields: dict[str, Any]) -> Event:
-    """Append one event inside the caller's transaction and NOTIFY listeners (delivered at commit):
-    one round trip (``sidequest_append_event``). ``data`` gets ``request_id``, ``ordinal``, ``seq``
-    and ``at`` added to ``fields``."""
+    """Append one event with its NOTIFY, one round trip (``sidequest_append_event``); ``data`` is
+    ``fields`` with the envelope (``request_id``, ``ordinal``, ``seq``, ``at``)."""
     at = utc_iso()
     params = {"request_id": request_id, "type": event_type, "fields": json_text(fields), "at": at}
     row = await fetch_one(tx, queries.append_event, params)
@@ -52,9 +47,8 @@ async def append_event(tx: Executor, request_id: uuid.UUID, event_type: str, fie
 async def append_session_event(
     tx: Executor, session_id: uuid.UUID, event_type: str, fields: dict[str, Any]
 ) -> Event:
-    """Append one session-level event (no request: ``memory``, ``handoff``) in the caller's
-    transaction, under the same ordering rule; ``data`` gets ``request_id``/``ordinal``/``seq`` null
-    and ``at``."""
+    """Append one session-level event (no request: ``memory``, ``handoff``), its envelope's
+    ``request_id``/``ordinal``/``seq`` null."""
     row = await fetch_one(
         tx,
         queries.append_session_event,
@@ -71,9 +65,8 @@ def _events(rows: list[Row]) -> list[Event]:
 async def request_events_after(
     x: Executor, request_id: uuid.UUID, after_seq: int, limit: int = 500
 ) -> list[Event]:
-    """Events of one request with ``seq > after_seq``, in order. A stream's shared reader runs it on a
-    plain connection, once per event, while this process writes that event to every subscriber:
-    each round trip saved (``pool_pre_ping``'s checkout, the ORM's transaction) would wait behind them."""
+    """Events of one request with ``seq > after_seq``, in order (a stream's shared reader runs it on a
+    plain connection, once per event: each round trip saved counts)."""
     params = {"request_id": request_id, "after_seq": after_seq, "limit": limit}
     return _events(await fetch_all(x, queries.request_events_after, params))
 
@@ -100,11 +93,10 @@ async def request_exists(tx: Executor, request_id: uuid.UUID) -> bool:
 async def session_events_with_deletion(
     tx: Executor, session_id: uuid.UUID, after_id: int, limit: int = 500
 ) -> list[tuple[Event, datetime | None, bool]]:
-    """Events of a session after ``after_id``, each with its request's ``deleted_at`` and whether
-    it was written before that (the cleared history's own content, which no stream serves after
-    the clear; what the clear itself wrote, its ``cancelled`` events, has the clear's time). A
-    session-level event comes with the ``cleared_at`` of the clear that replaced its history
-    (:func:`mark_session_events_cleared`), None while its history is the current one."""
+    """Events of a session after ``after_id``, each with when it was hidden (its request's
+    ``deleted_at``, or for a session-level event the ``cleared_at`` of the clear that replaced its
+    history; None while visible) and whether it was written before that: the cleared history's own
+    content, which no stream serves after the clear."""
     params = {"session_id": session_id, "after_id": after_id, "limit": limit}
     rows = await fetch_all(tx, queries.session_events_with_deletion, params)
     return [
@@ -113,11 +105,9 @@ async def session_events_with_deletion(
 
 
 async def mark_session_events_cleared(tx: Executor, session_id: uuid.UUID) -> None:
-    """The session-level events (``memory``, ``handoff``: no request) written so far belong to the
-    history a clear or an archive restore is replacing: mark where it ends, so that a session stream
-    opened afterwards does not replay them, while one that resumes still gets everything after its
-    cursor — the rule of a cleared request's events. Called after the clear has cancelled the
-    session's jobs, in its transaction, so their ``cancelled`` events belong to the old history too."""
+    """Mark the session-level events written so far as the history a clear or a restore replaces
+    (sql/events.sql): a session stream opened afterwards does not replay them. A clear calls it after
+    cancelling the session's jobs, so their ``cancelled`` events belong to the old history too."""
     await execute(tx, queries.mark_session_events_cleared, {"sid": session_id})
 
 

@@ -1,11 +1,6 @@
-"""One named query, two ways to run it: on an ``AsyncSession`` or on a plain asyncpg connection.
-
-The worker's hot path (claim, events, the answer's end) runs on :meth:`Database.connection`: a
-statement costs ~0.1 ms of the process's CPU there against ~0.35 ms through SQLAlchemy's session, and
-needs no ``pool_pre_ping`` checkout. Every other caller passes the session it already has. Both ways
-behave alike: a jsonb parameter is JSON *text*, jsonb results are Python objects, rows are read by
-column name (``row["ordinal"]``).
-"""
+"""One named query, two ways to run it, alike (a jsonb parameter is JSON text, rows are read by
+column name): on an ``AsyncSession`` or on a plain asyncpg connection, the worker's hot path
+(docs/architecture.md, "Two ways to run a statement", says why)."""
 
 from __future__ import annotations
 
@@ -89,8 +84,7 @@ async def execute(x: Executor, clause: TextClause, params: Mapping[str, Any]) ->
 async def fetch_models(
     tx: AsyncSession, model: type[Model], clause: TextClause, params: Mapping[str, Any]
 ) -> list[Model]:
-    """The rows of ``clause`` (a table's own columns) as ``model`` objects of ``tx``, refreshed from
-    the database: for callers that read or change a row as an object (:mod:`service.store.models`)."""
+    """The rows of ``clause`` (a table's own columns) as ``model`` objects of ``tx``, refreshed."""
     statement = select(model).from_statement(clause).execution_options(populate_existing=True)
     return list(await tx.scalars(statement, dict(params)))
 
@@ -108,9 +102,8 @@ async def transaction(x: Executor) -> AsyncIterator[None]:
 
 @asynccontextmanager
 async def committed(x: Executor) -> AsyncIterator[None]:
-    """Around ONE statement that must commit: a session's own transaction; on a connection nothing
-    at all, since a statement outside a transaction block commits by itself (no BEGIN / COMMIT round
-    trips). The connection must not be inside a transaction."""
+    """Around ONE statement that must commit: a session's own transaction; on a connection (not in a
+    transaction) nothing at all, since a statement outside a transaction block commits by itself."""
     if isinstance(x, AsyncSession):
         async with x.begin():
             yield

@@ -156,7 +156,7 @@ async def _items(tx: AsyncSession, session_row: SessionRow, ask: HandoffAsk) -> 
 
 async def _summary_for(tx: AsyncSession, session_row: SessionRow, ask: HandoffAsk) -> HandoffSummary | None:
     """The rolling summary the block may use: with ``ordinals`` (SPEC 11.1: exactly those), only when
-    every succeeded Q&A it covers was asked for — it cannot carry part of what it summarises."""
+    every succeeded Q&A it covers was asked for."""
     summary = _summary_of(session_row.memory)
     if summary is None or ask.ordinals is None:
         return summary
@@ -172,12 +172,8 @@ async def _summary_for(tx: AsyncSession, session_row: SessionRow, ask: HandoffAs
 async def create_handoff(
     tx: AsyncSession, tenant: str, parent_id: str, ask: HandoffAsk
 ) -> HandoffOutcome | None:
-    """Build and record a hand-off inside the caller's transaction; None when the session is unknown.
-
-    Raises :class:`UnknownOrdinals` (an asked ordinal is not a succeeded request) and
-    :class:`HandoffIdempotencyConflict`, before any write, so a refusal writes nothing. Nothing to
-    hand off → an empty object (``ordinals: []``), nothing recorded.
-    """
+    """Build and record a hand-off; None when the session is unknown. A refusal is raised before any
+    write; nothing to hand off → an empty object (``ordinals: []``), nothing recorded."""
     session_row = await lock_session(tx, tenant, parent_id)
     if session_row is None:
         return None
@@ -236,24 +232,21 @@ async def create_handoff(
     return HandoffOutcome(public, created=True)
 
 
-def _handoff_cursor(before: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(before)
-    except ValueError:
-        # Not an id at all, so not a next_before this service issued: 400, like the session list's.
-        raise InvalidCursor(
-            "before must be the next_before of an earlier page (a hand-off id)", {"before": before[:100]}
-        ) from None
-
-
 async def list_handoffs(
     tx: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: str | None
 ) -> dict[str, Any] | None:
-    """A page of the session's hand-offs, newest first: ``{items, has_more, next_before}``; None when
-    the session does not exist. ``before`` is the previous page's ``next_before`` (the id of its last
-    hand-off): anything not an id raises :class:`InvalidCursor` (400); an id that is not one of this
-    session's hand-offs (one a clear deleted) gives an empty page."""
-    cursor_id = None if before is None else _handoff_cursor(before)
+    """A page of the session's hand-offs, newest first; None when the session does not exist.
+    ``before`` is the previous page's ``next_before`` (its last hand-off's id); an id that is not one
+    of this session's hand-offs (one a clear deleted) gives an empty page."""
+    cursor_id = None
+    if before is not None:
+        try:
+            cursor_id = uuid.UUID(before)
+        except ValueError:
+            # Not an id at all, so not a next_before this service issued: 400, like the session list's.
+            raise InvalidCursor(
+                "before must be the next_before of an earlier page (a hand-off id)", {"before": before[:100]}
+            ) from None
     session_row = await find_session(tx, tenant, parent_id)
     if session_row is None:
         return None
@@ -271,8 +264,8 @@ async def list_handoffs(
 async def set_pinned(
     tx: AsyncSession, tenant: str, request_id: uuid.UUID, pinned: bool
 ) -> dict[str, Any] | None:
-    """Pin (a succeeded request only, else :class:`NotPinnable`) or unpin, idempotent, inside the
-    caller's transaction; None when the request is not the tenant's or was cleared."""
+    """Pin (a succeeded request only) or unpin, idempotent; None when the request is not the tenant's
+    or was cleared."""
     found = await find_request(tx, tenant, request_id)
     if found is None:
         return None

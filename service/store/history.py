@@ -15,7 +15,6 @@ from service.budget.prepared import PREPARED_VERSION, PreparedSnapshot, prepare_
 from service.store import queries
 from service.store.db import Database
 from service.store.execute import Executor, execute, fetch_all, fetch_one, fetch_value, json_text
-from service.vocabulary import Status
 
 
 @dataclass(frozen=True)
@@ -42,9 +41,8 @@ async def snapshot_content_hash(x: Executor, session_id: uuid.UUID, snapshot_id:
 async def load_prepared_snapshot(
     tx: AsyncSession, session_id: uuid.UUID, snapshot_id: str
 ) -> tuple[str, PreparedSnapshot] | None:
-    """The snapshot as prepared when it was stored, with the content hash it was read with; None
-    when it is not stored. One stored before preparation existed, or prepared by another format
-    version, is prepared now from its content and the result written back."""
+    """The snapshot as prepared when it was stored, with its content hash; None when not stored. One
+    prepared by another format version (or none) is prepared now and written back."""
     params = {"sid": session_id, "snapshot_id": snapshot_id, "prepared_version": PREPARED_VERSION}
     row = await fetch_one(tx, queries.prepared_snapshot, params)
     if row is None:
@@ -64,13 +62,7 @@ async def latest_context_time(
     value = await fetch_value(
         x,
         queries.latest_context_time,
-        {
-            "sid": session_id,
-            "succeeded": str(Status.SUCCEEDED),
-            "cv": clear_version,
-            "after": after_ordinal,
-            "through": through_ordinal,
-        },
+        {"sid": session_id, "cv": clear_version, "after": after_ordinal, "through": through_ordinal},
     )
     return None if value is None else str(value)
 
@@ -95,7 +87,6 @@ async def iter_history(
                 queries.history_page,
                 {
                     "sid": session_id,
-                    "succeeded": str(Status.SUCCEEDED),
                     "cv": clear_version,
                     "after": after,
                     "before": before_ordinal,

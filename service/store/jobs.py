@@ -1,14 +1,13 @@
 """Background summary jobs (SPEC §6.6): enqueue, claim, requeue, finish, and the single-flight registry.
 
-Jobs are claimed like requests (SKIP LOCKED under a claim lock that enforces the global cap, a lease,
-the one heartbeat and sweep of :mod:`service.store.queue`). ``key`` says what a job summarises (a
+Jobs are claimed like requests (:mod:`service.store.queue`). ``key`` says what a job summarises (a
 fold's ordinal range, a context summary's cache key); the partial unique index ``uq_jobs_active``
 lets at most one job per (session, kind, key) be active: the database enforces single flight.
 
-A request that makes a summary itself first *registers* it: a row with ``made_by = 'request'`` in
-``params``, inserted as ``running`` under the request's deadline. A registration is never claimed,
-takes no background slot, emits no ``memory`` event and is not in ``session.background``. Every
-transition of a background job appends a session-level ``memory`` event and NOTIFYs ``sidequest_jobs``.
+A request that makes a summary itself first *registers* it: a ``running`` row with ``made_by =
+'request'`` in ``params`` under the request's deadline, never claimed, taking no background slot,
+with no ``memory`` event. Every transition of a background job appends a ``memory`` event and
+NOTIFYs ``sidequest_jobs``.
 """
 
 from __future__ import annotations
@@ -77,26 +76,19 @@ class JobState:
 
 
 async def _memory_event(
-    tx: Executor,
-    session_id: uuid.UUID,
-    job_id: uuid.UUID,
-    kind: str,
-    status: str,
-    calls: int,
-    covered: dict[str, Any] | None,
-    notify: str | None = None,
+    tx: Executor, job_id: uuid.UUID, job: Row, status: str, covered: dict[str, Any] | None, notify: str | None
 ) -> None:
-    """The transition's ``memory`` event and, with ``notify``, its ``NOTIFY sidequest_jobs`` (``queued``:
-    work to do; ``freed``: a slot freed), in the caller's transaction, one round trip."""
+    """The ``memory`` event of a transition of the job (``job``: its session_id, kind and calls) and,
+    with ``notify``, its ``NOTIFY sidequest_jobs`` (``queued``: work to do; ``freed``: a slot freed)."""
     await execute(
         tx,
         queries.memory_event,
         {
-            "sid": session_id,
+            "sid": job["session_id"],
             "job_id": job_id,
-            "kind": str(kind),
+            "kind": job["kind"],
             "status": str(status),
-            "calls": calls,
+            "calls": job["calls"],
             "covered": json_text(covered) if covered is not None else None,
             "at": utc_iso(),
             "notify": notify,
@@ -113,8 +105,8 @@ async def enqueue_job(
     params: dict[str, Any],
     clear_version: int,
 ) -> uuid.UUID | None:
-    """Queue a background job inside the caller's transaction; None when the same (session, kind,
-    key) is active already, or the session was cleared since ``clear_version`` was read."""
+    """Queue a background job; None when the same (session, kind, key) is active already, or the
+    session was cleared since ``clear_version`` was read."""
     job_id: uuid.UUID | None = await fetch_value(
         tx,
         queries.enqueue_job,
@@ -125,9 +117,7 @@ async def enqueue_job(
             "key": key,
             "params": json_text({**params, "made_by": "background"}),
             "cv": clear_version,
-            "status": str(Status.QUEUED),
             "at": utc_iso(),
-            "notify": "queued",
         },
     )
     return job_id
@@ -144,8 +134,8 @@ async def register_inline(
     clear_version: int,
     lease_s: float,
 ) -> uuid.UUID | None:
-    """Register that a request makes this summary itself (single flight), inside the caller's
-    transaction: the registration's id, or None when another holds the key (then wait for that one)."""
+    """Register that a request makes this summary itself: the registration's id, or None when another
+    holds the key (then wait for that one)."""
     registration: uuid.UUID | None = await fetch_value(
         tx,
         queries.register_inline,
@@ -164,16 +154,15 @@ async def register_inline(
 
 
 async def end_inline(tx: Executor, registration_id: uuid.UUID, *, ok: bool) -> None:
-    """End a request's registration (made or not), inside the caller's transaction: the key is free
-    again."""
+    """End a request's registration (made or not): the key is free again."""
     status = Status.SUCCEEDED if ok else Status.FAILED
     await execute(tx, queries.end_inline, {"id": registration_id, "status": str(status)})
 
 
 async def claim_job(tx: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
-    """Claim the oldest queued background job under the global background cap, inside the caller's
-    transaction: one statement (``sidequest_claim_job``, sql/jobs.sql), which also reads what the
-    job reads of its session. One running job per (session, kind): folds build on each other."""
+    """Claim the oldest queued background job under the global background cap (``sidequest_claim_job``,
+    which also reads what the job reads of its session). One running job per (session, kind): folds
+    build on each other."""
     row = await fetch_one(
         tx,
         queries.claim_job,
@@ -214,10 +203,9 @@ async def finish_job(
     error: dict[str, Any] | None = None,
     from_statuses: tuple[Status, ...] = (Status.RUNNING,),
 ) -> bool:
-    """THE terminal transition of a job, inside the caller's transaction: its worker's end, the
-    sweep, a take-over, a clear. Guarded by the statuses it leaves and, given ``owner``, the lease;
-    ``calls`` None keeps the row's count. Appends the ``memory`` event (not for a registration) and,
-    when the job was running, NOTIFYs that a background slot is free. Returns whether it wrote."""
+    """THE terminal transition of a job (its worker's end, the sweep, a take-over, a clear), guarded
+    by the statuses it leaves and, given ``owner``, the lease; ``calls`` None keeps the row's count.
+    With the ``memory`` event (not for a registration) and, when it was running, the slot's NOTIFY."""
     row = await fetch_one(
         tx,
         queries.finish_job,
@@ -235,16 +223,15 @@ async def finish_job(
         return False
     if row["made_by"] == "background":
         freed = "freed" if row["left_status"] == Status.RUNNING else None
-        await _memory_event(tx, row["session_id"], job_id, row["kind"], status, row["calls"], covered, freed)
+        await _memory_event(tx, job_id, row, status, covered, freed)
     return True
 
 
 async def requeue_job(
     tx: Executor, job_id: uuid.UUID, *, reason: RequeueReason, owner: str | None = None
 ) -> bool:
-    """THE way back to ``queued`` of a running job, inside the caller's transaction: a worker's
-    graceful stop (``worker_stopped``, guarded by its ``owner``; the attempt does not count) or the
-    sweep (``worker_lost``). Appends the ``memory`` event and NOTIFYs that there is work to do."""
+    """THE way back to ``queued`` of a running job: a worker's graceful stop (``worker_stopped``,
+    guarded by its ``owner``; the attempt does not count) or the sweep (``worker_lost``)."""
     row = await fetch_one(
         tx,
         queries.requeue_job,
@@ -252,23 +239,19 @@ async def requeue_job(
     )
     if row is None:
         return False
-    await _memory_event(
-        tx, row["session_id"], job_id, row["kind"], Status.QUEUED, row["calls"], None, "queued"
-    )
+    await _memory_event(tx, job_id, row, Status.QUEUED, None, "queued")
     return True
 
 
 async def count_calls(tx: Executor, job_id: uuid.UUID, n: int = 1) -> None:
-    """``n`` more calls started by a running job, inside the caller's transaction: its ``calls`` stay
-    current, so a clear that cancels it mid-call reports the calls in flight (their usage arrives
-    when they end)."""
+    """``n`` more calls started by a running job: a clear that cancels it mid-call reports the calls
+    in flight (their usage arrives when they end)."""
     await execute(tx, queries.count_job_calls, {"id": job_id, "n": n})
 
 
 async def take_over(tx: Executor, job_id: uuid.UUID) -> bool:
-    """A waiting request takes a still-queued job over, inside the caller's transaction: the job ends
-    ``cancelled`` (code ``taken_over``) and the request makes the summary itself. False if it started
-    meanwhile."""
+    """A waiting request takes a still-queued job over (it ends ``cancelled``, ``taken_over``) to make
+    the summary itself; False if it started meanwhile."""
     return await finish_job(
         tx,
         job_id,
@@ -281,15 +264,15 @@ async def take_over(tx: Executor, job_id: uuid.UUID) -> bool:
 
 
 async def take_key(tx: Executor, job_id: uuid.UUID, key: str) -> bool:
-    """Re-key a running job to the summary's real cache key, inside the caller's transaction; False
-    when another active job or registration holds that key (the summary is being made)."""
+    """Re-key a running job to the summary's real cache key; False when another active job or
+    registration holds that key (the summary is being made)."""
     taken = await fetch_value(tx, queries.take_job_key, {"id": job_id, "key": key})
     return taken is not None
 
 
 async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> None:
-    """Cancel the session's queued and running jobs (a clear) through :func:`finish_job`, inside the
-    caller's transaction; running ones are told through ``NOTIFY sidequest_cancel`` (``job:<id>``)."""
+    """A clear: cancel the session's queued and running jobs (:func:`finish_job`) and tell their
+    workers (``NOTIFY sidequest_cancel``, ``job:<id>``)."""
     for row in await fetch_all(tx, queries.active_session_jobs, {"sid": session_id}):
         await finish_job(
             tx,
@@ -351,11 +334,8 @@ class JobStats:
 
 async def read_job_stats(tx: AsyncSession) -> JobStats:
     """The scrape queries for background jobs (no tenant data)."""
-    outcomes = await tx.execute(queries.job_outcomes)
-    calls = await tx.execute(queries.job_calls)
-    tokens = await tx.execute(queries.job_tokens)
     return JobStats(
-        by_outcome=[(r.kind, r.status, int(r.n)) for r in outcomes],
-        calls=[(r.kind, r.status, int(r.n)) for r in calls],
-        tokens=[(r.kind, r.direction, int(r.n)) for r in tokens],
+        by_outcome=[(r.kind, r.status, int(r.n)) for r in await tx.execute(queries.job_outcomes)],
+        calls=[(r.kind, r.status, int(r.n)) for r in await tx.execute(queries.job_calls)],
+        tokens=[(r.kind, r.direction, int(r.n)) for r in await tx.execute(queries.job_tokens)],
     )

@@ -1,10 +1,6 @@
-"""The lease guard: every write a worker makes to a request it runs is conditional on still holding it
-(both guards are SQL functions, sql/lease.sql), so a request cancelled, cleared or swept is never
-written by a worker that lost it, and no event follows a terminal one.
-
-The lease owner names one *claim*, not just the worker process (:func:`claim_owner`): a request whose
-lease expired while its run went on, and that the same process then claimed again, has two runs for a
-moment, and only the newer one's writes may land.
+"""The lease guard (sql/lease.sql): every write a worker makes to a request it runs is conditional on
+still holding it, so a request cancelled, cleared or swept is never written by a worker that lost it.
+The lease owner names one *claim*, not just the process (docs/pipeline.md says why).
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ def worker_of(owner: str) -> str:
 
 
 async def lock_if_held(tx: Executor, request_id: uuid.UUID, owner: str) -> bool:
-    """Inside the caller's transaction: lock the request row if this worker still runs it. A cancel
-    or clear holding the row makes this wait and then see the new status: the write is skipped."""
+    """Lock the request row if this worker still runs it (a cancel or clear holding the row makes
+    this wait and then see the new status)."""
     return bool(await fetch_value(tx, queries.lock_if_held, {"id": request_id, "owner": owner}))
 
 
@@ -45,10 +41,9 @@ async def emit_if_held(
     stage: str | None = None,
     context_info: dict[str, Any] | None = None,
 ) -> bool:
-    """Inside the caller's transaction, one statement: the lease guard, then (with ``stage``) the
-    stage change with ``context_info``, then ``events`` in order; False, writing nothing, when the
-    request is no longer this worker's. The pipeline batches what happens between two slow steps
-    into one call; an event's own ``at`` (when it happened) wins over the envelope's (this write's)."""
+    """One statement: the lease guard, then (with ``stage``) the stage change with ``context_info``,
+    then ``events`` in order (an event's own ``at`` wins over this write's); False, writing nothing,
+    when the request is no longer this worker's."""
     info = None
     if stage is not None:
         info = json_text({**(context_info or {}), "stage": stage})

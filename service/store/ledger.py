@@ -1,11 +1,8 @@
 """The usage ledger and the request's live metadata (``context_info``).
 
 Each provider call's usage is appended the moment the call ends, in one ``UPDATE`` that recomputes
-the totals from the calls (sql/ledger.sql), so totals never disagree with the calls and a crash
-right after a call loses nothing; a call without reported usage counts zeros (``reported: false``).
-Usage is recorded even after the request left ``running``: a call cancelled by a clear still cost
-tokens. Each call has its own ``call_id``, so an append tried again after a lost reply (its COMMIT
-may have been applied) never counts a call twice.
+the totals from the calls (sql/ledger.sql), so totals never disagree with the calls; usage is
+recorded even after the request left ``running`` (a call cancelled by a clear still cost tokens).
 """
 
 from __future__ import annotations
@@ -37,7 +34,8 @@ class CallEntry:
     cached_tokens: int = 0
     # Wall time of the call; not in SPEC's list, kept for the provider latency metric.
     latency_ms: int | None = None
-    # This call's identity: an append tried again after a lost reply does not count it twice.
+    # This call's identity: an append tried again after a lost reply (its COMMIT may have been
+    # applied) does not count it twice.
     call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def as_json(self) -> dict[str, Any]:
@@ -59,9 +57,8 @@ class Appended:
 async def append_calls(
     tx: Executor, row_id: uuid.UUID, entries: Sequence[CallEntry], *, job: bool = False
 ) -> Appended:
-    """Append calls, in this order, to the request's (or, with ``job``, the background job's) usage,
-    in one statement inside the caller's transaction (its row lock serialises concurrent appends).
-    Calls already in the list add nothing (``added`` False)."""
+    """Append calls, in this order, to the request's (or, with ``job``, the background job's) usage, in
+    one statement (its row lock serialises concurrent appends); calls already there add nothing."""
     statement = queries.append_job_calls if job else queries.append_request_calls
     params = {"id": row_id, "call": json.dumps([entry.as_json() for entry in entries])}
     usage = await fetch_value(tx, statement, params)
@@ -74,6 +71,6 @@ async def append_calls(
 
 
 async def merge_context_info(tx: Executor, request_id: uuid.UUID, fields: dict[str, Any]) -> None:
-    """Merge ``fields`` into the request's ``context_info`` (top-level keys replaced), inside the
-    caller's transaction. Not lease-guarded: after a cancel it still shows how far the request got."""
+    """Merge ``fields`` into the request's ``context_info`` (top-level keys replaced). Not
+    lease-guarded: after a cancel it still shows how far the request got."""
     await execute(tx, queries.merge_context_info, {"id": request_id, "info": json_text(fields)})

@@ -1,15 +1,8 @@
-"""One LISTEN connection per process, fanned out in memory to any number of subscribers (the
-channels and their payloads are the vocabulary's).
-
-A notification is only a wake-up call: readers always read the rows themselves, so a lost one costs
-latency, never data; a callback must not block.
-
-Failover (SPEC 9.1): a standby refuses LISTEN, so the connection goes to the primary
-(``SIDEQUEST_LISTEN_DATABASE_URL``: never a pooler in transaction mode, which would hand the
-listening backend to other clients), finds the new one by itself (:func:`~.db.open_connection`), and
-its probe notices a node that became a standby under it. After every (re)connect each subscriber is
-called with an empty payload — "anything may have been missed": every waiter re-reads — and
-``on_connect`` runs (a failover may have happened meanwhile).
+"""One LISTEN connection per process, fanned out in memory to any number of subscribers; a callback
+must not block. A notification is only a wake-up call (docs/architecture.md, "Past one database
+machine"): after every (re)connect each subscriber is called with an empty payload — anything may
+have been missed — and ``on_connect`` runs. The connection goes to the primary, found by
+:func:`~.db.open_connection`; its probe notices a node that became a standby under it.
 """
 
 from __future__ import annotations
@@ -65,7 +58,7 @@ class Listener:
         self._channels = channels
         self._on_connect = on_connect
         self.connects = 0  # (re)connections made: tests and logs
-        self._backend_pid: int | None = None
+        self.backend_pid: int | None = None  # of the LISTEN connection, while it is up
         self._subscribers: dict[str, set[Callback]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
@@ -84,11 +77,6 @@ class Listener:
     def connected(self) -> bool:
         """Whether the LISTEN connection is up now."""
         return self._connected.is_set()
-
-    @property
-    def backend_pid(self) -> int | None:
-        """The server process of the LISTEN connection (None while it is down)."""
-        return self._backend_pid
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sidequest-listener")
@@ -128,7 +116,7 @@ class Listener:
                 for channel in self._channels:
                     await conn.add_listener(channel, self._dispatch)
                 self.connects += 1
-                self._backend_pid = conn.get_server_pid()
+                self.backend_pid = conn.get_server_pid()
                 self._connected.set()
                 self._wake_all()
                 backoff = 0.2
@@ -150,6 +138,6 @@ class Listener:
                         # Bounded: asyncpg terminates the connection when a graceful close times out.
                         await conn.close(timeout=CLOSE_TIMEOUT_S)
             self._connected.clear()
-            self._backend_pid = None
+            self.backend_pid = None
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)

@@ -1,10 +1,6 @@
-"""The session's memory (rolling Q&A summary, context-summary cache): the read and the ONE guarded write.
-
-SPEC §6.5: a summary is saved only while its writer is still ``running`` and the session's
-``clear_version`` still equals the writer's. Guard and write are one ``UPDATE`` of the session row
-(sql/memory.sql), after that row's lock: a clear commits first and the write sees it and writes
-nothing, or the write commits first and the clear empties it. Values are merged in SQL, so a write
-never replaces parts of the memory it did not mean to touch.
+"""The session's memory (rolling Q&A summary, context-summary cache): the read and the ONE guarded write
+(SPEC §6.5; docs/pipeline.md, "Guarded writes", says why it cannot race a clear). Values are merged
+in SQL, so a write never replaces parts of the memory it did not mean to touch.
 """
 
 from __future__ import annotations
@@ -29,14 +25,10 @@ async def save_memory(
     context_summary: dict[str, Any] | None = None,
     job: bool = False,
 ) -> bool:
-    """Save a rolling Q&A summary and/or one context summary for the writer's session (the request
-    ``request_id``, or with ``job`` that background job), inside the caller's transaction.
-
-    ``qa_summary`` replaces the rolling summary; ``context_summary`` (with a ``key``) replaces the
-    cache entry of that key or is appended, keeping the newest :data:`MAX_CONTEXT_SUMMARIES`.
-    ``owner``: the writer's lease must be held by that worker. False: the writer stopped running or
-    the session was cleared; the summary must be dropped, not retried.
-    """
+    """Save a rolling Q&A summary and/or one context summary (replacing the cache entry of its ``key``,
+    keeping the newest :data:`MAX_CONTEXT_SUMMARIES`) for the writer's session: the request
+    ``request_id``, or with ``job`` that background job, whose lease ``owner`` must hold. False: the
+    writer stopped running or the session was cleared; the summary must be dropped, not retried."""
     if qa_summary is None and context_summary is None:
         raise ValueError("save_memory needs a qa_summary or a context_summary")
     if context_summary is not None and "key" not in context_summary:

@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
     BigInteger,
-    Boolean,
     DateTime,
     ForeignKey,
     Identity,
     Index,
-    Integer,
     MetaData,
     String,
     Text,
@@ -50,19 +48,24 @@ EMPTY_USAGE: dict[str, Any] = {
 
 
 class Base(DeclarativeBase):
+    # A column's type follows its annotation, and ``Mapped[X | None]`` alone makes it nullable.
     metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: DateTime(timezone=True),
+        uuid.UUID: UUID(as_uuid=True),
+        dict[str, Any]: JSONB,
+        str: Text,
+    }
 
 
 def _now() -> MappedColumn[Any]:
     """A ``timestamptz`` PostgreSQL sets to ``now()`` on insert."""
-    return mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+    return mapped_column(server_default=func.now())
 
 
 def _session_id(**options: Any) -> MappedColumn[Any]:
     """The session a row belongs to, deleted with it."""
-    return mapped_column(
-        UUID(as_uuid=True), ForeignKey("side_question_sessions.id", ondelete="CASCADE"), **options
-    )
+    return mapped_column(ForeignKey("side_question_sessions.id", ondelete="CASCADE"), **options)
 
 
 # EMPTY_USAGE as a column default.
@@ -79,27 +82,23 @@ class SessionRow(Base):
         Index("ix_sessions_tenant_activity", "tenant", "updated_at", "id"),
     )
 
-    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    tenant: Mapped[str] = mapped_column(String(200), nullable=False)
-    parent_id: Mapped[str] = mapped_column(String(500), nullable=False)
-    clear_version: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
-    next_ordinal: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("1"))
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    tenant: Mapped[str] = mapped_column(String(200))
+    parent_id: Mapped[str] = mapped_column(String(500))
+    clear_version: Mapped[int] = mapped_column(server_default=text("0"))
+    next_ordinal: Mapped[int] = mapped_column(server_default=text("1"))
     memory: Mapped[dict[str, Any]] = mapped_column(
-        JSONB,
-        nullable=False,
-        server_default=text("""'{"qa_summary": null, "context_summaries": []}'::jsonb"""),
+        server_default=text(f"'{json.dumps(EMPTY_MEMORY)}'::jsonb")
     )
     # Per-session settings (SPEC §11.2): every field optional; unset fields are absent or null.
-    settings: Mapped[dict[str, Any]] = mapped_column(
-        JSONB, nullable=False, server_default=text("'{}'::jsonb")
-    )
+    settings: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
     # Highest ordinal handed back to the main conversation (SPEC §11.1); never moves down, 0 after a clear.
-    handed_off_through: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    handed_off_through: Mapped[int] = mapped_column(server_default=text("0"))
     # Round-robin fairness (SPEC §9): the session that last started a request longest ago goes first.
-    last_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_started_at: Mapped[datetime | None]
     # The last clear or archive restore (migration 0010): session-level events up to this id belong to
     # the history it replaced, hidden from session streams opened after ``cleared_at``.
-    cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cleared_at: Mapped[datetime | None]
     cleared_through_event: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
@@ -129,45 +128,43 @@ class RequestRow(Base):
         Index("ix_requests_deleted", "deleted_at", postgresql_where=text("deleted_at IS NOT NULL")),
     )
 
-    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
-    ordinal: Mapped[int] = mapped_column(Integer, nullable=False)
-    question: Mapped[str] = mapped_column(Text, nullable=False)
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    session_id: Mapped[uuid.UUID] = _session_id()
+    ordinal: Mapped[int]
+    question: Mapped[str]
     snapshot_id: Mapped[str | None] = mapped_column(String(500))
-    status: Mapped[str] = mapped_column(String(20), nullable=False, server_default=text("'queued'"))
+    status: Mapped[str] = mapped_column(String(20), server_default=text("'queued'"))
     stage: Mapped[str | None] = mapped_column(String(40))
-    answer: Mapped[str | None] = mapped_column(Text)
-    truncated: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    answer: Mapped[str | None]
+    truncated: Mapped[bool] = mapped_column(server_default=text("false"))
     stop_reason: Mapped[str | None] = mapped_column(String(60))
-    error: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
-    usage: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=_EMPTY_USAGE)
-    context_info: Mapped[dict[str, Any]] = mapped_column(
-        JSONB, nullable=False, server_default=text("'{}'::jsonb")
-    )
+    error: Mapped[dict[str, Any] | None]
+    usage: Mapped[dict[str, Any]] = mapped_column(server_default=_EMPTY_USAGE)
+    context_info: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
     # The options the request was admitted with (model, context_window, max_output_tokens, …).
-    options: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
-    clear_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    options: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
+    clear_version: Mapped[int]
     model: Mapped[str | None] = mapped_column(String(200))
-    attempt: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    attempt: Mapped[int] = mapped_column(server_default=text("0"))
     # The last event seq handed out; bumped with UPDATE … RETURNING so seqs never collide.
-    event_seq: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    event_seq: Mapped[int] = mapped_column(server_default=text("0"))
     idempotency_key: Mapped[str | None] = mapped_column(String(300))
     body_hash: Mapped[str | None] = mapped_column(String(64))
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    cancel_requested: Mapped[bool] = mapped_column(server_default=text("false"))
     # Pinned for the next hand-off (SPEC §11.1); only a succeeded request can be pinned.
-    pinned: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    pinned: Mapped[bool] = mapped_column(server_default=text("false"))
     # SPEC §5 estimate of this request's rendered Q&A group, stored when it succeeds, so that
     # organizing_history never re-encodes the history.
-    qa_tokens: Mapped[int | None] = mapped_column(Integer)
+    qa_tokens: Mapped[int | None]
     lease_owner: Mapped[str | None] = mapped_column(String(200))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
     # A clear hides requests at once (404) and a sweep purges them later, so that streams
     # already open can still read their final `cancelled` events (docs/architecture.md).
-    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    deleted_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = _now()
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
 
 
 class EventRow(Base):
@@ -182,14 +179,12 @@ class EventRow(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
     request_id: Mapped[uuid.UUID | None] = mapped_column(
-        UUID(as_uuid=True),
-        ForeignKey("side_question_requests.id", ondelete="CASCADE"),
-        nullable=True,
+        ForeignKey("side_question_requests.id", ondelete="CASCADE")
     )
-    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
-    seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    type: Mapped[str] = mapped_column(String(20), nullable=False)
-    data: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    session_id: Mapped[uuid.UUID] = _session_id()
+    seq: Mapped[int | None]
+    type: Mapped[str] = mapped_column(String(20))
+    data: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = _now()
 
 
@@ -200,15 +195,15 @@ class SnapshotRow(Base):
 
     session_id: Mapped[uuid.UUID] = _session_id(primary_key=True)
     snapshot_id: Mapped[str] = mapped_column(String(500), primary_key=True)
-    content: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
-    content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
-    token_estimate: Mapped[int] = mapped_column(Integer, nullable=False)
-    size_bytes: Mapped[int] = mapped_column(Integer, nullable=False)
+    content: Mapped[dict[str, Any]] = mapped_column(JSON)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    token_estimate: Mapped[int]
+    size_bytes: Mapped[int]
     # The snapshot prepared once when stored: normalised messages, per-message estimates,
     # groups. ``prepared_version`` names the format, so a change of the estimator can recompute it.
     # JSON (text), not JSONB: it is only ever read whole, and text costs PostgreSQL no parsing.
     prepared: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    prepared_version: Mapped[int | None] = mapped_column(Integer)
+    prepared_version: Mapped[int | None]
     created_at: Mapped[datetime] = _now()
 
 
@@ -231,26 +226,26 @@ class JobRow(Base):
         Index("ix_jobs_session", "session_id", "created_at"),
     )
 
-    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
-    kind: Mapped[str] = mapped_column(String(40), nullable=False)
-    key: Mapped[str] = mapped_column(String(200), nullable=False)
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    session_id: Mapped[uuid.UUID] = _session_id()
+    kind: Mapped[str] = mapped_column(String(40))
+    key: Mapped[str] = mapped_column(String(200))
     # What the job needs to run (snapshot id, ordinal range, model, …).
-    params: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
-    status: Mapped[str] = mapped_column(String(20), nullable=False, server_default=text("'queued'"))
-    clear_version: Mapped[int] = mapped_column(Integer, nullable=False)
-    attempt: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
-    calls: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    params: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))
+    status: Mapped[str] = mapped_column(String(20), server_default=text("'queued'"))
+    clear_version: Mapped[int]
+    attempt: Mapped[int] = mapped_column(server_default=text("0"))
+    calls: Mapped[int] = mapped_column(server_default=text("0"))
     # What the finished job covers (e.g. {"covered_messages": n} or {"covered_through_ordinal": n}).
-    covered: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
-    usage: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=_EMPTY_USAGE)
-    error: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    covered: Mapped[dict[str, Any] | None]
+    usage: Mapped[dict[str, Any]] = mapped_column(server_default=_EMPTY_USAGE)
+    error: Mapped[dict[str, Any] | None]
     lease_owner: Mapped[str | None] = mapped_column(String(200))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = _now()
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
 
 
 class HandoffRow(Base):
@@ -268,11 +263,11 @@ class HandoffRow(Base):
         ),
     )
 
-    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
-    session_id: Mapped[uuid.UUID] = _session_id(nullable=False)
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    session_id: Mapped[uuid.UUID] = _session_id()
     # The whole public hand-off object as returned by POST (SPEC §11.1), minus id/parent_id.
-    body: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
-    through_ordinal: Mapped[int | None] = mapped_column(Integer)
+    body: Mapped[dict[str, Any]]
+    through_ordinal: Mapped[int | None]
     idempotency_key: Mapped[str | None] = mapped_column(String(300))
     body_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = _now()
@@ -285,7 +280,7 @@ class CalibrationRow(Base):
 
     provider: Mapped[str] = mapped_column(String(40), primary_key=True)
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
-    samples: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
-    sum_estimate: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
-    sum_provider: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
+    samples: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    sum_estimate: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    sum_provider: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     updated_at: Mapped[datetime] = _now()

@@ -1,19 +1,14 @@
-"""The queue: claim, lease + heartbeat, the way back to the queue, the recovery sweep — with
-:mod:`.lease` (the guard of every worker write) and :mod:`.terminal` (the one terminal transition),
-the worker's front door: it never writes SQL itself. The claim itself is ``sidequest_claim``
+"""The queue: claim, lease + heartbeat, the way back to the queue, the recovery sweep (with
+:mod:`.lease` and :mod:`.terminal`, the worker's front door). The claim is ``sidequest_claim``
 (sql/queue.sql), which keeps these invariants:
 
-- **Global cap** (SPEC §9): every claim counts ``running`` rows under one advisory lock, so claims
-  are serialised and each sees every earlier one.
+- **Global cap** (SPEC §9): every claim counts ``running`` rows under one advisory lock.
 - **One running per session, in ordinal order**, and **round robin**: the session whose
   ``last_started_at`` is oldest goes first.
 - **Never waiting on the API**: the pick locks the request and its session row with ``SKIP
-  LOCKED`` (``FOR NO KEY UPDATE``, as every session-row lock: ``sessions.lock_or_create_session``
-  says why); a session an admission or a clear holds is skipped, and their commit NOTIFYs the queue.
-- **Lease**: every later write of the worker is guarded by ``status = 'running' AND lease_owner =
-  <me>``, so a request cancelled, cleared or swept is never written by a worker that lost it.
-- **Recovery**: an expired lease is re-run once (``attempt`` 2), else failed with ``worker_lost``;
-  background jobs share the heartbeat and the sweep.
+  LOCKED``; a session an admission or a clear holds is skipped, and their commit NOTIFYs the queue.
+- **Lease** (:mod:`.lease`) and **recovery**: an expired lease is re-run once (``attempt`` 2), else
+  failed with ``worker_lost``; background jobs share the heartbeat and the sweep.
 - **Slot NOTIFYs** say why: ``freed:<session id>`` when a slot frees, the bare id on an admission.
 """
 
@@ -75,8 +70,8 @@ async def claim_next(tx: Executor, *, owner: str, lease_s: float, max_running: i
 async def try_claim(
     tx: Executor, *, owner: str, lease_s: float, max_running: int
 ) -> tuple[Claimed | None, bool]:
-    """Claim the next request per SPEC §9 (``sidequest_claim``, inside the caller's transaction);
-    also says whether the cluster is at its cap (then None)."""
+    """Claim the next request per SPEC §9 (``sidequest_claim``); also says whether the cluster is at
+    its cap (then None)."""
     row = await fetch_one(
         tx,
         queries.claim_request,
@@ -127,37 +122,31 @@ async def heartbeat(
     lease_s: float,
     jobs: Mapping[uuid.UUID, str] | None = None,
 ) -> Held:
-    """Extend the leases of the requests and background jobs a worker holds, inside the caller's
-    transaction. ``requests`` and ``jobs`` map each id to the lease owner of its run's claim (never
-    an earlier claim's). An id missing from the result (cancelled, cleared, finished, taken over, or
-    a request with ``cancel_requested``) must stop."""
-    jobs = jobs or {}
-    if not requests and not jobs:
-        return Held(set(), set())
-    held_requests: set[uuid.UUID] = set()
-    held_jobs: set[uuid.UUID] = set()
+    """Extend the leases of the requests and background jobs a worker holds, each id mapped to the
+    lease owner of its run's claim. An id missing from the result (cancelled, cleared, finished,
+    taken over, or a request with ``cancel_requested``) must stop."""
+    held = Held(set(), set())
     if requests:
         rows = await tx.execute(
             queries.heartbeat_requests,
             {"ids": list(requests), "owners": list(requests.values()), "lease_s": lease_s},
         )
-        held_requests = {r.id for r in rows if not r.cancel_requested}
+        held.requests.update(r.id for r in rows if not r.cancel_requested)
     if jobs:
         rows = await tx.execute(
             queries.heartbeat_jobs,
             {"ids": list(jobs), "owners": list(jobs.values()), "lease_s": lease_s},
         )
-        held_jobs = {r.id for r in rows}
-    return Held(held_requests, held_jobs)
+        held.jobs.update(r.id for r in rows)
+    return held
 
 
 async def requeue_request(
     tx: Executor, request_id: uuid.UUID, *, reason: RequeueReason, owner: str | None = None
 ) -> bool:
-    """THE way back to ``queued`` of a running request, inside the caller's transaction: a worker's
-    graceful stop (``worker_stopped``, guarded by its ``owner``; the attempt does not count) or the
-    sweep (``worker_lost``). Writes the ``progress`` event (clients discard the text so far) and the
-    ``status`` event, NOTIFYs a free slot. False, writing nothing, when it is not ``owner``'s running."""
+    """THE way back to ``queued`` of a running request: a worker's graceful stop (``worker_stopped``,
+    guarded by its ``owner``; the attempt does not count) or the sweep (``worker_lost``). Its
+    ``progress`` event tells clients to discard the text so far. False when nothing was written."""
     if owner is not None and not await lock_if_held(tx, request_id, owner):
         return False
     row = await fetch_one(
@@ -176,22 +165,20 @@ async def requeue_request(
 class SweepResult:
     """What one recovery sweep did (requests and background jobs)."""
 
-    requeued: list[uuid.UUID]
-    failed: list[uuid.UUID]
+    requeued: list[uuid.UUID] = field(default_factory=list)
+    failed: list[uuid.UUID] = field(default_factory=list)
     jobs_requeued: list[uuid.UUID] = field(default_factory=list)
     jobs_failed: list[uuid.UUID] = field(default_factory=list)
 
 
 async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -> SweepResult:
-    """Recover requests and background jobs whose lease expired (their worker died), inside the
-    caller's transaction: each is re-run once (:func:`requeue_request`, :func:`jobs.requeue_job`),
-    else failed with ``worker_lost`` (what it recorded is kept); an expired registration just ends."""
-    requeued: list[uuid.UUID] = []
-    failed: list[uuid.UUID] = []
+    """Recover requests and background jobs whose lease expired (their worker died): each is re-run
+    once, else failed with ``worker_lost`` (what it recorded is kept); a registration just ends."""
+    result = SweepResult()
     for row in (await tx.execute(queries.expired_requests)).all():
         if row.attempt < max_attempts:
             await requeue_request(tx, row.id, reason="worker_lost")
-            requeued.append(row.id)
+            result.requeued.append(row.id)
         else:
             await finish_request(
                 tx,
@@ -200,13 +187,11 @@ async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -
                 owner=None,
                 error=worker_lost_error(row.attempt, row.stage, "request"),
             )
-            failed.append(row.id)
-    jobs_requeued: list[uuid.UUID] = []
-    jobs_failed: list[uuid.UUID] = []
+            result.failed.append(row.id)
     for job in (await tx.execute(queries.expired_jobs)).all():
         if job.made_by == "background" and job.attempt < max_attempts:
             await jobs.requeue_job(tx, job.id, reason="worker_lost")
-            jobs_requeued.append(job.id)
+            result.jobs_requeued.append(job.id)
         else:
             await jobs.finish_job(
                 tx,
@@ -216,5 +201,5 @@ async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -
                 calls=job.calls,
                 error=worker_lost_error(job.attempt, None, "job"),
             )
-            jobs_failed.append(job.id)
-    return SweepResult(requeued=requeued, failed=failed, jobs_requeued=jobs_requeued, jobs_failed=jobs_failed)
+            result.jobs_failed.append(job.id)
+    return result

@@ -27,9 +27,8 @@ MIGRATIONS_DIR = ROOT / "migrations"
 
 
 def _alembic_config() -> Any:
-    """The service's Alembic configuration: alembic.ini, the migrations shipped with this code, and
-    the service's own logging left as it is (alembic.ini's would set the root logger to WARNING in
-    env.py and silence every INFO line of the process after start-up)."""
+    """The service's Alembic configuration, the service's own logging left as it is (alembic.ini's
+    would set the root logger to WARNING and silence every INFO line of the process after start-up)."""
     from alembic.config import Config
 
     config = Config(str(ALEMBIC_INI))
@@ -55,9 +54,8 @@ READINESS_TIMEOUT_S: Final = 3.0
 
 async def readiness(db: Database) -> tuple[str | None, bool]:
     """``(revision, accepts writes)`` on one connection: the schema's revision (None when never
-    migrated) and whether a transaction opened now could write — false on a standby (or a primary
-    demoted in a failover) and while ``default_transaction_read_only`` is on. ``TimeoutError``
-    after :data:`READINESS_TIMEOUT_S`."""
+    migrated) and whether a transaction opened now could write (false on a standby, or while
+    ``default_transaction_read_only`` is on)."""
     async with asyncio.timeout(READINESS_TIMEOUT_S):
         return await _readiness(db)
 

@@ -1,10 +1,7 @@
-"""The tenant's sessions, most recently active first (``GET /v1/sessions``), keyset-paginated.
-
-"Activity" is the session row's ``updated_at``: what a client did moves it, a background summary
-does not (docs/api.md). Pages are ordered by ``(updated_at, id)`` descending (the id breaks ties)
-along an index, so a page costs the same however deep it is. The cursor, opaque to clients, is
-URL-safe base64 of ``[updated_at, id]`` of the previous page's last session: a session that becomes
-active meanwhile moves to the front and is not shown again further down; none is skipped.
+"""The tenant's sessions, most recently active first (``GET /v1/sessions``), keyset-paginated along
+an index on ``(updated_at, id)``, so a page costs the same however deep it is. The cursor is the
+previous page's last ``[updated_at, id]``: a session that becomes active meanwhile moves to the front
+and is not shown again further down; none is skipped.
 """
 
 from __future__ import annotations

@@ -56,12 +56,8 @@ class InvalidSnapshot(SidequestError):
 
 
 def prepare_or_refuse(content: dict[str, Any], encoded: EncodedSnapshot | None = None) -> PreparedSnapshot:
-    """Prepare a snapshot once (normalise, estimate, group, hash: :mod:`service.budget.prepared`).
-
-    Raises :class:`InvalidSnapshot` when the snapshot does not normalise (e.g. a tool that is not an
-    object) or is one no provider would take (:func:`snapshot_shape_problem`): refusing it at
-    admission is better than failing the request later in the worker.
-    """
+    """Prepare a snapshot once (:mod:`service.budget.prepared`), refusing (:class:`InvalidSnapshot`)
+    one that does not normalise or no provider would take: better at admission than in the worker."""
     problem = snapshot_shape_problem(content)
     if problem is not None:
         raise InvalidSnapshot(f"snapshot is not a valid main-session context: {problem}")
@@ -89,14 +85,9 @@ async def find_session(tx: AsyncSession, tenant: str, parent_id: str) -> Session
 
 
 async def lock_or_create_session(tx: AsyncSession, tenant: str, parent_id: str) -> SessionRow:
-    """Get-or-create the session and lock its row (``FOR NO KEY UPDATE``) for the caller's transaction.
-
-    The lock serialises ordinal assignment, the queued-count check and idempotency lookups of one
-    session; callers keep that transaction short. Not ``FOR UPDATE``: a worker appending an event
-    holds the session's event advisory lock and then inserts a row whose foreign key takes ``KEY
-    SHARE`` on this row; ``FOR UPDATE`` would block that insert while this transaction waits for
-    the same advisory lock, a deadlock PostgreSQL breaks by failing one side.
-    """
+    """Get-or-create the session and lock its row for the caller's (short) transaction: it serialises
+    the session's admissions, clears and restores. ``FOR NO KEY UPDATE``, never ``FOR UPDATE``, which
+    deadlocks with a worker's event insert (docs/architecture.md, "Admission")."""
     await execute(tx, queries.create_session, {"tenant": tenant, "parent_id": parent_id})
     session_row = await lock_session(tx, tenant, parent_id)
     assert session_row is not None  # inserted or already there, and sessions are never deleted here
@@ -104,8 +95,7 @@ async def lock_or_create_session(tx: AsyncSession, tenant: str, parent_id: str) 
 
 
 async def lock_session(tx: AsyncSession, tenant: str, parent_id: str) -> SessionRow | None:
-    """Lock an existing session row (``FOR NO KEY UPDATE``, see :func:`lock_or_create_session`); None
-    when the tenant has no such session."""
+    """:func:`lock_or_create_session` of an existing session; None when the tenant has none."""
     found = await fetch_models(
         tx, SessionRow, queries.lock_session, {"tenant": tenant, "parent_id": parent_id}
     )
@@ -181,9 +171,8 @@ def memory_overview(memory: dict[str, Any] | None) -> dict[str, Any]:
 
 
 async def read_one_snapshot(tx: AsyncSession) -> None:
-    """Make the reads of ``tx``'s next transaction see one snapshot of the database: under READ
-    COMMITTED an admission committing between a session row's read and its counts' showed counts
-    beyond ``next_ordinal``. A no-op when the transaction has begun already."""
+    """Make ``tx``'s next transaction read one snapshot (under READ COMMITTED an admission committing
+    between a session row's read and its counts' showed counts beyond ``next_ordinal``)."""
     if not tx.in_transaction():
         await tx.connection(execution_options={"isolation_level": "REPEATABLE READ"})
 
@@ -197,9 +186,8 @@ async def session_overview(tx: AsyncSession, tenant: str, parent_id: str) -> dic
 
 
 async def session_overviews(tx: AsyncSession, session_rows: list[SessionRow]) -> list[dict[str, Any]]:
-    """SPEC's session object for each of ``session_rows``, in their order: the one builder of it
-    (``GET /v1/sessions/{parent_id}`` and the list), with one query per kind of data, never one per
-    session."""
+    """SPEC's session object for each of ``session_rows``, in their order (the one builder of it),
+    with one query per kind of data, never one per session."""
     ids = [session_row.id for session_row in session_rows]
     counts = await status_counts_of(tx, ids)
     background = await background_overviews(tx, ids)
@@ -224,8 +212,7 @@ async def history_page(
     tx: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: int | None
 ) -> dict[str, Any] | None:
     """The newest ``limit`` visible requests with ordinal < ``before``, in ascending ordinal; None
-    when the session does not exist. ``next_before`` is the page's smallest ordinal when older
-    requests remain (``before`` of the previous page), else None."""
+    when the session does not exist."""
     session_row = await find_session(tx, tenant, parent_id)
     if session_row is None:
         return None
@@ -242,13 +229,10 @@ async def history_page(
 
 @dataclass(frozen=True)
 class SnapshotJobPolicy:
-    """When storing a snapshot queues a background context summary (SPEC §6.6, second trigger).
-
-    ``enabled`` is ``SIDEQUEST_BACKGROUND_SUMMARIES=on``; the window and cap are the service's
-    defaults, used after the session's settings and the snapshot's own numbers (SPEC §5 order).
-    ``expecting``, when set, is told of a snapshot whose job will be queued, before it is written
-    (``sidequest serve``: this process's worker renders the summary's material meanwhile).
-    """
+    """When storing a snapshot queues a background context summary (SPEC §6.6, second trigger). The
+    window and cap are the service's defaults, after the session's and the snapshot's (SPEC §5).
+    ``expecting`` is told of a snapshot whose job will be queued before it is written (``sidequest
+    serve``: this process's worker renders the summary's material meanwhile)."""
 
     enabled: bool
     context_window: int | None
@@ -271,9 +255,8 @@ class SnapshotJobPolicy:
         self, prepared: PreparedSnapshot, session_row: SessionRow, expected: dict[str, int]
     ) -> bool:
         """Would a question on this snapshot need a summary (tier 2: masking needs none), with the
-        session's expected numbers? The snapshot alone is the test: the question and the side Q&A
-        only add to it, and a job found unneeded ends with no call. The raw estimate: the job
-        decides again with the calibration ratio."""
+        session's expected numbers? The snapshot alone, raw estimate: the question and the side Q&A
+        only add to it, and the job decides again (calibrated) and ends with no call if unneeded."""
         window = resolve_window(
             expected.get("context_window"), prepared.snapshot.context_window, self.context_window
         )
@@ -302,7 +285,7 @@ def expected_numbers(
 
 @dataclass(frozen=True)
 class StoredSnapshot:
-    """What a snapshot write or read reports back (never the content itself)."""
+    """What a snapshot write or read reports back (never the content itself); its API view."""
 
     snapshot_id: str
     content_hash: str
@@ -312,17 +295,14 @@ class StoredSnapshot:
     created: bool
 
     def public(self) -> dict[str, Any]:
-        """The API view of the snapshot."""
         return asdict(self)
 
 
 def posted_json(content: dict[str, Any], encoded: EncodedSnapshot) -> str:
-    """``content`` as compact JSON text in its posted key order, for the ``json`` column.
-
-    orjson writes 600 KB in ~1 ms where ``json.dumps`` takes ~8 ms (on the inline admission's path):
-    the same JSON value, not always the same bytes (``1e16`` for ``1e+16``). An encoded snapshot holds
-    no non-finite number (orjson would write null); an integer beyond 64 bits goes the json way.
-    """
+    """``content`` as compact JSON text in its posted key order, for the ``json`` column: orjson
+    writes 600 KB in ~1 ms where ``json.dumps`` takes ~8 ms (on the inline admission's path). The same
+    JSON value, not always the same bytes (``1e16`` for ``1e+16``); an encoded snapshot holds no
+    non-finite number (orjson would write null)."""
     try:
         return orjson.dumps(content).decode("utf-8")
     except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits, say
@@ -340,13 +320,10 @@ async def store_snapshot(
     encoded: EncodedSnapshot | None = None,
     prepared: PreparedSnapshot | None = None,
 ) -> StoredSnapshot:
-    """Store ``content`` under ``snapshot_id`` (or its content hash) in the caller's transaction.
-
-    Idempotent for identical content; raises :class:`SnapshotConflict` when the id already holds
-    other content and :class:`InvalidSnapshot` when the snapshot cannot be read. Given the
-    ``session_row`` and a ``jobs`` policy, a new snapshot may queue its background context summary
-    (SPEC §6.6). ``encoded`` / ``prepared``: the caller's own encoding and preparation of it (the
-    API needs them first), so a 600 KB snapshot is serialised once, not five times.
+    """Store ``content`` under ``snapshot_id`` (or its content hash); idempotent for identical
+    content, else :class:`SnapshotConflict`. Given the ``session_row`` and a ``jobs`` policy, a new
+    snapshot may queue its background context summary (SPEC §6.6). ``encoded`` / ``prepared``: the
+    caller's own (the API needs them first), so a 600 KB snapshot is serialised once, not five times.
     """
     if encoded is None:
         encoded = encode_or_refuse(content)

@@ -1,11 +1,6 @@
-"""Per-session settings (SPEC §11.2): their read and their one write.
-
-The settings live in ``side_question_sessions.settings`` (JSONB). A field that is unset is simply
-absent there; the public object always names every field, with ``null`` for unset ones. A PUT
-changes only the fields it names, and ``null`` clears a field. Nothing but a PUT changes them: a clear
-keeps them, an archive restore brings the archive's (see :mod:`service.store.archive`). Their rules
-are one model, :class:`service.archive.model.SessionSettingsIn`, that a PUT and a restore both
-validate with.
+"""Per-session settings (SPEC §11.2, docs/api.md "Session settings"): their read and their one write.
+An unset field is absent from ``side_question_sessions.settings``; the public object names every
+field, ``null`` when unset. Their rules are one model, :class:`service.archive.model.SessionSettingsIn`.
 """
 
 from __future__ import annotations

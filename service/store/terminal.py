@@ -1,7 +1,6 @@
 """THE terminal transition of a side request (:func:`finish_request`), and the worker's ways to
-reach it. Every way a request ends goes through it — the worker's success and failure, the API's
-cancel and clear, the sweep; the two departures on purpose (the ``on_busy`` interrupt inside the
-admission's SQL function, archive restore) are in docs/architecture.md.
+reach it; every way a request ends goes through it but two, on purpose (docs/architecture.md, "Data
+flow of one side question", 4).
 """
 
 from __future__ import annotations
@@ -46,13 +45,10 @@ async def finish_request(
     context_info: dict[str, Any] | None = None,
     with_record: bool = False,
 ) -> Ended | None:
-    """THE terminal transition of a request, inside the caller's transaction: two statements
-    (sql/terminal.sql), the guarded UPDATE, then the events once the record is built from its row.
-
-    Guarded by the status it leaves (``from_statuses``) and, given ``owner``, the worker's lease, so
-    whichever terminal write lands first wins and every other is a no-op (None). Writes the row, the
-    ``status`` event, then ``done`` (with the record) or ``error``, and NOTIFYs that a slot is free.
-    """
+    """THE terminal transition of a request (sql/terminal.sql): the UPDATE guarded by the status it
+    leaves and, given ``owner``, the worker's lease, so the first terminal write wins and every other
+    is a no-op (None); then the ``status`` event, ``done`` (with the record) or ``error``, and the
+    NOTIFY of a free slot."""
     if status == Status.SUCCEEDED:
         error = None
     elif error is None:
@@ -130,13 +126,10 @@ async def finish_succeeded(
     follow_ups: tuple[FollowUp, ...] = (),
     tail: AnswerTail | None = None,
 ) -> dict[str, Any] | None:
-    """The worker's success, inside the caller's transaction: the terminal state, ``status`` +
-    ``done``, and its follow-up background jobs; None when the worker no longer holds the request.
-
-    ``tail`` is what the answer's end still has to write (its last text, its call, its calibration
-    sample), written first, so the end of an answer is one commit (one fsync) instead of four. Its
-    ledger entry and sample are written even when the request is lost: the tokens were spent.
-    """
+    """The worker's success and its follow-up background jobs; None when the worker no longer holds
+    the request. ``tail`` (the answer's last text, its call, its calibration sample) is written first,
+    so the end of an answer is one commit instead of four; its ledger entry and sample even when the
+    request is lost: the tokens were spent."""
     usage = None
     if tail is not None:
         added = True  # a retried end whose first COMMIT was applied finds its call recorded
@@ -192,8 +185,8 @@ async def finish_failed(
     model: str | None = None,
     context_info: dict[str, Any] | None = None,
 ) -> bool:
-    """The worker's failure or cancel settlement, inside the caller's transaction (``model``: the
-    answer model, when it got that far); False, writing nothing, when ``owner`` lost the request."""
+    """The worker's failure or cancel settlement (``model``: the answer model, when it got that far);
+    False, writing nothing, when ``owner`` lost the request."""
     ended = await finish_request(
         tx,
         request_id,

@@ -7,6 +7,7 @@ import asyncio
 from service.budget import Calibration
 from service.store import calibration as store
 from service.store.db import Database
+from service.store.stats import read_request_stats
 
 
 async def _sample(db: Database, model: str, estimate: int, reported: int | None) -> bool:
@@ -29,7 +30,7 @@ async def test_unreported_and_empty_samples_write_nothing(db: Database) -> None:
     assert not await _sample(db, "m", 0, 120)
     async with db.sessions() as session:
         assert await store.load_calibration(session, "openai", "m") == Calibration.empty()
-        assert await store.all_calibrations(session) == []
+        assert (await read_request_stats(session)).calibration == []
 
 
 async def test_counters_are_keyed_by_provider_and_model(db: Database) -> None:
@@ -38,8 +39,8 @@ async def test_counters_are_keyed_by_provider_and_model(db: Database) -> None:
     async with db.sessions() as session:
         async with session.begin():
             await store.add_sample(session, "anthropic", "a", 10, 10)
-        rows = await store.all_calibrations(session)
-    assert [(r.provider, r.model, r.calibration.samples) for r in rows] == [
+        rows = (await read_request_stats(session)).calibration
+    assert [(provider, model, samples) for provider, model, samples, _, _ in rows] == [
         ("anthropic", "a", 1),
         ("openai", "a", 1),
         ("openai", "b", 1),

@@ -153,9 +153,8 @@ BEGIN
     )
     RETURNING * INTO req;
 
-    -- The session's event lock around allocating event ids (events.py): the session's events
-    -- commit in id order, so a session stream resumes without gaps.
-    PERFORM pg_advisory_xact_lock(hashtextextended(v_sid::text, 7));
+    -- The session's event lock around allocating event ids (events.sql).
+    PERFORM sidequest_lock_session_events(v_sid);
     v_at := to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
     FOR i IN 1 .. coalesce(array_length(v_ids, 1), 0) LOOP
         INSERT INTO side_question_events (request_id, session_id, seq, type, data)

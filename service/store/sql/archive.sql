@@ -34,5 +34,5 @@ SET memory = CAST(CAST(:memory AS text) AS jsonb),
 WHERE id = :session_id;
 
 -- name: lock_session_events
--- The session's event lock (as sidequest_append_event takes it): its events' ids commit in order.
-SELECT pg_advisory_xact_lock(hashtextextended(CAST(CAST(:session_id AS uuid) AS text), 7));
+-- The session's event lock (events.sql): its events' ids commit in order.
+SELECT sidequest_lock_session_events(CAST(:session_id AS uuid));

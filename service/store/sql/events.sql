@@ -2,6 +2,16 @@
 -- under the session's event lock (taken before the row's global id is drawn, so a session stream
 -- never sees a later id commit before an earlier one), with its NOTIFY.
 
+-- function: sidequest_lock_session_events
+-- THE session's event lock, held until commit: every writer of a session's events (these two, the
+-- admission, an archive restore) takes it before an event's global id is drawn, so the session's
+-- events commit in id order and a session stream resumes without gaps. The key must never change
+-- while an older process may still hold the lock under it.
+CREATE OR REPLACE FUNCTION sidequest_lock_session_events(p_session_id uuid) RETURNS void
+LANGUAGE sql AS $fn$
+    SELECT pg_advisory_xact_lock(hashtextextended(p_session_id::text, 7))
+$fn$;
+
 -- function: sidequest_append_event
 -- One request event in one round trip (0004_append_event), inside the caller's transaction: bump the
 -- request's seq, take the session's event lock, insert the row with its envelope, NOTIFY.
@@ -24,7 +34,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'request % does not exist', p_request_id USING ERRCODE = 'no_data_found';
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtextextended(v_sid::text, 7));
+    PERFORM sidequest_lock_session_events(v_sid);
     INSERT INTO side_question_events (request_id, session_id, seq, type, data)
     VALUES (
         p_request_id, v_sid, v_seq, p_type,
@@ -54,7 +64,7 @@ DECLARE
     v_id bigint;
     v_data jsonb;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_session_id::text, 7));
+    PERFORM sidequest_lock_session_events(p_session_id);
     INSERT INTO side_question_events (request_id, session_id, seq, type, data)
     VALUES (
         NULL, p_session_id, NULL, p_type,

@@ -9,7 +9,7 @@ SELECT content_hash FROM main_snapshots WHERE session_id = :sid AND snapshot_id 
 -- name: history_page
 -- Succeeded, answered, not cleared Q&A of the current history between two ordinals, in order.
 SELECT ordinal, question, answer, created_at, qa_tokens FROM side_question_requests
-WHERE session_id = :sid AND status = :succeeded AND deleted_at IS NULL
+WHERE session_id = :sid AND status = 'succeeded' AND deleted_at IS NULL
   AND clear_version = :cv AND answer IS NOT NULL
   AND ordinal > :after AND ordinal < :before
 ORDER BY ordinal
@@ -21,7 +21,7 @@ LIMIT :limit;
 SELECT t.taken_at FROM side_question_requests r
 JOIN main_snapshots s ON s.session_id = r.session_id AND s.snapshot_id = r.snapshot_id
 CROSS JOIN LATERAL (SELECT NULLIF(COALESCE(s.prepared ->> 'taken_at', s.content ->> 'taken_at'), '') AS taken_at) t
-WHERE r.session_id = :sid AND r.status = :succeeded AND r.deleted_at IS NULL
+WHERE r.session_id = :sid AND r.status = 'succeeded' AND r.deleted_at IS NULL
   AND r.clear_version = :cv AND r.ordinal > :after AND r.ordinal <= :through
   AND t.taken_at IS NOT NULL
 ORDER BY r.ordinal DESC

@@ -111,7 +111,7 @@ WITH queued AS (
     ON CONFLICT (session_id, kind, key) WHERE status IN ('queued', 'running') DO NOTHING
     RETURNING id, session_id, kind
 )
-SELECT q.id, sidequest_memory_event(q.session_id, q.id, q.kind, :status, 0, NULL, :at, :notify)
+SELECT q.id, sidequest_memory_event(q.session_id, q.id, q.kind, 'queued', 0, NULL, :at, 'queued')
 FROM queued q;
 
 -- name: register_inline
