@@ -20,7 +20,7 @@ from service.store.db import Database, driver_chain
 from service.store.events import mark_session_events_cleared
 from service.store.execute import execute, fetch_all, fetch_one, fetch_value, json_text, notify
 from service.store.jobs import cancel_session_jobs
-from service.store.models import EMPTY_MEMORY
+from service.store.models import empty_memory
 from service.store.records import record_of_row, request_record
 from service.store.sessions import (
     SnapshotJobPolicy,
@@ -275,7 +275,7 @@ async def clear_session(tx: AsyncSession, tenant: str, parent_id: str) -> dict[s
     hidden = await fetch_value(tx, queries.hide_session_requests, {"session_id": session_row.id})
     await cancel_session_jobs(tx, session_row.id)
     await mark_session_events_cleared(tx, session_row.id)
-    params = {"session_id": session_row.id, "empty_memory": json_text(EMPTY_MEMORY)}
+    params = {"session_id": session_row.id, "empty_memory": json_text(empty_memory())}
     reset = await fetch_one(tx, queries.reset_cleared_session, params)
     assert reset is not None
     return {**reset, "cleared_requests": int(hidden), "cancelled_requests": len(cancelled)}

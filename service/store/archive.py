@@ -5,7 +5,6 @@ it: docs/archive.md). The format — validation, upgrades, encoding, the JSON Sc
 
 from __future__ import annotations
 
-import copy
 import json
 import uuid
 from dataclasses import asdict, dataclass
@@ -28,7 +27,7 @@ from service.archive import (
 from service.store import queries
 from service.store.events import mark_session_events_cleared
 from service.store.execute import execute, fetch_all, fetch_models, json_text, notify
-from service.store.models import EMPTY_MEMORY, EMPTY_USAGE, EventRow, HandoffRow, RequestRow
+from service.store.models import EventRow, HandoffRow, RequestRow, empty_memory, empty_usage
 from service.store.records import request_record
 from service.store.sessions import find_session, lock_or_create_session, status_counts_of
 from service.vocabulary import EVENTS_CHANNEL as NOTIFY_CHANNEL
@@ -105,7 +104,7 @@ async def export_archive(tx: AsyncSession, tenant: str, parent_id: str, version:
         version=version,
         parent_id=parent_id,
         requests=tuple(_archived(r, ordinal_of) for r in rows),
-        memory={**EMPTY_MEMORY, **(session_row.memory or {})},
+        memory={**empty_memory(), **(session_row.memory or {})},
         handoffs=tuple(ArchivedHandoff(h["created_at"], h["body"], h["through_ordinal"]) for h in handoffs),
         handed_off_through=session_row.handed_off_through,
         settings=session_row.settings,
@@ -119,7 +118,7 @@ def _archived(row: RequestRow, ordinal_of: dict[str, int]) -> ArchivedRequest:
         **{
             **values,
             "error": archived_error(row.error, ordinal_of),
-            "usage": row.usage or copy.deepcopy(EMPTY_USAGE),
+            "usage": row.usage or empty_usage(),
             "context_info": row.context_info or {},
         }
     )
@@ -183,7 +182,7 @@ async def restore_archive(
     session_values = {
         "session_id": session_row.id,
         # Missing parts of the memory are empty, as in a fresh session; other keys are kept as they are.
-        "memory": json_text({**EMPTY_MEMORY, **(archive.memory or {})}),
+        "memory": json_text({**empty_memory(), **(archive.memory or {})}),
         "clear_version": clear_version,
         "next_ordinal": next_ordinal,
         "handed_off_through": archive.handed_off_through,
@@ -209,7 +208,7 @@ async def restore_archive(
     rows = [
         RequestRow(
             **{name: getattr(item, name) for name in QUESTION_FIELDS[3] if name != "usage"},
-            usage=item.usage if item.usage is not None else copy.deepcopy(EMPTY_USAGE),
+            usage=item.usage if item.usage is not None else empty_usage(),
             id=uuid.uuid4(),
             session_id=session_row.id,
             stage=None,

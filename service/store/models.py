@@ -36,15 +36,17 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-EMPTY_MEMORY: dict[str, Any] = {"qa_summary": None, "context_summaries": []}
-# A usage object with nothing spent (SPEC §3): a new row's, and a record's when its row has none.
-EMPTY_USAGE: dict[str, Any] = {
-    "input_tokens": 0,
-    "output_tokens": 0,
-    "reasoning_tokens": 0,
-    "cached_tokens": 0,
-    "calls": [],
-}
+
+def empty_memory() -> dict[str, Any]:
+    """A session's memory before anything was summarised; a new dict (and list) per call, so that
+    filling one never changes another's."""
+    return {"qa_summary": None, "context_summaries": []}
+
+
+def empty_usage() -> dict[str, Any]:
+    """A usage object with nothing spent (SPEC §3): a new row's, and a record's when its row has none.
+    A new dict (and list) per call, like :func:`empty_memory`."""
+    return {"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "calls": []}
 
 
 class Base(DeclarativeBase):
@@ -68,8 +70,8 @@ def _session_id(**options: Any) -> MappedColumn[Any]:
     return mapped_column(ForeignKey("side_question_sessions.id", ondelete="CASCADE"), **options)
 
 
-# EMPTY_USAGE as a column default.
-_EMPTY_USAGE = text(f"'{json.dumps(EMPTY_USAGE)}'::jsonb")
+# empty_usage() as a column default.
+_EMPTY_USAGE = text(f"'{json.dumps(empty_usage())}'::jsonb")
 
 
 class SessionRow(Base):
@@ -88,7 +90,7 @@ class SessionRow(Base):
     clear_version: Mapped[int] = mapped_column(server_default=text("0"))
     next_ordinal: Mapped[int] = mapped_column(server_default=text("1"))
     memory: Mapped[dict[str, Any]] = mapped_column(
-        server_default=text(f"'{json.dumps(EMPTY_MEMORY)}'::jsonb")
+        server_default=text(f"'{json.dumps(empty_memory())}'::jsonb")
     )
     # Per-session settings (SPEC §11.2): every field optional; unset fields are absent or null.
     settings: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'::jsonb"))

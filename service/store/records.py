@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any, cast
 
-from service.store.models import EMPTY_USAGE, RequestRow
+from service.store.models import RequestRow, empty_usage
 from service.vocabulary import iso_or_none
 
 
@@ -23,7 +23,7 @@ def request_record(row: RequestRow, parent_id: str) -> dict[str, Any]:
         "truncated": row.truncated,
         "stop_reason": row.stop_reason,
         "error": row.error,
-        "usage": row.usage or dict(EMPTY_USAGE),
+        "usage": row.usage or empty_usage(),
         "context_info": row.context_info or {},
         "model": row.model,
         "snapshot_id": row.snapshot_id,

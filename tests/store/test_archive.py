@@ -33,7 +33,7 @@ from service.store.archive import (
     restore_archive,
 )
 from service.store.db import Database
-from service.store.models import EMPTY_MEMORY, EMPTY_USAGE, EventRow, RequestRow, SessionRow
+from service.store.models import EventRow, RequestRow, SessionRow, empty_memory, empty_usage
 from service.store.settings import read_settings, update_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,7 +144,7 @@ async def live_session(db: Database, parent_id: str) -> None:
                     session_id=owner.id,
                     question=f"question {n}",
                     clear_version=2,
-                    usage={**EMPTY_USAGE, "input_tokens": 10 * n, "calls": [{"purpose": "answer", "n": n}]},
+                    usage={**empty_usage(), "input_tokens": 10 * n, "calls": [{"purpose": "answer", "n": n}]},
                     context_info={"window": 1000 + n, "drift": 0.5, "replayed_ordinals": [1, n]},
                     created_at=base + timedelta(minutes=n),
                     started_at=base + timedelta(minutes=n, seconds=1) if spec["status"] != "queued" else None,
@@ -183,10 +183,10 @@ async def test_v1_restores_as_succeeded_history_with_empty_outcome(db: Database)
     assert [r.ordinal for r in rows] == [1, 2, 4]
     assert {r.status for r in rows} == {"succeeded"}
     assert rows[2].answer == "Zwei: billing/invoice.py und billing/tests/test_invoice.py."
-    assert rows[0].usage == EMPTY_USAGE and rows[0].context_info == {} and rows[0].error is None
+    assert rows[0].usage == empty_usage() and rows[0].context_info == {} and rows[0].error is None
     assert rows[0].created_at == datetime(2026, 11, 20, 8, 1, 12, 250000, tzinfo=UTC)
     owner = await session_row(db, "p1")
-    assert owner is not None and owner.memory == EMPTY_MEMORY
+    assert owner is not None and owner.memory == empty_memory()
     assert result.next_ordinal == owner.next_ordinal == 5
 
 
@@ -217,12 +217,12 @@ async def test_v3_missing_newer_fields_restores_with_empty_objects(db: Database)
     jsonschema.validate(document, schema(3))
     await restore(db, "p", document)
     owner = await session_row(db, "p")
-    assert owner is not None and owner.memory == EMPTY_MEMORY and owner.next_ordinal == 8
+    assert owner is not None and owner.memory == empty_memory() and owner.next_ordinal == 8
     (row,) = await requests_of(db, "p")
-    assert row.context_info == {} and row.usage == EMPTY_USAGE and row.error is None
+    assert row.context_info == {} and row.usage == empty_usage() and row.error is None
     exported = await export(db, "p")
     assert exported["session"] == {
-        "memory": EMPTY_MEMORY,
+        "memory": empty_memory(),
         "handoffs": [],
         "handed_off_through": 0,
         "settings": dict.fromkeys(
@@ -348,7 +348,7 @@ async def test_replace_discards_old_history_and_bumps_clear_version(db: Database
     assert result.replaced == 2 and result.restored == 3 and result.clear_version == 1
     exported = await export(db, "p", 3)
     assert [q["ordinal"] for q in exported["questions"]] == [1, 2, 4]
-    assert exported["session"]["memory"] == EMPTY_MEMORY
+    assert exported["session"]["memory"] == empty_memory()
     rows = [r for r in await requests_of(db, "p") if r.deleted_at is None]
     assert {r.clear_version for r in rows} == {1}
     # The highest ordinal the session ever handed out was 2 (v3 fixture); the archive's is 4.
