@@ -340,7 +340,3 @@ class EventHub:
             del self._feeds[(feed.kind, str(feed.key))]
         feed.closed = True
         feed.wake.set()
-
-    def subscriber_count(self) -> int:
-        """Open streams in this process."""
-        return self.streams

@@ -66,9 +66,9 @@ def stream_tenant(request: Request, bearer: str | None, token: str | None, strea
         return bearer
     if token:
         tokens: StreamTokens = request.app.state.stream_tokens
-        grant = tokens.check(token, stream)
-        if grant is not None:
-            return grant.tenant
+        tenant = tokens.check(token, stream)
+        if tenant is not None:
+            return tenant
         raise unauthorized("the stream token is invalid, expired, or for another stream")
     raise unauthorized()
 

@@ -154,13 +154,9 @@ async def admit_question(
     # The JSON FastAPI already parsed (Starlette caches it), not a second parse of the bytes.
     if parsed is None:
         parsed = await request.json()
-    inline: dict[str, Any] | None = None
-    encoded: EncodedSnapshot | None = None
-    prepared: PreparedSnapshot | None = None
-    if body.snapshot is not None:
-        inline = parsed["snapshot"]
-        assert isinstance(inline, dict)
-        encoded, prepared = _prepare_snapshot(request, inline)
+    # A dict: QuestionIn validated it as a Snapshot.
+    inline = parsed["snapshot"] if body.snapshot is not None else None
+    encoded, prepared = _prepare_snapshot(request, inline) if inline is not None else (None, None)
     if idempotency_key is not None:
         check_text(idempotency_key)
     options = {
@@ -246,7 +242,6 @@ async def put_snapshot(
     """
     del body  # validated; the stored content is the JSON as sent (key order kept; strict_input.py)
     content = await request.json()
-    assert isinstance(content, dict)
     encoded, prepared = _prepare_snapshot(request, content)
     async with tx.begin():
         session_row = await lock_or_create_session(tx, tenant, parent_id)

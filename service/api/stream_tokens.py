@@ -12,7 +12,6 @@ import hmac
 import json
 import secrets
 import time
-from dataclasses import dataclass
 
 from service.config import Settings
 
@@ -36,15 +35,6 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-@dataclass(frozen=True)
-class StreamGrant:
-    """What a valid token grants: one tenant, one stream."""
-
-    tenant: str
-    stream: str
-    expires_at: int
 
 
 def request_stream(request_id: str) -> str:
@@ -73,8 +63,9 @@ class StreamTokens:
         payload = json.dumps({"t": tenant, "s": stream, "e": expires}, separators=(",", ":")).encode()
         return f"{_b64(payload)}.{_b64(self._sign(payload))}", expires
 
-    def check(self, token: str, stream: str, now: float | None = None) -> StreamGrant | None:
-        """The grant when ``token`` is genuine, unexpired and for ``stream``; None otherwise."""
+    def check(self, token: str, stream: str, now: float | None = None) -> str | None:
+        """The tenant ``token`` grants ``stream`` to when it is genuine, unexpired and for ``stream``;
+        None otherwise."""
         try:
             payload_part, signature_part = token.split(".", 1)
             payload = _unb64(payload_part)
@@ -85,9 +76,9 @@ class StreamTokens:
             return None
         try:
             data = json.loads(payload)
-            grant = StreamGrant(tenant=str(data["t"]), stream=str(data["s"]), expires_at=int(data["e"]))
+            tenant, granted, expires_at = str(data["t"]), str(data["s"]), int(data["e"])
         except (ValueError, KeyError, TypeError):
             return None
-        if grant.stream != stream or grant.expires_at < (now if now is not None else time.time()):
+        if granted != stream or expires_at < (now if now is not None else time.time()):
             return None
-        return grant
+        return tenant
