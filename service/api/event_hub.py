@@ -1,11 +1,7 @@
-"""The event hub (SPEC §4): one shared reader per stream and process, subscribers fed from memory.
-
-Per process there is one :class:`Feed` per stream key with subscribers (a request id, or a session
-id). Woken by the listener's ``sidequest_events`` notifications, it reads the rows after its last
-cursor — one query per wake-up however many subscribers — encodes each event once, keeps the recent
-ones in a bounded buffer and appends every batch to each subscriber's inbox. The handover without
-duplicates or gaps, the drop of a subscriber that stops draining and why a notification is only a
-wake-up: docs/architecture.md, "Streams". What a connection sends is :mod:`service.api.sse`.
+"""The event hub (SPEC §4): per process, one shared reader (:class:`Feed`) per stream with subscribers,
+woken by ``sidequest_events`` notifications, feeding its subscribers' inboxes from memory. How, and why
+a notification is only a wake-up: docs/architecture.md, "Streams"; what a connection sends:
+:mod:`service.api.sse`.
 """
 
 from __future__ import annotations

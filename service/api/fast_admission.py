@@ -1,12 +1,8 @@
-"""The admission's fast path: a plain, valid ``POST /v1/sessions/{parent_id}/questions`` without FastAPI.
-
-FastAPI's per-request machinery cost most of the CPU an admission took (docs/benchmarks.md). This
-middleware *accepts* only what the route would accept — ``Content-Type: application/json``, a body
-:class:`~service.api.schemas.QuestionIn` validates, a parent id and Idempotency-Key within the
-route's limits, the tenant of the route's own bearer rule — and runs the route's own body,
-:func:`~service.api.routes_sessions.admit_question`. It *declines* everything else (any doubt, any
-error, a repeated header) and the app handles the request as always, from the body read here and
-replayed. So the contract has one home, the route, and this path is only ever a shortcut to it.
+"""The admission's fast path: a plain, valid ``POST /v1/sessions/{parent_id}/questions`` without FastAPI's
+per-request machinery (docs/architecture.md, "Data flow", step 1). It accepts only what the route would
+accept and runs the route's own body, :func:`~service.api.routes_sessions.admit_question`; it declines
+anything else (any doubt, any error, a repeated header), and the app handles the request from the body
+read here and replayed. So the contract has one home, the route.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import routes_sessions
-from service.api.deps import bearer_scheme, tenant_of
+from service.api.deps import bearer_scheme, bearer_tenant
 from service.api.routes_common import DOT_SEGMENTS
 from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
 from service.api.schemas import QuestionIn
@@ -82,7 +78,7 @@ class AdmissionFastPath:
         request = Request(scope, receive)
         try:
             # The route's own scheme and rule: None where the route would answer 401.
-            tenant = tenant_of(scope["app"].state.settings, await bearer_scheme(request))
+            tenant = await bearer_tenant(request, await bearer_scheme(request))
         except Exception:  # a misconfigured token list, say: the app's to answer
             return False
         if tenant is None:

@@ -1,9 +1,5 @@
-"""Archive routes (SPEC §10): ``GET`` exports a session's history, ``POST`` restores one.
-
-Thin on purpose: the format lives in :mod:`service.archive`, every SQL statement in
-:mod:`service.store.archive`; their refusals are :class:`~service.errors.SidequestError` s, which the
-one handler answers; this module documents the routes for ``/openapi.json``.
-"""
+"""Archive routes (SPEC §10): ``GET`` exports a session's history, ``POST`` restores one. The format is
+:mod:`service.archive`'s, the SQL :mod:`service.store.archive`'s; this module documents the routes."""
 
 from __future__ import annotations
 

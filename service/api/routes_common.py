@@ -119,7 +119,7 @@ def resume_point(request: Request, after: int | None) -> tuple[int, bool]:
 
 def sse_response(request: Request, content: Any) -> Response:
     """An EventSourceResponse (with the cheaper send timeout) and this app's ping interval."""
-    hub = hub_of(request)
+    hub: EventHub = request.app.state.hub
     return StreamResponse(
         content,
         ping=hub.ping_s,
@@ -158,9 +158,3 @@ SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
     },
 }
-
-
-def hub_of(request: Request) -> EventHub:
-    """The process's EventHub."""
-    hub: EventHub = request.app.state.hub
-    return hub

@@ -14,7 +14,6 @@ from service.api.routes_common import (
     BearerTenant,
     StreamTokenParam,
     errors,
-    hub_of,
     resume_point,
     sse_response,
     stream_tenant,
@@ -110,4 +109,4 @@ async def question_events(
         last = await events_store.terminal_seq(tx, rid) if cursor > 0 else None
     if last is not None and cursor >= last:
         return Response(status_code=204)
-    return sse_response(request, request_stream(db, hub_of(request), rid, cursor))
+    return sse_response(request, request_stream(db, request.app.state.hub, rid, cursor))

@@ -20,7 +20,6 @@ from service.api.routes_common import (
     ParentId,
     StreamTokenParam,
     errors,
-    hub_of,
     path_id,
     resume_point,
     sse_response,
@@ -330,7 +329,7 @@ async def session_events(
         request,
         session_stream(
             db,
-            hub_of(request),
+            request.app.state.hub,
             session_row.id,
             cursor,
             resumed=resumed,

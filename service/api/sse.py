@@ -1,9 +1,5 @@
-"""Event streams (SPEC §4): what one connection to a request or a session stream sends.
-
-Every stream joins its feed in the process's :class:`~service.api.event_hub.EventHub` and keeps its
-own ``delivered`` cursor, so ids on one connection strictly increase whatever races happen
-(docs/architecture.md, "Streams"). A request stream ends after its terminal event; a session stream
-never ends by itself.
+"""Event streams (SPEC §4): what one connection to a request or a session stream sends. Each keeps its
+own ``delivered`` cursor, so ids on one connection strictly increase (docs/architecture.md, "Streams").
 """
 
 from __future__ import annotations

@@ -38,28 +38,25 @@ def _unb64(text: str) -> bytes:
 
 
 def request_stream(request_id: str) -> str:
-    """The stream name of a request's events."""
     return f"q:{request_id}"
 
 
 def session_stream(parent_id: str) -> str:
-    """The stream name of a session's events."""
     return f"s:{parent_id}"
 
 
 class StreamTokens:
     """Issues and checks stream tokens with one secret."""
 
-    def __init__(self, secret: bytes, ttl_s: int = TOKEN_TTL_S) -> None:
+    def __init__(self, secret: bytes) -> None:
         self._secret = secret
-        self._ttl_s = ttl_s
 
     def _sign(self, payload: bytes) -> bytes:
         return hmac.new(self._secret, payload, hashlib.sha256).digest()
 
     def issue(self, tenant: str, stream: str, now: float | None = None) -> tuple[str, int]:
         """A token for ``stream`` of ``tenant`` and its expiry (unix seconds)."""
-        expires = int((now if now is not None else time.time()) + self._ttl_s)
+        expires = int((now if now is not None else time.time()) + TOKEN_TTL_S)
         payload = json.dumps({"t": tenant, "s": stream, "e": expires}, separators=(",", ":")).encode()
         return f"{_b64(payload)}.{_b64(self._sign(payload))}", expires
 
