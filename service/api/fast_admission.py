@@ -19,11 +19,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import routes_sessions
 from service.api.deps import bearer_scheme, bearer_tenant
-from service.api.routes_common import DOT_SEGMENTS
+from service.api.routes_common import path_id
 from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
 from service.api.schemas import QuestionIn
 from service.api.strict_input import is_json_media, read_body, replaying
-from service.vocabulary import MAX_PARENT_ID_CHARS, unstorable_reason
+from service.vocabulary import MAX_PARENT_ID_CHARS
 
 
 def _route_path() -> re.Pattern[str]:
@@ -102,10 +102,9 @@ def _accept(
         headers[name] = value
     if not is_json_media(headers.get(b"content-type", b"")):
         return None
-    if not 1 <= len(parent_id) <= MAX_PARENT_ID_CHARS or unstorable_reason(parent_id) is not None:
+    if not 1 <= len(parent_id) <= MAX_PARENT_ID_CHARS:
         return None
-    if parent_id in DOT_SEGMENTS:
-        return None
+    path_id("parent_id", parent_id)  # raises where the route refuses the id: the caller declines
     key: str | None = None
     if b"idempotency-key" in headers:
         key = headers[b"idempotency-key"].decode("latin-1")  # as Starlette decodes header values

@@ -74,16 +74,6 @@ class DatabaseSnapshot:
     ok: bool = False
 
 
-async def read_database(db: Database) -> DatabaseSnapshot:
-    """Run the scrape queries (bounded by SCRAPE_TIMEOUT_S)."""
-    try:
-        async with asyncio.timeout(SCRAPE_TIMEOUT_S), db.sessions() as tx:
-            return DatabaseSnapshot(await read_request_stats(tx), await read_job_stats(tx), ok=True)
-    except Exception as exc:  # metrics must answer even while the database does not
-        log.warning("metrics: database read failed: %s", type(exc).__name__)
-        return DatabaseSnapshot()
-
-
 class Metrics(Collector):
     """One registry per app (no process-global state, so tests can build many apps); at each scrape it
     turns the numbers just read (:meth:`render`) into metric families."""
@@ -102,8 +92,15 @@ class Metrics(Collector):
         self.registry.register(self)
 
     async def render(self, db: Database) -> bytes:
-        """The exposition text, with fresh database numbers."""
-        self.snapshot = await read_database(db)
+        """The exposition text, with fresh database numbers (read within SCRAPE_TIMEOUT_S)."""
+        try:
+            async with asyncio.timeout(SCRAPE_TIMEOUT_S), db.sessions() as tx:
+                self.snapshot = DatabaseSnapshot(
+                    await read_request_stats(tx), await read_job_stats(tx), ok=True
+                )
+        except Exception as exc:  # metrics must answer even while the database does not
+            log.warning("metrics: database read failed: %s", type(exc).__name__)
+            self.snapshot = DatabaseSnapshot()
         batcher = db.admissions
         self.batches = (batcher.calls, batcher.admissions, batcher.fallbacks)
         return generate_latest(self.registry)

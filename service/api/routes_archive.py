@@ -92,16 +92,15 @@ async def restore_session_archive(
     refused = undeclared_json(request)
     if refused is not None:
         raise refused  # read as raw bytes, so the framework's own check never runs here
-    limit = settings_of(request).max_snapshot_bytes
+    settings = settings_of(request)
+    limit = settings.max_snapshot_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _archive_too_large(limit)
     body = await request.body()
     if len(body) > limit:
         raise _archive_too_large(limit)
-    archive = parse_archive(
-        load_archive_json(body), max_question_bytes=settings_of(request).max_question_bytes
-    )
+    archive = parse_archive(load_archive_json(body), max_question_bytes=settings.max_question_bytes)
     async with tx.begin():
         result = await restore_archive(tx, tenant, parent_id, archive, replace=mode == "replace")
     return ArchiveRestored(**result.as_json())
