@@ -12,7 +12,6 @@ import re
 from typing import Any
 
 from fastapi.routing import APIRoute
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -94,7 +93,8 @@ class AdmissionFastPath:
 def _accept(
     scope: Scope, parent_id: str, body: bytes
 ) -> tuple[QuestionIn, dict[str, Any], str | None] | None:
-    """The route's arguments when the route would accept the request as it is, else None."""
+    """The route's arguments when the route would accept the request as it is; None, or an exception,
+    when not (the caller declines either way)."""
     headers: dict[bytes, bytes] = {}
     for name, value in scope["headers"]:
         if name in headers:
@@ -110,14 +110,10 @@ def _accept(
         key = headers[b"idempotency-key"].decode("latin-1")  # as Starlette decodes header values
         if not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
             return None
-    try:  # strict JSON already (StrictJsonBodies sits outside): Python's parser reads it the same
-        parsed = json.loads(body)
-        question = QuestionIn.model_validate(parsed)
-    except (ValueError, ValidationError, RecursionError):  # RecursionError: JSON nested too deep
-        return None
-    if not isinstance(parsed, dict):
-        return None
-    return question, parsed, key
+    # Strict JSON already (StrictJsonBodies sits outside): Python's parser reads it the same. A body
+    # QuestionIn refuses (a non-object among them), or one nested too deep to parse, raises.
+    parsed = json.loads(body)
+    return QuestionIn.model_validate(parsed), parsed, key
 
 
 async def _handled(app: Any, request: Request, exc: Exception) -> Response:

@@ -77,9 +77,8 @@ async def list_sessions(
     Each item is the same session object as `GET /v1/sessions/{parent_id}`. Pass `next_before` as
     `before` for the next (older) page; a cursor this service did not issue → 400 `invalid_cursor`.
     """
-    cursor = None
-    if before is not None:
-        cursor = Cursor.decode(before)  # InvalidCursor: 400 invalid_cursor, through the one handler
+    # InvalidCursor: 400 invalid_cursor, through the one handler.
+    cursor = Cursor.decode(before) if before is not None else None
     return JSONResponse(await sessions_page(tx, tenant, limit=limit, before=cursor))
 
 
