@@ -28,15 +28,10 @@ def retry_hint() -> ServerSentEvent:
 def visible_on_session_stream(
     item: FeedItem, *, resumed: bool, opened_at: datetime, seen: set[uuid.UUID | None]
 ) -> bool:
-    """Whether a session stream sends ``item``: a clear deletes the history (SPEC §3).
-
-    No stream serves what a cleared request (or the session-level events of a history a clear or an
-    archive restore replaced) wrote before the clear, once the clear is read — not even one that
-    resumes from before it. What the clear itself wrote (the ``cancelled`` events of the requests it
-    cancelled) reaches a stream open when it happened, one that resumes from before it (``resumed``)
-    and one that already sent that request's earlier events (``seen``), not a fresh stream opened
-    after it (``opened_at``, the database's clock).
-    """
+    """Whether a session stream sends ``item`` (docs/api.md, "Session streams and clears"): never what
+    a cleared history wrote before the clear, once the clear is read; what the clear wrote (the
+    ``cancelled`` events) only to a stream open when it happened (``opened_at``, the database's clock),
+    resumed from before it (``resumed``), or that already sent that request's events (``seen``)."""
     if item.deleted_at is None:
         return True
     if item.cleared_content:
