@@ -29,16 +29,8 @@ from service.vocabulary import EVENTS_CHANNEL
 
 log = logging.getLogger(__name__)
 
-# Re-read even without a notification this often: a cheap fallback, never the main path.
-FALLBACK_POLL_S = 5.0
 # Rows per read, for the shared reader and for a subscriber's own catch-up.
 PAGE = 500
-# The recent events a feed keeps in memory for subscribers that join or reconnect.
-BUFFER_ITEMS = 1024
-BUFFER_BYTES = 1 << 20
-# How far a subscriber may fall behind (its socket not draining) before it is dropped.
-LAG_ITEMS = 2048
-LAG_BYTES = 8 << 20
 READ_BACKOFF_S = (0.2, 5.0)
 
 FeedKind = Literal["request", "session"]
@@ -242,14 +234,17 @@ class EventHub:
     responses share: the ping interval and the send watchdog."""
 
     def __init__(self) -> None:
-        # The limits above, per hub so that a test can change them for its own app.
+        # The limits, per hub so that a test can change them for its own app.
         self.ping_s = PING_S
         self.send_watchdog = SendWatchdog()
-        self.poll_s = FALLBACK_POLL_S
-        self.buffer_items = BUFFER_ITEMS
-        self.buffer_bytes = BUFFER_BYTES
-        self.lag_items = LAG_ITEMS
-        self.lag_bytes = LAG_BYTES
+        # Re-read even without a notification this often: a cheap fallback, never the main path.
+        self.poll_s = 5.0
+        # The recent events a feed keeps in memory for subscribers that join or reconnect.
+        self.buffer_items = 1024
+        self.buffer_bytes = 1 << 20
+        # How far a subscriber may fall behind (its socket not draining) before it is dropped.
+        self.lag_items = 2048
+        self.lag_bytes = 8 << 20
         self._feeds: dict[tuple[FeedKind, str], Feed] = {}
         self._unsubscribe: list[Callable[[], None]] = []
         self.streams = 0  # open streams (a dropped one counts until its connection ends)
