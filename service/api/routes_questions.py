@@ -69,12 +69,8 @@ async def question_stream_token(
     """A 10-minute token for this request's event stream only (for EventSource, as `?token=`)."""
     rid = parse_request_id(request_id)
     found(await find_request(tx, tenant, rid), "question")
-    return stream_token_response(
-        request,
-        tenant,
-        request_stream_name(str(rid)),
-        str(request.url_for("question_events", request_id=str(rid))),
-    )
+    url = request.url_for("question_events", request_id=str(rid))
+    return stream_token_response(request, tenant, request_stream_name(str(rid)), str(url))
 
 
 @router.get(

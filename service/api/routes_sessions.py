@@ -292,13 +292,9 @@ async def session_stream_token(
 ) -> JSONResponse:
     """A 10-minute token for this session's event stream only (for EventSource, as `?token=`)."""
     found(await find_session(tx, tenant, parent_id), "session")
-    return stream_token_response(
-        request,
-        tenant,
-        session_stream_name(parent_id),
-        # The id percent-encoded: a "#", "?" or space in it would otherwise end the path early.
-        str(request.url_for("session_events", parent_id=quote(parent_id, safe=""))),
-    )
+    # The id percent-encoded: a "#", "?" or space in it would otherwise end the path early.
+    url = request.url_for("session_events", parent_id=quote(parent_id, safe=""))
+    return stream_token_response(request, tenant, session_stream_name(parent_id), str(url))
 
 
 @router.get(
