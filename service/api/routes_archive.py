@@ -11,8 +11,7 @@ from pydantic import BaseModel, Field
 
 from service.api.deps import DbSession, Tenant, settings_of
 from service.api.errors import ApiError, undeclared_json
-from service.api.routes_common import ParentId
-from service.api.schemas import ErrorBody
+from service.api.routes_common import ParentId, errors
 from service.archive import ARCHIVE_VERSIONS, archive_json_schema, load_archive_json, parse_archive
 from service.store.archive import export_archive, restore_archive
 
@@ -22,19 +21,13 @@ _ARCHIVE_SCHEMA: dict[str, Any] = {
     "description": "A side-question archive of version 1, 2 or 3 (docs/archive.md).",
     "oneOf": [archive_json_schema(version, standalone=False) for version in ARCHIVE_VERSIONS],
 }
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": text}
-    for status, text in (
-        (400, "not JSON, not an object, or an unsupported version"),
-        (401, "missing or invalid bearer token"),
-        (404, "no such session for this tenant"),
-        (409, "the session already has history (use mode=replace), or has requests in flight"),
-        (413, "the archive is larger than the snapshot size limit"),
-        (
-            422,
-            "an archive breaking its version's format (detail.errors lists every problem), or bad parameters",
-        ),
-    )
+_ERROR_TEXTS = {
+    400: "not JSON, not an object, or an unsupported version",
+    401: "missing or invalid bearer token",
+    404: "no such session for this tenant",
+    409: "the session already has history (use mode=replace), or has requests in flight",
+    413: "the archive is larger than the snapshot size limit",
+    422: "an archive breaking its version's format (detail.errors lists every problem), or bad parameters",
 }
 
 
@@ -56,7 +49,7 @@ class ArchiveRestored(BaseModel):
             "description": "the archive document",
             "content": {"application/json": {"schema": _ARCHIVE_SCHEMA}},
         },
-        **{status: _ERRORS[status] for status in (401, 404, 422)},
+        **errors(401, 404, 422, descriptions=_ERROR_TEXTS),
     },
 )
 async def export_session_archive(
@@ -73,7 +66,7 @@ async def export_session_archive(
 @router.post(
     "/sessions/{parent_id}/archive",
     response_model=ArchiveRestored,
-    responses={status: _ERRORS[status] for status in (400, 401, 409, 413, 422)},
+    responses=errors(400, 401, 409, 413, 422, descriptions=_ERROR_TEXTS),
     openapi_extra={
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ARCHIVE_SCHEMA}}}
     },

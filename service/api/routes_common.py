@@ -45,18 +45,22 @@ async def _parent_id(
 ParentId = Annotated[str, Depends(_parent_id)]
 
 
-def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+ERROR_DESCRIPTIONS = {
+    400: "Malformed request (not JSON, not UTF-8, bad Last-Event-ID)",
+    401: "Missing or invalid bearer token",
+    404: "Not found (or another tenant's)",
+    409: "Conflict",
+    413: "Too large",
+    422: "Invalid input",
+    429: "Too many queued requests in this session",
+    503: "The database cannot be reached (service_unavailable; retry after Retry-After seconds)",
+}
+
+
+def errors(
+    *statuses: int, descriptions: dict[int, str] = ERROR_DESCRIPTIONS
+) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entries for SPEC's error body."""
-    descriptions = {
-        400: "Malformed request (not JSON, not UTF-8, bad Last-Event-ID)",
-        401: "Missing or invalid bearer token",
-        404: "Not found (or another tenant's)",
-        409: "Conflict",
-        413: "Too large",
-        422: "Invalid input",
-        429: "Too many queued requests in this session",
-        503: "The database cannot be reached (service_unavailable; retry after Retry-After seconds)",
-    }
     return {s: {"model": ErrorBody, "description": descriptions.get(s, "Error")} for s in statuses}
 
 
