@@ -254,7 +254,6 @@ class EventHub:
         self.dropped = 0
 
     def attach(self, listener: Listener) -> None:
-        """Receive the listener's event notifications."""
         self._unsubscribe.append(listener.subscribe(EVENTS_CHANNEL, self.notify))
 
     def detach(self) -> None:

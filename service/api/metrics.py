@@ -46,7 +46,6 @@ def _gauge(name: str, help_text: str, labels: Sequence[str], rows: Iterable[Sequ
 
 
 def _scalar(name: str, help_text: str, value: float) -> Metric:
-    """A gauge family without labels."""
     return _gauge(name, help_text, (), [(value,)])
 
 

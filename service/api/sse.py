@@ -17,12 +17,8 @@ from service.store.db import Database
 
 log = logging.getLogger(__name__)
 
-RETRY_MS = 3000
-
-
-def retry_hint() -> ServerSentEvent:
-    """The first message of every stream: how long a browser waits before reconnecting."""
-    return ServerSentEvent(comment="sidequest stream", retry=RETRY_MS)
+# The first message of every stream: how long (ms) a browser waits before reconnecting.
+RETRY_HINT = ServerSentEvent(comment="sidequest stream", retry=3000)
 
 
 def visible_on_session_stream(
@@ -44,7 +40,7 @@ async def request_stream(
     db: Database, hub: EventHub, request_id: uuid.UUID, after: int
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """Events of one request with ``seq > after``, each once and in order; ends after the terminal event."""
-    yield retry_hint()
+    yield RETRY_HINT
     async with hub.join(db, REQUEST, request_id, after, from_memory=True) as (subscriber, catch_up):
         delivered = after
         while True:
@@ -96,7 +92,7 @@ async def session_stream(
     memory, unless the session was ever cleared (or restored: ``ever_cleared``): a live feed's buffer
     has the flags of when it was read, perhaps before the clear (:func:`visible_on_session_stream`).
     """
-    yield retry_hint()
+    yield RETRY_HINT
     seen: set[uuid.UUID | None] = set()
     memory = resumed and not ever_cleared
     async with hub.join(db, SESSION, session_id, after, from_memory=memory) as (subscriber, catch_up):
