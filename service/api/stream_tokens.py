@@ -61,8 +61,7 @@ class StreamTokens:
         return f"{_b64(payload)}.{_b64(self._sign(payload))}", expires
 
     def check(self, token: str, stream: str, now: float | None = None) -> str | None:
-        """The tenant ``token`` grants ``stream`` to when it is genuine, unexpired and for ``stream``;
-        None otherwise."""
+        """The tenant of ``token`` when it is genuine, unexpired and for ``stream``; None otherwise."""
         try:
             payload_part, signature_part = token.split(".", 1)
             payload = _unb64(payload_part)
