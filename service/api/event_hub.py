@@ -220,9 +220,7 @@ class Feed:
             subscriber.close()
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        if task.exception() is not None:
+        if not task.cancelled() and task.exception() is not None:
             # A bug, not a database error (those are retried): end the streams, clients reconnect.
             log.error("event feed failed", exc_info=task.exception())
             self._end()
