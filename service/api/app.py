@@ -124,12 +124,6 @@ class RedactStreamTokens(logging.Filter):
         return True
 
 
-def _install_log_redaction() -> None:
-    access = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, RedactStreamTokens) for f in access.filters):
-        access.addFilter(RedactStreamTokens())
-
-
 def _add_storable_json_components(app: FastAPI) -> None:
     """Put the NUL-free JSON definitions the snapshot and archive schemas refer to into the OpenAPI
     components (pydantic cannot generate a recursive schema for fields typed as plain JSON)."""
@@ -176,11 +170,8 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db = connect(database_url, pooler=settings.database_pooler)
-        app.state.db = db
-        listener = Listener(settings.listen_url(database_url), on_connect=db.node_gone)
-        app.state.listener = listener
-        hub: EventHub = app.state.hub
+        app.state.db = db = connect(database_url, pooler=settings.database_pooler)
+        app.state.listener = listener = Listener(settings.listen_url(database_url), on_connect=db.node_gone)
         hub.attach(listener)
         await listener.start()
         try:
@@ -202,9 +193,11 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     app.state.hub = hub
     app.state.in_process_worker = InProcessWorker()
     app.state.stream_tokens = StreamTokens(stream_secret(settings))
-    app.state.metrics = Metrics(hub.subscriber_count, calibration_on=settings.calibration_on)
+    app.state.metrics = Metrics(lambda: hub.streams, calibration_on=settings.calibration_on)
     install_error_handlers(app)
-    _install_log_redaction()
+    access_log = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactStreamTokens) for f in access_log.filters):
+        access_log.addFilter(RedactStreamTokens())
 
     # Every route of these routers needs the database: each may answer 503 service_unavailable.
     app.include_router(routes_sessions.router, responses=errors(503))

@@ -46,11 +46,6 @@ def tenant_for_token(settings: Settings, token: str | None) -> str | None:
     return found
 
 
-def tenant_of(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> str | None:
-    """The tenant of what :data:`bearer_scheme` found (:func:`tenant_for_token`), else None."""
-    return tenant_for_token(settings, credentials.credentials if credentials is not None else None)
-
-
 # Dependencies are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency
 # in a worker thread, and that hand-off cost a third of admission's CPU (docs/benchmarks.md).
 async def bearer_tenant(
@@ -58,7 +53,8 @@ async def bearer_tenant(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> str | None:
     """The tenant of the bearer token if one is sent and valid, else None (the caller decides)."""
-    return tenant_of(request.app.state.settings, credentials)
+    token = credentials.credentials if credentials is not None else None
+    return tenant_for_token(request.app.state.settings, token)
 
 
 async def require_tenant(
@@ -67,9 +63,9 @@ async def require_tenant(
 ) -> str:
     """The caller's tenant; 401 when tokens are configured and none valid was sent.
 
-    Beside :func:`bearer_tenant` rather than on top of it: every level of dependencies costs FastAPI
+    Calls :func:`bearer_tenant` rather than depending on it: every level of dependencies costs FastAPI
     a resolution per request, and this one is on every route (admission's hot path included)."""
-    tenant = tenant_of(request.app.state.settings, credentials)
+    tenant = await bearer_tenant(request, credentials)
     if tenant is None:
         raise unauthorized()
     return tenant
@@ -117,7 +113,6 @@ class TokenFirst:
 
 
 def database(request: Request) -> Database:
-    """The process's Database."""
     db: Database = request.app.state.db
     return db
 
@@ -140,6 +135,5 @@ def parse_request_id(value: str) -> uuid.UUID:
 
 
 def settings_of(request: Request) -> Settings:
-    """The app's settings."""
     settings: Settings = request.app.state.settings
     return settings

@@ -71,18 +71,6 @@ def error_response(error: SidequestError) -> JSONResponse:
     return JSONResponse({"error": error.to_error()}, status_code=error.status, headers=error.headers or None)
 
 
-def _clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
-    """Pydantic errors without the offending input (it may be a 32 MiB snapshot, or a secret)."""
-    return [
-        {
-            "loc": [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())],
-            "msg": str(err.get("msg", "")),
-            "type": str(err.get("type", "")),
-        }
-        for err in errors
-    ]
-
-
 async def _sidequest_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, SidequestError)
     return error_response(exc)
@@ -104,7 +92,15 @@ def undeclared_json(request: Request, errors: list[dict[str, Any]] | None = None
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = _clean_validation_errors(exc.errors())
+    # Without the offending input: it may be a 32 MiB snapshot, or a secret.
+    errors = [
+        {
+            "loc": [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())],
+            "msg": str(err.get("msg", "")),
+            "type": str(err.get("type", "")),
+        }
+        for err in exc.errors()
+    ]
     if any(e["type"] == "json_invalid" for e in errors):
         return error_response(ApiError(400, "malformed_json", "the request body is not valid JSON"))
     if any(tuple(e["loc"]) == ("body",) for e in errors):
@@ -191,7 +187,6 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Register every handler on ``app``."""
     # Every error of ours, whichever layer raised it (store refusals, archive errors, ApiError).
     app.add_exception_handler(SidequestError, _sidequest_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

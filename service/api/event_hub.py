@@ -1,11 +1,7 @@
-"""The event hub (SPEC §4): one shared reader per stream and process, subscribers fed from memory.
-
-Per process there is one :class:`Feed` per stream key with subscribers (a request id, or a session
-id). Woken by the listener's ``sidequest_events`` notifications, it reads the rows after its last
-cursor — one query per wake-up however many subscribers — encodes each event once, keeps the recent
-ones in a bounded buffer and appends every batch to each subscriber's inbox. The handover without
-duplicates or gaps, the drop of a subscriber that stops draining and why a notification is only a
-wake-up: docs/architecture.md, "Streams". What a connection sends is :mod:`service.api.sse`.
+"""The event hub (SPEC §4): per process, one shared reader (:class:`Feed`) per stream with subscribers,
+woken by ``sidequest_events`` notifications, feeding its subscribers' inboxes from memory. How, and why
+a notification is only a wake-up: docs/architecture.md, "Streams"; what a connection sends:
+:mod:`service.api.sse`.
 """
 
 from __future__ import annotations
@@ -33,16 +29,8 @@ from service.vocabulary import EVENTS_CHANNEL
 
 log = logging.getLogger(__name__)
 
-# Re-read even without a notification this often: a cheap fallback, never the main path.
-FALLBACK_POLL_S = 5.0
 # Rows per read, for the shared reader and for a subscriber's own catch-up.
 PAGE = 500
-# The recent events a feed keeps in memory for subscribers that join or reconnect.
-BUFFER_ITEMS = 1024
-BUFFER_BYTES = 1 << 20
-# How far a subscriber may fall behind (its socket not draining) before it is dropped.
-LAG_ITEMS = 2048
-LAG_BYTES = 8 << 20
 READ_BACKOFF_S = (0.2, 5.0)
 
 FeedKind = Literal["request", "session"]
@@ -232,9 +220,7 @@ class Feed:
             subscriber.close()
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        if task.exception() is not None:
+        if not task.cancelled() and task.exception() is not None:
             # A bug, not a database error (those are retried): end the streams, clients reconnect.
             log.error("event feed failed", exc_info=task.exception())
             self._end()
@@ -246,14 +232,17 @@ class EventHub:
     responses share: the ping interval and the send watchdog."""
 
     def __init__(self) -> None:
-        # The limits above, per hub so that a test can change them for its own app.
+        # The limits, per hub so that a test can change them for its own app.
         self.ping_s = PING_S
         self.send_watchdog = SendWatchdog()
-        self.poll_s = FALLBACK_POLL_S
-        self.buffer_items = BUFFER_ITEMS
-        self.buffer_bytes = BUFFER_BYTES
-        self.lag_items = LAG_ITEMS
-        self.lag_bytes = LAG_BYTES
+        # Re-read even without a notification this often: a cheap fallback, never the main path.
+        self.poll_s = 5.0
+        # The recent events a feed keeps in memory for subscribers that join or reconnect.
+        self.buffer_items = 1024
+        self.buffer_bytes = 1 << 20
+        # How far a subscriber may fall behind (its socket not draining) before it is dropped.
+        self.lag_items = 2048
+        self.lag_bytes = 8 << 20
         self._feeds: dict[tuple[FeedKind, str], Feed] = {}
         self._unsubscribe: list[Callable[[], None]] = []
         self.streams = 0  # open streams (a dropped one counts until its connection ends)
@@ -263,7 +252,6 @@ class EventHub:
         self.dropped = 0
 
     def attach(self, listener: Listener) -> None:
-        """Receive the listener's event notifications."""
         self._unsubscribe.append(listener.subscribe(EVENTS_CHANNEL, self.notify))
 
     def detach(self) -> None:
@@ -340,7 +328,3 @@ class EventHub:
             del self._feeds[(feed.kind, str(feed.key))]
         feed.closed = True
         feed.wake.set()
-
-    def subscriber_count(self) -> int:
-        """Open streams in this process."""
-        return self.streams

@@ -1,12 +1,8 @@
-"""The admission's fast path: a plain, valid ``POST /v1/sessions/{parent_id}/questions`` without FastAPI.
-
-FastAPI's per-request machinery cost most of the CPU an admission took (docs/benchmarks.md). This
-middleware *accepts* only what the route would accept — ``Content-Type: application/json``, a body
-:class:`~service.api.schemas.QuestionIn` validates, a parent id and Idempotency-Key within the
-route's limits, the tenant of the route's own bearer rule — and runs the route's own body,
-:func:`~service.api.routes_sessions.admit_question`. It *declines* everything else (any doubt, any
-error, a repeated header) and the app handles the request as always, from the body read here and
-replayed. So the contract has one home, the route, and this path is only ever a shortcut to it.
+"""The admission's fast path: a plain, valid ``POST /v1/sessions/{parent_id}/questions`` without FastAPI's
+per-request machinery (docs/architecture.md, "Data flow", step 1). It accepts only what the route would
+accept and runs the route's own body, :func:`~service.api.routes_sessions.admit_question`; it declines
+anything else (any doubt, any error, a repeated header), and the app handles the request from the body
+read here and replayed. So the contract has one home, the route.
 """
 
 from __future__ import annotations
@@ -16,18 +12,17 @@ import re
 from typing import Any
 
 from fastapi.routing import APIRoute
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import routes_sessions
-from service.api.deps import bearer_scheme, tenant_of
-from service.api.routes_common import DOT_SEGMENTS
+from service.api.deps import bearer_scheme, bearer_tenant
+from service.api.routes_common import path_id
 from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
 from service.api.schemas import QuestionIn
 from service.api.strict_input import is_json_media, read_body, replaying
-from service.vocabulary import MAX_PARENT_ID_CHARS, unstorable_reason
+from service.vocabulary import MAX_PARENT_ID_CHARS
 
 
 def _route_path() -> re.Pattern[str]:
@@ -82,7 +77,7 @@ class AdmissionFastPath:
         request = Request(scope, receive)
         try:
             # The route's own scheme and rule: None where the route would answer 401.
-            tenant = tenant_of(scope["app"].state.settings, await bearer_scheme(request))
+            tenant = await bearer_tenant(request, await bearer_scheme(request))
         except Exception:  # a misconfigured token list, say: the app's to answer
             return False
         if tenant is None:
@@ -98,7 +93,8 @@ class AdmissionFastPath:
 def _accept(
     scope: Scope, parent_id: str, body: bytes
 ) -> tuple[QuestionIn, dict[str, Any], str | None] | None:
-    """The route's arguments when the route would accept the request as it is, else None."""
+    """The route's arguments when the route would accept the request as it is; None, or an exception,
+    when not (the caller declines either way)."""
     headers: dict[bytes, bytes] = {}
     for name, value in scope["headers"]:
         if name in headers:
@@ -106,23 +102,18 @@ def _accept(
         headers[name] = value
     if not is_json_media(headers.get(b"content-type", b"")):
         return None
-    if not 1 <= len(parent_id) <= MAX_PARENT_ID_CHARS or unstorable_reason(parent_id) is not None:
+    if not 1 <= len(parent_id) <= MAX_PARENT_ID_CHARS:
         return None
-    if parent_id in DOT_SEGMENTS:
-        return None
+    path_id("parent_id", parent_id)  # raises where the route refuses the id: the caller declines
     key: str | None = None
     if b"idempotency-key" in headers:
         key = headers[b"idempotency-key"].decode("latin-1")  # as Starlette decodes header values
         if not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
             return None
-    try:  # strict JSON already (StrictJsonBodies sits outside): Python's parser reads it the same
-        parsed = json.loads(body)
-        question = QuestionIn.model_validate(parsed)
-    except (ValueError, ValidationError, RecursionError):  # RecursionError: JSON nested too deep
-        return None
-    if not isinstance(parsed, dict):
-        return None
-    return question, parsed, key
+    # Strict JSON already (StrictJsonBodies sits outside): Python's parser reads it the same. A body
+    # QuestionIn refuses (a non-object among them), or one nested too deep to parse, raises.
+    parsed = json.loads(body)
+    return QuestionIn.model_validate(parsed), parsed, key
 
 
 async def _handled(app: Any, request: Request, exc: Exception) -> Response:

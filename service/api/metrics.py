@@ -46,7 +46,6 @@ def _gauge(name: str, help_text: str, labels: Sequence[str], rows: Iterable[Sequ
 
 
 def _scalar(name: str, help_text: str, value: float) -> Metric:
-    """A gauge family without labels."""
     return _gauge(name, help_text, (), [(value,)])
 
 
@@ -74,24 +73,36 @@ class DatabaseSnapshot:
     ok: bool = False
 
 
-async def read_database(db: Database) -> DatabaseSnapshot:
-    """Run the scrape queries (bounded by SCRAPE_TIMEOUT_S)."""
-    try:
-        async with asyncio.timeout(SCRAPE_TIMEOUT_S), db.sessions() as tx:
-            return DatabaseSnapshot(await read_request_stats(tx), await read_job_stats(tx), ok=True)
-    except Exception as exc:  # metrics must answer even while the database does not
-        log.warning("metrics: database read failed: %s", type(exc).__name__)
-        return DatabaseSnapshot()
-
-
-class _SnapshotCollector(Collector):
-    """Turns the last DatabaseSnapshot (set just before generate_latest) into metric families."""
+class Metrics(Collector):
+    """One registry per app (no process-global state, so tests can build many apps); at each scrape it
+    turns the numbers just read (:meth:`render`) into metric families."""
 
     def __init__(self, subscribers: Callable[[], int], *, calibration_on: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.admitted = Counter(
+            "sidequest_requests_admitted",
+            "Requests admitted by this API process",
+            registry=self.registry,
+        )
         self.snapshot = DatabaseSnapshot()
         self._subscribers = subscribers
         self._calibration_on = calibration_on
         self.batches: tuple[int, int, int] = (0, 0, 0)  # admission CALLs, admissions, fallbacks
+        self.registry.register(self)
+
+    async def render(self, db: Database) -> bytes:
+        """The exposition text, with fresh database numbers (read within SCRAPE_TIMEOUT_S)."""
+        try:
+            async with asyncio.timeout(SCRAPE_TIMEOUT_S), db.sessions() as tx:
+                self.snapshot = DatabaseSnapshot(
+                    await read_request_stats(tx), await read_job_stats(tx), ok=True
+                )
+        except Exception as exc:  # metrics must answer even while the database does not
+            log.warning("metrics: database read failed: %s", type(exc).__name__)
+            self.snapshot = DatabaseSnapshot()
+        batcher = db.admissions
+        self.batches = (batcher.calls, batcher.admissions, batcher.fallbacks)
+        return generate_latest(self.registry)
 
     def collect(self) -> Iterable[Metric]:
         snap, stats = self.snapshot, self.snapshot.requests
@@ -187,24 +198,3 @@ def _job_families(snap: DatabaseSnapshot) -> Iterable[Metric]:
         ("kind", "direction"),
         snap.jobs.tokens,
     )
-
-
-class Metrics:
-    """One registry per app (no process-global state, so tests can build many apps)."""
-
-    def __init__(self, subscribers: Callable[[], int], *, calibration_on: bool = True) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.admitted = Counter(
-            "sidequest_requests_admitted",
-            "Requests admitted by this API process",
-            registry=self.registry,
-        )
-        self._collector = _SnapshotCollector(subscribers, calibration_on=calibration_on)
-        self.registry.register(self._collector)
-
-    async def render(self, db: Database) -> bytes:
-        """The exposition text, with fresh database numbers."""
-        self._collector.snapshot = await read_database(db)
-        batcher = db.admissions
-        self._collector.batches = (batcher.calls, batcher.admissions, batcher.fallbacks)
-        return generate_latest(self.registry)

@@ -1,9 +1,5 @@
-"""Archive routes (SPEC §10): ``GET`` exports a session's history, ``POST`` restores one.
-
-Thin on purpose: the format lives in :mod:`service.archive`, every SQL statement in
-:mod:`service.store.archive`; their refusals are :class:`~service.errors.SidequestError` s, which the
-one handler answers; this module documents the routes for ``/openapi.json``.
-"""
+"""Archive routes (SPEC §10): ``GET`` exports a session's history, ``POST`` restores one. The format is
+:mod:`service.archive`'s, the SQL :mod:`service.store.archive`'s; this module documents the routes."""
 
 from __future__ import annotations
 
@@ -15,8 +11,7 @@ from pydantic import BaseModel, Field
 
 from service.api.deps import DbSession, Tenant, settings_of
 from service.api.errors import ApiError, undeclared_json
-from service.api.routes_common import ParentId
-from service.api.schemas import ErrorBody
+from service.api.routes_common import ParentId, errors
 from service.archive import ARCHIVE_VERSIONS, archive_json_schema, load_archive_json, parse_archive
 from service.store.archive import export_archive, restore_archive
 
@@ -26,19 +21,13 @@ _ARCHIVE_SCHEMA: dict[str, Any] = {
     "description": "A side-question archive of version 1, 2 or 3 (docs/archive.md).",
     "oneOf": [archive_json_schema(version, standalone=False) for version in ARCHIVE_VERSIONS],
 }
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": text}
-    for status, text in (
-        (400, "not JSON, not an object, or an unsupported version"),
-        (401, "missing or invalid bearer token"),
-        (404, "no such session for this tenant"),
-        (409, "the session already has history (use mode=replace), or has requests in flight"),
-        (413, "the archive is larger than the snapshot size limit"),
-        (
-            422,
-            "an archive breaking its version's format (detail.errors lists every problem), or bad parameters",
-        ),
-    )
+_ERROR_TEXTS = {
+    400: "not JSON, not an object, or an unsupported version",
+    401: "missing or invalid bearer token",
+    404: "no such session for this tenant",
+    409: "the session already has history (use mode=replace), or has requests in flight",
+    413: "the archive is larger than the snapshot size limit",
+    422: "an archive breaking its version's format (detail.errors lists every problem), or bad parameters",
 }
 
 
@@ -60,7 +49,7 @@ class ArchiveRestored(BaseModel):
             "description": "the archive document",
             "content": {"application/json": {"schema": _ARCHIVE_SCHEMA}},
         },
-        **{status: _ERRORS[status] for status in (401, 404, 422)},
+        **errors(401, 404, 422, descriptions=_ERROR_TEXTS),
     },
 )
 async def export_session_archive(
@@ -77,7 +66,7 @@ async def export_session_archive(
 @router.post(
     "/sessions/{parent_id}/archive",
     response_model=ArchiveRestored,
-    responses={status: _ERRORS[status] for status in (400, 401, 409, 413, 422)},
+    responses=errors(400, 401, 409, 413, 422, descriptions=_ERROR_TEXTS),
     openapi_extra={
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ARCHIVE_SCHEMA}}}
     },
@@ -96,16 +85,15 @@ async def restore_session_archive(
     refused = undeclared_json(request)
     if refused is not None:
         raise refused  # read as raw bytes, so the framework's own check never runs here
-    limit = settings_of(request).max_snapshot_bytes
+    settings = settings_of(request)
+    limit = settings.max_snapshot_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _archive_too_large(limit)
     body = await request.body()
     if len(body) > limit:
         raise _archive_too_large(limit)
-    archive = parse_archive(
-        load_archive_json(body), max_question_bytes=settings_of(request).max_question_bytes
-    )
+    archive = parse_archive(load_archive_json(body), max_question_bytes=settings.max_question_bytes)
     async with tx.begin():
         result = await restore_archive(tx, tenant, parent_id, archive, replace=mode == "replace")
     return ArchiveRestored(**result.as_json())

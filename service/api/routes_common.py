@@ -45,18 +45,22 @@ async def _parent_id(
 ParentId = Annotated[str, Depends(_parent_id)]
 
 
-def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+ERROR_DESCRIPTIONS = {
+    400: "Malformed request (not JSON, not UTF-8, bad Last-Event-ID)",
+    401: "Missing or invalid bearer token",
+    404: "Not found (or another tenant's)",
+    409: "Conflict",
+    413: "Too large",
+    422: "Invalid input",
+    429: "Too many queued requests in this session",
+    503: "The database cannot be reached (service_unavailable; retry after Retry-After seconds)",
+}
+
+
+def errors(
+    *statuses: int, descriptions: dict[int, str] = ERROR_DESCRIPTIONS
+) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entries for SPEC's error body."""
-    descriptions = {
-        400: "Malformed request (not JSON, not UTF-8, bad Last-Event-ID)",
-        401: "Missing or invalid bearer token",
-        404: "Not found (or another tenant's)",
-        409: "Conflict",
-        413: "Too large",
-        422: "Invalid input",
-        429: "Too many queued requests in this session",
-        503: "The database cannot be reached (service_unavailable; retry after Retry-After seconds)",
-    }
     return {s: {"model": ErrorBody, "description": descriptions.get(s, "Error")} for s in statuses}
 
 
@@ -66,9 +70,9 @@ def stream_tenant(request: Request, bearer: str | None, token: str | None, strea
         return bearer
     if token:
         tokens: StreamTokens = request.app.state.stream_tokens
-        grant = tokens.check(token, stream)
-        if grant is not None:
-            return grant.tenant
+        tenant = tokens.check(token, stream)
+        if tenant is not None:
+            return tenant
         raise unauthorized("the stream token is invalid, expired, or for another stream")
     raise unauthorized()
 
@@ -119,7 +123,7 @@ def resume_point(request: Request, after: int | None) -> tuple[int, bool]:
 
 def sse_response(request: Request, content: Any) -> Response:
     """An EventSourceResponse (with the cheaper send timeout) and this app's ping interval."""
-    hub = hub_of(request)
+    hub: EventHub = request.app.state.hub
     return StreamResponse(
         content,
         ping=hub.ping_s,
@@ -158,9 +162,3 @@ SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
     },
 }
-
-
-def hub_of(request: Request) -> EventHub:
-    """The process's EventHub."""
-    hub: EventHub = request.app.state.hub
-    return hub

@@ -1,9 +1,5 @@
-"""Session settings (SPEC §11.2) and hand-offs (SPEC §11.1): parse, call the store, map.
-
-Every rule lives in :mod:`service.archive.model` (the settings), :mod:`service.store.handoffs` and
-the pure :mod:`service.budget.handoff`; refusals are the store's exceptions, mapped in
-:mod:`service.api.errors`.
-"""
+"""Session settings (SPEC §11.2) and hand-offs (SPEC §11.1): parse, call the store, map (the rules are
+:mod:`service.archive.model`'s, :mod:`service.store.handoffs`' and :mod:`service.budget.handoff`'s)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``GET /``: the inspector page (SPEC §12), one self-contained HTML document.
-
-Its HTML, CSS and JavaScript are separate files in ``service/api/static/``; this route inlines the
-stylesheet and the script once, at first use, and serves them under a Content-Security-Policy that
-allows only those (by hash) and this origin (docs/inspector.md, "How it is built").
+"""``GET /``: the inspector page (SPEC §12), its CSS and JavaScript from ``static/`` inlined under a
+Content-Security-Policy that allows only those, by hash (docs/inspector.md, "How it is built").
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from service.api.routes_common import (
     BearerTenant,
     StreamTokenParam,
     errors,
-    hub_of,
     resume_point,
     sse_response,
     stream_tenant,
@@ -70,12 +69,8 @@ async def question_stream_token(
     """A 10-minute token for this request's event stream only (for EventSource, as `?token=`)."""
     rid = parse_request_id(request_id)
     found(await find_request(tx, tenant, rid), "question")
-    return stream_token_response(
-        request,
-        tenant,
-        request_stream_name(str(rid)),
-        str(request.url_for("question_events", request_id=str(rid))),
-    )
+    url = request.url_for("question_events", request_id=str(rid))
+    return stream_token_response(request, tenant, request_stream_name(str(rid)), str(url))
 
 
 @router.get(
@@ -110,4 +105,4 @@ async def question_events(
         last = await events_store.terminal_seq(tx, rid) if cursor > 0 else None
     if last is not None and cursor >= last:
         return Response(status_code=204)
-    return sse_response(request, request_stream(db, hub_of(request), rid, cursor))
+    return sse_response(request, request_stream(db, request.app.state.hub, rid, cursor))

@@ -20,7 +20,6 @@ from service.api.routes_common import (
     ParentId,
     StreamTokenParam,
     errors,
-    hub_of,
     path_id,
     resume_point,
     sse_response,
@@ -78,9 +77,8 @@ async def list_sessions(
     Each item is the same session object as `GET /v1/sessions/{parent_id}`. Pass `next_before` as
     `before` for the next (older) page; a cursor this service did not issue → 400 `invalid_cursor`.
     """
-    cursor = None
-    if before is not None:
-        cursor = Cursor.decode(before)  # InvalidCursor: 400 invalid_cursor, through the one handler
+    # InvalidCursor: 400 invalid_cursor, through the one handler.
+    cursor = Cursor.decode(before) if before is not None else None
     return JSONResponse(await sessions_page(tx, tenant, limit=limit, before=cursor))
 
 
@@ -154,13 +152,9 @@ async def admit_question(
     # The JSON FastAPI already parsed (Starlette caches it), not a second parse of the bytes.
     if parsed is None:
         parsed = await request.json()
-    inline: dict[str, Any] | None = None
-    encoded: EncodedSnapshot | None = None
-    prepared: PreparedSnapshot | None = None
-    if body.snapshot is not None:
-        inline = parsed["snapshot"]
-        assert isinstance(inline, dict)
-        encoded, prepared = _prepare_snapshot(request, inline)
+    # A dict: QuestionIn validated it as a Snapshot.
+    inline = parsed["snapshot"] if body.snapshot is not None else None
+    encoded, prepared = _prepare_snapshot(request, inline) if inline is not None else (None, None)
     if idempotency_key is not None:
         check_text(idempotency_key)
     options = {
@@ -246,7 +240,6 @@ async def put_snapshot(
     """
     del body  # validated; the stored content is the JSON as sent (key order kept; strict_input.py)
     content = await request.json()
-    assert isinstance(content, dict)
     encoded, prepared = _prepare_snapshot(request, content)
     async with tx.begin():
         session_row = await lock_or_create_session(tx, tenant, parent_id)
@@ -299,13 +292,9 @@ async def session_stream_token(
 ) -> JSONResponse:
     """A 10-minute token for this session's event stream only (for EventSource, as `?token=`)."""
     found(await find_session(tx, tenant, parent_id), "session")
-    return stream_token_response(
-        request,
-        tenant,
-        session_stream_name(parent_id),
-        # The id percent-encoded: a "#", "?" or space in it would otherwise end the path early.
-        str(request.url_for("session_events", parent_id=quote(parent_id, safe=""))),
-    )
+    # The id percent-encoded: a "#", "?" or space in it would otherwise end the path early.
+    url = request.url_for("session_events", parent_id=quote(parent_id, safe=""))
+    return stream_token_response(request, tenant, session_stream_name(parent_id), str(url))
 
 
 @router.get(
@@ -335,7 +324,7 @@ async def session_events(
         request,
         session_stream(
             db,
-            hub_of(request),
+            request.app.state.hub,
             session_row.id,
             cursor,
             resumed=resumed,

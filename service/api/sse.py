@@ -1,9 +1,5 @@
-"""Event streams (SPEC §4): what one connection to a request or a session stream sends.
-
-Every stream joins its feed in the process's :class:`~service.api.event_hub.EventHub` and keeps its
-own ``delivered`` cursor, so ids on one connection strictly increase whatever races happen
-(docs/architecture.md, "Streams"). A request stream ends after its terminal event; a session stream
-never ends by itself.
+"""Event streams (SPEC §4): what one connection to a request or a session stream sends. Each keeps its
+own ``delivered`` cursor, so ids on one connection strictly increase (docs/architecture.md, "Streams").
 """
 
 from __future__ import annotations
@@ -21,26 +17,17 @@ from service.store.db import Database
 
 log = logging.getLogger(__name__)
 
-RETRY_MS = 3000
-
-
-def retry_hint() -> ServerSentEvent:
-    """The first message of every stream: how long a browser waits before reconnecting."""
-    return ServerSentEvent(comment="sidequest stream", retry=RETRY_MS)
+# The first message of every stream: how long (ms) a browser waits before reconnecting.
+RETRY_HINT = ServerSentEvent(comment="sidequest stream", retry=3000)
 
 
 def visible_on_session_stream(
     item: FeedItem, *, resumed: bool, opened_at: datetime, seen: set[uuid.UUID | None]
 ) -> bool:
-    """Whether a session stream sends ``item``: a clear deletes the history (SPEC §3).
-
-    No stream serves what a cleared request (or the session-level events of a history a clear or an
-    archive restore replaced) wrote before the clear, once the clear is read — not even one that
-    resumes from before it. What the clear itself wrote (the ``cancelled`` events of the requests it
-    cancelled) reaches a stream open when it happened, one that resumes from before it (``resumed``)
-    and one that already sent that request's earlier events (``seen``), not a fresh stream opened
-    after it (``opened_at``, the database's clock).
-    """
+    """Whether a session stream sends ``item`` (docs/api.md, "Session streams and clears"): never what
+    a cleared history wrote before the clear, once the clear is read; what the clear wrote (the
+    ``cancelled`` events) only to a stream open when it happened (``opened_at``, the database's clock),
+    resumed from before it (``resumed``), or that already sent that request's events (``seen``)."""
     if item.deleted_at is None:
         return True
     if item.cleared_content:
@@ -53,7 +40,7 @@ async def request_stream(
     db: Database, hub: EventHub, request_id: uuid.UUID, after: int
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """Events of one request with ``seq > after``, each once and in order; ends after the terminal event."""
-    yield retry_hint()
+    yield RETRY_HINT
     async with hub.join(db, REQUEST, request_id, after, from_memory=True) as (subscriber, catch_up):
         delivered = after
         while True:
@@ -105,7 +92,7 @@ async def session_stream(
     memory, unless the session was ever cleared (or restored: ``ever_cleared``): a live feed's buffer
     has the flags of when it was read, perhaps before the clear (:func:`visible_on_session_stream`).
     """
-    yield retry_hint()
+    yield RETRY_HINT
     seen: set[uuid.UUID | None] = set()
     memory = resumed and not ever_cleared
     async with hub.join(db, SESSION, session_id, after, from_memory=memory) as (subscriber, catch_up):

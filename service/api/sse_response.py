@@ -1,10 +1,6 @@
-"""sse-starlette's EventSourceResponse with a cheaper per-send timeout.
-
-sse-starlette wraps every send in its own ``anyio.move_on_after``: a timer per message, a third of
-what delivering one event to one subscriber costs (docs/benchmarks.md, SSE fan-out). Instead one
-:class:`SendWatchdog` per app (held by its :class:`~service.api.event_hub.EventHub`) cancels, once a
-second, a send pending longer than the timeout; the send then fails with sse-starlette's own
-``SendTimeoutError``, so the response ends exactly as sse-starlette's would.
+"""sse-starlette's EventSourceResponse with a cheaper per-send timeout: instead of a timer per message
+(a third of an event's delivery cost, docs/benchmarks.md), one :class:`SendWatchdog` per app cancels a
+send pending too long, which then fails with sse-starlette's own ``SendTimeoutError``.
 """
 
 from __future__ import annotations
@@ -41,10 +37,9 @@ class SendWatchdog:
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def enter(self, timeout: float) -> _Pending | None:
+    def enter(self, timeout: float) -> _Pending:
         task = asyncio.current_task()
-        if task is None:
-            return None
+        assert task is not None  # a send runs in the connection's task
         loop = asyncio.get_running_loop()
         entry = _Pending(task, loop.time() + timeout)
         self._pending.add(entry)
@@ -53,9 +48,8 @@ class SendWatchdog:
             self._task = loop.create_task(self._run(), name="sidequest-sse-send-watchdog")
         return entry
 
-    def leave(self, entry: _Pending | None) -> None:
-        if entry is not None:
-            self._pending.discard(entry)
+    def leave(self, entry: _Pending) -> None:
+        self._pending.discard(entry)
 
     async def _run(self) -> None:
         idle = 0
@@ -86,11 +80,9 @@ class StreamResponse(EventSourceResponse):
         try:
             await send(message)
         except asyncio.CancelledError:
-            if entry is None or not entry.expired:
+            if not entry.expired:
                 raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # the watchdog's cancel, turned into the timeout it stands for
+            entry.task.uncancel()  # the watchdog's cancel, turned into the timeout it stands for
             raise SendTimeoutError() from None
         finally:
             self._watchdog.leave(entry)

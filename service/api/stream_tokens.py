@@ -12,7 +12,6 @@ import hmac
 import json
 import secrets
 import time
-from dataclasses import dataclass
 
 from service.config import Settings
 
@@ -38,43 +37,31 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-@dataclass(frozen=True)
-class StreamGrant:
-    """What a valid token grants: one tenant, one stream."""
-
-    tenant: str
-    stream: str
-    expires_at: int
-
-
 def request_stream(request_id: str) -> str:
-    """The stream name of a request's events."""
     return f"q:{request_id}"
 
 
 def session_stream(parent_id: str) -> str:
-    """The stream name of a session's events."""
     return f"s:{parent_id}"
 
 
 class StreamTokens:
     """Issues and checks stream tokens with one secret."""
 
-    def __init__(self, secret: bytes, ttl_s: int = TOKEN_TTL_S) -> None:
+    def __init__(self, secret: bytes) -> None:
         self._secret = secret
-        self._ttl_s = ttl_s
 
     def _sign(self, payload: bytes) -> bytes:
         return hmac.new(self._secret, payload, hashlib.sha256).digest()
 
     def issue(self, tenant: str, stream: str, now: float | None = None) -> tuple[str, int]:
         """A token for ``stream`` of ``tenant`` and its expiry (unix seconds)."""
-        expires = int((now if now is not None else time.time()) + self._ttl_s)
+        expires = int((now if now is not None else time.time()) + TOKEN_TTL_S)
         payload = json.dumps({"t": tenant, "s": stream, "e": expires}, separators=(",", ":")).encode()
         return f"{_b64(payload)}.{_b64(self._sign(payload))}", expires
 
-    def check(self, token: str, stream: str, now: float | None = None) -> StreamGrant | None:
-        """The grant when ``token`` is genuine, unexpired and for ``stream``; None otherwise."""
+    def check(self, token: str, stream: str, now: float | None = None) -> str | None:
+        """The tenant of ``token`` when it is genuine, unexpired and for ``stream``; None otherwise."""
         try:
             payload_part, signature_part = token.split(".", 1)
             payload = _unb64(payload_part)
@@ -85,9 +72,9 @@ class StreamTokens:
             return None
         try:
             data = json.loads(payload)
-            grant = StreamGrant(tenant=str(data["t"]), stream=str(data["s"]), expires_at=int(data["e"]))
+            tenant, granted, expires_at = str(data["t"]), str(data["s"]), int(data["e"])
         except (ValueError, KeyError, TypeError):
             return None
-        if grant.stream != stream or grant.expires_at < (now if now is not None else time.time()):
+        if granted != stream or expires_at < (now if now is not None else time.time()):
             return None
-        return grant
+        return tenant

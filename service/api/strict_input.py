@@ -1,11 +1,7 @@
-"""What a request's bytes may be: a path that is UTF-8 once percent-decoded, and a JSON body that is
-RFC 8259 text — UTF-8, no byte order mark, no NaN or Infinity (docs/api.md).
-
-The server decodes a path's bad percent-escapes to ``U+FFFD`` (``%FF`` and ``%C3``: two ids, one
-session); Python's JSON parser reads ``NaN`` / ``Infinity`` and decodes UTF-16, UTF-32 and a BOM,
-so a NaN in a typed field would answer 422 and a UTF-16 body be accepted, not 400 ``malformed_json``.
-The JSON rule's home is :func:`service.vocabulary.strict_json`; :class:`StrictJsonBodies` applies
-it to every JSON body before a route (or the admission's fast path) reads it.
+"""What a request's bytes may be (docs/api.md, "Decisions where SPEC is silent"): a path that is UTF-8
+once percent-decoded (the server reads a bad escape as U+FFFD), and a JSON body that is RFC 8259 text,
+by :func:`service.vocabulary.strict_json`'s rule, applied to every JSON body before a route (or the
+admission's fast path) reads it.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def test_with_calibration_off_the_ratio_in_use_is_reported_as_one() -> None:
     rows = [("openai", "gpt-x", 5, 1000 * 5, 1500 * 5)]
     for on, expected in ((True, 1.5), (False, 1.0)):
         metrics = Metrics(lambda: 0, calibration_on=on)
-        metrics._collector.snapshot = DatabaseSnapshot(RequestStats(calibration=rows), ok=True)
+        metrics.snapshot = DatabaseSnapshot(RequestStats(calibration=rows), ok=True)
         values = {
             (s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())

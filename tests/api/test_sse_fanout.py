@@ -369,7 +369,7 @@ async def _fan_out_reads(
                 )
             )
         before_join = counts[kind]
-        await _poll_until(lambda: server.app.state.hub.subscriber_count() >= n_subscribers)
+        await _poll_until(lambda: server.app.state.hub.streams >= n_subscribers)
         await asyncio.sleep(0.3)  # let the joins' replays settle
         joined = counts[kind] - before_join
         before = counts[kind]
