@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -114,14 +114,15 @@ class RedactStreamTokens(logging.Filter):
     _pattern = re.compile(r"(token=)[^&\s\"]+")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.args:
-            record.args = tuple(
-                self._pattern.sub(r"\1[redacted]", a) if isinstance(a, str) else a
-                for a in (record.args if isinstance(record.args, tuple) else (record.args,))
-            )
-        if isinstance(record.msg, str) and "token=" in record.msg:
-            record.msg = self._pattern.sub(r"\1[redacted]", record.msg)
+        if isinstance(record.args, Mapping):  # logging's "%(name)s" style: keep it a mapping
+            record.args = {k: self._redact(v) for k, v in record.args.items()}
+        elif record.args:
+            record.args = tuple(self._redact(a) for a in record.args)
+        record.msg = self._redact(record.msg)
         return True
+
+    def _redact(self, value: object) -> object:
+        return self._pattern.sub(r"\1[redacted]", value) if isinstance(value, str) else value
 
 
 def _add_storable_json_components(app: FastAPI) -> None:

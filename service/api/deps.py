@@ -109,7 +109,8 @@ class TokenFirst:
     @staticmethod
     def _stream_token(scope: Scope) -> bool:
         """An event stream asked for with ``?token=`` (its route decides whether the token is good)."""
-        return str(scope.get("path", "")).endswith("/events") and b"token=" in scope.get("query_string", b"")
+        query = scope.get("query_string", b"").split(b"&")
+        return str(scope.get("path", "")).endswith("/events") and any(q.startswith(b"token=") for q in query)
 
 
 def database(request: Request) -> Database:

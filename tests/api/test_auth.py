@@ -8,6 +8,7 @@ import uuid
 
 import httpx
 
+from service.api.app import RedactStreamTokens
 from service.api.stream_tokens import StreamTokens, request_stream, session_stream, stream_secret
 from service.config import Settings
 from service.store.db import Database
@@ -78,6 +79,8 @@ async def test_without_a_valid_token_every_v1_route_is_401(auth_server: Server) 
                 ("GET", "/v1/sessions/a%FFb", b""),
                 ("GET", f"/v1/sessions/{parent}/questions?limit=0", b""),
                 ("POST", "/v1/nowhere", b""),
+                # A query name that merely ends in "token" is not a stream token.
+                ("GET", "/v1/questions/not-a-uuid/events?xtoken=abc", b""),
             ):
                 response = await anonymous.request(
                     method, path, content=content, headers={"content-type": "application/json"}
@@ -188,6 +191,20 @@ async def test_stream_tokens_never_reach_the_logs(start_server: StartServer, db:
         access.setLevel(level)
         for logger in watched:
             logger.removeHandler(keep)
+
+
+def test_the_redaction_filter_keeps_a_mapping_of_arguments_a_mapping() -> None:
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, "%(path)s from %(who)s", None, None
+    )
+    record.args = {"path": "/v1/questions/x/events?token=secret&x=1", "who": "me"}
+    RedactStreamTokens().filter(record)
+    assert record.getMessage() == "/v1/questions/x/events?token=[redacted]&x=1 from me"
+    positional = logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, "%s %s", ("GET", "/e?token=secret"), None
+    )
+    RedactStreamTokens().filter(positional)
+    assert positional.getMessage() == "GET /e?token=[redacted]"
 
 
 async def test_no_tokens_configured_means_one_default_tenant(server: Server) -> None:
