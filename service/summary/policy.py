@@ -1,9 +1,6 @@
-"""The summary call policy (SPEC §6.3): one call, its one retry, under the per-request call cap.
-
-Each chunk, and each merge call, is one call with at most one retry (output caps 2048, then 8192); a
-tool call fails at once, a provider error propagates unchanged (docs/summaries.md, "The call policy").
-Every provider attempt, rate-limit retries included, is counted by :class:`SummaryCallBudget` *before*
-it goes out, so the call after the last allowed one is never made.
+"""The summary call policy (SPEC §6.3): one call, its one retry, under the per-request call cap
+(docs/summaries.md, "The call policy"). Every provider attempt is counted *before* it goes out, so the
+call after the last allowed one is never made.
 """
 
 from __future__ import annotations
@@ -208,43 +205,29 @@ class SummaryCaller:
             )
         return chunk_pieces(pieces, capacity)
 
-    async def summarize_chunk(
-        self,
-        kind: SummaryKind,
-        material: str,
-        previous: SummaryDocument | None,
-        *,
-        chunk_index: int = 1,
-        chunks: int = 1,
-        reservation: CallReservation | None = None,
-        tally: CallTally | None = None,
-    ) -> SummaryDocument:
-        """One chunk: first attempt, and on a retryable failure exactly one retry from the same input."""
-        prompt = functools.partial(
+    def chunk_prompt(
+        self, kind: SummaryKind, material: str, previous: SummaryDocument | None, chunk: int, chunks: int
+    ) -> Callable[..., SummaryPrompt]:
+        """The prompt of chunk ``chunk`` of ``chunks`` (``retry=`` picks the attempt): an update of
+        ``previous`` when given."""
+        return functools.partial(
             build_summary_prompt,
             kind,
             material,
             previous_body=render_body(previous) if previous is not None else None,
-            chunk=chunk_index,
+            chunk=chunk,
             chunks=chunks,
             instructions=self.instructions,
         )
-        return await self._call_with_retry(kind, prompt, reservation=reservation, tally=tally)
 
-    async def merge(
-        self,
-        kind: SummaryKind,
-        documents: Sequence[SummaryDocument],
-        *,
-        reservation: CallReservation | None = None,
-        tally: CallTally | None = None,
-    ) -> SummaryDocument:
-        """One merge call over two or more valid ``documents`` (in material order), retried as a chunk."""
+    def merge_prompt(
+        self, kind: SummaryKind, documents: Sequence[SummaryDocument]
+    ) -> Callable[..., SummaryPrompt]:
+        """The prompt of one merge call over two or more valid ``documents`` (in material order)."""
         bodies = [render_body(document) for document in documents]
-        prompt = functools.partial(build_merge_prompt, kind, bodies, instructions=self.instructions)
-        return await self._call_with_retry(kind, prompt, reservation=reservation, tally=tally)
+        return functools.partial(build_merge_prompt, kind, bodies, instructions=self.instructions)
 
-    async def _call_with_retry(
+    async def call(
         self,
         kind: SummaryKind,
         prompt: Callable[..., SummaryPrompt],
@@ -252,6 +235,8 @@ class SummaryCaller:
         reservation: CallReservation | None,
         tally: CallTally | None,
     ) -> SummaryDocument:
+        """One chunk or merge call: the first attempt, and on a retryable failure exactly one retry
+        from the same input."""
         try:
             first = prompt(retry=False)
             return await self._attempt(kind, first, retry=False, reservation=reservation, tally=tally)

@@ -112,7 +112,6 @@ async def fold_qa(
                 "qa",
                 chunks,
                 document,
-                check_cap=False,
                 progress_offset=done,
                 progress_total=total,
                 parallel=plan.parallel,

@@ -1,11 +1,6 @@
-"""A summary over one or more chunks (SPEC §6.3): the plan, the ordered and the parallel mode.
-
-Each chunk, and each merge call, is one call of the policy in :mod:`service.summary.policy`. *Ordered*
-(parallelism 1, or a single chunk): each chunk updates the running summary, always the last *valid*
-document. *Parallel*: the chunks are summarised at once (the previous summary goes with the first), then
-merge calls fold the documents, in order, into one (:mod:`service.summary.merge`); the first failure
-cancels the calls in flight. Either way a failure raises, so a failed partial summary never feeds the
-next call, and the whole plan is reserved in the budget before the first call (docs/summaries.md).
+"""A summary over one or more chunks (SPEC §6.3): the plan, the ordered and the parallel mode
+(docs/summaries.md, "Parallel mode and merges"). Either way a failure raises, so a failed partial
+summary never feeds the next call.
 """
 
 from __future__ import annotations
@@ -71,10 +66,6 @@ class SummaryRunner(SummaryCaller):
     on_progress: ProgressCallback | None = None
     parallelism: int = 1
 
-    def __post_init__(self) -> None:
-        if self.parallelism < 1:
-            raise ValueError("parallelism must be >= 1")
-
     def plan(self, kind: SummaryKind, chunks: int, parallel: bool | None = None) -> SummaryPlan:
         """How ``chunks`` chunks will be summarised, and the calls that needs (retries not counted).
 
@@ -96,7 +87,6 @@ class SummaryRunner(SummaryCaller):
         chunks: Sequence[str],
         previous: SummaryDocument | None,
         *,
-        check_cap: bool = True,
         progress_offset: int = 0,
         progress_total: int | None = None,
         parallel: bool | None = None,
@@ -106,9 +96,8 @@ class SummaryRunner(SummaryCaller):
         """Summarise ``chunks`` (in material order) into one document, updating ``previous`` (None:
         start fresh); ``parallel`` None means :meth:`plan`'s choice, a caller that planned passes it.
 
-        ``check_cap`` reserves the plan's calls (chunks + merges) first, failing with
-        :class:`SummaryCallCap` before any call; a caller that holds a ``reservation`` for a larger plan
-        passes it instead. ``progress_offset`` / ``progress_total`` number the chunk events when this is
+        The plan's calls (chunks + merges) are reserved first, failing with :class:`SummaryCallCap`
+        before any call, unless the caller holds a ``reservation`` for a larger plan. ``progress_offset`` / ``progress_total`` number the chunk events when this is
         one part of a larger plan; ``tally`` counts this summary's attempts. Raises the first failure.
         """
         if not chunks:
@@ -116,7 +105,7 @@ class SummaryRunner(SummaryCaller):
                 raise ValueError("nothing to summarise")
             return previous
         plan = self.plan(kind, len(chunks), parallel)
-        held = self.budget.reserve(plan.calls) if check_cap and reservation is None else None
+        held = self.budget.reserve(plan.calls) if reservation is None else None
         total = progress_total or len(chunks)
         slots = asyncio.Semaphore(self.parallelism)
         # Progress events go out one at a time, in the order the calls take their slots.
@@ -131,15 +120,8 @@ class SummaryRunner(SummaryCaller):
             async with slots:
                 number = progress_offset + index
                 await report(vocabulary.summary_chunk(STAGE_OF[kind], PURPOSE_OF[kind], number, total))
-                return await self.summarize_chunk(
-                    kind,
-                    chunk,
-                    running,
-                    chunk_index=index,
-                    chunks=len(chunks),
-                    reservation=held or reservation,
-                    tally=tally,
-                )
+                prompt = self.chunk_prompt(kind, chunk, running, index, len(chunks))
+                return await self.call(kind, prompt, reservation=held or reservation, tally=tally)
 
         try:
             if not plan.parallel:
@@ -193,9 +175,8 @@ class SummaryRunner(SummaryCaller):
                         STAGE_OF[kind], PURPOSE_OF[kind], merge_round, number, len(calls), len(group)
                     )
                 )
-                return await self.merge(
-                    kind, [documents[i] for i in group], reservation=reservation, tally=tally
-                )
+                prompt = self.merge_prompt(kind, [documents[i] for i in group])
+                return await self.call(kind, prompt, reservation=reservation, tally=tally)
 
         merged = iter(
             await _all_or_nothing([one_merge(number, group) for number, group in enumerate(calls, 1)])
