@@ -172,25 +172,18 @@ def _pieces(
     return [_piece(messages, g) for g in groups if g.start >= start and g.end <= end]
 
 
-# Where a preparation keeps the transcript pieces rendered so far (PreparedSnapshot.memo), by group.
+# Where a preparation keeps the transcript pieces rendered so far (PreparedSnapshot.memo), by group,
+# and those of the groups' masked forms (SPEC §6.8: tier 2 summarises masked groups).
 _PIECES = "summary.group_pieces"
+_MASKED_PIECES = "summary.masked_group_pieces"
 # Groups rendered per turn of the event loop while warming: ~0.3 ms of CPU at a time.
 WARM_SLICE = 64
-
-
-# …and the pieces of the groups' masked forms (SPEC §6.8: tier 2 summarises masked groups).
-_MASKED_PIECES = "summary.masked_group_pieces"
-
-
-def _rendered(prepared: PreparedSnapshot) -> dict[int, str]:
-    rendered: dict[int, str] = prepared.memo.setdefault(_PIECES, {})
-    return rendered
 
 
 def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int, *, masked: bool = False) -> list[str]:
     """:func:`_pieces` of a prepared snapshot (of its masked groups when ``masked``), each group
     rendered at most once per snapshot (what :func:`warm_snapshot_pieces` rendered already is reused)."""
-    raw = _rendered(prepared)
+    raw: dict[int, str] = prepared.memo.setdefault(_PIECES, {})
     rendered: dict[int, str] = prepared.memo.setdefault(_MASKED_PIECES, {}) if masked else raw
     forms = prepared.masked() if masked else None
     pieces = []
@@ -212,7 +205,7 @@ async def warm_snapshot_pieces(prepared: PreparedSnapshot, slice_groups: int = W
     """Render every group's piece ahead of time, a slice per turn of the event loop: for a long
     snapshot a summary will likely be made of, ~7 ms of CPU then fills the wait on the database while it
     is stored, instead of delaying the summary's first call; slices keep other tasks waiting at most one."""
-    rendered = _rendered(prepared)
+    rendered: dict[int, str] = prepared.memo.setdefault(_PIECES, {})
     for index, group in enumerate(prepared.groups):
         if index not in rendered:
             rendered[index] = _piece(prepared.messages, group)
@@ -302,7 +295,6 @@ async def compact_context(
         prompt_version=runner.prompt_version,
         digests=digests,
     )
-    kept = len(messages) - until
 
     async def report(outcome: CacheOutcome, **extra: Any) -> None:
         if runner.on_progress is not None:
@@ -310,67 +302,55 @@ async def compact_context(
                 vocabulary.context_summary_cache(outcome, stage=Stage.COMPACTING_CONTEXT, **extra)
             )
 
+    calls = chunks = 0
+    new_entry: CachedContextSummary | None = None
     if isinstance(reuse, CacheHit):
         await report("hit", key=reuse.entry.key, covered_messages=until)
-        entry = reuse.entry
-        return ContextCompaction(
-            document=entry.document,
-            provenance=entry.provenance,
-            rendered_text=entry.rendered(),
-            tokens=entry.tokens,
-            cache="hit",
-            calls=0,
-            chunks=0,
-            summarized_messages=until,
-            kept_messages=kept,
-            new_entry=None,
-        )
-
-    outcome: CacheOutcome
-    previous: SummaryDocument | None
-    if isinstance(reuse, PrefixReuse):
-        start, previous, outcome = reuse.covered_messages, reuse.entry.document, "prefix"
-        await report("prefix", key=reuse.entry.key, covered_messages=start, new_messages=until - start)
+        outcome: CacheOutcome = "hit"
+        used = reuse.entry
     else:
-        start, previous, outcome = 0, None, "miss"
-        await report("miss", new_messages=until)
-
-    pieces = material(start, until) if material is not None else _pieces(messages, groups, start, until)
-    chunks = runner.chunk("context", pieces)
-    # Its own tally: a Q&A fold may be running on the same runner at the same time.
-    tally = CallTally()
-    document = await runner.summarize("context", chunks, previous, tally=tally)
-    key = summary_cache_key(digests[until], runner.model, runner.prompt_version)
-    created_at = runner.now()
-    provenance = Provenance.for_context(
-        prefix_hash=key,
-        start=0,
-        end=until,
-        model=runner.model,
-        created_at=created_at,
-        context_time=context_time,
-    )
-    rendered = render_summary(document, provenance)
-    tokens = estimate_text(rendered)
-    return ContextCompaction(
-        document=document,
-        provenance=provenance,
-        rendered_text=rendered,
-        tokens=tokens,
-        cache=outcome,
-        calls=tally.calls,
-        chunks=len(chunks),
-        summarized_messages=until,
-        kept_messages=kept,
-        new_entry=CachedContextSummary(
+        if isinstance(reuse, PrefixReuse):
+            start, previous, outcome = reuse.covered_messages, reuse.entry.document, "prefix"
+            await report("prefix", key=reuse.entry.key, covered_messages=start, new_messages=until - start)
+        else:
+            start, previous, outcome = 0, None, "miss"
+            await report("miss", new_messages=until)
+        pieces = material(start, until) if material is not None else _pieces(messages, groups, start, until)
+        chunk_texts = runner.chunk("context", pieces)
+        # Its own tally: a Q&A fold may be running on the same runner at the same time.
+        tally = CallTally()
+        document = await runner.summarize("context", chunk_texts, previous, tally=tally)
+        calls, chunks = tally.calls, len(chunk_texts)
+        key = summary_cache_key(digests[until], runner.model, runner.prompt_version)
+        created_at = runner.now()
+        provenance = Provenance.for_context(
+            prefix_hash=key,
+            start=0,
+            end=until,
+            model=runner.model,
+            created_at=created_at,
+            context_time=context_time,
+        )
+        used = new_entry = CachedContextSummary(
             key=key,
             snapshot_id=snapshot_id,
             covered_messages=until,
             document=document,
             provenance=provenance,
-            tokens=tokens,
+            tokens=estimate_text(render_summary(document, provenance)),
             created_at=created_at,
-        ),
+        )
+    return ContextCompaction(
+        document=used.document,
+        provenance=used.provenance,
+        rendered_text=used.rendered(),
+        tokens=used.tokens,
+        cache=outcome,
+        calls=calls,
+        chunks=chunks,
+        summarized_messages=until,
+        kept_messages=len(messages) - until,
+        new_entry=new_entry,
     )
 
 
