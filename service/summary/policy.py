@@ -58,12 +58,8 @@ SampleCallback = Callable[[str, int, int | None], Awaitable[None]]
 
 class SummaryCallBudget:
     """The per-request summary call cap (``SIDEQUEST_MAX_SUMMARY_CALLS``), shared by the Q&A fold and
-    the compaction of one side request.
-
-    The two may run at the same time: every method is synchronous, so on one event loop counts never
-    interleave; and each plan reserves its calls (:meth:`reserve`), so two plans that together need
-    more than remain cannot both start — the second fails before it spends anything.
-    """
+    the compaction of one side request, which may run at the same time: every method is synchronous,
+    and each plan reserves its calls first (docs/summaries.md, "Two summaries of one request at once")."""
 
     def __init__(self, max_calls: int) -> None:
         if max_calls < 0:
@@ -85,9 +81,8 @@ class SummaryCallBudget:
                 raise ValueError("the reservation belongs to another budget")
             reservation.left -= 1
             self.reserved -= 1
-            self.calls_made += 1
-            return
-        self.require()
+        else:
+            self.require()
         self.calls_made += 1
 
     def require(self, calls_needed: int = 1) -> None:
@@ -140,9 +135,7 @@ class SummaryCaller:
     """Everything a side request's summary calls share, and one call with its retry.
 
     ``deadline`` is an absolute ``clock()`` value (as for ``run_call``); ``window`` / ``safety_margin``
-    are the summary ``model``'s, and chunk capacity is derived from them (and ``calibration``, SPEC
-    §5.1). ``on_sample`` receives one calibration sample per attempt: its prompt estimate as sent and
-    the prompt tokens the provider reported (in its usage, or in an overflow error's message).
+    are the summary ``model``'s. ``on_sample`` receives one calibration sample per attempt (SPEC §5.1).
     """
 
     provider: Provider
@@ -237,14 +230,20 @@ class SummaryCaller:
     ) -> SummaryDocument:
         """One chunk or merge call: the first attempt, and on a retryable failure exactly one retry
         from the same input."""
+
+        def take() -> None:  # before every attempt, rate-limit retries included
+            self.budget.take(reservation)
+            self.attempts_made += 1
+            if tally is not None:
+                tally.calls += 1
+
         try:
-            first = prompt(retry=False)
-            return await self._attempt(kind, first, retry=False, reservation=reservation, tally=tally)
+            return await self._attempt(kind, prompt(retry=False), retry=False, take=take)
         except (SummaryToolCall, SummaryCallCap):
             raise  # never retried: a tool call is a policy breach, the cap is the cap
         except SummaryError:
             pass  # empty / truncated / invalid / too long: the one retry below, from the same input
-        return await self._attempt(kind, prompt(retry=True), retry=True, reservation=reservation, tally=tally)
+        return await self._attempt(kind, prompt(retry=True), retry=True, take=take)
 
     async def _attempt(
         self,
@@ -252,8 +251,7 @@ class SummaryCaller:
         prompt: SummaryPrompt,
         *,
         retry: bool,
-        reservation: CallReservation | None,
-        tally: CallTally | None,
+        take: Callable[[], None],
     ) -> SummaryDocument:
         cap = self.output_caps(kind)[1 if retry else 0]
         call = ProviderCall(
@@ -266,13 +264,6 @@ class SummaryCaller:
             tools=[],
             job_id=self.job_id,
         )
-
-        def take() -> None:
-            self.budget.take(reservation)
-            self.attempts_made += 1
-            if tally is not None:
-                tally.calls += 1
-
         try:
             result = await run_call(
                 self.provider,

@@ -39,11 +39,8 @@ _T = TypeVar("_T")
 
 
 async def _all_or_nothing(calls: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:
-    """Run ``calls`` at once and return their results in order, or raise the first failure as it came.
-
-    The first failure cancels the others, and they are waited for, so every cancelled provider call is
-    recorded (``run_call`` records a cancelled attempt with the usage it saw) before this raises.
-    """
+    """Run ``calls`` at once and return their results in order, or raise the first failure as it came,
+    once the others are cancelled and waited for (so ``run_call`` has recorded each cancelled attempt)."""
     failure: BaseException | None = None
     try:
         async with asyncio.TaskGroup() as group:
@@ -57,23 +54,16 @@ async def _all_or_nothing(calls: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:
 
 @dataclass
 class SummaryRunner(SummaryCaller):
-    """A :class:`~service.summary.policy.SummaryCaller` that summarises chunks, ordered or in parallel.
-
-    ``on_progress`` receives one event dict per chunk and per merge call; ``parallelism`` is
-    ``SIDEQUEST_SUMMARY_PARALLELISM`` (at most that many calls in flight; 1 keeps the ordered mode).
-    """
+    """A :class:`~service.summary.policy.SummaryCaller` that summarises chunks, ordered or in parallel
+    (``parallelism``: at most that many calls in flight; 1 keeps the ordered mode)."""
 
     on_progress: ProgressCallback | None = None
     parallelism: int = 1
 
     def plan(self, kind: SummaryKind, chunks: int, parallel: bool | None = None) -> SummaryPlan:
         """How ``chunks`` chunks will be summarised, and the calls that needs (retries not counted).
-
-        Parallel when allowed (``parallel`` not False, ``parallelism`` > 1, two or more chunks, one
-        merge call can take two documents at the body limit) and, unless ``parallel`` is True, when its
-        chunks and merge calls fit the calls that remain: parallelism buys time, and must not fail a
-        request that the ordered rolling update can serve.
-        """
+        Parallel only when its calls fit those that remain (unless ``parallel`` is True): parallelism
+        buys time, and must not fail a request that the ordered rolling update can serve."""
         worst, capacity = worst_piece_tokens(chunks), self.capacity(kind)
         if parallel is not False and chunks >= 2 and self.parallelism > 1 and can_merge(worst, capacity):
             merging = SummaryPlan(chunks, True, planned_merge_calls(chunks, worst, capacity))
@@ -94,12 +84,9 @@ class SummaryRunner(SummaryCaller):
         tally: CallTally | None = None,
     ) -> SummaryDocument:
         """Summarise ``chunks`` (in material order) into one document, updating ``previous`` (None:
-        start fresh); ``parallel`` None means :meth:`plan`'s choice, a caller that planned passes it.
-
-        The plan's calls (chunks + merges) are reserved first, failing with :class:`SummaryCallCap`
-        before any call, unless the caller holds a ``reservation`` for a larger plan. ``progress_offset`` / ``progress_total`` number the chunk events when this is
-        one part of a larger plan; ``tally`` counts this summary's attempts. Raises the first failure.
-        """
+        start fresh). The plan's calls are reserved before any call (:class:`SummaryCallCap` when they
+        do not fit) unless the caller holds a ``reservation`` for a larger plan, of which this is one
+        part (``progress_offset`` / ``progress_total`` number its chunk events)."""
         if not chunks:
             if previous is None:
                 raise ValueError("nothing to summarise")
