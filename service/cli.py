@@ -55,6 +55,12 @@ def _migrate(url: str) -> None:
     log.info("database migrated to head")
 
 
+def _migrate_only(settings: Settings) -> int:
+    with database_url(settings) as url:
+        _migrate(url)
+    return 0
+
+
 def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool) -> int:
     if api and not settings.tenant_tokens() and not _is_loopback(host):
         print(
@@ -76,11 +82,9 @@ def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool)
             _migrate(url)
             if api:
                 from service.api.app import create_app
-                from service.serve import with_worker
+                from service.serve import create_serving_app
 
-                app = create_app(settings, url)
-                if worker:
-                    app = with_worker(app, settings)
+                app = create_serving_app(settings, url) if worker else create_app(settings, url)
                 freeze_startup_heap()
                 uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
             else:
@@ -90,12 +94,6 @@ def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool)
                 run_worker_forever(settings, url)
     except _Shutdown:
         log.info("stopped by signal")
-    return 0
-
-
-def _cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
-    with database_url(settings) as url:
-        _migrate(url)
     return 0
 
 
@@ -225,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serve": lambda: _serve(settings, args.host, args.port, api=True, worker=True),
         "api": lambda: _serve(settings, args.host, args.port, api=True, worker=False),
         "worker": lambda: _serve(settings, "127.0.0.1", 0, api=False, worker=True),
-        "migrate": lambda: _cmd_migrate(settings, args),
+        "migrate": lambda: _migrate_only(settings),
     }
     try:
         return commands[args.command]()

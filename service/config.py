@@ -142,11 +142,6 @@ class Settings(BaseSettings):
         return self.listen_database_url or database_url
 
     @property
-    def behind_pooler(self) -> bool:
-        """Whether the pools reach PostgreSQL through a pooler in transaction mode (SPEC 9.1)."""
-        return self.database_pooler == "transaction"
-
-    @property
     def background_on(self) -> bool:
         """Whether summaries are made ahead of time (``SIDEQUEST_BACKGROUND_SUMMARIES=on``)."""
         return self.background_summaries == "on"
@@ -193,9 +188,7 @@ class Settings(BaseSettings):
 
 def _accepted_range(field_name: str) -> str:
     """``; accepted range 256–32768`` (or ``> 0 and ≤ 3600``) for a bounded setting, else ``""``."""
-    field = Settings.model_fields.get(field_name)
-    if field is None:
-        return ""
+    field = Settings.model_fields[field_name]
     bounds = {
         kind: getattr(constraint, kind)
         for constraint in field.metadata

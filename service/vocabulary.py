@@ -29,10 +29,6 @@ class Status(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
 
 TERMINAL: Final = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
 ACTIVE: Final = frozenset({Status.QUEUED, Status.RUNNING})
