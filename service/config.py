@@ -12,24 +12,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.vocabulary import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 
-# Query parameters as libpq spells them, which asyncpg reads from a DSN itself (sslmode, sslrootcert,
-# application_name, target_session_attrs, options…): SQLAlchemy's spelling of one is renamed, and
-# libpq's connect_timeout, which asyncpg would send on as a server setting, gives way to the service's
-# own connect timeout (5 s).
+# Query parameters as libpq spells them, which asyncpg reads from a DSN itself: SQLAlchemy's spelling
+# of one is renamed, and libpq's connect_timeout, which asyncpg would send on as a server setting,
+# gives way to the service's own connect timeout (5 s).
 _QUERY_RENAMED = {"ssl": "sslmode"}
 _QUERY_DROPPED = frozenset({"connect_timeout"})
 
 
 def asyncpg_url(value: str | None) -> str | None:
-    """Accept plain ``postgresql://`` URLs too, and use asyncpg for them (``None`` for unset or empty);
-    query parameters in libpq's spelling (``?sslmode=require`` for a managed PostgreSQL).
-
-    Several hosts (SPEC 9.1) are written as libpq writes them, ``user@h1:5432,h2:5432/db``;
-    SQLAlchemy's spelling, ``?host=h1:5432&host=h2:5432``, is moved there, because asyncpg reads
-    only the last of repeated query parameters and would silently keep one host.
-
-    The one home of this rewrite: the settings and the Alembic environment both use it.
-    """
+    """The URL as asyncpg reads it (``None`` for unset or empty; docs/operations.md,
+    ``SIDEQUEST_DATABASE_URL``), for the settings and the Alembic environment alike. SQLAlchemy's
+    several hosts, ``?host=h1:5432&host=h2:5432``, move into the netloc as libpq writes them, because
+    asyncpg reads only the last of repeated query parameters and would silently keep one host."""
     if value is None or value == "":
         return None
     for prefix in ("postgresql://", "postgres://"):
