@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.vocabulary import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
+from service.vocabulary import CONTEXT_WINDOW_MAX, CONTEXT_WINDOW_MIN, OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 
 # Query parameters as libpq spells them, which asyncpg reads from a DSN itself: SQLAlchemy's spelling
 # of one is renamed, and libpq's connect_timeout, which asyncpg would send on as a server setting,
@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     base_url: str | None = None
     api_key: str | None = None
     model: str | None = None
-    context_window: int | None = Field(default=None, ge=1024, le=10_000_000)
+    context_window: int | None = Field(default=None, ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)
     max_output_tokens: int = Field(default=8192, ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)
     max_concurrency: int = Field(default=4, ge=1, le=1024)
     request_timeout_s: float = Field(default=120.0, gt=0, le=3600)
