@@ -151,7 +151,6 @@ class ContextCompaction:
 
     document: SummaryDocument
     provenance: Provenance
-    rendered_text: str
     tokens: int
     cache: CacheOutcome
     calls: int
@@ -343,7 +342,6 @@ async def compact_context(
     return ContextCompaction(
         document=used.document,
         provenance=used.provenance,
-        rendered_text=used.rendered(),
         tokens=used.tokens,
         cache=outcome,
         calls=calls,
