@@ -149,9 +149,7 @@ class Settings(BaseSettings):
         """Map token → tenant from ``tenant:token,tenant:token``. Empty (auth off) when the variable is
         unset or holds no entry at all (``","``, blanks); a token given to two tenants is refused."""
         result: dict[str, str] = {}
-        if not self.api_tokens:
-            return result
-        for item in self.api_tokens.split(","):
+        for item in (self.api_tokens or "").split(","):
             item = item.strip()
             if not item:
                 continue
@@ -220,11 +218,10 @@ def load_settings(**overrides: object) -> Settings:
         lines = []
         for err in exc.errors():
             name = "SIDEQUEST_" + "_".join(str(p) for p in err["loc"]).upper()
-            accepted = _accepted_range(str(err["loc"][0])) if err["loc"] else ""
-            field = str(err["loc"][0]) if err["loc"] else ""
+            field = str(err["loc"][0])  # every check is a field's: the model has no validator of its own
             # A URL or key can carry a password: say what was wrong, never echo the value.
             got = "" if field in _SECRET_FIELDS else f" (got {err.get('input')!r})"
-            lines.append(f"{name}: {err['msg']}{got}{accepted}")
+            lines.append(f"{name}: {err['msg']}{got}{_accepted_range(field)}")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
     except ValueError as exc:
         raise SettingsError(f"invalid configuration: {exc}") from None
