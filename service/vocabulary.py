@@ -369,8 +369,7 @@ def rerun(reason: RequeueReason, stage: str | None, attempt: int | None = None) 
     """The ``progress`` event of a request sent back to the queue: its worker stopped (``worker_stopped``,
     the attempt does not count) or was lost (``worker_lost``, ``attempt`` it was on); clients discard
     the text streamed so far, since the answer starts again."""
-    event: dict[str, Any] = {"stage": stage, "what": f"{reason}_rerun"}
-    return _present(event, attempt=attempt, discard_streamed_text=True)
+    return _present({"stage": stage, "what": f"{reason}_rerun"}, attempt=attempt, discard_streamed_text=True)
 
 
 def integral(value: object) -> int | None:
