@@ -321,13 +321,12 @@ async def compact_context(
         document = await runner.summarize("context", chunk_texts, previous, tally=tally)
         calls, chunks = tally.calls, len(chunk_texts)
         key = summary_cache_key(digests[until], runner.model, runner.prompt_version)
-        created_at = runner.now()
         provenance = Provenance.for_context(
             prefix_hash=key,
             start=0,
             end=until,
             model=runner.model,
-            created_at=created_at,
+            created_at=runner.now(),
             context_time=context_time,
         )
         used = new_entry = CachedContextSummary(
@@ -337,7 +336,7 @@ async def compact_context(
             document=document,
             provenance=provenance,
             tokens=estimate_text(render_summary(document, provenance)),
-            created_at=created_at,
+            created_at=provenance.created_at,
         )
     return ContextCompaction(
         document=used.document,
