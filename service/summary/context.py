@@ -1,10 +1,7 @@
-"""Context compaction with a content-keyed summary cache (SPEC §6.2; docs/summaries.md).
-
-The old part of the snapshot *copy* (``messages[:cut_plan.summarize_until]``) is replaced by a summary,
-cached under :func:`prefix_key` — a hash chain over the summarised messages' content, the summary model
-and the prompt version — so the same content is a ``hit`` whatever its snapshot id, different content
-never matches, and a snapshot that extends an earlier one summarises only its new messages, as an update
-of the cached document (``prefix``). This module only returns what to save, and only validated documents.
+"""Context compaction with a content-keyed summary cache (SPEC §6.2; docs/summaries.md, "Context
+compaction and its cache"): keyed by content, the same content is a ``hit`` whatever its snapshot id,
+and a snapshot that extends an earlier one summarises only its new messages (``prefix``). This module
+only returns what to save, and only validated documents.
 """
 
 from __future__ import annotations
