@@ -130,11 +130,9 @@ def find_reusable(
     until = cut_plan.summarize_until
     if digests is None:  # a prepared snapshot passes its stored chain
         digests = prefix_digests(messages[:until])
-    exact = {entry.key: entry for entry in cache_entries}.get(
-        summary_cache_key(digests[until], model, prompt_version)
-    )
-    if exact is not None and exact.covered_messages == until:
-        return CacheHit(exact)
+    exact = _cached_prefixes(cache_entries, {until}, digests, model=model, prompt_version=prompt_version)
+    if exact:
+        return CacheHit(exact[0].entry)  # keys are unique: the store replaces an entry of the same key
     boundaries = {g.start for g in groups if 0 < g.start < until}
     found = _cached_prefixes(cache_entries, boundaries, digests, model=model, prompt_version=prompt_version)
     return max(found, key=lambda reuse: reuse.covered_messages, default=CacheMiss())
