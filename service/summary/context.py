@@ -132,7 +132,7 @@ def find_reusable(
         digests = prefix_digests(messages[:until])
     exact = _cached_prefixes(cache_entries, {until}, digests, model=model, prompt_version=prompt_version)
     if exact:
-        return CacheHit(exact[0].entry)  # keys are unique: the store replaces an entry of the same key
+        return CacheHit(exact[-1].entry)  # a later entry of the same key stands for an earlier one
     boundaries = {g.start for g in groups if 0 < g.start < until}
     found = _cached_prefixes(cache_entries, boundaries, digests, model=model, prompt_version=prompt_version)
     return max(found, key=lambda reuse: reuse.covered_messages, default=CacheMiss())
