@@ -1,11 +1,4 @@
-"""asyncio helpers the shell's layers share (stdlib only).
-
-:func:`wait_event` is the one way this code waits for an :class:`asyncio.Event` with a timeout.
-``asyncio.wait_for(event.wait(), timeout)`` is not safe for it on Python 3.11: when the task is
-cancelled at the moment the event is set, ``wait_for`` *returns*, swallowing the cancellation
-(CPython gh-86296), and a loop cancelled on shutdown runs on. ``asyncio.timeout`` tells its own
-cancellation from anyone else's, so an outside cancel always propagates.
-"""
+"""asyncio helpers the shell's layers share (stdlib only)."""
 
 from __future__ import annotations
 
@@ -17,9 +10,10 @@ log = logging.getLogger(__name__)
 
 
 async def wait_event(event: asyncio.Event, seconds: float) -> bool:
-    """Wait until ``event`` is set or ``seconds`` passed; whether it is set.
-
-    A cancellation of the calling task always propagates (never swallowed, see the module note)."""
+    """Wait until ``event`` is set or ``seconds`` passed; whether it is set. The one way this code
+    waits for an event: on Python 3.11 ``asyncio.wait_for(event.wait(), timeout)`` *returns* when the
+    task is cancelled at the moment the event is set (CPython gh-86296), and a loop cancelled on
+    shutdown runs on; ``asyncio.timeout`` tells its own cancellation from anyone else's."""
     if event.is_set():
         return True
     try:

@@ -55,6 +55,12 @@ def _migrate(url: str) -> None:
     log.info("database migrated to head")
 
 
+def _migrate_only(settings: Settings) -> int:
+    with database_url(settings) as url:
+        _migrate(url)
+    return 0
+
+
 def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool) -> int:
     if api and not settings.tenant_tokens() and not _is_loopback(host):
         print(
@@ -76,11 +82,9 @@ def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool)
             _migrate(url)
             if api:
                 from service.api.app import create_app
-                from service.serve import with_worker
+                from service.serve import create_serving_app
 
-                app = create_app(settings, url)
-                if worker:
-                    app = with_worker(app, settings)
+                app = create_serving_app(settings, url) if worker else create_app(settings, url)
                 freeze_startup_heap()
                 uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
             else:
@@ -90,12 +94,6 @@ def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool)
                 run_worker_forever(settings, url)
     except _Shutdown:
         log.info("stopped by signal")
-    return 0
-
-
-def _cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
-    with database_url(settings) as url:
-        _migrate(url)
     return 0
 
 
@@ -122,16 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument(
         "--snapshot-id", help="a snapshot already stored (with PUT, or inline by an earlier question)"
     )
-    ask.add_argument("--model", default=None, help="model for this question (default: the server's)")
-    ask.add_argument("--max-output-tokens", type=int, default=None, help="side answer output cap (256-32768)")
-    ask.add_argument(
-        "--url", default=None, help="server URL (default $SIDEQUEST_URL or http://127.0.0.1:8080)"
-    )
-    ask.add_argument("--token", default=None, help="bearer token (default $SIDEQUEST_TOKEN)")
+    ask.add_argument("--model", help="model for this question (default: the server's)")
+    ask.add_argument("--max-output-tokens", type=int, help="side answer output cap (256-32768)")
+    ask.add_argument("--url", help="server URL (default $SIDEQUEST_URL or http://127.0.0.1:8080)")
+    ask.add_argument("--token", help="bearer token (default $SIDEQUEST_TOKEN)")
 
     sessions = sub.add_parser("sessions", help="list the tenant's sessions, most recently active first")
     sessions.add_argument("--limit", type=int, default=20, help="sessions per page (1-100)")
-    sessions.add_argument("--before", default=None, help="the cursor printed after the previous page")
+    sessions.add_argument("--before", help="the cursor printed after the previous page")
     sessions.add_argument("--all", action="store_true", help="follow every page")
     sessions.add_argument("--json", action="store_true", help="one session object per line, as JSON")
 
@@ -143,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", "-o", default="-", help="file to write (default: stdout)")
     imp = archive_sub.add_parser("import")
     imp.add_argument("file")
-    imp.add_argument("--parent-id", default=None, help="restore into this parent id (default: the archive's)")
+    imp.add_argument("--parent-id", help="restore into this parent id (default: the archive's)")
     imp.add_argument("--replace", action="store_true", help="replace existing history")
 
     hand = sub.add_parser(
@@ -159,7 +155,6 @@ def build_parser() -> argparse.ArgumentParser:
     hand.add_argument(
         "--max-tokens",
         type=_handoff_tokens,
-        default=None,
         help="the block's token limit (256-32768; default 2000)",
     )
     hand.add_argument("--all", action="store_true", help="every succeeded side answer, not only the new ones")
@@ -225,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serve": lambda: _serve(settings, args.host, args.port, api=True, worker=True),
         "api": lambda: _serve(settings, args.host, args.port, api=True, worker=False),
         "worker": lambda: _serve(settings, "127.0.0.1", 0, api=False, worker=True),
-        "migrate": lambda: _cmd_migrate(settings, args),
+        "migrate": lambda: _migrate_only(settings),
     }
     try:
         return commands[args.command]()

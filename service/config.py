@@ -10,26 +10,20 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.vocabulary import OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
+from service.vocabulary import CONTEXT_WINDOW_MAX, CONTEXT_WINDOW_MIN, OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 
-# Query parameters as libpq spells them, which asyncpg reads from a DSN itself (sslmode, sslrootcert,
-# application_name, target_session_attrs, options…): SQLAlchemy's spelling of one is renamed, and
-# libpq's connect_timeout, which asyncpg would send on as a server setting, gives way to the service's
-# own connect timeout (5 s).
+# Query parameters as libpq spells them, which asyncpg reads from a DSN itself: SQLAlchemy's spelling
+# of one is renamed, and libpq's connect_timeout, which asyncpg would send on as a server setting,
+# gives way to the service's own connect timeout (5 s).
 _QUERY_RENAMED = {"ssl": "sslmode"}
 _QUERY_DROPPED = frozenset({"connect_timeout"})
 
 
 def asyncpg_url(value: str | None) -> str | None:
-    """Accept plain ``postgresql://`` URLs too, and use asyncpg for them (``None`` for unset or empty);
-    query parameters in libpq's spelling (``?sslmode=require`` for a managed PostgreSQL).
-
-    Several hosts (SPEC 9.1) are written as libpq writes them, ``user@h1:5432,h2:5432/db``;
-    SQLAlchemy's spelling, ``?host=h1:5432&host=h2:5432``, is moved there, because asyncpg reads
-    only the last of repeated query parameters and would silently keep one host.
-
-    The one home of this rewrite: the settings and the Alembic environment both use it.
-    """
+    """The URL as asyncpg reads it (``None`` for unset or empty; docs/operations.md,
+    ``SIDEQUEST_DATABASE_URL``), for the settings and the Alembic environment alike. SQLAlchemy's
+    several hosts, ``?host=h1:5432&host=h2:5432``, move into the netloc as libpq writes them, because
+    asyncpg reads only the last of repeated query parameters and would silently keep one host."""
     if value is None or value == "":
         return None
     for prefix in ("postgresql://", "postgres://"):
@@ -93,7 +87,7 @@ class Settings(BaseSettings):
     base_url: str | None = None
     api_key: str | None = None
     model: str | None = None
-    context_window: int | None = Field(default=None, ge=1024, le=10_000_000)
+    context_window: int | None = Field(default=None, ge=CONTEXT_WINDOW_MIN, le=CONTEXT_WINDOW_MAX)
     max_output_tokens: int = Field(default=8192, ge=OUTPUT_CAP_MIN, le=OUTPUT_CAP_MAX)
     max_concurrency: int = Field(default=4, ge=1, le=1024)
     request_timeout_s: float = Field(default=120.0, gt=0, le=3600)
@@ -142,11 +136,6 @@ class Settings(BaseSettings):
         return self.listen_database_url or database_url
 
     @property
-    def behind_pooler(self) -> bool:
-        """Whether the pools reach PostgreSQL through a pooler in transaction mode (SPEC 9.1)."""
-        return self.database_pooler == "transaction"
-
-    @property
     def background_on(self) -> bool:
         """Whether summaries are made ahead of time (``SIDEQUEST_BACKGROUND_SUMMARIES=on``)."""
         return self.background_summaries == "on"
@@ -160,9 +149,7 @@ class Settings(BaseSettings):
         """Map token → tenant from ``tenant:token,tenant:token``. Empty (auth off) when the variable is
         unset or holds no entry at all (``","``, blanks); a token given to two tenants is refused."""
         result: dict[str, str] = {}
-        if not self.api_tokens:
-            return result
-        for item in self.api_tokens.split(","):
+        for item in (self.api_tokens or "").split(","):
             item = item.strip()
             if not item:
                 continue
@@ -193,9 +180,7 @@ class Settings(BaseSettings):
 
 def _accepted_range(field_name: str) -> str:
     """``; accepted range 256–32768`` (or ``> 0 and ≤ 3600``) for a bounded setting, else ``""``."""
-    field = Settings.model_fields.get(field_name)
-    if field is None:
-        return ""
+    field = Settings.model_fields[field_name]
     bounds = {
         kind: getattr(constraint, kind)
         for constraint in field.metadata
@@ -233,11 +218,10 @@ def load_settings(**overrides: object) -> Settings:
         lines = []
         for err in exc.errors():
             name = "SIDEQUEST_" + "_".join(str(p) for p in err["loc"]).upper()
-            accepted = _accepted_range(str(err["loc"][0])) if err["loc"] else ""
-            field = str(err["loc"][0]) if err["loc"] else ""
+            field = str(err["loc"][0])  # every check is a field's: the model has no validator of its own
             # A URL or key can carry a password: say what was wrong, never echo the value.
             got = "" if field in _SECRET_FIELDS else f" (got {err.get('input')!r})"
-            lines.append(f"{name}: {err['msg']}{got}{accepted}")
+            lines.append(f"{name}: {err['msg']}{got}{_accepted_range(field)}")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
     except ValueError as exc:
         raise SettingsError(f"invalid configuration: {exc}") from None

@@ -65,13 +65,8 @@ def start_embedded(data_dir: Path) -> EmbeddedPostgres:
     server = get_server(pgdata, cleanup_mode=None)
     uri: str = server.get_uri()  # postgresql://postgres:@/postgres?host=/socket/dir
     socket_dir = uri.split("host=", 1)[1]
-    _ensure_database(server)
+    if "(1 row)" not in server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';"):
+        server.psql(f"CREATE DATABASE {DATABASE_NAME};")
     url = f"postgresql+asyncpg://postgres@/{DATABASE_NAME}?host={socket_dir}"
     log.info("embedded PostgreSQL ready at %s (data in %s)", socket_dir, pgdata)
     return EmbeddedPostgres(pgdata=pgdata, url=url, _server=server)
-
-
-def _ensure_database(server: Any) -> None:
-    out = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")
-    if "(1 row)" not in out:
-        server.psql(f"CREATE DATABASE {DATABASE_NAME};")

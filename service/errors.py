@@ -1,10 +1,6 @@
-"""The one error protocol: every refusal and failure of ours carries ``code``, ``status``,
-``message`` and ``detail``, so one place maps it to HTTP (``service.api.errors``) and one to a failed
-request's SPEC §8 error object (``service.pipeline.failures``).
-
-``status`` is the HTTP status the error answers with when it ends an HTTP request; an error that can
-only end a side request (a provider failure, say) still names the status it would have (502, 504 …),
-so the mapping never guesses. Pure: stdlib only.
+"""The one error protocol (docs/architecture.md, "Errors: one protocol"): every refusal and failure
+of ours carries ``code``, ``status``, ``message`` and ``detail``. An error that can only end a side
+request still names the HTTP status it would have (502, 504 …), so the mapping never guesses.
 """
 
 from __future__ import annotations

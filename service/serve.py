@@ -1,9 +1,6 @@
-"""``sidequest serve``: the API app with a worker in its lifespan, both in one process.
-
-DESIGN's layer table says the API never imports the worker; the entry point composes the two. The
-worker is started after the app's own lifespan has connected, and shares its ``Database`` and its
-``Listener`` (``app.state.db`` / ``app.state.listener``), so one process keeps one pool and one LISTEN
-connection. It is stopped before the app's lifespan closes them.
+"""``sidequest serve``: the API app with a worker in its lifespan, sharing the app's pool and its one
+LISTEN connection (docs/architecture.md). The API never imports the worker: this entry point composes
+the two.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The domain vocabulary every layer speaks: statuses, stages, job kinds, channel names, the one
-timestamp format, canonical JSON and the one "text PostgreSQL can store" check — each defined once,
-so no layer can drift from another.
-
-Pure and stdlib-only, so the functional core (``service.budget``) may import it too. The enums are
-``str``-valued (``StrEnum``): a member *is* its wire string, so JSON, SQL parameters and comparisons
-with plain strings are unchanged.
+"""The domain vocabulary every layer speaks, each term defined once so no layer can drift from
+another (docs/architecture.md lists them). Stdlib only, so ``service.budget`` may import it too. The
+enums are ``StrEnum``s: a member *is* its wire string, so JSON, SQL parameters and comparisons with
+plain strings are unchanged.
 """
 
 from __future__ import annotations
@@ -28,10 +25,6 @@ class Status(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
 
 
 TERMINAL: Final = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
@@ -102,25 +95,17 @@ def iso_or_none(moment: datetime | None) -> str | None:
     return utc_iso(moment) if moment is not None else None
 
 
-# One encoder for every canonical encoding: ``json.dumps`` with options builds a new encoder per call,
-# which dominated hashing the 1600 messages of a large snapshot one by one.
-_CANONICAL: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
-# The C encoder ``_CANONICAL.encode`` builds anew on every call, built once: the same bytes (it is
-# the same encoder, with the same options), a third less time per small value (~3.0 against ~4.3 ms
-# for a large snapshot's 1600 messages). Without the circular-reference check, which JSON values
-# (from a parser, or the database) never need: a cyclic value ends in RecursionError, not ValueError.
-_C_CANONICAL: Final = (
-    None
-    if c_make_encoder is None
-    else c_make_encoder(None, str, encode_basestring, None, ":", ",", True, False, True)
-)
+# One encoder for every canonical encoding, the C encoder ``json.dumps(value, ensure_ascii=False,
+# sort_keys=True, separators=(",", ":"), default=str)`` builds anew on every call, built once: the same
+# bytes, a third less time per small value (~3.0 against ~4.3 ms for a large snapshot's 1600 messages).
+# Without the circular-reference check, which JSON values (from a parser, or the database) never need:
+# a cyclic value ends in RecursionError, not ValueError. (CPython always builds ``_json``, its home.)
+_CANONICAL: Final = c_make_encoder(None, str, encode_basestring, None, ":", ",", True, False, True)
 
 
 def canonical_json(value: Any) -> str:
     """Key-sorted compact JSON: equal documents give equal text whatever their key order."""
-    if _C_CANONICAL is None or isinstance(value, str):
-        return _CANONICAL.encode(value)
-    return "".join(_C_CANONICAL(value, 0))
+    return "".join(_CANONICAL(value, 0))
 
 
 def canonical_bytes(value: Any) -> bytes:
@@ -384,8 +369,7 @@ def rerun(reason: RequeueReason, stage: str | None, attempt: int | None = None) 
     """The ``progress`` event of a request sent back to the queue: its worker stopped (``worker_stopped``,
     the attempt does not count) or was lost (``worker_lost``, ``attempt`` it was on); clients discard
     the text streamed so far, since the answer starts again."""
-    event: dict[str, Any] = {"stage": stage, "what": f"{reason}_rerun"}
-    return _present(event, attempt=attempt, discard_streamed_text=True)
+    return _present({"stage": stage, "what": f"{reason}_rerun"}, attempt=attempt, discard_streamed_text=True)
 
 
 def integral(value: object) -> int | None:

@@ -25,7 +25,7 @@ def test_multi_host_urls_are_read_and_their_ports_checked(monkeypatch: pytest.Mo
     monkeypatch.setenv("SIDEQUEST_LISTEN_DATABASE_URL", "postgresql://u:secret@a:5432,[::1]:5432/db")
     monkeypatch.setenv("SIDEQUEST_DATABASE_POOLER", "transaction")
     settings = load_settings()
-    assert settings.behind_pooler
+    assert settings.database_pooler == "transaction"
     assert settings.database_url is not None
     assert settings.listen_url(settings.database_url) == "postgresql+asyncpg://u:secret@a:5432,[::1]:5432/db"
     assert url_hosts(settings.listen_url(settings.database_url)) == [("a", 5432), ("::1", 5432)]
@@ -44,7 +44,7 @@ def test_the_listen_connection_follows_the_pools_by_default(monkeypatch: pytest.
     monkeypatch.setenv("SIDEQUEST_DATABASE_URL", "postgresql://u@h:5432/db")
     settings = load_settings()
     assert settings.listen_url("postgresql+asyncpg://u@h:5432/db") == "postgresql+asyncpg://u@h:5432/db"
-    assert not settings.behind_pooler
+    assert settings.database_pooler == "none"
 
 
 def test_an_unknown_pooler_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,7 +89,7 @@ def test_statuses_are_their_wire_strings() -> None:
     assert get_args(RequestRecord.model_fields["status"].annotation) == tuple(Status)  # so does OpenAPI
     assert json.dumps({"status": Status.FAILED}) == '{"status": "failed"}'
     assert TERMINAL | ACTIVE == set(Status) and not TERMINAL & ACTIVE
-    assert "succeeded" in TERMINAL and Status.CANCELLED.terminal and not Status.RUNNING.terminal
+    assert "succeeded" in TERMINAL and Status.CANCELLED in TERMINAL and Status.RUNNING not in TERMINAL
 
 
 def test_progress_events_keep_their_keys_in_order() -> None:

@@ -1,10 +1,7 @@
-"""Context compaction with a content-keyed summary cache (SPEC §6.2; docs/summaries.md).
-
-The old part of the snapshot *copy* (``messages[:cut_plan.summarize_until]``) is replaced by a summary,
-cached under :func:`prefix_key` — a hash chain over the summarised messages' content, the summary model
-and the prompt version — so the same content is a ``hit`` whatever its snapshot id, different content
-never matches, and a snapshot that extends an earlier one summarises only its new messages, as an update
-of the cached document (``prefix``). This module only returns what to save, and only validated documents.
+"""Context compaction with a content-keyed summary cache (SPEC §6.2; docs/summaries.md, "Context
+compaction and its cache"): keyed by content, the same content is a ``hit`` whatever its snapshot id,
+and a snapshot that extends an earlier one summarises only its new messages (``prefix``). This module
+only returns what to save, and only validated documents.
 """
 
 from __future__ import annotations
@@ -133,11 +130,9 @@ def find_reusable(
     until = cut_plan.summarize_until
     if digests is None:  # a prepared snapshot passes its stored chain
         digests = prefix_digests(messages[:until])
-    exact = {entry.key: entry for entry in cache_entries}.get(
-        summary_cache_key(digests[until], model, prompt_version)
-    )
-    if exact is not None and exact.covered_messages == until:
-        return CacheHit(exact)
+    exact = _cached_prefixes(cache_entries, {until}, digests, model=model, prompt_version=prompt_version)
+    if exact:
+        return CacheHit(exact[-1].entry)  # a later entry of the same key stands for an earlier one
     boundaries = {g.start for g in groups if 0 < g.start < until}
     found = _cached_prefixes(cache_entries, boundaries, digests, model=model, prompt_version=prompt_version)
     return max(found, key=lambda reuse: reuse.covered_messages, default=CacheMiss())
@@ -151,7 +146,6 @@ class ContextCompaction:
 
     document: SummaryDocument
     provenance: Provenance
-    rendered_text: str
     tokens: int
     cache: CacheOutcome
     calls: int
@@ -172,25 +166,18 @@ def _pieces(
     return [_piece(messages, g) for g in groups if g.start >= start and g.end <= end]
 
 
-# Where a preparation keeps the transcript pieces rendered so far (PreparedSnapshot.memo), by group.
+# Where a preparation keeps the transcript pieces rendered so far (PreparedSnapshot.memo), by group,
+# and those of the groups' masked forms (SPEC §6.8: tier 2 summarises masked groups).
 _PIECES = "summary.group_pieces"
+_MASKED_PIECES = "summary.masked_group_pieces"
 # Groups rendered per turn of the event loop while warming: ~0.3 ms of CPU at a time.
 WARM_SLICE = 64
-
-
-# …and the pieces of the groups' masked forms (SPEC §6.8: tier 2 summarises masked groups).
-_MASKED_PIECES = "summary.masked_group_pieces"
-
-
-def _rendered(prepared: PreparedSnapshot) -> dict[int, str]:
-    rendered: dict[int, str] = prepared.memo.setdefault(_PIECES, {})
-    return rendered
 
 
 def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int, *, masked: bool = False) -> list[str]:
     """:func:`_pieces` of a prepared snapshot (of its masked groups when ``masked``), each group
     rendered at most once per snapshot (what :func:`warm_snapshot_pieces` rendered already is reused)."""
-    raw = _rendered(prepared)
+    raw: dict[int, str] = prepared.memo.setdefault(_PIECES, {})
     rendered: dict[int, str] = prepared.memo.setdefault(_MASKED_PIECES, {}) if masked else raw
     forms = prepared.masked() if masked else None
     pieces = []
@@ -212,7 +199,7 @@ async def warm_snapshot_pieces(prepared: PreparedSnapshot, slice_groups: int = W
     """Render every group's piece ahead of time, a slice per turn of the event loop: for a long
     snapshot a summary will likely be made of, ~7 ms of CPU then fills the wait on the database while it
     is stored, instead of delaying the summary's first call; slices keep other tasks waiting at most one."""
-    rendered = _rendered(prepared)
+    rendered: dict[int, str] = prepared.memo.setdefault(_PIECES, {})
     for index, group in enumerate(prepared.groups):
         if index not in rendered:
             rendered[index] = _piece(prepared.messages, group)
@@ -302,7 +289,6 @@ async def compact_context(
         prompt_version=runner.prompt_version,
         digests=digests,
     )
-    kept = len(messages) - until
 
     async def report(outcome: CacheOutcome, **extra: Any) -> None:
         if runner.on_progress is not None:
@@ -310,67 +296,53 @@ async def compact_context(
                 vocabulary.context_summary_cache(outcome, stage=Stage.COMPACTING_CONTEXT, **extra)
             )
 
+    calls = chunks = 0
+    new_entry: CachedContextSummary | None = None
     if isinstance(reuse, CacheHit):
         await report("hit", key=reuse.entry.key, covered_messages=until)
-        entry = reuse.entry
-        return ContextCompaction(
-            document=entry.document,
-            provenance=entry.provenance,
-            rendered_text=entry.rendered(),
-            tokens=entry.tokens,
-            cache="hit",
-            calls=0,
-            chunks=0,
-            summarized_messages=until,
-            kept_messages=kept,
-            new_entry=None,
-        )
-
-    outcome: CacheOutcome
-    previous: SummaryDocument | None
-    if isinstance(reuse, PrefixReuse):
-        start, previous, outcome = reuse.covered_messages, reuse.entry.document, "prefix"
-        await report("prefix", key=reuse.entry.key, covered_messages=start, new_messages=until - start)
+        outcome: CacheOutcome = "hit"
+        used = reuse.entry
     else:
-        start, previous, outcome = 0, None, "miss"
-        await report("miss", new_messages=until)
-
-    pieces = material(start, until) if material is not None else _pieces(messages, groups, start, until)
-    chunks = runner.chunk("context", pieces)
-    # Its own tally: a Q&A fold may be running on the same runner at the same time.
-    tally = CallTally()
-    document = await runner.summarize("context", chunks, previous, tally=tally)
-    key = summary_cache_key(digests[until], runner.model, runner.prompt_version)
-    created_at = runner.now()
-    provenance = Provenance.for_context(
-        prefix_hash=key,
-        start=0,
-        end=until,
-        model=runner.model,
-        created_at=created_at,
-        context_time=context_time,
-    )
-    rendered = render_summary(document, provenance)
-    tokens = estimate_text(rendered)
-    return ContextCompaction(
-        document=document,
-        provenance=provenance,
-        rendered_text=rendered,
-        tokens=tokens,
-        cache=outcome,
-        calls=tally.calls,
-        chunks=len(chunks),
-        summarized_messages=until,
-        kept_messages=kept,
-        new_entry=CachedContextSummary(
+        if isinstance(reuse, PrefixReuse):
+            start, previous, outcome = reuse.covered_messages, reuse.entry.document, "prefix"
+            await report("prefix", key=reuse.entry.key, covered_messages=start, new_messages=until - start)
+        else:
+            start, previous, outcome = 0, None, "miss"
+            await report("miss", new_messages=until)
+        pieces = material(start, until) if material is not None else _pieces(messages, groups, start, until)
+        chunk_texts = runner.chunk("context", pieces)
+        # Its own tally: a Q&A fold may be running on the same runner at the same time.
+        tally = CallTally()
+        document = await runner.summarize("context", chunk_texts, previous, tally=tally)
+        calls, chunks = tally.calls, len(chunk_texts)
+        key = summary_cache_key(digests[until], runner.model, runner.prompt_version)
+        provenance = Provenance.for_context(
+            prefix_hash=key,
+            start=0,
+            end=until,
+            model=runner.model,
+            created_at=runner.now(),
+            context_time=context_time,
+        )
+        used = new_entry = CachedContextSummary(
             key=key,
             snapshot_id=snapshot_id,
             covered_messages=until,
             document=document,
             provenance=provenance,
-            tokens=tokens,
-            created_at=created_at,
-        ),
+            tokens=estimate_text(render_summary(document, provenance)),
+            created_at=provenance.created_at,
+        )
+    return ContextCompaction(
+        document=used.document,
+        provenance=used.provenance,
+        tokens=used.tokens,
+        cache=outcome,
+        calls=calls,
+        chunks=chunks,
+        summarized_messages=until,
+        kept_messages=len(messages) - until,
+        new_entry=new_entry,
     )
 
 

@@ -242,11 +242,11 @@ def body_tokens(document: SummaryDocument) -> int:
     return estimate_text(render_body(document))
 
 
-def check_body_size(document: SummaryDocument, limit: int = BODY_TOKEN_LIMIT) -> int:
-    """Return the body estimate, or raise :class:`SummaryTooLong` when it is over ``limit``."""
+def check_body_size(document: SummaryDocument) -> int:
+    """Return the body estimate, or raise :class:`SummaryTooLong` when it is over the body limit."""
     tokens = body_tokens(document)
-    if tokens > limit:
-        raise SummaryTooLong(body_tokens=tokens, limit=limit)
+    if tokens > BODY_TOKEN_LIMIT:
+        raise SummaryTooLong(body_tokens=tokens, limit=BODY_TOKEN_LIMIT)
     return tokens
 
 

@@ -1,8 +1,6 @@
-"""One exception type per way a summary can fail (SPEC §8).
-
-Each is a :class:`SummaryError` (a :class:`~service.errors.SidequestError`: ``code``, ``message``,
-``detail``), so the pipeline reports it without knowing which one it got. Provider errors are *not*
-wrapped: their own codes (``provider_error``, ``rate_limited``, ``timeout`` …) are what the caller reports.
+"""One :class:`SummaryError` per way a summary can fail (SPEC §8), so the pipeline reports it without
+knowing which one it got. Provider errors are *not* wrapped: their own codes (``provider_error``,
+``rate_limited``, ``timeout`` …) are what the caller reports.
 """
 
 from __future__ import annotations

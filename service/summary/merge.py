@@ -1,9 +1,7 @@
-"""Merge planning for parallel summaries (SPEC §6.3): which documents each merge call takes. Pure.
-
-Merges run in *rounds* (docs/summaries.md, "Parallel mode and merges"). :func:`planned_merge_calls`
-bounds their calls before any document exists, with every document at its largest possible size:
-next-fit never needs more groups for smaller items, so the real rounds never need more merge calls than
-planned (checked by a property test).
+"""Merge planning for parallel summaries (SPEC §6.3; docs/summaries.md, "Parallel mode and merges"):
+which documents each merge call takes, in rounds. Pure. :func:`planned_merge_calls` bounds the calls
+with every document at its largest: next-fit never needs more groups for smaller items, so the real
+rounds never need more merge calls than planned (checked by a property test).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The summary call policy (SPEC §6.3): one call, its one retry, under the per-request call cap.
-
-Each chunk, and each merge call, is one call with at most one retry (output caps 2048, then 8192); a
-tool call fails at once, a provider error propagates unchanged (docs/summaries.md, "The call policy").
-Every provider attempt, rate-limit retries included, is counted by :class:`SummaryCallBudget` *before*
-it goes out, so the call after the last allowed one is never made.
+"""The summary call policy (SPEC §6.3): one call, its one retry, under the per-request call cap
+(docs/summaries.md, "The call policy"). Every provider attempt is counted *before* it goes out, so the
+call after the last allowed one is never made.
 """
 
 from __future__ import annotations
@@ -61,12 +58,8 @@ SampleCallback = Callable[[str, int, int | None], Awaitable[None]]
 
 class SummaryCallBudget:
     """The per-request summary call cap (``SIDEQUEST_MAX_SUMMARY_CALLS``), shared by the Q&A fold and
-    the compaction of one side request.
-
-    The two may run at the same time: every method is synchronous, so on one event loop counts never
-    interleave; and each plan reserves its calls (:meth:`reserve`), so two plans that together need
-    more than remain cannot both start — the second fails before it spends anything.
-    """
+    the compaction of one side request, which may run at the same time: every method is synchronous,
+    and each plan reserves its calls first (docs/summaries.md, "Two summaries of one request at once")."""
 
     def __init__(self, max_calls: int) -> None:
         if max_calls < 0:
@@ -88,9 +81,8 @@ class SummaryCallBudget:
                 raise ValueError("the reservation belongs to another budget")
             reservation.left -= 1
             self.reserved -= 1
-            self.calls_made += 1
-            return
-        self.require()
+        else:
+            self.require()
         self.calls_made += 1
 
     def require(self, calls_needed: int = 1) -> None:
@@ -143,9 +135,7 @@ class SummaryCaller:
     """Everything a side request's summary calls share, and one call with its retry.
 
     ``deadline`` is an absolute ``clock()`` value (as for ``run_call``); ``window`` / ``safety_margin``
-    are the summary ``model``'s, and chunk capacity is derived from them (and ``calibration``, SPEC
-    §5.1). ``on_sample`` receives one calibration sample per attempt: its prompt estimate as sent and
-    the prompt tokens the provider reported (in its usage, or in an overflow error's message).
+    are the summary ``model``'s. ``on_sample`` receives one calibration sample per attempt (SPEC §5.1).
     """
 
     provider: Provider
@@ -208,43 +198,29 @@ class SummaryCaller:
             )
         return chunk_pieces(pieces, capacity)
 
-    async def summarize_chunk(
-        self,
-        kind: SummaryKind,
-        material: str,
-        previous: SummaryDocument | None,
-        *,
-        chunk_index: int = 1,
-        chunks: int = 1,
-        reservation: CallReservation | None = None,
-        tally: CallTally | None = None,
-    ) -> SummaryDocument:
-        """One chunk: first attempt, and on a retryable failure exactly one retry from the same input."""
-        prompt = functools.partial(
+    def chunk_prompt(
+        self, kind: SummaryKind, material: str, previous: SummaryDocument | None, chunk: int, chunks: int
+    ) -> Callable[..., SummaryPrompt]:
+        """The prompt of chunk ``chunk`` of ``chunks`` (``retry=`` picks the attempt): an update of
+        ``previous`` when given."""
+        return functools.partial(
             build_summary_prompt,
             kind,
             material,
             previous_body=render_body(previous) if previous is not None else None,
-            chunk=chunk_index,
+            chunk=chunk,
             chunks=chunks,
             instructions=self.instructions,
         )
-        return await self._call_with_retry(kind, prompt, reservation=reservation, tally=tally)
 
-    async def merge(
-        self,
-        kind: SummaryKind,
-        documents: Sequence[SummaryDocument],
-        *,
-        reservation: CallReservation | None = None,
-        tally: CallTally | None = None,
-    ) -> SummaryDocument:
-        """One merge call over two or more valid ``documents`` (in material order), retried as a chunk."""
+    def merge_prompt(
+        self, kind: SummaryKind, documents: Sequence[SummaryDocument]
+    ) -> Callable[..., SummaryPrompt]:
+        """The prompt of one merge call over two or more valid ``documents`` (in material order)."""
         bodies = [render_body(document) for document in documents]
-        prompt = functools.partial(build_merge_prompt, kind, bodies, instructions=self.instructions)
-        return await self._call_with_retry(kind, prompt, reservation=reservation, tally=tally)
+        return functools.partial(build_merge_prompt, kind, bodies, instructions=self.instructions)
 
-    async def _call_with_retry(
+    async def call(
         self,
         kind: SummaryKind,
         prompt: Callable[..., SummaryPrompt],
@@ -252,14 +228,22 @@ class SummaryCaller:
         reservation: CallReservation | None,
         tally: CallTally | None,
     ) -> SummaryDocument:
+        """One chunk or merge call: the first attempt, and on a retryable failure exactly one retry
+        from the same input."""
+
+        def take() -> None:  # before every attempt, rate-limit retries included
+            self.budget.take(reservation)
+            self.attempts_made += 1
+            if tally is not None:
+                tally.calls += 1
+
         try:
-            first = prompt(retry=False)
-            return await self._attempt(kind, first, retry=False, reservation=reservation, tally=tally)
+            return await self._attempt(kind, prompt(retry=False), retry=False, take=take)
         except (SummaryToolCall, SummaryCallCap):
             raise  # never retried: a tool call is a policy breach, the cap is the cap
         except SummaryError:
             pass  # empty / truncated / invalid / too long: the one retry below, from the same input
-        return await self._attempt(kind, prompt(retry=True), retry=True, reservation=reservation, tally=tally)
+        return await self._attempt(kind, prompt(retry=True), retry=True, take=take)
 
     async def _attempt(
         self,
@@ -267,8 +251,7 @@ class SummaryCaller:
         prompt: SummaryPrompt,
         *,
         retry: bool,
-        reservation: CallReservation | None,
-        tally: CallTally | None,
+        take: Callable[[], None],
     ) -> SummaryDocument:
         cap = self.output_caps(kind)[1 if retry else 0]
         call = ProviderCall(
@@ -281,13 +264,6 @@ class SummaryCaller:
             tools=[],
             job_id=self.job_id,
         )
-
-        def take() -> None:
-            self.budget.take(reservation)
-            self.attempts_made += 1
-            if tally is not None:
-                tally.calls += 1
-
         try:
             result = await run_call(
                 self.provider,

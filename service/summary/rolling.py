@@ -87,15 +87,10 @@ async def fold_qa(
     *,
     tally: CallTally | None = None,
 ) -> StoredQASummary | None:
-    """Fold ``batches`` of Q&A pairs (ascending ordinals) into ``previous``.
-
-    ``context_time``: when the main context was taken for the newest folded Q&A asked on a snapshot;
-    None keeps ``previous``'s (SPEC 6.1: a summary states its context time). The whole plan, all
-    batches together, is reserved against the call cap before any call. Ordered mode: each batch is one
-    update of the running summary; parallel mode: every chunk at once, merged into one update. Returns
-    the new summary, ``previous`` when there is nothing new, or None when there is nothing at all.
-    ``tally`` counts the attempts made here (a compaction may run beside it on the same runner).
-    """
+    """Fold ``batches`` of Q&A pairs (ascending ordinals) into ``previous``, all batches' calls
+    reserved together before any call (docs/summaries.md, "Rolling Q&A summary"). ``context_time``
+    None keeps ``previous``'s. Returns the new summary, ``previous`` when there is nothing new, or None
+    when there is nothing at all."""
     fresh = _new_pairs(previous, batches)
     if not fresh:
         return previous
@@ -112,7 +107,6 @@ async def fold_qa(
                 "qa",
                 chunks,
                 document,
-                check_cap=False,
                 progress_offset=done,
                 progress_total=total,
                 parallel=plan.parallel,

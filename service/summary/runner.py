@@ -1,11 +1,6 @@
-"""A summary over one or more chunks (SPEC §6.3): the plan, the ordered and the parallel mode.
-
-Each chunk, and each merge call, is one call of the policy in :mod:`service.summary.policy`. *Ordered*
-(parallelism 1, or a single chunk): each chunk updates the running summary, always the last *valid*
-document. *Parallel*: the chunks are summarised at once (the previous summary goes with the first), then
-merge calls fold the documents, in order, into one (:mod:`service.summary.merge`); the first failure
-cancels the calls in flight. Either way a failure raises, so a failed partial summary never feeds the
-next call, and the whole plan is reserved in the budget before the first call (docs/summaries.md).
+"""A summary over one or more chunks (SPEC §6.3): the plan, the ordered and the parallel mode
+(docs/summaries.md, "Parallel mode and merges"). Either way a failure raises, so a failed partial
+summary never feeds the next call.
 """
 
 from __future__ import annotations
@@ -44,11 +39,8 @@ _T = TypeVar("_T")
 
 
 async def _all_or_nothing(calls: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:
-    """Run ``calls`` at once and return their results in order, or raise the first failure as it came.
-
-    The first failure cancels the others, and they are waited for, so every cancelled provider call is
-    recorded (``run_call`` records a cancelled attempt with the usage it saw) before this raises.
-    """
+    """Run ``calls`` at once and return their results in order, or raise the first failure as it came,
+    once the others are cancelled and waited for (so ``run_call`` has recorded each cancelled attempt)."""
     failure: BaseException | None = None
     try:
         async with asyncio.TaskGroup() as group:
@@ -62,27 +54,16 @@ async def _all_or_nothing(calls: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:
 
 @dataclass
 class SummaryRunner(SummaryCaller):
-    """A :class:`~service.summary.policy.SummaryCaller` that summarises chunks, ordered or in parallel.
-
-    ``on_progress`` receives one event dict per chunk and per merge call; ``parallelism`` is
-    ``SIDEQUEST_SUMMARY_PARALLELISM`` (at most that many calls in flight; 1 keeps the ordered mode).
-    """
+    """A :class:`~service.summary.policy.SummaryCaller` that summarises chunks, ordered or in parallel
+    (``parallelism``: at most that many calls in flight; 1 keeps the ordered mode)."""
 
     on_progress: ProgressCallback | None = None
     parallelism: int = 1
 
-    def __post_init__(self) -> None:
-        if self.parallelism < 1:
-            raise ValueError("parallelism must be >= 1")
-
     def plan(self, kind: SummaryKind, chunks: int, parallel: bool | None = None) -> SummaryPlan:
         """How ``chunks`` chunks will be summarised, and the calls that needs (retries not counted).
-
-        Parallel when allowed (``parallel`` not False, ``parallelism`` > 1, two or more chunks, one
-        merge call can take two documents at the body limit) and, unless ``parallel`` is True, when its
-        chunks and merge calls fit the calls that remain: parallelism buys time, and must not fail a
-        request that the ordered rolling update can serve.
-        """
+        Parallel only when its calls fit those that remain (unless ``parallel`` is True): parallelism
+        buys time, and must not fail a request that the ordered rolling update can serve."""
         worst, capacity = worst_piece_tokens(chunks), self.capacity(kind)
         if parallel is not False and chunks >= 2 and self.parallelism > 1 and can_merge(worst, capacity):
             merging = SummaryPlan(chunks, True, planned_merge_calls(chunks, worst, capacity))
@@ -96,7 +77,6 @@ class SummaryRunner(SummaryCaller):
         chunks: Sequence[str],
         previous: SummaryDocument | None,
         *,
-        check_cap: bool = True,
         progress_offset: int = 0,
         progress_total: int | None = None,
         parallel: bool | None = None,
@@ -104,19 +84,15 @@ class SummaryRunner(SummaryCaller):
         tally: CallTally | None = None,
     ) -> SummaryDocument:
         """Summarise ``chunks`` (in material order) into one document, updating ``previous`` (None:
-        start fresh); ``parallel`` None means :meth:`plan`'s choice, a caller that planned passes it.
-
-        ``check_cap`` reserves the plan's calls (chunks + merges) first, failing with
-        :class:`SummaryCallCap` before any call; a caller that holds a ``reservation`` for a larger plan
-        passes it instead. ``progress_offset`` / ``progress_total`` number the chunk events when this is
-        one part of a larger plan; ``tally`` counts this summary's attempts. Raises the first failure.
-        """
+        start fresh). The plan's calls are reserved before any call (:class:`SummaryCallCap` when they
+        do not fit) unless the caller holds a ``reservation`` for a larger plan, of which this is one
+        part (``progress_offset`` / ``progress_total`` number its chunk events)."""
         if not chunks:
             if previous is None:
                 raise ValueError("nothing to summarise")
             return previous
         plan = self.plan(kind, len(chunks), parallel)
-        held = self.budget.reserve(plan.calls) if check_cap and reservation is None else None
+        held = self.budget.reserve(plan.calls) if reservation is None else None
         total = progress_total or len(chunks)
         slots = asyncio.Semaphore(self.parallelism)
         # Progress events go out one at a time, in the order the calls take their slots.
@@ -131,15 +107,8 @@ class SummaryRunner(SummaryCaller):
             async with slots:
                 number = progress_offset + index
                 await report(vocabulary.summary_chunk(STAGE_OF[kind], PURPOSE_OF[kind], number, total))
-                return await self.summarize_chunk(
-                    kind,
-                    chunk,
-                    running,
-                    chunk_index=index,
-                    chunks=len(chunks),
-                    reservation=held or reservation,
-                    tally=tally,
-                )
+                prompt = self.chunk_prompt(kind, chunk, running, index, len(chunks))
+                return await self.call(kind, prompt, reservation=held or reservation, tally=tally)
 
         try:
             if not plan.parallel:
@@ -193,9 +162,8 @@ class SummaryRunner(SummaryCaller):
                         STAGE_OF[kind], PURPOSE_OF[kind], merge_round, number, len(calls), len(group)
                     )
                 )
-                return await self.merge(
-                    kind, [documents[i] for i in group], reservation=reservation, tally=tally
-                )
+                prompt = self.merge_prompt(kind, [documents[i] for i in group])
+                return await self.call(kind, prompt, reservation=reservation, tally=tally)
 
         merged = iter(
             await _all_or_nothing([one_merge(number, group) for number, group in enumerate(calls, 1)])

@@ -17,6 +17,7 @@ from service.budget import (
     safety_margin,
 )
 from service.summary.context import compact_context, prefix_key
+from service.summary.document import render_summary
 from service.summary.material import render_messages
 from service.summary.prompts import build_answer_request
 from tests.summary.conftest import MODEL, RunnerFactory
@@ -149,7 +150,7 @@ async def test_a_300k_character_chinese_and_code_snapshot_is_summarised_chunk_by
     answer = build_answer_request(
         question="连接池上限是多少？",
         messages=messages[plan.summarize_until :],
-        context_summary=result.rendered_text,
+        context_summary=render_summary(result.document, result.provenance),
     )
     assert "连接池上限是 64" in answer.messages[0]["content"][0]["text"]
     assert answer.estimate.total < estimate_messages(messages)
@@ -186,7 +187,9 @@ async def test_the_same_content_costs_no_summary_call_the_second_time(
     )
     assert again.cache == "hit" and again.calls == 0 and again.chunks == 0 and again.new_entry is None
     assert len(server.requests()) == calls
-    assert again.document == first.document and again.rendered_text == first.rendered_text
+    assert again.document == first.document and render_summary(
+        again.document, again.provenance
+    ) == render_summary(first.document, first.provenance)
 
 
 async def test_other_content_never_reuses_a_summary(
