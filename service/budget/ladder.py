@@ -51,10 +51,6 @@ class Compaction:
     fits: bool = True
 
 
-def _prefix_sums(values: Sequence[int]) -> list[int]:
-    return list(accumulate(values, initial=0))
-
-
 def _least_masking(
     verbatim_sums: list[int], masked_sums: list[int], start: int, limit: int, fixed: int, room: int
 ) -> int | None:
@@ -89,7 +85,7 @@ def plan_compaction(
     verbatim = [group.tokens for group in groups]
     if masked is not None and len(masked) != len(verbatim):
         raise ValueError("masked must have one estimate per group")
-    verbatim_sums = _prefix_sums(verbatim)
+    verbatim_sums = list(accumulate(verbatim, initial=0))
     if verbatim_sums[-1] <= room:
         return Compaction(NONE, 0, 0)
     if not groups:
@@ -101,7 +97,7 @@ def plan_compaction(
         until = cut.summarized_groups
         return Compaction(SUMMARY, until, until, summary_tokens + cut.kept_tokens <= room)
     recent = recent_start(verbatim, recent_budget)
-    masked_sums = _prefix_sums(masked)
+    masked_sums = list(accumulate(masked, initial=0))
     mask_until = _least_masking(verbatim_sums, masked_sums, 0, recent, 0, room)
     if mask_until is not None:
         return Compaction(MASKED, 0, mask_until)
@@ -136,12 +132,13 @@ def plan_after_summary(
     one of the recent part — or None when even that does not fit. Masking off: the later groups
     verbatim, or None."""
     verbatim = [group.tokens for group in groups]
-    verbatim_sums = _prefix_sums(verbatim)
+    verbatim_sums = list(accumulate(verbatim, initial=0))
     if masked is None:
         fits = summary_tokens + verbatim_sums[-1] - verbatim_sums[covered] <= room
         return Compaction(SUMMARY, covered, covered) if fits else None
     recent = recent_start(verbatim, recent_budget)
-    until = _least_masking(verbatim_sums, _prefix_sums(masked), covered, recent, summary_tokens, room)
+    masked_sums = list(accumulate(masked, initial=0))
+    until = _least_masking(verbatim_sums, masked_sums, covered, recent, summary_tokens, room)
     return Compaction(SUMMARY, covered, until) if until is not None else None
 
 

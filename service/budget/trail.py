@@ -101,32 +101,25 @@ def trail_tokens(entries: Sequence[TrailEntry]) -> int:
 
 
 class TrailSizes:
-    """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups, the uses taken
-    in once as ``s`` grows (as a plan tries them), so a size costs a walk of the 64 newest entries."""
+    """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups, asked for with
+    ``s`` never decreasing (as a plan tries them): the uses are taken in once, so a size costs a walk of
+    the 64 newest entries."""
 
     def __init__(self, artifacts: Sequence[Sequence[tuple[Artifact, bool]]]) -> None:
         self._artifacts = artifacts
-        self._reset()
-
-    def _reset(self) -> None:
         self._taken = 0  # groups whose uses are in ``_seen``
         self._seen = _LastUse()
-        self._sizes: dict[int, int] = {0: 0}
 
     def __call__(self, groups: int) -> int:
-        known = self._sizes.get(groups)
-        if known is not None:
-            return known
-        if groups < self._taken:  # asked backwards: start over (a plan never does)
-            self._reset()
+        if groups < self._taken:
+            raise ValueError("trail sizes are asked for with a never decreasing group count")
         while self._taken < groups:
             for artifact, error in self._artifacts[self._taken]:
                 self._seen.add(artifact, error)
             self._taken += 1
         lines = self._seen.line_bytes
         count, size = _fitting(lines[a] for a in reversed(lines))
-        tokens = self._sizes[groups] = tokens_of_bytes(size + 2) if count else 0
-        return tokens
+        return tokens_of_bytes(size + 2) if count else 0
 
 
 def render_trail(entries: Sequence[TrailEntry]) -> str:
