@@ -176,14 +176,12 @@ def omitted_line(ordinals: Sequence[int], shown_runs: int | None = None) -> str:
     (the oldest) are named and the rest counted: ``#1–#3 and 1 more.`` (0: none named)."""
     count = len(set(ordinals))
     head = f"--- {count} side answer{'s' if count != 1 else ''} left out to fit"
-    runs = _runs(ordinals)
-    if shown_runs is None or shown_runs >= len(runs):
-        return f"{head}: {ordinal_runs(ordinals)}."
-    if shown_runs <= 0:
+    named = _runs(ordinals)[: None if shown_runs is None else max(0, shown_runs)]
+    if not named:
         return f"{head}."
-    named = runs[:shown_runs]
     rest = count - sum(b - a + 1 for a, b in named)
-    return f"{head}: {', '.join(_run_text(run) for run in named)} and {rest} more."
+    more = f" and {rest} more" if rest else ""
+    return f"{head}: {', '.join(_run_text(run) for run in named)}{more}."
 
 
 def _shorten(text: str, max_bytes: int) -> str:
