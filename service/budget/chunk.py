@@ -164,45 +164,37 @@ class _Packer:
         self.current = []
         self.current_bytes = 0
 
-    def _append(self, unit: str, size: int) -> None:
+    def _append(self, unit: str) -> None:
         if unit:
             self.current.append(unit)
-            self.current_bytes += size
+            self.current_bytes += utf8_length(unit)
 
     def add_piece(self, piece: str) -> None:
         """Add a piece (a group): whole when it fits a chunk, else line by line."""
-        size = utf8_length(piece)
-        # The common case inline (same as _fits): a plan packs thousands of pieces.
-        if piece and self.current_bytes + size <= self.limit:
-            self.current.append(piece)
-            self.current_bytes += size
-            return
-        if self._fits(piece, size):
+        if self._fits(piece):
             return
         for line in _AFTER_LF.split(piece):  # only LF: other separators are ordinary characters
             self.add_line(line)
 
     def add_line(self, line: str) -> None:
         """Add a line: whole when it fits a chunk, else cut between characters."""
-        size = utf8_length(line)
-        if self._fits(line, size):
+        if self._fits(line):
             return
         parts = _split_characters(line, self.limit, self.limit - self.current_bytes)
-        self._append(parts[0], len(parts[0].encode("utf-8")))
+        self._append(parts[0])
         for part in parts[1:]:
             self._flush()
-            self._append(part, len(part.encode("utf-8")))
+            self._append(part)
 
-    def _fits(self, unit: str, size: int) -> bool:
+    def _fits(self, unit: str) -> bool:
         """Place ``unit`` whole if it fits the current chunk or a fresh one; False if too large."""
-        if self.current_bytes + size <= self.limit:
-            self._append(unit, size)
-            return True
-        if size <= self.limit:
+        size = utf8_length(unit)
+        if size > self.limit:
+            return False
+        if self.current_bytes + size > self.limit:
             self._flush()
-            self._append(unit, size)
-            return True
-        return False
+        self._append(unit)
+        return True
 
     def result(self) -> list[str]:
         """The chunks, the last one closed."""
