@@ -103,33 +103,30 @@ def _content_blocks(content: object) -> list[Any]:
 _scan_json: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
-def _parse_json_object(text: str) -> Any | None:
-    """``json.loads(text)`` for text that is exactly one JSON object (``{`` … ``}``, no whitespace
-    around it), else None: the caller then runs json.loads, which decides (and words) the rest."""
-    if not (text.startswith("{") and text.endswith("}")):
-        return None
-    try:
-        parsed, end = _scan_json(text, 0)
-    except (StopIteration, ValueError):
-        return None
-    return parsed if end == len(text) else None
+def _parse_json(text: str) -> Any:
+    """``json.loads(text)``, by the decoder alone for text that is exactly one JSON object (``{`` …
+    ``}``, no whitespace around it); json.loads decides (and words) the rest."""
+    if text.startswith("{") and text.endswith("}"):
+        try:
+            parsed, end = _scan_json(text, 0)
+            if end == len(text):
+                return parsed
+        except (StopIteration, ValueError):
+            pass
+    return json.loads(text)
 
 
 def _tool_input(arguments: object) -> Any:
     """An OpenAI ``arguments`` JSON string as a tool_use ``input`` object; arguments that are not a
     JSON object are kept verbatim under ``"_arguments"``, so nothing sent is lost or invented."""
-    if isinstance(arguments, str):
-        if not arguments:
-            return {}
-        parsed = _parse_json_object(arguments)
-        if parsed is None:
-            try:
-                parsed = json.loads(arguments)
-            except ValueError:
-                return {"_arguments": arguments}
-        return parsed if isinstance(parsed, dict) else {"_arguments": arguments}
-    if arguments is None:
+    if arguments is None or arguments == "":
         return {}
+    if isinstance(arguments, str):
+        try:
+            parsed = _parse_json(arguments)
+        except ValueError:
+            return {"_arguments": arguments}
+        return parsed if isinstance(parsed, dict) else {"_arguments": arguments}
     if isinstance(arguments, Mapping):
         return dict(arguments)
     return {"_arguments": arguments}
@@ -399,13 +396,10 @@ def group_messages(
     message alone; broken transcripts as docs/budget.md says. ``message_tokens`` (one estimate per
     message, envelopes included) saves estimating twice."""
     count = len(messages)
-    tokens_of: Sequence[int]
     if message_tokens is None:
-        tokens_of = [estimate_message(message) for message in messages]
-    else:
-        if len(message_tokens) != count:
-            raise ValueError("message_tokens must have one entry per message")
-        tokens_of = message_tokens
+        message_tokens = [estimate_message(message) for message in messages]
+    elif len(message_tokens) != count:
+        raise ValueError("message_tokens must have one entry per message")
     # One pass, reading each message once: a plan groups thousands of messages, and most of them
     # (string content) need no block scan at all.
     groups: list[MessageGroup] = []
@@ -414,13 +408,13 @@ def group_messages(
         message = messages[index]
         content = message.get("content")
         if not isinstance(content, list):  # string content carries no tool blocks
-            groups.append(MessageGroup(index, index + 1, tokens_of[index], False, 0, 0))
+            groups.append(MessageGroup(index, index + 1, message_tokens[index], False, 0, 0))
             index += 1
             continue
         calls = _block_ids(content, "tool_use", "id") if message.get("role") == "assistant" else []
         if not calls:
             orphans = len(_block_ids(content, "tool_result", "tool_use_id"))
-            groups.append(MessageGroup(index, index + 1, tokens_of[index], False, 0, orphans))
+            groups.append(MessageGroup(index, index + 1, message_tokens[index], False, 0, orphans))
             index += 1
             continue
         pending = set(calls)
@@ -434,6 +428,6 @@ def group_messages(
             orphans += len(results) - len(answered)
             pending.difference_update(answered)
             end += 1
-        groups.append(MessageGroup(index, end, sum(tokens_of[index:end]), True, len(pending), orphans))
+        groups.append(MessageGroup(index, end, sum(message_tokens[index:end]), True, len(pending), orphans))
         index = end
     return groups
