@@ -28,8 +28,7 @@ RETRY_OUTPUT_TOKENS: Final = 8192
 # (a window of ~8k tokens, common for local models), the caps shrink to fit (:func:`summary_output_caps`).
 MIN_SUMMARY_MATERIAL: Final = 1024
 
-# The smallest capacity that can hold any code point: a 4-byte character (emoji, rare CJK) is
-# ceil(4 / 3) = 2 tokens, so a capacity of 1 could not be honoured without splitting a character.
+# The smallest capacity that can hold any code point: a 4-byte character is ceil(4 / 3) = 2 tokens.
 MIN_CHUNK_CAPACITY: Final = 2
 
 _ZWJ: Final = "\u200d"
@@ -39,10 +38,9 @@ _AFTER_LF: Final = re.compile("(?<=\n)")
 
 
 def summary_output_caps(window: int, prompt_tokens: int, safety_margin: int) -> tuple[int, int]:
-    """The output caps of a summary call's (first attempt, retry): SPEC §6.3's 2048 and 8192, unless
-    the window is too small to reserve 8192 for the retry and still carry :data:`MIN_SUMMARY_MATERIAL`
-    tokens of material (an 8000-token window could not summarise at all): then the retry's cap is half
-    of what the window leaves after the prompt and the margin, and the first attempt's at most that."""
+    """The output caps of a summary call's (first attempt, retry): SPEC §6.3's 2048 and 8192, unless the
+    window is too small to reserve 8192 and still carry :data:`MIN_SUMMARY_MATERIAL` (an 8000-token
+    window could not summarise at all): then the retry gets half the room the prompt leaves."""
     room = window - safety_margin - prompt_tokens
     if room - RETRY_OUTPUT_TOKENS >= MIN_SUMMARY_MATERIAL:
         return FIRST_OUTPUT_TOKENS, RETRY_OUTPUT_TOKENS
@@ -57,10 +55,9 @@ def summary_capacity(
     retry_output_tokens: int = RETRY_OUTPUT_TOKENS,
     calibration: Calibration | None = None,
 ) -> int:
-    """Tokens of material one summary call may carry: window − margin − retry output − prompt, sized
-    for the retry so that a retry from the same material fits. May be ≤ 0: the caller must then fail.
-    With a ``calibration`` the window's room is in the provider's tokens: ``raw_capacity(room) − prompt``.
-    """
+    """Tokens of material one summary call may carry, sized for the retry so that a retry from the same
+    material fits; may be ≤ 0, and then the caller must fail. A ``calibration`` turns the window's room
+    (the provider's tokens) into raw estimate tokens."""
     room = window - safety_margin - retry_output_tokens
     if calibration is not None:
         room = calibration.raw_capacity(room)
