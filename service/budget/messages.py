@@ -200,8 +200,7 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
             )
             continue
         result.append(message if isinstance(message, dict) else dict(message))
-    system = "\n\n".join(system_parts) if system_parts else None
-    return system, result
+    return "\n\n".join(system_parts) or None, result
 
 
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
@@ -314,13 +313,8 @@ def _blocks_problem(content: object, where: str) -> str | None:
 def normalize_snapshot(snapshot: Mapping[str, Any]) -> NormalizedSnapshot:
     """A snapshot (either style) in canonical form: its ``system`` then the text of any system
     messages, joined by a blank line (None when there is none)."""
-    parts: list[str] = []
-    top_system = _text_of(snapshot.get("system"))
-    if top_system:
-        parts.append(top_system)
     inline_system, messages = normalize_messages_with_system(snapshot.get("messages") or [])
-    if inline_system:
-        parts.append(inline_system)
+    parts = [text for text in (_text_of(snapshot.get("system")), inline_system) if text]
     raw_tools = snapshot.get("tools") or []
     tools = [_normalize_tool(tool) for tool in raw_tools] if isinstance(raw_tools, (list, tuple)) else []
     return NormalizedSnapshot(
