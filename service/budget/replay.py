@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Final
 
 # The replay window is at most REPLAY_MAX_GROUPS of the newest Q&A groups, whose estimate stays within
@@ -61,13 +62,10 @@ def select_replay(
         raise ValueError("max_groups must be >= 0")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    previous: int | None = None
-    for item in items:
-        if previous is not None and item.ordinal <= previous:
-            raise ValueError("items must be in strictly ascending ordinal")
-        if item.tokens < 0:
-            raise ValueError("item tokens must be >= 0")
-        previous = item.ordinal
+    if any(before.ordinal >= after.ordinal for before, after in pairwise(items)):
+        raise ValueError("items must be in strictly ascending ordinal")
+    if any(item.tokens < 0 for item in items):
+        raise ValueError("item tokens must be >= 0")
 
     uncovered = [
         item for item in items if covered_through_ordinal is None or item.ordinal > covered_through_ordinal
