@@ -179,14 +179,13 @@ def _mask_message(
     content = message.get("content")
     if not isinstance(content, list):
         return None
-    blocks: list[Any] | None = None
-    elided = 0
+    blocks = list(content)
+    elided = 0  # > 0 exactly when a block was replaced: only payloads over the threshold are
     masked_results: dict[str, str] = {}
     for at, block in enumerate(content):
         if not isinstance(block, dict):
             continue
         kind = block.get("type")
-        replacement: dict[str, Any] | None = None
         if kind == "tool_result":
             text = tool_result_text(block.get("content"), other_block=compact_json, other_value=compact_json)
             size = utf8_length(text)
@@ -196,19 +195,15 @@ def _mask_message(
                 # A stub quotes two lines of up to 160 characters: in a script of 3–4-byte characters
                 # it can outweigh a payload just over the threshold, and masking must never grow a group.
                 if utf8_length(stub) < size:
-                    replacement = {**block, "content": stub}
+                    blocks[at] = {**block, "content": stub}
                     masked_results[use_id] = stub
                     elided += size
         elif kind == "tool_use" and isinstance(block.get("input"), Mapping):
             masked_input = _mask_arguments(block["input"])
             if masked_input is not None:
-                replacement = {**block, "input": masked_input[0]}
+                blocks[at] = {**block, "input": masked_input[0]}
                 elided += masked_input[1]
-        if replacement is not None:
-            if blocks is None:
-                blocks = list(content)
-            blocks[at] = replacement
-    if blocks is None:
+    if not elided:
         return None
     masked = {**message, "content": blocks}
     posted = message.get(POSTED_FORM)
