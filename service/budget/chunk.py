@@ -112,10 +112,9 @@ def _cluster_cut(piece: str, tail: str) -> int:
 
 def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> list[str]:
     """Split one line into parts of at most ``limit_bytes`` UTF-8 bytes (the first at most
-    ``first_limit_bytes``, the room left in the chunk being filled), at grapheme boundaries where
-    possible. The first part may be ``""`` when the room left cannot take the first cluster: a fresh
-    chunk is better than a broken cluster. Only a cluster larger than a chunk is cut between code points.
-    """
+    ``first_limit_bytes``, the room left in the current chunk), at grapheme boundaries where possible.
+    The first part is ``""`` when that room cannot take the first cluster: a fresh chunk is better than
+    a broken cluster. Only a cluster larger than a chunk is cut between code points."""
     data = text.encode("utf-8")
     parts: list[str] = []
     start = 0  # byte offset of the part being cut

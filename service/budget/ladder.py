@@ -74,14 +74,10 @@ def plan_compaction(
     recent_budget: int = RECENT_BUDGET_TOKENS,
     min_summarized_tokens: int = MIN_SUMMARIZED_TOKENS,
 ) -> Compaction | CutRefusal:
-    """Plan the compaction of a transcript of ``groups`` (``masked``: each group's estimate in its
-    masked form; None when masking is off) into ``room`` tokens: tier ``none`` when it fits as it is;
-    ``masked``, the fewest oldest groups masked that make it fit, never one of the recent part; else
-    ``summary``, the fewest oldest groups summarised (at ``summary_tokens`` plus ``trail_tokens(s)``,
-    their trail counted exactly) that make it fit with every later group before the recent part masked,
-    and at least ``min_summarized_tokens`` of material. Masking off: :func:`plan_cut`'s tier 2. A
-    :class:`CutRefusal` says why no plan can help.
-    """
+    """The ladder's tier for a transcript of ``groups`` (``masked``: each group's estimate masked; None
+    when masking is off) in ``room`` tokens, as docs/budget.md "The compaction ladder" defines the
+    tiers; a summary of ``s`` groups costs ``summary_tokens + trail_tokens(s)``. Masking off:
+    :func:`plan_cut`'s tier 2. A :class:`CutRefusal` says why no plan can help."""
     verbatim = [group.tokens for group in groups]
     if masked is not None and len(masked) != len(verbatim):
         raise ValueError("masked must have one estimate per group")

@@ -386,9 +386,8 @@ def group_messages(
     messages: Sequence[Mapping[str, Any]], message_tokens: Sequence[int] | None = None
 ) -> list[MessageGroup]:
     """Partition canonical ``messages`` into contiguous groups that a cut must not split: an assistant
-    message with ``tool_use`` blocks and the following messages that answer its calls, every other
-    message alone; broken transcripts as docs/budget.md says. ``message_tokens`` (one estimate per
-    message, envelopes included) saves estimating twice."""
+    message with ``tool_use`` blocks and the messages answering its calls, every other message alone
+    (broken transcripts: docs/budget.md). ``message_tokens`` (of each message) saves estimating twice."""
     count = len(messages)
     if message_tokens is None:
         message_tokens = [estimate_message(message) for message in messages]
