@@ -133,10 +133,7 @@ def estimate_message(message: Mapping[str, Any]) -> int:
     content = message.get("content")
     if isinstance(content, str) and "tool_calls" not in message and "tool_call_id" not in message:
         # Plain text message (half of a transcript): estimate_message_content without the calls.
-        return (
-            -(-(len(content) if content.isascii() else len(content.encode("utf-8"))) // BYTES_PER_TOKEN)
-            + MESSAGE_ENVELOPE_TOKENS
-        )
+        return estimate_text(content) + MESSAGE_ENVELOPE_TOKENS
     return estimate_message_content(message) + MESSAGE_ENVELOPE_TOKENS
 
 
