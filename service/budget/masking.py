@@ -103,24 +103,16 @@ def group_artifacts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[Artifac
     ]
 
 
-def _edge_lines(lines: list[str]) -> tuple[str, str]:
-    """The first and last non-empty ``lines`` (stripped), each cut to the stub's limit; scanned from
-    both ends, since a payload runs to thousands of lines and only two of them are quoted."""
-    first = next((stripped for line in lines if (stripped := line.strip())), "")
-    if not first:
-        return "", ""
-    last = next(stripped for line in reversed(lines) if (stripped := line.strip()))
-    return first[:STUB_LINE_MAX_CHARS], last[:STUB_LINE_MAX_CHARS]
-
-
 def result_stub(text: str, tool: str, *, is_error: bool) -> str:
     """What a masked tool result says instead of its content (SPEC §6.8's wording)."""
     lines = text.splitlines()
-    first, last = _edge_lines(lines)
+    # The first and last non-empty lines, sought from both ends: a payload runs to thousands of lines.
+    first = next((stripped for line in lines if (stripped := line.strip())), "")
+    last = next((stripped for line in reversed(lines) if (stripped := line.strip())), "")
     flag = " (error)" if is_error else ""
     return (
         f"{ELIDED_PREFIX}{utf8_length(text)} bytes, {len(lines)} lines of {tool or 'tool'} output{flag};"
-        f" first line: {first}; last line: {last}]"
+        f" first line: {first[:STUB_LINE_MAX_CHARS]}; last line: {last[:STUB_LINE_MAX_CHARS]}]"
     )
 
 
