@@ -110,10 +110,7 @@ def estimate_content(content: object) -> int:
     if content is None:
         return 0
     if isinstance(content, (list, tuple)):
-        tokens = 0
-        for block in content:
-            tokens += estimate_block(block)
-        return tokens
+        return sum(map(estimate_block, content))
     return estimate_block(content)
 
 

@@ -189,8 +189,7 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
             calls = message.get("tool_calls") or []
             blocks = _content_blocks(message.get("content"))
             if isinstance(calls, (list, tuple)):
-                for call in calls:  # a loop, not extend(genexpr): cheaper for the usual 1–3 calls
-                    blocks.append(_tool_use_block(call))
+                blocks.extend(map(_tool_use_block, calls))
             result.append(
                 {
                     "role": "assistant",
