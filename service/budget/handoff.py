@@ -456,10 +456,9 @@ def build_handoff(
 
 @dataclass(frozen=True)
 class HandoffMarks:
-    """What recording a hand-off changes in its session (docs/handoff.md): ``handed_off_through`` up to
-    the highest carried ordinal, never down; the carried Q&A unpinned; those left out that the main
-    conversation never had (above the old mark) pinned, so no finding is lost to the mark (one handed
-    off before is left as it is: pinning it would carry it twice)."""
+    """What recording a hand-off changes in its session: ``handed_off_through`` up to the highest carried
+    ordinal, never down; the carried Q&A unpinned; those left out above the old mark pinned, so that no
+    finding is lost to the mark (docs/handoff.md "The block" says why not the ones below it)."""
 
     handed_off_through: int
     pin: tuple[int, ...]
