@@ -392,17 +392,13 @@ def group_messages(
         message_tokens = [estimate_message(message) for message in messages]
     elif len(message_tokens) != count:
         raise ValueError("message_tokens must have one entry per message")
-    # One pass, reading each message once: a plan groups thousands of messages, and most of them
-    # (string content) need no block scan at all.
+    # One pass, reading each message once: a plan groups thousands of messages (and _block_ids skips
+    # string content, most of them, without a scan).
     groups: list[MessageGroup] = []
     index = 0
     while index < count:
         message = messages[index]
         content = message.get("content")
-        if not isinstance(content, list):  # string content carries no tool blocks
-            groups.append(MessageGroup(index, index + 1, message_tokens[index], False, 0, 0))
-            index += 1
-            continue
         calls = _block_ids(content, "tool_use", "id") if message.get("role") == "assistant" else []
         if not calls:
             orphans = len(_block_ids(content, "tool_result", "tool_use_id"))
