@@ -88,15 +88,11 @@ def estimate_block(block: object) -> int:
             if isinstance(text, str):
                 return -(-(len(text) if text.isascii() else len(text.encode("utf-8"))) // BYTES_PER_TOKEN)
         elif kind == "tool_use":
-            return tokens_of_bytes(
-                _text_bytes(block.get("id"))
-                + _text_bytes(block.get("name"))
-                + _text_bytes(block.get("input"))
-            )
+            fields = (block.get("id"), block.get("name"), block.get("input"))
+            return tokens_of_bytes(sum(map(_text_bytes, fields)))
         elif kind == "tool_result":
-            return tokens_of_bytes(_text_bytes(block.get("tool_use_id"))) + estimate_content(
-                block.get("content")
-            )
+            use_id = tokens_of_bytes(_text_bytes(block.get("tool_use_id")))
+            return use_id + estimate_content(block.get("content"))
     elif isinstance(block, str):
         return estimate_text(block)
     return estimate_text(compact_json(block))
