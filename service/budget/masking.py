@@ -119,7 +119,7 @@ def result_stub(text: str, tool: str, *, is_error: bool) -> str:
 def _mask_arguments(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], int] | None:
     """The input with its payload fields elided and the bytes elided; None when nothing changes."""
     key = key_argument(arguments)
-    masked: dict[str, Any] | None = None
+    masked = dict(arguments)
     elided = 0
     for name, value in arguments.items():
         if name == key or not isinstance(value, str) or len(value) <= PAYLOAD_THRESHOLD_BYTES // 4:
@@ -127,30 +127,24 @@ def _mask_arguments(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], int] 
         size = utf8_length(value)
         if size <= PAYLOAD_THRESHOLD_BYTES:
             continue
-        if masked is None:
-            masked = dict(arguments)
         masked[name] = f"{ELIDED_PREFIX}{size} bytes]"  # what a masked input field says instead
         elided += size
-    return (masked, elided) if masked is not None else None
+    return (masked, elided) if elided else None
 
 
 def _mask_openai_call(call: Any) -> Any:
     """An OpenAI ``tool_calls`` entry with the same fields masked in its ``arguments`` JSON (kept valid
     JSON); the entry itself when its arguments are not a JSON object or need no masking."""
     function = call.get("function") if isinstance(call, Mapping) else None
-    raw = function.get("arguments") if isinstance(function, Mapping) else None
-    if not isinstance(raw, str):
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
         return call
     try:
-        arguments = json.loads(raw)
+        arguments = json.loads(function["arguments"])
     except ValueError:
         return call
-    if not isinstance(arguments, dict):
-        return call
-    masked = _mask_arguments(arguments)
+    masked = _mask_arguments(arguments) if isinstance(arguments, dict) else None
     if masked is None:
         return call
-    assert isinstance(function, Mapping)
     return {**call, "function": {**function, "arguments": json.dumps(masked[0], ensure_ascii=False)}}
 
 
