@@ -268,12 +268,10 @@ class PreparedSnapshot:
 
     def group_index(self, message: int) -> int:
         """The index of the group that starts at ``message`` (the count of groups for the end)."""
-        for index, group in enumerate(self.groups):
-            if group.start == message:
-                return index
-        if message == len(self.messages):
-            return len(self.groups)
-        raise ValueError(f"message {message} is not a group boundary")
+        index = next((i for i, group in enumerate(self.groups) if group.start >= message), len(self.groups))
+        if self.boundary(index) != message:
+            raise ValueError(f"message {message} is not a group boundary")
+        return index
 
     def boundary(self, group: int) -> int:
         """The message index where group ``group`` starts (the message count past the last group)."""
