@@ -70,15 +70,14 @@ def _is_regional_indicator(char: str) -> bool:
 
 def _extends(char: str) -> bool:
     """Whether ``char`` attaches to the character before it (no break before it)."""
-    if char in (_ZWJ, _ZWNJ):
-        return True
-    if "\ufe00" <= char <= "\ufe0f" or "\U000e0100" <= char <= "\U000e01ef":  # variation selectors
-        return True
-    if "\U0001f3fb" <= char <= "\U0001f3ff":  # emoji skin-tone modifiers
-        return True
-    if "\U000e0020" <= char <= "\U000e007f":  # tag characters (subdivision flags)
-        return True
-    return unicodedata.category(char) in ("Mn", "Me", "Mc")
+    return (
+        char in (_ZWJ, _ZWNJ)
+        or "\ufe00" <= char <= "\ufe0f"  # variation selectors
+        or "\U000e0100" <= char <= "\U000e01ef"  # variation selectors supplement
+        or "\U0001f3fb" <= char <= "\U0001f3ff"  # emoji skin-tone modifiers
+        or "\U000e0020" <= char <= "\U000e007f"  # tag characters (subdivision flags)
+        or unicodedata.category(char) in ("Mn", "Me", "Mc")
+    )
 
 
 def _is_soft_boundary(text: str, index: int) -> bool:
@@ -91,11 +90,9 @@ def _is_soft_boundary(text: str, index: int) -> bool:
     if before == _ZWJ or _extends(after):
         return False
     if _is_regional_indicator(before) and _is_regional_indicator(after):
-        run = 0
-        position = index - 1
-        while position >= 0 and _is_regional_indicator(text[position]):
+        run = 0  # regional indicators right before the cut: an odd count splits a flag
+        while run < index and _is_regional_indicator(text[index - run - 1]):
             run += 1
-            position -= 1
         return run % 2 == 0
     return True
 
