@@ -4,81 +4,42 @@ Standard library only: no I/O, no clock, no database, no model. Every function t
 and returns plain values; see docs/budget.md for the numbers and why they are what they are.
 """
 
-from service.budget.chunk import (
-    FIRST_OUTPUT_TOKENS,
-    MIN_CHUNK_CAPACITY,
-    RETRY_OUTPUT_TOKENS,
-    chunk_pieces,
-    summary_capacity,
-    summary_output_caps,
-)
-from service.budget.cut import RECENT_BUDGET_TOKENS, CutPlan, CutRefusal, plan_cut, recent_budget_within
-from service.budget.estimate import (
-    Calibration,
-    envelope_tokens,
-    estimate_block,
-    estimate_message,
-    estimate_messages,
-    estimate_system,
-    estimate_text,
-    estimate_tools,
-    overflow_target,
-)
-from service.budget.messages import (
-    MessageGroup,
-    group_messages,
-    normalize_snapshot,
-    pending_tool_ids,
-    tool_result_text,
-)
-from service.budget.meter import SegmentEstimate, pressure, prompt_drift
-from service.budget.replay import HISTORY_BATCH_SIZE, QAItem, ReplayPlan, select_replay
-from service.budget.window import (
-    WindowPlan,
-    plan_window,
-    positive_setting,
-    resolve_output_cap,
-    resolve_window,
-    safety_margin,
-)
-
-__all__ = [
-    "FIRST_OUTPUT_TOKENS",
-    "HISTORY_BATCH_SIZE",
-    "MIN_CHUNK_CAPACITY",
-    "RECENT_BUDGET_TOKENS",
-    "RETRY_OUTPUT_TOKENS",
-    "Calibration",
-    "CutPlan",
-    "CutRefusal",
-    "MessageGroup",
-    "QAItem",
-    "ReplayPlan",
-    "SegmentEstimate",
-    "WindowPlan",
-    "chunk_pieces",
-    "envelope_tokens",
-    "estimate_block",
-    "estimate_message",
-    "estimate_messages",
-    "estimate_system",
-    "estimate_text",
-    "estimate_tools",
-    "group_messages",
-    "normalize_snapshot",
-    "overflow_target",
-    "pending_tool_ids",
-    "plan_cut",
-    "plan_window",
-    "positive_setting",
-    "pressure",
-    "prompt_drift",
-    "recent_budget_within",
-    "resolve_output_cap",
-    "resolve_window",
-    "safety_margin",
-    "select_replay",
-    "summary_capacity",
-    "summary_output_caps",
-    "tool_result_text",
-]
+# The names the other layers import from the package; "import X as X" marks a re-export (PEP 484).
+from service.budget.chunk import FIRST_OUTPUT_TOKENS as FIRST_OUTPUT_TOKENS
+from service.budget.chunk import MIN_CHUNK_CAPACITY as MIN_CHUNK_CAPACITY
+from service.budget.chunk import RETRY_OUTPUT_TOKENS as RETRY_OUTPUT_TOKENS
+from service.budget.chunk import chunk_pieces as chunk_pieces
+from service.budget.chunk import summary_capacity as summary_capacity
+from service.budget.chunk import summary_output_caps as summary_output_caps
+from service.budget.cut import RECENT_BUDGET_TOKENS as RECENT_BUDGET_TOKENS
+from service.budget.cut import CutPlan as CutPlan
+from service.budget.cut import CutRefusal as CutRefusal
+from service.budget.cut import plan_cut as plan_cut
+from service.budget.cut import recent_budget_within as recent_budget_within
+from service.budget.estimate import Calibration as Calibration
+from service.budget.estimate import envelope_tokens as envelope_tokens
+from service.budget.estimate import estimate_block as estimate_block
+from service.budget.estimate import estimate_message as estimate_message
+from service.budget.estimate import estimate_messages as estimate_messages
+from service.budget.estimate import estimate_system as estimate_system
+from service.budget.estimate import estimate_text as estimate_text
+from service.budget.estimate import estimate_tools as estimate_tools
+from service.budget.estimate import overflow_target as overflow_target
+from service.budget.messages import MessageGroup as MessageGroup
+from service.budget.messages import group_messages as group_messages
+from service.budget.messages import normalize_snapshot as normalize_snapshot
+from service.budget.messages import pending_tool_ids as pending_tool_ids
+from service.budget.messages import tool_result_text as tool_result_text
+from service.budget.meter import SegmentEstimate as SegmentEstimate
+from service.budget.meter import pressure as pressure
+from service.budget.meter import prompt_drift as prompt_drift
+from service.budget.replay import HISTORY_BATCH_SIZE as HISTORY_BATCH_SIZE
+from service.budget.replay import QAItem as QAItem
+from service.budget.replay import ReplayPlan as ReplayPlan
+from service.budget.replay import select_replay as select_replay
+from service.budget.window import WindowPlan as WindowPlan
+from service.budget.window import plan_window as plan_window
+from service.budget.window import positive_setting as positive_setting
+from service.budget.window import resolve_output_cap as resolve_output_cap
+from service.budget.window import resolve_window as resolve_window
+from service.budget.window import safety_margin as safety_margin

@@ -28,8 +28,7 @@ RETRY_OUTPUT_TOKENS: Final = 8192
 # (a window of ~8k tokens, common for local models), the caps shrink to fit (:func:`summary_output_caps`).
 MIN_SUMMARY_MATERIAL: Final = 1024
 
-# The smallest capacity that can hold any code point: a 4-byte character (emoji, rare CJK) is
-# ceil(4 / 3) = 2 tokens, so a capacity of 1 could not be honoured without splitting a character.
+# The smallest capacity that can hold any code point: a 4-byte character is ceil(4 / 3) = 2 tokens.
 MIN_CHUNK_CAPACITY: Final = 2
 
 _ZWJ: Final = "\u200d"
@@ -39,10 +38,9 @@ _AFTER_LF: Final = re.compile("(?<=\n)")
 
 
 def summary_output_caps(window: int, prompt_tokens: int, safety_margin: int) -> tuple[int, int]:
-    """The output caps of a summary call's (first attempt, retry): SPEC §6.3's 2048 and 8192, unless
-    the window is too small to reserve 8192 for the retry and still carry :data:`MIN_SUMMARY_MATERIAL`
-    tokens of material (an 8000-token window could not summarise at all): then the retry's cap is half
-    of what the window leaves after the prompt and the margin, and the first attempt's at most that."""
+    """The output caps of a summary call's (first attempt, retry): SPEC §6.3's 2048 and 8192, unless the
+    window is too small to reserve 8192 and still carry :data:`MIN_SUMMARY_MATERIAL` (an 8000-token
+    window could not summarise at all): then the retry gets half the room the prompt leaves."""
     room = window - safety_margin - prompt_tokens
     if room - RETRY_OUTPUT_TOKENS >= MIN_SUMMARY_MATERIAL:
         return FIRST_OUTPUT_TOKENS, RETRY_OUTPUT_TOKENS
@@ -57,10 +55,9 @@ def summary_capacity(
     retry_output_tokens: int = RETRY_OUTPUT_TOKENS,
     calibration: Calibration | None = None,
 ) -> int:
-    """Tokens of material one summary call may carry: window − margin − retry output − prompt, sized
-    for the retry so that a retry from the same material fits. May be ≤ 0: the caller must then fail.
-    With a ``calibration`` the window's room is in the provider's tokens: ``raw_capacity(room) − prompt``.
-    """
+    """Tokens of material one summary call may carry, sized for the retry so that a retry from the same
+    material fits; may be ≤ 0, and then the caller must fail. A ``calibration`` turns the window's room
+    (the provider's tokens) into raw estimate tokens."""
     room = window - safety_margin - retry_output_tokens
     if calibration is not None:
         room = calibration.raw_capacity(room)
@@ -73,15 +70,14 @@ def _is_regional_indicator(char: str) -> bool:
 
 def _extends(char: str) -> bool:
     """Whether ``char`` attaches to the character before it (no break before it)."""
-    if char in (_ZWJ, _ZWNJ):
-        return True
-    if "\ufe00" <= char <= "\ufe0f" or "\U000e0100" <= char <= "\U000e01ef":  # variation selectors
-        return True
-    if "\U0001f3fb" <= char <= "\U0001f3ff":  # emoji skin-tone modifiers
-        return True
-    if "\U000e0020" <= char <= "\U000e007f":  # tag characters (subdivision flags)
-        return True
-    return unicodedata.category(char) in ("Mn", "Me", "Mc")
+    return (
+        char in (_ZWJ, _ZWNJ)
+        or "\ufe00" <= char <= "\ufe0f"  # variation selectors
+        or "\U000e0100" <= char <= "\U000e01ef"  # variation selectors supplement
+        or "\U0001f3fb" <= char <= "\U0001f3ff"  # emoji skin-tone modifiers
+        or "\U000e0020" <= char <= "\U000e007f"  # tag characters (subdivision flags)
+        or unicodedata.category(char) in ("Mn", "Me", "Mc")
+    )
 
 
 def _is_soft_boundary(text: str, index: int) -> bool:
@@ -94,11 +90,9 @@ def _is_soft_boundary(text: str, index: int) -> bool:
     if before == _ZWJ or _extends(after):
         return False
     if _is_regional_indicator(before) and _is_regional_indicator(after):
-        run = 0
-        position = index - 1
-        while position >= 0 and _is_regional_indicator(text[position]):
+        run = 0  # regional indicators right before the cut: an odd count splits a flag
+        while run < index and _is_regional_indicator(text[index - run - 1]):
             run += 1
-            position -= 1
         return run % 2 == 0
     return True
 
@@ -115,10 +109,9 @@ def _cluster_cut(piece: str, tail: str) -> int:
 
 def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> list[str]:
     """Split one line into parts of at most ``limit_bytes`` UTF-8 bytes (the first at most
-    ``first_limit_bytes``, the room left in the chunk being filled), at grapheme boundaries where
-    possible. The first part may be ``""`` when the room left cannot take the first cluster: a fresh
-    chunk is better than a broken cluster. Only a cluster larger than a chunk is cut between code points.
-    """
+    ``first_limit_bytes``, the room left in the current chunk), at grapheme boundaries where possible.
+    The first part is ``""`` when that room cannot take the first cluster: a fresh chunk is better than
+    a broken cluster. Only a cluster larger than a chunk is cut between code points."""
     data = text.encode("utf-8")
     parts: list[str] = []
     start = 0  # byte offset of the part being cut
@@ -164,45 +157,37 @@ class _Packer:
         self.current = []
         self.current_bytes = 0
 
-    def _append(self, unit: str, size: int) -> None:
+    def _append(self, unit: str) -> None:
         if unit:
             self.current.append(unit)
-            self.current_bytes += size
+            self.current_bytes += utf8_length(unit)
 
     def add_piece(self, piece: str) -> None:
         """Add a piece (a group): whole when it fits a chunk, else line by line."""
-        size = utf8_length(piece)
-        # The common case inline (same as _fits): a plan packs thousands of pieces.
-        if piece and self.current_bytes + size <= self.limit:
-            self.current.append(piece)
-            self.current_bytes += size
-            return
-        if self._fits(piece, size):
+        if self._fits(piece):
             return
         for line in _AFTER_LF.split(piece):  # only LF: other separators are ordinary characters
             self.add_line(line)
 
     def add_line(self, line: str) -> None:
         """Add a line: whole when it fits a chunk, else cut between characters."""
-        size = utf8_length(line)
-        if self._fits(line, size):
+        if self._fits(line):
             return
         parts = _split_characters(line, self.limit, self.limit - self.current_bytes)
-        self._append(parts[0], len(parts[0].encode("utf-8")))
+        self._append(parts[0])
         for part in parts[1:]:
             self._flush()
-            self._append(part, len(part.encode("utf-8")))
+            self._append(part)
 
-    def _fits(self, unit: str, size: int) -> bool:
+    def _fits(self, unit: str) -> bool:
         """Place ``unit`` whole if it fits the current chunk or a fresh one; False if too large."""
-        if self.current_bytes + size <= self.limit:
-            self._append(unit, size)
-            return True
-        if size <= self.limit:
+        size = utf8_length(unit)
+        if size > self.limit:
+            return False
+        if self.current_bytes + size > self.limit:
             self._flush()
-            self._append(unit, size)
-            return True
-        return False
+        self._append(unit)
+        return True
 
     def result(self) -> list[str]:
         """The chunks, the last one closed."""

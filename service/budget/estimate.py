@@ -13,15 +13,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final
 
-# One token per 3 UTF-8 bytes (bytes / 4 × 4/3).
-BYTES_PER_TOKEN: Final = 3
-
-# Chat formats wrap every message in role and turn markers (OpenAI documents about 3 tokens per
-# message; Anthropic's turn markers are of the same size). 4 rounds that up, like everything here.
-MESSAGE_ENVELOPE_TOKENS: Final = 4
-
-# Calibration: a ratio from fewer samples is noise, and one outlier must not halve or triple the
-# budget, so the ratio is 1.0 until CALIBRATION_MIN_SAMPLES and always clamped.
+# Why each number is what it is: docs/budget.md "The numbers".
+BYTES_PER_TOKEN: Final = 3  # bytes / 4 × 4/3
+MESSAGE_ENVELOPE_TOKENS: Final = 4  # role and turn markers of one message, rounded up
 CALIBRATION_MIN_SAMPLES: Final = 5
 CALIBRATION_MIN_RATIO: Final = Fraction(1, 2)
 CALIBRATION_MAX_RATIO: Final = Fraction(2)
@@ -94,15 +88,11 @@ def estimate_block(block: object) -> int:
             if isinstance(text, str):
                 return -(-(len(text) if text.isascii() else len(text.encode("utf-8"))) // BYTES_PER_TOKEN)
         elif kind == "tool_use":
-            return tokens_of_bytes(
-                _text_bytes(block.get("id"))
-                + _text_bytes(block.get("name"))
-                + _text_bytes(block.get("input"))
-            )
+            fields = (block.get("id"), block.get("name"), block.get("input"))
+            return tokens_of_bytes(sum(map(_text_bytes, fields)))
         elif kind == "tool_result":
-            return tokens_of_bytes(_text_bytes(block.get("tool_use_id"))) + estimate_content(
-                block.get("content")
-            )
+            use_id = tokens_of_bytes(_text_bytes(block.get("tool_use_id")))
+            return use_id + estimate_content(block.get("content"))
     elif isinstance(block, str):
         return estimate_text(block)
     return estimate_text(compact_json(block))
@@ -116,17 +106,13 @@ def estimate_content(content: object) -> int:
     if content is None:
         return 0
     if isinstance(content, (list, tuple)):
-        tokens = 0
-        for block in content:
-            tokens += estimate_block(block)
-        return tokens
+        return sum(map(estimate_block, content))
     return estimate_block(content)
 
 
 def estimate_message_content(message: Mapping[str, Any]) -> int:
-    """Estimated tokens of a message without its envelope. OpenAI-style ``tool_calls`` /
-    ``tool_call_id`` count too: a caller that forgot to normalise gets too high an estimate, not one
-    that silently misses the tool calls."""
+    """Estimated tokens of a message without its envelope; raw OpenAI ``tool_calls`` / ``tool_call_id``
+    count too, so a caller that forgot to normalise errs high, never low."""
     tokens = estimate_content(message.get("content"))
     if "tool_calls" in message:
         tokens += estimate_text(compact_json(message["tool_calls"]))
@@ -140,10 +126,7 @@ def estimate_message(message: Mapping[str, Any]) -> int:
     content = message.get("content")
     if isinstance(content, str) and "tool_calls" not in message and "tool_call_id" not in message:
         # Plain text message (half of a transcript): estimate_message_content without the calls.
-        return (
-            -(-(len(content) if content.isascii() else len(content.encode("utf-8"))) // BYTES_PER_TOKEN)
-            + MESSAGE_ENVELOPE_TOKENS
-        )
+        return estimate_text(content) + MESSAGE_ENVELOPE_TOKENS
     return estimate_message_content(message) + MESSAGE_ENVELOPE_TOKENS
 
 
@@ -207,8 +190,7 @@ class Calibration:
 
     @property
     def applied(self) -> bool:
-        """Whether the ratio is in use and changes anything (≠ 1), as ``context_info`` reports it (a ratio
-        not in use is exactly 1)."""
+        """Whether the ratio changes anything (≠ 1; a ratio not in use is exactly 1)."""
         return self._ratio() != 1
 
     def apply(self, total: int) -> int:
@@ -218,8 +200,7 @@ class Calibration:
         return -(-(total * ratio.numerator) // ratio.denominator)
 
     def fits(self, total: int, input_budget: int) -> bool:
-        """THE fit decision (SPEC §5, §5.1, §6.2): does a raw estimate of ``total`` fit the input
-        budget once the learned ratio scales it (the total only, never a segment)?"""
+        """THE fit decision (SPEC §5, §5.1, §6.2): does the raw ``total``, scaled, fit the input budget?"""
         return self.apply(total) <= input_budget
 
     def raw_capacity(self, capacity: int) -> int:
@@ -237,9 +218,8 @@ class Calibration:
 
 
 def overflow_target(input_budget: int, estimate: int, prompt_tokens: int) -> int:
-    """The raw estimate a request must shrink to after an overflow that stated its real count,
-    ``input_budget × estimate / prompt_tokens`` rounded down: at the provider's own rate it then fits
-    the budget. Without a usable count (``prompt_tokens`` or ``estimate`` ≤ 0), the budget itself."""
+    """The raw estimate a request must shrink to after an overflow that stated its real count, so that at
+    the provider's own rate it fits the budget (docs/budget.md "Estimator"); without a count, the budget."""
     if prompt_tokens <= 0 or estimate <= 0:
         return max(0, input_budget)
     return max(0, input_budget * estimate // prompt_tokens)

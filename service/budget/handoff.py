@@ -20,6 +20,7 @@ HANDOFF_MIN_TOKENS: Final = 256
 HANDOFF_MAX_TOKENS: Final = 32768
 
 SHORTENED_MARKER: Final = "[… shortened]"
+_MARKER_COST: Final = utf8_length(SHORTENED_MARKER) + 1  # and the space before it
 # An older answer is shortened to no less than this (a few lines): below it, it is left out whole instead
 # (said so), since "A: [… shortened]" tells the main agent nothing. The newest and pinned Q&A go further
 # (to nothing) only when the limit leaves no other choice; QUESTION_FLOOR_BYTES is their questions' floor.
@@ -39,6 +40,7 @@ FRAMING: Final = (
 )
 END_LINE: Final = "--- End of side findings."
 _SEPARATOR: Final = "\n\n"
+_SEPARATOR_BYTES: Final = len(_SEPARATOR)
 # No Q&A may fake the block's structure lines ("---", after any whitespace or zero-width indentation)
 # and put words after its end: such a line is written "- - -", and a line is what any reader splits on
 # (every str.splitlines() break becomes a newline first). docs/handoff.md "The block".
@@ -176,14 +178,12 @@ def omitted_line(ordinals: Sequence[int], shown_runs: int | None = None) -> str:
     (the oldest) are named and the rest counted: ``#1–#3 and 1 more.`` (0: none named)."""
     count = len(set(ordinals))
     head = f"--- {count} side answer{'s' if count != 1 else ''} left out to fit"
-    runs = _runs(ordinals)
-    if shown_runs is None or shown_runs >= len(runs):
-        return f"{head}: {ordinal_runs(ordinals)}."
-    if shown_runs <= 0:
+    named = _runs(ordinals)[: None if shown_runs is None else max(0, shown_runs)]
+    if not named:
         return f"{head}."
-    named = runs[:shown_runs]
     rest = count - sum(b - a + 1 for a, b in named)
-    return f"{head}: {', '.join(_run_text(run) for run in named)} and {rest} more."
+    more = f" and {rest} more" if rest else ""
+    return f"{head}: {', '.join(_run_text(run) for run in named)}{more}."
 
 
 def _shorten(text: str, max_bytes: int) -> str:
@@ -241,7 +241,7 @@ class _Plan:
         if self.summary_used and self.summary is not None:
             sizes.append(utf8_length(summary_header(self.summary)) + 1 + utf8_length(self.summary_text))
         sizes.extend(e.size() for e in self.entries if not (e.summarized or e.omitted))
-        return sum(sizes) + utf8_length(_SEPARATOR) * (len(sizes) - 1)
+        return sum(sizes) + _SEPARATOR_BYTES * (len(sizes) - 1)
 
 
 def estimate_handoff(text: str) -> int:
@@ -265,7 +265,6 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
     """Cut ``attr`` (question / answer) of one tier's entries in shortening order, each to no less than
     ``floor`` bytes of its original text, until the plan fits."""
     total = plan.size()
-    marker_cost = utf8_length(SHORTENED_MARKER) + 1
     for entry in _shortening_order(plan, protected=protected):
         excess = total - limit
         if excess <= 0:
@@ -273,7 +272,7 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
         current: str = getattr(entry, attr)
         current_size = utf8_length(current)
         # The kept prefix: small enough to remove the excess, never below the floor of this pass.
-        keep = max(floor, current_size - excess - marker_cost)
+        keep = max(floor, current_size - excess - _MARKER_COST)
         replacement = _shorten(getattr(entry.item, attr).strip(), keep)
         if utf8_length(replacement) >= current_size:
             continue  # already at or below this pass's floor (or too small for the marker to pay)
@@ -300,7 +299,6 @@ def _leave_out_pinned_without_answer(plan: _Plan) -> None:
 def _give_back(plan: _Plan, limit: int) -> None:
     """Undo cuts, the last made first, as far as the room left allows: a later step (leaving Q&A out)
     can free more than the cuts before it took, which they then did not need to take."""
-    marker_cost = utf8_length(SHORTENED_MARKER) + 1
     undone: set[tuple[int, str]] = set()
     for entry, attr in reversed(plan.cuts):
         if (id(entry), attr) in undone or entry.omitted or entry.summarized:
@@ -314,7 +312,7 @@ def _give_back(plan: _Plan, limit: int) -> None:
         if utf8_length(original) - utf8_length(current) <= room:
             grown = original
         else:  # the kept prefix, the marker and its space within what the cut had plus the room
-            grown = _shorten(original, utf8_length(current) + room - marker_cost)
+            grown = _shorten(original, utf8_length(current) + room - _MARKER_COST)
         if utf8_length(grown) <= utf8_length(current):
             continue
         setattr(entry, attr, grown)
@@ -332,15 +330,14 @@ def _use_summary(plan: _Plan, limit: int) -> None:
     coverable = [e for e in plan.entries if not _protected(plan, e) and summary.covers(e.item.ordinal)]
     if not coverable:
         return
-    sep = utf8_length(_SEPARATOR)
     before = plan.size()
     text = summary.text.strip()
-    total = before + utf8_length(summary_header(summary)) + 1 + utf8_length(text) + sep
+    total = before + utf8_length(summary_header(summary)) + 1 + utf8_length(text) + _SEPARATOR_BYTES
     plan.summary_used = True
     plan.summary_text = text
     for entry in coverable:
         entry.summarized = True
-        total -= entry.size() + sep
+        total -= entry.size() + _SEPARATOR_BYTES
         if total <= limit:
             return
     if total >= before:
@@ -356,7 +353,7 @@ def _shrink_summary(plan: _Plan, limit: int) -> None:
     excess = plan.size() - limit
     if excess <= 0:
         return
-    keep = utf8_length(plan.summary_text) - excess - utf8_length(SHORTENED_MARKER) - 1
+    keep = utf8_length(plan.summary_text) - excess - _MARKER_COST
     if keep <= 0:
         # Not even a line of it fits: the Q&A it stood in for are left out instead (said so in the block).
         plan.summary_used = False
@@ -371,13 +368,12 @@ def _shrink_summary(plan: _Plan, limit: int) -> None:
 
 
 def _omitted_cost(ordinals: Sequence[int]) -> int:
-    return utf8_length(omitted_line(ordinals)) + utf8_length(_SEPARATOR) if ordinals else 0
+    return utf8_length(omitted_line(ordinals)) + _SEPARATOR_BYTES if ordinals else 0
 
 
 def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
     """Leave out one tier's whole Q&A, oldest first — never the newest."""
     total = plan.size()
-    sep = utf8_length(_SEPARATOR)
     omitted = list(plan.omitted)
     for victim in _shortening_order(plan, protected=protected):
         if victim is plan.entries[-1] or total <= limit:
@@ -385,7 +381,7 @@ def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
         cost_before = _omitted_cost(omitted)
         victim.omitted = True
         omitted.append(victim.item.ordinal)
-        total += _omitted_cost(omitted) - cost_before - victim.size() - sep
+        total += _omitted_cost(omitted) - cost_before - victim.size() - _SEPARATOR_BYTES
     plan.omitted = sorted(omitted)
 
 
@@ -460,10 +456,9 @@ def build_handoff(
 
 @dataclass(frozen=True)
 class HandoffMarks:
-    """What recording a hand-off changes in its session (docs/handoff.md): ``handed_off_through`` up to
-    the highest carried ordinal, never down; the carried Q&A unpinned; those left out that the main
-    conversation never had (above the old mark) pinned, so no finding is lost to the mark (one handed
-    off before is left as it is: pinning it would carry it twice)."""
+    """What recording a hand-off changes in its session: ``handed_off_through`` up to the highest carried
+    ordinal, never down; the carried Q&A unpinned; those left out above the old mark pinned, so that no
+    finding is lost to the mark (docs/handoff.md "The block" says why not the ones below it)."""
 
     handed_off_through: int
     pin: tuple[int, ...]

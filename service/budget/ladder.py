@@ -51,10 +51,6 @@ class Compaction:
     fits: bool = True
 
 
-def _prefix_sums(values: Sequence[int]) -> list[int]:
-    return list(accumulate(values, initial=0))
-
-
 def _least_masking(
     verbatim_sums: list[int], masked_sums: list[int], start: int, limit: int, fixed: int, room: int
 ) -> int | None:
@@ -78,18 +74,14 @@ def plan_compaction(
     recent_budget: int = RECENT_BUDGET_TOKENS,
     min_summarized_tokens: int = MIN_SUMMARIZED_TOKENS,
 ) -> Compaction | CutRefusal:
-    """Plan the compaction of a transcript of ``groups`` (``masked``: each group's estimate in its
-    masked form; None when masking is off) into ``room`` tokens: tier ``none`` when it fits as it is;
-    ``masked``, the fewest oldest groups masked that make it fit, never one of the recent part; else
-    ``summary``, the fewest oldest groups summarised (at ``summary_tokens`` plus ``trail_tokens(s)``,
-    their trail counted exactly) that make it fit with every later group before the recent part masked,
-    and at least ``min_summarized_tokens`` of material. Masking off: :func:`plan_cut`'s tier 2. A
-    :class:`CutRefusal` says why no plan can help.
-    """
+    """The ladder's tier for a transcript of ``groups`` (``masked``: each group's estimate masked; None
+    when masking is off) in ``room`` tokens, as docs/budget.md "The compaction ladder" defines the
+    tiers; a summary of ``s`` groups costs ``summary_tokens + trail_tokens(s)``. Masking off:
+    :func:`plan_cut`'s tier 2. A :class:`CutRefusal` says why no plan can help."""
     verbatim = [group.tokens for group in groups]
     if masked is not None and len(masked) != len(verbatim):
         raise ValueError("masked must have one estimate per group")
-    verbatim_sums = _prefix_sums(verbatim)
+    verbatim_sums = list(accumulate(verbatim, initial=0))
     if verbatim_sums[-1] <= room:
         return Compaction(NONE, 0, 0)
     if not groups:
@@ -101,7 +93,7 @@ def plan_compaction(
         until = cut.summarized_groups
         return Compaction(SUMMARY, until, until, summary_tokens + cut.kept_tokens <= room)
     recent = recent_start(verbatim, recent_budget)
-    masked_sums = _prefix_sums(masked)
+    masked_sums = list(accumulate(masked, initial=0))
     mask_until = _least_masking(verbatim_sums, masked_sums, 0, recent, 0, room)
     if mask_until is not None:
         return Compaction(MASKED, 0, mask_until)
@@ -136,12 +128,13 @@ def plan_after_summary(
     one of the recent part — or None when even that does not fit. Masking off: the later groups
     verbatim, or None."""
     verbatim = [group.tokens for group in groups]
-    verbatim_sums = _prefix_sums(verbatim)
+    verbatim_sums = list(accumulate(verbatim, initial=0))
     if masked is None:
         fits = summary_tokens + verbatim_sums[-1] - verbatim_sums[covered] <= room
         return Compaction(SUMMARY, covered, covered) if fits else None
     recent = recent_start(verbatim, recent_budget)
-    until = _least_masking(verbatim_sums, _prefix_sums(masked), covered, recent, summary_tokens, room)
+    masked_sums = list(accumulate(masked, initial=0))
+    until = _least_masking(verbatim_sums, masked_sums, covered, recent, summary_tokens, room)
     return Compaction(SUMMARY, covered, until) if until is not None else None
 
 

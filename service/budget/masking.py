@@ -103,31 +103,23 @@ def group_artifacts(messages: Sequence[Mapping[str, Any]]) -> list[tuple[Artifac
     ]
 
 
-def _edge_lines(lines: list[str]) -> tuple[str, str]:
-    """The first and last non-empty ``lines`` (stripped), each cut to the stub's limit; scanned from
-    both ends, since a payload runs to thousands of lines and only two of them are quoted."""
-    first = next((stripped for line in lines if (stripped := line.strip())), "")
-    if not first:
-        return "", ""
-    last = next(stripped for line in reversed(lines) if (stripped := line.strip()))
-    return first[:STUB_LINE_MAX_CHARS], last[:STUB_LINE_MAX_CHARS]
-
-
 def result_stub(text: str, tool: str, *, is_error: bool) -> str:
     """What a masked tool result says instead of its content (SPEC §6.8's wording)."""
     lines = text.splitlines()
-    first, last = _edge_lines(lines)
+    # The first and last non-empty lines, sought from both ends: a payload runs to thousands of lines.
+    first = next((stripped for line in lines if (stripped := line.strip())), "")
+    last = next((stripped for line in reversed(lines) if (stripped := line.strip())), "")
     flag = " (error)" if is_error else ""
     return (
         f"{ELIDED_PREFIX}{utf8_length(text)} bytes, {len(lines)} lines of {tool or 'tool'} output{flag};"
-        f" first line: {first}; last line: {last}]"
+        f" first line: {first[:STUB_LINE_MAX_CHARS]}; last line: {last[:STUB_LINE_MAX_CHARS]}]"
     )
 
 
 def _mask_arguments(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], int] | None:
     """The input with its payload fields elided and the bytes elided; None when nothing changes."""
     key = key_argument(arguments)
-    masked: dict[str, Any] | None = None
+    masked = dict(arguments)
     elided = 0
     for name, value in arguments.items():
         if name == key or not isinstance(value, str) or len(value) <= PAYLOAD_THRESHOLD_BYTES // 4:
@@ -135,30 +127,24 @@ def _mask_arguments(arguments: Mapping[str, Any]) -> tuple[dict[str, Any], int] 
         size = utf8_length(value)
         if size <= PAYLOAD_THRESHOLD_BYTES:
             continue
-        if masked is None:
-            masked = dict(arguments)
         masked[name] = f"{ELIDED_PREFIX}{size} bytes]"  # what a masked input field says instead
         elided += size
-    return (masked, elided) if masked is not None else None
+    return (masked, elided) if elided else None
 
 
 def _mask_openai_call(call: Any) -> Any:
     """An OpenAI ``tool_calls`` entry with the same fields masked in its ``arguments`` JSON (kept valid
     JSON); the entry itself when its arguments are not a JSON object or need no masking."""
     function = call.get("function") if isinstance(call, Mapping) else None
-    raw = function.get("arguments") if isinstance(function, Mapping) else None
-    if not isinstance(raw, str):
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
         return call
     try:
-        arguments = json.loads(raw)
+        arguments = json.loads(function["arguments"])
     except ValueError:
         return call
-    if not isinstance(arguments, dict):
-        return call
-    masked = _mask_arguments(arguments)
+    masked = _mask_arguments(arguments) if isinstance(arguments, dict) else None
     if masked is None:
         return call
-    assert isinstance(function, Mapping)
     return {**call, "function": {**function, "arguments": json.dumps(masked[0], ensure_ascii=False)}}
 
 
@@ -179,14 +165,13 @@ def _mask_message(
     content = message.get("content")
     if not isinstance(content, list):
         return None
-    blocks: list[Any] | None = None
-    elided = 0
+    blocks = list(content)
+    elided = 0  # > 0 exactly when a block was replaced: only payloads over the threshold are
     masked_results: dict[str, str] = {}
     for at, block in enumerate(content):
         if not isinstance(block, dict):
             continue
         kind = block.get("type")
-        replacement: dict[str, Any] | None = None
         if kind == "tool_result":
             text = tool_result_text(block.get("content"), other_block=compact_json, other_value=compact_json)
             size = utf8_length(text)
@@ -196,19 +181,15 @@ def _mask_message(
                 # A stub quotes two lines of up to 160 characters: in a script of 3–4-byte characters
                 # it can outweigh a payload just over the threshold, and masking must never grow a group.
                 if utf8_length(stub) < size:
-                    replacement = {**block, "content": stub}
+                    blocks[at] = {**block, "content": stub}
                     masked_results[use_id] = stub
                     elided += size
         elif kind == "tool_use" and isinstance(block.get("input"), Mapping):
             masked_input = _mask_arguments(block["input"])
             if masked_input is not None:
-                replacement = {**block, "input": masked_input[0]}
+                blocks[at] = {**block, "input": masked_input[0]}
                 elided += masked_input[1]
-        if replacement is not None:
-            if blocks is None:
-                blocks = list(content)
-            blocks[at] = replacement
-    if blocks is None:
+    if not elided:
         return None
     masked = {**message, "content": blocks}
     posted = message.get(POSTED_FORM)

@@ -103,33 +103,30 @@ def _content_blocks(content: object) -> list[Any]:
 _scan_json: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
-def _parse_json_object(text: str) -> Any | None:
-    """``json.loads(text)`` for text that is exactly one JSON object (``{`` … ``}``, no whitespace
-    around it), else None: the caller then runs json.loads, which decides (and words) the rest."""
-    if not (text.startswith("{") and text.endswith("}")):
-        return None
-    try:
-        parsed, end = _scan_json(text, 0)
-    except (StopIteration, ValueError):
-        return None
-    return parsed if end == len(text) else None
+def _parse_json(text: str) -> Any:
+    """``json.loads(text)``, by the decoder alone for text that is exactly one JSON object (``{`` …
+    ``}``, no whitespace around it); json.loads decides (and words) the rest."""
+    if text.startswith("{") and text.endswith("}"):
+        try:
+            parsed, end = _scan_json(text, 0)
+            if end == len(text):
+                return parsed
+        except (StopIteration, ValueError):
+            pass
+    return json.loads(text)
 
 
 def _tool_input(arguments: object) -> Any:
     """An OpenAI ``arguments`` JSON string as a tool_use ``input`` object; arguments that are not a
     JSON object are kept verbatim under ``"_arguments"``, so nothing sent is lost or invented."""
-    if isinstance(arguments, str):
-        if not arguments:
-            return {}
-        parsed = _parse_json_object(arguments)
-        if parsed is None:
-            try:
-                parsed = json.loads(arguments)
-            except ValueError:
-                return {"_arguments": arguments}
-        return parsed if isinstance(parsed, dict) else {"_arguments": arguments}
-    if arguments is None:
+    if arguments is None or arguments == "":
         return {}
+    if isinstance(arguments, str):
+        try:
+            parsed = _parse_json(arguments)
+        except ValueError:
+            return {"_arguments": arguments}
+        return parsed if isinstance(parsed, dict) else {"_arguments": arguments}
     if isinstance(arguments, Mapping):
         return dict(arguments)
     return {"_arguments": arguments}
@@ -192,8 +189,7 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
             calls = message.get("tool_calls") or []
             blocks = _content_blocks(message.get("content"))
             if isinstance(calls, (list, tuple)):
-                for call in calls:  # a loop, not extend(genexpr): cheaper for the usual 1–3 calls
-                    blocks.append(_tool_use_block(call))
+                blocks.extend(map(_tool_use_block, calls))
             result.append(
                 {
                     "role": "assistant",
@@ -203,8 +199,7 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
             )
             continue
         result.append(message if isinstance(message, dict) else dict(message))
-    system = "\n\n".join(system_parts) if system_parts else None
-    return system, result
+    return "\n\n".join(system_parts) or None, result
 
 
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
@@ -317,13 +312,8 @@ def _blocks_problem(content: object, where: str) -> str | None:
 def normalize_snapshot(snapshot: Mapping[str, Any]) -> NormalizedSnapshot:
     """A snapshot (either style) in canonical form: its ``system`` then the text of any system
     messages, joined by a blank line (None when there is none)."""
-    parts: list[str] = []
-    top_system = _text_of(snapshot.get("system"))
-    if top_system:
-        parts.append(top_system)
     inline_system, messages = normalize_messages_with_system(snapshot.get("messages") or [])
-    if inline_system:
-        parts.append(inline_system)
+    parts = [text for text in (_text_of(snapshot.get("system")), inline_system) if text]
     raw_tools = snapshot.get("tools") or []
     tools = [_normalize_tool(tool) for tool in raw_tools] if isinstance(raw_tools, (list, tuple)) else []
     return NormalizedSnapshot(
@@ -395,32 +385,24 @@ def group_messages(
     messages: Sequence[Mapping[str, Any]], message_tokens: Sequence[int] | None = None
 ) -> list[MessageGroup]:
     """Partition canonical ``messages`` into contiguous groups that a cut must not split: an assistant
-    message with ``tool_use`` blocks and the following messages that answer its calls, every other
-    message alone; broken transcripts as docs/budget.md says. ``message_tokens`` (one estimate per
-    message, envelopes included) saves estimating twice."""
+    message with ``tool_use`` blocks and the messages answering its calls, every other message alone
+    (broken transcripts: docs/budget.md). ``message_tokens`` (of each message) saves estimating twice."""
     count = len(messages)
-    tokens_of: Sequence[int]
     if message_tokens is None:
-        tokens_of = [estimate_message(message) for message in messages]
-    else:
-        if len(message_tokens) != count:
-            raise ValueError("message_tokens must have one entry per message")
-        tokens_of = message_tokens
-    # One pass, reading each message once: a plan groups thousands of messages, and most of them
-    # (string content) need no block scan at all.
+        message_tokens = [estimate_message(message) for message in messages]
+    elif len(message_tokens) != count:
+        raise ValueError("message_tokens must have one entry per message")
+    # One pass, reading each message once: a plan groups thousands of messages (and _block_ids skips
+    # string content, most of them, without a scan).
     groups: list[MessageGroup] = []
     index = 0
     while index < count:
         message = messages[index]
         content = message.get("content")
-        if not isinstance(content, list):  # string content carries no tool blocks
-            groups.append(MessageGroup(index, index + 1, tokens_of[index], False, 0, 0))
-            index += 1
-            continue
         calls = _block_ids(content, "tool_use", "id") if message.get("role") == "assistant" else []
         if not calls:
             orphans = len(_block_ids(content, "tool_result", "tool_use_id"))
-            groups.append(MessageGroup(index, index + 1, tokens_of[index], False, 0, orphans))
+            groups.append(MessageGroup(index, index + 1, message_tokens[index], False, 0, orphans))
             index += 1
             continue
         pending = set(calls)
@@ -434,6 +416,6 @@ def group_messages(
             orphans += len(results) - len(answered)
             pending.difference_update(answered)
             end += 1
-        groups.append(MessageGroup(index, end, sum(tokens_of[index:end]), True, len(pending), orphans))
+        groups.append(MessageGroup(index, end, sum(message_tokens[index:end]), True, len(pending), orphans))
         index = end
     return groups

@@ -14,7 +14,7 @@ PRESSURE_NORMAL: Final = "normal"
 PRESSURE_TIGHT: Final = "tight"
 PRESSURE_CRITICAL: Final = "critical"
 
-# Reaching a threshold enters it: 75 % of the budget is already tight, 90 % already critical.
+# Reaching a threshold enters it (docs/budget.md "The numbers").
 TIGHT_PERCENT: Final = 75
 CRITICAL_PERCENT: Final = 90
 
@@ -36,7 +36,6 @@ class SegmentEstimate:
 
     @property
     def total(self) -> int:
-        """Sum of all segments."""
         return sum(asdict(self).values())
 
     def as_dict(self) -> dict[str, int]:

@@ -140,8 +140,6 @@ def _splice(head: bytes, items: Sequence[bytes]) -> bytes:
     """``head`` with its mark replaced by the array of ``items`` (each an element's canonical bytes):
     exactly the canonical bytes of the whole, since keys are sorted and separators compact."""
     at = head.find(_MESSAGES_MARK_JSON)
-    if at < 0:
-        raise ValueError("the message mark is missing")
     return b"".join((head[:at], b"[", b",".join(items), b"]", head[at + len(_MESSAGES_MARK_JSON) :]))
 
 
@@ -270,12 +268,10 @@ class PreparedSnapshot:
 
     def group_index(self, message: int) -> int:
         """The index of the group that starts at ``message`` (the count of groups for the end)."""
-        for index, group in enumerate(self.groups):
-            if group.start == message:
-                return index
-        if message == len(self.messages):
-            return len(self.groups)
-        raise ValueError(f"message {message} is not a group boundary")
+        index = next((i for i, group in enumerate(self.groups) if group.start >= message), len(self.groups))
+        if self.boundary(index) != message:
+            raise ValueError(f"message {message} is not a group boundary")
+        return index
 
     def boundary(self, group: int) -> int:
         """The message index where group ``group`` starts (the message count past the last group)."""

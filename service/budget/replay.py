@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Final
 
-# At most this many of the newest Q&A groups are replayed verbatim.
+# The replay window is at most REPLAY_MAX_GROUPS of the newest Q&A groups, whose estimate stays within
+# min(input budget / REPLAY_BUDGET_DIVISOR, REPLAY_MAX_TOKENS); earlier Q&A is loaded and folded into
+# the rolling summary in batches of HISTORY_BATCH_SIZE (SPEC §6.1). Why: docs/budget.md "The numbers".
 REPLAY_MAX_GROUPS: Final = 20
-# ... and their estimate stays within min(input budget / REPLAY_BUDGET_DIVISOR, REPLAY_MAX_TOKENS):
-# a quarter of the budget leaves the rest to the main context, 16000 keeps big windows focused.
 REPLAY_BUDGET_DIVISOR: Final = 4
 REPLAY_MAX_TOKENS: Final = 16_000
-# SPEC §6.1: earlier Q&A is loaded (by increasing ordinal, the store's history reads) and folded into
-# the rolling summary in batches of at most this many.
 HISTORY_BATCH_SIZE: Final = 20
 
 
@@ -63,13 +62,10 @@ def select_replay(
         raise ValueError("max_groups must be >= 0")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    previous: int | None = None
-    for item in items:
-        if previous is not None and item.ordinal <= previous:
-            raise ValueError("items must be in strictly ascending ordinal")
-        if item.tokens < 0:
-            raise ValueError("item tokens must be >= 0")
-        previous = item.ordinal
+    if any(before.ordinal >= after.ordinal for before, after in pairwise(items)):
+        raise ValueError("items must be in strictly ascending ordinal")
+    if any(item.tokens < 0 for item in items):
+        raise ValueError("item tokens must be >= 0")
 
     uncovered = [
         item for item in items if covered_through_ordinal is None or item.ordinal > covered_through_ordinal

@@ -35,34 +35,24 @@ class TrailEntry:
     last_error: bool
 
     def line(self) -> str:
-        return _line(self.artifact, self.uses, self.last_error)
-
-
-def _line(artifact: Artifact, uses: int, last_error: bool) -> str:
-    # Terse on purpose: every byte spent on decoration is a path or a command that does not fit.
-    times = f" (x{uses})" if uses > 1 else ""
-    error = " [last result an error]" if last_error else ""
-    return f"- {artifact.tool}: {artifact.text}{times}{error}"
+        # Terse on purpose: every byte spent on decoration is a path or a command that does not fit.
+        times = f" (x{self.uses})" if self.uses > 1 else ""
+        error = " [last result an error]" if self.last_error else ""
+        return f"- {self.artifact.tool}: {self.artifact.text}{times}{error}"
 
 
 class _LastUse:
-    """The distinct artifacts seen so far, in order of last use (a re-used one moves to the end), with
-    how often each was used, its last result's error flag and its rendered line's bytes."""
+    """The distinct artifacts seen so far as entries, in order of last use (a re-used one moves to the
+    end), each with the bytes of its rendered line and newline."""
 
     def __init__(self) -> None:
-        self.uses: dict[Artifact, int] = {}
-        self.error: dict[Artifact, bool] = {}
-        # Insertion order is last-use order: a re-used artifact is popped and put back at the end.
-        self.line_bytes: dict[Artifact, int] = {}
+        self.seen: dict[Artifact, tuple[TrailEntry, int]] = {}
 
     def add(self, artifact: Artifact, error: bool) -> None:
-        uses = self.uses[artifact] = self.uses.get(artifact, 0) + 1
-        self.error[artifact] = error
-        self.line_bytes.pop(artifact, None)
-        self.line_bytes[artifact] = utf8_length(_line(artifact, uses, error)) + 1  # and its newline
-
-    def entries(self) -> list[TrailEntry]:
-        return [TrailEntry(a, self.uses[a], self.error[a]) for a in self.line_bytes]
+        # Popped and put back: insertion order is last-use order.
+        previous = self.seen.pop(artifact, None)
+        entry = TrailEntry(artifact, previous[0].uses + 1 if previous else 1, error)
+        self.seen[artifact] = (entry, utf8_length(entry.line()) + 1)
 
 
 def _fitting(newest_first: Iterable[int]) -> tuple[int, int]:
@@ -84,7 +74,7 @@ def collect_trail(uses: Iterable[tuple[Artifact, bool]]) -> list[TrailEntry]:
     seen = _LastUse()
     for artifact, error in uses:
         seen.add(artifact, error)
-    return seen.entries()
+    return [entry for entry, _ in seen.seen.values()]
 
 
 def bound_trail(entries: Sequence[TrailEntry]) -> list[TrailEntry]:
@@ -101,32 +91,24 @@ def trail_tokens(entries: Sequence[TrailEntry]) -> int:
 
 
 class TrailSizes:
-    """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups, the uses taken
-    in once as ``s`` grows (as a plan tries them), so a size costs a walk of the 64 newest entries."""
+    """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups, asked for with
+    ``s`` never decreasing (as a plan tries them): the uses are taken in once, so a size costs a walk of
+    the 64 newest entries."""
 
     def __init__(self, artifacts: Sequence[Sequence[tuple[Artifact, bool]]]) -> None:
         self._artifacts = artifacts
-        self._reset()
-
-    def _reset(self) -> None:
         self._taken = 0  # groups whose uses are in ``_seen``
         self._seen = _LastUse()
-        self._sizes: dict[int, int] = {0: 0}
 
     def __call__(self, groups: int) -> int:
-        known = self._sizes.get(groups)
-        if known is not None:
-            return known
-        if groups < self._taken:  # asked backwards: start over (a plan never does)
-            self._reset()
+        if groups < self._taken:
+            raise ValueError("trail sizes are asked for with a never decreasing group count")
         while self._taken < groups:
             for artifact, error in self._artifacts[self._taken]:
                 self._seen.add(artifact, error)
             self._taken += 1
-        lines = self._seen.line_bytes
-        count, size = _fitting(lines[a] for a in reversed(lines))
-        tokens = self._sizes[groups] = tokens_of_bytes(size + 2) if count else 0
-        return tokens
+        count, size = _fitting(line_bytes for _, line_bytes in reversed(self._seen.seen.values()))
+        return tokens_of_bytes(size + 2) if count else 0
 
 
 def render_trail(entries: Sequence[TrailEntry]) -> str:

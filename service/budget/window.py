@@ -5,11 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Final
 
-# Model window when neither the request, the snapshot nor the configuration names one.
-DEFAULT_WINDOW: Final = 200_000
-
-# The safety margin absorbs estimate error: 5 % of the window, but never so little that a small
-# window has no slack, nor so much that a huge window wastes thousands of tokens.
+# Why each number is what it is: docs/budget.md "The numbers".
+DEFAULT_WINDOW: Final = 200_000  # when nothing names a window
 SAFETY_MARGIN_PERCENT: Final = 5
 SAFETY_MARGIN_MIN: Final = 128
 SAFETY_MARGIN_MAX: Final = 8192
@@ -61,13 +58,12 @@ class WindowPlan:
     input_budget: int
 
     def as_dict(self) -> dict[str, int]:
-        """``{"window", "max_output_tokens", "safety_margin", "input_budget"}``."""
         return asdict(self)
 
 
 def plan_window(window: int, max_output_tokens: int) -> WindowPlan:
-    """Input budget = window − output cap − safety margin. Never raises: a budget ≤ 0 is reported as
-    ``critical`` pressure and an overflow downstream, visible rather than an exception here."""
+    """Input budget = window − output cap − safety margin. Never raises: a budget ≤ 0 shows downstream
+    (``critical`` pressure, an overflow) rather than as an exception here."""
     margin = safety_margin(window)
     return WindowPlan(
         window=window,
