@@ -26,6 +26,7 @@ from service.budget.ladder import (
     plan_after_summary,
     recent_budget_for,
 )
+from service.budget.masking import MaskedGroup
 from service.budget.prepared import PreparedSnapshot
 from service.budget.trail import render_trail
 from service.context_info import FidelityInfo
@@ -76,32 +77,23 @@ class ContextPlan:
     # §6.8: messages [kept_from, mask_until) go in their masked form (a group boundary; ≤ kept_from: none).
     mask_until: int = 0
 
-    def _masked_groups(self, snapshot: PreparedSnapshot) -> range:
+    def _masked_forms(self, snapshot: PreparedSnapshot) -> Sequence[MaskedGroup]:
+        # Only asked for when there are some: the masked forms are computed on first use.
         if self.mask_until <= self.kept_from:
-            return range(0)
-        return range(snapshot.group_index(self.kept_from), snapshot.group_index(self.mask_until))
+            return ()
+        return snapshot.masked()[snapshot.group_index(self.kept_from) : snapshot.group_index(self.mask_until)]
 
     def kept_messages(self, snapshot: PreparedSnapshot | None) -> list[dict[str, Any]]:
         if snapshot is None:
             return []
-        masked = self._masked_groups(snapshot)
-        if not masked:
-            return list(snapshot.messages[self.kept_from :])
-        forms = snapshot.masked()
-        out: list[dict[str, Any]] = []
-        for index in masked:
-            out.extend(forms[index].messages)
-        out.extend(snapshot.messages[self.mask_until :])
-        return out
+        masked = [message for form in self._masked_forms(snapshot) for message in form.messages]
+        return masked + snapshot.messages[max(self.kept_from, self.mask_until) :]
 
     def kept_tokens(self, snapshot: PreparedSnapshot | None) -> int:
         if snapshot is None:
             return 0
-        masked = self._masked_groups(snapshot)
-        if not masked:
-            return snapshot.tokens_of(self.kept_from)
-        forms = snapshot.masked()
-        return sum(forms[index].tokens for index in masked) + snapshot.tokens_of(self.mask_until)
+        masked = sum(form.tokens for form in self._masked_forms(snapshot))
+        return masked + snapshot.tokens_of(max(self.kept_from, self.mask_until))
 
     def summary_text(self) -> str | None:
         """What stands for the summarised messages: the summary and, after it, its trail."""

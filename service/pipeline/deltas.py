@@ -16,9 +16,8 @@ class DeltaCoalescer:
     """Buffers text and writes it as one ``delta`` event per interval from a background flusher.
     ``emit(text)`` writes one event; False: the request is no longer held (then nothing more is written)."""
 
-    def __init__(self, emit: Callable[[str], Awaitable[bool]], interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(self, emit: Callable[[str], Awaitable[bool]]) -> None:
         self._emit = emit
-        self._interval = interval_s
         self._buffer: list[str] = []
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
@@ -50,7 +49,7 @@ class DeltaCoalescer:
     async def _flusher(self) -> None:
         # Never cancelled mid-write by close(): it sets the flag and waits, so no text is dropped.
         while not self._closing.is_set():
-            await wait_event(self._closing, self._interval)
+            await wait_event(self._closing, FLUSH_INTERVAL_S)
             if self._closing.is_set() and self._keep_rest:
                 return  # close_rest() hands the rest to its caller instead
             await self.flush()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import asdict
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -50,19 +51,13 @@ class _CallRecorder:
         usage: CallUsage,
         latency_ms: int = 0,
     ) -> None:
-        """Record one call as the ledger stores it (SPEC §3 ``usage.calls[]``), from what it reported."""
-        entry = ledger.CallEntry(
-            purpose=purpose,
-            model=model,
-            status=status,
-            reported=usage.reported,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
-            cached_tokens=usage.cached_tokens,
-            latency_ms=latency_ms,
+        """Record one call as the ledger stores it (SPEC §3 ``usage.calls[]``), from what it reported
+        (the ledger's usage fields are :class:`CallUsage`'s)."""
+        await self._record(
+            ledger.CallEntry(
+                purpose=purpose, model=model, status=status, latency_ms=latency_ms, **asdict(usage)
+            )
         )
-        await self._record(entry)
 
     async def _record(self, entry: ledger.CallEntry) -> None:
         raise NotImplementedError
