@@ -11,9 +11,11 @@ from typing import Any
 from service import vocabulary
 from service.budget import (
     RECENT_BUDGET_TOKENS,
+    CutRefusal,
     QAItem,
     WindowPlan,
     overflow_target,
+    plan_cut,
     plan_window,
     pressure,
     prompt_drift,
@@ -22,7 +24,13 @@ from service.budget import (
 from service.budget.chunk import SUMMARY_MAX_TOKENS
 from service.budget.trail import TRAIL_MAX_TOKENS
 from service.context_info import EstimateInfo
-from service.pipeline.compaction import ContextPlan, Tier2, compact, record_fidelity, snapshot_job_key
+from service.pipeline.compaction import (
+    ContextPlan,
+    compact,
+    record_compaction,
+    record_fidelity,
+    snapshot_job_key,
+)
 from service.pipeline.deltas import DeltaCoalescer
 from service.pipeline.failures import PipelineFailure, RequestLost
 from service.pipeline.history import HistoryPlan, fold_history, fold_key, next_fold, qa_group_tokens
@@ -205,7 +213,7 @@ async def _shrink(
             fold_batches=(history.replay.replay,),
             replay_tokens=0,
         )
-        history = await fold_history(rt, prepared, history, rt.summary_runner(prepared))
+        history = await fold_history(rt, prepared, history)
         changed = True
     snapshot = prepared.snapshot
     if snapshot is not None and context.kept_from < len(snapshot.messages):
@@ -222,17 +230,14 @@ async def _shrink(
             if prepared.mask_tool_results:
                 room += TRAIL_MAX_TOKENS  # the new summary's trail, at its largest
             recent_budget = recent_budget_within(target - around - room)
-        harder = await compact(
-            rt,
-            prepared,
-            rt.summary_runner(prepared),
-            lambda _summary, _kept, _tokens: False,
-            tier2=Tier2(masked=prepared.mask_tool_results),
-            recent_budget=recent_budget,
-            current=context,
-        )
-        if harder is not None:
-            context = harder
+        cut = plan_cut(snapshot.groups, recent_budget=recent_budget, min_summarized_tokens=0)
+        if isinstance(cut, CutRefusal):
+            await rt.progress(vocabulary.compaction_refused(cut.reason, cut.explanation))
+        elif context.summary is not None and cut.summarize_until <= context.kept_from:
+            await rt.progress(vocabulary.compaction_refused("no_further_cut"), defer=True)
+        else:
+            context = await compact(rt, prepared, cut, masked=prepared.mask_tool_results)
+            record_compaction(rt, context, snapshot)
             changed = True
     if not changed:
         return None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service import vocabulary
-from service.budget import RECENT_BUDGET_TOKENS, CutPlan, CutRefusal, plan_cut
+from service.budget import RECENT_BUDGET_TOKENS, CutPlan, CutRefusal
 from service.budget.cut import cut_at
 from service.budget.estimate import estimate_text
 from service.budget.fidelity import measure_fidelity
@@ -50,9 +50,9 @@ from service.vocabulary import JobKind
 
 # "Does it fit?" for a context made of this summary text and these kept messages (their estimate).
 FitCheck = Callable[[str | None, Sequence[dict[str, Any]], int], bool]
-# With masking on: where masking must stop (a message index) for a context made of a summary of the
-# first ``covered`` messages (this prompt text) and the later ones masked oldest first; None: no fit.
-AfterSummary = Callable[[int, str], int | None]
+# Where masking must stop (a message index; 0: none) for a context made of this cached summary of the
+# first ``covered`` messages and every later message; None: that does not fit (§6.7's grown snapshot).
+PrefixFit = Callable[[CachedContextSummary, int], int | None]
 
 
 def snapshot_job_key(snapshot_id: str) -> str:
@@ -128,37 +128,36 @@ async def compact_snapshot_copy(
             ),
             defer=True,
         )
-    if decision.tier == MASKED:
-        # Tier 1 (SPEC §6.8): no summary, the oldest messages masked, the rest verbatim.
-        plan = ContextPlan(mask_until=snapshot.boundary(decision.mask_until))
-        _record(rt, plan, snapshot)
-        return plan
-    recent = recent_budget_for(room)
 
-    def after_summary(covered: int, text: str) -> int | None:
-        plan = plan_after_summary(
+    def prefix_fit(entry: CachedContextSummary, covered: int) -> int | None:
+        if not mask:  # the rest verbatim, more than the recent budget of it (§6.7)
+            tail = snapshot.tokens_of(covered)
+            fit = tail > RECENT_BUDGET_TOKENS and fits(entry.rendered(), snapshot.messages[covered:], tail)
+            return 0 if fit else None
+        after = plan_after_summary(
             snapshot.groups,
             snapshot.masked_tokens(),
             room,
             covered=snapshot.group_index(covered),
-            summary_tokens=estimate_text(text) + SUMMARY_TURN_TOKENS,
-            recent_budget=recent,
+            summary_tokens=estimate_text(entry.prompt_text()) + SUMMARY_TURN_TOKENS,
+            recent_budget=recent_budget_for(room),
         )
-        return None if plan is None else snapshot.boundary(plan.mask_until)
+        return None if after is None else snapshot.boundary(after.mask_until)
 
-    tier2 = (
-        Tier2(masked=True, mask_until=snapshot.boundary(decision.mask_until), after_summary=after_summary)
-        if mask
-        else Tier2()
-    )
-    return await compact(
-        rt,
-        prepared,
-        rt.summary_runner(prepared),
-        fits,
-        cut=cut_at(snapshot.groups, decision.summarize_until),
-        tier2=tier2,
-    )
+    if decision.tier == MASKED:
+        # Tier 1 (SPEC §6.8): no summary, the oldest messages masked, the rest verbatim.
+        plan = ContextPlan(mask_until=snapshot.boundary(decision.mask_until))
+    else:
+        plan = await compact(
+            rt,
+            prepared,
+            cut_at(snapshot.groups, decision.summarize_until),
+            masked=mask,
+            mask_until=snapshot.boundary(decision.mask_until) if mask else 0,
+            prefix_fit=prefix_fit,
+        )
+    record_compaction(rt, plan, snapshot)
+    return plan
 
 
 def record_fidelity(rt: RequestRuntime, snapshot: PreparedSnapshot | None, plan: ContextPlan) -> None:
@@ -180,7 +179,8 @@ def record_fidelity(rt: RequestRuntime, snapshot: PreparedSnapshot | None, plan:
     rt.info.fidelity = FidelityInfo.model_validate(fidelity.to_json())
 
 
-def _record(rt: RequestRuntime, plan: ContextPlan, snapshot: PreparedSnapshot) -> None:
+def record_compaction(rt: RequestRuntime, plan: ContextPlan, snapshot: PreparedSnapshot) -> None:
+    """Mirror a compaction into ``context_info.context_summary`` (SPEC §3)."""
     info = rt.info.context_summary
     assert info is not None
     info.used = plan.summary is not None
@@ -209,61 +209,24 @@ def _reuse(
     )
 
 
-@dataclass(frozen=True)
-class Tier2:
-    """How a summary is made and used: ``masked`` (SPEC §6.8 on: the summarised groups in their masked
-    form, with a trail; the messages up to ``mask_until`` after it masked) and, with masking on, where
-    masking must stop after a cached summary of a shorter prefix (§6.7, ``after_summary``)."""
-
-    masked: bool = False
-    mask_until: int = 0
-    after_summary: AfterSummary | None = None
-
-
 async def compact(
     rt: RequestRuntime,
     prepared: Prepared,
-    runner: SummaryRunner,
-    fits: FitCheck,
-    *,
-    cut: CutPlan | None = None,
-    tier2: Tier2 | None = None,
-    recent_budget: int = RECENT_BUDGET_TOKENS,
-    current: ContextPlan | None = None,
-) -> ContextPlan | None:
-    """Compact the snapshot copy (it has messages); None (with a progress event saying why) when it
-    cannot help. ``cut``: the ladder's; None (overflow recovery, compacting harder) plans one here with
-    ``recent_budget``, accepting any non-empty old part."""
-    snapshot = prepared.snapshot
-    assert snapshot is not None
-    if cut is None:
-        planned = plan_cut(snapshot.groups, recent_budget=recent_budget, min_summarized_tokens=0)
-        if isinstance(planned, CutRefusal):
-            await rt.progress(vocabulary.compaction_refused(planned.reason, planned.explanation))
-            return None
-        cut = planned
-    if current is not None and current.summary is not None and cut.summarize_until <= current.kept_from:
-        await rt.progress(vocabulary.compaction_refused("no_further_cut"), defer=True)
-        return None
-    plan = await _plan(rt, prepared, runner, fits, cut, tier2 or Tier2(), retrying=current is not None)
-    _record(rt, plan, snapshot)
-    return plan
-
-
-async def _plan(
-    rt: RequestRuntime,
-    prepared: Prepared,
-    runner: SummaryRunner,
-    fits: FitCheck,
     cut: CutPlan,
-    tier2: Tier2,
     *,
-    retrying: bool,
+    masked: bool,
+    mask_until: int = 0,
+    prefix_fit: PrefixFit | None = None,
 ) -> ContextPlan:
+    """Summarise the snapshot copy's messages before ``cut`` (``masked``: in their masked form, with a
+    trail, and the messages up to ``mask_until`` after it masked), or reuse a summary that serves.
+    ``prefix_fit``: whether a cached summary of a shorter prefix serves (None: overflow recovery,
+    compacting harder, where it never does). The caller records the plan (:func:`record_compaction`)."""
     snapshot = prepared.snapshot
     assert snapshot is not None
     until = cut.summarize_until
-    mask_until = max(until, tier2.mask_until)
+    mask_until = max(until, mask_until)
+    runner = rt.summary_runner(prepared)
     model = runner.model
     version = runner.prompt_version  # the session's summary instructions are part of the key
     cache = list(prepared.cache)
@@ -281,7 +244,7 @@ async def _plan(
         )
         if isinstance(reuse, CacheHit):
             return reuse.entry, until
-        if tier2.masked:
+        if masked:
             longer = covering_summary(
                 snapshot.groups, entries, snapshot.digests, until, model=model, prompt_version=version
             )
@@ -297,37 +260,29 @@ async def _plan(
         )
         return _reuse(entry, covered, max(covered, mask_until))
 
-    if not retrying:
+    if prefix_fit is not None:
         grown = longest_cached_prefix(
             snapshot.groups, cache, snapshot.digests, model=model, prompt_version=version
         )
         if grown is not None and grown.covered_messages < until:
-            tail = snapshot.tokens_of(grown.covered_messages)
-            grown_mask: int | None = 0
-            if tier2.after_summary is not None:
-                grown_mask = tier2.after_summary(grown.covered_messages, grown.entry.prompt_text())
-                usable = grown_mask is not None
-            else:
-                usable = tail > RECENT_BUDGET_TOKENS and fits(
-                    grown.entry.rendered(), snapshot.messages[grown.covered_messages :], tail
-                )
-            if usable:
+            grown_mask = prefix_fit(grown.entry, grown.covered_messages)
+            if grown_mask is not None:
                 # With masking, a summary made for this very snapshot (by a question whose cut was
                 # deeper, or by its job) serves as it is: a hit, and nothing to extend. A summary of a
                 # shorter snapshot is §6.7's grown-snapshot prefix, extended afterwards.
-                same = tier2.masked and grown.entry.snapshot_id == prepared.claimed.snapshot_id
+                same = masked and grown.entry.snapshot_id == prepared.claimed.snapshot_id
                 outcome = "hit" if same and grown.entry.snapshot_id is not None else "prefix"
                 await rt.progress(
                     vocabulary.context_summary_cache(
                         outcome,
                         key=grown.entry.key,
                         covered_messages=grown.covered_messages,
-                        verbatim_tail_tokens=tail,
+                        verbatim_tail_tokens=snapshot.tokens_of(grown.covered_messages),
                         answered_without_waiting=True,
                     ),
                     defer=True,
                 )
-                return _reuse(grown.entry, grown.covered_messages, grown_mask or 0, cache=outcome)
+                return _reuse(grown.entry, grown.covered_messages, grown_mask, cache=outcome)
 
     waited_ms = 0
     keys = {key}
@@ -351,9 +306,9 @@ async def _plan(
                     return _reuse(entry, covered, max(covered, mask_until), waited_ms)
         async with registered(rt, JobKind.CONTEXT_SUMMARY, key) as mine:
             if mine or attempt == 1 or not rt.deps.settings.background_on:
-                result = await _make(rt, prepared, runner, cut, cache, masked=tier2.masked)
+                result = await _make(rt, prepared, runner, cut, cache, masked=masked)
                 return ContextPlan(
-                    summary=result.new_entry or _entry_of(result, key, prepared, masked=tier2.masked),
+                    summary=result.new_entry or _entry_of(result, key, prepared, masked=masked),
                     kept_from=until,
                     cache=result.cache,
                     calls=result.calls,

@@ -107,12 +107,11 @@ async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
     return plan
 
 
-async def fold_history(
-    rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runner: SummaryRunner
-) -> HistoryPlan:
+async def fold_history(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan) -> HistoryPlan:
     """Fold ``plan``'s fold batches into the rolling summary, registered for single flight; if a
     background fold holds the range, wait for it, use what it made and fold only the rest — once: a
     second refusal folds unregistered rather than wait again."""
+    runner = rt.summary_runner(prepared)
     for attempt in range(2):
         batches = plan.fold_batches
         if not batches:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import asdict
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Generic, TypeVar
 
 from service.providers.base import CallUsage

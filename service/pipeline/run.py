@@ -85,11 +85,9 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     # A fold that found its range taken by a background job re-plans the history: the answer is
     # built from the plan it returns, which holds that job's summary.
     if folding and needs_compaction:
-        context, history = await _both(
-            compaction(), fold_history(rt, prepared, history, rt.summary_runner(prepared))
-        )
+        context, history = await _both(compaction(), fold_history(rt, prepared, history))
     elif folding:
-        history = await fold_history(rt, prepared, history, rt.summary_runner(prepared))
+        history = await fold_history(rt, prepared, history)
     elif needs_compaction:
         context = await compaction()
     request = build_answer(prepared, history, context)
