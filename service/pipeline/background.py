@@ -1,12 +1,7 @@
-"""Background summary jobs (SPEC §6.6): the same summaries as a request's stages, made before anyone
-asks (docs/pipeline.md, "Background summary jobs"). A job's failure never fails a request: a waiting
-request makes the summary itself.
-
-- ``qa_fold``: fold the session's uncovered Q&A up to ``through_ordinal`` into the rolling summary.
-- ``context_summary``: summarise the snapshot ``snapshot_id`` as a question on it would compact it
-  (the ladder's decision), reusing the longest cached prefix. Queued under ``snapshot:<id>``, it takes
-  its summary's cache key when it starts, so the same content under another snapshot id is not
-  summarised twice.
+"""Background summary jobs (SPEC §6.6; docs/pipeline.md, "Background summary jobs" and "Single
+flight"): the same summaries as a request's stages, made before anyone asks — a ``qa_fold`` of the Q&A
+up to ``through_ordinal``, a ``context_summary`` of a snapshot as a question on it would compact it. A
+job's failure never fails a request: a waiting request makes the summary itself.
 """
 
 from __future__ import annotations

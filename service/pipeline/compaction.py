@@ -1,10 +1,7 @@
-"""Stage ``compacting_context`` (SPEC §6.2, §6.6, §6.7): a compacted *copy* of the main context.
-
-The cheapest way that fits wins: a cache **hit**, a **grown snapshot**'s cached prefix (§6.7),
-**waiting** for a background job making this summary, else **making** it (docs/pipeline.md, step 3).
-The cut is the ladder's (:func:`service.budget.ladder.decide`); with masking on (SPEC §6.8) the
-summarised groups go in their masked form, the groups between the summary and the recent part stay
-masked (``mask_until``), and the summary carries its artifact trail (§6.9).
+"""Stage ``compacting_context`` (SPEC §6.2, §6.6–§6.9; docs/pipeline.md, step 3): a compacted *copy*
+of the main context, the cheapest way that fits — a cache hit, a grown snapshot's cached prefix,
+waiting for a background job making the summary, else making it. The cut is the ladder's
+(:func:`service.budget.ladder.decide`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The worker: request slots and background-job slots, one heartbeat, one sweep (SPEC §6.6, §9).
-
-Each process fills its own slots and the claims enforce the global caps, so the database says no when
-the cluster is full; background jobs have their own pool and never take a request slot. What each loop
-does and how often: docs/pipeline.md, "Leases, heartbeats, cancellation" and "Recovery".
+"""The worker: request slots and background-job slots, one heartbeat, one sweep (SPEC §6.6, §9;
+what each loop does and how often: docs/pipeline.md, "Leases, heartbeats, cancellation", "Recovery").
 """
 
 from __future__ import annotations
