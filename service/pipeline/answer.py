@@ -160,10 +160,9 @@ async def answer(
         with contextlib.suppress(RequestLost):  # lost meanwhile: the held call is still written
             await deltas.abort() if cancelled() else await deltas.close()
         await rt.recorder.write_held()
-        failed_tokens = exc.reported_prompt_tokens if isinstance(exc, ProviderError) else None
-        if failed_tokens is not None and not isinstance(exc, ContextOverflow):
+        if isinstance(exc, ProviderError) and not isinstance(exc, ContextOverflow):
             # A failed answer call that reported its prompt tokens is a sample too (SPEC §5.1).
-            await rt.book.sample(prepared.models.answer, request.estimate.total, failed_tokens)
+            await rt.book.sample(prepared.models.answer, request.estimate.total, exc.reported_prompt_tokens)
         raise
     finally:
         rt.recorder.before_usage = None

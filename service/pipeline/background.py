@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any, Literal
 
-from service.budget import Calibration, CutRefusal
+from service.budget import HISTORY_BATCH_SIZE, Calibration, CutRefusal
 from service.budget.cut import cut_at
 from service.budget.ladder import NONE, SUMMARY, decide, snapshot_room
 from service.pipeline.calibration import CalibrationBook
@@ -153,7 +153,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any) -> Job
             Status.SUCCEEDED, covered={"covered_through_ordinal": covered, "reason": "nothing_to_fold"}
         )
     plan = plan_numbers(deps.settings, job.settings, {}, None)
-    batches = [pairs[i : i + 20] for i in range(0, len(pairs), 20)]
+    batches = [pairs[i : i + HISTORY_BATCH_SIZE] for i in range(0, len(pairs), HISTORY_BATCH_SIZE)]
     context_time = await folded_context_time(deps.db, job.session_id, qa, batches, job.clear_version)
     folded = await fold_qa(runner(plan.window, plan.safety_margin), qa, batches, context_time)
     assert folded is not None

@@ -137,8 +137,6 @@ async def folded_context_time(
     """The context time of a fold of ``batches`` into ``previous``: that of the newest folded Q&A
     asked on a snapshot (a request's fold and a background job's alike, whatever snapshot the
     request that folds has)."""
-    if not batches or not batches[-1]:
-        return None
     async with db.connection() as conn:
         return await latest_context_time(
             conn,

@@ -103,7 +103,6 @@ class Outcome:
     """How a request ended for this worker: ``succeeded``, ``failed`` or ``lost`` (not ours any more)."""
 
     status: str
-    record: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
 
 
@@ -113,8 +112,8 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
     rt = RequestRuntime(deps, claimed)
     try:
         async with asyncio.timeout(deps.settings.request_timeout_s + DEADLINE_GRACE_S):
-            record = await _execute(rt)
-        return Outcome(Status.SUCCEEDED, record=record)
+            await _execute(rt)
+        return Outcome(Status.SUCCEEDED)
     except RequestLost:
         return Outcome("lost")
     except Exception as exc:
@@ -122,7 +121,7 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
             # The database went away (SPEC §9): write nothing; the lease expires and the sweep runs
             # the request again (or fails it worker_lost) once PostgreSQL is back.
             return Outcome("lost")
-        error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
+        error = error_object(exc, stage=rt.info.stage, timeout_s=rt.timeout_s)
         with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
             await rt.flush()  # the stages it reached come before its end (after a background flush)
         async with rt.db.connection() as conn, transaction(conn):

@@ -26,7 +26,7 @@ from service.store.execute import committed
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
 from service.summary.runner import SummaryRunner
-from service.vocabulary import Stage, Status, utc_iso
+from service.vocabulary import Status, utc_iso
 
 if TYPE_CHECKING:  # the stages import this module
     from service.pipeline.prepare import Prepared
@@ -60,7 +60,6 @@ class RequestRuntime:
         self.owner = claimed.owner  # this claim's lease owner: a stale run's writes are refused
         self.timeout_s = deps.settings.request_timeout_s
         self.deadline = deps.clock() + self.timeout_s
-        self.stage: str = Stage.PREPARING
         self.info = ContextInfo.starting(claimed.attempt)
         self.recorder = LedgerRecorder(deps.db, claimed.id, claimed.owner)
         self.budget = SummaryCallBudget(deps.settings.max_summary_calls)
@@ -89,14 +88,13 @@ class RequestRuntime:
         """One ``progress`` event (lease-guarded). ``defer``: written with the next flush — for a note
         about something already done, when nothing slow comes before the next write."""
         # ``at`` is when it happened, not when its batch is written (the inspector's stage timeline).
-        self._pending.append(("progress", {"stage": self.stage, **fields, "at": utc_iso()}))
+        self._pending.append(("progress", {"stage": self.info.stage, **fields, "at": utc_iso()}))
         if not defer:
             await self.flush()
 
     async def enter(self, stage: str) -> None:
         """Move to ``stage``: its ``status`` event and the context_info so far, written with the next
         flush (at the latest right before the next slow step: a model call or a wait)."""
-        self.stage = stage
         self.info.stage = stage
         self._pending.append(("status", {"status": Status.RUNNING, "stage": stage, "at": utc_iso()}))
         self._pending_stage = stage
