@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 from service import vocabulary
@@ -47,30 +46,17 @@ from service.summary.prompts import AnswerRequest, build_answer_request
 from service.vocabulary import JobKind
 
 
-def build_answer(
-    prepared: Prepared,
-    history: HistoryPlan,
-    context: ContextPlan,
-    *,
-    summary_text: str | None = None,
-    kept: Sequence[dict[str, Any]] | None = None,
-    kept_tokens: int | None = None,
-) -> AnswerRequest:
-    """The answer request for these stage outputs (``summary_text``/``kept`` override the context plan,
-    to ask "would this fit?" without committing to it)."""
+def build_answer(prepared: Prepared, history: HistoryPlan, context: ContextPlan) -> AnswerRequest:
+    """The answer request for these stage outputs."""
     snap = prepared.snapshot
-    if kept is None:
-        kept = context.kept_messages(snap)
-        kept_tokens = context.kept_tokens(snap)
-        summary_text = context.summary_text()
     return build_answer_request(
         question=prepared.claimed.question,
         system=snap.snapshot.system if snap else None,
         system_blocks=snap.snapshot.system_blocks if snap else (),
         tools=snap.snapshot.tools if snap else (),
-        messages=kept,
-        messages_tokens=kept_tokens,
-        context_summary=summary_text,
+        messages=context.kept_messages(snap),
+        messages_tokens=context.kept_tokens(snap),
+        context_summary=context.summary_text(),
         qa_summary=history.qa.rendered() if history.qa else None,
         replayed=history.replayed,
         context_time=prepared.context_time,

@@ -45,8 +45,6 @@ from service.summary.context import (
 from service.summary.runner import SummaryRunner
 from service.vocabulary import JobKind
 
-# "Does it fit?" for a context made of this summary text and these kept messages (their estimate).
-FitCheck = Callable[[str | None, Sequence[dict[str, Any]], int], bool]
 # Where masking must stop (a message index; 0: none) for a context made of this cached summary of the
 # first ``covered`` messages and every later message; None: that does not fit (§6.7's grown snapshot).
 PrefixFit = Callable[[CachedContextSummary, int], int | None]
@@ -98,11 +96,11 @@ class ContextPlan:
 
 
 async def compact_snapshot_copy(
-    rt: RequestRuntime, prepared: Prepared, fits: FitCheck, room: int
+    rt: RequestRuntime, prepared: Prepared, fits: Callable[[ContextPlan], bool], room: int
 ) -> ContextPlan | None:
-    """The compaction ladder (SPEC §6.2) for a request whose transcript must fit ``room`` tokens:
-    masking alone (no call), or a summary of the oldest groups; None (with a progress event saying
-    why) when nothing can help."""
+    """The compaction ladder (SPEC §6.2) for a request whose transcript must fit ``room`` tokens
+    (``fits``: whether the answer request fits with a context): masking alone (no call), or a summary
+    of the oldest groups; None (with a progress event saying why) when nothing can help."""
     snapshot = prepared.snapshot
     if snapshot is None or not snapshot.messages:
         await rt.progress(vocabulary.compaction_skipped("no snapshot messages"), defer=True)
@@ -129,7 +127,7 @@ async def compact_snapshot_copy(
     def prefix_fit(entry: CachedContextSummary, covered: int) -> int | None:
         if not mask:  # the rest verbatim, more than the recent budget of it (§6.7)
             tail = snapshot.tokens_of(covered)
-            fit = tail > RECENT_BUDGET_TOKENS and fits(entry.rendered(), snapshot.messages[covered:], tail)
+            fit = tail > RECENT_BUDGET_TOKENS and fits(ContextPlan(summary=entry, kept_from=covered))
             return 0 if fit else None
         after = plan_after_summary(
             snapshot.groups,

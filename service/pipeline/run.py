@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -60,11 +60,9 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     # largest valid size (the body limit plus room for the provenance header), so the decision holds.
     bound = SUMMARY_MAX_TOKENS if folding and history.qa is None else 0
 
-    def fits(summary_text: str | None, kept: Sequence[dict[str, Any]], kept_tokens: int) -> bool:
-        candidate = build_answer(
-            prepared, history, context, summary_text=summary_text, kept=kept, kept_tokens=kept_tokens
-        )
-        return rt.calibration.fits(candidate.estimate.total + bound, prepared.input_budget)
+    def fits(candidate: ContextPlan) -> bool:
+        estimate = build_answer(prepared, history, candidate).estimate.total
+        return rt.calibration.fits(estimate + bound, prepared.input_budget)
 
     snapshot = prepared.snapshot
     # The transcript's room: what the budget leaves once everything else is counted (raw tokens:
