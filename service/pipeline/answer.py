@@ -238,7 +238,7 @@ async def _call(
         messages=request.messages,
         max_output_tokens=prepared.plan.max_output_tokens,
         purpose="answer",
-        request_id=rt.request_id,
+        request_id=str(rt.claimed.id),
         system=request.system,
         system_blocks=request.system_blocks,
         tools=request.tools,
@@ -250,7 +250,6 @@ async def _call(
         recorder=rt.recorder,
         deadline=rt.deadline,
         on_text=deltas.add,
-        clock=rt.deps.clock,
     )
 
 

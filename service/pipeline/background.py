@@ -59,7 +59,7 @@ class JobOutcome:
 async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
     """Run one claimed background job to its end (cancellation propagates to the caller)."""
     timeout = deps.settings.background_timeout_s
-    deadline = deps.clock() + timeout
+    deadline = time.monotonic() + timeout
     budget = SummaryCallBudget(deps.settings.max_summary_calls)
     try:
         if job.cleared:  # the claim read the session: cleared (or gone) since the job was queued
@@ -82,7 +82,6 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 window=window,
                 safety_margin=margin,
                 job_id=str(job.id),
-                clock=deps.clock,
                 parallelism=deps.settings.summary_parallelism,
                 instructions=text_setting(job.settings, "summary_instructions"),
                 calibration=calibration,

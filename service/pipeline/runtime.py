@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +42,6 @@ class PipelineDeps:
     db: Database
     settings: Settings
     provider: Provider
-    clock: Callable[[], float] = time.monotonic
     # Wakes requests waiting for a background job (the worker feeds it from NOTIFY sidequest_jobs).
     waiter: JobWaiter = field(default_factory=JobWaiter)
     # Immutable prepared snapshots this worker used last (no request re-reads a 600 KB preparation).
@@ -59,7 +57,7 @@ class RequestRuntime:
         self.db = deps.db
         self.owner = claimed.owner  # this claim's lease owner: a stale run's writes are refused
         self.timeout_s = deps.settings.request_timeout_s
-        self.deadline = deps.clock() + self.timeout_s
+        self.deadline = time.monotonic() + self.timeout_s
         self.info = ContextInfo.starting(claimed.attempt)
         self.recorder = LedgerRecorder(deps.db, claimed.id, claimed.owner)
         self.budget = SummaryCallBudget(deps.settings.max_summary_calls)
@@ -75,14 +73,9 @@ class RequestRuntime:
         self.answer_model: str | None = None
         self.summary_calibration = Calibration.empty()
 
-    @property
-    def request_id(self) -> str:
-        """The request id as providers' headers carry it."""
-        return str(self.claimed.id)
-
     def remaining_s(self) -> float:
         """Seconds left before the request's deadline (never negative)."""
-        return max(0.0, self.deadline - self.deps.clock())
+        return max(0.0, self.deadline - time.monotonic())
 
     async def progress(self, fields: dict[str, Any], *, defer: bool = False) -> None:
         """One ``progress`` event (lease-guarded). ``defer``: written with the next flush — for a note
@@ -153,14 +146,13 @@ class RequestRuntime:
         return SummaryRunner(
             provider=self.deps.provider,
             model=prepared.models.summary,
-            request_id=self.request_id,
+            request_id=str(self.claimed.id),
             recorder=self.recorder,
             deadline=self.deadline,
             budget=self.budget,
             window=prepared.plan.window,
             safety_margin=prepared.plan.safety_margin,
             on_progress=self.progress,
-            clock=self.deps.clock,
             parallelism=self.deps.settings.summary_parallelism,
             instructions=prepared.summary_instructions,
             calibration=self.summary_calibration,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
@@ -54,7 +55,7 @@ class JobWaiter:
 async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
     """Wait until ``job_id`` is no longer queued or running; the wait in ms. A job still queued after
     :data:`QUEUED_GRACE_S` is taken over; ``TimeoutError`` when the request's deadline passes first."""
-    db, clock = rt.db, rt.deps.clock
+    db, clock = rt.db, time.monotonic
     started = clock()
     queued_since: float | None = None
     with rt.deps.waiter.subscribe() as wake:
@@ -91,20 +92,20 @@ async def wait_for_background_jobs(
         active = await jobs.active_jobs(conn, rt.claimed.session_id, kind)
     if keys is not None:
         active = [job for job in active if job.key in keys and job.made_by == "background"]
-    waited: int | None = None
+    if not active:
+        return None
+    waited = 0
     for job in active:
         await rt.progress(waiting_for_background(str(job.id), job.kind, job.key))
-        started = rt.deps.clock()
+        started = time.monotonic()
         try:
-            ms = await wait_for_job(rt, job.id)
+            waited += await wait_for_job(rt, job.id)
         except TimeoutError:
             # The request fails with timeout: its record still says how long it waited, and for what.
-            ms = int((rt.deps.clock() - started) * 1000)
             part = rt.info.qa_summary if job.kind == JobKind.QA_FOLD else rt.info.context_summary
             if part is not None:
-                part.waited_ms += (waited or 0) + ms
+                part.waited_ms += waited + int((time.monotonic() - started) * 1000)
             raise
-        waited = (waited or 0) + ms
     return waited
 
 
