@@ -25,7 +25,6 @@ from service.budget.ladder import (
 )
 from service.budget.masking import MaskedGroup
 from service.budget.prepared import PreparedSnapshot
-from service.budget.trail import render_trail
 from service.context_info import FidelityInfo
 from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_cache
@@ -303,7 +302,7 @@ async def compact(
             if mine or attempt == 1 or not rt.deps.settings.background_on:
                 result = await _make(rt, prepared, runner, cut, cache, masked=masked)
                 return ContextPlan(
-                    summary=result.new_entry or _entry_of(result, key, prepared, masked=masked),
+                    summary=result.new_entry,
                     kept_from=until,
                     cache=result.cache,
                     calls=result.calls,
@@ -313,24 +312,6 @@ async def compact(
                     mask_until=mask_until,
                 )
     raise AssertionError("unreachable: the second attempt always makes the summary")
-
-
-def _entry_of(
-    result: ContextCompaction, key: str, prepared: Prepared, *, masked: bool
-) -> CachedContextSummary:
-    snapshot = prepared.snapshot
-    assert snapshot is not None
-    trail = render_trail(snapshot.trail(snapshot.group_index(result.summarized_messages))) if masked else ""
-    return CachedContextSummary(
-        key=key,
-        snapshot_id=prepared.claimed.snapshot_id,
-        covered_messages=result.summarized_messages,
-        document=result.document,
-        provenance=result.provenance,
-        tokens=result.tokens,
-        created_at=result.provenance.created_at,
-        trail=trail or None,
-    )
 
 
 async def _make(
@@ -355,10 +336,11 @@ async def _make(
         raise
     finally:
         rt.sync_calls()
-    if result.new_entry is not None:
-        async with rt.db.connection() as conn, transaction(conn):
-            if not await memory.save_memory(
-                conn, rt.claimed.id, owner=rt.owner, context_summary=result.new_entry.to_json()
-            ):
-                raise RequestLost()
+    # A new summary, never a cache hit: the caller found no hit in this very cache (the same lookup).
+    assert result.new_entry is not None
+    async with rt.db.connection() as conn, transaction(conn):
+        if not await memory.save_memory(
+            conn, rt.claimed.id, owner=rt.owner, context_summary=result.new_entry.to_json()
+        ):
+            raise RequestLost()
     return result
