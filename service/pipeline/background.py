@@ -95,7 +95,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
             else:
                 # The fit is decided as a question's would be: the answer model's learned ratio (§5.1).
                 fit = calibration if models.answer == models.summary else await book.snapshot(models.answer)
-                outcome = await _context_summary(deps, job, runner, models.summary, fit)
+                outcome = await _context_summary(deps, job, runner, fit)
         outcome.calls = budget.calls_made
         return await _end(deps, job, outcome)
     except Exception as exc:
@@ -165,7 +165,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any) -> Job
 
 
 async def _context_summary(
-    deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any, model: str, fit: Calibration
+    deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any, fit: Calibration
 ) -> JobOutcome:
     snapshot_id = str(job.params.get("snapshot_id") or "")
     snapshot = await deps.snapshots.load(deps.db, job.session_id, snapshot_id, job.snapshot_hash)
@@ -187,7 +187,7 @@ async def _context_summary(
     cut = cut_at(snapshot.groups, decision.summarize_until)
     until = cut.summarize_until
     summarizer = runner(plan.window, plan.safety_margin)
-    key = snapshot.cache_key(until, model, summarizer.prompt_version)
+    key = snapshot.cache_key(until, summarizer.model, summarizer.prompt_version)
     cache = parse_cache(job.memory.get("context_summaries") or [])
     if any(entry.key == key for entry in cache):
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": until, "reason": "cached"})
@@ -201,13 +201,12 @@ async def _context_summary(
     result = await compact_snapshot(
         summarizer, snapshot_id, snapshot, cut, cache, snapshot.taken_at, masked=mask
     )
-    summary: dict[str, dict[str, Any]] = {}
-    if result.new_entry is not None:
-        entry = dataclasses.replace(result.new_entry, made_by="background")
-        summary["context_summary"] = entry.to_json()
+    # Never a hit: an entry under this key returned "cached" above.
+    assert result.new_entry is not None
+    entry = dataclasses.replace(result.new_entry, made_by="background")
     log.info("background context summary for %s took %.1fs", snapshot_id, time.monotonic() - started)
     return JobOutcome(
         Status.SUCCEEDED,
         covered={"covered_messages": until, "cache": result.cache, "chunks": result.chunks},
-        summary=summary,
+        summary={"context_summary": entry.to_json()},
     )

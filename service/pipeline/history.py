@@ -113,11 +113,9 @@ async def fold_history(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan
     second refusal folds unregistered rather than wait again."""
     runner = rt.summary_runner(prepared)
     for attempt in range(2):
-        batches = plan.fold_batches
-        if not batches:
+        if not plan.replay.fold:
             return plan
-        ordinals = [pair.ordinal for batch in batches for pair in batch]
-        async with registered(rt, JobKind.QA_FOLD, fold_key(ordinals)) as mine:
+        async with registered(rt, JobKind.QA_FOLD, fold_key(plan.replay.fold)) as mine:
             if mine or attempt == 1:
                 await _fold(rt, prepared, plan, runner)
                 return plan
