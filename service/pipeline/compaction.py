@@ -212,10 +212,9 @@ async def compact(
     mask_until: int = 0,
     prefix_fit: PrefixFit | None = None,
 ) -> ContextPlan:
-    """Summarise the snapshot copy's messages before ``cut`` (``masked``: in their masked form, with a
-    trail, and the messages up to ``mask_until`` after it masked), or reuse a summary that serves.
-    ``prefix_fit``: whether a cached summary of a shorter prefix serves (None: overflow recovery,
-    compacting harder, where it never does). The caller records the plan (:func:`record_compaction`)."""
+    """Summarise the messages before ``cut`` (``masked``: in their masked form, with a trail, those up to
+    ``mask_until`` after it masked), or reuse a summary that serves; ``prefix_fit`` None: overflow
+    recovery, where no shorter prefix serves. The caller records the plan (:func:`record_compaction`)."""
     snapshot = prepared.snapshot
     assert snapshot is not None
     until = cut.summarize_until

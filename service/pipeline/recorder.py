@@ -104,9 +104,8 @@ class GroupWrite(Generic[T]):
 
 
 class JobRecorder(_CallRecorder):
-    """A background job's recorder: each call appended to the job's row (the session's
-    ``background.usage``), each attempt counted on it before it starts; writes that come together
-    share one (the four calls of a parallel round start after one count, not four commits)."""
+    """A background job's recorder: each call appended to the job's row, each attempt counted on it
+    before it starts, writes that come together sharing one (docs/pipeline.md, "Background summary jobs")."""
 
     def __init__(self, db: Database, job_id: uuid.UUID) -> None:
         self._db = db

@@ -1,6 +1,5 @@
-"""What one running side request carries through its stages: its I/O, never its decisions
-(docs/pipeline.md, "One request"). No transaction is open across a model call, and every write a
-client can see is lease-guarded: a request no longer held is never written again (:class:`RequestLost`).
+"""What one running side request carries through its stages: its I/O, never its decisions, every write
+a client can see lease-guarded (docs/pipeline.md, "One request" and "Guarded writes").
 """
 
 from __future__ import annotations
@@ -113,9 +112,8 @@ class RequestRuntime:
                     raise RequestLost()
 
     def flush_in_background(self) -> None:
-        """Start :meth:`flush` and return at once: the answer call need not wait for a commit.
-        Everything that must come after the flushed events waits for it in :meth:`flushed` (every
-        delta, the call's usage event, the success); later flushes queue behind it on the lock."""
+        """Start :meth:`flush` and return at once (docs/pipeline.md, step 4): whatever must come after
+        the flushed events waits for it in :meth:`flushed`; later flushes queue behind it on the lock."""
         task = asyncio.ensure_future(self.flush())
         # Retrieved here so an outcome nobody awaited (the call failed first) is not reported as
         # "never retrieved"; awaiting the task still raises it.

@@ -20,9 +20,8 @@ if TYPE_CHECKING:  # the runtime imports this module
 
 # Re-read a waited-for job at least this often even without a notification.
 FALLBACK_POLL_S = 0.5
-# A *queued* job is waited for this long to start; if no background slot took it by then, the
-# request takes it over (cancels it and makes the summary itself) rather than wait behind a queue
-# that may be long — or have no worker at all (docs/summaries.md).
+# A *queued* job is waited for this long to start, then the request takes it over rather than wait
+# behind a queue that may be long, or have no worker at all (docs/pipeline.md, "Single flight").
 QUEUED_GRACE_S = 1.0
 # A request's single-flight registration outlives its deadline by this much: it never expires under a
 # request still finishing its summary (the request's own timeout fires a little after its deadline),
