@@ -128,8 +128,7 @@ class SlotPool(Generic[W]):
             self._wake.clear()
             try:
                 while self.free > 0 and not self._stopping:
-                    work, cluster_full = await self._claim()
-                    self._cluster_full = cluster_full
+                    work, self._cluster_full = await self._claim()
                     if work is None:
                         break
                     self._spawn(work)
@@ -356,12 +355,10 @@ class Worker:
             except Exception:
                 log_loop_failure("heartbeat failed", self._outages)
                 continue
-            for request_id in requests:
-                if request_id not in held.requests:
-                    self.requests.cancel(request_id, "lost")
-            for job_id in job_owners:
-                if job_id not in held.jobs:
-                    self.jobs.cancel(job_id, "lost")
+            for request_id in requests.keys() - held.requests:
+                self.requests.cancel(request_id, "lost")
+            for job_id in job_owners.keys() - held.jobs:
+                self.jobs.cancel(job_id, "lost")
 
     async def _sweep_loop(self) -> None:
         interval = max(self.settings.poll_s, min(self.settings.lease_s / 2, 10.0))
