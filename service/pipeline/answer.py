@@ -56,7 +56,7 @@ def build_answer(prepared: Prepared, history: HistoryPlan, context: ContextPlan)
         tools=snap.snapshot.tools if snap else (),
         messages=context.kept_messages(snap),
         messages_tokens=context.kept_tokens(snap),
-        context_summary=context.summary_text(),
+        context_summary=context.summary.prompt_text() if context.summary else None,
         qa_summary=history.qa.rendered() if history.qa else None,
         replayed=history.replayed,
         context_time=prepared.context_time,
@@ -66,7 +66,7 @@ def build_answer(prepared: Prepared, history: HistoryPlan, context: ContextPlan)
 def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None:
     """Record the answer request's estimate and pressure in context_info."""
     rt.info.estimate = EstimateInfo(**answer.estimate.as_dict())
-    rt.info.pressure = pressure(answer.estimate.total, prepared.input_budget)  # type: ignore[assignment]
+    rt.info.pressure = pressure(answer.estimate.total, prepared.plan.input_budget)  # type: ignore[assignment]
 
 
 def stated_plan(prepared: Prepared, context_limit: int | None) -> WindowPlan:
@@ -131,7 +131,7 @@ async def answer(
                         "status": exc.status,
                         "message": exc.message,
                         "estimate": request.estimate.total,
-                        "input_budget": prepared.input_budget,
+                        "input_budget": prepared.plan.input_budget,
                     },
                 ) from exc
             # What follows (the fidelity, the success, its follow-up jobs) is of the shrunk prompt.
@@ -260,7 +260,7 @@ def follow_ups(
     if not rt.deps.settings.background_on:
         return ()
     jobs: list[terminal.FollowUp] = []
-    fold = next_fold(history, own, prepared.input_budget)
+    fold = next_fold(history, own, prepared.plan.input_budget)
     if fold:
         params = {"through_ordinal": fold[-1], "ordinals": list(fold)}
         jobs.append(terminal.FollowUp(JobKind.QA_FOLD, fold_key(fold), params))

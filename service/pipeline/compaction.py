@@ -89,10 +89,6 @@ class ContextPlan:
         masked = sum(form.tokens for form in self._masked_forms(snapshot))
         return masked + snapshot.tokens_of(max(self.kept_from, self.mask_until))
 
-    def summary_text(self) -> str | None:
-        """What stands for the summarised messages: the summary and, after it, its trail."""
-        return self.summary.prompt_text() if self.summary is not None else None
-
 
 async def compact_snapshot_copy(
     rt: RequestRuntime, prepared: Prepared, fits: Callable[[ContextPlan], bool], room: int

@@ -85,7 +85,7 @@ async def _plan(
             pairs[row.ordinal] = pair
             tokens = row.qa_tokens if row.qa_tokens is not None else qa_group_tokens(pair)
             items.append(QAItem(row.ordinal, tokens))
-    replay = select_replay(items, covered, prepared.input_budget)
+    replay = select_replay(items, covered, prepared.plan.input_budget)
     plan = HistoryPlan(qa=qa, pairs=pairs, items=items, replay=replay, waited_ms=waited_ms, calls=calls)
     update_qa_info(rt, plan)
     return plan

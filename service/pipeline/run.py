@@ -62,13 +62,12 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
 
     def fits(candidate: ContextPlan) -> bool:
         estimate = build_answer(prepared, history, candidate).estimate.total
-        return rt.calibration.fits(estimate + bound, prepared.input_budget)
+        return rt.calibration.fits(estimate + bound, prepared.plan.input_budget)
 
-    snapshot = prepared.snapshot
     # The transcript's room: what the budget leaves once everything else is counted (raw tokens:
     # the budget scaled back by the learned ratio).
-    snapshot_tokens = snapshot.tokens_of(0) if snapshot is not None else 0
-    room = rt.calibration.raw_capacity(prepared.input_budget) - (
+    snapshot_tokens = context.kept_tokens(prepared.snapshot)
+    room = rt.calibration.raw_capacity(prepared.plan.input_budget) - (
         provisional.estimate.total - snapshot_tokens + bound
     )
     # Tier none of the ladder: the transcript fits the room the ladder plans in (exactly the
