@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from service.budget import HISTORY_BATCH_SIZE, Calibration, CutRefusal
@@ -41,6 +42,9 @@ from service.vocabulary import (
 )
 
 log = logging.getLogger(__name__)
+
+# A job's summary runner for a window and safety margin (a fold's are the session's, a snapshot's its own).
+RunnerFactory = Callable[[int, int], SummaryRunner]
 
 
 @dataclasses.dataclass
@@ -130,7 +134,7 @@ async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) ->
     return outcome if written else JobOutcome("lost", calls=outcome.calls)
 
 
-async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any) -> JobOutcome:
+async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: RunnerFactory) -> JobOutcome:
     through = int(job.params.get("through_ordinal") or 0)
     qa = parse_qa_summary(job.memory.get("qa_summary"))
     covered = qa.covered_through_ordinal if qa else 0
@@ -165,7 +169,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any) -> Job
 
 
 async def _context_summary(
-    deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any, fit: Calibration
+    deps: PipelineDeps, job: jobs.ClaimedJob, runner: RunnerFactory, fit: Calibration
 ) -> JobOutcome:
     snapshot_id = str(job.params.get("snapshot_id") or "")
     snapshot = await deps.snapshots.load(deps.db, job.session_id, snapshot_id, job.snapshot_hash)

@@ -53,7 +53,7 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     await rt.enter(Stage.ORGANIZING_HISTORY)
     history = await plan_history(rt, prepared)
     context = ContextPlan()  # the whole snapshot verbatim
-    folding = bool(history.fold_batches)
+    folding = bool(history.replay.fold)
     provisional = build_answer(prepared, history, context)
     meter(rt, prepared, provisional)
     # While a fold runs beside the compaction decision, the summary it will produce is counted at its

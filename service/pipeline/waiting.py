@@ -54,8 +54,7 @@ class JobWaiter:
 async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
     """Wait until ``job_id`` is no longer queued or running; the wait in ms. A job still queued after
     :data:`QUEUED_GRACE_S` is taken over; ``TimeoutError`` when the request's deadline passes first."""
-    db, clock = rt.db, time.monotonic
-    started = clock()
+    db, started = rt.db, time.monotonic()
     queued_since: float | None = None
     with rt.deps.waiter.subscribe() as wake:
         while True:
@@ -63,8 +62,8 @@ async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
             async with db.connection() as conn:
                 state = await jobs.job_state(conn, job_id)
             if state is not None and state.status == Status.QUEUED:
-                queued_since = clock() if queued_since is None else queued_since
-                if clock() - queued_since >= QUEUED_GRACE_S:
+                queued_since = time.monotonic() if queued_since is None else queued_since
+                if time.monotonic() - queued_since >= QUEUED_GRACE_S:
                     async with db.sessions() as session:
                         async with session.begin():
                             taken = await jobs.take_over(session, job_id)
@@ -73,7 +72,7 @@ async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
             else:
                 queued_since = None
             if state is None or state.status not in ACTIVE:
-                return int((clock() - started) * 1000)
+                return int((time.monotonic() - started) * 1000)
             left = rt.remaining_s()
             if left <= 0:
                 raise TimeoutError("deadline passed while waiting for a background summary")
