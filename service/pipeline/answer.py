@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 from service import vocabulary
 from service.budget import (
     RECENT_BUDGET_TOKENS,
+    CutRefusal,
     QAItem,
     WindowPlan,
     overflow_target,
+    plan_cut,
     plan_window,
     pressure,
     prompt_drift,
@@ -22,7 +23,13 @@ from service.budget import (
 from service.budget.chunk import SUMMARY_MAX_TOKENS
 from service.budget.trail import TRAIL_MAX_TOKENS
 from service.context_info import EstimateInfo
-from service.pipeline.compaction import ContextPlan, Tier2, compact, record_fidelity, snapshot_job_key
+from service.pipeline.compaction import (
+    ContextPlan,
+    compact,
+    record_compaction,
+    record_fidelity,
+    snapshot_job_key,
+)
 from service.pipeline.deltas import DeltaCoalescer
 from service.pipeline.failures import PipelineFailure, RequestLost
 from service.pipeline.history import HistoryPlan, fold_history, fold_key, next_fold, qa_group_tokens
@@ -39,30 +46,17 @@ from service.summary.prompts import AnswerRequest, build_answer_request
 from service.vocabulary import JobKind
 
 
-def build_answer(
-    prepared: Prepared,
-    history: HistoryPlan,
-    context: ContextPlan,
-    *,
-    summary_text: str | None = None,
-    kept: Sequence[dict[str, Any]] | None = None,
-    kept_tokens: int | None = None,
-) -> AnswerRequest:
-    """The answer request for these stage outputs (``summary_text``/``kept`` override the context plan,
-    to ask "would this fit?" without committing to it)."""
+def build_answer(prepared: Prepared, history: HistoryPlan, context: ContextPlan) -> AnswerRequest:
+    """The answer request for these stage outputs."""
     snap = prepared.snapshot
-    if kept is None:
-        kept = context.kept_messages(snap)
-        kept_tokens = context.kept_tokens(snap)
-        summary_text = context.summary_text()
     return build_answer_request(
         question=prepared.claimed.question,
         system=snap.snapshot.system if snap else None,
         system_blocks=snap.snapshot.system_blocks if snap else (),
         tools=snap.snapshot.tools if snap else (),
-        messages=kept,
-        messages_tokens=kept_tokens,
-        context_summary=summary_text,
+        messages=context.kept_messages(snap),
+        messages_tokens=context.kept_tokens(snap),
+        context_summary=context.summary.prompt_text() if context.summary else None,
         qa_summary=history.qa.rendered() if history.qa else None,
         replayed=history.replayed,
         context_time=prepared.context_time,
@@ -72,7 +66,7 @@ def build_answer(
 def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None:
     """Record the answer request's estimate and pressure in context_info."""
     rt.info.estimate = EstimateInfo(**answer.estimate.as_dict())
-    rt.info.pressure = pressure(answer.estimate.total, prepared.input_budget)  # type: ignore[assignment]
+    rt.info.pressure = pressure(answer.estimate.total, prepared.plan.input_budget)  # type: ignore[assignment]
 
 
 def stated_plan(prepared: Prepared, context_limit: int | None) -> WindowPlan:
@@ -137,7 +131,7 @@ async def answer(
                         "status": exc.status,
                         "message": exc.message,
                         "estimate": request.estimate.total,
-                        "input_budget": prepared.input_budget,
+                        "input_budget": prepared.plan.input_budget,
                     },
                 ) from exc
             # What follows (the fidelity, the success, its follow-up jobs) is of the shrunk prompt.
@@ -152,10 +146,9 @@ async def answer(
         with contextlib.suppress(RequestLost):  # lost meanwhile: the held call is still written
             await deltas.abort() if cancelled() else await deltas.close()
         await rt.recorder.write_held()
-        failed_tokens = exc.reported_prompt_tokens if isinstance(exc, ProviderError) else None
-        if failed_tokens is not None and not isinstance(exc, ContextOverflow):
+        if isinstance(exc, ProviderError) and not isinstance(exc, ContextOverflow):
             # A failed answer call that reported its prompt tokens is a sample too (SPEC §5.1).
-            await rt.book.sample(prepared.models.answer, request.estimate.total, failed_tokens)
+            await rt.book.sample(prepared.models.answer, request.estimate.total, exc.reported_prompt_tokens)
         raise
     finally:
         rt.recorder.before_usage = None
@@ -205,7 +198,7 @@ async def _shrink(
             fold_batches=(history.replay.replay,),
             replay_tokens=0,
         )
-        history = await fold_history(rt, prepared, history, rt.summary_runner(prepared))
+        history = await fold_history(rt, prepared, history)
         changed = True
     snapshot = prepared.snapshot
     if snapshot is not None and context.kept_from < len(snapshot.messages):
@@ -222,17 +215,14 @@ async def _shrink(
             if prepared.mask_tool_results:
                 room += TRAIL_MAX_TOKENS  # the new summary's trail, at its largest
             recent_budget = recent_budget_within(target - around - room)
-        harder = await compact(
-            rt,
-            prepared,
-            rt.summary_runner(prepared),
-            lambda _summary, _kept, _tokens: False,
-            tier2=Tier2(masked=prepared.mask_tool_results),
-            recent_budget=recent_budget,
-            current=context,
-        )
-        if harder is not None:
-            context = harder
+        cut = plan_cut(snapshot.groups, recent_budget=recent_budget, min_summarized_tokens=0)
+        if isinstance(cut, CutRefusal):
+            await rt.progress(vocabulary.compaction_refused(cut.reason, cut.explanation))
+        elif context.summary is not None and cut.summarize_until <= context.kept_from:
+            await rt.progress(vocabulary.compaction_refused("no_further_cut"), defer=True)
+        else:
+            context = await compact(rt, prepared, cut, masked=prepared.mask_tool_results)
+            record_compaction(rt, context, snapshot)
             changed = True
     if not changed:
         return None
@@ -248,7 +238,7 @@ async def _call(
         messages=request.messages,
         max_output_tokens=prepared.plan.max_output_tokens,
         purpose="answer",
-        request_id=rt.request_id,
+        request_id=str(rt.claimed.id),
         system=request.system,
         system_blocks=request.system_blocks,
         tools=request.tools,
@@ -260,7 +250,6 @@ async def _call(
         recorder=rt.recorder,
         deadline=rt.deadline,
         on_text=deltas.add,
-        clock=rt.deps.clock,
     )
 
 
@@ -271,7 +260,7 @@ def follow_ups(
     if not rt.deps.settings.background_on:
         return ()
     jobs: list[terminal.FollowUp] = []
-    fold = next_fold(history, own, prepared.input_budget)
+    fold = next_fold(history, own, prepared.plan.input_budget)
     if fold:
         params = {"through_ordinal": fold[-1], "ordinals": list(fold)}
         jobs.append(terminal.FollowUp(JobKind.QA_FOLD, fold_key(fold), params))

@@ -1,12 +1,7 @@
-"""Background summary jobs (SPEC §6.6): the same summaries as a request's stages, made before anyone
-asks (docs/pipeline.md, "Background summary jobs"). A job's failure never fails a request: a waiting
-request makes the summary itself.
-
-- ``qa_fold``: fold the session's uncovered Q&A up to ``through_ordinal`` into the rolling summary.
-- ``context_summary``: summarise the snapshot ``snapshot_id`` as a question on it would compact it
-  (the ladder's decision), reusing the longest cached prefix. Queued under ``snapshot:<id>``, it takes
-  its summary's cache key when it starts, so the same content under another snapshot id is not
-  summarised twice.
+"""Background summary jobs (SPEC §6.6; docs/pipeline.md, "Background summary jobs" and "Single
+flight"): the same summaries as a request's stages, made before anyone asks — a ``qa_fold`` of the Q&A
+up to ``through_ordinal``, a ``context_summary`` of a snapshot as a question on it would compact it. A
+job's failure never fails a request: a waiting request makes the summary itself.
 """
 
 from __future__ import annotations
@@ -15,9 +10,10 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
-from service.budget import Calibration, CutRefusal
+from service.budget import HISTORY_BATCH_SIZE, Calibration, CutRefusal
 from service.budget.cut import cut_at
 from service.budget.ladder import NONE, SUMMARY, decide, snapshot_room
 from service.pipeline.calibration import CalibrationBook
@@ -47,6 +43,9 @@ from service.vocabulary import (
 
 log = logging.getLogger(__name__)
 
+# A job's summary runner for a window and safety margin (a fold's are the session's, a snapshot's its own).
+RunnerFactory = Callable[[int, int], SummaryRunner]
+
 
 @dataclasses.dataclass
 class JobOutcome:
@@ -64,7 +63,7 @@ class JobOutcome:
 async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
     """Run one claimed background job to its end (cancellation propagates to the caller)."""
     timeout = deps.settings.background_timeout_s
-    deadline = deps.clock() + timeout
+    deadline = time.monotonic() + timeout
     budget = SummaryCallBudget(deps.settings.max_summary_calls)
     try:
         if job.cleared:  # the claim read the session: cleared (or gone) since the job was queued
@@ -87,7 +86,6 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 window=window,
                 safety_margin=margin,
                 job_id=str(job.id),
-                clock=deps.clock,
                 parallelism=deps.settings.summary_parallelism,
                 instructions=text_setting(job.settings, "summary_instructions"),
                 calibration=calibration,
@@ -101,7 +99,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
             else:
                 # The fit is decided as a question's would be: the answer model's learned ratio (§5.1).
                 fit = calibration if models.answer == models.summary else await book.snapshot(models.answer)
-                outcome = await _context_summary(deps, job, runner, models.summary, fit)
+                outcome = await _context_summary(deps, job, runner, fit)
         outcome.calls = budget.calls_made
         return await _end(deps, job, outcome)
     except Exception as exc:
@@ -136,7 +134,7 @@ async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) ->
     return outcome if written else JobOutcome("lost", calls=outcome.calls)
 
 
-async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any) -> JobOutcome:
+async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: RunnerFactory) -> JobOutcome:
     through = int(job.params.get("through_ordinal") or 0)
     qa = parse_qa_summary(job.memory.get("qa_summary"))
     covered = qa.covered_through_ordinal if qa else 0
@@ -158,7 +156,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any) -> Job
             Status.SUCCEEDED, covered={"covered_through_ordinal": covered, "reason": "nothing_to_fold"}
         )
     plan = plan_numbers(deps.settings, job.settings, {}, None)
-    batches = [pairs[i : i + 20] for i in range(0, len(pairs), 20)]
+    batches = [pairs[i : i + HISTORY_BATCH_SIZE] for i in range(0, len(pairs), HISTORY_BATCH_SIZE)]
     context_time = await folded_context_time(deps.db, job.session_id, qa, batches, job.clear_version)
     folded = await fold_qa(runner(plan.window, plan.safety_margin), qa, batches, context_time)
     assert folded is not None
@@ -171,7 +169,7 @@ async def _qa_fold(deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any) -> Job
 
 
 async def _context_summary(
-    deps: PipelineDeps, job: jobs.ClaimedJob, runner: Any, model: str, fit: Calibration
+    deps: PipelineDeps, job: jobs.ClaimedJob, runner: RunnerFactory, fit: Calibration
 ) -> JobOutcome:
     snapshot_id = str(job.params.get("snapshot_id") or "")
     snapshot = await deps.snapshots.load(deps.db, job.session_id, snapshot_id, job.snapshot_hash)
@@ -193,7 +191,7 @@ async def _context_summary(
     cut = cut_at(snapshot.groups, decision.summarize_until)
     until = cut.summarize_until
     summarizer = runner(plan.window, plan.safety_margin)
-    key = snapshot.cache_key(until, model, summarizer.prompt_version)
+    key = snapshot.cache_key(until, summarizer.model, summarizer.prompt_version)
     cache = parse_cache(job.memory.get("context_summaries") or [])
     if any(entry.key == key for entry in cache):
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": until, "reason": "cached"})
@@ -207,13 +205,12 @@ async def _context_summary(
     result = await compact_snapshot(
         summarizer, snapshot_id, snapshot, cut, cache, snapshot.taken_at, masked=mask
     )
-    summary: dict[str, dict[str, Any]] = {}
-    if result.new_entry is not None:
-        entry = dataclasses.replace(result.new_entry, made_by="background")
-        summary["context_summary"] = entry.to_json()
+    # Never a hit: an entry under this key returned "cached" above.
+    assert result.new_entry is not None
+    entry = dataclasses.replace(result.new_entry, made_by="background")
     log.info("background context summary for %s took %.1fs", snapshot_id, time.monotonic() - started)
     return JobOutcome(
         Status.SUCCEEDED,
         covered={"covered_messages": until, "cache": result.cache, "chunks": result.chunks},
-        summary=summary,
+        summary={"context_summary": entry.to_json()},
     )

@@ -1,10 +1,7 @@
-"""Stage ``compacting_context`` (SPEC §6.2, §6.6, §6.7): a compacted *copy* of the main context.
-
-The cheapest way that fits wins: a cache **hit**, a **grown snapshot**'s cached prefix (§6.7),
-**waiting** for a background job making this summary, else **making** it (docs/pipeline.md, step 3).
-The cut is the ladder's (:func:`service.budget.ladder.decide`); with masking on (SPEC §6.8) the
-summarised groups go in their masked form, the groups between the summary and the recent part stay
-masked (``mask_until``), and the summary carries its artifact trail (§6.9).
+"""Stage ``compacting_context`` (SPEC §6.2, §6.6–§6.9; docs/pipeline.md, step 3): a compacted *copy*
+of the main context, the cheapest way that fits — a cache hit, a grown snapshot's cached prefix,
+waiting for a background job making the summary, else making it. The cut is the ladder's
+(:func:`service.budget.ladder.decide`).
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service import vocabulary
-from service.budget import RECENT_BUDGET_TOKENS, CutPlan, CutRefusal, plan_cut
+from service.budget import RECENT_BUDGET_TOKENS, CutPlan, CutRefusal
 from service.budget.cut import cut_at
 from service.budget.estimate import estimate_text
 from service.budget.fidelity import measure_fidelity
@@ -26,8 +23,8 @@ from service.budget.ladder import (
     plan_after_summary,
     recent_budget_for,
 )
+from service.budget.masking import MaskedGroup
 from service.budget.prepared import PreparedSnapshot
-from service.budget.trail import render_trail
 from service.context_info import FidelityInfo
 from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_cache
@@ -47,11 +44,9 @@ from service.summary.context import (
 from service.summary.runner import SummaryRunner
 from service.vocabulary import JobKind
 
-# "Does it fit?" for a context made of this summary text and these kept messages (their estimate).
-FitCheck = Callable[[str | None, Sequence[dict[str, Any]], int], bool]
-# With masking on: where masking must stop (a message index) for a context made of a summary of the
-# first ``covered`` messages (this prompt text) and the later ones masked oldest first; None: no fit.
-AfterSummary = Callable[[int, str], int | None]
+# Where masking must stop (a message index; 0: none) for a context made of this cached summary of the
+# first ``covered`` messages and every later message; None: that does not fit (§6.7's grown snapshot).
+PrefixFit = Callable[[CachedContextSummary, int], int | None]
 
 
 def snapshot_job_key(snapshot_id: str) -> str:
@@ -76,44 +71,31 @@ class ContextPlan:
     # §6.8: messages [kept_from, mask_until) go in their masked form (a group boundary; ≤ kept_from: none).
     mask_until: int = 0
 
-    def _masked_groups(self, snapshot: PreparedSnapshot) -> range:
+    def _masked_forms(self, snapshot: PreparedSnapshot) -> Sequence[MaskedGroup]:
+        # Only asked for when there are some: the masked forms are computed on first use.
         if self.mask_until <= self.kept_from:
-            return range(0)
-        return range(snapshot.group_index(self.kept_from), snapshot.group_index(self.mask_until))
+            return ()
+        return snapshot.masked()[snapshot.group_index(self.kept_from) : snapshot.group_index(self.mask_until)]
 
     def kept_messages(self, snapshot: PreparedSnapshot | None) -> list[dict[str, Any]]:
         if snapshot is None:
             return []
-        masked = self._masked_groups(snapshot)
-        if not masked:
-            return list(snapshot.messages[self.kept_from :])
-        forms = snapshot.masked()
-        out: list[dict[str, Any]] = []
-        for index in masked:
-            out.extend(forms[index].messages)
-        out.extend(snapshot.messages[self.mask_until :])
-        return out
+        masked = [message for form in self._masked_forms(snapshot) for message in form.messages]
+        return masked + snapshot.messages[max(self.kept_from, self.mask_until) :]
 
     def kept_tokens(self, snapshot: PreparedSnapshot | None) -> int:
         if snapshot is None:
             return 0
-        masked = self._masked_groups(snapshot)
-        if not masked:
-            return snapshot.tokens_of(self.kept_from)
-        forms = snapshot.masked()
-        return sum(forms[index].tokens for index in masked) + snapshot.tokens_of(self.mask_until)
-
-    def summary_text(self) -> str | None:
-        """What stands for the summarised messages: the summary and, after it, its trail."""
-        return self.summary.prompt_text() if self.summary is not None else None
+        masked = sum(form.tokens for form in self._masked_forms(snapshot))
+        return masked + snapshot.tokens_of(max(self.kept_from, self.mask_until))
 
 
 async def compact_snapshot_copy(
-    rt: RequestRuntime, prepared: Prepared, fits: FitCheck, room: int
+    rt: RequestRuntime, prepared: Prepared, fits: Callable[[ContextPlan], bool], room: int
 ) -> ContextPlan | None:
-    """The compaction ladder (SPEC §6.2) for a request whose transcript must fit ``room`` tokens:
-    masking alone (no call), or a summary of the oldest groups; None (with a progress event saying
-    why) when nothing can help."""
+    """The compaction ladder (SPEC §6.2) for a request whose transcript must fit ``room`` tokens
+    (``fits``: whether the answer request fits with a context): masking alone (no call), or a summary
+    of the oldest groups; None (with a progress event saying why) when nothing can help."""
     snapshot = prepared.snapshot
     if snapshot is None or not snapshot.messages:
         await rt.progress(vocabulary.compaction_skipped("no snapshot messages"), defer=True)
@@ -136,37 +118,36 @@ async def compact_snapshot_copy(
             ),
             defer=True,
         )
-    if decision.tier == MASKED:
-        # Tier 1 (SPEC §6.8): no summary, the oldest messages masked, the rest verbatim.
-        plan = ContextPlan(mask_until=snapshot.boundary(decision.mask_until))
-        _record(rt, plan, snapshot)
-        return plan
-    recent = recent_budget_for(room)
 
-    def after_summary(covered: int, text: str) -> int | None:
-        plan = plan_after_summary(
+    def prefix_fit(entry: CachedContextSummary, covered: int) -> int | None:
+        if not mask:  # the rest verbatim, more than the recent budget of it (§6.7)
+            tail = snapshot.tokens_of(covered)
+            fit = tail > RECENT_BUDGET_TOKENS and fits(ContextPlan(summary=entry, kept_from=covered))
+            return 0 if fit else None
+        after = plan_after_summary(
             snapshot.groups,
             snapshot.masked_tokens(),
             room,
             covered=snapshot.group_index(covered),
-            summary_tokens=estimate_text(text) + SUMMARY_TURN_TOKENS,
-            recent_budget=recent,
+            summary_tokens=estimate_text(entry.prompt_text()) + SUMMARY_TURN_TOKENS,
+            recent_budget=recent_budget_for(room),
         )
-        return None if plan is None else snapshot.boundary(plan.mask_until)
+        return None if after is None else snapshot.boundary(after.mask_until)
 
-    tier2 = (
-        Tier2(masked=True, mask_until=snapshot.boundary(decision.mask_until), after_summary=after_summary)
-        if mask
-        else Tier2()
-    )
-    return await compact(
-        rt,
-        prepared,
-        rt.summary_runner(prepared),
-        fits,
-        cut=cut_at(snapshot.groups, decision.summarize_until),
-        tier2=tier2,
-    )
+    if decision.tier == MASKED:
+        # Tier 1 (SPEC §6.8): no summary, the oldest messages masked, the rest verbatim.
+        plan = ContextPlan(mask_until=snapshot.boundary(decision.mask_until))
+    else:
+        plan = await compact(
+            rt,
+            prepared,
+            cut_at(snapshot.groups, decision.summarize_until),
+            masked=mask,
+            mask_until=snapshot.boundary(decision.mask_until) if mask else 0,
+            prefix_fit=prefix_fit,
+        )
+    record_compaction(rt, plan, snapshot)
+    return plan
 
 
 def record_fidelity(rt: RequestRuntime, snapshot: PreparedSnapshot | None, plan: ContextPlan) -> None:
@@ -188,7 +169,8 @@ def record_fidelity(rt: RequestRuntime, snapshot: PreparedSnapshot | None, plan:
     rt.info.fidelity = FidelityInfo.model_validate(fidelity.to_json())
 
 
-def _record(rt: RequestRuntime, plan: ContextPlan, snapshot: PreparedSnapshot) -> None:
+def record_compaction(rt: RequestRuntime, plan: ContextPlan, snapshot: PreparedSnapshot) -> None:
+    """Mirror a compaction into ``context_info.context_summary`` (SPEC §3)."""
     info = rt.info.context_summary
     assert info is not None
     info.used = plan.summary is not None
@@ -217,61 +199,23 @@ def _reuse(
     )
 
 
-@dataclass(frozen=True)
-class Tier2:
-    """How a summary is made and used: ``masked`` (SPEC §6.8 on: the summarised groups in their masked
-    form, with a trail; the messages up to ``mask_until`` after it masked) and, with masking on, where
-    masking must stop after a cached summary of a shorter prefix (§6.7, ``after_summary``)."""
-
-    masked: bool = False
-    mask_until: int = 0
-    after_summary: AfterSummary | None = None
-
-
 async def compact(
     rt: RequestRuntime,
     prepared: Prepared,
-    runner: SummaryRunner,
-    fits: FitCheck,
-    *,
-    cut: CutPlan | None = None,
-    tier2: Tier2 | None = None,
-    recent_budget: int = RECENT_BUDGET_TOKENS,
-    current: ContextPlan | None = None,
-) -> ContextPlan | None:
-    """Compact the snapshot copy (it has messages); None (with a progress event saying why) when it
-    cannot help. ``cut``: the ladder's; None (overflow recovery, compacting harder) plans one here with
-    ``recent_budget``, accepting any non-empty old part."""
-    snapshot = prepared.snapshot
-    assert snapshot is not None
-    if cut is None:
-        planned = plan_cut(snapshot.groups, recent_budget=recent_budget, min_summarized_tokens=0)
-        if isinstance(planned, CutRefusal):
-            await rt.progress(vocabulary.compaction_refused(planned.reason, planned.explanation))
-            return None
-        cut = planned
-    if current is not None and current.summary is not None and cut.summarize_until <= current.kept_from:
-        await rt.progress(vocabulary.compaction_refused("no_further_cut"), defer=True)
-        return None
-    plan = await _plan(rt, prepared, runner, fits, cut, tier2 or Tier2(), retrying=current is not None)
-    _record(rt, plan, snapshot)
-    return plan
-
-
-async def _plan(
-    rt: RequestRuntime,
-    prepared: Prepared,
-    runner: SummaryRunner,
-    fits: FitCheck,
     cut: CutPlan,
-    tier2: Tier2,
     *,
-    retrying: bool,
+    masked: bool,
+    mask_until: int = 0,
+    prefix_fit: PrefixFit | None = None,
 ) -> ContextPlan:
+    """Summarise the messages before ``cut`` (``masked``: in their masked form, with a trail, those up to
+    ``mask_until`` after it masked), or reuse a summary that serves; ``prefix_fit`` None: overflow
+    recovery, where no shorter prefix serves. The caller records the plan (:func:`record_compaction`)."""
     snapshot = prepared.snapshot
     assert snapshot is not None
     until = cut.summarize_until
-    mask_until = max(until, tier2.mask_until)
+    mask_until = max(until, mask_until)
+    runner = rt.summary_runner(prepared)
     model = runner.model
     version = runner.prompt_version  # the session's summary instructions are part of the key
     cache = list(prepared.cache)
@@ -289,7 +233,7 @@ async def _plan(
         )
         if isinstance(reuse, CacheHit):
             return reuse.entry, until
-        if tier2.masked:
+        if masked:
             longer = covering_summary(
                 snapshot.groups, entries, snapshot.digests, until, model=model, prompt_version=version
             )
@@ -305,37 +249,29 @@ async def _plan(
         )
         return _reuse(entry, covered, max(covered, mask_until))
 
-    if not retrying:
+    if prefix_fit is not None:
         grown = longest_cached_prefix(
             snapshot.groups, cache, snapshot.digests, model=model, prompt_version=version
         )
         if grown is not None and grown.covered_messages < until:
-            tail = snapshot.tokens_of(grown.covered_messages)
-            grown_mask: int | None = 0
-            if tier2.after_summary is not None:
-                grown_mask = tier2.after_summary(grown.covered_messages, grown.entry.prompt_text())
-                usable = grown_mask is not None
-            else:
-                usable = tail > RECENT_BUDGET_TOKENS and fits(
-                    grown.entry.rendered(), snapshot.messages[grown.covered_messages :], tail
-                )
-            if usable:
+            grown_mask = prefix_fit(grown.entry, grown.covered_messages)
+            if grown_mask is not None:
                 # With masking, a summary made for this very snapshot (by a question whose cut was
                 # deeper, or by its job) serves as it is: a hit, and nothing to extend. A summary of a
                 # shorter snapshot is §6.7's grown-snapshot prefix, extended afterwards.
-                same = tier2.masked and grown.entry.snapshot_id == prepared.claimed.snapshot_id
+                same = masked and grown.entry.snapshot_id == prepared.claimed.snapshot_id
                 outcome = "hit" if same and grown.entry.snapshot_id is not None else "prefix"
                 await rt.progress(
                     vocabulary.context_summary_cache(
                         outcome,
                         key=grown.entry.key,
                         covered_messages=grown.covered_messages,
-                        verbatim_tail_tokens=tail,
+                        verbatim_tail_tokens=snapshot.tokens_of(grown.covered_messages),
                         answered_without_waiting=True,
                     ),
                     defer=True,
                 )
-                return _reuse(grown.entry, grown.covered_messages, grown_mask or 0, cache=outcome)
+                return _reuse(grown.entry, grown.covered_messages, grown_mask, cache=outcome)
 
     waited_ms = 0
     keys = {key}
@@ -359,9 +295,9 @@ async def _plan(
                     return _reuse(entry, covered, max(covered, mask_until), waited_ms)
         async with registered(rt, JobKind.CONTEXT_SUMMARY, key) as mine:
             if mine or attempt == 1 or not rt.deps.settings.background_on:
-                result = await _make(rt, prepared, runner, cut, cache, masked=tier2.masked)
+                result = await _make(rt, prepared, runner, cut, cache, masked=masked)
                 return ContextPlan(
-                    summary=result.new_entry or _entry_of(result, key, prepared, masked=tier2.masked),
+                    summary=result.new_entry,
                     kept_from=until,
                     cache=result.cache,
                     calls=result.calls,
@@ -371,24 +307,6 @@ async def _plan(
                     mask_until=mask_until,
                 )
     raise AssertionError("unreachable: the second attempt always makes the summary")
-
-
-def _entry_of(
-    result: ContextCompaction, key: str, prepared: Prepared, *, masked: bool
-) -> CachedContextSummary:
-    snapshot = prepared.snapshot
-    assert snapshot is not None
-    trail = render_trail(snapshot.trail(snapshot.group_index(result.summarized_messages))) if masked else ""
-    return CachedContextSummary(
-        key=key,
-        snapshot_id=prepared.claimed.snapshot_id,
-        covered_messages=result.summarized_messages,
-        document=result.document,
-        provenance=result.provenance,
-        tokens=result.tokens,
-        created_at=result.provenance.created_at,
-        trail=trail or None,
-    )
 
 
 async def _make(
@@ -413,10 +331,11 @@ async def _make(
         raise
     finally:
         rt.sync_calls()
-    if result.new_entry is not None:
-        async with rt.db.connection() as conn, transaction(conn):
-            if not await memory.save_memory(
-                conn, rt.claimed.id, owner=rt.owner, context_summary=result.new_entry.to_json()
-            ):
-                raise RequestLost()
+    # A new summary, never a cache hit: the caller found no hit in this very cache (the same lookup).
+    assert result.new_entry is not None
+    async with rt.db.connection() as conn, transaction(conn):
+        if not await memory.save_memory(
+            conn, rt.claimed.id, owner=rt.owner, context_summary=result.new_entry.to_json()
+        ):
+            raise RequestLost()
     return result

@@ -16,14 +16,12 @@ class DeltaCoalescer:
     """Buffers text and writes it as one ``delta`` event per interval from a background flusher.
     ``emit(text)`` writes one event; False: the request is no longer held (then nothing more is written)."""
 
-    def __init__(self, emit: Callable[[str], Awaitable[bool]], interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(self, emit: Callable[[str], Awaitable[bool]]) -> None:
         self._emit = emit
-        self._interval = interval_s
         self._buffer: list[str] = []
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._lost = False
-        self._keep_rest = False
         # One writer at a time, so text reaches the log in the order it streamed.
         self._write_lock = asyncio.Lock()
         self.streamed_chars = 0
@@ -48,17 +46,14 @@ class DeltaCoalescer:
                 self._lost = True
 
     async def _flusher(self) -> None:
-        # Never cancelled mid-write by close(): it sets the flag and waits, so no text is dropped.
-        while not self._closing.is_set():
-            await wait_event(self._closing, self._interval)
-            if self._closing.is_set() and self._keep_rest:
-                return  # close_rest() hands the rest to its caller instead
+        # Never cancelled mid-write by a close: it sets the flag and waits, so no text is dropped; the
+        # rest is then the closer's (written by close(), handed over by close_rest()).
+        while not await wait_event(self._closing, FLUSH_INTERVAL_S):
             await self.flush()
 
     async def close_rest(self) -> str | None:
         """Stop the flusher and return the text not yet written instead of writing it: the caller
         writes it with the request's success, in the same commit (None when nothing is left)."""
-        self._keep_rest = True
         await self._stop_flusher()
         async with self._write_lock:
             text = "".join(self._buffer) if not self._lost else ""

@@ -85,7 +85,7 @@ async def _plan(
             pairs[row.ordinal] = pair
             tokens = row.qa_tokens if row.qa_tokens is not None else qa_group_tokens(pair)
             items.append(QAItem(row.ordinal, tokens))
-    replay = select_replay(items, covered, prepared.input_budget)
+    replay = select_replay(items, covered, prepared.plan.input_budget)
     plan = HistoryPlan(qa=qa, pairs=pairs, items=items, replay=replay, waited_ms=waited_ms, calls=calls)
     update_qa_info(rt, plan)
     return plan
@@ -107,18 +107,15 @@ async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
     return plan
 
 
-async def fold_history(
-    rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runner: SummaryRunner
-) -> HistoryPlan:
+async def fold_history(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan) -> HistoryPlan:
     """Fold ``plan``'s fold batches into the rolling summary, registered for single flight; if a
     background fold holds the range, wait for it, use what it made and fold only the rest — once: a
     second refusal folds unregistered rather than wait again."""
+    runner = rt.summary_runner(prepared)
     for attempt in range(2):
-        batches = plan.fold_batches
-        if not batches:
+        if not plan.replay.fold:
             return plan
-        ordinals = [pair.ordinal for batch in batches for pair in batch]
-        async with registered(rt, JobKind.QA_FOLD, fold_key(ordinals)) as mine:
+        async with registered(rt, JobKind.QA_FOLD, fold_key(plan.replay.fold)) as mine:
             if mine or attempt == 1:
                 await _fold(rt, prepared, plan, runner)
                 return plan
@@ -138,8 +135,6 @@ async def folded_context_time(
     """The context time of a fold of ``batches`` into ``previous``: that of the newest folded Q&A
     asked on a snapshot (a request's fold and a background job's alike, whatever snapshot the
     request that folds has)."""
-    if not batches or not batches[-1]:
-        return None
     async with db.connection() as conn:
         return await latest_context_time(
             conn,

@@ -109,10 +109,6 @@ class Prepared:
         """When the main context was taken (the snapshot's ``taken_at``)."""
         return self.snapshot.taken_at if self.snapshot else None
 
-    @property
-    def input_budget(self) -> int:
-        return self.plan.input_budget
-
 
 async def prepare(rt: RequestRuntime) -> Prepared:
     """Stage ``preparing``; raises ``snapshot_missing`` when the named snapshot is not stored and

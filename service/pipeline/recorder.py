@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Generic, TypeVar
 
 from service.providers.base import CallUsage
@@ -50,19 +51,13 @@ class _CallRecorder:
         usage: CallUsage,
         latency_ms: int = 0,
     ) -> None:
-        """Record one call as the ledger stores it (SPEC §3 ``usage.calls[]``), from what it reported."""
-        entry = ledger.CallEntry(
-            purpose=purpose,
-            model=model,
-            status=status,
-            reported=usage.reported,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
-            cached_tokens=usage.cached_tokens,
-            latency_ms=latency_ms,
+        """Record one call as the ledger stores it (SPEC §3 ``usage.calls[]``), from what it reported
+        (the ledger's usage fields are :class:`CallUsage`'s)."""
+        await self._record(
+            ledger.CallEntry(
+                purpose=purpose, model=model, status=status, latency_ms=latency_ms, **asdict(usage)
+            )
         )
-        await self._record(entry)
 
     async def _record(self, entry: ledger.CallEntry) -> None:
         raise NotImplementedError
@@ -109,9 +104,8 @@ class GroupWrite(Generic[T]):
 
 
 class JobRecorder(_CallRecorder):
-    """A background job's recorder: each call appended to the job's row (the session's
-    ``background.usage``), each attempt counted on it before it starts; writes that come together
-    share one (the four calls of a parallel round start after one count, not four commits)."""
+    """A background job's recorder: each call appended to the job's row, each attempt counted on it
+    before it starts, writes that come together sharing one (docs/pipeline.md, "Background summary jobs")."""
 
     def __init__(self, db: Database, job_id: uuid.UUID) -> None:
         self._db = db

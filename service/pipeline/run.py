@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -53,24 +53,21 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     await rt.enter(Stage.ORGANIZING_HISTORY)
     history = await plan_history(rt, prepared)
     context = ContextPlan()  # the whole snapshot verbatim
-    folding = bool(history.fold_batches)
+    folding = bool(history.replay.fold)
     provisional = build_answer(prepared, history, context)
     meter(rt, prepared, provisional)
     # While a fold runs beside the compaction decision, the summary it will produce is counted at its
     # largest valid size (the body limit plus room for the provenance header), so the decision holds.
     bound = SUMMARY_MAX_TOKENS if folding and history.qa is None else 0
 
-    def fits(summary_text: str | None, kept: Sequence[dict[str, Any]], kept_tokens: int) -> bool:
-        candidate = build_answer(
-            prepared, history, context, summary_text=summary_text, kept=kept, kept_tokens=kept_tokens
-        )
-        return rt.calibration.fits(candidate.estimate.total + bound, prepared.input_budget)
+    def fits(candidate: ContextPlan) -> bool:
+        estimate = build_answer(prepared, history, candidate).estimate.total
+        return rt.calibration.fits(estimate + bound, prepared.plan.input_budget)
 
-    snapshot = prepared.snapshot
     # The transcript's room: what the budget leaves once everything else is counted (raw tokens:
     # the budget scaled back by the learned ratio).
-    snapshot_tokens = snapshot.tokens_of(0) if snapshot is not None else 0
-    room = rt.calibration.raw_capacity(prepared.input_budget) - (
+    snapshot_tokens = context.kept_tokens(prepared.snapshot)
+    room = rt.calibration.raw_capacity(prepared.plan.input_budget) - (
         provisional.estimate.total - snapshot_tokens + bound
     )
     # Tier none of the ladder: the transcript fits the room the ladder plans in (exactly the
@@ -85,11 +82,9 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     # A fold that found its range taken by a background job re-plans the history: the answer is
     # built from the plan it returns, which holds that job's summary.
     if folding and needs_compaction:
-        context, history = await _both(
-            compaction(), fold_history(rt, prepared, history, rt.summary_runner(prepared))
-        )
+        context, history = await _both(compaction(), fold_history(rt, prepared, history))
     elif folding:
-        history = await fold_history(rt, prepared, history, rt.summary_runner(prepared))
+        history = await fold_history(rt, prepared, history)
     elif needs_compaction:
         context = await compaction()
     request = build_answer(prepared, history, context)
@@ -105,7 +100,6 @@ class Outcome:
     """How a request ended for this worker: ``succeeded``, ``failed`` or ``lost`` (not ours any more)."""
 
     status: str
-    record: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
 
 
@@ -115,8 +109,8 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
     rt = RequestRuntime(deps, claimed)
     try:
         async with asyncio.timeout(deps.settings.request_timeout_s + DEADLINE_GRACE_S):
-            record = await _execute(rt)
-        return Outcome(Status.SUCCEEDED, record=record)
+            await _execute(rt)
+        return Outcome(Status.SUCCEEDED)
     except RequestLost:
         return Outcome("lost")
     except Exception as exc:
@@ -124,7 +118,7 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
             # The database went away (SPEC §9): write nothing; the lease expires and the sweep runs
             # the request again (or fails it worker_lost) once PostgreSQL is back.
             return Outcome("lost")
-        error = error_object(exc, stage=rt.stage, timeout_s=rt.timeout_s)
+        error = error_object(exc, stage=rt.info.stage, timeout_s=rt.timeout_s)
         with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
             await rt.flush()  # the stages it reached come before its end (after a background flush)
         async with rt.db.connection() as conn, transaction(conn):

@@ -1,13 +1,11 @@
-"""What one running side request carries through its stages: its I/O, never its decisions
-(docs/pipeline.md, "One request"). No transaction is open across a model call, and every write a
-client can see is lease-guarded: a request no longer held is never written again (:class:`RequestLost`).
+"""What one running side request carries through its stages: its I/O, never its decisions, every write
+a client can see lease-guarded (docs/pipeline.md, "One request" and "Guarded writes").
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +24,7 @@ from service.store.execute import committed
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
 from service.summary.runner import SummaryRunner
-from service.vocabulary import Stage, Status, utc_iso
+from service.vocabulary import Status, utc_iso
 
 if TYPE_CHECKING:  # the stages import this module
     from service.pipeline.prepare import Prepared
@@ -43,7 +41,6 @@ class PipelineDeps:
     db: Database
     settings: Settings
     provider: Provider
-    clock: Callable[[], float] = time.monotonic
     # Wakes requests waiting for a background job (the worker feeds it from NOTIFY sidequest_jobs).
     waiter: JobWaiter = field(default_factory=JobWaiter)
     # Immutable prepared snapshots this worker used last (no request re-reads a 600 KB preparation).
@@ -59,8 +56,7 @@ class RequestRuntime:
         self.db = deps.db
         self.owner = claimed.owner  # this claim's lease owner: a stale run's writes are refused
         self.timeout_s = deps.settings.request_timeout_s
-        self.deadline = deps.clock() + self.timeout_s
-        self.stage: str = Stage.PREPARING
+        self.deadline = time.monotonic() + self.timeout_s
         self.info = ContextInfo.starting(claimed.attempt)
         self.recorder = LedgerRecorder(deps.db, claimed.id, claimed.owner)
         self.budget = SummaryCallBudget(deps.settings.max_summary_calls)
@@ -76,27 +72,21 @@ class RequestRuntime:
         self.answer_model: str | None = None
         self.summary_calibration = Calibration.empty()
 
-    @property
-    def request_id(self) -> str:
-        """The request id as providers' headers carry it."""
-        return str(self.claimed.id)
-
     def remaining_s(self) -> float:
         """Seconds left before the request's deadline (never negative)."""
-        return max(0.0, self.deadline - self.deps.clock())
+        return max(0.0, self.deadline - time.monotonic())
 
     async def progress(self, fields: dict[str, Any], *, defer: bool = False) -> None:
         """One ``progress`` event (lease-guarded). ``defer``: written with the next flush — for a note
         about something already done, when nothing slow comes before the next write."""
         # ``at`` is when it happened, not when its batch is written (the inspector's stage timeline).
-        self._pending.append(("progress", {"stage": self.stage, **fields, "at": utc_iso()}))
+        self._pending.append(("progress", {"stage": self.info.stage, **fields, "at": utc_iso()}))
         if not defer:
             await self.flush()
 
     async def enter(self, stage: str) -> None:
         """Move to ``stage``: its ``status`` event and the context_info so far, written with the next
         flush (at the latest right before the next slow step: a model call or a wait)."""
-        self.stage = stage
         self.info.stage = stage
         self._pending.append(("status", {"status": Status.RUNNING, "stage": stage, "at": utc_iso()}))
         self._pending_stage = stage
@@ -122,9 +112,8 @@ class RequestRuntime:
                     raise RequestLost()
 
     def flush_in_background(self) -> None:
-        """Start :meth:`flush` and return at once: the answer call need not wait for a commit.
-        Everything that must come after the flushed events waits for it in :meth:`flushed` (every
-        delta, the call's usage event, the success); later flushes queue behind it on the lock."""
+        """Start :meth:`flush` and return at once (docs/pipeline.md, step 4): whatever must come after
+        the flushed events waits for it in :meth:`flushed`; later flushes queue behind it on the lock."""
         task = asyncio.ensure_future(self.flush())
         # Retrieved here so an outcome nobody awaited (the call failed first) is not reported as
         # "never retrieved"; awaiting the task still raises it.
@@ -155,14 +144,13 @@ class RequestRuntime:
         return SummaryRunner(
             provider=self.deps.provider,
             model=prepared.models.summary,
-            request_id=self.request_id,
+            request_id=str(self.claimed.id),
             recorder=self.recorder,
             deadline=self.deadline,
             budget=self.budget,
             window=prepared.plan.window,
             safety_margin=prepared.plan.safety_margin,
             on_progress=self.progress,
-            clock=self.deps.clock,
             parallelism=self.deps.settings.summary_parallelism,
             instructions=prepared.summary_instructions,
             calibration=self.summary_calibration,

@@ -1,10 +1,7 @@
-"""The worker's most recently used prepared snapshots, kept in memory (docs/pipeline.md, "preparing").
-
-Keyed by the content hash: a preparation is a pure function of the content, so an entry is never
-stale, and one shared before its snapshot's transaction committed is safe whatever that transaction
-becomes. Reading a 2000-message preparation back costs ~10 ms per request, and a session's next
-questions mostly name the same snapshot. Bounded by count: an entry holds the canonical messages
-(1.8 MB for a 600 KB snapshot) and, once a summary of it is due, its rendered transcript.
+"""The worker's most recently used prepared snapshots, by content hash (docs/pipeline.md, "preparing":
+why an entry is never stale). Reading a 2000-message preparation back costs ~10 ms per request; bounded
+by count, as an entry holds the canonical messages (1.8 MB for a 600 KB snapshot) and, once a summary
+of it is due, its rendered transcript.
 """
 
 from __future__ import annotations

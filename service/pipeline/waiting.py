@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
@@ -19,9 +20,8 @@ if TYPE_CHECKING:  # the runtime imports this module
 
 # Re-read a waited-for job at least this often even without a notification.
 FALLBACK_POLL_S = 0.5
-# A *queued* job is waited for this long to start; if no background slot took it by then, the
-# request takes it over (cancels it and makes the summary itself) rather than wait behind a queue
-# that may be long — or have no worker at all (docs/summaries.md).
+# A *queued* job is waited for this long to start, then the request takes it over rather than wait
+# behind a queue that may be long, or have no worker at all (docs/pipeline.md, "Single flight").
 QUEUED_GRACE_S = 1.0
 # A request's single-flight registration outlives its deadline by this much: it never expires under a
 # request still finishing its summary (the request's own timeout fires a little after its deadline),
@@ -54,8 +54,7 @@ class JobWaiter:
 async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
     """Wait until ``job_id`` is no longer queued or running; the wait in ms. A job still queued after
     :data:`QUEUED_GRACE_S` is taken over; ``TimeoutError`` when the request's deadline passes first."""
-    db, clock = rt.db, rt.deps.clock
-    started = clock()
+    db, started = rt.db, time.monotonic()
     queued_since: float | None = None
     with rt.deps.waiter.subscribe() as wake:
         while True:
@@ -63,8 +62,8 @@ async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
             async with db.connection() as conn:
                 state = await jobs.job_state(conn, job_id)
             if state is not None and state.status == Status.QUEUED:
-                queued_since = clock() if queued_since is None else queued_since
-                if clock() - queued_since >= QUEUED_GRACE_S:
+                queued_since = time.monotonic() if queued_since is None else queued_since
+                if time.monotonic() - queued_since >= QUEUED_GRACE_S:
                     async with db.sessions() as session:
                         async with session.begin():
                             taken = await jobs.take_over(session, job_id)
@@ -73,7 +72,7 @@ async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
             else:
                 queued_since = None
             if state is None or state.status not in ACTIVE:
-                return int((clock() - started) * 1000)
+                return int((time.monotonic() - started) * 1000)
             left = rt.remaining_s()
             if left <= 0:
                 raise TimeoutError("deadline passed while waiting for a background summary")
@@ -91,20 +90,20 @@ async def wait_for_background_jobs(
         active = await jobs.active_jobs(conn, rt.claimed.session_id, kind)
     if keys is not None:
         active = [job for job in active if job.key in keys and job.made_by == "background"]
-    waited: int | None = None
+    if not active:
+        return None
+    waited = 0
     for job in active:
         await rt.progress(waiting_for_background(str(job.id), job.kind, job.key))
-        started = rt.deps.clock()
+        started = time.monotonic()
         try:
-            ms = await wait_for_job(rt, job.id)
+            waited += await wait_for_job(rt, job.id)
         except TimeoutError:
             # The request fails with timeout: its record still says how long it waited, and for what.
-            ms = int((rt.deps.clock() - started) * 1000)
             part = rt.info.qa_summary if job.kind == JobKind.QA_FOLD else rt.info.context_summary
             if part is not None:
-                part.waited_ms += (waited or 0) + ms
+                part.waited_ms += waited + int((time.monotonic() - started) * 1000)
             raise
-        waited = (waited or 0) + ms
     return waited
 
 

@@ -1,8 +1,4 @@
-"""The worker: slots, claim loop, heartbeats, cancellation, recovery sweep (SPEC §9).
-
-``start_worker`` runs it inside another process's event loop (``sidequest serve``);
-``run_worker_forever`` is ``sidequest worker``: its own loop until SIGINT / SIGTERM.
-"""
+"""The worker: slots, claim loop, heartbeats, cancellation, recovery sweep (SPEC §9)."""
 
 from __future__ import annotations
 

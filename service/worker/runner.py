@@ -1,8 +1,5 @@
-"""The worker: request slots and background-job slots, one heartbeat, one sweep (SPEC §6.6, §9).
-
-Each process fills its own slots and the claims enforce the global caps, so the database says no when
-the cluster is full; background jobs have their own pool and never take a request slot. What each loop
-does and how often: docs/pipeline.md, "Leases, heartbeats, cancellation" and "Recovery".
+"""The worker: request slots and background-job slots, one heartbeat, one sweep (SPEC §6.6, §9;
+what each loop does and how often: docs/pipeline.md, "Leases, heartbeats, cancellation", "Recovery").
 """
 
 from __future__ import annotations
@@ -67,12 +64,6 @@ def log_loop_failure(what: str, outages: OutageLog) -> None:
         log.warning("%s: the database is unavailable (%s); retrying", what, unusable_reason(exc) or exc)
 
 
-def worker_id() -> str:
-    """This worker process's name, unique: host, pid and a random suffix. Each of its claims' lease
-    owners adds a token of that claim (:func:`service.store.lease.claim_owner`)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
 class SlotPool(Generic[W]):
     """Local slots for one kind of work: claim while a slot is free, run, claim again at once.
     ``claim`` returns the next unit of work or None and whether the cluster is at its cap; ``run``
@@ -116,11 +107,8 @@ class SlotPool(Generic[W]):
     def wake(self, *, freed: bool) -> None:
         """Work may be there: a slot freed somewhere (``freed``) or work was admitted / queued. No
         database work when every local slot is busy, nor for an admission while the cluster is full."""
-        if self.free <= 0:
-            return
-        if self._cluster_full and not freed:
-            return
-        self._wake.set()
+        if self.free > 0 and (freed or not self._cluster_full):
+            self._wake.set()
 
     def cancel(self, work_id: uuid.UUID, reason: CancelReason) -> None:
         task = self.tasks.get(work_id)
@@ -140,8 +128,7 @@ class SlotPool(Generic[W]):
             self._wake.clear()
             try:
                 while self.free > 0 and not self._stopping:
-                    work, cluster_full = await self._claim()
-                    self._cluster_full = cluster_full
+                    work, self._cluster_full = await self._claim()
                     if work is None:
                         break
                     self._spawn(work)
@@ -208,16 +195,23 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.db = db
-        self.owner = owner or worker_id()
+        # Unique per process: host, pid and a random suffix; each claim's lease owner adds a token
+        # of that claim (:func:`service.store.lease.claim_owner`).
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._outages = OutageLog()
-        self._deps: PipelineDeps | None = None
         self._loops: list[asyncio.Task[None]] = []
         # A shared listener (the API's, in `serve`) is started and stopped by its owner.
         self._own_listener = listener is None
-        self._listener = listener or Listener(
+        # The LISTEN connection this worker is woken through (its own, or the process's).
+        self.listener = listener or Listener(
             settings.listen_url(database_url or db.url), channels=WORKER_CHANNELS, on_connect=db.node_gone
         )
         self._unsubscribe: list[Callable[[], None]] = []
+        # The prepared snapshots this worker keeps in memory (``sidequest serve``'s API feeds it).
+        self.snapshots = PreparedSnapshots()
+        self._deps = PipelineDeps(
+            db=db, settings=settings, provider=build_provider(settings), snapshots=self.snapshots
+        )
         self.requests: SlotPool[queue.Claimed] = SlotPool(
             "request",
             settings.max_concurrency,
@@ -235,41 +229,16 @@ class Worker:
             poll_s=settings.poll_s,
         )
 
-    @property
-    def listener(self) -> Listener:
-        """The LISTEN connection this worker is woken through (its own, or the process's)."""
-        return self._listener
-
-    @property
-    def snapshots(self) -> PreparedSnapshots:
-        """The prepared snapshots this worker keeps in memory (``sidequest serve``'s API feeds it)."""
-        return self._deps_now().snapshots
-
-    @property
-    def running(self) -> set[uuid.UUID]:
-        """Ids of the requests this process runs right now."""
-        return set(self.requests.tasks)
-
-    @property
-    def running_jobs(self) -> set[uuid.UUID]:
-        """Ids of the background jobs this process runs right now."""
-        return set(self.jobs.tasks)
-
-    def _deps_now(self) -> PipelineDeps:
-        assert self._deps is not None, "the worker is not started"
-        return self._deps
-
     async def start(self) -> None:
         """Connect the listener and start the loops; returns at once."""
-        self._deps = PipelineDeps(db=self.db, settings=self.settings, provider=build_provider(self.settings))
         self._unsubscribe = [
-            self._listener.subscribe(QUEUE_CHANNEL, self._on_queue_notify),
-            self._listener.subscribe(JOBS_CHANNEL, self._on_jobs_notify),
-            self._listener.subscribe(JOBS_CHANNEL, self._deps.waiter.notify),
-            self._listener.subscribe(CANCEL_CHANNEL, self._on_cancel_notify),
+            self.listener.subscribe(QUEUE_CHANNEL, self._on_queue_notify),
+            self.listener.subscribe(JOBS_CHANNEL, self._on_jobs_notify),
+            self.listener.subscribe(JOBS_CHANNEL, self._deps.waiter.notify),
+            self.listener.subscribe(CANCEL_CHANNEL, self._on_cancel_notify),
         ]
         if self._own_listener:
-            await self._listener.start()
+            await self.listener.start()
         self._loops = [
             asyncio.create_task(self.requests.loop(), name="sidequest-claim"),
             asyncio.create_task(self._heartbeat_loop(), name="sidequest-heartbeat"),
@@ -293,10 +262,10 @@ class Worker:
         await self.jobs.stop()
         await self.snapshots.close()
         if self._own_listener:
-            await self._listener.stop()
+            await self.listener.stop()
         for unsubscribe in self._unsubscribe:
             unsubscribe()
-        await self._deps_now().provider.aclose()
+        await self._deps.provider.aclose()
         log.info("worker %s stopped", self.owner)
 
     def _on_queue_notify(self, _channel: str, payload: str) -> None:
@@ -327,7 +296,7 @@ class Worker:
 
     async def _run_request(self, claimed: queue.Claimed) -> None:
         log.info("request %s claimed (ordinal %s, attempt %s)", claimed.id, claimed.ordinal, claimed.attempt)
-        outcome = await run_request(self._deps_now(), claimed)
+        outcome = await run_request(self._deps, claimed)
         if outcome.error is not None:
             # The code and the provider's own words: what an operator looks for first.
             log.info(
@@ -362,7 +331,7 @@ class Worker:
 
     async def _run_job(self, job: jobs.ClaimedJob) -> None:
         log.info("background job %s (%s %s) claimed", job.id, job.kind, job.key)
-        outcome = await run_job(self._deps_now(), job)
+        outcome = await run_job(self._deps, job)
         log.info("background job %s (%s) ended: %s", job.id, job.kind, outcome.status)
 
     async def _settle_job(self, job: jobs.ClaimedJob, reason: CancelReason) -> None:
@@ -386,12 +355,10 @@ class Worker:
             except Exception:
                 log_loop_failure("heartbeat failed", self._outages)
                 continue
-            for request_id in requests:
-                if request_id not in held.requests:
-                    self.requests.cancel(request_id, "lost")
-            for job_id in job_owners:
-                if job_id not in held.jobs:
-                    self.jobs.cancel(job_id, "lost")
+            for request_id in requests.keys() - held.requests:
+                self.requests.cancel(request_id, "lost")
+            for job_id in job_owners.keys() - held.jobs:
+                self.jobs.cancel(job_id, "lost")
 
     async def _sweep_loop(self) -> None:
         interval = max(self.settings.poll_s, min(self.settings.lease_s / 2, 10.0))

@@ -222,7 +222,9 @@ async def test_claims_streams_and_cancels_complete_by_polling_when_every_notific
             assert cancelled.status_code == 200
             # The worker's liveness check (every second at most) stops it, with no NOTIFY.
             worker = app.state.worker
-            await _until(lambda: _false(bool(worker.running)), 5, "the worker stopping the cancelled run")
+            await _until(
+                lambda: _false(bool(worker.requests.tasks)), 5, "the worker stopping the cancelled run"
+            )
 
 
 async def _running(client: httpx.AsyncClient, request_id: str) -> bool:

@@ -304,7 +304,7 @@ async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
         mem = await memory.load_memory(session, sid)
     assert mem["qa_summary"] is None
     assert await _job_is(db, job_id, "cancelled")
-    assert job_id not in worker.running_jobs
+    assert job_id not in worker.jobs.tasks
     events = [e for e in await _memory_events(db, sid) if e["job_id"] == str(job_id)]
     assert [e["status"] for e in events] == ["queued", "running", "cancelled"]
     # The call in flight when the clear came counts as a call, and its usage is recorded as cancelled.

@@ -54,7 +54,7 @@ async def test_cancel_stops_a_running_answer_within_a_second_and_keeps_usage(
     server.script("answer", Step.hang(text="thinking about it "))
     rid = await admit(db, sid, "long one")
     await wait_for(lambda: _has_delta(db, rid))
-    assert rid in worker.running
+    assert rid in worker.requests.tasks
 
     started = time.monotonic()
     async with db.sessions() as session, session.begin():
@@ -81,7 +81,7 @@ async def _has_delta(db: Database, rid: object) -> bool:
 
 
 async def _not_running_locally(worker: Worker, rid: object) -> bool:
-    return rid not in worker.running
+    return rid not in worker.requests.tasks
 
 
 async def test_a_cancel_without_notify_is_noticed_by_the_liveness_check(
