@@ -37,7 +37,6 @@ from service.vocabulary import (
     masks_tool_results,
     session_cleared_error,
     snapshot_missing_error,
-    timeout_error,
     utc_iso,
 )
 
@@ -103,10 +102,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
         outcome.calls = budget.calls_made
         return await _end(deps, job, outcome)
     except Exception as exc:
-        if isinstance(exc, TimeoutError):
-            error = timeout_error("the background job", timeout, job.kind)
-        else:
-            error = error_object(exc, stage=job.kind, timeout_s=timeout)
+        error = error_object(exc, stage=job.kind, timeout_s=timeout, what="the background job")
         log.info("background job %s (%s) failed: %s", job.id, job.kind, error["code"])
         return await _end(deps, job, JobOutcome(Status.FAILED, calls=budget.calls_made, error=error))
 

@@ -20,11 +20,14 @@ class RequestLost(Exception):
     """The request is no longer this worker's (cancelled, cleared or taken over): stop, write nothing."""
 
 
-def error_object(exc: BaseException, *, stage: str | None, timeout_s: float) -> dict[str, Any]:
+def error_object(
+    exc: BaseException, *, stage: str | None, timeout_s: float, what: str = "the side request"
+) -> dict[str, Any]:
     """The ``{"code", "message", "detail"}`` for ``exc`` (SPEC §3): every error of ours and every
-    provider error says it itself; only a timeout needs the deadline and stage; anything else is a bug."""
+    provider error says it itself; only a timeout needs the deadline, stage and ``what`` timed out;
+    anything else is a bug."""
     if isinstance(exc, ProviderTimeout | TimeoutError):
-        return timeout_error("the side request", timeout_s, stage)
+        return timeout_error(what, timeout_s, stage)
     if isinstance(exc, SidequestError | ProviderError):
         return exc.to_error()
     # A bug of ours, not the provider's: say so rather than blame the model.

@@ -283,6 +283,25 @@ async def test_a_failed_job_is_made_by_the_request_itself_and_never_fails_it(
     assert [c["purpose"] for c in row.usage["calls"]] == ["qa_summary", "answer"]
 
 
+async def test_a_job_whose_model_call_times_out_says_the_background_job_timed_out(
+    db: Database, server: ScriptedServer, database_url: str
+) -> None:
+    handle = await start_worker(_settings(database_url, server, background_timeout_s=1.0), db)
+    try:
+        sid = await make_session(db)
+        await add_history(db, sid, _history(21))
+        server.set_default("qa_summary", Step.valid_summary().with_delay(before_s=5.0))
+        job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+        await wait_for(lambda: _job_is(db, job_id, "failed"), within=15)
+    finally:
+        await handle.stop()
+    async with db.sessions() as session:
+        error = (await session.get_one(JobRow, job_id)).error
+    assert error is not None and error["code"] == "timeout"
+    assert error["message"] == "the background job did not finish within its 1s deadline"
+    assert error["detail"] == {"timeout_s": 1.0, "stage": "qa_fold"}
+
+
 async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
     worker: Worker, db: Database, server: ScriptedServer
 ) -> None:
