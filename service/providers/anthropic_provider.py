@@ -6,11 +6,18 @@ usage, so a call that fails or is cancelled midway still knows its input tokens.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx2
+
+try:
+    import anthropic
+except ImportError as exc:  # pragma: no cover - a broken install: the SDK is a dependency
+    raise ValueError(
+        "SIDEQUEST_PROVIDER=anthropic needs the anthropic SDK, a dependency of Sidequest: "
+        "reinstall Sidequest (pip install 'sidequest[anthropic]')"
+    ) from exc
 
 from service.budget.estimate import without_posted_form
 from service.providers import DEFAULT_MODELS
@@ -47,16 +54,6 @@ _STOP_REASONS: dict[str, str] = {
 }
 
 
-def _import_sdk() -> Any:
-    try:
-        return importlib.import_module("anthropic")
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ValueError(
-            "SIDEQUEST_PROVIDER=anthropic needs the anthropic SDK, a dependency of Sidequest: "
-            "reinstall Sidequest (pip install 'sidequest[anthropic]')"
-        ) from exc
-
-
 class AnthropicProvider:
     """Streams the Messages API through ``anthropic.AsyncAnthropic`` (SDK retries off)."""
 
@@ -68,13 +65,11 @@ class AnthropicProvider:
         api_key: str | None,
         default_model: str = DEFAULT_MODELS["anthropic"],
     ) -> None:
-        self._sdk = _import_sdk()
         self.default_model = default_model
         api_key = sdk_api_key(api_key, base_url)
-        self._client = self._sdk.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0)
+        self._client = anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0)
 
     async def aclose(self) -> None:
-        """Close the SDK's HTTP client."""
         await self._client.close()
 
     def build_request(self, call: ProviderCall) -> dict[str, Any]:
@@ -96,18 +91,16 @@ class AnthropicProvider:
         return body
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
-        """Stream one call; see :class:`service.providers.base.Provider`."""
-        sdk = self._sdk
         headers = call.headers()
         try:
             response = await self._client.messages.create(
                 **self.build_request(call), extra_headers=headers, timeout=call.timeout_s
             )
-        except sdk.APIStatusError as exc:
+        except anthropic.APIStatusError as exc:
             raise _classify_status_error(exc, None) from exc
-        except sdk.APITimeoutError as exc:
+        except anthropic.APITimeoutError as exc:
             raise ProviderTimeout(f"no response within {call.timeout_s:.1f}s") from exc
-        except sdk.APIConnectionError as exc:
+        except anthropic.APIConnectionError as exc:
             raise ProviderError(f"could not reach the provider: {exc}") from exc
 
         input_usage: dict[str, int] = {}
@@ -147,14 +140,14 @@ class AnthropicProvider:
                         output_tokens = output or output_tokens
                         usage = _usage(input_usage, output_tokens)
                         yield UsageReport(usage)
-        except sdk.APIStatusError as exc:
+        except anthropic.APIStatusError as exc:
             # An `event: error` inside the 200 stream arrives as a status error carrying status 200.
             raise _classify_status_error(exc, usage) from exc
-        except sdk.APITimeoutError as exc:
+        except anthropic.APITimeoutError as exc:
             raise ProviderTimeout(STALLED, usage=usage) from exc
-        except sdk.APIConnectionError as exc:
+        except anthropic.APIConnectionError as exc:
             raise ProviderError(f"the stream broke: {exc}", usage=usage) from exc
-        except sdk.APIError as exc:
+        except anthropic.APIError as exc:
             raise classify_stream_error(exc.body, usage=usage) from exc
         except (httpx2.HTTPError, ValueError) as exc:
             raise stream_broke(exc, usage) from exc
@@ -184,14 +177,10 @@ def to_anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     return converted
 
 
-def _classify_status_error(exc: Any, usage: CallUsage | None) -> ProviderError:
-    status = getattr(exc, "status_code", None)
-    body = getattr(exc, "body", None)
-    response = getattr(exc, "response", None)
-    headers = dict(response.headers) if response is not None else None
-    if status is None or status < 400:
-        return classify_stream_error(body, usage=usage)
-    return classify_http_error(status, body, headers, usage=usage)
+def _classify_status_error(exc: anthropic.APIStatusError, usage: CallUsage | None) -> ProviderError:
+    if exc.status_code < 400:
+        return classify_stream_error(exc.body, usage=usage)
+    return classify_http_error(exc.status_code, exc.body, dict(exc.response.headers), usage=usage)
 
 
 def _input_usage(reported: Any) -> dict[str, int]:

@@ -269,28 +269,23 @@ def classify_stream_error(error: Any, *, usage: CallUsage | None = None) -> Prov
     return classify_http_error(None, error, None, usage=usage)
 
 
-def classify_undecodable_chunk(exc: ValueError, *, usage: CallUsage | None = None) -> ProviderError:
-    """Classify a stream chunk the SDK could not decode as JSON (SGLang's ``\\'``, an error as text):
-    an overflow there must reach the overflow retry like any other; the rest is about invalid data."""
-    if isinstance(exc, json.JSONDecodeError):
-        error = classify_stream_error(exc.doc, usage=usage)
-        if type(error) is not ProviderError:
-            return error
-    return ProviderError(f"the stream sent invalid data: {exc}", usage=usage)
-
-
 STALLED = "the stream stalled past the call's timeout"
 
 
 def stream_broke(exc: httpx2.HTTPError | ValueError, usage: CallUsage | None) -> ProviderError:
     """A running stream that failed beneath the SDK's own errors: its transport (the anthropic SDK lets
     those through; the openai one wraps them today, whatever its next version does), or a chunk that is
-    not JSON."""
+    not JSON (SGLang's ``\\'``, an error as text): an overflow there must reach the overflow retry like
+    any other; the rest is about invalid data."""
     if isinstance(exc, httpx2.TimeoutException):
         return ProviderTimeout(STALLED, usage=usage)
     if isinstance(exc, httpx2.HTTPError):
         return ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage)
-    return classify_undecodable_chunk(exc, usage=usage)
+    if isinstance(exc, json.JSONDecodeError):
+        error = classify_stream_error(exc.doc, usage=usage)
+        if type(error) is not ProviderError:
+            return error
+    return ProviderError(f"the stream sent invalid data: {exc}", usage=usage)
 
 
 def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple[int | None, int | None]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import httpx2
 import openai
@@ -45,16 +45,9 @@ _FINISH_REASONS: dict[str, str] = {
     "content_filter": CONTENT_FILTER,
 }
 
-OutputCapParam = Literal["max_tokens", "max_completion_tokens"]
-
 
 class OpenAIProvider:
-    """Streams Chat Completions through ``openai.AsyncOpenAI``.
-
-    ``output_cap_param``: OpenAI's own API (no ``base_url``, or ``api.openai.com``) wants
-    ``max_completion_tokens`` (its reasoning models refuse ``max_tokens``); several compatible servers
-    (Ollama, older vLLM and llama.cpp) only read ``max_tokens``, the default anywhere else.
-    """
+    """Streams Chat Completions through ``openai.AsyncOpenAI``."""
 
     name = "openai"
 
@@ -63,8 +56,6 @@ class OpenAIProvider:
         base_url: str | None,
         api_key: str | None,
         default_model: str = DEFAULT_MODELS["openai"],
-        *,
-        output_cap_param: OutputCapParam | None = None,
     ) -> None:
         self.default_model = default_model
         api_key = sdk_api_key(api_key, base_url)
@@ -75,13 +66,12 @@ class OpenAIProvider:
                 "the openai provider needs an API key: set SIDEQUEST_API_KEY or OPENAI_API_KEY "
                 f"(or SIDEQUEST_BASE_URL for a local server) ({exc})"
             ) from exc
-        if output_cap_param is None:
-            is_openai = base_url is None or "api.openai.com" in base_url
-            output_cap_param = "max_completion_tokens" if is_openai else "max_tokens"
-        self._output_cap_param: OutputCapParam = output_cap_param
+        # OpenAI's own API wants max_completion_tokens (its reasoning models refuse max_tokens); several
+        # compatible servers (Ollama, older vLLM and llama.cpp) only read max_tokens.
+        is_openai = base_url is None or "api.openai.com" in base_url
+        self._output_cap_param = "max_completion_tokens" if is_openai else "max_tokens"
 
     async def aclose(self) -> None:
-        """Close the SDK's HTTP client."""
         await self._client.close()
 
     def build_request(self, call: ProviderCall) -> dict[str, Any]:
@@ -100,7 +90,6 @@ class OpenAIProvider:
         return body
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
-        """Stream one call; see :class:`service.providers.base.Provider`."""
         headers = call.headers()
         try:
             # The client's documented ``post`` rather than ``chat.completions.create``: create() walks
