@@ -98,6 +98,8 @@ class Finish:
 ProviderEvent = TextDelta | ReasoningDelta | ToolCall | UsageReport | Finish
 
 
+# The errors are dataclasses for their keyword fields; eq=False keeps an exception's identity (and hash).
+@dataclass(eq=False, kw_only=True)
 class ProviderError(Exception):
     """A provider call failed; ``status`` is the provider's HTTP status when there was one.
 
@@ -107,19 +109,13 @@ class ProviderError(Exception):
     """
 
     code = "provider_error"
+    message: str = field(kw_only=False)
+    status: int | None = None
+    usage: CallUsage | None = None
+    after_output: bool = field(default=False, init=False)
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        usage: CallUsage | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.usage = usage
-        self.after_output = False
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
     @property
     def reported_prompt_tokens(self) -> int | None:
@@ -137,6 +133,7 @@ class ProviderError(Exception):
         }
 
 
+@dataclass(eq=False, kw_only=True)
 class ContextOverflow(ProviderError):
     """The prompt does not fit the model's context window.
 
@@ -146,21 +143,9 @@ class ContextOverflow(ProviderError):
     """
 
     code = "context_overflow"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        usage: CallUsage | None = None,
-        prompt_tokens: int | None = None,
-        context_limit: int | None = None,
-        output_fills_window: bool = False,
-    ) -> None:
-        super().__init__(message, status=status, usage=usage)
-        self.prompt_tokens = prompt_tokens
-        self.context_limit = context_limit
-        self.output_fills_window = output_fills_window
+    prompt_tokens: int | None = None
+    context_limit: int | None = None
+    output_fills_window: bool = False
 
 
 class ModelUnavailable(ProviderError):
@@ -169,26 +154,15 @@ class ModelUnavailable(ProviderError):
     code = "model_unavailable"
 
 
+@dataclass(eq=False, kw_only=True)
 class RateLimited(ProviderError):
     """429 / 529 / a 413 that is a token-rate limit; ``quota_exhausted`` must not be retried.
     ``attempts``: calls made before giving up (set by the calling policy; SPEC §3's error detail)."""
 
     code = "rate_limited"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        usage: CallUsage | None = None,
-        retry_after_s: float | None = None,
-        quota_exhausted: bool = False,
-        attempts: int = 1,
-    ) -> None:
-        super().__init__(message, status=status, usage=usage)
-        self.retry_after_s = retry_after_s
-        self.quota_exhausted = quota_exhausted
-        self.attempts = attempts
+    retry_after_s: float | None = None
+    quota_exhausted: bool = False
+    attempts: int = 1
 
     def to_error(self) -> dict[str, Any]:
         """SPEC §3's ``rate_limited`` object: why it gave up, the status and how many calls it made."""

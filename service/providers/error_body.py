@@ -107,8 +107,6 @@ def _from_mapping(body: Mapping[str, Any], whole: str) -> ErrorInfo:
         etype = _text_or_none(inner.get("type"))
         code_value = inner.get("code")
         param = _text_or_none(inner.get("param"))
-        if not message and inner is body and isinstance(body.get("detail"), str):
-            message = str(body["detail"])
         # Gemini / Vertex: {"error": {"code": 429, "message": …, "status": "RESOURCE_EXHAUSTED"}}.
         if etype is None and isinstance(inner.get("status"), str):
             etype = str(inner["status"])
