@@ -112,7 +112,7 @@ class ProviderError(Exception):
     message: str = field(kw_only=False)
     status: int | None = None
     usage: CallUsage | None = None
-    after_output: bool = field(default=False, init=False)
+    after_output: bool = False
 
     def __post_init__(self) -> None:
         super().__init__(self.message)

@@ -91,7 +91,6 @@ async def run_call(
     the wait ends before the deadline and no text has streamed out; the last one carries ``attempts``.
     """
     attempts = 0
-    retries = 0
     while True:
         remaining = deadline - clock()
         if remaining <= 0:
@@ -103,36 +102,29 @@ async def run_call(
         attempts += 1
         try:
             result = await _attempt(
-                provider,
-                dataclasses.replace(call, timeout_s=remaining),
-                recorder=recorder,
-                model=call.model or provider.default_model,
-                remaining=remaining,
-                on_text=on_text,
+                provider, dataclasses.replace(call, timeout_s=remaining), recorder=recorder, on_text=on_text
             )
         except RateLimited as exc:
             exc.attempts = attempts
-            if exc.quota_exhausted or retries >= max_rate_limit_retries:
+            if exc.quota_exhausted or attempts > max_rate_limit_retries:  # its retries are used up
                 raise
             if exc.after_output and on_text is not None:
                 # Text already streamed to the client cannot be taken back: a partially streamed
                 # reply is never retried (SPEC 7: a retry would append a second reply to it). Not
                 # retried, it is a stream that broke (SPEC 8 provider_error), not a limit "still
                 # refused after up to two waits".
-                broke = ProviderError(
+                raise ProviderError(
                     f"the reply broke off after it had begun: {exc.message}",
                     status=exc.status,
                     usage=exc.usage,
-                )
-                broke.after_output = True
-                raise broke from exc
+                    after_output=True,
+                ) from exc
             wait = exc.retry_after_s
             if wait is None:
-                wait = DEFAULT_BACKOFF_S[min(retries, len(DEFAULT_BACKOFF_S) - 1)]
+                wait = DEFAULT_BACKOFF_S[min(attempts - 1, len(DEFAULT_BACKOFF_S) - 1)]
             if clock() + wait >= deadline:
                 raise  # waiting would use up the request's time: give up now, with the real cause
             await sleep(wait)
-            retries += 1
             continue
         result.attempts = attempts
         return result
@@ -143,11 +135,9 @@ async def _attempt(
     call: ProviderCall,
     *,
     recorder: CallRecorder,
-    model: str,
-    remaining: float,
     on_text: Callable[[str], Awaitable[None]] | None,
 ) -> CallResult:
-    """One provider call, recorded exactly once whatever happens to it."""
+    """One provider call (``call.timeout_s`` is the time left), recorded exactly once whatever happens."""
     # The attempt's running state, so that a failure still records the usage seen so far.
     text: list[str] = []
     reasoning: list[str] = []
@@ -163,7 +153,7 @@ async def _attempt(
         write = asyncio.ensure_future(
             recorder.record_call(
                 purpose=call.purpose,
-                model=model,
+                model=call.model or provider.default_model,
                 status=status,
                 usage=reported if reported is not None else CallUsage(reported=False),
                 latency_ms=round((time.monotonic() - started) * 1000),
@@ -180,7 +170,7 @@ async def _attempt(
             raise
 
     try:
-        async with asyncio.timeout(remaining):
+        async with asyncio.timeout(call.timeout_s):
             events = provider.stream(call)
             try:
                 async for event in events:
@@ -204,7 +194,7 @@ async def _attempt(
                     await close()
     except TimeoutError as exc:
         await record("failed", usage)
-        message = f"{call.purpose} call did not finish within {remaining:.1f}s"
+        message = f"{call.purpose} call did not finish within {call.timeout_s:.1f}s"
         raise ProviderTimeout(message, usage=usage) from exc
     except asyncio.CancelledError:
         await record("cancelled", usage)
