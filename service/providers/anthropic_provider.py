@@ -41,8 +41,9 @@ from service.providers.base import (
 )
 from service.providers.errors import STALLED, classify_http_error, classify_stream_error, stream_broke
 
-# The input counts of Anthropic's usage (``_input_usage`` keeps exactly these keys).
+# The counts of Anthropic's usage; its input_tokens excludes the cache reads and writes, ours includes both.
 _INPUT_COUNTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+_COUNTS = (*_INPUT_COUNTS, "output_tokens")
 _STOP_REASONS: dict[str, str] = {
     "end_turn": STOP,
     "stop_sequence": STOP,
@@ -91,10 +92,9 @@ class AnthropicProvider:
         return body
 
     async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
-        headers = call.headers()
         try:
             response = await self._client.messages.create(
-                **self.build_request(call), extra_headers=headers, timeout=call.timeout_s
+                **self.build_request(call), extra_headers=call.headers(), timeout=call.timeout_s
             )
         except anthropic.APIStatusError as exc:
             raise _classify_status_error(exc, None) from exc
@@ -103,21 +103,13 @@ class AnthropicProvider:
         except anthropic.APIConnectionError as exc:
             raise ProviderError(f"could not reach the provider: {exc}") from exc
 
-        input_usage: dict[str, int] = {}
-        output_tokens = 0
+        counts = dict.fromkeys(_COUNTS, 0)
         usage: CallUsage | None = None
         stop_raw: str | None = None
         try:
             async for event in response:
                 kind = getattr(event, "type", None)
-                if kind == "message_start":
-                    reported = getattr(getattr(event, "message", None), "usage", None)
-                    if reported is not None:
-                        input_usage = _input_usage(reported)
-                        output_tokens = reported_count(getattr(reported, "output_tokens", None))
-                        usage = _usage(input_usage, output_tokens)
-                        yield UsageReport(usage)
-                elif kind in ("content_block_start", "content_block_delta"):
+                if kind in ("content_block_start", "content_block_delta"):
                     # A block's start and its deltas carry text the same way ("text" / "text_delta").
                     where = "content_block" if kind == "content_block_start" else "delta"
                     part: Any = getattr(event, where, None)
@@ -128,17 +120,18 @@ class AnthropicProvider:
                         yield TextDelta(str(part.text))
                     elif part_type == "thinking" and getattr(part, "thinking", None):
                         yield ReasoningDelta(str(part.thinking))
-                elif kind == "message_delta":
-                    stop_raw = getattr(getattr(event, "delta", None), "stop_reason", None) or stop_raw
-                    reported = getattr(event, "usage", None)
+                elif kind in ("message_start", "message_delta"):
+                    if kind == "message_start":
+                        reported = getattr(getattr(event, "message", None), "usage", None)
+                    else:
+                        stop_raw = getattr(getattr(event, "delta", None), "stop_reason", None) or stop_raw
+                        reported = getattr(event, "usage", None)
                     if reported is not None:
-                        # Newer API versions repeat the (final) input counts here; keep what we have
-                        # from message_start when they are absent.
-                        updated = _input_usage(reported)
-                        input_usage.update({k: v for k, v in updated.items() if v})
-                        output = reported_count(getattr(reported, "output_tokens", None))
-                        output_tokens = output or output_tokens
-                        usage = _usage(input_usage, output_tokens)
+                        # message_delta brings the output, and newer API versions repeat the (final)
+                        # input counts there: a count it leaves out keeps message_start's value.
+                        for key in _COUNTS:
+                            counts[key] = reported_count(getattr(reported, key, None)) or counts[key]
+                        usage = _usage(counts)
                         yield UsageReport(usage)
         except anthropic.APIStatusError as exc:
             # An `event: error` inside the 200 stream arrives as a status error carrying status 200.
@@ -183,12 +176,10 @@ def _classify_status_error(exc: anthropic.APIStatusError, usage: CallUsage | Non
     return classify_http_error(exc.status_code, exc.body, dict(exc.response.headers), usage=usage)
 
 
-def _input_usage(reported: Any) -> dict[str, int]:
-    return {key: reported_count(getattr(reported, key, None)) for key in _INPUT_COUNTS}
-
-
-def _usage(input_usage: Mapping[str, int], output_tokens: int) -> CallUsage:
-    """Anthropic's ``input_tokens`` excludes cache reads and writes; ours includes both."""
-    cached = input_usage.get("cache_read_input_tokens", 0)
-    total = sum(input_usage.values())
-    return CallUsage(input_tokens=total, output_tokens=output_tokens, cached_tokens=cached, reported=True)
+def _usage(counts: Mapping[str, int]) -> CallUsage:
+    return CallUsage(
+        input_tokens=sum(counts[key] for key in _INPUT_COUNTS),
+        output_tokens=counts["output_tokens"],
+        cached_tokens=counts["cache_read_input_tokens"],
+        reported=True,
+    )

@@ -167,19 +167,15 @@ class OpenAIProvider:
 
 def usage_from_openai(usage: Any) -> CallUsage:
     """Our usage from an OpenAI ``usage`` object (``prompt_tokens`` already includes cached tokens)."""
-    prompt = reported_count(getattr(usage, "prompt_tokens", None))
-    completion = reported_count(getattr(usage, "completion_tokens", None))
-    prompt_details = getattr(usage, "prompt_tokens_details", None)
-    cached = reported_count(getattr(prompt_details, "cached_tokens", None))
+    cached = reported_count(getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None))
     if not cached:
         # DeepSeek reports its context cache hits at the top level instead.
         cached = reported_count((getattr(usage, "model_extra", None) or {}).get("prompt_cache_hit_tokens"))
     completion_details = getattr(usage, "completion_tokens_details", None)
-    reasoning = reported_count(getattr(completion_details, "reasoning_tokens", None))
     return CallUsage(
-        input_tokens=prompt,
-        output_tokens=completion,
-        reasoning_tokens=reasoning,
+        input_tokens=reported_count(getattr(usage, "prompt_tokens", None)),
+        output_tokens=reported_count(getattr(usage, "completion_tokens", None)),
+        reasoning_tokens=reported_count(getattr(completion_details, "reasoning_tokens", None)),
         cached_tokens=cached,
         reported=True,
     )
