@@ -6,7 +6,7 @@ usage, so a call that fails or is cancelled midway still knows its input tokens.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import httpx2
@@ -91,7 +91,7 @@ class AnthropicProvider:
             body["tool_choice"] = {"type": "none"}
         return body
 
-    async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
+    async def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
         try:
             response = await self._client.messages.create(
                 **self.build_request(call), extra_headers=call.headers(), timeout=call.timeout_s

@@ -8,7 +8,7 @@ itself (the calling policy decides) and never invents usage.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -217,7 +217,7 @@ class Provider(Protocol):
     name: str
     default_model: str
 
-    def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
+    def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
         """Stream one call's events; raise a :class:`ProviderError` subclass on failure."""
         ...
 

@@ -171,8 +171,8 @@ async def _attempt(
 
     try:
         async with asyncio.timeout(call.timeout_s):
-            events = provider.stream(call)
-            try:
+            # Closed (with its HTTP response) on the way out, not whenever it is garbage-collected.
+            async with contextlib.aclosing(provider.stream(call)) as events:
                 async for event in events:
                     if isinstance(event, TextDelta):
                         text.append(event.text)
@@ -187,11 +187,6 @@ async def _attempt(
                         usage = event.usage
                     elif isinstance(event, Finish):
                         finish = event
-            finally:
-                # Close the stream (and its HTTP response) now, not whenever it is garbage-collected.
-                close = getattr(events, "aclose", None)
-                if close is not None:
-                    await close()
     except TimeoutError as exc:
         await record("failed", usage)
         message = f"{call.purpose} call did not finish within {call.timeout_s:.1f}s"
@@ -200,7 +195,7 @@ async def _attempt(
         await record("cancelled", usage)
         raise
     except ProviderError as exc:
-        if exc.usage is None and usage is not None:
+        if exc.usage is None:
             exc.usage = usage
         # A reply that had begun (text, or a tool call: SPEC 7 retries neither) failed part-way.
         exc.after_output = bool(text or tool_calls)
@@ -210,7 +205,6 @@ async def _attempt(
         await record("failed", usage)
         raise
 
-    usage = usage or CallUsage(reported=False)
     await record("ok", usage)
     return CallResult(
         text="".join(text),
@@ -218,5 +212,5 @@ async def _attempt(
         tool_calls=tool_calls,
         stop_reason=finish.stop_reason if finish else None,
         raw_stop_reason=finish.raw_stop_reason if finish else None,
-        usage=usage,
+        usage=usage or CallUsage(reported=False),
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
 from service.providers import DEFAULT_MODELS
@@ -72,7 +72,7 @@ class OfflineProvider:
     async def aclose(self) -> None:
         """Nothing to release."""
 
-    async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
+    async def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
         """Stream the reply for ``call``; never raises a provider error."""
         if call.purpose == "answer":
             text = compose_answer(call.messages)

@@ -7,7 +7,7 @@ text (``reasoning_content`` / ``reasoning``) is kept apart from the answer body.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import httpx2
@@ -89,7 +89,7 @@ class OpenAIProvider:
             body["tool_choice"] = "none"
         return body
 
-    async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
+    async def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
         headers = call.headers()
         try:
             # The client's documented ``post`` rather than ``chat.completions.create``: create() walks
