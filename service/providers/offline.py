@@ -95,11 +95,13 @@ def summarise(messages: list[dict[str, Any]]) -> dict[str, Any]:
     prompt's documents, merged in order."""
     text = "\n".join(text for message in messages for text in _texts(message.get("content")))
     material = _tagged(text, "material")
-    # A merge prompt has no <material>: a transcript that merely quotes the merge tags is still material.
-    parts = _merge_parts(text) if material is None else []
+    # A merge prompt's documents (``<summary part="N">`` in ``<partial_summaries>``) have no <material>:
+    # a transcript that merely quotes the merge tags is still material.
+    merge_block = _tagged(text, "partial_summaries") if material is None else None
+    parts = [_parse_body(match.group("body")) for match in _MERGE_PART.finditer(merge_block or "")]
     if parts:
         return _fit(_merge(parts))
-    previous = _previous_summary(text)
+    previous = _parse_body(_tagged(text, "previous_summary") or "")
     if material is None:
         material = re.sub(_TAGGED.format(tag="previous_summary"), "", text, flags=re.DOTALL)
     lines = [line.strip() for line in material.splitlines() if line.strip()]
@@ -220,18 +222,6 @@ def _tagged(text: str, tag: str) -> str | None:
     return "\n".join(bodies) if bodies else None
 
 
-def _merge_parts(text: str) -> list[dict[str, Any]]:
-    """The documents of a merge prompt (``<summary part="N">`` bodies inside ``<partial_summaries>``)."""
-    block = _tagged(text, "partial_summaries") or ""
-    return [_parse_body(match.group("body")) for match in _MERGE_PART.finditer(block)]
-
-
-def _previous_summary(text: str) -> dict[str, Any]:
-    """The ``<previous_summary>`` of an update prompt, read back into its fields ({} when none)."""
-    body = _tagged(text, "previous_summary")
-    return {} if body is None else _parse_body(body)
-
-
 def _parse_body(body: str) -> dict[str, Any]:
     """The rendered body of service.summary.document.render_body, read back into its fields."""
     found: dict[str, Any] = {key: [] for key in _LISTED}
@@ -239,11 +229,9 @@ def _parse_body(body: str) -> dict[str, Any]:
     for raw in body.splitlines():
         line = raw.strip()
         lowered = line.lower()
-        if lowered.startswith("objective:"):
-            found["objective"] = line.split(":", 1)[1].strip()
-            section = None
-        elif lowered.startswith("state:"):
-            found["state"] = line.split(":", 1)[1].strip()
+        label, colon, value = line.partition(":")
+        if colon and label.lower() in ("objective", "state"):
+            found[label.lower()] = value.strip()
             section = None
         elif lowered.rstrip(":") in _PREVIOUS_SECTIONS and line.endswith(":"):
             section = _PREVIOUS_SECTIONS[lowered.rstrip(":")]
