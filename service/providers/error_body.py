@@ -55,8 +55,6 @@ class ErrorInfo:
 
 def parse_body(body: Any, depth: int = 0) -> ErrorInfo:
     """Pull message / type / code / param out of the many error envelopes in the wild."""
-    if isinstance(body, bytes | bytearray):
-        body = body.decode("utf-8", errors="replace")
     if isinstance(body, str):
         stripped = body.strip()
         if not stripped:
@@ -70,11 +68,7 @@ def parse_body(body: Any, depth: int = 0) -> ErrorInfo:
     if not isinstance(body, Mapping):
         text = "" if body is None else str(body)
         return ErrorInfo(text, text=text)
-    try:
-        whole = json.dumps(body, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        whole = str(body)
-    info = _from_mapping(body, whole)
+    info = _from_mapping(body, json.dumps(body, ensure_ascii=False, default=str))
     # A gateway that re-encodes the upstream body puts it, as JSON text, where its message goes.
     if depth < _MAX_NESTING and info.message.lstrip().startswith(("{", "[")):
         nested = parse_body(info.message, depth + 1)

@@ -291,22 +291,16 @@ def stream_broke(exc: httpx2.HTTPError | ValueError, usage: CallUsage | None) ->
 def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple[int | None, int | None]:
     """``(prompt_tokens, context_limit)`` as an overflow message (or the error's own fields) states
     them, None where it does not (docs/providers.md, "The prompt's real token count")."""
-    prompt: int | None = None
-    limit: int | None = None
-    if fields:
-        # llama.cpp puts both numbers in the error object itself.
-        prompt = _positive(fields.get("n_prompt_tokens"))
-        limit = _positive(fields.get("n_ctx"))
+    # llama.cpp puts both numbers in the error object itself.
+    prompt = _positive((fields or {}).get("n_prompt_tokens"))
+    limit = _positive((fields or {}).get("n_ctx"))
     for pattern in _COUNTS:
         if prompt is not None and limit is not None:
             break
         match = pattern.search(text)
-        if match is None:
-            continue
-        if prompt is None and "p" in pattern.groupindex:
-            prompt = _positive(match.group("p"))
-        if limit is None and "l" in pattern.groupindex:
-            limit = _positive(match.group("l"))
+        if match:  # (_positive gives None or a count > 0, so ``or`` keeps a number already found)
+            prompt = prompt or _positive(match.groupdict().get("p"))
+            limit = limit or _positive(match.groupdict().get("l"))
     if prompt is None:
         # OpenRouter splits the prompt into text and tool input.
         for pattern in _WINDOW_AND_OUTPUT:
