@@ -22,10 +22,6 @@ except ImportError as exc:  # pragma: no cover - a broken install: the SDK is a 
 from service.budget.estimate import without_posted_form
 from service.providers import DEFAULT_MODELS
 from service.providers.base import (
-    CONTENT_FILTER,
-    LENGTH,
-    STOP,
-    TOOL_CALLS,
     CallUsage,
     ProviderCall,
     ProviderError,
@@ -44,14 +40,15 @@ from service.providers.errors import STALLED, classify_http_error, classify_stre
 # The counts of Anthropic's usage; its input_tokens excludes the cache reads and writes, ours includes both.
 _INPUT_COUNTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 _COUNTS = (*_INPUT_COUNTS, "output_tokens")
-_STOP_REASONS: dict[str, str] = {
-    "end_turn": STOP,
-    "stop_sequence": STOP,
-    "max_tokens": LENGTH,
+# Anthropic's stop reasons as SPEC §3 names them (docs/providers.md, "Stop reasons").
+_STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
     # The reply ran into the context window: it is cut short exactly like a max_tokens stop.
-    "model_context_window_exceeded": LENGTH,
-    "tool_use": TOOL_CALLS,
-    "refusal": CONTENT_FILTER,
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
 }
 
 

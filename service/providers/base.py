@@ -14,12 +14,6 @@ from typing import Any, Literal, Protocol
 
 Purpose = Literal["answer", "qa_summary", "context_summary"]
 
-# Normalised stop reasons (SPEC §3); any other provider value is passed through unchanged.
-STOP = "stop"
-LENGTH = "length"
-TOOL_CALLS = "tool_calls"
-CONTENT_FILTER = "content_filter"
-
 
 @dataclass(frozen=True)
 class CallUsage:

@@ -13,8 +13,6 @@ from typing import Any
 
 from service.providers import DEFAULT_MODELS
 from service.providers.base import (
-    LENGTH,
-    STOP,
     CallUsage,
     Finish,
     ProviderCall,
@@ -85,7 +83,7 @@ class OfflineProvider:
         for start in range(0, len(text), _CHUNK_CHARS):
             yield TextDelta(text[start : start + _CHUNK_CHARS])
         yield UsageReport(CallUsage(reported=False))
-        stop = LENGTH if truncated else STOP
+        stop = "length" if truncated else "stop"
         yield Finish(stop_reason=stop, raw_stop_reason=stop)
 
 

@@ -18,10 +18,6 @@ from service.budget.estimate import POSTED_FORM
 from service.budget.messages import tool_result_text
 from service.providers import DEFAULT_MODELS
 from service.providers.base import (
-    CONTENT_FILTER,
-    LENGTH,
-    STOP,
-    TOOL_CALLS,
     CallUsage,
     ProviderCall,
     ProviderError,
@@ -37,13 +33,8 @@ from service.providers.base import (
 )
 from service.providers.errors import STALLED, classify_http_error, classify_stream_error, stream_broke
 
-_FINISH_REASONS: dict[str, str] = {
-    "stop": STOP,
-    "length": LENGTH,
-    "tool_calls": TOOL_CALLS,
-    "function_call": TOOL_CALLS,
-    "content_filter": CONTENT_FILTER,
-}
+# OpenAI's finish reasons are SPEC §3's own stop reasons; only the legacy function_call is renamed.
+_FINISH_REASONS = {"function_call": "tool_calls"}
 
 
 class OpenAIProvider:
