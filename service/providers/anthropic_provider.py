@@ -1,7 +1,6 @@
 """Adapter for Anthropic's Messages API on the official ``anthropic`` SDK, imported when the provider
-is built. Canonical messages already are Anthropic's shape. Usage arrives twice (input in
-``message_start``, output in ``message_delta``); each :class:`UsageReport` carries the cumulative
-usage, so a call that fails or is cancelled midway still knows its input tokens.
+is built. Canonical messages already are Anthropic's shape. Each :class:`UsageReport` carries the usage
+so far, so a call that fails or is cancelled midway still knows its input tokens.
 """
 
 from __future__ import annotations
@@ -124,8 +123,8 @@ class AnthropicProvider:
                         stop_raw = getattr(getattr(event, "delta", None), "stop_reason", None) or stop_raw
                         reported = getattr(event, "usage", None)
                     if reported is not None:
-                        # message_delta brings the output, and newer API versions repeat the (final)
-                        # input counts there: a count it leaves out keeps message_start's value.
+                        # message_start brings the input, message_delta the output (newer API versions
+                        # repeat the final input counts there): a count left out keeps its last value.
                         for key in _COUNTS:
                             counts[key] = reported_count(getattr(reported, key, None)) or counts[key]
                         usage = _usage(counts)

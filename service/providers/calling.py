@@ -1,8 +1,6 @@
-"""The calling policy shared by summary calls and answers (SPEC §7, §8; docs/providers.md).
-
-:func:`run_call` collects one logical call's stream, forwards answer text as it arrives, retries rate
-limits (never past the deadline, never an exhausted quota) and records **every attempt** with the usage
-the provider reported for it. It retries nothing but a rate limit: the rest is the caller's business.
+"""The calling policy shared by summary calls and answers (SPEC §7, §8; docs/providers.md, "Calling
+policy"): it records **every attempt** with the usage the provider reported for it, and retries nothing
+but a rate limit: the rest is the caller's business.
 """
 
 from __future__ import annotations

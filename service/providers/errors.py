@@ -1,12 +1,8 @@
-"""Turn a provider's error response into one of our typed errors.
-
-Every adapter funnels its failures through :func:`classify_http_error` (an HTTP error status with its
-body and headers) or :func:`classify_stream_error` (an error object that arrived *inside* a 200 stream).
-Classification goes by what the body **says**, whatever the HTTP status (gateways re-wrap upstream errors
-under their own) and whatever form it arrives in (:mod:`service.providers.error_body`). The rules, first
-match wins — model unavailable, quota exhausted, rate limited, context overflow, parameter cap, the rest —
-are written out with their reasons in docs/providers.md ("Error classification"); the real bodies they
-were written against are test fixtures under ``tests/fixtures/provider_errors/``.
+"""Turn a provider's error response into one of our typed errors, by what the body **says**, whatever
+the HTTP status (gateways re-wrap upstream errors under their own) and whatever form it arrives in
+(:mod:`service.providers.error_body`). The rules, first match wins, and their reasons are in
+docs/providers.md ("Error classification"); the real bodies they were written against are test fixtures
+under ``tests/fixtures/provider_errors/``.
 """
 
 from __future__ import annotations
@@ -211,11 +207,9 @@ def classify_http_error(
     usage: CallUsage | None = None,
     now: float | None = None,
 ) -> ProviderError:
-    """Classify one failed provider response (see the module docstring for the rules).
-
-    ``status`` is None when the error came inside a stream; ``body`` is the parsed JSON body or its raw
-    text. ``usage`` (reported before failing) is attached to the returned error. ``now`` (epoch seconds)
-    turns an HTTP-date ``Retry-After`` into seconds; it defaults to the wall clock.
+    """Classify one failed provider response: ``status`` is None when the error came inside a stream;
+    ``body`` is the parsed JSON body or its raw text. ``usage`` (reported before failing) is attached to
+    the returned error. ``now`` (epoch seconds, else the wall clock) dates an HTTP-date ``Retry-After``.
     """
     info = parse_body(body)
     effective = status if status is not None and status >= 400 else info.status_hint

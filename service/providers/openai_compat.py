@@ -237,12 +237,9 @@ def _assistant_message(blocks: list[Any]) -> dict[str, Any]:
                     },
                 }
             )
-    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    elif message["content"] is None:
-        message["content"] = ""
-    return message
+    if not tool_calls:
+        return {"role": "assistant", "content": "\n".join(texts)}
+    return {"role": "assistant", "content": "\n".join(texts) if texts else None, "tool_calls": tool_calls}
 
 
 def _user_messages(role: str, blocks: list[Any]) -> list[dict[str, Any]]:
@@ -269,13 +266,11 @@ def _user_messages(role: str, blocks: list[Any]) -> list[dict[str, Any]]:
                 parts.append({"type": "image_url", "image_url": {"url": url}})
             elif source.get("type") == "url":
                 parts.append({"type": "image_url", "image_url": {"url": source.get("url", "")}})
-    out = tool_messages
     if parts:
-        if all(part["type"] == "text" for part in parts):
-            out.append({"role": role, "content": "\n".join(part["text"] for part in parts)})
-        else:
-            out.append({"role": role, "content": parts})
-    return out
+        texts_only = all(part["type"] == "text" for part in parts)
+        content = "\n".join(part["text"] for part in parts) if texts_only else parts
+        tool_messages.append({"role": role, "content": content})
+    return tool_messages
 
 
 def _tool_result_text(content: Any) -> str:
@@ -296,13 +291,11 @@ def _reasoning_text(delta: Any) -> str | None:
 
 def _classify_status_error(exc: openai.APIStatusError, *, usage: CallUsage | None = None) -> ProviderError:
     """Classify from the full response body (the SDK's ``exc.body`` drops the ``error`` envelope)."""
-    body: Any = exc.body
     try:
         text = exc.response.text
     except Exception:  # the body may not be readable any more (closed stream)
         text = ""
-    if text.strip():
-        body = text
+    body = text if text.strip() else exc.body
     return classify_http_error(exc.status_code, body, dict(exc.response.headers), usage=usage)
 
 
