@@ -353,11 +353,9 @@ def _is_quota_exhausted(status: int | None, info: ErrorInfo) -> bool:
 
 
 def _is_rate_limit(status: int | None, info: ErrorInfo) -> bool:
-    if status in (429, 529):
+    if status in (429, 529) or info.code == "rate_limit_exceeded":
         return True
-    if info.type in _RATE_LIMIT_TYPES or info.type == "RESOURCE_EXHAUSTED":
-        return True
-    if info.code == "rate_limit_exceeded":
+    if info.type in _RATE_LIMIT_TYPES or info.type == "RESOURCE_EXHAUSTED":  # Gemini's status
         return True
     # A 413 that talks about tokens per minute is Groq's TPM limit, not a too-long prompt; an error
     # inside a stream has no status, so its wording is all there is.
@@ -381,9 +379,7 @@ def _overflow_verdict(status: int | None, info: ErrorInfo) -> str | None:
         # Input and requested output together exceed the window: an overflow (SPEC §7), also when
         # the output alone fills it (then no shrinking helps, and the message says why).
         return "overflow"
-    if info.param in _PARAMETER_CAP_PARAMS:
-        return "parameter"
-    if any(p.search(text) for p in _PARAMETER_CAP_PATTERNS):
+    if info.param in _PARAMETER_CAP_PARAMS or any(p.search(text) for p in _PARAMETER_CAP_PATTERNS):
         return "parameter"
     if info.code == "string_above_max_length":
         # OpenAI's byte cap on one field: an overflow only when the field is the messages.
