@@ -54,8 +54,6 @@ _STOP_REASONS = {
 class AnthropicProvider:
     """Streams the Messages API through ``anthropic.AsyncAnthropic`` (SDK retries off)."""
 
-    name = "anthropic"
-
     def __init__(
         self,
         base_url: str | None,

@@ -208,7 +208,6 @@ def reported_count(value: Any) -> int:
 class Provider(Protocol):
     """A model provider adapter."""
 
-    name: str
     default_model: str
 
     def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:

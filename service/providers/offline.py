@@ -62,8 +62,6 @@ _STOPWORDS = frozenset(
 class OfflineProvider:
     """Deterministic extractive summaries and quoting answers, without any network."""
 
-    name = "offline"
-
     def __init__(self, default_model: str = DEFAULT_MODELS["offline"]) -> None:
         self.default_model = default_model
 

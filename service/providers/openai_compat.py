@@ -40,8 +40,6 @@ _FINISH_REASONS = {"function_call": "tool_calls"}
 class OpenAIProvider:
     """Streams Chat Completions through ``openai.AsyncOpenAI``."""
 
-    name = "openai"
-
     def __init__(
         self,
         base_url: str | None,
