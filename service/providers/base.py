@@ -1,9 +1,8 @@
-"""The one small interface every model provider adapter implements.
+"""The one small interface every model provider adapter implements (docs/providers.md, "The stream").
 
-Messages travel in one canonical, Anthropic-style shape (the snapshot's own, after normalisation),
-the system prompt and tool schemas beside them; each adapter converts to its wire format. An adapter
-streams :data:`ProviderEvent` values and raises one of the typed errors below; it never retries by
-itself (the calling policy decides) and never invents usage.
+Messages travel in one canonical, Anthropic-style shape (the snapshot's own, after normalisation); each
+adapter converts to its wire format, streams :data:`ProviderEvent` values and raises one of the typed
+errors below. It never retries by itself (the calling policy decides) and never invents usage.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from service.providers.base import (
     ProviderError,
     ProviderTimeout,
     RateLimited,
+    reported_count,
 )
 from service.providers.error_body import ErrorInfo, parse_body
 from service.providers.retry_after import parse_retry_after
@@ -306,11 +307,7 @@ def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple
 
 
 def _positive(value: Any) -> int | None:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        return None
-    return number if number > 0 else None
+    return max(reported_count(value), 0) or None
 
 
 def _describe(status: int | None, info: ErrorInfo) -> str:
