@@ -184,15 +184,12 @@ def finished(raw: str | None, reasons: Mapping[str, str], usage: CallUsage | Non
     return Finish(stop_reason=reasons.get(raw, raw), raw_stop_reason=raw)
 
 
-# Local servers need no key, but the SDKs insist on one; this placeholder is never a real credential.
-_NO_KEY = "sidequest-no-api-key"
-
-
 def sdk_api_key(api_key: str | None, base_url: str | None) -> str | None:
     """The key to give a provider SDK: ``api_key``, else a placeholder for a server of one's own
     (``base_url`` set), else None (the SDK then reads its own environment variable)."""
     if api_key is None and base_url is not None:
-        return _NO_KEY
+        # Local servers need no key, but the SDKs insist on one; this is never a real credential.
+        return "sidequest-no-api-key"
     return api_key
 
 

@@ -88,24 +88,23 @@ def parse_body(body: Any, depth: int = 0) -> ErrorInfo:
 def _from_mapping(body: Mapping[str, Any], whole: str) -> ErrorInfo:
     """The error in a JSON object (or in the fields read from a body that does not parse)."""
     inner: Any = body.get("error", body)
-    fields: Mapping[str, Any] | None = None
-    param = None
+    fields = inner if isinstance(inner, Mapping) else None
     if isinstance(inner, str):
         # TGI ({"error": "...", "error_type": "validation"}), LM Studio and Ollama's native API.
-        message = inner
-        etype = _text_or_none(body.get("error_type") or body.get("type"))
-        code_value: Any = body.get("code")
-    elif isinstance(inner, Mapping):
-        fields = inner
-        message = _text_or_none(inner.get("message") or inner.get("detail") or inner.get("msg")) or ""
-        etype = _text_or_none(inner.get("type"))
-        code_value = inner.get("code")
-        param = _text_or_none(inner.get("param"))
-        # Gemini / Vertex: {"error": {"code": 429, "message": …, "status": "RESOURCE_EXHAUSTED"}}.
-        if etype is None and isinstance(inner.get("status"), str):
-            etype = str(inner["status"])
-    else:
-        message, etype, code_value = str(inner), None, None
+        inner = {
+            "message": inner,
+            "type": body.get("error_type") or body.get("type"),
+            "code": body.get("code"),
+        }
+    elif fields is None:
+        inner = {"message": str(inner)}
+    message = _text_or_none(inner.get("message") or inner.get("detail") or inner.get("msg")) or ""
+    etype = _text_or_none(inner.get("type"))
+    code_value = inner.get("code")
+    param = _text_or_none(inner.get("param"))
+    # Gemini / Vertex: {"error": {"code": 429, "message": …, "status": "RESOURCE_EXHAUSTED"}}.
+    if etype is None and isinstance(inner.get("status"), str):
+        etype = str(inner["status"])
 
     valid = isinstance(code_value, int | str) and not isinstance(code_value, bool) and code_value != ""
     code = str(code_value) if valid else None
