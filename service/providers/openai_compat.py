@@ -113,28 +113,30 @@ class OpenAIProvider:
                 for choice in chunk.choices or []:
                     if choice.index not in (0, None):
                         continue  # we ask for one choice; ignore any others
+                    finish_raw = choice.finish_reason or finish_raw
                     delta = choice.delta
-                    if delta is not None:
-                        reasoning = _reasoning_text(delta)
-                        if reasoning:
+                    if delta is None:
+                        continue
+                    for field in ("reasoning_content", "reasoning"):  # vLLM, DeepSeek / Ollama, OpenRouter
+                        reasoning = getattr(delta, field, None)
+                        if isinstance(reasoning, str) and reasoning:
                             yield ReasoningDelta(reasoning)
-                        if delta.content:
-                            yield TextDelta(delta.content)
-                        # A refusal is what the model answered (OpenAI streams it apart from content).
-                        refusal = getattr(delta, "refusal", None)
-                        if isinstance(refusal, str) and refusal:
-                            yield TextDelta(refusal)
-                        for tool_call in delta.tool_calls or []:
-                            index = tool_call.index if tool_call.index is not None else len(seen_tool_calls)
-                            if index in seen_tool_calls:
-                                continue  # a later delta of a call already reported (its arguments)
-                            seen_tool_calls.add(index)
-                            name = tool_call.function.name if tool_call.function is not None else None
-                            yield ToolCall(name=name or "", id=tool_call.id)
-                        if delta.function_call is not None and delta.function_call.name:
-                            yield ToolCall(name=delta.function_call.name)
-                    if choice.finish_reason:
-                        finish_raw = choice.finish_reason
+                            break
+                    if delta.content:
+                        yield TextDelta(delta.content)
+                    # A refusal is what the model answered (OpenAI streams it apart from content).
+                    refusal = getattr(delta, "refusal", None)
+                    if isinstance(refusal, str) and refusal:
+                        yield TextDelta(refusal)
+                    for tool_call in delta.tool_calls or []:
+                        index = tool_call.index if tool_call.index is not None else len(seen_tool_calls)
+                        if index in seen_tool_calls:
+                            continue  # a later delta of a call already reported (its arguments)
+                        seen_tool_calls.add(index)
+                        name = tool_call.function.name if tool_call.function is not None else None
+                        yield ToolCall(name=name or "", id=tool_call.id)
+                    if delta.function_call is not None and delta.function_call.name:
+                        yield ToolCall(name=delta.function_call.name)
         except openai.APITimeoutError as exc:
             raise ProviderTimeout(STALLED, usage=usage) from exc
         except openai.APIConnectionError as exc:
@@ -277,14 +279,6 @@ def _tool_result_text(content: Any) -> str:
         other_block=lambda block: f"[{block.get('type', 'content')} omitted]",
         other_value=lambda value: json.dumps(value, ensure_ascii=False, default=str),
     )
-
-
-def _reasoning_text(delta: Any) -> str | None:
-    for field in ("reasoning_content", "reasoning"):
-        value = getattr(delta, field, None)
-        if isinstance(value, str) and value:
-            return value
-    return None
 
 
 def _classify_status_error(exc: openai.APIStatusError, *, usage: CallUsage | None = None) -> ProviderError:
