@@ -141,10 +141,9 @@ class OpenAIProvider:
             raise ProviderTimeout(STALLED, usage=usage) from exc
         except openai.APIConnectionError as exc:
             raise ProviderError(f"the stream broke: {_cause(exc)}", usage=usage) from exc
-        except openai.APIStatusError as exc:
-            raise _classify_status_error(exc, usage=usage) from exc
         except openai.APIError as exc:
-            # An SSE data chunk carrying an "error" object: the SDK raises it with that object as body.
+            # An SSE data chunk carrying an "error" object: the SDK raises it (a plain APIError, never a
+            # status error once the 200 has arrived) with that object as body.
             raise classify_stream_error(
                 exc.body if exc.body is not None else exc.message, usage=usage
             ) from exc
@@ -281,14 +280,14 @@ def _tool_result_text(content: Any) -> str:
     )
 
 
-def _classify_status_error(exc: openai.APIStatusError, *, usage: CallUsage | None = None) -> ProviderError:
+def _classify_status_error(exc: openai.APIStatusError) -> ProviderError:
     """Classify from the full response body (the SDK's ``exc.body`` drops the ``error`` envelope)."""
     try:
         text = exc.response.text
     except Exception:  # the body may not be readable any more (closed stream)
         text = ""
     body = text if text.strip() else exc.body
-    return classify_http_error(exc.status_code, body, dict(exc.response.headers), usage=usage)
+    return classify_http_error(exc.status_code, body, dict(exc.response.headers))
 
 
 def _cause(exc: BaseException) -> str:
