@@ -80,13 +80,10 @@ async def run_call(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     max_rate_limit_retries: int = 2,
 ) -> CallResult:
-    """Run ``call`` on ``provider`` under the calling policy and return what it produced.
-
-    ``deadline`` is an absolute ``clock()`` value bounding every attempt (:class:`ProviderTimeout`).
+    """Run ``call`` on ``provider`` under the calling policy (docs/providers.md, "Calling policy") and
+    return what it produced. ``deadline`` is an absolute ``clock()`` value bounding every attempt;
     ``before_attempt`` may raise to refuse an attempt (the summary call cap); ``on_attempt`` is awaited
-    once it is certain. Text deltas go to ``on_text``. A :class:`RateLimited` that is not a quota is
-    retried after its ``Retry-After`` (else 1 s, then 2 s) at most ``max_rate_limit_retries`` times, if
-    the wait ends before the deadline and no text has streamed out; the last one carries ``attempts``.
+    once it is certain; text deltas go to ``on_text``.
     """
     attempts = 0
     while True:

@@ -1,7 +1,6 @@
 """The ``offline`` provider (SPEC §1): deterministic, no network, no model, so that ``sidequest serve``
-works on a fresh machine (docs/providers.md, "The offline provider"). Summaries are extractive, answers
-quote the context lines that share the most words with the question. Usage is zeros with
-``reported=False``: an estimate must never pass for provider usage (SPEC §7).
+works on a fresh machine; what it answers is in docs/providers.md ("The offline provider"). Usage is
+zeros with ``reported=False``: an estimate must never pass for provider usage (SPEC §7).
 """
 
 from __future__ import annotations

@@ -37,10 +37,8 @@ def parse_retry_after(
     message: str | None = None,
     now: float | None = None,
 ) -> float | None:
-    """Seconds to wait before retrying, from ``retry-after-ms``, ``retry-after`` (seconds or HTTP date;
-    also under LiteLLM's ``llm_provider-`` prefix) or, failing both, a hint in the provider's message:
-    "try again in 6s" / "in 250ms", Azure's "Please retry after 60 seconds", Gemini's "Please retry in
-    20.04s" or its ``"retryDelay": "26s"``; last, OpenAI's ``x-ratelimit-reset-*`` headers."""
+    """Seconds to wait before retrying, from the headers or the provider's message, first found in the
+    order docs/providers.md gives (rule 3); None when nothing says."""
     lowered = {k.lower(): v for k, v in (headers or {}).items()}
     for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         # LiteLLM's proxy passes the upstream's headers on under an ``llm_provider-`` prefix.
