@@ -1,9 +1,6 @@
-"""Read a provider's error body, in whatever form it arrives, into the parts classification looks at.
-
-One path for every form (docs/providers.md, "Error classification"): parsed JSON, its text, plain text,
-JSON inside a JSON string (or inside a gateway's own message), and JSON that does not parse (SGLang's
-``\\'`` escapes, a body cut short, a dict as Python prints it) — then the fields are read from the text
-itself with its escapes undone, so a phrasing is found whatever the form.
+"""Read a provider's error body, in whatever form it arrives (parsed JSON, its text, JSON inside a string,
+JSON that does not parse, plain text), into the parts classification looks at, by one path for every
+form: docs/providers.md ("Error classification": "And whatever form the body arrives in").
 """
 
 from __future__ import annotations
