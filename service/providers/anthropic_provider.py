@@ -125,7 +125,12 @@ class AnthropicProvider:
                         # repeat the final input counts there): a count left out keeps its last value.
                         for key in _COUNTS:
                             counts[key] = reported_count(getattr(reported, key, None)) or counts[key]
-                        usage = _usage(counts)
+                        usage = CallUsage(
+                            input_tokens=sum(counts[key] for key in _INPUT_COUNTS),
+                            output_tokens=counts["output_tokens"],
+                            cached_tokens=counts["cache_read_input_tokens"],
+                            reported=True,
+                        )
                         yield UsageReport(usage)
         except anthropic.APIStatusError as exc:
             # An `event: error` inside the 200 stream arrives as a status error carrying status 200.
@@ -168,12 +173,3 @@ def _classify_status_error(exc: anthropic.APIStatusError, usage: CallUsage | Non
     if exc.status_code < 400:
         return classify_stream_error(exc.body, usage=usage)
     return classify_http_error(exc.status_code, exc.body, dict(exc.response.headers), usage=usage)
-
-
-def _usage(counts: Mapping[str, int]) -> CallUsage:
-    return CallUsage(
-        input_tokens=sum(counts[key] for key in _INPUT_COUNTS),
-        output_tokens=counts["output_tokens"],
-        cached_tokens=counts["cache_read_input_tokens"],
-        reported=True,
-    )
