@@ -277,12 +277,9 @@ def _words(text: str) -> set[str]:
     return {_stem(word) for word in words if len(word) > 2 and word not in _STOPWORDS}
 
 
-_SUFFIXES = ("ing", "ed", "es", "s")
-
-
 def _stem(word: str) -> str:
     """A crude English stem, so that "decide" meets "decided" and "rounding" meets "round"."""
-    for suffix in _SUFFIXES:
+    for suffix in ("ing", "ed", "es", "s"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
             word = word[: -len(suffix)]
             break

@@ -1,7 +1,6 @@
 """Adapter for any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, llama.cpp,
-LM Studio, DeepSeek, Groq, OpenRouter, …) on the official ``openai`` SDK, its own retries off.
-Always streams, with ``stream_options.include_usage`` so the final chunk carries the usage; reasoning
-text (``reasoning_content`` / ``reasoning``) is kept apart from the answer body.
+LM Studio, DeepSeek, Groq, OpenRouter, …) on the official ``openai`` SDK, its own retries off. Always
+streams, with ``stream_options.include_usage`` so the final chunk carries the usage.
 """
 
 from __future__ import annotations
