@@ -244,11 +244,8 @@ def classify_http_error(
             context_limit=context_limit,
             output_fills_window=filled is not None,
         )
-    if verdict == "parameter":
-        return ProviderError(message, status=effective, usage=usage)
-
-    if effective == 404:
-        # Not a model (rule 1): the endpoint itself is not there.
+    if effective == 404 and verdict is None:
+        # Not a model (rule 1) nor an output cap ("parameter"): the endpoint itself is not there.
         message += (
             " (HTTP 404 naming no model: is SIDEQUEST_BASE_URL right? The openai provider wants it "
             "with /v1, the anthropic provider without)"
