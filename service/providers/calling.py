@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from service.providers.base import (
@@ -97,7 +96,7 @@ async def run_call(
         attempts += 1
         try:
             result = await _attempt(
-                provider, dataclasses.replace(call, timeout_s=remaining), recorder=recorder, on_text=on_text
+                provider, replace(call, timeout_s=remaining), recorder=recorder, on_text=on_text
             )
         except RateLimited as exc:
             exc.attempts = attempts
