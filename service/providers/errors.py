@@ -334,10 +334,8 @@ def _is_model_missing(status: int | None, info: ErrorInfo) -> bool:
 
 
 def _is_quota_exhausted(status: int | None, info: ErrorInfo) -> bool:
-    if "insufficient_quota" in (info.type, info.code):
-        return True
     # 402 Payment Required: DeepSeek's "Insufficient Balance", OpenRouter's "requires more credits".
-    if status == 402 or _QUOTA.search(info.message):
+    if "insufficient_quota" in (info.type, info.code) or status == 402 or _QUOTA.search(info.message):
         return True
     return (
         bool(_OPENAI_QUOTA_WORDING.search(info.message))
