@@ -30,8 +30,8 @@ from service.providers.retry_after import parse_retry_after
 _MAX_MESSAGE_CHARS = 2000
 
 
-def _compile(*patterns: str) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p, re.IGNORECASE) for p in patterns)
+def _compile(*patterns: str, flags: int = 0) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p, re.IGNORECASE | flags) for p in patterns)
 
 
 # Known overflow phrasings, each with the server it was taken from (see docs/providers.md). Trusted in
@@ -88,35 +88,33 @@ _PARAMETER_CAP_PARAMS = frozenset(
 # Messages that carry both the window and the requested output (and usually the prompt): the
 # arithmetic decides between an overflow and a parameter cap. Groups: window, output, input, tool. The
 # wordings, with an example each, are in docs/providers.md (rule 4).
-_WINDOW_AND_OUTPUT: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(p, re.IGNORECASE | re.DOTALL)
-    for p in (
-        # OpenAI legacy / vLLM / DeepSeek
-        r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in the messages, "
-        r"(?P<output>\d+) in the completion",
-        # OpenAI completions legacy
-        r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in your prompt[;,] "
-        r"(?P<output>\d+) for the completion",
-        # vLLM ≥ 0.8
-        r"is too large: (?P<output>\d+)\. This model's maximum context length is (?P<window>\d+) tokens"
-        r"(?: and your request has (?P<input>\d+) input tokens)?",
-        # vLLM (newer)
-        r"maximum context length is (?P<window>\d+) tokens\. However, you requested (?P<output>\d+) "
-        r"output tokens(?: and your prompt contains at least (?P<input>\d+) input tokens)?",
-        # vLLM ≥ 0.10
-        r"You passed (?P<input>\d+) input tokens and requested (?P<output>\d+) output tokens\. "
-        r"However, the model'?s context length is only (?P<window>\d+) tokens",
-        # SGLang
-        r"maximum context length of (?P<window>\d+) tokens\. You requested a total of \d+ tokens: "
-        r"(?P<input>\d+) tokens from the input messages and (?P<output>\d+) tokens for the completion",
-        # OpenRouter
-        r"maximum context length is (?P<window>\d+) tokens\. However, you requested about \d+ tokens "
-        r"\((?P<input>\d+) of text input(?:, (?P<tool>\d+) of tool input)?, (?P<output>\d+) in the output",
-        r"exceed context limit: (?P<input>\d+) \+ (?P<output>\d+) > (?P<window>\d+)",  # Anthropic
-        # TGI
-        r"must be <= (?P<window>\d+)\. Given: (?P<input>\d+) `inputs` tokens and "
-        r"(?P<output>\d+) `max_new_tokens`",
-    )
+_WINDOW_AND_OUTPUT = _compile(
+    # OpenAI legacy / vLLM / DeepSeek
+    r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in the messages, "
+    r"(?P<output>\d+) in the completion",
+    # OpenAI completions legacy
+    r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in your prompt[;,] "
+    r"(?P<output>\d+) for the completion",
+    # vLLM ≥ 0.8
+    r"is too large: (?P<output>\d+)\. This model's maximum context length is (?P<window>\d+) tokens"
+    r"(?: and your request has (?P<input>\d+) input tokens)?",
+    # vLLM (newer)
+    r"maximum context length is (?P<window>\d+) tokens\. However, you requested (?P<output>\d+) "
+    r"output tokens(?: and your prompt contains at least (?P<input>\d+) input tokens)?",
+    # vLLM ≥ 0.10
+    r"You passed (?P<input>\d+) input tokens and requested (?P<output>\d+) output tokens\. "
+    r"However, the model'?s context length is only (?P<window>\d+) tokens",
+    # SGLang
+    r"maximum context length of (?P<window>\d+) tokens\. You requested a total of \d+ tokens: "
+    r"(?P<input>\d+) tokens from the input messages and (?P<output>\d+) tokens for the completion",
+    # OpenRouter
+    r"maximum context length is (?P<window>\d+) tokens\. However, you requested about \d+ tokens "
+    r"\((?P<input>\d+) of text input(?:, (?P<tool>\d+) of tool input)?, (?P<output>\d+) in the output",
+    r"exceed context limit: (?P<input>\d+) \+ (?P<output>\d+) > (?P<window>\d+)",  # Anthropic
+    # TGI
+    r"must be <= (?P<window>\d+)\. Given: (?P<input>\d+) `inputs` tokens and "
+    r"(?P<output>\d+) `max_new_tokens`",
+    flags=re.DOTALL,
 )
 
 # Where an overflow message states the prompt's token count (group ``p``) and / or the window (group
