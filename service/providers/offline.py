@@ -151,13 +151,9 @@ def compose_answer(messages: list[dict[str, Any]]) -> str:
     question = _question(messages)
     question_words = _words(question)
     scored: list[tuple[int, int, str]] = []
-    seen: set[str] = set()
-    for position, line in enumerate(_context_lines(messages)):
-        if line in seen or line == question or _is_header(line):
-            continue
-        seen.add(line)
+    for position, line in enumerate(dict.fromkeys(_context_lines(messages))):  # each line once
         overlap = len(question_words & _words(line))
-        if overlap:
+        if overlap and line != question and not _is_header(line):
             scored.append((overlap, position, line))
     # Most shared words first; among equals the latest line, the freshest state of the work.
     scored.sort(key=lambda item: (-item[0], -item[1]))
