@@ -29,20 +29,13 @@ def build_provider(settings: Settings) -> Provider:
         from service.providers.offline import OfflineProvider
 
         return OfflineProvider(default_model=model)
+    base_url = settings.resolved_base_url()
+    api_key = settings.resolved_api_key()
     if settings.provider == "openai":
         from service.providers.openai_compat import OpenAIProvider
 
-        return OpenAIProvider(
-            base_url=settings.resolved_base_url(),
-            api_key=settings.resolved_api_key(),
-            default_model=model,
-        )
-    if settings.provider == "anthropic":
-        from service.providers.anthropic_provider import AnthropicProvider
+        return OpenAIProvider(base_url=base_url, api_key=api_key, default_model=model)
+    # Settings.provider is a Literal pydantic has checked: nothing but anthropic is left.
+    from service.providers.anthropic_provider import AnthropicProvider
 
-        return AnthropicProvider(
-            base_url=settings.resolved_base_url(),
-            api_key=settings.resolved_api_key(),
-            default_model=model,
-        )
-    raise ValueError(f"unknown provider {settings.provider!r}")
+    return AnthropicProvider(base_url=base_url, api_key=api_key, default_model=model)

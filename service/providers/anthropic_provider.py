@@ -1,24 +1,26 @@
 """Adapter for Anthropic's Messages API on the official ``anthropic`` SDK, imported when the provider
-is built. Canonical messages already are Anthropic's shape. Usage arrives twice (input in
-``message_start``, output in ``message_delta``); each :class:`UsageReport` carries the cumulative
-usage, so a call that fails or is cancelled midway still knows its input tokens.
+is built. Canonical messages already are Anthropic's shape. Each :class:`UsageReport` carries the usage
+so far, so a call that fails or is cancelled midway still knows its input tokens.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import httpx2
 
+try:
+    import anthropic
+except ImportError as exc:  # pragma: no cover - a broken install: the SDK is a dependency
+    raise ValueError(
+        "SIDEQUEST_PROVIDER=anthropic needs the anthropic SDK, a dependency of Sidequest: "
+        "reinstall Sidequest (pip install 'sidequest[anthropic]')"
+    ) from exc
+
 from service.budget.estimate import without_posted_form
 from service.providers import DEFAULT_MODELS
 from service.providers.base import (
-    CONTENT_FILTER,
-    LENGTH,
-    STOP,
-    TOOL_CALLS,
     CallUsage,
     ProviderCall,
     ProviderError,
@@ -34,33 +36,23 @@ from service.providers.base import (
 )
 from service.providers.errors import STALLED, classify_http_error, classify_stream_error, stream_broke
 
-# The input counts of Anthropic's usage (``_input_usage`` keeps exactly these keys).
+# The counts of Anthropic's usage; its input_tokens excludes the cache reads and writes, ours includes both.
 _INPUT_COUNTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
-_STOP_REASONS: dict[str, str] = {
-    "end_turn": STOP,
-    "stop_sequence": STOP,
-    "max_tokens": LENGTH,
+_COUNTS = (*_INPUT_COUNTS, "output_tokens")
+# Anthropic's stop reasons as SPEC §3 names them (docs/providers.md, "Stop reasons").
+_STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
     # The reply ran into the context window: it is cut short exactly like a max_tokens stop.
-    "model_context_window_exceeded": LENGTH,
-    "tool_use": TOOL_CALLS,
-    "refusal": CONTENT_FILTER,
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
 }
-
-
-def _import_sdk() -> Any:
-    try:
-        return importlib.import_module("anthropic")
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ValueError(
-            "SIDEQUEST_PROVIDER=anthropic needs the anthropic SDK, a dependency of Sidequest: "
-            "reinstall Sidequest (pip install 'sidequest[anthropic]')"
-        ) from exc
 
 
 class AnthropicProvider:
     """Streams the Messages API through ``anthropic.AsyncAnthropic`` (SDK retries off)."""
-
-    name = "anthropic"
 
     def __init__(
         self,
@@ -68,13 +60,11 @@ class AnthropicProvider:
         api_key: str | None,
         default_model: str = DEFAULT_MODELS["anthropic"],
     ) -> None:
-        self._sdk = _import_sdk()
         self.default_model = default_model
         api_key = sdk_api_key(api_key, base_url)
-        self._client = self._sdk.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0)
+        self._client = anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0)
 
     async def aclose(self) -> None:
-        """Close the SDK's HTTP client."""
         await self._client.close()
 
     def build_request(self, call: ProviderCall) -> dict[str, Any]:
@@ -95,36 +85,25 @@ class AnthropicProvider:
             body["tool_choice"] = {"type": "none"}
         return body
 
-    async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
-        """Stream one call; see :class:`service.providers.base.Provider`."""
-        sdk = self._sdk
-        headers = call.headers()
+    async def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
         try:
             response = await self._client.messages.create(
-                **self.build_request(call), extra_headers=headers, timeout=call.timeout_s
+                **self.build_request(call), extra_headers=call.headers(), timeout=call.timeout_s
             )
-        except sdk.APIStatusError as exc:
+        except anthropic.APIStatusError as exc:
             raise _classify_status_error(exc, None) from exc
-        except sdk.APITimeoutError as exc:
+        except anthropic.APITimeoutError as exc:
             raise ProviderTimeout(f"no response within {call.timeout_s:.1f}s") from exc
-        except sdk.APIConnectionError as exc:
+        except anthropic.APIConnectionError as exc:
             raise ProviderError(f"could not reach the provider: {exc}") from exc
 
-        input_usage: dict[str, int] = {}
-        output_tokens = 0
+        counts = dict.fromkeys(_COUNTS, 0)
         usage: CallUsage | None = None
         stop_raw: str | None = None
         try:
             async for event in response:
                 kind = getattr(event, "type", None)
-                if kind == "message_start":
-                    reported = getattr(getattr(event, "message", None), "usage", None)
-                    if reported is not None:
-                        input_usage = _input_usage(reported)
-                        output_tokens = reported_count(getattr(reported, "output_tokens", None))
-                        usage = _usage(input_usage, output_tokens)
-                        yield UsageReport(usage)
-                elif kind in ("content_block_start", "content_block_delta"):
+                if kind in ("content_block_start", "content_block_delta"):
                     # A block's start and its deltas carry text the same way ("text" / "text_delta").
                     where = "content_block" if kind == "content_block_start" else "delta"
                     part: Any = getattr(event, where, None)
@@ -135,26 +114,32 @@ class AnthropicProvider:
                         yield TextDelta(str(part.text))
                     elif part_type == "thinking" and getattr(part, "thinking", None):
                         yield ReasoningDelta(str(part.thinking))
-                elif kind == "message_delta":
-                    stop_raw = getattr(getattr(event, "delta", None), "stop_reason", None) or stop_raw
-                    reported = getattr(event, "usage", None)
+                elif kind in ("message_start", "message_delta"):
+                    if kind == "message_start":
+                        reported = getattr(getattr(event, "message", None), "usage", None)
+                    else:
+                        stop_raw = getattr(getattr(event, "delta", None), "stop_reason", None) or stop_raw
+                        reported = getattr(event, "usage", None)
                     if reported is not None:
-                        # Newer API versions repeat the (final) input counts here; keep what we have
-                        # from message_start when they are absent.
-                        updated = _input_usage(reported)
-                        input_usage.update({k: v for k, v in updated.items() if v})
-                        output = reported_count(getattr(reported, "output_tokens", None))
-                        output_tokens = output or output_tokens
-                        usage = _usage(input_usage, output_tokens)
+                        # message_start brings the input, message_delta the output (newer API versions
+                        # repeat the final input counts there): a count left out keeps its last value.
+                        for key in _COUNTS:
+                            counts[key] = reported_count(getattr(reported, key, None)) or counts[key]
+                        usage = CallUsage(
+                            input_tokens=sum(counts[key] for key in _INPUT_COUNTS),
+                            output_tokens=counts["output_tokens"],
+                            cached_tokens=counts["cache_read_input_tokens"],
+                            reported=True,
+                        )
                         yield UsageReport(usage)
-        except sdk.APIStatusError as exc:
+        except anthropic.APIStatusError as exc:
             # An `event: error` inside the 200 stream arrives as a status error carrying status 200.
             raise _classify_status_error(exc, usage) from exc
-        except sdk.APITimeoutError as exc:
+        except anthropic.APITimeoutError as exc:
             raise ProviderTimeout(STALLED, usage=usage) from exc
-        except sdk.APIConnectionError as exc:
+        except anthropic.APIConnectionError as exc:
             raise ProviderError(f"the stream broke: {exc}", usage=usage) from exc
-        except sdk.APIError as exc:
+        except anthropic.APIError as exc:
             raise classify_stream_error(exc.body, usage=usage) from exc
         except (httpx2.HTTPError, ValueError) as exc:
             raise stream_broke(exc, usage) from exc
@@ -184,22 +169,7 @@ def to_anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     return converted
 
 
-def _classify_status_error(exc: Any, usage: CallUsage | None) -> ProviderError:
-    status = getattr(exc, "status_code", None)
-    body = getattr(exc, "body", None)
-    response = getattr(exc, "response", None)
-    headers = dict(response.headers) if response is not None else None
-    if status is None or status < 400:
-        return classify_stream_error(body, usage=usage)
-    return classify_http_error(status, body, headers, usage=usage)
-
-
-def _input_usage(reported: Any) -> dict[str, int]:
-    return {key: reported_count(getattr(reported, key, None)) for key in _INPUT_COUNTS}
-
-
-def _usage(input_usage: Mapping[str, int], output_tokens: int) -> CallUsage:
-    """Anthropic's ``input_tokens`` excludes cache reads and writes; ours includes both."""
-    cached = input_usage.get("cache_read_input_tokens", 0)
-    total = sum(input_usage.values())
-    return CallUsage(input_tokens=total, output_tokens=output_tokens, cached_tokens=cached, reported=True)
+def _classify_status_error(exc: anthropic.APIStatusError, usage: CallUsage | None) -> ProviderError:
+    if exc.status_code < 400:
+        return classify_stream_error(exc.body, usage=usage)
+    return classify_http_error(exc.status_code, exc.body, dict(exc.response.headers), usage=usage)

@@ -1,24 +1,17 @@
-"""The one small interface every model provider adapter implements.
+"""The one small interface every model provider adapter implements (docs/providers.md, "The stream").
 
-Messages travel in one canonical, Anthropic-style shape (the snapshot's own, after normalisation),
-the system prompt and tool schemas beside them; each adapter converts to its wire format. An adapter
-streams :data:`ProviderEvent` values and raises one of the typed errors below; it never retries by
-itself (the calling policy decides) and never invents usage.
+Messages travel in one canonical, Anthropic-style shape (the snapshot's own, after normalisation); each
+adapter converts to its wire format, streams :data:`ProviderEvent` values and raises one of the typed
+errors below. It never retries by itself (the calling policy decides) and never invents usage.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 Purpose = Literal["answer", "qa_summary", "context_summary"]
-
-# Normalised stop reasons (SPEC §3); any other provider value is passed through unchanged.
-STOP = "stop"
-LENGTH = "length"
-TOOL_CALLS = "tool_calls"
-CONTENT_FILTER = "content_filter"
 
 
 @dataclass(frozen=True)
@@ -98,6 +91,8 @@ class Finish:
 ProviderEvent = TextDelta | ReasoningDelta | ToolCall | UsageReport | Finish
 
 
+# The errors are dataclasses for their keyword fields; eq=False keeps an exception's identity (and hash).
+@dataclass(eq=False, kw_only=True)
 class ProviderError(Exception):
     """A provider call failed; ``status`` is the provider's HTTP status when there was one.
 
@@ -107,19 +102,13 @@ class ProviderError(Exception):
     """
 
     code = "provider_error"
+    message: str = field(kw_only=False)
+    status: int | None = None
+    usage: CallUsage | None = None
+    after_output: bool = False
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        usage: CallUsage | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.usage = usage
-        self.after_output = False
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
     @property
     def reported_prompt_tokens(self) -> int | None:
@@ -137,6 +126,7 @@ class ProviderError(Exception):
         }
 
 
+@dataclass(eq=False, kw_only=True)
 class ContextOverflow(ProviderError):
     """The prompt does not fit the model's context window.
 
@@ -146,21 +136,9 @@ class ContextOverflow(ProviderError):
     """
 
     code = "context_overflow"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        usage: CallUsage | None = None,
-        prompt_tokens: int | None = None,
-        context_limit: int | None = None,
-        output_fills_window: bool = False,
-    ) -> None:
-        super().__init__(message, status=status, usage=usage)
-        self.prompt_tokens = prompt_tokens
-        self.context_limit = context_limit
-        self.output_fills_window = output_fills_window
+    prompt_tokens: int | None = None
+    context_limit: int | None = None
+    output_fills_window: bool = False
 
 
 class ModelUnavailable(ProviderError):
@@ -169,26 +147,15 @@ class ModelUnavailable(ProviderError):
     code = "model_unavailable"
 
 
+@dataclass(eq=False, kw_only=True)
 class RateLimited(ProviderError):
     """429 / 529 / a 413 that is a token-rate limit; ``quota_exhausted`` must not be retried.
     ``attempts``: calls made before giving up (set by the calling policy; SPEC §3's error detail)."""
 
     code = "rate_limited"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        usage: CallUsage | None = None,
-        retry_after_s: float | None = None,
-        quota_exhausted: bool = False,
-        attempts: int = 1,
-    ) -> None:
-        super().__init__(message, status=status, usage=usage)
-        self.retry_after_s = retry_after_s
-        self.quota_exhausted = quota_exhausted
-        self.attempts = attempts
+    retry_after_s: float | None = None
+    quota_exhausted: bool = False
+    attempts: int = 1
 
     def to_error(self) -> dict[str, Any]:
         """SPEC §3's ``rate_limited`` object: why it gave up, the status and how many calls it made."""
@@ -217,15 +184,12 @@ def finished(raw: str | None, reasons: Mapping[str, str], usage: CallUsage | Non
     return Finish(stop_reason=reasons.get(raw, raw), raw_stop_reason=raw)
 
 
-# Local servers need no key, but the SDKs insist on one; this placeholder is never a real credential.
-_NO_KEY = "sidequest-no-api-key"
-
-
 def sdk_api_key(api_key: str | None, base_url: str | None) -> str | None:
     """The key to give a provider SDK: ``api_key``, else a placeholder for a server of one's own
     (``base_url`` set), else None (the SDK then reads its own environment variable)."""
     if api_key is None and base_url is not None:
-        return _NO_KEY
+        # Local servers need no key, but the SDKs insist on one; this is never a real credential.
+        return "sidequest-no-api-key"
     return api_key
 
 
@@ -240,10 +204,9 @@ def reported_count(value: Any) -> int:
 class Provider(Protocol):
     """A model provider adapter."""
 
-    name: str
     default_model: str
 
-    def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
+    def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
         """Stream one call's events; raise a :class:`ProviderError` subclass on failure."""
         ...
 

@@ -1,19 +1,16 @@
-"""The calling policy shared by summary calls and answers (SPEC §7, §8; docs/providers.md).
-
-:func:`run_call` collects one logical call's stream, forwards answer text as it arrives, retries rate
-limits (never past the deadline, never an exhausted quota) and records **every attempt** with the usage
-the provider reported for it. It retries nothing but a rate limit: the rest is the caller's business.
+"""The calling policy shared by summary calls and answers (SPEC §7, §8; docs/providers.md, "Calling
+policy"): it records **every attempt** with the usage the provider reported for it, and retries nothing
+but a rate limit: the rest is the caller's business.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from service.providers.base import (
@@ -82,16 +79,12 @@ async def run_call(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     max_rate_limit_retries: int = 2,
 ) -> CallResult:
-    """Run ``call`` on ``provider`` under the calling policy and return what it produced.
-
-    ``deadline`` is an absolute ``clock()`` value bounding every attempt (:class:`ProviderTimeout`).
+    """Run ``call`` on ``provider`` under the calling policy (docs/providers.md, "Calling policy") and
+    return what it produced. ``deadline`` is an absolute ``clock()`` value bounding every attempt;
     ``before_attempt`` may raise to refuse an attempt (the summary call cap); ``on_attempt`` is awaited
-    once it is certain. Text deltas go to ``on_text``. A :class:`RateLimited` that is not a quota is
-    retried after its ``Retry-After`` (else 1 s, then 2 s) at most ``max_rate_limit_retries`` times, if
-    the wait ends before the deadline and no text has streamed out; the last one carries ``attempts``.
+    once it is certain; text deltas go to ``on_text``.
     """
     attempts = 0
-    retries = 0
     while True:
         remaining = deadline - clock()
         if remaining <= 0:
@@ -103,36 +96,29 @@ async def run_call(
         attempts += 1
         try:
             result = await _attempt(
-                provider,
-                dataclasses.replace(call, timeout_s=remaining),
-                recorder=recorder,
-                model=call.model or provider.default_model,
-                remaining=remaining,
-                on_text=on_text,
+                provider, replace(call, timeout_s=remaining), recorder=recorder, on_text=on_text
             )
         except RateLimited as exc:
             exc.attempts = attempts
-            if exc.quota_exhausted or retries >= max_rate_limit_retries:
+            if exc.quota_exhausted or attempts > max_rate_limit_retries:  # its retries are used up
                 raise
             if exc.after_output and on_text is not None:
                 # Text already streamed to the client cannot be taken back: a partially streamed
                 # reply is never retried (SPEC 7: a retry would append a second reply to it). Not
                 # retried, it is a stream that broke (SPEC 8 provider_error), not a limit "still
                 # refused after up to two waits".
-                broke = ProviderError(
+                raise ProviderError(
                     f"the reply broke off after it had begun: {exc.message}",
                     status=exc.status,
                     usage=exc.usage,
-                )
-                broke.after_output = True
-                raise broke from exc
+                    after_output=True,
+                ) from exc
             wait = exc.retry_after_s
             if wait is None:
-                wait = DEFAULT_BACKOFF_S[min(retries, len(DEFAULT_BACKOFF_S) - 1)]
+                wait = DEFAULT_BACKOFF_S[min(attempts - 1, len(DEFAULT_BACKOFF_S) - 1)]
             if clock() + wait >= deadline:
                 raise  # waiting would use up the request's time: give up now, with the real cause
             await sleep(wait)
-            retries += 1
             continue
         result.attempts = attempts
         return result
@@ -143,11 +129,9 @@ async def _attempt(
     call: ProviderCall,
     *,
     recorder: CallRecorder,
-    model: str,
-    remaining: float,
     on_text: Callable[[str], Awaitable[None]] | None,
 ) -> CallResult:
-    """One provider call, recorded exactly once whatever happens to it."""
+    """One provider call (``call.timeout_s`` is the time left), recorded exactly once whatever happens."""
     # The attempt's running state, so that a failure still records the usage seen so far.
     text: list[str] = []
     reasoning: list[str] = []
@@ -163,7 +147,7 @@ async def _attempt(
         write = asyncio.ensure_future(
             recorder.record_call(
                 purpose=call.purpose,
-                model=model,
+                model=call.model or provider.default_model,
                 status=status,
                 usage=reported if reported is not None else CallUsage(reported=False),
                 latency_ms=round((time.monotonic() - started) * 1000),
@@ -180,9 +164,9 @@ async def _attempt(
             raise
 
     try:
-        async with asyncio.timeout(remaining):
-            events = provider.stream(call)
-            try:
+        async with asyncio.timeout(call.timeout_s):
+            # Closed (with its HTTP response) on the way out, not whenever it is garbage-collected.
+            async with contextlib.aclosing(provider.stream(call)) as events:
                 async for event in events:
                     if isinstance(event, TextDelta):
                         text.append(event.text)
@@ -197,20 +181,15 @@ async def _attempt(
                         usage = event.usage
                     elif isinstance(event, Finish):
                         finish = event
-            finally:
-                # Close the stream (and its HTTP response) now, not whenever it is garbage-collected.
-                close = getattr(events, "aclose", None)
-                if close is not None:
-                    await close()
     except TimeoutError as exc:
         await record("failed", usage)
-        message = f"{call.purpose} call did not finish within {remaining:.1f}s"
+        message = f"{call.purpose} call did not finish within {call.timeout_s:.1f}s"
         raise ProviderTimeout(message, usage=usage) from exc
     except asyncio.CancelledError:
         await record("cancelled", usage)
         raise
     except ProviderError as exc:
-        if exc.usage is None and usage is not None:
+        if exc.usage is None:
             exc.usage = usage
         # A reply that had begun (text, or a tool call: SPEC 7 retries neither) failed part-way.
         exc.after_output = bool(text or tool_calls)
@@ -220,7 +199,6 @@ async def _attempt(
         await record("failed", usage)
         raise
 
-    usage = usage or CallUsage(reported=False)
     await record("ok", usage)
     return CallResult(
         text="".join(text),
@@ -228,5 +206,5 @@ async def _attempt(
         tool_calls=tool_calls,
         stop_reason=finish.stop_reason if finish else None,
         raw_stop_reason=finish.raw_stop_reason if finish else None,
-        usage=usage,
+        usage=usage or CallUsage(reported=False),
     )

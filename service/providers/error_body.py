@@ -1,9 +1,6 @@
-"""Read a provider's error body, in whatever form it arrives, into the parts classification looks at.
-
-One path for every form (docs/providers.md, "Error classification"): parsed JSON, its text, plain text,
-JSON inside a JSON string (or inside a gateway's own message), and JSON that does not parse (SGLang's
-``\\'`` escapes, a body cut short, a dict as Python prints it) — then the fields are read from the text
-itself with its escapes undone, so a phrasing is found whatever the form.
+"""Read a provider's error body, in whatever form it arrives (parsed JSON, its text, JSON inside a string,
+JSON that does not parse, plain text), into the parts classification looks at, by one path for every
+form: docs/providers.md ("Error classification": "And whatever form the body arrives in").
 """
 
 from __future__ import annotations
@@ -55,8 +52,6 @@ class ErrorInfo:
 
 def parse_body(body: Any, depth: int = 0) -> ErrorInfo:
     """Pull message / type / code / param out of the many error envelopes in the wild."""
-    if isinstance(body, bytes | bytearray):
-        body = body.decode("utf-8", errors="replace")
     if isinstance(body, str):
         stripped = body.strip()
         if not stripped:
@@ -70,11 +65,7 @@ def parse_body(body: Any, depth: int = 0) -> ErrorInfo:
     if not isinstance(body, Mapping):
         text = "" if body is None else str(body)
         return ErrorInfo(text, text=text)
-    try:
-        whole = json.dumps(body, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        whole = str(body)
-    info = _from_mapping(body, whole)
+    info = _from_mapping(body, json.dumps(body, ensure_ascii=False, default=str))
     # A gateway that re-encodes the upstream body puts it, as JSON text, where its message goes.
     if depth < _MAX_NESTING and info.message.lstrip().startswith(("{", "[")):
         nested = parse_body(info.message, depth + 1)
@@ -94,26 +85,23 @@ def parse_body(body: Any, depth: int = 0) -> ErrorInfo:
 def _from_mapping(body: Mapping[str, Any], whole: str) -> ErrorInfo:
     """The error in a JSON object (or in the fields read from a body that does not parse)."""
     inner: Any = body.get("error", body)
-    fields: Mapping[str, Any] | None = None
-    param = None
+    fields = inner if isinstance(inner, Mapping) else None
     if isinstance(inner, str):
         # TGI ({"error": "...", "error_type": "validation"}), LM Studio and Ollama's native API.
-        message = inner
-        etype = _text_or_none(body.get("error_type") or body.get("type"))
-        code_value: Any = body.get("code")
-    elif isinstance(inner, Mapping):
-        fields = inner
-        message = _text_or_none(inner.get("message") or inner.get("detail") or inner.get("msg")) or ""
-        etype = _text_or_none(inner.get("type"))
-        code_value = inner.get("code")
-        param = _text_or_none(inner.get("param"))
-        if not message and inner is body and isinstance(body.get("detail"), str):
-            message = str(body["detail"])
-        # Gemini / Vertex: {"error": {"code": 429, "message": …, "status": "RESOURCE_EXHAUSTED"}}.
-        if etype is None and isinstance(inner.get("status"), str):
-            etype = str(inner["status"])
-    else:
-        message, etype, code_value = str(inner), None, None
+        inner = {
+            "message": inner,
+            "type": body.get("error_type") or body.get("type"),
+            "code": body.get("code"),
+        }
+    elif fields is None:
+        inner = {"message": str(inner)}
+    message = _text_or_none(inner.get("message") or inner.get("detail") or inner.get("msg")) or ""
+    etype = _text_or_none(inner.get("type"))
+    code_value = inner.get("code")
+    param = _text_or_none(inner.get("param"))
+    # Gemini / Vertex: {"error": {"code": 429, "message": …, "status": "RESOURCE_EXHAUSTED"}}.
+    if etype is None and isinstance(inner.get("status"), str):
+        etype = str(inner["status"])
 
     valid = isinstance(code_value, int | str) and not isinstance(code_value, bool) and code_value != ""
     code = str(code_value) if valid else None

@@ -1,12 +1,8 @@
-"""Turn a provider's error response into one of our typed errors.
-
-Every adapter funnels its failures through :func:`classify_http_error` (an HTTP error status with its
-body and headers) or :func:`classify_stream_error` (an error object that arrived *inside* a 200 stream).
-Classification goes by what the body **says**, whatever the HTTP status (gateways re-wrap upstream errors
-under their own) and whatever form it arrives in (:mod:`service.providers.error_body`). The rules, first
-match wins — model unavailable, quota exhausted, rate limited, context overflow, parameter cap, the rest —
-are written out with their reasons in docs/providers.md ("Error classification"); the real bodies they
-were written against are test fixtures under ``tests/fixtures/provider_errors/``.
+"""Turn a provider's error response into one of our typed errors, by what the body **says**, whatever
+the HTTP status (gateways re-wrap upstream errors under their own) and whatever form it arrives in
+(:mod:`service.providers.error_body`). The rules, first match wins, and their reasons are in
+docs/providers.md ("Error classification"); the real bodies they were written against are test fixtures
+under ``tests/fixtures/provider_errors/``.
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ from service.providers.base import (
     ProviderError,
     ProviderTimeout,
     RateLimited,
+    reported_count,
 )
 from service.providers.error_body import ErrorInfo, parse_body
 from service.providers.retry_after import parse_retry_after
@@ -33,8 +30,8 @@ from service.providers.retry_after import parse_retry_after
 _MAX_MESSAGE_CHARS = 2000
 
 
-def _compile(*patterns: str) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p, re.IGNORECASE) for p in patterns)
+def _compile(*patterns: str, flags: int = 0) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p, re.IGNORECASE | flags) for p in patterns)
 
 
 # Known overflow phrasings, each with the server it was taken from (see docs/providers.md). Trusted in
@@ -91,35 +88,33 @@ _PARAMETER_CAP_PARAMS = frozenset(
 # Messages that carry both the window and the requested output (and usually the prompt): the
 # arithmetic decides between an overflow and a parameter cap. Groups: window, output, input, tool. The
 # wordings, with an example each, are in docs/providers.md (rule 4).
-_WINDOW_AND_OUTPUT: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(p, re.IGNORECASE | re.DOTALL)
-    for p in (
-        # OpenAI legacy / vLLM / DeepSeek
-        r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in the messages, "
-        r"(?P<output>\d+) in the completion",
-        # OpenAI completions legacy
-        r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in your prompt[;,] "
-        r"(?P<output>\d+) for the completion",
-        # vLLM ≥ 0.8
-        r"is too large: (?P<output>\d+)\. This model's maximum context length is (?P<window>\d+) tokens"
-        r"(?: and your request has (?P<input>\d+) input tokens)?",
-        # vLLM (newer)
-        r"maximum context length is (?P<window>\d+) tokens\. However, you requested (?P<output>\d+) "
-        r"output tokens(?: and your prompt contains at least (?P<input>\d+) input tokens)?",
-        # vLLM ≥ 0.10
-        r"You passed (?P<input>\d+) input tokens and requested (?P<output>\d+) output tokens\. "
-        r"However, the model'?s context length is only (?P<window>\d+) tokens",
-        # SGLang
-        r"maximum context length of (?P<window>\d+) tokens\. You requested a total of \d+ tokens: "
-        r"(?P<input>\d+) tokens from the input messages and (?P<output>\d+) tokens for the completion",
-        # OpenRouter
-        r"maximum context length is (?P<window>\d+) tokens\. However, you requested about \d+ tokens "
-        r"\((?P<input>\d+) of text input(?:, (?P<tool>\d+) of tool input)?, (?P<output>\d+) in the output",
-        r"exceed context limit: (?P<input>\d+) \+ (?P<output>\d+) > (?P<window>\d+)",  # Anthropic
-        # TGI
-        r"must be <= (?P<window>\d+)\. Given: (?P<input>\d+) `inputs` tokens and "
-        r"(?P<output>\d+) `max_new_tokens`",
-    )
+_WINDOW_AND_OUTPUT = _compile(
+    # OpenAI legacy / vLLM / DeepSeek
+    r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in the messages, "
+    r"(?P<output>\d+) in the completion",
+    # OpenAI completions legacy
+    r"maximum context length is (?P<window>\d+) tokens.{0,80}?(?P<input>\d+) in your prompt[;,] "
+    r"(?P<output>\d+) for the completion",
+    # vLLM ≥ 0.8
+    r"is too large: (?P<output>\d+)\. This model's maximum context length is (?P<window>\d+) tokens"
+    r"(?: and your request has (?P<input>\d+) input tokens)?",
+    # vLLM (newer)
+    r"maximum context length is (?P<window>\d+) tokens\. However, you requested (?P<output>\d+) "
+    r"output tokens(?: and your prompt contains at least (?P<input>\d+) input tokens)?",
+    # vLLM ≥ 0.10
+    r"You passed (?P<input>\d+) input tokens and requested (?P<output>\d+) output tokens\. "
+    r"However, the model'?s context length is only (?P<window>\d+) tokens",
+    # SGLang
+    r"maximum context length of (?P<window>\d+) tokens\. You requested a total of \d+ tokens: "
+    r"(?P<input>\d+) tokens from the input messages and (?P<output>\d+) tokens for the completion",
+    # OpenRouter
+    r"maximum context length is (?P<window>\d+) tokens\. However, you requested about \d+ tokens "
+    r"\((?P<input>\d+) of text input(?:, (?P<tool>\d+) of tool input)?, (?P<output>\d+) in the output",
+    r"exceed context limit: (?P<input>\d+) \+ (?P<output>\d+) > (?P<window>\d+)",  # Anthropic
+    # TGI
+    r"must be <= (?P<window>\d+)\. Given: (?P<input>\d+) `inputs` tokens and "
+    r"(?P<output>\d+) `max_new_tokens`",
+    flags=re.DOTALL,
 )
 
 # Where an overflow message states the prompt's token count (group ``p``) and / or the window (group
@@ -211,11 +206,9 @@ def classify_http_error(
     usage: CallUsage | None = None,
     now: float | None = None,
 ) -> ProviderError:
-    """Classify one failed provider response (see the module docstring for the rules).
-
-    ``status`` is None when the error came inside a stream; ``body`` is the parsed JSON body or its raw
-    text. ``usage`` (reported before failing) is attached to the returned error. ``now`` (epoch seconds)
-    turns an HTTP-date ``Retry-After`` into seconds; it defaults to the wall clock.
+    """Classify one failed provider response: ``status`` is None when the error came inside a stream;
+    ``body`` is the parsed JSON body or its raw text. ``usage`` (reported before failing) is attached to
+    the returned error. ``now`` (epoch seconds, else the wall clock) dates an HTTP-date ``Retry-After``.
     """
     info = parse_body(body)
     effective = status if status is not None and status >= 400 else info.status_hint
@@ -249,11 +242,8 @@ def classify_http_error(
             context_limit=context_limit,
             output_fills_window=filled is not None,
         )
-    if verdict == "parameter":
-        return ProviderError(message, status=effective, usage=usage)
-
-    if effective == 404:
-        # Not a model (rule 1): the endpoint itself is not there.
+    if effective == 404 and verdict is None:
+        # Not a model (rule 1) nor an output cap ("parameter"): the endpoint itself is not there.
         message += (
             " (HTTP 404 naming no model: is SIDEQUEST_BASE_URL right? The openai provider wants it "
             "with /v1, the anthropic provider without)"
@@ -269,9 +259,18 @@ def classify_stream_error(error: Any, *, usage: CallUsage | None = None) -> Prov
     return classify_http_error(None, error, None, usage=usage)
 
 
-def classify_undecodable_chunk(exc: ValueError, *, usage: CallUsage | None = None) -> ProviderError:
-    """Classify a stream chunk the SDK could not decode as JSON (SGLang's ``\\'``, an error as text):
-    an overflow there must reach the overflow retry like any other; the rest is about invalid data."""
+STALLED = "the stream stalled past the call's timeout"
+
+
+def stream_broke(exc: httpx2.HTTPError | ValueError, usage: CallUsage | None) -> ProviderError:
+    """A running stream that failed beneath the SDK's own errors: its transport (the anthropic SDK lets
+    those through; the openai one wraps them today, whatever its next version does), or a chunk that is
+    not JSON (SGLang's ``\\'``, an error as text): an overflow there must reach the overflow retry like
+    any other; the rest is about invalid data."""
+    if isinstance(exc, httpx2.TimeoutException):
+        return ProviderTimeout(STALLED, usage=usage)
+    if isinstance(exc, httpx2.HTTPError):
+        return ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage)
     if isinstance(exc, json.JSONDecodeError):
         error = classify_stream_error(exc.doc, usage=usage)
         if type(error) is not ProviderError:
@@ -279,39 +278,19 @@ def classify_undecodable_chunk(exc: ValueError, *, usage: CallUsage | None = Non
     return ProviderError(f"the stream sent invalid data: {exc}", usage=usage)
 
 
-STALLED = "the stream stalled past the call's timeout"
-
-
-def stream_broke(exc: httpx2.HTTPError | ValueError, usage: CallUsage | None) -> ProviderError:
-    """A running stream that failed beneath the SDK's own errors: its transport (the anthropic SDK lets
-    those through; the openai one wraps them today, whatever its next version does), or a chunk that is
-    not JSON."""
-    if isinstance(exc, httpx2.TimeoutException):
-        return ProviderTimeout(STALLED, usage=usage)
-    if isinstance(exc, httpx2.HTTPError):
-        return ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage)
-    return classify_undecodable_chunk(exc, usage=usage)
-
-
 def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple[int | None, int | None]:
     """``(prompt_tokens, context_limit)`` as an overflow message (or the error's own fields) states
     them, None where it does not (docs/providers.md, "The prompt's real token count")."""
-    prompt: int | None = None
-    limit: int | None = None
-    if fields:
-        # llama.cpp puts both numbers in the error object itself.
-        prompt = _positive(fields.get("n_prompt_tokens"))
-        limit = _positive(fields.get("n_ctx"))
+    # llama.cpp puts both numbers in the error object itself.
+    prompt = _positive((fields or {}).get("n_prompt_tokens"))
+    limit = _positive((fields or {}).get("n_ctx"))
     for pattern in _COUNTS:
         if prompt is not None and limit is not None:
             break
         match = pattern.search(text)
-        if match is None:
-            continue
-        if prompt is None and "p" in pattern.groupindex:
-            prompt = _positive(match.group("p"))
-        if limit is None and "l" in pattern.groupindex:
-            limit = _positive(match.group("l"))
+        if match:  # (_positive gives None or a count > 0, so ``or`` keeps a number already found)
+            prompt = prompt or _positive(match.groupdict().get("p"))
+            limit = limit or _positive(match.groupdict().get("l"))
     if prompt is None:
         # OpenRouter splits the prompt into text and tool input.
         for pattern in _WINDOW_AND_OUTPUT:
@@ -323,11 +302,7 @@ def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple
 
 
 def _positive(value: Any) -> int | None:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        return None
-    return number if number > 0 else None
+    return max(reported_count(value), 0) or None
 
 
 def _describe(status: int | None, info: ErrorInfo) -> str:
@@ -357,10 +332,8 @@ def _is_model_missing(status: int | None, info: ErrorInfo) -> bool:
 
 
 def _is_quota_exhausted(status: int | None, info: ErrorInfo) -> bool:
-    if "insufficient_quota" in (info.type, info.code):
-        return True
     # 402 Payment Required: DeepSeek's "Insufficient Balance", OpenRouter's "requires more credits".
-    if status == 402 or _QUOTA.search(info.message):
+    if "insufficient_quota" in (info.type, info.code) or status == 402 or _QUOTA.search(info.message):
         return True
     return (
         bool(_OPENAI_QUOTA_WORDING.search(info.message))
@@ -370,11 +343,9 @@ def _is_quota_exhausted(status: int | None, info: ErrorInfo) -> bool:
 
 
 def _is_rate_limit(status: int | None, info: ErrorInfo) -> bool:
-    if status in (429, 529):
+    if status in (429, 529) or info.code == "rate_limit_exceeded":
         return True
-    if info.type in _RATE_LIMIT_TYPES or info.type == "RESOURCE_EXHAUSTED":
-        return True
-    if info.code == "rate_limit_exceeded":
+    if info.type in _RATE_LIMIT_TYPES or info.type == "RESOURCE_EXHAUSTED":  # Gemini's status
         return True
     # A 413 that talks about tokens per minute is Groq's TPM limit, not a too-long prompt; an error
     # inside a stream has no status, so its wording is all there is.
@@ -398,9 +369,7 @@ def _overflow_verdict(status: int | None, info: ErrorInfo) -> str | None:
         # Input and requested output together exceed the window: an overflow (SPEC §7), also when
         # the output alone fills it (then no shrinking helps, and the message says why).
         return "overflow"
-    if info.param in _PARAMETER_CAP_PARAMS:
-        return "parameter"
-    if any(p.search(text) for p in _PARAMETER_CAP_PATTERNS):
+    if info.param in _PARAMETER_CAP_PARAMS or any(p.search(text) for p in _PARAMETER_CAP_PATTERNS):
         return "parameter"
     if info.code == "string_above_max_length":
         # OpenAI's byte cap on one field: an overflow only when the field is the messages.

@@ -1,20 +1,17 @@
 """The ``offline`` provider (SPEC §1): deterministic, no network, no model, so that ``sidequest serve``
-works on a fresh machine (docs/providers.md, "The offline provider"). Summaries are extractive, answers
-quote the context lines that share the most words with the question. Usage is zeros with
-``reported=False``: an estimate must never pass for provider usage (SPEC §7).
+works on a fresh machine; what it answers is in docs/providers.md ("The offline provider"). Usage is
+zeros with ``reported=False``: an estimate must never pass for provider usage (SPEC §7).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
 from service.providers import DEFAULT_MODELS
 from service.providers.base import (
-    LENGTH,
-    STOP,
     CallUsage,
     Finish,
     ProviderCall,
@@ -64,15 +61,13 @@ _STOPWORDS = frozenset(
 class OfflineProvider:
     """Deterministic extractive summaries and quoting answers, without any network."""
 
-    name = "offline"
-
     def __init__(self, default_model: str = DEFAULT_MODELS["offline"]) -> None:
         self.default_model = default_model
 
     async def aclose(self) -> None:
         """Nothing to release."""
 
-    async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
+    async def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
         """Stream the reply for ``call``; never raises a provider error."""
         if call.purpose == "answer":
             text = compose_answer(call.messages)
@@ -85,7 +80,7 @@ class OfflineProvider:
         for start in range(0, len(text), _CHUNK_CHARS):
             yield TextDelta(text[start : start + _CHUNK_CHARS])
         yield UsageReport(CallUsage(reported=False))
-        stop = LENGTH if truncated else STOP
+        stop = "length" if truncated else "stop"
         yield Finish(stop_reason=stop, raw_stop_reason=stop)
 
 
@@ -95,11 +90,13 @@ def summarise(messages: list[dict[str, Any]]) -> dict[str, Any]:
     prompt's documents, merged in order."""
     text = "\n".join(text for message in messages for text in _texts(message.get("content")))
     material = _tagged(text, "material")
-    # A merge prompt has no <material>: a transcript that merely quotes the merge tags is still material.
-    parts = _merge_parts(text) if material is None else []
+    # A merge prompt's documents (``<summary part="N">`` in ``<partial_summaries>``) have no <material>:
+    # a transcript that merely quotes the merge tags is still material.
+    merge_block = _tagged(text, "partial_summaries") if material is None else None
+    parts = [_parse_body(match.group("body")) for match in _MERGE_PART.finditer(merge_block or "")]
     if parts:
         return _fit(_merge(parts))
-    previous = _previous_summary(text)
+    previous = _parse_body(_tagged(text, "previous_summary") or "")
     if material is None:
         material = re.sub(_TAGGED.format(tag="previous_summary"), "", text, flags=re.DOTALL)
     lines = [line.strip() for line in material.splitlines() if line.strip()]
@@ -154,13 +151,9 @@ def compose_answer(messages: list[dict[str, Any]]) -> str:
     question = _question(messages)
     question_words = _words(question)
     scored: list[tuple[int, int, str]] = []
-    seen: set[str] = set()
-    for position, line in enumerate(_context_lines(messages)):
-        if line in seen or line == question or _is_header(line):
-            continue
-        seen.add(line)
+    for position, line in enumerate(dict.fromkeys(_context_lines(messages))):  # each line once
         overlap = len(question_words & _words(line))
-        if overlap:
+        if overlap and line != question and not _is_header(line):
             scored.append((overlap, position, line))
     # Most shared words first; among equals the latest line, the freshest state of the work.
     scored.sort(key=lambda item: (-item[0], -item[1]))
@@ -220,18 +213,6 @@ def _tagged(text: str, tag: str) -> str | None:
     return "\n".join(bodies) if bodies else None
 
 
-def _merge_parts(text: str) -> list[dict[str, Any]]:
-    """The documents of a merge prompt (``<summary part="N">`` bodies inside ``<partial_summaries>``)."""
-    block = _tagged(text, "partial_summaries") or ""
-    return [_parse_body(match.group("body")) for match in _MERGE_PART.finditer(block)]
-
-
-def _previous_summary(text: str) -> dict[str, Any]:
-    """The ``<previous_summary>`` of an update prompt, read back into its fields ({} when none)."""
-    body = _tagged(text, "previous_summary")
-    return {} if body is None else _parse_body(body)
-
-
 def _parse_body(body: str) -> dict[str, Any]:
     """The rendered body of service.summary.document.render_body, read back into its fields."""
     found: dict[str, Any] = {key: [] for key in _LISTED}
@@ -239,11 +220,9 @@ def _parse_body(body: str) -> dict[str, Any]:
     for raw in body.splitlines():
         line = raw.strip()
         lowered = line.lower()
-        if lowered.startswith("objective:"):
-            found["objective"] = line.split(":", 1)[1].strip()
-            section = None
-        elif lowered.startswith("state:"):
-            found["state"] = line.split(":", 1)[1].strip()
+        label, colon, value = line.partition(":")
+        if colon and label.lower() in ("objective", "state"):
+            found[label.lower()] = value.strip()
             section = None
         elif lowered.rstrip(":") in _PREVIOUS_SECTIONS and line.endswith(":"):
             section = _PREVIOUS_SECTIONS[lowered.rstrip(":")]
@@ -294,12 +273,9 @@ def _words(text: str) -> set[str]:
     return {_stem(word) for word in words if len(word) > 2 and word not in _STOPWORDS}
 
 
-_SUFFIXES = ("ing", "ed", "es", "s")
-
-
 def _stem(word: str) -> str:
     """A crude English stem, so that "decide" meets "decided" and "rounding" meets "round"."""
-    for suffix in _SUFFIXES:
+    for suffix in ("ing", "ed", "es", "s"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
             word = word[: -len(suffix)]
             break

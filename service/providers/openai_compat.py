@@ -1,14 +1,13 @@
 """Adapter for any OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, llama.cpp,
-LM Studio, DeepSeek, Groq, OpenRouter, …) on the official ``openai`` SDK, its own retries off.
-Always streams, with ``stream_options.include_usage`` so the final chunk carries the usage; reasoning
-text (``reasoning_content`` / ``reasoning``) is kept apart from the answer body.
+LM Studio, DeepSeek, Groq, OpenRouter, …) on the official ``openai`` SDK, its own retries off. Always
+streams, with ``stream_options.include_usage`` so the final chunk carries the usage.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
 
 import httpx2
 import openai
@@ -18,10 +17,6 @@ from service.budget.estimate import POSTED_FORM
 from service.budget.messages import tool_result_text
 from service.providers import DEFAULT_MODELS
 from service.providers.base import (
-    CONTENT_FILTER,
-    LENGTH,
-    STOP,
-    TOOL_CALLS,
     CallUsage,
     ProviderCall,
     ProviderError,
@@ -37,34 +32,18 @@ from service.providers.base import (
 )
 from service.providers.errors import STALLED, classify_http_error, classify_stream_error, stream_broke
 
-_FINISH_REASONS: dict[str, str] = {
-    "stop": STOP,
-    "length": LENGTH,
-    "tool_calls": TOOL_CALLS,
-    "function_call": TOOL_CALLS,
-    "content_filter": CONTENT_FILTER,
-}
-
-OutputCapParam = Literal["max_tokens", "max_completion_tokens"]
+# OpenAI's finish reasons are SPEC §3's own stop reasons; only the legacy function_call is renamed.
+_FINISH_REASONS = {"function_call": "tool_calls"}
 
 
 class OpenAIProvider:
-    """Streams Chat Completions through ``openai.AsyncOpenAI``.
-
-    ``output_cap_param``: OpenAI's own API (no ``base_url``, or ``api.openai.com``) wants
-    ``max_completion_tokens`` (its reasoning models refuse ``max_tokens``); several compatible servers
-    (Ollama, older vLLM and llama.cpp) only read ``max_tokens``, the default anywhere else.
-    """
-
-    name = "openai"
+    """Streams Chat Completions through ``openai.AsyncOpenAI``."""
 
     def __init__(
         self,
         base_url: str | None,
         api_key: str | None,
         default_model: str = DEFAULT_MODELS["openai"],
-        *,
-        output_cap_param: OutputCapParam | None = None,
     ) -> None:
         self.default_model = default_model
         api_key = sdk_api_key(api_key, base_url)
@@ -75,13 +54,12 @@ class OpenAIProvider:
                 "the openai provider needs an API key: set SIDEQUEST_API_KEY or OPENAI_API_KEY "
                 f"(or SIDEQUEST_BASE_URL for a local server) ({exc})"
             ) from exc
-        if output_cap_param is None:
-            is_openai = base_url is None or "api.openai.com" in base_url
-            output_cap_param = "max_completion_tokens" if is_openai else "max_tokens"
-        self._output_cap_param: OutputCapParam = output_cap_param
+        # OpenAI's own API wants max_completion_tokens (its reasoning models refuse max_tokens); several
+        # compatible servers (Ollama, older vLLM and llama.cpp) only read max_tokens.
+        is_openai = base_url is None or "api.openai.com" in base_url
+        self._output_cap_param = "max_completion_tokens" if is_openai else "max_tokens"
 
     async def aclose(self) -> None:
-        """Close the SDK's HTTP client."""
         await self._client.close()
 
     def build_request(self, call: ProviderCall) -> dict[str, Any]:
@@ -99,8 +77,7 @@ class OpenAIProvider:
             body["tool_choice"] = "none"
         return body
 
-    async def stream(self, call: ProviderCall) -> AsyncIterator[ProviderEvent]:
-        """Stream one call; see :class:`service.providers.base.Provider`."""
+    async def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
         headers = call.headers()
         try:
             # The client's documented ``post`` rather than ``chat.completions.create``: create() walks
@@ -135,36 +112,37 @@ class OpenAIProvider:
                 for choice in chunk.choices or []:
                     if choice.index not in (0, None):
                         continue  # we ask for one choice; ignore any others
+                    finish_raw = choice.finish_reason or finish_raw
                     delta = choice.delta
-                    if delta is not None:
-                        reasoning = _reasoning_text(delta)
-                        if reasoning:
+                    if delta is None:
+                        continue
+                    for field in ("reasoning_content", "reasoning"):  # vLLM, DeepSeek / Ollama, OpenRouter
+                        reasoning = getattr(delta, field, None)
+                        if isinstance(reasoning, str) and reasoning:
                             yield ReasoningDelta(reasoning)
-                        if delta.content:
-                            yield TextDelta(delta.content)
-                        # A refusal is what the model answered (OpenAI streams it apart from content).
-                        refusal = getattr(delta, "refusal", None)
-                        if isinstance(refusal, str) and refusal:
-                            yield TextDelta(refusal)
-                        for tool_call in delta.tool_calls or []:
-                            index = tool_call.index if tool_call.index is not None else len(seen_tool_calls)
-                            if index in seen_tool_calls:
-                                continue  # a later delta of a call already reported (its arguments)
-                            seen_tool_calls.add(index)
-                            name = tool_call.function.name if tool_call.function is not None else None
-                            yield ToolCall(name=name or "", id=tool_call.id)
-                        if delta.function_call is not None and delta.function_call.name:
-                            yield ToolCall(name=delta.function_call.name)
-                    if choice.finish_reason:
-                        finish_raw = choice.finish_reason
+                            break
+                    if delta.content:
+                        yield TextDelta(delta.content)
+                    # A refusal is what the model answered (OpenAI streams it apart from content).
+                    refusal = getattr(delta, "refusal", None)
+                    if isinstance(refusal, str) and refusal:
+                        yield TextDelta(refusal)
+                    for tool_call in delta.tool_calls or []:
+                        index = tool_call.index if tool_call.index is not None else len(seen_tool_calls)
+                        if index in seen_tool_calls:
+                            continue  # a later delta of a call already reported (its arguments)
+                        seen_tool_calls.add(index)
+                        name = tool_call.function.name if tool_call.function is not None else None
+                        yield ToolCall(name=name or "", id=tool_call.id)
+                    if delta.function_call is not None and delta.function_call.name:
+                        yield ToolCall(name=delta.function_call.name)
         except openai.APITimeoutError as exc:
             raise ProviderTimeout(STALLED, usage=usage) from exc
         except openai.APIConnectionError as exc:
             raise ProviderError(f"the stream broke: {_cause(exc)}", usage=usage) from exc
-        except openai.APIStatusError as exc:
-            raise _classify_status_error(exc, usage=usage) from exc
         except openai.APIError as exc:
-            # An SSE data chunk carrying an "error" object: the SDK raises it with that object as body.
+            # An SSE data chunk carrying an "error" object: the SDK raises it (a plain APIError, never a
+            # status error once the 200 has arrived) with that object as body.
             raise classify_stream_error(
                 exc.body if exc.body is not None else exc.message, usage=usage
             ) from exc
@@ -178,19 +156,15 @@ class OpenAIProvider:
 
 def usage_from_openai(usage: Any) -> CallUsage:
     """Our usage from an OpenAI ``usage`` object (``prompt_tokens`` already includes cached tokens)."""
-    prompt = reported_count(getattr(usage, "prompt_tokens", None))
-    completion = reported_count(getattr(usage, "completion_tokens", None))
-    prompt_details = getattr(usage, "prompt_tokens_details", None)
-    cached = reported_count(getattr(prompt_details, "cached_tokens", None))
+    cached = reported_count(getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None))
     if not cached:
         # DeepSeek reports its context cache hits at the top level instead.
         cached = reported_count((getattr(usage, "model_extra", None) or {}).get("prompt_cache_hit_tokens"))
     completion_details = getattr(usage, "completion_tokens_details", None)
-    reasoning = reported_count(getattr(completion_details, "reasoning_tokens", None))
     return CallUsage(
-        input_tokens=prompt,
-        output_tokens=completion,
-        reasoning_tokens=reasoning,
+        input_tokens=reported_count(getattr(usage, "prompt_tokens", None)),
+        output_tokens=reported_count(getattr(usage, "completion_tokens", None)),
+        reasoning_tokens=reported_count(getattr(completion_details, "reasoning_tokens", None)),
         cached_tokens=cached,
         reported=True,
     )
@@ -261,12 +235,9 @@ def _assistant_message(blocks: list[Any]) -> dict[str, Any]:
                     },
                 }
             )
-    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    elif message["content"] is None:
-        message["content"] = ""
-    return message
+    if not tool_calls:
+        return {"role": "assistant", "content": "\n".join(texts)}
+    return {"role": "assistant", "content": "\n".join(texts) if texts else None, "tool_calls": tool_calls}
 
 
 def _user_messages(role: str, blocks: list[Any]) -> list[dict[str, Any]]:
@@ -293,13 +264,11 @@ def _user_messages(role: str, blocks: list[Any]) -> list[dict[str, Any]]:
                 parts.append({"type": "image_url", "image_url": {"url": url}})
             elif source.get("type") == "url":
                 parts.append({"type": "image_url", "image_url": {"url": source.get("url", "")}})
-    out = tool_messages
     if parts:
-        if all(part["type"] == "text" for part in parts):
-            out.append({"role": role, "content": "\n".join(part["text"] for part in parts)})
-        else:
-            out.append({"role": role, "content": parts})
-    return out
+        texts_only = all(part["type"] == "text" for part in parts)
+        content = "\n".join(part["text"] for part in parts) if texts_only else parts
+        tool_messages.append({"role": role, "content": content})
+    return tool_messages
 
 
 def _tool_result_text(content: Any) -> str:
@@ -310,24 +279,14 @@ def _tool_result_text(content: Any) -> str:
     )
 
 
-def _reasoning_text(delta: Any) -> str | None:
-    for field in ("reasoning_content", "reasoning"):
-        value = getattr(delta, field, None)
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
-def _classify_status_error(exc: openai.APIStatusError, *, usage: CallUsage | None = None) -> ProviderError:
+def _classify_status_error(exc: openai.APIStatusError) -> ProviderError:
     """Classify from the full response body (the SDK's ``exc.body`` drops the ``error`` envelope)."""
-    body: Any = exc.body
     try:
         text = exc.response.text
     except Exception:  # the body may not be readable any more (closed stream)
         text = ""
-    if text.strip():
-        body = text
-    return classify_http_error(exc.status_code, body, dict(exc.response.headers), usage=usage)
+    body = text if text.strip() else exc.body
+    return classify_http_error(exc.status_code, body, dict(exc.response.headers))
 
 
 def _cause(exc: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import re
 import time
@@ -36,35 +37,20 @@ def parse_retry_after(
     message: str | None = None,
     now: float | None = None,
 ) -> float | None:
-    """Seconds to wait before retrying, from ``retry-after-ms``, ``retry-after`` (seconds or HTTP date;
-    also under LiteLLM's ``llm_provider-`` prefix) or, failing both, a hint in the provider's message:
-    "try again in 6s" / "in 250ms", Azure's "Please retry after 60 seconds", Gemini's "Please retry in
-    20.04s" or its ``"retryDelay": "26s"``; last, OpenAI's ``x-ratelimit-reset-*`` headers."""
+    """Seconds to wait before retrying, from the headers or the provider's message, first found in the
+    order docs/providers.md gives (rule 3); None when nothing says."""
     lowered = {k.lower(): v for k, v in (headers or {}).items()}
-    for name in ("retry-after-ms", "retry-after"):
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         # LiteLLM's proxy passes the upstream's headers on under an ``llm_provider-`` prefix.
-        if name not in lowered and f"llm_provider-{name}" in lowered:
-            lowered[name] = lowered[f"llm_provider-{name}"]
-    raw_ms = lowered.get("retry-after-ms")
-    if raw_ms is not None:
-        try:
-            return max(0.0, float(raw_ms) / 1000.0)
-        except ValueError:
-            pass
-    raw = lowered.get("retry-after")
-    if raw is not None:
-        raw = raw.strip()
-        try:
-            return max(0.0, float(raw))
-        except ValueError:
-            pass
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError, IndexError):
-            when = None
-        if when is not None:
-            current = time.time() if now is None else now
-            return max(0.0, when.timestamp() - current)
+        raw = lowered.get(name, lowered.get(f"llm_provider-{name}"))
+        if raw is None:
+            continue
+        with contextlib.suppress(ValueError):
+            return max(0.0, float(raw) / divisor)
+        if name == "retry-after":  # not seconds: an HTTP date, or nothing we can read
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                when = email.utils.parsedate_to_datetime(raw.strip()).timestamp()
+                return max(0.0, when - (time.time() if now is None else now))
     if message:
         match = _TRY_AGAIN_IN.search(message)
         if match:
