@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import email.utils
 import re
 import time
@@ -49,8 +50,10 @@ def parse_retry_after(
             return max(0.0, float(raw) / divisor)
         if name == "retry-after":  # not seconds: an HTTP date, or nothing we can read
             with contextlib.suppress(TypeError, ValueError, IndexError):
-                when = email.utils.parsedate_to_datetime(raw.strip()).timestamp()
-                return max(0.0, when - (time.time() if now is None else now))
+                when = email.utils.parsedate_to_datetime(raw.strip())
+                if when.tzinfo is None:  # "-0000": an HTTP date is GMT all the same (RFC 9110)
+                    when = when.replace(tzinfo=datetime.UTC)
+                return max(0.0, when.timestamp() - (time.time() if now is None else now))
     if message:
         match = _TRY_AGAIN_IN.search(message)
         if match:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -361,3 +362,18 @@ def test_retry_after_is_parsed_from_seconds_dates_milliseconds_and_messages(
         assert result is None
     else:
         assert result == pytest.approx(expected)
+
+
+def test_an_http_date_is_gmt_whatever_its_zone_says_and_whatever_the_machines_zone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # RFC 9110 dates are always GMT; "-0000" (RFC 2822's "zone unknown") parses without a zone.
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        now = datetime.datetime(2026, 10, 21, 7, 28, 0, tzinfo=datetime.UTC).timestamp()
+        for date in ("Wed, 21 Oct 2026 07:28:10 GMT", "Wed, 21 Oct 2026 07:28:10 -0000"):
+            assert parse_retry_after({"retry-after": date}, now=now) == pytest.approx(10.0)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
