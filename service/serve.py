@@ -17,8 +17,10 @@ from service.config import Settings
 from service.worker import start_worker
 
 
-def with_worker(app: FastAPI, settings: Settings) -> FastAPI:
-    """Wrap ``app``'s lifespan so that a worker runs inside it (``app.state.worker`` while it runs)."""
+def create_serving_app(settings: Settings, database_url: str) -> FastAPI:
+    """The app ``sidequest serve`` runs: :func:`create_app` with its lifespan wrapped so that a worker
+    runs inside it (``app.state.worker`` while it runs)."""
+    app = create_app(settings, database_url)
     inner = app.router.lifespan_context
 
     @asynccontextmanager
@@ -40,8 +42,3 @@ def with_worker(app: FastAPI, settings: Settings) -> FastAPI:
 
     app.router.lifespan_context = lifespan
     return app
-
-
-def create_serving_app(settings: Settings, database_url: str) -> FastAPI:
-    """The app ``sidequest serve`` runs: :func:`create_app` with the worker in its lifespan."""
-    return with_worker(create_app(settings, database_url), settings)

@@ -43,8 +43,6 @@ from service.store.db import Database, connect
 from service.store.listener import Listener
 from service.store.schema import head_revision, readiness
 
-log = logging.getLogger(__name__)
-
 # Slack above the snapshot + question limits for the JSON around them; the precise per-field
 # limits (413 with the field's own message) are checked by the routes.
 BODY_SLACK_BYTES = 1024 * 1024

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -64,15 +63,6 @@ def _histogram(
     return family
 
 
-@dataclass
-class DatabaseSnapshot:
-    """The numbers read from PostgreSQL for one scrape; ``ok`` False when the read failed."""
-
-    requests: RequestStats = field(default_factory=RequestStats)
-    jobs: JobStats = field(default_factory=lambda: JobStats([], [], []))
-    ok: bool = False
-
-
 class Metrics(Collector):
     """One registry per app (no process-global state, so tests can build many apps); at each scrape it
     turns the numbers just read (:meth:`render`) into metric families."""
@@ -84,7 +74,8 @@ class Metrics(Collector):
             "Requests admitted by this API process",
             registry=self.registry,
         )
-        self.snapshot = DatabaseSnapshot()
+        # The numbers read from PostgreSQL for this scrape; None when the read failed.
+        self.snapshot: tuple[RequestStats, JobStats] | None = None
         self._subscribers = subscribers
         self._calibration_on = calibration_on
         self.batches: tuple[int, int, int] = (0, 0, 0)  # admission CALLs, admissions, fallbacks
@@ -94,30 +85,29 @@ class Metrics(Collector):
         """The exposition text, with fresh database numbers (read within SCRAPE_TIMEOUT_S)."""
         try:
             async with asyncio.timeout(SCRAPE_TIMEOUT_S), db.sessions() as tx:
-                self.snapshot = DatabaseSnapshot(
-                    await read_request_stats(tx), await read_job_stats(tx), ok=True
-                )
+                self.snapshot = (await read_request_stats(tx), await read_job_stats(tx))
         except Exception as exc:  # metrics must answer even while the database does not
             log.warning("metrics: database read failed: %s", type(exc).__name__)
-            self.snapshot = DatabaseSnapshot()
+            self.snapshot = None
         batcher = db.admissions
         self.batches = (batcher.calls, batcher.admissions, batcher.fallbacks)
         return generate_latest(self.registry)
 
     def collect(self) -> Iterable[Metric]:
-        snap, stats = self.snapshot, self.snapshot.requests
-        yield _scalar("sidequest_database_up", "1 when the scrape could read PostgreSQL", int(snap.ok))
+        up = int(self.snapshot is not None)
+        yield _scalar("sidequest_database_up", "1 when the scrape could read PostgreSQL", up)
         streams = self._subscribers()
         yield _scalar("sidequest_sse_subscribers", "Open SSE streams in this API process", streams)
         for (name, help_text), value in zip(ADMISSION_COUNTERS, self.batches, strict=True):
             family = CounterMetricFamily(name, help_text)
             family.add_metric([], float(value))
             yield family
-        if not snap.ok:
+        if self.snapshot is None:
             # Nothing was read: the families below are left out rather than written as zeros,
             # which would read as real values ("0 running") while the database is away; alert on
             # sidequest_database_up instead.
             return
+        stats, jobs = self.snapshot
 
         statuses: dict[str, int] = dict.fromkeys(Status, 0)
         terminal: dict[tuple[str, str], int] = {}
@@ -149,7 +139,7 @@ class Metrics(Collector):
             LATENCY_BUCKETS_S,
         )
         yield from _calibration_families(stats, self._calibration_on)
-        yield from _job_families(snap)
+        yield from _job_families(jobs)
 
 
 def _calibration_families(stats: RequestStats, calibration_on: bool) -> Iterable[Metric]:
@@ -178,23 +168,23 @@ def _calibration_families(stats: RequestStats, calibration_on: bool) -> Iterable
     )
 
 
-def _job_families(snap: DatabaseSnapshot) -> Iterable[Metric]:
+def _job_families(jobs: JobStats) -> Iterable[Metric]:
     """Background summary jobs (SPEC §6.6): by kind and outcome, their calls and tokens."""
     yield _gauge(
         "sidequest_background_jobs",
         "Background summary jobs by kind and status",
         ("kind", "status"),
-        snap.jobs.by_outcome,
+        jobs.by_outcome,
     )
     yield _gauge(
         "sidequest_background_calls",
         "Provider calls of background jobs by kind and call status",
         ("kind", "status"),
-        snap.jobs.calls,
+        jobs.calls,
     )
     yield _gauge(
         "sidequest_background_tokens",
         "Tokens reported for background jobs' calls by kind and direction",
         ("kind", "direction"),
-        snap.jobs.tokens,
+        jobs.tokens,
     )

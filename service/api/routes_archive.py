@@ -87,20 +87,13 @@ async def restore_session_archive(
         raise refused  # read as raw bytes, so the framework's own check never runs here
     settings = settings_of(request)
     limit = settings.max_snapshot_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _archive_too_large(limit)
+    # BodyLimit bounds what is read; beyond the archive's limit, the BodyLimit's 413 (its detail too).
     body = await request.body()
     if len(body) > limit:
-        raise _archive_too_large(limit)
+        raise ApiError(
+            413, "payload_too_large", f"an archive may be at most {limit} bytes", {"limit_bytes": limit}
+        )
     archive = parse_archive(load_archive_json(body), max_question_bytes=settings.max_question_bytes)
     async with tx.begin():
         result = await restore_archive(tx, tenant, parent_id, archive, replace=mode == "replace")
     return ArchiveRestored(**result.as_json())
-
-
-def _archive_too_large(limit: int) -> ApiError:
-    """413 with the detail the body limit's own 413 has (``limit_bytes``)."""
-    return ApiError(
-        413, "payload_too_large", f"an archive may be at most {limit} bytes", {"limit_bytes": limit}
-    )

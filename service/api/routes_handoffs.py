@@ -19,7 +19,7 @@ from service.api.schemas import (
     HandoffPage,
     SessionSettingsOut,
 )
-from service.archive.model import SessionSettingsIn, check_text
+from service.archive.model import SessionSettingsIn
 from service.store.handoffs import HandoffAsk, create_handoff, list_handoffs
 from service.store.settings import read_settings, update_settings
 from service.vocabulary import content_hash
@@ -73,7 +73,6 @@ async def post_handoff(
     body = body or HandoffIn()
     body_hash = None
     if idempotency_key is not None:
-        check_text(idempotency_key)
         raw = await request.body()
         # The vocabulary's content hash (key order and whitespace aside), as an admission's body has.
         body_hash = content_hash(json.loads(raw if raw.strip() else b"{}"))

@@ -40,7 +40,7 @@ from service.api.schemas import (
 )
 from service.api.sse import session_stream
 from service.api.stream_tokens import session_stream as session_stream_name
-from service.archive.model import NO_NUL, check_text
+from service.archive.model import NO_NUL
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.store import events as events_store
 from service.store.admission import Admission, admit, clear_session
@@ -155,8 +155,6 @@ async def admit_question(
     # A dict: QuestionIn validated it as a Snapshot.
     inline = parsed["snapshot"] if body.snapshot is not None else None
     encoded, prepared = _prepare_snapshot(request, inline) if inline is not None else (None, None)
-    if idempotency_key is not None:
-        check_text(idempotency_key)
     options = {
         name: value
         for name in ("model", "context_window", "max_output_tokens", "main_max_output_tokens")

@@ -8,9 +8,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
-from service.api.metrics import DatabaseSnapshot, Metrics
+from service.api.metrics import Metrics
 from service.store import calibration as store
 from service.store.db import Database
+from service.store.jobs import JobStats
 from service.store.models import RequestRow
 from service.store.stats import RequestStats
 from tests.api.conftest import Server
@@ -59,7 +60,7 @@ def test_with_calibration_off_the_ratio_in_use_is_reported_as_one() -> None:
     rows = [("openai", "gpt-x", 5, 1000 * 5, 1500 * 5)]
     for on, expected in ((True, 1.5), (False, 1.0)):
         metrics = Metrics(lambda: 0, calibration_on=on)
-        metrics.snapshot = DatabaseSnapshot(RequestStats(calibration=rows), ok=True)
+        metrics.snapshot = (RequestStats(calibration=rows), JobStats([], [], []))
         values = {
             (s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())

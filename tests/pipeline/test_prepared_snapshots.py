@@ -121,7 +121,7 @@ async def test_the_worker_renders_a_snapshot_whose_job_the_api_expects(
     worker = await start_worker(scripted_settings(database_url, "http://127.0.0.1:9"), db)
     try:
         prepared = prepare_snapshot(_long(400))
-        worker.snapshots.warm(prepared)  # what sidequest serve's API calls (serve.with_worker)
+        worker.snapshots.warm(prepared)  # what sidequest serve's API calls (serve.create_serving_app)
         for _ in range(50):
             await asyncio.sleep(0)
         assert len(prepared.memo["summary.group_pieces"]) == len(prepared.groups)
