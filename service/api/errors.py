@@ -76,12 +76,25 @@ async def _sidequest_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc)
 
 
+def media_type(content_type: bytes) -> bytes:
+    """A Content-Type header's media type, parameters aside, lower case."""
+    return content_type.split(b";", 1)[0].strip().lower()
+
+
+def is_json_media(content_type: bytes) -> bool:
+    """Whether a body sent as ``content_type`` is JSON: FastAPI's own rule (``application/json`` or
+    ``application/…+json``), so every body FastAPI parses as JSON is one this module checks."""
+    media = media_type(content_type)
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
 def undeclared_json(request: Request, errors: list[dict[str, Any]] | None = None) -> ApiError | None:
-    """The one rule for a body that is not declared as JSON (no ``…json`` Content-Type): a 422
+    """The one rule for a body that is not declared as JSON (:func:`is_json_media`): a 422
     ``validation_error`` that names the content type as the problem, or None when it is declared."""
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if "json" in media:
+    content_type = request.headers.get("content-type", "").encode("latin-1")
+    if is_json_media(content_type):
         return None
+    media = media_type(content_type).decode("latin-1")
     declared = f"Content-Type {media!r}" if media else "no Content-Type"
     message = f"invalid request: the body must be JSON, sent as Content-Type: application/json ({declared})"
     detail = {

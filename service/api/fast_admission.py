@@ -18,10 +18,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api import routes_sessions
 from service.api.deps import bearer_scheme, bearer_tenant
+from service.api.errors import media_type
 from service.api.routes_common import path_id
 from service.api.routes_sessions import IDEMPOTENCY_KEY_MAX, admit_question
 from service.api.schemas import QuestionIn
-from service.api.strict_input import is_json_media, read_body, replaying
+from service.api.strict_input import read_body, replaying
 from service.vocabulary import MAX_PARENT_ID_CHARS
 
 
@@ -97,8 +98,8 @@ def _accept(
         if name in headers:
             return None  # a repeated header: the app decides what it means
         headers[name] = value
-    if not is_json_media(headers.get(b"content-type", b"")):
-        return None
+    if media_type(headers.get(b"content-type", b"")) != b"application/json":
+        return None  # another JSON media type: the route's own parsing
     if not 1 <= len(parent_id) <= MAX_PARENT_ID_CHARS:
         return None
     path_id("parent_id", parent_id)  # raises where the route refuses the id: the caller declines

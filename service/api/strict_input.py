@@ -12,7 +12,7 @@ from urllib.parse import unquote_to_bytes
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.errors import ApiError, error_response, validation_error
+from service.api.errors import ApiError, error_response, is_json_media, validation_error
 from service.vocabulary import NotJson, may_be_lenient_json, strict_json
 
 _WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
@@ -46,11 +46,6 @@ def replaying(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
-
-
-def is_json_media(content_type: bytes) -> bool:
-    """Whether a Content-Type header's value is ``application/json`` (parameters aside)."""
-    return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
 
 
 def _is_json(scope: Scope) -> bool:

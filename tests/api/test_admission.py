@@ -213,6 +213,7 @@ async def test_the_text_backslash_u0000_in_a_snapshot_is_stored_not_refused(
 
 
 VALIDATION = "validation_error"
+JSON_MEDIA_TYPES = ("application/json", "application/vnd.example+json; charset=utf-8")
 
 
 async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Database) -> None:
@@ -262,10 +263,12 @@ async def test_bad_input_is_400_or_422_and_writes_nothing(server: Server, db: Da
             "malformed_json",
         ),
     ]
+    # The same rules for every JSON media type: the fast path takes application/json, the route the rest.
+    sent = [(body, media, status, code) for body, status, code in cases for media in JSON_MEDIA_TYPES]
     async with server.client() as client:
-        for body, status, code in cases:
-            response = await client.post(url, content=body, headers={"Content-Type": "application/json"})
-            assert response.status_code == status, (body, response.text)
+        for body, media, status, code in sent:
+            response = await client.post(url, content=body, headers={"Content-Type": media})
+            assert response.status_code == status, (body, media, response.text)
             error = response.json()["error"]
             assert error["code"] == code, (body, error)
             assert error["message"] and isinstance(error["detail"], dict)
