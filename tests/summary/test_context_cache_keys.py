@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from service.budget import CutPlan, group_messages
+from service.budget.prepared import prepare_snapshot
 from service.summary.context import (
     CachedContextSummary,
     CacheHit,
     CacheMiss,
     PrefixReuse,
     find_reusable,
-    prefix_key,
 )
 from service.summary.document import Provenance, SummaryDocument
+from service.summary.prompts import PROMPT_VERSION
 
 
 def _messages(n: int, tag: str = "") -> list[dict[str, Any]]:
@@ -34,6 +35,11 @@ def _plan(until: int, total: int) -> CutPlan:
         gross_removed_tokens=10_000,
         kept_tokens=100,
     )
+
+
+def prefix_key(messages: list[dict[str, Any]], model: str, prompt_version: str = PROMPT_VERSION) -> str:
+    """The cache key a prepared snapshot of just ``messages`` gives their whole prefix."""
+    return prepare_snapshot({"messages": messages}).cache_key(len(messages), model, prompt_version)
 
 
 def _entry(messages: list[dict[str, Any]], covered: int, model: str = "m") -> CachedContextSummary:

@@ -24,8 +24,9 @@ from service.budget import (
     plan_cut,
     safety_margin,
 )
+from service.budget.prepared import prepare_snapshot
 from service.providers.base import ProviderError
-from service.summary.context import compact_context
+from service.summary.context import compact_snapshot
 from service.summary.document import SummaryDocument
 from service.summary.errors import SummaryCallCap, SummaryInvalid, SummaryToolCall
 from service.summary.material import QAPair
@@ -320,7 +321,7 @@ async def test_a_context_compaction_counts_material_chunks_and_every_call(
     cut = plan_cut(group_messages(messages))
     assert isinstance(cut, CutPlan)
     runner = make_runner(window=20_000, parallelism=4)
-    result = await compact_context(runner, "snap-1", messages, cut, [], None)
+    result = await compact_snapshot(runner, "snap-1", prepare_snapshot({"messages": messages}), cut, [], None)
     chunk_requests = [r for r in server.requests() if is_chunk(r)]
     assert result.chunks == len(chunk_requests) >= 2
     assert result.calls == len(server.requests()) == result.chunks + 2  # one merge, and its one retry
@@ -377,7 +378,7 @@ async def test_a_fold_and_a_compaction_of_one_request_run_at_once_on_one_budget(
     tally = CallTally()
     folded, compaction = await asyncio.gather(
         fold_qa(runner, None, [[_pair(1)], [_pair(2)]], None, tally=tally),
-        compact_context(runner, "snap-1", snapshot, cut, [], None),
+        compact_snapshot(runner, "snap-1", prepare_snapshot({"messages": snapshot}), cut, [], None),
     )
     assert server.gate_timeouts == 0
     qa = server.requests("qa_summary")
