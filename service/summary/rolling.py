@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from service.budget import estimate_text
@@ -61,22 +62,13 @@ class StoredQASummary:
 
 
 def _new_pairs(previous: StoredQASummary | None, batches: Sequence[Sequence[QAPair]]) -> list[list[QAPair]]:
-    """Batches without pairs the previous summary already covers; ordinals must ascend throughout."""
+    """Batches without pairs the previous summary already covers (folding one twice would count its
+    conclusions twice); the rest must ascend throughout."""
     covered = previous.covered_through_ordinal if previous is not None else None
-    last: int | None = covered
-    result: list[list[QAPair]] = []
-    for batch in batches:
-        kept: list[QAPair] = []
-        for pair in batch:
-            if covered is not None and pair.ordinal <= covered:
-                continue  # already folded: folding it twice would count its conclusions twice
-            if last is not None and pair.ordinal <= last:
-                raise ValueError("Q&A pairs must be in strictly ascending ordinal")
-            last = pair.ordinal
-            kept.append(pair)
-        if kept:
-            result.append(kept)
-    return result
+    fresh = [[pair for pair in batch if covered is None or pair.ordinal > covered] for batch in batches]
+    if any(a.ordinal >= b.ordinal for a, b in pairwise(pair for batch in fresh for pair in batch)):
+        raise ValueError("Q&A pairs must be in strictly ascending ordinal")
+    return [batch for batch in fresh if batch]
 
 
 async def fold_qa(
