@@ -200,7 +200,10 @@ class _Entry:
     answer: str
     summarized: bool = False
     omitted: bool = False
-    shortened: bool = False
+
+    @property
+    def shortened(self) -> bool:
+        return self.question != self.item.question.strip() or self.answer != self.item.answer.strip()
 
     def size(self) -> int:
         # header + "\nQ: " + question + "\nA: " + answer
@@ -217,11 +220,14 @@ class _Plan:
     summary_text: str = ""
     summary_used: bool = False
     summary_shortened: bool = False
-    omitted: list[int] = field(default_factory=list)
     # How many runs of the left-out line name their ordinals (None: all; see _shorten_omitted_line).
     omitted_runs_shown: int | None = None
     # Every cut of a question or an answer, in the order made: :func:`_give_back` undoes them last first.
     cuts: list[tuple[_Entry, str]] = field(default_factory=list)
+
+    @property
+    def omitted(self) -> list[int]:
+        return [e.item.ordinal for e in self.entries if e.omitted]
 
     def parts(self) -> list[str]:
         parts = [FRAMING]
@@ -277,7 +283,6 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
         if utf8_length(replacement) >= current_size:
             continue  # already at or below this pass's floor (or too small for the marker to pay)
         setattr(entry, attr, replacement)
-        entry.shortened = True
         plan.cuts.append((entry, attr))
         total += utf8_length(replacement) - current_size
 
@@ -293,7 +298,6 @@ def _leave_out_pinned_without_answer(plan: _Plan) -> None:
             and entry.answer == SHORTENED_MARKER
         ):
             entry.omitted = True
-    plan.omitted = sorted(e.item.ordinal for e in plan.entries if e.omitted)
 
 
 def _give_back(plan: _Plan, limit: int) -> None:
@@ -316,9 +320,6 @@ def _give_back(plan: _Plan, limit: int) -> None:
         if utf8_length(grown) <= utf8_length(current):
             continue
         setattr(entry, attr, grown)
-        entry.shortened = (
-            entry.question != entry.item.question.strip() or entry.answer != entry.item.answer.strip()
-        )
 
 
 def _use_summary(plan: _Plan, limit: int) -> None:
@@ -361,7 +362,6 @@ def _shrink_summary(plan: _Plan, limit: int) -> None:
             if entry.summarized:
                 entry.summarized = False
                 entry.omitted = True
-        plan.omitted = sorted(e.item.ordinal for e in plan.entries if e.omitted)
         return
     plan.summary_text = _shorten(plan.summary.text.strip(), keep)
     plan.summary_shortened = True
@@ -374,7 +374,7 @@ def _omitted_cost(ordinals: Sequence[int]) -> int:
 def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
     """Leave out one tier's whole Q&A, oldest first — never the newest."""
     total = plan.size()
-    omitted = list(plan.omitted)
+    omitted = plan.omitted
     for victim in _shortening_order(plan, protected=protected):
         if victim is plan.entries[-1] or total <= limit:
             break
@@ -382,7 +382,6 @@ def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
         victim.omitted = True
         omitted.append(victim.item.ordinal)
         total += _omitted_cost(omitted) - cost_before - victim.size() - _SEPARATOR_BYTES
-    plan.omitted = sorted(omitted)
 
 
 def _shorten_omitted_line(plan: _Plan, limit: int) -> None:
