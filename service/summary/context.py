@@ -17,7 +17,6 @@ from service.budget.prepared import PreparedSnapshot, prefix_digests, summary_ca
 from service.budget.trail import render_trail
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import render_messages
-from service.summary.policy import CallTally
 from service.summary.prompts import PROMPT_VERSION
 from service.summary.runner import SummaryRunner
 from service.vocabulary import Stage
@@ -291,10 +290,9 @@ async def compact_snapshot(
             start, previous, outcome = 0, None, "miss"
             await report("miss", new_messages=until)
         chunk_texts = runner.chunk("context", snapshot_pieces(prepared, start, until, masked=masked))
-        # Its own tally: a Q&A fold may be running on the same runner at the same time.
-        tally = CallTally()
-        document = await runner.summarize("context", chunk_texts, previous, tally=tally)
-        calls, chunks = tally.calls, len(chunk_texts)
+        before = runner.attempts_made
+        document = await runner.summarize("context", chunk_texts, previous)
+        calls, chunks = runner.attempts_made - before, len(chunk_texts)
         key = prepared.cache_key(until, runner.model, runner.prompt_version)
         provenance = Provenance.for_context(
             prefix_hash=key,

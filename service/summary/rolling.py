@@ -13,7 +13,6 @@ from typing import Any
 from service.budget import estimate_text
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import QAPair, render_qa_pair
-from service.summary.policy import CallTally
 from service.summary.runner import SummaryRunner
 
 
@@ -76,8 +75,6 @@ async def fold_qa(
     previous: StoredQASummary | None,
     batches: Sequence[Sequence[QAPair]],
     context_time: str | None,
-    *,
-    tally: CallTally | None = None,
 ) -> StoredQASummary | None:
     """Fold ``batches`` of Q&A pairs (ascending ordinals) into ``previous``, all batches' calls
     reserved together before any call (docs/summaries.md, "Rolling Q&A summary"). ``context_time``
@@ -103,7 +100,6 @@ async def fold_qa(
                 progress_total=total,
                 parallel=plan.parallel,
                 reservation=reservation,
-                tally=tally,
             )
             done += len(chunks)
     assert document is not None

@@ -15,7 +15,7 @@ from service.budget import estimate_text
 from service.providers.base import ContextOverflow
 from service.summary.document import BODY_TOKEN_LIMIT, SummaryDocument, render_body
 from service.summary.merge import can_merge, merge_groups, planned_merge_calls
-from service.summary.policy import PURPOSE_OF, STAGE_OF, CallReservation, CallTally, SummaryCaller
+from service.summary.policy import PURPOSE_OF, STAGE_OF, CallReservation, SummaryCaller
 from service.summary.prompts import SummaryKind, merge_piece
 
 ProgressCallback = Callable[[dict[str, Any]], Awaitable[None]]
@@ -81,7 +81,6 @@ class SummaryRunner(SummaryCaller):
         progress_total: int | None = None,
         parallel: bool | None = None,
         reservation: CallReservation | None = None,
-        tally: CallTally | None = None,
     ) -> SummaryDocument:
         """Summarise ``chunks`` (in material order) into one document, updating ``previous`` (None:
         start fresh). The plan's calls are reserved before any call (:class:`SummaryCallCap` when they
@@ -108,7 +107,7 @@ class SummaryRunner(SummaryCaller):
                 number = progress_offset + index
                 await report(vocabulary.summary_chunk(STAGE_OF[kind], PURPOSE_OF[kind], number, total))
                 prompt = self.chunk_prompt(kind, chunk, running, index, len(chunks))
-                return await self.call(kind, prompt, reservation=held or reservation, tally=tally)
+                return await self.call(kind, prompt, reservation=held or reservation)
 
         try:
             if not plan.parallel:
@@ -124,7 +123,7 @@ class SummaryRunner(SummaryCaller):
             while len(documents) > 1:
                 merge_round += 1
                 documents = await self._merge_round(
-                    kind, documents, merge_round, slots, report, reservation=held or reservation, tally=tally
+                    kind, documents, merge_round, slots, report, reservation=held or reservation
                 )
             return documents[0]
         finally:
@@ -140,7 +139,6 @@ class SummaryRunner(SummaryCaller):
         report: ProgressCallback,
         *,
         reservation: CallReservation | None,
-        tally: CallTally | None,
     ) -> list[SummaryDocument]:
         """One round: consecutive documents that fit one call are merged (the calls run at once); a
         document alone in its group passes to the next round as it is."""
@@ -163,7 +161,7 @@ class SummaryRunner(SummaryCaller):
                     )
                 )
                 prompt = self.merge_prompt(kind, [documents[i] for i in group])
-                return await self.call(kind, prompt, reservation=reservation, tally=tally)
+                return await self.call(kind, prompt, reservation=reservation)
 
         merged = iter(
             await _all_or_nothing([one_merge(number, group) for number, group in enumerate(calls, 1)])
