@@ -202,12 +202,6 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
     return "\n\n".join(system_parts) or None, result
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
-    """Messages in canonical Anthropic style, system messages dropped (:func:`normalize_snapshot` keeps
-    their text)."""
-    return normalize_messages_with_system(messages)[1]
-
-
 def _normalize_tool(tool: object) -> dict[str, Any]:
     """An OpenAI function tool as ``{name, description, input_schema}``; others unchanged."""
     if not isinstance(tool, Mapping):

@@ -23,7 +23,7 @@ from service.budget.cut import (
     NOTHING_TO_SUMMARIZE,
     TOO_LITTLE_TO_SUMMARIZE,
 )
-from service.budget.messages import normalize_messages, tool_result_ids, tool_use_ids
+from service.budget.messages import normalize_snapshot, tool_result_ids, tool_use_ids
 
 from .strategies import transcripts
 
@@ -148,7 +148,7 @@ def _side_of_each_id(messages: list[dict[str, Any]], cut: int, ids_of: Any) -> d
 def test_a_cut_never_separates_a_tool_call_from_its_result(
     messages: list[dict[str, Any]], recent: int
 ) -> None:
-    normalized = normalize_messages(messages)
+    normalized = normalize_snapshot({"messages": messages}).messages
     groups = group_messages(normalized)
     plan = plan_cut(groups, recent_budget=recent, min_summarized_tokens=0)
     if isinstance(plan, CutRefusal):

@@ -19,7 +19,7 @@ from service.budget import (
     overflow_target,
 )
 from service.budget.estimate import MESSAGE_ENVELOPE_TOKENS, estimate_content
-from service.budget.messages import normalize_messages
+from service.budget.messages import normalize_snapshot
 
 from .strategies import mixed_text
 
@@ -114,7 +114,9 @@ def test_both_snapshot_styles_estimate_alike() -> None:
         },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "found 中文"}]},
     ]
-    assert estimate_messages(normalize_messages(openai)) == estimate_messages(anthropic)
+    assert estimate_messages(normalize_snapshot({"messages": openai}).messages) == estimate_messages(
+        anthropic
+    )
 
 
 def test_system_and_tools() -> None:
