@@ -36,7 +36,6 @@ class CutPlan:
     summarize_until: int
     summarized_groups: int
     kept_groups: int
-    summarized_messages: int
     kept_messages: int
     gross_removed_tokens: int
     kept_tokens: int
@@ -138,7 +137,6 @@ def cut_at(groups: Sequence[MessageGroup], summarized_groups: int) -> CutPlan:
         summarize_until=until,
         summarized_groups=summarized_groups,
         kept_groups=len(groups) - summarized_groups,
-        summarized_messages=until,
         kept_messages=total - until,
         gross_removed_tokens=sum(group.tokens for group in groups[:summarized_groups]),
         kept_tokens=sum(group.tokens for group in groups[summarized_groups:]),

@@ -106,7 +106,9 @@ class SummaryRunner(SummaryCaller):
         """How ``chunks`` chunks will be summarised, and the calls that needs (retries not counted).
         Parallel only when its calls fit those that remain (unless ``parallel`` is True): parallelism
         buys time, and must not fail a request that the ordered rolling update can serve."""
-        worst, capacity = worst_piece_tokens(chunks), self.capacity(kind)
+        # A merge call's document at its largest: a body at the 2200-token limit, plus its tag.
+        worst = BODY_TOKEN_LIMIT + estimate_text(merge_piece(max(chunks, 1), ""))
+        capacity = self.capacity(kind)
         if parallel is not False and chunks >= 2 and self.parallelism > 1 and can_merge(worst, capacity):
             merging = SummaryPlan(chunks, True, planned_merge_calls(chunks, worst, capacity))
             if parallel or merging.calls <= self.budget.remaining:
@@ -209,8 +211,3 @@ class SummaryRunner(SummaryCaller):
             await _all_or_nothing([one_merge(number, group) for number, group in enumerate(calls, 1)])
         )
         return [next(merged) if len(group) > 1 else documents[group.start] for group in groups]
-
-
-def worst_piece_tokens(documents: int) -> int:
-    """The largest a merge call's document can be: a body at the 2200-token limit, plus its tag."""
-    return BODY_TOKEN_LIMIT + estimate_text(merge_piece(max(documents, 1), ""))

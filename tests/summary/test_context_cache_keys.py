@@ -30,7 +30,6 @@ def _plan(until: int, total: int) -> CutPlan:
         summarize_until=until,
         summarized_groups=until,
         kept_groups=total - until,
-        summarized_messages=until,
         kept_messages=total - until,
         gross_removed_tokens=10_000,
         kept_tokens=100,
