@@ -217,8 +217,8 @@ class _Entry:
 class _Plan:
     entries: list[_Entry]
     summary: HandoffSummary | None
-    summary_text: str = ""
-    summary_used: bool = False
+    # The summary's text as the block carries it; None while the summary is not used.
+    summary_text: str | None = None
     summary_shortened: bool = False
     # How many runs of the left-out line name their ordinals (None: all; see _shorten_omitted_line).
     omitted_runs_shown: int | None = None
@@ -233,7 +233,7 @@ class _Plan:
         parts = [FRAMING]
         if self.omitted:
             parts.append(omitted_line(self.omitted, self.omitted_runs_shown))
-        if self.summary_used and self.summary is not None:
+        if self.summary_text is not None and self.summary is not None:
             parts.append(summary_header(self.summary) + "\n" + self.summary_text)
         parts.extend(e.render() for e in self.entries if not (e.summarized or e.omitted))
         parts.append(END_LINE)
@@ -244,7 +244,7 @@ class _Plan:
         sizes = [utf8_length(FRAMING), utf8_length(END_LINE)]
         if self.omitted:
             sizes.append(utf8_length(omitted_line(self.omitted, self.omitted_runs_shown)))
-        if self.summary_used and self.summary is not None:
+        if self.summary_text is not None and self.summary is not None:
             sizes.append(utf8_length(summary_header(self.summary)) + 1 + utf8_length(self.summary_text))
         sizes.extend(e.size() for e in self.entries if not (e.summarized or e.omitted))
         return sum(sizes) + _SEPARATOR_BYTES * (len(sizes) - 1)
@@ -334,7 +334,6 @@ def _use_summary(plan: _Plan, limit: int) -> None:
     before = plan.size()
     text = summary.text.strip()
     total = before + utf8_length(summary_header(summary)) + 1 + utf8_length(text) + _SEPARATOR_BYTES
-    plan.summary_used = True
     plan.summary_text = text
     for entry in coverable:
         entry.summarized = True
@@ -343,13 +342,13 @@ def _use_summary(plan: _Plan, limit: int) -> None:
             return
     if total >= before:
         # The summary is larger than everything it would replace: it cannot help, leave it out.
-        plan.summary_used = False
+        plan.summary_text = None
         for entry in coverable:
             entry.summarized = False
 
 
 def _shrink_summary(plan: _Plan, limit: int) -> None:
-    if not plan.summary_used or plan.summary is None:
+    if plan.summary_text is None or plan.summary is None:
         return
     excess = plan.size() - limit
     if excess <= 0:
@@ -357,7 +356,7 @@ def _shrink_summary(plan: _Plan, limit: int) -> None:
     keep = utf8_length(plan.summary_text) - excess - _MARKER_COST
     if keep <= 0:
         # Not even a line of it fits: the Q&A it stood in for are left out instead (said so in the block).
-        plan.summary_used = False
+        plan.summary_text = None
         for entry in plan.entries:
             if entry.summarized:
                 entry.summarized = False
@@ -449,7 +448,7 @@ def build_handoff(
         summarized_ordinals=tuple(e.item.ordinal for e in carried if e.summarized),
         shortened_ordinals=tuple(e.item.ordinal for e in carried if e.shortened and not e.summarized),
         omitted_ordinals=tuple(plan.omitted),
-        summary_shortened=plan.summary_shortened and plan.summary_used,
+        summary_shortened=plan.summary_shortened,
     )
 
 
