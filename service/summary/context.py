@@ -296,7 +296,6 @@ async def compact_snapshot(
         key = prepared.cache_key(until, runner.model, runner.prompt_version)
         provenance = Provenance.for_context(
             prefix_hash=key,
-            start=0,
             end=until,
             model=runner.model,
             created_at=runner.now(),

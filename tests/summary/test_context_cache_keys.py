@@ -49,7 +49,7 @@ def _entry(messages: list[dict[str, Any]], covered: int, model: str = "m") -> Ca
         covered_messages=covered,
         document=SummaryDocument(objective="o", state=f"covers {covered}"),
         provenance=Provenance.for_context(
-            prefix_hash=key, start=0, end=covered, model=model, created_at="t", context_time=None
+            prefix_hash=key, end=covered, model=model, created_at="t", context_time=None
         ),
         tokens=10,
         created_at="t",
