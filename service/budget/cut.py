@@ -128,7 +128,6 @@ def plan_cut(
 def cut_at(groups: Sequence[MessageGroup], summarized_groups: int) -> CutPlan:
     """The cut that summarises exactly the first ``summarized_groups`` groups (the ladder may summarise
     up to the end), as :func:`plan_cut` would describe it."""
-    _check_partition(groups)
     if not 0 < summarized_groups <= len(groups):
         raise ValueError("a cut summarises at least one group and at most all of them")
     until = groups[summarized_groups - 1].end
