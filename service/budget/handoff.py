@@ -79,9 +79,6 @@ class HandoffSummary:
     first_ordinal: int
     covered_through_ordinal: int
 
-    def covers(self, ordinal: int) -> bool:
-        return self.first_ordinal <= ordinal <= self.covered_through_ordinal
-
 
 @dataclass(frozen=True)
 class HandoffBlock:
@@ -328,7 +325,8 @@ def _use_summary(plan: _Plan, limit: int) -> None:
     summary = plan.summary
     if summary is None or not summary.text.strip():
         return
-    coverable = [e for e in plan.entries if not _protected(plan, e) and summary.covers(e.item.ordinal)]
+    covered = range(summary.first_ordinal, summary.covered_through_ordinal + 1)
+    coverable = [e for e in plan.entries if not _protected(plan, e) and e.item.ordinal in covered]
     if not coverable:
         return
     before = plan.size()
