@@ -283,7 +283,7 @@ def measure(name: str, run: Callable[[dict[str, float]], dict[str, Any]], runs: 
         kernel_cpu.append(cpu_ms - (stages["render"] - render_before) * 1000)
     cut = result["cut"]
     cut_text = (
-        f"summarise {cut.summarized_messages} msgs ({cut.gross_removed_tokens} tok), keep {cut.kept_messages}"
+        f"summarise {cut.summarize_until} msgs ({cut.gross_removed_tokens} tok), keep {cut.kept_messages}"
         if isinstance(cut, CutPlan)
         else f"refused: {cut.reason}"
     )

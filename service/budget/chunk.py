@@ -140,71 +140,33 @@ def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> li
     return parts
 
 
-class _Packer:
-    """Greedy chunk builder: fills the current chunk, opens a new one when a unit does not fit. A unit
-    larger than a whole chunk is taken apart (a piece into lines, a line into characters) and its parts
-    continue filling the current chunk, so there are as few chunks (summary calls) as greedy allows."""
-
-    def __init__(self, limit_bytes: int) -> None:
-        self.limit = limit_bytes
-        self.chunks: list[str] = []
-        self.current: list[str] = []
-        self.current_bytes = 0
-
-    def _flush(self) -> None:
-        if self.current:
-            self.chunks.append("".join(self.current))
-        self.current = []
-        self.current_bytes = 0
-
-    def _append(self, unit: str) -> None:
-        if unit:
-            self.current.append(unit)
-            self.current_bytes += utf8_length(unit)
-
-    def add_piece(self, piece: str) -> None:
-        """Add a piece (a group): whole when it fits a chunk, else line by line."""
-        if self._fits(piece):
-            return
-        for line in _AFTER_LF.split(piece):  # only LF: other separators are ordinary characters
-            self.add_line(line)
-
-    def add_line(self, line: str) -> None:
-        """Add a line: whole when it fits a chunk, else cut between characters."""
-        if self._fits(line):
-            return
-        parts = _split_characters(line, self.limit, self.limit - self.current_bytes)
-        self._append(parts[0])
-        for part in parts[1:]:
-            self._flush()
-            self._append(part)
-
-    def _fits(self, unit: str) -> bool:
-        """Place ``unit`` whole if it fits the current chunk or a fresh one; False if too large."""
-        size = utf8_length(unit)
-        if size > self.limit:
-            return False
-        if self.current_bytes + size > self.limit:
-            self._flush()
-        self._append(unit)
-        return True
-
-    def result(self) -> list[str]:
-        """The chunks, the last one closed."""
-        self._flush()
-        return self.chunks
-
-
 def chunk_pieces(pieces: Sequence[str], capacity_tokens: int) -> list[str]:
     """Pack ``pieces`` (e.g. rendered message groups) greedily into chunks with
-    ``estimate_text(chunk) <= capacity_tokens``, splitting only a piece larger than a whole chunk;
-    ``"".join(chunks) == "".join(pieces)``. Raises ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`."""
+    ``estimate_text(chunk) <= capacity_tokens``; ``"".join(chunks) == "".join(pieces)``. Raises
+    ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`. A unit too large for a whole chunk is taken apart (a
+    piece into lines, a line into characters) and its parts go on filling the current chunk, so there are
+    as few chunks (summary calls) as greedy allows."""
     if capacity_tokens < MIN_CHUNK_CAPACITY:
         raise ValueError(
             f"chunk capacity must be at least {MIN_CHUNK_CAPACITY} tokens (got {capacity_tokens}):"
             " a smaller one cannot hold a 4-byte character"
         )
-    packer = _Packer(capacity_tokens * BYTES_PER_TOKEN)
+    limit = capacity_tokens * BYTES_PER_TOKEN
+    chunks: list[list[str]] = [[]]
+    used = 0  # UTF-8 bytes in chunks[-1]
     for piece in pieces:
-        packer.add_piece(piece)
-    return packer.result()
+        # Only LF splits a piece into lines: other separators are ordinary characters.
+        for line in [piece] if utf8_length(piece) <= limit else _AFTER_LF.split(piece):
+            size = utf8_length(line)
+            if size <= limit:  # whole: in the current chunk, or else at the start of a new one
+                parts = [line] if used + size <= limit else ["", line]
+            else:
+                parts = _split_characters(line, limit, limit - used)
+            # The first part fills the current chunk; each later one opens a new chunk.
+            for at, part in enumerate(parts):
+                if at:
+                    chunks.append([])
+                    used = 0
+                chunks[-1].append(part)
+                used += utf8_length(part)
+    return [text for chunk in chunks if (text := "".join(chunk))]

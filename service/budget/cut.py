@@ -36,7 +36,6 @@ class CutPlan:
     summarize_until: int
     summarized_groups: int
     kept_groups: int
-    summarized_messages: int
     kept_messages: int
     gross_removed_tokens: int
     kept_tokens: int
@@ -129,7 +128,6 @@ def plan_cut(
 def cut_at(groups: Sequence[MessageGroup], summarized_groups: int) -> CutPlan:
     """The cut that summarises exactly the first ``summarized_groups`` groups (the ladder may summarise
     up to the end), as :func:`plan_cut` would describe it."""
-    _check_partition(groups)
     if not 0 < summarized_groups <= len(groups):
         raise ValueError("a cut summarises at least one group and at most all of them")
     until = groups[summarized_groups - 1].end
@@ -138,7 +136,6 @@ def cut_at(groups: Sequence[MessageGroup], summarized_groups: int) -> CutPlan:
         summarize_until=until,
         summarized_groups=summarized_groups,
         kept_groups=len(groups) - summarized_groups,
-        summarized_messages=until,
         kept_messages=total - until,
         gross_removed_tokens=sum(group.tokens for group in groups[:summarized_groups]),
         kept_tokens=sum(group.tokens for group in groups[summarized_groups:]),

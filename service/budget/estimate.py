@@ -188,11 +188,6 @@ class Calibration:
         """Σ provider / Σ estimate clamped to [0.5, 2.0]; 1.0 below 5 samples."""
         return float(self._ratio())
 
-    @property
-    def applied(self) -> bool:
-        """Whether the ratio changes anything (≠ 1; a ratio not in use is exactly 1)."""
-        return self._ratio() != 1
-
     def apply(self, total: int) -> int:
         """``total`` scaled by the ratio, rounded up (exact integer arithmetic): what the provider is
         expected to count. Only a fit decision uses it; segments and ``estimate.*`` stay raw."""
@@ -212,9 +207,10 @@ class Calibration:
         return capacity * ratio.denominator // ratio.numerator
 
     def info(self) -> dict[str, Any]:
-        """``context_info.calibration``: ``{ratio, samples, applied}``, the ratio unrounded: one rounded
-        to 1.0 beside ``applied: true`` would contradict it."""
-        return {"ratio": self.ratio, "samples": self.samples, "applied": self.applied}
+        """``context_info.calibration``: ``{ratio, samples, applied}``, ``applied`` whether the ratio
+        changes anything (a ratio not in use is exactly 1), the ratio unrounded: one rounded to 1.0
+        beside ``applied: true`` would contradict it."""
+        return {"ratio": self.ratio, "samples": self.samples, "applied": self._ratio() != 1}
 
 
 def overflow_target(input_budget: int, estimate: int, prompt_tokens: int) -> int:

@@ -79,9 +79,6 @@ class HandoffSummary:
     first_ordinal: int
     covered_through_ordinal: int
 
-    def covers(self, ordinal: int) -> bool:
-        return self.first_ordinal <= ordinal <= self.covered_through_ordinal
-
 
 @dataclass(frozen=True)
 class HandoffBlock:
@@ -200,7 +197,10 @@ class _Entry:
     answer: str
     summarized: bool = False
     omitted: bool = False
-    shortened: bool = False
+
+    @property
+    def shortened(self) -> bool:
+        return self.question != self.item.question.strip() or self.answer != self.item.answer.strip()
 
     def size(self) -> int:
         # header + "\nQ: " + question + "\nA: " + answer
@@ -214,20 +214,23 @@ class _Entry:
 class _Plan:
     entries: list[_Entry]
     summary: HandoffSummary | None
-    summary_text: str = ""
-    summary_used: bool = False
+    # The summary's text as the block carries it; None while the summary is not used.
+    summary_text: str | None = None
     summary_shortened: bool = False
-    omitted: list[int] = field(default_factory=list)
     # How many runs of the left-out line name their ordinals (None: all; see _shorten_omitted_line).
     omitted_runs_shown: int | None = None
     # Every cut of a question or an answer, in the order made: :func:`_give_back` undoes them last first.
     cuts: list[tuple[_Entry, str]] = field(default_factory=list)
 
+    @property
+    def omitted(self) -> list[int]:
+        return [e.item.ordinal for e in self.entries if e.omitted]
+
     def parts(self) -> list[str]:
         parts = [FRAMING]
         if self.omitted:
             parts.append(omitted_line(self.omitted, self.omitted_runs_shown))
-        if self.summary_used and self.summary is not None:
+        if self.summary_text is not None and self.summary is not None:
             parts.append(summary_header(self.summary) + "\n" + self.summary_text)
         parts.extend(e.render() for e in self.entries if not (e.summarized or e.omitted))
         parts.append(END_LINE)
@@ -238,7 +241,7 @@ class _Plan:
         sizes = [utf8_length(FRAMING), utf8_length(END_LINE)]
         if self.omitted:
             sizes.append(utf8_length(omitted_line(self.omitted, self.omitted_runs_shown)))
-        if self.summary_used and self.summary is not None:
+        if self.summary_text is not None and self.summary is not None:
             sizes.append(utf8_length(summary_header(self.summary)) + 1 + utf8_length(self.summary_text))
         sizes.extend(e.size() for e in self.entries if not (e.summarized or e.omitted))
         return sum(sizes) + _SEPARATOR_BYTES * (len(sizes) - 1)
@@ -277,7 +280,6 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
         if utf8_length(replacement) >= current_size:
             continue  # already at or below this pass's floor (or too small for the marker to pay)
         setattr(entry, attr, replacement)
-        entry.shortened = True
         plan.cuts.append((entry, attr))
         total += utf8_length(replacement) - current_size
 
@@ -293,7 +295,6 @@ def _leave_out_pinned_without_answer(plan: _Plan) -> None:
             and entry.answer == SHORTENED_MARKER
         ):
             entry.omitted = True
-    plan.omitted = sorted(e.item.ordinal for e in plan.entries if e.omitted)
 
 
 def _give_back(plan: _Plan, limit: int) -> None:
@@ -316,9 +317,6 @@ def _give_back(plan: _Plan, limit: int) -> None:
         if utf8_length(grown) <= utf8_length(current):
             continue
         setattr(entry, attr, grown)
-        entry.shortened = (
-            entry.question != entry.item.question.strip() or entry.answer != entry.item.answer.strip()
-        )
 
 
 def _use_summary(plan: _Plan, limit: int) -> None:
@@ -327,13 +325,13 @@ def _use_summary(plan: _Plan, limit: int) -> None:
     summary = plan.summary
     if summary is None or not summary.text.strip():
         return
-    coverable = [e for e in plan.entries if not _protected(plan, e) and summary.covers(e.item.ordinal)]
+    covered = range(summary.first_ordinal, summary.covered_through_ordinal + 1)
+    coverable = [e for e in plan.entries if not _protected(plan, e) and e.item.ordinal in covered]
     if not coverable:
         return
     before = plan.size()
     text = summary.text.strip()
     total = before + utf8_length(summary_header(summary)) + 1 + utf8_length(text) + _SEPARATOR_BYTES
-    plan.summary_used = True
     plan.summary_text = text
     for entry in coverable:
         entry.summarized = True
@@ -342,13 +340,13 @@ def _use_summary(plan: _Plan, limit: int) -> None:
             return
     if total >= before:
         # The summary is larger than everything it would replace: it cannot help, leave it out.
-        plan.summary_used = False
+        plan.summary_text = None
         for entry in coverable:
             entry.summarized = False
 
 
 def _shrink_summary(plan: _Plan, limit: int) -> None:
-    if not plan.summary_used or plan.summary is None:
+    if plan.summary_text is None or plan.summary is None:
         return
     excess = plan.size() - limit
     if excess <= 0:
@@ -356,12 +354,11 @@ def _shrink_summary(plan: _Plan, limit: int) -> None:
     keep = utf8_length(plan.summary_text) - excess - _MARKER_COST
     if keep <= 0:
         # Not even a line of it fits: the Q&A it stood in for are left out instead (said so in the block).
-        plan.summary_used = False
+        plan.summary_text = None
         for entry in plan.entries:
             if entry.summarized:
                 entry.summarized = False
                 entry.omitted = True
-        plan.omitted = sorted(e.item.ordinal for e in plan.entries if e.omitted)
         return
     plan.summary_text = _shorten(plan.summary.text.strip(), keep)
     plan.summary_shortened = True
@@ -374,7 +371,7 @@ def _omitted_cost(ordinals: Sequence[int]) -> int:
 def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
     """Leave out one tier's whole Q&A, oldest first — never the newest."""
     total = plan.size()
-    omitted = list(plan.omitted)
+    omitted = plan.omitted
     for victim in _shortening_order(plan, protected=protected):
         if victim is plan.entries[-1] or total <= limit:
             break
@@ -382,7 +379,6 @@ def _omit_oldest(plan: _Plan, limit: int, *, protected: bool) -> None:
         victim.omitted = True
         omitted.append(victim.item.ordinal)
         total += _omitted_cost(omitted) - cost_before - victim.size() - _SEPARATOR_BYTES
-    plan.omitted = sorted(omitted)
 
 
 def _shorten_omitted_line(plan: _Plan, limit: int) -> None:
@@ -450,7 +446,7 @@ def build_handoff(
         summarized_ordinals=tuple(e.item.ordinal for e in carried if e.summarized),
         shortened_ordinals=tuple(e.item.ordinal for e in carried if e.shortened and not e.summarized),
         omitted_ordinals=tuple(plan.omitted),
-        summary_shortened=plan.summary_shortened and plan.summary_used,
+        summary_shortened=plan.summary_shortened,
     )
 
 

@@ -169,15 +169,11 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
                 "content": content,
             }
             if open_results is None:
-                open_results = [block]
-                posted: list[Any] = [message]
-                result.append(
-                    {"role": "user", "content": open_results, POSTED_FORM: {"messages": posted, "blocks": 1}}
-                )
-            else:
-                open_results.append(block)
-                posted.append(message)
-                result[-1][POSTED_FORM]["blocks"] = len(open_results)
+                open_results = []
+                result.append({"role": "user", "content": open_results, POSTED_FORM: {"messages": []}})
+            open_results.append(block)
+            result[-1][POSTED_FORM]["messages"].append(message)
+            result[-1][POSTED_FORM]["blocks"] = len(open_results)
             continue
         open_results = None
         if role in _SYSTEM_ROLES:
@@ -200,12 +196,6 @@ def normalize_messages_with_system(messages: Sequence[Mapping[str, Any]]) -> tup
             continue
         result.append(message if isinstance(message, dict) else dict(message))
     return "\n\n".join(system_parts) or None, result
-
-
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
-    """Messages in canonical Anthropic style, system messages dropped (:func:`normalize_snapshot` keeps
-    their text)."""
-    return normalize_messages_with_system(messages)[1]
 
 
 def _normalize_tool(tool: object) -> dict[str, Any]:

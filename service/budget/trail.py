@@ -41,18 +41,16 @@ class TrailEntry:
         return f"- {self.artifact.tool}: {self.artifact.text}{times}{error}"
 
 
-class _LastUse:
-    """The distinct artifacts seen so far as entries, in order of last use (a re-used one moves to the
-    end), each with the bytes of its rendered line and newline."""
+# The distinct artifacts seen so far as entries, in order of last use (a re-used one moves to the end),
+# each with the bytes of its rendered line and newline.
+_LastUse = dict[Artifact, tuple[TrailEntry, int]]
 
-    def __init__(self) -> None:
-        self.seen: dict[Artifact, tuple[TrailEntry, int]] = {}
 
-    def add(self, artifact: Artifact, error: bool) -> None:
-        # Popped and put back: insertion order is last-use order.
-        previous = self.seen.pop(artifact, None)
-        entry = TrailEntry(artifact, previous[0].uses + 1 if previous else 1, error)
-        self.seen[artifact] = (entry, utf8_length(entry.line()) + 1)
+def _use(seen: _LastUse, artifact: Artifact, error: bool) -> None:
+    # Popped and put back: insertion order is last-use order.
+    previous = seen.pop(artifact, None)
+    entry = TrailEntry(artifact, previous[0].uses + 1 if previous else 1, error)
+    seen[artifact] = (entry, utf8_length(entry.line()) + 1)
 
 
 def _fitting(newest_first: Iterable[int]) -> tuple[int, int]:
@@ -71,10 +69,10 @@ def _fitting(newest_first: Iterable[int]) -> tuple[int, int]:
 def collect_trail(uses: Iterable[tuple[Artifact, bool]]) -> list[TrailEntry]:
     """Every distinct artifact of ``uses`` (in call order, each with its result's error flag), in
     order of last use (least recent first)."""
-    seen = _LastUse()
+    seen: _LastUse = {}
     for artifact, error in uses:
-        seen.add(artifact, error)
-    return [entry for entry, _ in seen.seen.values()]
+        _use(seen, artifact, error)
+    return [entry for entry, _ in seen.values()]
 
 
 def bound_trail(entries: Sequence[TrailEntry]) -> list[TrailEntry]:
@@ -98,16 +96,16 @@ class TrailSizes:
     def __init__(self, artifacts: Sequence[Sequence[tuple[Artifact, bool]]]) -> None:
         self._artifacts = artifacts
         self._taken = 0  # groups whose uses are in ``_seen``
-        self._seen = _LastUse()
+        self._seen: _LastUse = {}
 
     def __call__(self, groups: int) -> int:
         if groups < self._taken:
             raise ValueError("trail sizes are asked for with a never decreasing group count")
         while self._taken < groups:
             for artifact, error in self._artifacts[self._taken]:
-                self._seen.add(artifact, error)
+                _use(self._seen, artifact, error)
             self._taken += 1
-        count, size = _fitting(line_bytes for _, line_bytes in reversed(self._seen.seen.values()))
+        count, size = _fitting(line_bytes for _, line_bytes in reversed(self._seen.values()))
         return tokens_of_bytes(size + 2) if count else 0
 
 

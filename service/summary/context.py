@@ -7,30 +7,21 @@ only returns what to save, and only validated documents.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from service import vocabulary
-from service.budget import CutPlan, MessageGroup, estimate_text, group_messages
+from service.budget import CutPlan, MessageGroup, estimate_text
 from service.budget.prepared import PreparedSnapshot, prefix_digests, summary_cache_key
 from service.budget.trail import render_trail
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import render_messages
-from service.summary.policy import CallTally
 from service.summary.prompts import PROMPT_VERSION
 from service.summary.runner import SummaryRunner
 from service.vocabulary import Stage
 
 CacheOutcome = Literal["hit", "prefix", "miss"]
-
-
-def prefix_key(
-    messages_prefix: Sequence[Mapping[str, Any]], model: str, prompt_version: str = PROMPT_VERSION
-) -> str:
-    """Cache key of a summary of exactly ``messages_prefix`` by ``model`` with these prompts (hex sha256)."""
-    return summary_cache_key(prefix_digests(messages_prefix)[-1], model, prompt_version)
 
 
 @dataclass(frozen=True)
@@ -159,13 +150,6 @@ def _piece(messages: Sequence[Mapping[str, Any]], group: MessageGroup) -> str:
     return render_messages([dict(m) for m in messages[group.start : group.end]], group.start)
 
 
-def _pieces(
-    messages: Sequence[Mapping[str, Any]], groups: Sequence[MessageGroup], start: int, end: int
-) -> list[str]:
-    """One transcript piece per group in ``[start, end)`` (the chunker prefers to cut between them)."""
-    return [_piece(messages, g) for g in groups if g.start >= start and g.end <= end]
-
-
 # Where a preparation keeps the transcript pieces rendered so far (PreparedSnapshot.memo), by group,
 # and those of the groups' masked forms (SPEC §6.8: tier 2 summarises masked groups).
 _PIECES = "summary.group_pieces"
@@ -175,8 +159,9 @@ WARM_SLICE = 64
 
 
 def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int, *, masked: bool = False) -> list[str]:
-    """:func:`_pieces` of a prepared snapshot (of its masked groups when ``masked``), each group
-    rendered at most once per snapshot (what :func:`warm_snapshot_pieces` rendered already is reused)."""
+    """One transcript piece per group in ``[start, end)`` (the chunker prefers to cut between them), of
+    the masked groups when ``masked``; each group is rendered at most once per snapshot (what
+    :func:`warm_snapshot_pieces` rendered already is reused)."""
     raw: dict[int, str] = prepared.memo.setdefault(_PIECES, {})
     rendered: dict[int, str] = prepared.memo.setdefault(_MASKED_PIECES, {}) if masked else raw
     forms = prepared.masked() if masked else None
@@ -259,35 +244,30 @@ def covering_summary(
     return min(found, key=lambda reuse: reuse.covered_messages, default=None)
 
 
-async def compact_context(
+async def compact_snapshot(
     runner: SummaryRunner,
     snapshot_id: str | None,
-    messages: Sequence[Mapping[str, Any]],
+    prepared: PreparedSnapshot,
     cut_plan: CutPlan,
     cache_entries: Sequence[CachedContextSummary],
     context_time: str | None,
     *,
-    groups: Sequence[MessageGroup] | None = None,
-    digests: Sequence[bytes] | None = None,
-    material: Callable[[int, int], list[str]] | None = None,
+    masked: bool = False,
 ) -> ContextCompaction:
-    """Summarise ``messages[:cut_plan.summarize_until]`` (canonical messages), reusing the cache: a
-    hit makes no call, a prefix summarises only the messages after it, a miss everything before the
-    cut. ``material(start, end)``: the transcript pieces of ``messages[start:end]`` (default
-    :func:`_pieces`). Raises the summary / provider errors of the runner."""
+    """Summarise ``prepared.messages[:cut_plan.summarize_until]``, reusing the cache: a hit makes no
+    call, a prefix summarises only the messages after it, a miss everything before the cut. The
+    transcript pieces are rendered at most once per snapshot (:func:`snapshot_pieces`). ``masked``: the
+    summarised groups go in their masked form (SPEC §6.2 tier 2), and the new entry carries their
+    artifact trail (§6.9). Raises the summary / provider errors of the runner."""
     until = cut_plan.summarize_until
-    if groups is None:
-        groups = group_messages(messages)
-    if digests is None:
-        digests = prefix_digests(messages[:until])
     reuse = find_reusable(
-        messages,
-        groups,
+        prepared.messages,
+        prepared.groups,
         cut_plan,
         cache_entries,
         model=runner.model,
         prompt_version=runner.prompt_version,
-        digests=digests,
+        digests=prepared.digests,
     )
 
     async def report(outcome: CacheOutcome, **extra: Any) -> None:
@@ -309,21 +289,19 @@ async def compact_context(
         else:
             start, previous, outcome = 0, None, "miss"
             await report("miss", new_messages=until)
-        pieces = material(start, until) if material is not None else _pieces(messages, groups, start, until)
-        chunk_texts = runner.chunk("context", pieces)
-        # Its own tally: a Q&A fold may be running on the same runner at the same time.
-        tally = CallTally()
-        document = await runner.summarize("context", chunk_texts, previous, tally=tally)
-        calls, chunks = tally.calls, len(chunk_texts)
-        key = summary_cache_key(digests[until], runner.model, runner.prompt_version)
+        chunk_texts = runner.chunk("context", snapshot_pieces(prepared, start, until, masked=masked))
+        before = runner.attempts_made
+        document = await runner.summarize("context", chunk_texts, previous)
+        calls, chunks = runner.attempts_made - before, len(chunk_texts)
+        key = prepared.cache_key(until, runner.model, runner.prompt_version)
         provenance = Provenance.for_context(
             prefix_hash=key,
-            start=0,
             end=until,
             model=runner.model,
             created_at=runner.now(),
             context_time=context_time,
         )
+        trail = render_trail(prepared.trail(prepared.group_index(until))) if masked else ""
         used = new_entry = CachedContextSummary(
             key=key,
             snapshot_id=snapshot_id,
@@ -332,6 +310,7 @@ async def compact_context(
             provenance=provenance,
             tokens=estimate_text(render_summary(document, provenance)),
             created_at=provenance.created_at,
+            trail=trail or None,
         )
     return ContextCompaction(
         document=used.document,
@@ -341,37 +320,6 @@ async def compact_context(
         calls=calls,
         chunks=chunks,
         summarized_messages=until,
-        kept_messages=len(messages) - until,
+        kept_messages=len(prepared.messages) - until,
         new_entry=new_entry,
     )
-
-
-async def compact_snapshot(
-    runner: SummaryRunner,
-    snapshot_id: str | None,
-    prepared: PreparedSnapshot,
-    cut_plan: CutPlan,
-    cache_entries: Sequence[CachedContextSummary],
-    context_time: str | None,
-    *,
-    masked: bool = False,
-) -> ContextCompaction:
-    """:func:`compact_context` of a prepared snapshot: its groups and digests as prepared, its
-    transcript pieces rendered at most once per snapshot (:func:`snapshot_pieces`). ``masked``: the
-    summarised groups go in their masked form (SPEC §6.2 tier 2), and the new entry carries their
-    artifact trail (§6.9)."""
-    result = await compact_context(
-        runner,
-        snapshot_id,
-        prepared.messages,
-        cut_plan,
-        cache_entries,
-        context_time,
-        groups=prepared.groups,
-        digests=prepared.digests,
-        material=lambda start, end: snapshot_pieces(prepared, start, end, masked=masked),
-    )
-    if not masked or result.new_entry is None:
-        return result
-    trail = render_trail(prepared.trail(prepared.group_index(cut_plan.summarize_until))) or None
-    return dataclasses.replace(result, new_entry=dataclasses.replace(result.new_entry, trail=trail))

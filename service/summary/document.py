@@ -179,20 +179,20 @@ class Provenance:
         cls,
         *,
         prefix_hash: str,
-        start: int,
         end: int,
         model: str,
         created_at: str,
         context_time: str | None,
     ) -> Provenance:
-        """Provenance of a context summary of snapshot messages ``[start, end)`` with this content hash."""
+        """Provenance of a context summary of the snapshot prefix ``[0, end)`` with this content hash (a
+        context summary always covers a prefix: it is keyed by one)."""
         return cls(
-            source=f"snapshot {prefix_hash[:12]} messages {start}–{max(start, end - 1)}",
+            source=f"snapshot {prefix_hash[:12]} messages 0–{max(0, end - 1)}",
             model=model,
             created_at=created_at,
             context_time=context_time,
             snapshot_hash=prefix_hash,
-            message_range=(start, end),
+            message_range=(0, end),
         )
 
     def to_json(self) -> dict[str, Any]:

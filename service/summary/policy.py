@@ -123,14 +123,6 @@ class CallReservation:
 
 
 @dataclass
-class CallTally:
-    """Attempts made for one caller's summaries (context_info ``calls`` of a fold or a compaction):
-    two summaries running at once on one runner cannot tell their calls apart otherwise."""
-
-    calls: int = 0
-
-
-@dataclass
 class SummaryCaller:
     """Everything a side request's summary calls share, and one call with its retry.
 
@@ -161,7 +153,8 @@ class SummaryCaller:
     # What the summarised material is (SPEC §6.8: ``MASKED_MATERIAL`` when it is the masked form):
     # part of the cache key, since a summary of masked groups must not stand for one of the raw ones.
     material_variant: str | None = None
-    # Attempts made through this caller (for context_info "calls"); the budget counts the same.
+    # Attempts made through this caller (for context_info "calls"); the budget counts the same. Two
+    # summaries of one request that run at once each have their own caller on the one budget.
     attempts_made: int = field(default=0, init=False)
 
     def output_caps(self, kind: SummaryKind) -> tuple[int, int]:
@@ -226,7 +219,6 @@ class SummaryCaller:
         prompt: Callable[..., SummaryPrompt],
         *,
         reservation: CallReservation | None,
-        tally: CallTally | None,
     ) -> SummaryDocument:
         """One chunk or merge call: the first attempt, and on a retryable failure exactly one retry
         from the same input."""
@@ -234,8 +226,6 @@ class SummaryCaller:
         def take() -> None:  # before every attempt, rate-limit retries included
             self.budget.take(reservation)
             self.attempts_made += 1
-            if tally is not None:
-                tally.calls += 1
 
         try:
             return await self._attempt(kind, prompt(retry=False), retry=False, take=take)

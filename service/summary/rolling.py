@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from service.budget import estimate_text
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import QAPair, render_qa_pair
-from service.summary.policy import CallTally
 from service.summary.runner import SummaryRunner
 
 
@@ -61,22 +61,13 @@ class StoredQASummary:
 
 
 def _new_pairs(previous: StoredQASummary | None, batches: Sequence[Sequence[QAPair]]) -> list[list[QAPair]]:
-    """Batches without pairs the previous summary already covers; ordinals must ascend throughout."""
+    """Batches without pairs the previous summary already covers (folding one twice would count its
+    conclusions twice); the rest must ascend throughout."""
     covered = previous.covered_through_ordinal if previous is not None else None
-    last: int | None = covered
-    result: list[list[QAPair]] = []
-    for batch in batches:
-        kept: list[QAPair] = []
-        for pair in batch:
-            if covered is not None and pair.ordinal <= covered:
-                continue  # already folded: folding it twice would count its conclusions twice
-            if last is not None and pair.ordinal <= last:
-                raise ValueError("Q&A pairs must be in strictly ascending ordinal")
-            last = pair.ordinal
-            kept.append(pair)
-        if kept:
-            result.append(kept)
-    return result
+    fresh = [[pair for pair in batch if covered is None or pair.ordinal > covered] for batch in batches]
+    if any(a.ordinal >= b.ordinal for a, b in pairwise(pair for batch in fresh for pair in batch)):
+        raise ValueError("Q&A pairs must be in strictly ascending ordinal")
+    return [batch for batch in fresh if batch]
 
 
 async def fold_qa(
@@ -84,8 +75,6 @@ async def fold_qa(
     previous: StoredQASummary | None,
     batches: Sequence[Sequence[QAPair]],
     context_time: str | None,
-    *,
-    tally: CallTally | None = None,
 ) -> StoredQASummary | None:
     """Fold ``batches`` of Q&A pairs (ascending ordinals) into ``previous``, all batches' calls
     reserved together before any call (docs/summaries.md, "Rolling Q&A summary"). ``context_time``
@@ -111,7 +100,6 @@ async def fold_qa(
                 progress_total=total,
                 parallel=plan.parallel,
                 reservation=reservation,
-                tally=tally,
             )
             done += len(chunks)
     assert document is not None

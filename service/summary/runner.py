@@ -1,6 +1,8 @@
-"""A summary over one or more chunks (SPEC §6.3): the plan, the ordered and the parallel mode
-(docs/summaries.md, "Parallel mode and merges"). Either way a failure raises, so a failed partial
-summary never feeds the next call.
+"""A summary over one or more chunks (SPEC §6.3): the plan, the ordered and the parallel mode with its
+merge rounds (docs/summaries.md, "Parallel mode and merges"). Either way a failure raises, so a failed
+partial summary never feeds the next call. :func:`planned_merge_calls` bounds the merge calls with every
+document at its largest: next-fit never needs more groups for smaller items, so the real rounds never
+need more merge calls than planned (checked by a property test).
 """
 
 from __future__ import annotations
@@ -14,11 +16,51 @@ from service import vocabulary
 from service.budget import estimate_text
 from service.providers.base import ContextOverflow
 from service.summary.document import BODY_TOKEN_LIMIT, SummaryDocument, render_body
-from service.summary.merge import can_merge, merge_groups, planned_merge_calls
-from service.summary.policy import PURPOSE_OF, STAGE_OF, CallReservation, CallTally, SummaryCaller
+from service.summary.policy import PURPOSE_OF, STAGE_OF, CallReservation, SummaryCaller
 from service.summary.prompts import SummaryKind, merge_piece
 
 ProgressCallback = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def merge_groups(sizes: Sequence[int], capacity: int) -> list[range]:
+    """Split documents of these token ``sizes`` into consecutive groups (next-fit, order kept) whose
+    sizes sum to at most ``capacity``, unless a group is a single document larger than that."""
+    groups: list[range] = []
+    start = 0
+    used = 0
+    for index, size in enumerate(sizes):
+        if index > start and used + size > capacity:
+            groups.append(range(start, index))
+            start, used = index, 0
+        used += size
+    if sizes:
+        groups.append(range(start, len(sizes)))
+    return groups
+
+
+def merge_calls_of(groups: Sequence[range]) -> int:
+    """Merge calls of one round: one per group of two or more documents (a single one passes through)."""
+    return sum(1 for group in groups if len(group) > 1)
+
+
+def can_merge(piece_tokens: int, capacity: int) -> bool:
+    """Whether one merge call can take two documents of ``piece_tokens`` each (else merging stalls)."""
+    return piece_tokens > 0 and 2 * piece_tokens <= capacity
+
+
+def planned_merge_calls(documents: int, piece_tokens: int, capacity: int) -> int:
+    """Merge calls needed to fold ``documents`` of at most ``piece_tokens`` each into one, all rounds;
+    ``ValueError`` when one call cannot take two of them (the rounds would never end)."""
+    if documents < 2:
+        return 0
+    if not can_merge(piece_tokens, capacity):
+        raise ValueError(f"a merge call of {capacity} tokens cannot take two {piece_tokens}-token documents")
+    calls = 0
+    while documents > 1:
+        groups = merge_groups([piece_tokens] * documents, capacity)
+        calls += merge_calls_of(groups)
+        documents = len(groups)
+    return calls
 
 
 @dataclass(frozen=True)
@@ -64,7 +106,9 @@ class SummaryRunner(SummaryCaller):
         """How ``chunks`` chunks will be summarised, and the calls that needs (retries not counted).
         Parallel only when its calls fit those that remain (unless ``parallel`` is True): parallelism
         buys time, and must not fail a request that the ordered rolling update can serve."""
-        worst, capacity = worst_piece_tokens(chunks), self.capacity(kind)
+        # A merge call's document at its largest: a body at the 2200-token limit, plus its tag.
+        worst = BODY_TOKEN_LIMIT + estimate_text(merge_piece(max(chunks, 1), ""))
+        capacity = self.capacity(kind)
         if parallel is not False and chunks >= 2 and self.parallelism > 1 and can_merge(worst, capacity):
             merging = SummaryPlan(chunks, True, planned_merge_calls(chunks, worst, capacity))
             if parallel or merging.calls <= self.budget.remaining:
@@ -81,7 +125,6 @@ class SummaryRunner(SummaryCaller):
         progress_total: int | None = None,
         parallel: bool | None = None,
         reservation: CallReservation | None = None,
-        tally: CallTally | None = None,
     ) -> SummaryDocument:
         """Summarise ``chunks`` (in material order) into one document, updating ``previous`` (None:
         start fresh). The plan's calls are reserved before any call (:class:`SummaryCallCap` when they
@@ -108,7 +151,7 @@ class SummaryRunner(SummaryCaller):
                 number = progress_offset + index
                 await report(vocabulary.summary_chunk(STAGE_OF[kind], PURPOSE_OF[kind], number, total))
                 prompt = self.chunk_prompt(kind, chunk, running, index, len(chunks))
-                return await self.call(kind, prompt, reservation=held or reservation, tally=tally)
+                return await self.call(kind, prompt, reservation=held or reservation)
 
         try:
             if not plan.parallel:
@@ -124,7 +167,7 @@ class SummaryRunner(SummaryCaller):
             while len(documents) > 1:
                 merge_round += 1
                 documents = await self._merge_round(
-                    kind, documents, merge_round, slots, report, reservation=held or reservation, tally=tally
+                    kind, documents, merge_round, slots, report, reservation=held or reservation
                 )
             return documents[0]
         finally:
@@ -140,7 +183,6 @@ class SummaryRunner(SummaryCaller):
         report: ProgressCallback,
         *,
         reservation: CallReservation | None,
-        tally: CallTally | None,
     ) -> list[SummaryDocument]:
         """One round: consecutive documents that fit one call are merged (the calls run at once); a
         document alone in its group passes to the next round as it is."""
@@ -163,14 +205,9 @@ class SummaryRunner(SummaryCaller):
                     )
                 )
                 prompt = self.merge_prompt(kind, [documents[i] for i in group])
-                return await self.call(kind, prompt, reservation=reservation, tally=tally)
+                return await self.call(kind, prompt, reservation=reservation)
 
         merged = iter(
             await _all_or_nothing([one_merge(number, group) for number, group in enumerate(calls, 1)])
         )
         return [next(merged) if len(group) > 1 else documents[group.start] for group in groups]
-
-
-def worst_piece_tokens(documents: int) -> int:
-    """The largest a merge call's document can be: a body at the 2200-token limit, plus its tag."""
-    return BODY_TOKEN_LIMIT + estimate_text(merge_piece(max(documents, 1), ""))

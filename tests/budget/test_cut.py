@@ -23,7 +23,7 @@ from service.budget.cut import (
     NOTHING_TO_SUMMARIZE,
     TOO_LITTLE_TO_SUMMARIZE,
 )
-from service.budget.messages import normalize_messages, tool_result_ids, tool_use_ids
+from service.budget.messages import normalize_snapshot, tool_result_ids, tool_use_ids
 
 from .strategies import transcripts
 
@@ -48,7 +48,7 @@ def test_keeps_newest_whole_groups_within_8000() -> None:
     assert isinstance(plan, CutPlan)
     assert plan.summarize_until == 2
     assert (plan.summarized_groups, plan.kept_groups) == (2, 2)
-    assert (plan.summarized_messages, plan.kept_messages) == (2, 2)
+    assert (plan.summarize_until, plan.kept_messages) == (2, 2)
     assert plan.kept_tokens == 5000
     assert plan.gross_removed_tokens == 9000
 
@@ -80,7 +80,7 @@ def test_cut_falls_between_groups_of_several_messages() -> None:
     plan = plan_cut(groups_of(3000, 6000, 4000, sizes=[2, 3, 2]))
     assert isinstance(plan, CutPlan)
     assert plan.summarize_until == 5
-    assert (plan.summarized_messages, plan.kept_messages) == (5, 2)
+    assert (plan.summarize_until, plan.kept_messages) == (5, 2)
 
 
 def test_net_removed_tokens_subtracts_the_summary() -> None:
@@ -148,7 +148,7 @@ def _side_of_each_id(messages: list[dict[str, Any]], cut: int, ids_of: Any) -> d
 def test_a_cut_never_separates_a_tool_call_from_its_result(
     messages: list[dict[str, Any]], recent: int
 ) -> None:
-    normalized = normalize_messages(messages)
+    normalized = normalize_snapshot({"messages": messages}).messages
     groups = group_messages(normalized)
     plan = plan_cut(groups, recent_budget=recent, min_summarized_tokens=0)
     if isinstance(plan, CutRefusal):
@@ -161,7 +161,7 @@ def test_a_cut_never_separates_a_tool_call_from_its_result(
     for tool_id, call_side in calls.items():
         assert results[tool_id] == call_side  # all results on the same side as their call
     # Summarised + kept is the whole transcript; kept is the maximal fitting tail.
-    assert plan.summarized_messages + plan.kept_messages == len(normalized)
+    assert plan.summarize_until + plan.kept_messages == len(normalized)
     assert plan.gross_removed_tokens + plan.kept_tokens == sum(g.tokens for g in groups)
     assert plan.kept_tokens <= recent
     assert plan.kept_tokens + groups[plan.summarized_groups - 1].tokens > recent

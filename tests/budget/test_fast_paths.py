@@ -17,7 +17,7 @@ from service.budget.estimate import (
     estimate_message_content,
     utf8_length,
 )
-from service.budget.messages import normalize_messages, tool_result_ids, tool_use_ids
+from service.budget.messages import normalize_snapshot, tool_result_ids, tool_use_ids
 
 from .strategies import mixed_text, transcripts
 
@@ -146,7 +146,7 @@ def test_openai_arguments_parse_as_json_loads_would(arguments: str) -> None:
         "content": None,
         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}],
     }
-    converted = normalize_messages([message])[0]["content"][0]["input"]
+    converted = normalize_snapshot({"messages": [message]}).messages[0]["content"][0]["input"]
     # repr, not ==: NaN never equals itself, and repr also pins types (1 vs 1.0 vs True).
     assert repr(converted) == repr(_reference_tool_input(arguments))
 
@@ -155,12 +155,12 @@ def test_openai_arguments_parse_as_json_loads_would(arguments: str) -> None:
 @settings(max_examples=100)
 def test_message_estimate_is_content_plus_envelope(messages: list[dict[str, Any]]) -> None:
     # Raw OpenAI messages too: their tool_calls / tool_call_id must not take the plain-text path.
-    for message in [*messages, *normalize_messages(messages)]:
+    for message in [*messages, *normalize_snapshot({"messages": messages}).messages]:
         assert estimate_message(message) == estimate_message_content(message) + MESSAGE_ENVELOPE_TOKENS
 
 
 @given(st.one_of(transcripts(well_formed=False), transcripts(well_formed=True, openai_style=True)))
 @settings(max_examples=100)
 def test_one_pass_grouping_equals_the_two_pass_definition(messages: list[dict[str, Any]]) -> None:
-    canonical = normalize_messages(messages)
+    canonical = normalize_snapshot({"messages": messages}).messages
     assert group_messages(canonical) == _reference_groups(canonical)

@@ -23,7 +23,7 @@ from service.budget.masking import (
     mask_groups,
     result_stub,
 )
-from service.budget.messages import normalize_messages
+from service.budget.messages import normalize_snapshot
 from service.budget.trail import TRAIL_MAX_BYTES, TRAIL_MAX_ENTRIES, bound_trail, collect_trail, render_trail
 from tests.budget.strategies import mixed_text
 
@@ -101,7 +101,7 @@ def tool_transcripts(draw: st.DrawFn, *, openai_style: bool = False) -> list[dic
                     ],
                 }
             )
-    return normalize_messages(messages)
+    return normalize_snapshot({"messages": messages}).messages
 
 
 def _masked(messages: list[dict[str, Any]]) -> tuple[Any, Any, list[int]]:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 
 from service.budget import MessageGroup, estimate_message, group_messages, normalize_snapshot
 from service.budget.estimate import POSTED_FORM, without_posted_form
-from service.budget.messages import normalize_messages, tool_result_ids, tool_use_ids
+from service.budget.messages import tool_result_ids, tool_use_ids
 
 from .strategies import transcripts
 
@@ -53,7 +53,7 @@ OPENAI: list[dict[str, Any]] = [
 
 def test_anthropic_messages_come_back_equal_and_untouched() -> None:
     original = copy.deepcopy(ANTHROPIC)
-    assert normalize_messages(ANTHROPIC) == original
+    assert normalize_snapshot({"messages": ANTHROPIC}).messages == original
     assert ANTHROPIC == original
 
 
@@ -63,7 +63,7 @@ def _canonical(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_openai_messages_become_canonical() -> None:
-    normalized = normalize_messages(OPENAI)
+    normalized = normalize_snapshot({"messages": OPENAI}).messages
     assert _canonical(normalized) == ANTHROPIC
     # What was converted keeps what was posted: the assistant's tool calls, the two tool messages.
     assert normalized[1][POSTED_FORM] == {"messages": [OPENAI[2]], "blocks": 3}
@@ -72,7 +72,7 @@ def test_openai_messages_become_canonical() -> None:
 
 
 def test_consecutive_tool_messages_become_one_user_message() -> None:
-    normalized = normalize_messages(OPENAI)
+    normalized = normalize_snapshot({"messages": OPENAI}).messages
     results = [message for message in normalized if tool_result_ids(message)]
     assert len(results) == 1
     assert tool_result_ids(results[0]) == ["t1", "t2"]
@@ -80,7 +80,7 @@ def test_consecutive_tool_messages_become_one_user_message() -> None:
 
 def test_openai_input_is_not_mutated() -> None:
     original = copy.deepcopy(OPENAI)
-    normalize_messages(OPENAI)
+    normalize_snapshot({"messages": OPENAI})
     assert original == OPENAI
 
 
@@ -94,7 +94,7 @@ def test_invalid_or_non_object_arguments_are_kept_verbatim() -> None:
             {"id": "c", "type": "function", "function": {"name": "f", "arguments": ""}},
         ],
     }
-    blocks = normalize_messages([message])[0]["content"]
+    blocks = normalize_snapshot({"messages": [message]}).messages[0]["content"]
     assert [block["input"] for block in blocks] == [{"_arguments": "{not json"}, {"_arguments": "[1, 2]"}, {}]
 
 
@@ -201,7 +201,7 @@ def test_empty_transcript_has_no_groups() -> None:
 
 def test_non_object_message_is_refused() -> None:
     with pytest.raises(ValueError):
-        normalize_messages(["hello"])  # type: ignore[list-item]
+        normalize_snapshot({"messages": ["hello"]})
 
 
 def _assert_partition(groups: list[MessageGroup], count: int) -> None:
@@ -223,7 +223,7 @@ def test_groups_partition_any_transcript(messages: list[dict[str, Any]]) -> None
 @given(transcripts(well_formed=True, openai_style=True))
 @settings(max_examples=60)
 def test_openai_transcripts_group_every_call_with_its_results(messages: list[dict[str, Any]]) -> None:
-    normalized = normalize_messages(messages)
+    normalized = normalize_snapshot({"messages": messages}).messages
     groups = group_messages(normalized)
     _assert_partition(groups, len(normalized))
     for group in groups:

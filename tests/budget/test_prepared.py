@@ -25,8 +25,8 @@ from service.budget.prepared import (
     json_depth,
     prefix_digests,
     prepare_snapshot,
+    summary_cache_key,
 )
-from service.summary.context import prefix_key
 from service.vocabulary import canonical_bytes
 
 texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=40)
@@ -79,7 +79,9 @@ def test_prepared_matches_what_a_request_would_compute(content: dict[str, Any]) 
     assert prepared.tools_tokens == estimate_tools(normal.tools)
     assert list(prepared.digests) == prefix_digests(normal.messages)
     for length in range(len(normal.messages) + 1):
-        assert prepared.cache_key(length, "m", "v") == prefix_key(normal.messages[:length], "m", "v")
+        assert prepared.cache_key(length, "m", "v") == summary_cache_key(
+            prefix_digests(normal.messages[:length])[-1], "m", "v"
+        )
 
 
 @settings(max_examples=40, deadline=None)

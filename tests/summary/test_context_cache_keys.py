@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from service.budget import CutPlan, group_messages
+from service.budget.prepared import prepare_snapshot
 from service.summary.context import (
     CachedContextSummary,
     CacheHit,
     CacheMiss,
     PrefixReuse,
     find_reusable,
-    prefix_key,
 )
 from service.summary.document import Provenance, SummaryDocument
+from service.summary.prompts import PROMPT_VERSION
 
 
 def _messages(n: int, tag: str = "") -> list[dict[str, Any]]:
@@ -29,11 +30,15 @@ def _plan(until: int, total: int) -> CutPlan:
         summarize_until=until,
         summarized_groups=until,
         kept_groups=total - until,
-        summarized_messages=until,
         kept_messages=total - until,
         gross_removed_tokens=10_000,
         kept_tokens=100,
     )
+
+
+def prefix_key(messages: list[dict[str, Any]], model: str, prompt_version: str = PROMPT_VERSION) -> str:
+    """The cache key a prepared snapshot of just ``messages`` gives their whole prefix."""
+    return prepare_snapshot({"messages": messages}).cache_key(len(messages), model, prompt_version)
 
 
 def _entry(messages: list[dict[str, Any]], covered: int, model: str = "m") -> CachedContextSummary:
@@ -44,7 +49,7 @@ def _entry(messages: list[dict[str, Any]], covered: int, model: str = "m") -> Ca
         covered_messages=covered,
         document=SummaryDocument(objective="o", state=f"covers {covered}"),
         provenance=Provenance.for_context(
-            prefix_hash=key, start=0, end=covered, model=model, created_at="t", context_time=None
+            prefix_hash=key, end=covered, model=model, created_at="t", context_time=None
         ),
         tokens=10,
         created_at="t",

@@ -16,10 +16,11 @@ from service.budget import (
     plan_cut,
     safety_margin,
 )
-from service.summary.context import compact_context, prefix_key
+from service.budget.prepared import PreparedSnapshot, prepare_snapshot
+from service.summary.context import compact_snapshot
 from service.summary.document import render_summary
 from service.summary.material import render_messages
-from service.summary.prompts import build_answer_request
+from service.summary.prompts import PROMPT_VERSION, build_answer_request
 from tests.summary.conftest import MODEL, RunnerFactory
 from tests.summary.helpers import (
     RespondingServer,
@@ -103,7 +104,8 @@ async def test_a_300k_character_chinese_and_code_snapshot_is_summarised_chunk_by
     runner = make_runner(window=window, progress=progress)
     capacity = runner.capacity("context")
 
-    result = await compact_context(runner, "snap-1", messages, plan, [], "2026-11-29T10:00:00Z")
+    prepared = prepare_snapshot({"messages": messages})
+    result = await compact_snapshot(runner, "snap-1", prepared, plan, [], "2026-11-29T10:00:00Z")
 
     requests = server.requests("context_summary")
     assert result.cache == "miss"
@@ -143,7 +145,7 @@ async def test_a_300k_character_chinese_and_code_snapshot_is_summarised_chunk_by
     assert all(p["chunks"] == len(requests) for p in progress if p.get("what") == "summary_chunk")
     # What to cache: validated, keyed by the summarised prefix's content.
     assert result.new_entry is not None
-    assert result.new_entry.key == prefix_key(messages[: plan.summarize_until], MODEL)
+    assert result.new_entry.key == prepared.cache_key(plan.summarize_until, MODEL, PROMPT_VERSION)
     assert result.new_entry.covered_messages == plan.summarize_until
     assert result.kept_messages == len(messages) - plan.summarize_until
     # And the compacted answer prompt: summary first, then the kept messages unchanged.
@@ -164,6 +166,10 @@ def _small_snapshot(n_turns: int, tag: str = "") -> list[dict[str, Any]]:
     return messages
 
 
+def _prepared(messages: list[dict[str, Any]]) -> PreparedSnapshot:
+    return prepare_snapshot({"messages": messages})
+
+
 def _plan(messages: list[dict[str, Any]]) -> CutPlan:
     plan = plan_cut(group_messages(messages))
     assert isinstance(plan, CutPlan)
@@ -175,15 +181,15 @@ async def test_the_same_content_costs_no_summary_call_the_second_time(
 ) -> None:
     server.respond("context_summary", merging_summariser)
     messages = _small_snapshot(30)
-    first = await compact_context(make_runner(), "snap-a", messages, _plan(messages), [], None)
+    first = await compact_snapshot(make_runner(), "snap-a", _prepared(messages), _plan(messages), [], None)
     assert first.cache == "miss" and first.calls == 1 and first.new_entry is not None
     calls = len(server.requests())
 
     # The same content under another snapshot id (and a deep copy): a hit, no provider call.
     import copy
 
-    again = await compact_context(
-        make_runner(), "snap-b", copy.deepcopy(messages), _plan(messages), [first.new_entry], None
+    again = await compact_snapshot(
+        make_runner(), "snap-b", _prepared(copy.deepcopy(messages)), _plan(messages), [first.new_entry], None
     )
     assert again.cache == "hit" and again.calls == 0 and again.chunks == 0 and again.new_entry is None
     assert len(server.requests()) == calls
@@ -197,10 +203,12 @@ async def test_other_content_never_reuses_a_summary(
 ) -> None:
     server.respond("context_summary", merging_summariser)
     messages = _small_snapshot(30)
-    first = await compact_context(make_runner(), "snap-a", messages, _plan(messages), [], None)
+    first = await compact_snapshot(make_runner(), "snap-a", _prepared(messages), _plan(messages), [], None)
     assert first.new_entry is not None
     other = _small_snapshot(30, tag="-other")
-    result = await compact_context(make_runner(), "snap-c", other, _plan(other), [first.new_entry], None)
+    result = await compact_snapshot(
+        make_runner(), "snap-c", _prepared(other), _plan(other), [first.new_entry], None
+    )
     assert result.cache == "miss" and result.calls == 1
     assert len(server.requests("context_summary")) == 2
     last = server.requests("context_summary")[-1]
@@ -214,7 +222,7 @@ async def test_an_extended_snapshot_reuses_the_common_prefix_and_summarises_only
 ) -> None:
     server.respond("context_summary", merging_summariser)
     base = _small_snapshot(30)
-    first = await compact_context(make_runner(), "snap-1", base, _plan(base), [], None)
+    first = await compact_snapshot(make_runner(), "snap-1", _prepared(base), _plan(base), [], None)
     assert first.new_entry is not None
     covered = first.new_entry.covered_messages
 
@@ -231,8 +239,9 @@ async def test_an_extended_snapshot_reuses_the_common_prefix_and_summarises_only
     plan = _plan(extended)
     assert plan.summarize_until > covered
     progress: list[dict[str, Any]] = []
-    result = await compact_context(
-        make_runner(progress=progress), "snap-2", extended, plan, [first.new_entry], None
+    prepared = _prepared(extended)
+    result = await compact_snapshot(
+        make_runner(progress=progress), "snap-2", prepared, plan, [first.new_entry], None
     )
 
     assert result.cache == "prefix" and result.calls == 1
@@ -245,5 +254,5 @@ async def test_an_extended_snapshot_reuses_the_common_prefix_and_summarises_only
     assert "the task id is T-main" in result.document.decisions
     assert any(p.get("cache") == "prefix" for p in progress)
     assert result.new_entry is not None
-    assert result.new_entry.key == prefix_key(extended[: plan.summarize_until], MODEL)
+    assert result.new_entry.key == prepared.cache_key(plan.summarize_until, MODEL, PROMPT_VERSION)
     assert result.new_entry.provenance.message_range == (0, plan.summarize_until)

@@ -146,7 +146,7 @@ def test_rendering_is_deterministic_and_carries_our_provenance() -> None:
 
 def test_context_provenance_names_the_snapshot_hash_and_message_range() -> None:
     prov = Provenance.for_context(
-        prefix_hash="ab" * 32, start=0, end=140, model="m", created_at="t", context_time=None
+        prefix_hash="ab" * 32, end=140, model="m", created_at="t", context_time=None
     )
     assert prov.source == "snapshot abababababab messages 0–139"
     assert prov.message_range == (0, 140)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.summary.merge import can_merge, merge_calls_of, merge_groups, planned_merge_calls
+from service.summary.runner import can_merge, merge_calls_of, merge_groups, planned_merge_calls
 
 
 @given(st.lists(st.integers(min_value=1, max_value=5000), max_size=40), st.integers(1, 12000))

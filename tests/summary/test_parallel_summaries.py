@@ -24,12 +24,13 @@ from service.budget import (
     plan_cut,
     safety_margin,
 )
+from service.budget.prepared import prepare_snapshot
 from service.providers.base import ProviderError
-from service.summary.context import compact_context
+from service.summary.context import compact_snapshot
 from service.summary.document import SummaryDocument
 from service.summary.errors import SummaryCallCap, SummaryInvalid, SummaryToolCall
 from service.summary.material import QAPair
-from service.summary.policy import CallTally, SummaryCallBudget
+from service.summary.policy import SummaryCallBudget
 from service.summary.rolling import fold_qa
 from service.summary.runner import SummaryPlan
 from tests.scripted_provider import RecordedRequest, Step, Usage
@@ -320,7 +321,7 @@ async def test_a_context_compaction_counts_material_chunks_and_every_call(
     cut = plan_cut(group_messages(messages))
     assert isinstance(cut, CutPlan)
     runner = make_runner(window=20_000, parallelism=4)
-    result = await compact_context(runner, "snap-1", messages, cut, [], None)
+    result = await compact_snapshot(runner, "snap-1", prepare_snapshot({"messages": messages}), cut, [], None)
     chunk_requests = [r for r in server.requests() if is_chunk(r)]
     assert result.chunks == len(chunk_requests) >= 2
     assert result.calls == len(server.requests()) == result.chunks + 2  # one merge, and its one retry
@@ -338,8 +339,7 @@ async def test_a_parallel_fold_summarises_every_batch_at_once_with_one_merge(
     progress: list[dict[str, Any]] = []
     runner = make_runner(parallelism=4, progress=progress)
     earlier = await fold_qa(make_runner(), None, [[_pair(1)]], None)
-    tally = CallTally()
-    folded = await fold_qa(runner, earlier, [[_pair(2)], [_pair(3)], [_pair(4)]], None, tally=tally)
+    folded = await fold_qa(runner, earlier, [[_pair(2)], [_pair(3)], [_pair(4)]], None)
     assert folded is not None and folded.covered_through_ordinal == 4 and folded.first_ordinal == 1
     assert folded.document.decisions == ("fact 1", "fact 2", "fact 3", "fact 4")
     requests = server.requests()[1:]
@@ -347,7 +347,7 @@ async def test_a_parallel_fold_summarises_every_batch_at_once_with_one_merge(
     by_part = {part_number(r): r for r in requests if is_chunk(r)}
     assert "- fact 1" in (previous_of(by_part[2]) or "")  # the batches' previous summary: first chunk only
     assert previous_of(by_part[3]) is None and previous_of(by_part[4]) is None
-    assert tally.calls == runner.attempts_made == 4
+    assert runner.attempts_made == 4
     assert [(p["chunk"], p["chunks"]) for p in progress if p["what"] == "summary_chunk"] == [
         (1, 3),
         (2, 3),
@@ -364,7 +364,10 @@ async def test_a_fold_and_a_compaction_of_one_request_run_at_once_on_one_budget(
     # Both summaries' chunks (two each) are in flight at the same time before any is answered.
     server.gate(4, is_chunk)
     # A 30 000-token window takes about 17 000 tokens of material per call: each big message is a chunk.
-    runner = make_runner(max_calls=12, parallelism=4, window=30_000)
+    # Each on its own runner over the request's one budget, as the pipeline runs them.
+    budget = SummaryCallBudget(12)
+    fold_runner = make_runner(parallelism=4, window=30_000, budget=budget)
+    runner = make_runner(parallelism=4, window=30_000, budget=budget)
     snapshot = [
         {"role": "user", "content": "part-1 FACT: fact 1\n" + "old context\n" * 3000},
         {"role": "assistant", "content": "ok"},
@@ -374,17 +377,17 @@ async def test_a_fold_and_a_compaction_of_one_request_run_at_once_on_one_budget(
     ]
     cut = plan_cut(group_messages(snapshot), recent_budget=10)
     assert isinstance(cut, CutPlan) and cut.summarize_until == 3, cut
-    tally = CallTally()
     folded, compaction = await asyncio.gather(
-        fold_qa(runner, None, [[_pair(1)], [_pair(2)]], None, tally=tally),
-        compact_context(runner, "snap-1", snapshot, cut, [], None),
+        fold_qa(fold_runner, None, [[_pair(1)], [_pair(2)]], None),
+        compact_snapshot(runner, "snap-1", prepare_snapshot({"messages": snapshot}), cut, [], None),
     )
     assert server.gate_timeouts == 0
     qa = server.requests("qa_summary")
     context = server.requests("context_summary")
-    assert tally.calls == len(qa) == 3 and compaction.calls == len(context) == 3
+    assert fold_runner.attempts_made == len(qa) == 3
+    assert compaction.calls == runner.attempts_made == len(context) == 3
     assert compaction.chunks == 2
-    assert runner.budget.calls_made == runner.attempts_made == 6 and runner.budget.reserved == 0
+    assert budget.calls_made == 6 and budget.reserved == 0
     assert folded is not None and folded.document.decisions == ("fact 1", "fact 2")
 
 

@@ -1,5 +1,5 @@
-"""A prepared snapshot's transcript pieces (service.summary.context.snapshot_pieces): the same
-material compaction renders from the messages, each group rendered at most once per snapshot, and
+"""A prepared snapshot's transcript pieces (service.summary.context.snapshot_pieces): each group's
+messages rendered as the summary's material, each group rendered at most once per snapshot, and
 rendered ahead of time in slices (warm_snapshot_pieces) without holding the event loop."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 
 from service.budget.prepared import PreparedSnapshot, prepare_snapshot
 from service.summary import context
-from service.summary.context import _pieces, snapshot_pieces, warm_snapshot_pieces
+from service.summary.context import snapshot_pieces, warm_snapshot_pieces
+from service.summary.material import render_messages
 
 
 def _prepared(turns: int = 100) -> PreparedSnapshot:
@@ -32,6 +33,12 @@ def _prepared(turns: int = 100) -> PreparedSnapshot:
     return prepare_snapshot({"messages": messages})
 
 
+def _rendered(prepared: PreparedSnapshot, start: int, end: int) -> list[str]:
+    """Each group within ``[start, end)`` rendered from its messages."""
+    groups = [g for g in prepared.groups if g.start >= start and g.end <= end]
+    return [render_messages(prepared.messages[g.start : g.end], g.start) for g in groups]
+
+
 @pytest.fixture
 def renders(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The start of every group rendered, in order."""
@@ -46,11 +53,10 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return rendered
 
 
-def test_the_pieces_are_what_compaction_renders_from_the_messages(renders: list[int]) -> None:
+def test_the_pieces_are_the_groups_in_the_range_rendered(renders: list[int]) -> None:
     prepared = _prepared()
     for start, end in ((0, len(prepared.messages)), (0, 120), (30, 120), (299, 300)):
-        expected = _pieces(prepared.messages, prepared.groups, start, end)
-        assert snapshot_pieces(prepared, start, end) == expected
+        assert snapshot_pieces(prepared, start, end) == _rendered(prepared, start, end)
 
 
 def test_each_group_is_rendered_once_per_snapshot(renders: list[int]) -> None:
@@ -88,7 +94,7 @@ async def test_warming_renders_every_group_in_slices_and_lets_other_tasks_run(re
     before = len(renders)
     pieces = snapshot_pieces(prepared, 0, len(prepared.messages))
     assert len(renders) == before  # nothing rendered twice
-    assert pieces == _pieces(prepared.messages, prepared.groups, 0, len(prepared.messages))
+    assert pieces == _rendered(prepared, 0, len(prepared.messages))
 
 
 async def test_warming_after_a_partial_render_renders_only_the_rest(renders: list[int]) -> None:
