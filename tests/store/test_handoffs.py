@@ -12,7 +12,7 @@ from sqlalchemy import func, select, update
 
 from service.store.admission import clear_session
 from service.store.db import Database
-from service.store.events import session_events_after
+from service.store.events import session_events_with_deletion
 from service.store.handoffs import (
     HandoffAsk,
     HandoffIdempotencyConflict,
@@ -223,7 +223,7 @@ async def test_a_handoff_is_listed_newest_first_and_is_a_session_event(db: Datab
         older = await list_handoffs(session, TENANT, "p", limit=2, before=page["next_before"])
     assert older is not None and [h["ordinals"] for h in older["items"]] == [[1]] and not older["has_more"]
     async with db.sessions() as session:
-        events = [e for e in await session_events_after(session, sid, 0) if e.type == "handoff"]
+        events = [e for e, _, _ in await session_events_with_deletion(session, sid, 0) if e.type == "handoff"]
     assert [e.data["handoff"]["ordinals"] for e in events] == [[1], [2], [3]]
     assert events[0].request_id is None and events[0].data["handoff"]["id"] == older["items"][0]["id"]
     assert "text" not in events[0].data["handoff"] and events[-1].data["handed_off_through"] == 3
