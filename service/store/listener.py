@@ -70,9 +70,6 @@ class Listener:
         self._subscribers[channel].add(callback)
         return lambda: self._subscribers[channel].discard(callback)
 
-    def subscriber_count(self, channel: str) -> int:
-        return len(self._subscribers[channel])
-
     @property
     def connected(self) -> bool:
         """Whether the LISTEN connection is up now."""

@@ -61,12 +61,6 @@ class Claimed:
     snapshot_hash: str | None = None
 
 
-async def claim_next(tx: Executor, *, owner: str, lease_s: float, max_running: int) -> Claimed | None:
-    """Claim the next request per SPEC §9, or None when the cap is reached or nothing is eligible."""
-    claimed, _full = await try_claim(tx, owner=owner, lease_s=lease_s, max_running=max_running)
-    return claimed
-
-
 async def try_claim(
     tx: Executor, *, owner: str, lease_s: float, max_running: int
 ) -> tuple[Claimed | None, bool]:
