@@ -8,7 +8,6 @@ The block is built by the pure :func:`service.budget.handoff.build_handoff`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff, handoff_marks
 from service.errors import SidequestError
 from service.store import queries
+from service.store.admission import IdempotencyConflict
 from service.store.events import append_session_event
 from service.store.execute import execute, fetch_all, fetch_one, fetch_value, json_text
 from service.store.models import SessionRow
@@ -35,36 +35,12 @@ class UnknownOrdinals(SidequestError):
     code = "unknown_ordinals"
     status = 422
 
-    def __init__(self, ordinals: Sequence[int]) -> None:
-        listed = ", ".join(str(o) for o in ordinals[:20])
-        super().__init__(
-            f"ordinals {listed} are not succeeded side questions of this session; "
-            "only succeeded answers can be handed off",
-            {"ordinals": list(ordinals)},
-        )
-
-
-class HandoffIdempotencyConflict(SidequestError):
-    """The Idempotency-Key was used for another hand-off body (409)."""
-
-    code = "idempotency_conflict"
-    status = 409
-
-    def __init__(self) -> None:
-        super().__init__("this Idempotency-Key was already used with a different hand-off body")
-
 
 class NotPinnable(SidequestError):
-    """Only a succeeded request can be pinned (409); ``request_status`` is the request's own status."""
+    """Only a succeeded request can be pinned (409)."""
 
     code = "not_pinnable"
     status = 409
-
-    def __init__(self, request_status: str) -> None:
-        super().__init__(
-            f"only a succeeded side question can be pinned; this one is {request_status}",
-            {"status": request_status},
-        )
 
 
 @dataclass(frozen=True)
@@ -138,7 +114,11 @@ async def _items(tx: AsyncSession, session_row: SessionRow, ask: HandoffAsk) -> 
     if ask.ordinals is not None:
         missing = sorted(set(ask.ordinals) - {r["ordinal"] for r in rows})
         if missing:
-            raise UnknownOrdinals(missing)
+            raise UnknownOrdinals(
+                f"ordinals {', '.join(str(o) for o in missing[:20])} are not succeeded side questions of "
+                "this session; only succeeded answers can be handed off",
+                {"ordinals": missing},
+            )
     return [
         HandoffItem(
             ordinal=r["ordinal"],
@@ -182,7 +162,9 @@ async def create_handoff(
         earlier = await fetch_one(tx, queries.handoff_by_key, params)
         if earlier is not None:
             if earlier["body_hash"] != ask.body_hash:
-                raise HandoffIdempotencyConflict()
+                raise IdempotencyConflict(
+                    "this Idempotency-Key was already used with a different hand-off body"
+                )
             return HandoffOutcome(
                 _public(earlier["id"], earlier["body"], session_row.parent_id), created=False
             )
@@ -271,7 +253,10 @@ async def set_pinned(
         return None
     request_row, session_row = found
     if pinned and request_row.status != Status.SUCCEEDED:
-        raise NotPinnable(request_row.status)
+        raise NotPinnable(
+            f"only a succeeded side question can be pinned; this one is {request_row.status}",
+            {"status": request_row.status},
+        )
     if request_row.pinned != pinned:
         request_row.pinned = pinned
         await tx.flush()

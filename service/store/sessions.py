@@ -42,11 +42,6 @@ class SnapshotConflict(SidequestError):
     code = "snapshot_conflict"
     status = 409
 
-    def __init__(self, snapshot_id: str) -> None:
-        super().__init__(
-            f"snapshot {snapshot_id!r} already exists with other content", {"snapshot_id": snapshot_id}
-        )
-
 
 class InvalidSnapshot(SidequestError):
     """The snapshot cannot be read as a main-session context (the pipeline could never use it)."""
@@ -368,7 +363,7 @@ async def store_snapshot(
     existing = await fetch_one(tx, queries.stored_snapshot, {"session_id": session_id, "snapshot_id": key})
     assert existing is not None
     if existing["content_hash"] != digest:
-        raise SnapshotConflict(key)
+        raise SnapshotConflict(f"snapshot {key!r} already exists with other content", {"snapshot_id": key})
     return StoredSnapshot(
         key,
         digest,

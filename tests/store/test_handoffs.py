@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from service.store.admission import clear_session
+from service.store.admission import IdempotencyConflict, clear_session
 from service.store.db import Database
 from service.store.events import session_events_with_deletion
 from service.store.handoffs import (
     HandoffAsk,
-    HandoffIdempotencyConflict,
     NotPinnable,
     UnknownOrdinals,
     create_handoff,
@@ -206,7 +205,7 @@ async def test_idempotency_key_replays_the_original_and_refuses_another_body(db:
     await add_requests(db, sid, ["succeeded"])
     replay = await handoff(db, idempotency_key="k1", body_hash="h1")
     assert replay == first and await handoff_count(db) == 1
-    with pytest.raises(HandoffIdempotencyConflict):
+    with pytest.raises(IdempotencyConflict):
         await handoff(db, idempotency_key="k1", body_hash="other")
     assert await handoff_count(db) == 1 and await mark(db) == 1
 
