@@ -274,13 +274,13 @@ def _encode_request(request: ArchivedRequest, version: int) -> dict[str, Any]:
     return {name: iso_or_none(v) if isinstance(v, datetime) else v for name, v in values.items()}
 
 
-def encode_archive(archive: Archive, exported_at: datetime | None = None) -> dict[str, Any]:
+def encode_archive(archive: Archive) -> dict[str, Any]:
     """The document of ``archive`` in its version: no request ids (ordinals identify requests); a v3
     session with every part, its settings with all their fields (null when unset)."""
     document: dict[str, Any] = {
         "version": archive.version,
         "parent_id": archive.parent_id,
-        "exported_at": utc_iso(exported_at),
+        "exported_at": utc_iso(),
     }
     if archive.version >= 3:
         settings = archive.settings or {}

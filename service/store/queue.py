@@ -165,12 +165,12 @@ class SweepResult:
     jobs_failed: list[uuid.UUID] = field(default_factory=list)
 
 
-async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -> SweepResult:
+async def sweep_expired(tx: AsyncSession) -> SweepResult:
     """Recover requests and background jobs whose lease expired (their worker died): each is re-run
     once, else failed with ``worker_lost`` (what it recorded is kept); a registration just ends."""
     result = SweepResult()
     for row in (await tx.execute(queries.expired_requests)).all():
-        if row.attempt < max_attempts:
+        if row.attempt < MAX_ATTEMPTS:
             await requeue_request(tx, row.id, reason="worker_lost")
             result.requeued.append(row.id)
         else:
@@ -183,7 +183,7 @@ async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -
             )
             result.failed.append(row.id)
     for job in (await tx.execute(queries.expired_jobs)).all():
-        if job.made_by == "background" and job.attempt < max_attempts:
+        if job.made_by == "background" and job.attempt < MAX_ATTEMPTS:
             await jobs.requeue_job(tx, job.id, reason="worker_lost")
             result.jobs_requeued.append(job.id)
         else:
