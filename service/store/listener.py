@@ -70,11 +70,6 @@ class Listener:
         self._subscribers[channel].add(callback)
         return lambda: self._subscribers[channel].discard(callback)
 
-    @property
-    def connected(self) -> bool:
-        """Whether the LISTEN connection is up now."""
-        return self._connected.is_set()
-
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sidequest-listener")
         await wait_event(self._connected, 10)
