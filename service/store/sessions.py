@@ -145,16 +145,14 @@ def _view(item: dict[str, Any], fields: dict[str, type]) -> dict[str, Any]:
     }
 
 
-def public_settings(stored: dict[str, Any] | None) -> dict[str, Any]:
+def public_settings(stored: dict[str, Any]) -> dict[str, Any]:
     """The whole settings object (SPEC §11.2): every field, ``null`` when unset (unknown stored keys
     are dropped)."""
-    stored = stored or {}
     return {name: stored.get(name) for name in SETTINGS_FIELDS}
 
 
-def memory_overview(memory: dict[str, Any] | None) -> dict[str, Any]:
+def memory_overview(memory: dict[str, Any]) -> dict[str, Any]:
     """SPEC's memory overview from the memory JSONB: coverage and cache keys, never the documents."""
-    memory = memory or {}
     qa = memory.get("qa_summary")
     summaries = memory.get("context_summaries") or []
     return {
