@@ -239,11 +239,6 @@ class SnapshotJobPolicy:
         """The service's part, from its settings (the session's come from its row)."""
         return cls(settings.background_on, settings.context_window, settings.max_output_tokens, expecting)
 
-    def considers(self, session_row: SessionRow) -> bool:
-        """Whether a snapshot stored for the session is weighed for a job at all (SPEC §6.6):
-        background summaries on and the session asked before."""
-        return self.enabled and session_row.next_ordinal > 1
-
     def needs_summary(
         self, prepared: PreparedSnapshot, session_row: SessionRow, expected: dict[str, int]
     ) -> bool:
@@ -327,7 +322,8 @@ async def store_snapshot(
     tokens = prepared.total_tokens
     expected: dict[str, int] = {}
     queues_job = False
-    if session_row is not None and jobs is not None and jobs.considers(session_row):
+    # Weighed for a job at all (SPEC §6.6): background summaries on and the session asked before.
+    if session_row is not None and jobs is not None and jobs.enabled and session_row.next_ordinal > 1:
         latest = await fetch_value(tx, queries.latest_question_options, {"session_id": session_row.id})
         expected = expected_numbers(dict(session_row.settings or {}), latest)
         queues_job = jobs.needs_summary(prepared, session_row, expected)
