@@ -118,8 +118,6 @@ class Listener:
                     if not lost.is_set() and await conn.fetchval(probe, timeout=PROBE_TIMEOUT_S):
                         # Demoted under us: a standby's LISTEN would never hear the new primary.
                         raise StandbyNow("the LISTEN connection's node is a standby now")
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
                 expected = is_unavailable(exc) or isinstance(exc, StandbyNow)
                 if not expected or self._outages.due("LISTEN"):  # not once per reconnect try
