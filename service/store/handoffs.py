@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff, handoff_marks
+from service.budget.handoff import HandoffBlock, HandoffItem, HandoffSummary, build_handoff, handoff_marks
 from service.errors import SidequestError
 from service.store import queries
 from service.store.admission import IdempotencyConflict
@@ -68,22 +68,23 @@ def _public(handoff_id: object, body: dict[str, Any], parent_id: str) -> dict[st
     return {"id": str(handoff_id), "parent_id": parent_id, **body}
 
 
-def _empty(parent_id: str, ask: HandoffAsk) -> dict[str, Any]:
+def _body(created_at: str, ask: HandoffAsk, block: HandoffBlock) -> dict[str, Any]:
+    """The public object of a hand-off but its id and parent id (what is stored); of an empty block,
+    the object that says there was nothing to hand off."""
+    ordinals = list(block.ordinals)
     return {
-        "id": None,
-        "parent_id": parent_id,
-        "created_at": utc_iso(),
+        "created_at": created_at,
         "format": ask.format,
-        "ordinals": [],
-        "from_ordinal": None,
-        "through_ordinal": None,
-        "estimate_tokens": 0,
-        "summarized_ordinals": [],
-        "shortened_ordinals": [],
-        "omitted_ordinals": [],
-        "truncated": False,
-        "message": None,
-        "text": "",
+        "ordinals": ordinals,
+        "from_ordinal": ordinals[0] if ordinals else None,
+        "through_ordinal": ordinals[-1] if ordinals else None,
+        "estimate_tokens": block.estimate_tokens,
+        "summarized_ordinals": list(block.summarized_ordinals),
+        "shortened_ordinals": list(block.shortened_ordinals),
+        "omitted_ordinals": list(block.omitted_ordinals),
+        "truncated": block.truncated,
+        "message": None if ask.format == "text" or not ordinals else {"role": "user", "content": block.text},
+        "text": block.text,
     }
 
 
@@ -171,30 +172,17 @@ async def create_handoff(
     items = await _items(tx, session_row, ask)
     block = build_handoff(items, await _summary_for(tx, session_row, ask), ask.max_tokens)
     if block is None:
-        return HandoffOutcome(_empty(session_row.parent_id, ask), created=False)
+        empty = _body(utc_iso(), ask, HandoffBlock(text="", estimate_tokens=0, ordinals=()))
+        return HandoffOutcome({"id": None, "parent_id": session_row.parent_id, **empty}, created=False)
 
     handoff_id = uuid.uuid4()
     created_at = await fetch_value(tx, queries.transaction_now, {})
-    ordinals = list(block.ordinals)
-    body: dict[str, Any] = {
-        "created_at": utc_iso(created_at),
-        "format": ask.format,
-        "ordinals": ordinals,
-        "from_ordinal": ordinals[0],
-        "through_ordinal": ordinals[-1],
-        "estimate_tokens": block.estimate_tokens,
-        "summarized_ordinals": list(block.summarized_ordinals),
-        "shortened_ordinals": list(block.shortened_ordinals),
-        "omitted_ordinals": list(block.omitted_ordinals),
-        "truncated": block.truncated,
-        "message": None if ask.format == "text" else {"role": "user", "content": block.text},
-        "text": block.text,
-    }
+    body = _body(utc_iso(created_at), ask, block)
     row = {
         "id": handoff_id,
         "session_id": session_row.id,
         "body": json_text(body),
-        "through_ordinal": ordinals[-1],
+        "through_ordinal": body["through_ordinal"],
         "idempotency_key": ask.idempotency_key,
         "body_hash": ask.body_hash,
         "created_at": created_at,
