@@ -22,11 +22,10 @@ async def notify_slot_freed(tx: Executor, session_id: uuid.UUID) -> None:
 
 @dataclass(frozen=True)
 class Ended:
-    """A request :func:`finish_request` ended: its session, the stage it ended in, its final record
-    (a success's: the ``done`` event carries it)."""
+    """A request :func:`finish_request` ended: its session and its final record (a success's: the
+    ``done`` event carries it)."""
 
     session_id: uuid.UUID
-    stage: str | None
     record: dict[str, Any] | None
 
 
@@ -91,7 +90,7 @@ async def finish_request(
             "channel": QUEUE_CHANNEL,
         },
     )
-    return Ended(session_id=session_id, stage=stage, record=record)
+    return Ended(session_id=session_id, record=record)
 
 
 @dataclass(frozen=True)
