@@ -1,13 +1,7 @@
-"""Background summary jobs (SPEC §6.6): enqueue, claim, requeue, finish, and the single-flight registry.
-
-Jobs are claimed like requests (:mod:`service.store.queue`). ``key`` says what a job summarises (a
-fold's ordinal range, a context summary's cache key); the partial unique index ``uq_jobs_active``
-lets at most one job per (session, kind, key) be active: the database enforces single flight.
-
-A request that makes a summary itself first *registers* it: a ``running`` row with ``made_by =
-'request'`` in ``params`` under the request's deadline, never claimed, taking no background slot,
-with no ``memory`` event. Every transition of a background job appends a ``memory`` event and
-NOTIFYs ``sidequest_jobs``.
+"""Background summary jobs (SPEC §6.6): enqueue, claim, requeue, finish, and the single-flight registry
+(``uq_jobs_active``; a request's registration is a ``running`` row with ``made_by = 'request'``):
+docs/pipeline.md, "Background summary jobs". A background job's transition appends a ``memory`` event
+and NOTIFYs ``sidequest_jobs``; a registration's does neither.
 """
 
 from __future__ import annotations

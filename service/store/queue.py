@@ -1,15 +1,8 @@
 """The queue: claim, lease + heartbeat, the way back to the queue, the recovery sweep (with
 :mod:`.lease` and :mod:`.terminal`, the worker's front door). The claim is ``sidequest_claim``
-(sql/queue.sql), which keeps these invariants:
-
-- **Global cap** (SPEC §9): every claim counts ``running`` rows under one advisory lock.
-- **One running per session, in ordinal order**, and **round robin**: the session whose
-  ``last_started_at`` is oldest goes first.
-- **Never waiting on the API**: the pick locks the request and its session row with ``SKIP
-  LOCKED``; a session an admission or a clear holds is skipped, and their commit NOTIFYs the queue.
-- **Lease** (:mod:`.lease`) and **recovery**: an expired lease is re-run once (``attempt`` 2), else
-  failed with ``worker_lost``; background jobs share the heartbeat and the sweep.
-- **Slot NOTIFYs** say why: ``freed:<session id>`` when a slot frees, the bare id on an admission.
+(sql/queue.sql); its invariants (global cap, one running per session in ordinal order, round robin,
+never waiting on the API) and the recovery are docs/pipeline.md's "Claiming" and "Recovery". A queue
+NOTIFY says why: ``freed:<session id>`` when a slot frees, the bare session id on an admission.
 """
 
 from __future__ import annotations
