@@ -160,9 +160,8 @@ def _rule_problems(questions: list[Any], failed: set[int], max_bytes: int | None
 
 def _handoff_problems(parsed: ArchiveV3) -> list[tuple[Loc, str]]:
     """A ``handed_off_through`` beyond the archive's ordinals, or a hand-off naming an ordinal that is
-    not a succeeded request of the archive: the next questions would count as handed off already and
-    never come in an ``include: "new"`` hand-off, and a hand-off carries only succeeded Q&A (a clear
-    deletes hand-offs with the history). No export has either."""
+    not a succeeded request of it; no export has either (docs/archive.md, "Hand-offs, settings and
+    pins", says what each would break)."""
     highest = max((q.ordinal for q in parsed.questions), default=0)
     succeeded = {q.ordinal for q in parsed.questions if q.status == Status.SUCCEEDED.value}
     found: list[tuple[Loc, str]] = []

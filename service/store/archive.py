@@ -154,11 +154,9 @@ async def restore_archive(
 
     clear_version = session_row.clear_version
     if replace and existing:
-        # Replacing is a clear followed by a restore: bump clear_version like a clear does, so no
-        # summary computed for the old history can ever be written over the restored memory.
+        # A clear, then the restore (docs/archive.md, "Restore" 2): clear_version bumped, so no summary
+        # of the old history lands on the restored memory; the old requests hidden as a clear hides them.
         clear_version += 1
-        # The old requests are hidden like a clear hides them (their finished streams stay readable
-        # until the sweep purges them), unless the archive reuses their ordinal (purged below).
         await execute(tx, queries.hide_session_requests, {"session_id": session_row.id})
     ordinals = [r.ordinal for r in archive.requests]
     if ordinals:
@@ -168,9 +166,8 @@ async def restore_archive(
     next_ordinal = max([session_row.next_ordinal, *(o + 1 for o in ordinals)])
     settings = None
     if archive.settings is not None:
-        # The archive's set fields are written over the session's own; its null (unset) ones clear
-        # nothing: settings are cleared by nothing but PUT (SPEC 11.2). Into a fresh parent id, as an
-        # export's round trip goes, that is exactly the archive's settings.
+        # Its set fields over the session's own; its null ones clear nothing (SPEC 11.2: only a PUT
+        # clears a setting; docs/archive.md, "Hand-offs, settings and pins").
         written = {k: v for k, v in archive.settings.items() if v is not None}
         settings = json_text({**(session_row.settings or {}), **written})
     session_values = {
