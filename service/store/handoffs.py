@@ -88,20 +88,17 @@ def _body(created_at: str, ask: HandoffAsk, block: HandoffBlock) -> dict[str, An
     }
 
 
-def _summary_of(memory: dict[str, Any] | None) -> HandoffSummary | None:
+def _summary_of(memory: dict[str, Any]) -> HandoffSummary | None:
     """The rolling Q&A summary as stored with its rendered text (``StoredQASummary.to_json``); one
     without it (older) or unreadable is as good as none: the Q&A then go verbatim or shortened."""
-    value = (memory or {}).get("qa_summary")
-    if not isinstance(value, dict):
-        return None
-    rendered, first, through = (
-        value.get("rendered"),
-        value.get("first_ordinal"),
-        value.get("covered_through_ordinal"),
-    )
-    if not isinstance(rendered, str) or not isinstance(first, int) or not isinstance(through, int):
-        return None
-    return HandoffSummary(rendered, first, through)
+    match memory.get("qa_summary"):
+        case {
+            "rendered": str(rendered),
+            "first_ordinal": int(first),
+            "covered_through_ordinal": int(through),
+        }:
+            return HandoffSummary(rendered, first, through)
+    return None
 
 
 async def _items(tx: AsyncSession, session_row: SessionRow, ask: HandoffAsk) -> list[HandoffItem]:
