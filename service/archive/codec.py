@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from service.archive.model import QUESTION_FIELDS, SETTINGS_FIELDS, ArchiveV3
+from service.archive.model import QUESTION_FIELDS, ArchiveV3, public_settings
 from service.archive.schema import ARCHIVE_VERSIONS
 from service.archive.upgrade import upgrade
 from service.errors import SidequestError
@@ -282,12 +282,11 @@ def encode_archive(archive: Archive) -> dict[str, Any]:
         "exported_at": utc_iso(),
     }
     if archive.version >= 3:
-        settings = archive.settings or {}
         document["session"] = {
             "memory": archive.memory,
             "handoffs": [dict(h.body) for h in archive.handoffs],
             "handed_off_through": archive.handed_off_through,
-            "settings": {name: settings.get(name) for name in SETTINGS_FIELDS},
+            "settings": public_settings(archive.settings or {}),
         }
     document["questions"] = [_encode_request(r, archive.version) for r in archive.requests]
     return document

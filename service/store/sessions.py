@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.archive.model import SETTINGS_FIELDS
+from service.archive.model import public_settings
 from service.budget import plan_window, positive_setting, resolve_output_cap, resolve_window
 from service.budget.ladder import needs_summary, snapshot_room
 from service.budget.messages import snapshot_shape_problem
@@ -143,12 +143,6 @@ def _view(item: dict[str, Any], fields: dict[str, type]) -> dict[str, Any]:
         name: value if isinstance(value := item.get(name), kind) and not isinstance(value, bool) else None
         for name, kind in fields.items()
     }
-
-
-def public_settings(stored: dict[str, Any]) -> dict[str, Any]:
-    """The whole settings object (SPEC §11.2): every field, ``null`` when unset (unknown stored keys
-    are dropped)."""
-    return {name: stored.get(name) for name in SETTINGS_FIELDS}
 
 
 def memory_overview(memory: dict[str, Any]) -> dict[str, Any]:
