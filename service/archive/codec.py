@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from service.archive.model import QUESTION_FIELDS, SETTINGS_FIELDS, ArchiveV3
+from service.archive.model import QUESTION_FIELDS, ArchiveV3, public_settings
 from service.archive.schema import ARCHIVE_VERSIONS
 from service.archive.upgrade import upgrade
 from service.errors import SidequestError
@@ -160,9 +160,8 @@ def _rule_problems(questions: list[Any], failed: set[int], max_bytes: int | None
 
 def _handoff_problems(parsed: ArchiveV3) -> list[tuple[Loc, str]]:
     """A ``handed_off_through`` beyond the archive's ordinals, or a hand-off naming an ordinal that is
-    not a succeeded request of the archive: the next questions would count as handed off already and
-    never come in an ``include: "new"`` hand-off, and a hand-off carries only succeeded Q&A (a clear
-    deletes hand-offs with the history). No export has either."""
+    not a succeeded request of it; no export has either (docs/archive.md, "Hand-offs, settings and
+    pins", says what each would break)."""
     highest = max((q.ordinal for q in parsed.questions), default=0)
     succeeded = {q.ordinal for q in parsed.questions if q.status == Status.SUCCEEDED.value}
     found: list[tuple[Loc, str]] = []
@@ -274,21 +273,20 @@ def _encode_request(request: ArchivedRequest, version: int) -> dict[str, Any]:
     return {name: iso_or_none(v) if isinstance(v, datetime) else v for name, v in values.items()}
 
 
-def encode_archive(archive: Archive, exported_at: datetime | None = None) -> dict[str, Any]:
+def encode_archive(archive: Archive) -> dict[str, Any]:
     """The document of ``archive`` in its version: no request ids (ordinals identify requests); a v3
     session with every part, its settings with all their fields (null when unset)."""
     document: dict[str, Any] = {
         "version": archive.version,
         "parent_id": archive.parent_id,
-        "exported_at": utc_iso(exported_at),
+        "exported_at": utc_iso(),
     }
     if archive.version >= 3:
-        settings = archive.settings or {}
         document["session"] = {
             "memory": archive.memory,
             "handoffs": [dict(h.body) for h in archive.handoffs],
             "handed_off_through": archive.handed_off_through,
-            "settings": {name: settings.get(name) for name in SETTINGS_FIELDS},
+            "settings": public_settings(archive.settings or {}),
         }
     document["questions"] = [_encode_request(r, archive.version) for r in archive.requests]
     return document

@@ -281,6 +281,12 @@ class SessionSettingsIn(BaseModel):
 SETTINGS_FIELDS: Final = tuple(SessionSettingsIn.model_fields)
 
 
+def public_settings(stored: dict[str, Any]) -> dict[str, Any]:
+    """The whole settings object (SPEC §11.2) of the session's, or an archive's, stored settings:
+    every field, ``null`` when unset (unknown stored keys are dropped)."""
+    return {name: stored.get(name) for name in SETTINGS_FIELDS}
+
+
 class Session(BaseModel):
     model_config = ConfigDict(extra="forbid")
     memory: Memory = absent(description="the session's memory; missing parts are empty, other keys are kept")

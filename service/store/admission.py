@@ -46,12 +46,6 @@ class QueueFull(SidequestError):
     code = "queue_full"
     status = 429
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(
-            f"the session already has {limit} queued questions; wait for some to finish",
-            {"max_queued": limit},
-        )
-
 
 class SnapshotMissing(SidequestError):
     """The request names a snapshot the session does not have."""
@@ -59,21 +53,12 @@ class SnapshotMissing(SidequestError):
     code = "snapshot_missing"
     status = 404
 
-    def __init__(self, snapshot_id: str) -> None:
-        super().__init__(
-            f"snapshot {snapshot_id!r} was never stored for this session; PUT it first",
-            {"snapshot_id": snapshot_id},
-        )
-
 
 class IdempotencyConflict(SidequestError):
-    """The Idempotency-Key was used before with a different body."""
+    """The Idempotency-Key was used before with a different body (a question's or a hand-off's)."""
 
     code = "idempotency_conflict"
     status = 409
-
-    def __init__(self) -> None:
-        super().__init__("this Idempotency-Key was already used with a different request body")
 
 
 class OrdinalsExhausted(SidequestError):
@@ -83,25 +68,12 @@ class OrdinalsExhausted(SidequestError):
     code = "ordinals_exhausted"
     status = 409
 
-    def __init__(self) -> None:
-        super().__init__(
-            "this session has used every question number; ask under another parent id "
-            "(an export of this session restores into any parent id)"
-        )
-
 
 class SessionBusyRejected(SidequestError):
     """``on_busy: reject`` (SPEC 11.2) and the session has a queued or running request."""
 
     code = "session_busy"
     status = 409
-
-    def __init__(self, queued: int, running: int) -> None:
-        super().__init__(
-            f"the session is busy ({queued} queued, {running} running) and on_busy is 'reject'; "
-            "wait for them to finish, or send on_busy 'enqueue' or 'interrupt'",
-            {"queued": queued, "running": running},
-        )
 
 
 @dataclass(frozen=True)
@@ -162,21 +134,29 @@ def _arguments(
 
 
 def _outcome(result: AdmitResult, parent_id: str, snapshot_id: str | None) -> Admitted:
-    """The call's result as an :class:`Admitted`, or the refusal it stands for, raised."""
+    """The call's result as an :class:`Admitted`, or the refusal it stands for, raised with the
+    function's own detail."""
     outcome, detail = result.outcome, result.detail or {}
     if outcome in ("created", "replay"):
         assert result.request is not None
         record = record_of_row(result.request, parent_id)
         return Admitted(record, created=outcome == "created", superseded=result.superseded)
     if outcome == "queue_full":
-        raise QueueFull(int(detail["max_queued"]))
+        limit = detail["max_queued"]
+        raise QueueFull(f"the session already has {limit} queued questions; wait for some to finish", detail)
     if outcome == "session_busy":
-        raise SessionBusyRejected(int(detail["queued"]), int(detail["running"]))
+        raise SessionBusyRejected(
+            f"the session is busy ({detail['queued']} queued, {detail['running']} running) and on_busy is "
+            "'reject'; wait for them to finish, or send on_busy 'enqueue' or 'interrupt'",
+            detail,
+        )
     if outcome == "idempotency_conflict":
-        raise IdempotencyConflict()
+        raise IdempotencyConflict("this Idempotency-Key was already used with a different request body")
     if outcome == "snapshot_missing":
-        assert snapshot_id is not None
-        raise SnapshotMissing(snapshot_id)
+        raise SnapshotMissing(
+            f"snapshot {snapshot_id!r} was never stored for this session; PUT it first",
+            {"snapshot_id": snapshot_id},
+        )
     raise RuntimeError(f"sidequest_admit returned an unknown outcome {outcome!r}")
 
 
@@ -199,7 +179,10 @@ async def admit(
         # "integer out of range" can only be the session's next_ordinal + 1: every other number is
         # bounded before it reaches SQL.
         if any(isinstance(e, asyncpg.NumericValueOutOfRangeError) for e in driver_chain(exc)):
-            raise OrdinalsExhausted() from exc
+            raise OrdinalsExhausted(
+                "this session has used every question number; ask under another parent id "
+                "(an export of this session restores into any parent id)"
+            ) from exc
         raise
     return _outcome(result, parent_id, admission.snapshot_id)
 

@@ -13,13 +13,11 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.archive import (
-    ARCHIVE_VERSIONS,
     QUESTION_FIELDS,
     Archive,
     ArchivedHandoff,
     ArchivedRequest,
     ArchiveError,
-    ArchiveUnreadable,
     archived_error,
     encode_archive,
     superseding_ids,
@@ -30,9 +28,7 @@ from service.store.execute import execute, fetch_all, fetch_models, json_text, n
 from service.store.models import EventRow, HandoffRow, RequestRow, empty_memory, empty_usage
 from service.store.records import request_record
 from service.store.sessions import find_session, lock_or_create_session, status_counts_of
-from service.vocabulary import EVENTS_CHANNEL as NOTIFY_CHANNEL
-from service.vocabulary import TERMINAL as TERMINAL_STATUSES
-from service.vocabulary import Status, utc_iso
+from service.vocabulary import EVENTS_CHANNEL, TERMINAL, Status, utc_iso
 
 
 class SessionNotFound(ArchiveError):
@@ -87,15 +83,13 @@ async def _ordinals_of(tx: AsyncSession, session_id: uuid.UUID, ids: set[str]) -
 
 
 async def export_archive(tx: AsyncSession, tenant: str, parent_id: str, version: int) -> dict[str, Any]:
-    """Export the session's finished history as a version ``version`` archive. The memory is read
-    before the requests: memory is written while a request runs, so the requests read after it are at
-    least as new as anything the memory covers."""
-    if version not in ARCHIVE_VERSIONS:
-        raise ArchiveUnreadable(f"unsupported archive version {version!r}: supported versions are 1, 2 and 3")
+    """Export the session's finished history as a version ``version`` archive (1, 2 or 3: the route's
+    query bounds it). The memory is read before the requests: memory is written while a request runs,
+    so the requests read after it are at least as new as anything the memory covers."""
     session_row = await find_session(tx, tenant, parent_id)
     if session_row is None:
         raise SessionNotFound(f"no session {parent_id!r}")
-    exportable = [Status.SUCCEEDED] if version == 1 else sorted(TERMINAL_STATUSES)
+    exportable = [Status.SUCCEEDED] if version == 1 else sorted(TERMINAL)
     params = {"session_id": session_row.id, "statuses": [str(s) for s in exportable]}
     rows = await fetch_models(tx, RequestRow, queries.archive_requests, params)
     ordinal_of = await _ordinals_of(tx, session_row.id, superseding_ids(r.error for r in rows))
@@ -144,7 +138,7 @@ async def restore_archive(
     session_row = await lock_or_create_session(tx, tenant, parent_id)
     counts = (await status_counts_of(tx, [session_row.id]))[session_row.id]
     existing = sum(counts.values())
-    in_flight = sum(n for status, n in counts.items() if status not in TERMINAL_STATUSES)
+    in_flight = sum(n for status, n in counts.items() if status not in TERMINAL)
     if existing and not replace:
         raise SessionHasHistory(
             f"session {parent_id!r} already has {existing} requests; "
@@ -160,11 +154,9 @@ async def restore_archive(
 
     clear_version = session_row.clear_version
     if replace and existing:
-        # Replacing is a clear followed by a restore: bump clear_version like a clear does, so no
-        # summary computed for the old history can ever be written over the restored memory.
+        # A clear, then the restore (docs/archive.md, "Restore" 2): clear_version bumped, so no summary
+        # of the old history lands on the restored memory; the old requests hidden as a clear hides them.
         clear_version += 1
-        # The old requests are hidden like a clear hides them (their finished streams stay readable
-        # until the sweep purges them), unless the archive reuses their ordinal (purged below).
         await execute(tx, queries.hide_session_requests, {"session_id": session_row.id})
     ordinals = [r.ordinal for r in archive.requests]
     if ordinals:
@@ -174,9 +166,8 @@ async def restore_archive(
     next_ordinal = max([session_row.next_ordinal, *(o + 1 for o in ordinals)])
     settings = None
     if archive.settings is not None:
-        # The archive's set fields are written over the session's own; its null (unset) ones clear
-        # nothing: settings are cleared by nothing but PUT (SPEC 11.2). Into a fresh parent id, as an
-        # export's round trip goes, that is exactly the archive's settings.
+        # Its set fields over the session's own; its null ones clear nothing (SPEC 11.2: only a PUT
+        # clears a setting; docs/archive.md, "Hand-offs, settings and pins").
         written = {k: v for k, v in archive.settings.items() if v is not None}
         settings = json_text({**(session_row.settings or {}), **written})
     session_values = {
@@ -241,7 +232,7 @@ async def restore_archive(
         payload = json.dumps(
             {"id": events[-1].id, "request_id": str(rows[-1].id), "session_id": str(session_row.id)}
         )
-        await notify(tx, NOTIFY_CHANNEL, payload)
+        await notify(tx, EVENTS_CHANNEL, payload)
 
     return RestoreResult(
         parent_id=parent_id,

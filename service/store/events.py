@@ -71,14 +71,6 @@ async def request_events_after(
     return _events(await fetch_all(x, queries.request_events_after, params))
 
 
-async def session_events_after(
-    tx: Executor, session_id: uuid.UUID, after_id: int, limit: int = 500
-) -> list[Event]:
-    """Events of every request of a session with global ``id > after_id``, in order."""
-    params = {"session_id": session_id, "after_id": after_id, "limit": limit}
-    return _events(await fetch_all(tx, queries.session_events_after, params))
-
-
 async def terminal_seq(tx: Executor, request_id: uuid.UUID) -> int | None:
     """The seq of the request's terminal event (``done`` / ``error``), or None while it runs."""
     seq: int | None = await fetch_value(tx, queries.terminal_seq, {"request_id": request_id})

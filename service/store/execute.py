@@ -101,12 +101,8 @@ async def transaction(x: Executor) -> AsyncIterator[None]:
 
 
 @asynccontextmanager
-async def committed(x: Executor) -> AsyncIterator[None]:
-    """Around ONE statement that must commit: a session's own transaction; on a connection (not in a
-    transaction) nothing at all, since a statement outside a transaction block commits by itself."""
-    if isinstance(x, AsyncSession):
-        async with x.begin():
-            yield
-    else:
-        assert not x.is_in_transaction(), "committed() on a connection inside a transaction"
-        yield
+async def committed(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """Around ONE statement that must commit on a plain connection (not in a transaction): nothing at
+    all, since a statement outside a transaction block commits by itself."""
+    assert not conn.is_in_transaction(), "committed() on a connection inside a transaction"
+    yield

@@ -8,15 +8,15 @@ The block is built by the pure :func:`service.budget.handoff.build_handoff`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.budget.handoff import HandoffItem, HandoffSummary, build_handoff, handoff_marks
+from service.budget.handoff import HandoffBlock, HandoffItem, HandoffSummary, build_handoff, handoff_marks
 from service.errors import SidequestError
 from service.store import queries
+from service.store.admission import IdempotencyConflict
 from service.store.events import append_session_event
 from service.store.execute import execute, fetch_all, fetch_one, fetch_value, json_text
 from service.store.models import SessionRow
@@ -35,36 +35,12 @@ class UnknownOrdinals(SidequestError):
     code = "unknown_ordinals"
     status = 422
 
-    def __init__(self, ordinals: Sequence[int]) -> None:
-        listed = ", ".join(str(o) for o in ordinals[:20])
-        super().__init__(
-            f"ordinals {listed} are not succeeded side questions of this session; "
-            "only succeeded answers can be handed off",
-            {"ordinals": list(ordinals)},
-        )
-
-
-class HandoffIdempotencyConflict(SidequestError):
-    """The Idempotency-Key was used for another hand-off body (409)."""
-
-    code = "idempotency_conflict"
-    status = 409
-
-    def __init__(self) -> None:
-        super().__init__("this Idempotency-Key was already used with a different hand-off body")
-
 
 class NotPinnable(SidequestError):
-    """Only a succeeded request can be pinned (409); ``request_status`` is the request's own status."""
+    """Only a succeeded request can be pinned (409)."""
 
     code = "not_pinnable"
     status = 409
-
-    def __init__(self, request_status: str) -> None:
-        super().__init__(
-            f"only a succeeded side question can be pinned; this one is {request_status}",
-            {"status": request_status},
-        )
 
 
 @dataclass(frozen=True)
@@ -92,39 +68,37 @@ def _public(handoff_id: object, body: dict[str, Any], parent_id: str) -> dict[st
     return {"id": str(handoff_id), "parent_id": parent_id, **body}
 
 
-def _empty(parent_id: str, ask: HandoffAsk) -> dict[str, Any]:
+def _body(created_at: str, ask: HandoffAsk, block: HandoffBlock) -> dict[str, Any]:
+    """The public object of a hand-off but its id and parent id (what is stored); of an empty block,
+    the object that says there was nothing to hand off."""
+    ordinals = list(block.ordinals)
     return {
-        "id": None,
-        "parent_id": parent_id,
-        "created_at": utc_iso(),
+        "created_at": created_at,
         "format": ask.format,
-        "ordinals": [],
-        "from_ordinal": None,
-        "through_ordinal": None,
-        "estimate_tokens": 0,
-        "summarized_ordinals": [],
-        "shortened_ordinals": [],
-        "omitted_ordinals": [],
-        "truncated": False,
-        "message": None,
-        "text": "",
+        "ordinals": ordinals,
+        "from_ordinal": ordinals[0] if ordinals else None,
+        "through_ordinal": ordinals[-1] if ordinals else None,
+        "estimate_tokens": block.estimate_tokens,
+        "summarized_ordinals": list(block.summarized_ordinals),
+        "shortened_ordinals": list(block.shortened_ordinals),
+        "omitted_ordinals": list(block.omitted_ordinals),
+        "truncated": block.truncated,
+        "message": None if ask.format == "text" or not ordinals else {"role": "user", "content": block.text},
+        "text": block.text,
     }
 
 
-def _summary_of(memory: dict[str, Any] | None) -> HandoffSummary | None:
+def _summary_of(memory: dict[str, Any]) -> HandoffSummary | None:
     """The rolling Q&A summary as stored with its rendered text (``StoredQASummary.to_json``); one
     without it (older) or unreadable is as good as none: the Q&A then go verbatim or shortened."""
-    value = (memory or {}).get("qa_summary")
-    if not isinstance(value, dict):
-        return None
-    rendered, first, through = (
-        value.get("rendered"),
-        value.get("first_ordinal"),
-        value.get("covered_through_ordinal"),
-    )
-    if not isinstance(rendered, str) or not isinstance(first, int) or not isinstance(through, int):
-        return None
-    return HandoffSummary(rendered, first, through)
+    match memory.get("qa_summary"):
+        case {
+            "rendered": str(rendered),
+            "first_ordinal": int(first),
+            "covered_through_ordinal": int(through),
+        }:
+            return HandoffSummary(rendered, first, through)
+    return None
 
 
 async def _items(tx: AsyncSession, session_row: SessionRow, ask: HandoffAsk) -> list[HandoffItem]:
@@ -138,7 +112,11 @@ async def _items(tx: AsyncSession, session_row: SessionRow, ask: HandoffAsk) -> 
     if ask.ordinals is not None:
         missing = sorted(set(ask.ordinals) - {r["ordinal"] for r in rows})
         if missing:
-            raise UnknownOrdinals(missing)
+            raise UnknownOrdinals(
+                f"ordinals {', '.join(str(o) for o in missing[:20])} are not succeeded side questions of "
+                "this session; only succeeded answers can be handed off",
+                {"ordinals": missing},
+            )
     return [
         HandoffItem(
             ordinal=r["ordinal"],
@@ -182,37 +160,26 @@ async def create_handoff(
         earlier = await fetch_one(tx, queries.handoff_by_key, params)
         if earlier is not None:
             if earlier["body_hash"] != ask.body_hash:
-                raise HandoffIdempotencyConflict()
+                raise IdempotencyConflict(
+                    "this Idempotency-Key was already used with a different hand-off body"
+                )
             return HandoffOutcome(
                 _public(earlier["id"], earlier["body"], session_row.parent_id), created=False
             )
     items = await _items(tx, session_row, ask)
     block = build_handoff(items, await _summary_for(tx, session_row, ask), ask.max_tokens)
     if block is None:
-        return HandoffOutcome(_empty(session_row.parent_id, ask), created=False)
+        empty = _body(utc_iso(), ask, HandoffBlock(text="", estimate_tokens=0, ordinals=()))
+        return HandoffOutcome({"id": None, "parent_id": session_row.parent_id, **empty}, created=False)
 
     handoff_id = uuid.uuid4()
     created_at = await fetch_value(tx, queries.transaction_now, {})
-    ordinals = list(block.ordinals)
-    body: dict[str, Any] = {
-        "created_at": utc_iso(created_at),
-        "format": ask.format,
-        "ordinals": ordinals,
-        "from_ordinal": ordinals[0],
-        "through_ordinal": ordinals[-1],
-        "estimate_tokens": block.estimate_tokens,
-        "summarized_ordinals": list(block.summarized_ordinals),
-        "shortened_ordinals": list(block.shortened_ordinals),
-        "omitted_ordinals": list(block.omitted_ordinals),
-        "truncated": block.truncated,
-        "message": None if ask.format == "text" else {"role": "user", "content": block.text},
-        "text": block.text,
-    }
+    body = _body(utc_iso(created_at), ask, block)
     row = {
         "id": handoff_id,
         "session_id": session_row.id,
         "body": json_text(body),
-        "through_ordinal": ordinals[-1],
+        "through_ordinal": body["through_ordinal"],
         "idempotency_key": ask.idempotency_key,
         "body_hash": ask.body_hash,
         "created_at": created_at,
@@ -271,7 +238,10 @@ async def set_pinned(
         return None
     request_row, session_row = found
     if pinned and request_row.status != Status.SUCCEEDED:
-        raise NotPinnable(request_row.status)
+        raise NotPinnable(
+            f"only a succeeded side question can be pinned; this one is {request_row.status}",
+            {"status": request_row.status},
+        )
     if request_row.pinned != pinned:
         request_row.pinned = pinned
         await tx.flush()

@@ -74,7 +74,6 @@ async def iter_history(
     before_ordinal: int,
     clear_version: int,
     after_ordinal: int = 0,
-    batch_size: int = HISTORY_BATCH_SIZE,
 ) -> AsyncIterator[list[HistoryItem]]:
     """Yield the session's succeeded, visible Q&A in ``(after_ordinal, before_ordinal)`` in batches,
     each its own short read on a plain connection. Only requests of the same ``clear_version``
@@ -90,7 +89,7 @@ async def iter_history(
                     "cv": clear_version,
                     "after": after,
                     "before": before_ordinal,
-                    "limit": batch_size,
+                    "limit": HISTORY_BATCH_SIZE,
                 },
             )
         if not rows:
@@ -99,6 +98,6 @@ async def iter_history(
             HistoryItem(r["ordinal"], r["question"], r["answer"] or "", r["created_at"], r["qa_tokens"])
             for r in rows
         ]
-        if len(rows) < batch_size:
+        if len(rows) < HISTORY_BATCH_SIZE:
             return
         after = rows[-1]["ordinal"]

@@ -1,13 +1,7 @@
-"""Background summary jobs (SPEC §6.6): enqueue, claim, requeue, finish, and the single-flight registry.
-
-Jobs are claimed like requests (:mod:`service.store.queue`). ``key`` says what a job summarises (a
-fold's ordinal range, a context summary's cache key); the partial unique index ``uq_jobs_active``
-lets at most one job per (session, kind, key) be active: the database enforces single flight.
-
-A request that makes a summary itself first *registers* it: a ``running`` row with ``made_by =
-'request'`` in ``params`` under the request's deadline, never claimed, taking no background slot,
-with no ``memory`` event. Every transition of a background job appends a ``memory`` event and
-NOTIFYs ``sidequest_jobs``.
+"""Background summary jobs (SPEC §6.6): enqueue, claim, requeue, finish, and the single-flight registry
+(``uq_jobs_active``; a request's registration is a ``running`` row with ``made_by = 'request'``):
+docs/pipeline.md, "Background summary jobs". A background job's transition appends a ``memory`` event
+and NOTIFYs ``sidequest_jobs``; a registration's does neither.
 """
 
 from __future__ import annotations
@@ -65,7 +59,7 @@ class ClaimedJob:
 
 @dataclass(frozen=True)
 class JobState:
-    """A job as a waiting request sees it."""
+    """A job as a waiting request sees it (the columns of sql/jobs.sql's active_jobs and job_state)."""
 
     id: uuid.UUID
     kind: str
@@ -286,21 +280,18 @@ async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> None:
         await notify(tx, CANCEL_CHANNEL, f"job:{row['id']}")
 
 
-def _state(row: Row) -> JobState:
-    return JobState(row["id"], row["kind"], row["key"], row["status"], row["made_by"], row["error"])
-
-
 async def active_jobs(tx: Executor, session_id: uuid.UUID, kind: JobKind) -> list[JobState]:
     """The session's queued or running jobs (and registrations) of ``kind``, oldest first."""
     return [
-        _state(r) for r in await fetch_all(tx, queries.active_jobs, {"sid": session_id, "kind": str(kind)})
+        JobState(**r)
+        for r in await fetch_all(tx, queries.active_jobs, {"sid": session_id, "kind": str(kind)})
     ]
 
 
 async def job_state(tx: Executor, job_id: uuid.UUID) -> JobState | None:
     """One job's current state, or None when it is gone (purged with its session)."""
     row = await fetch_one(tx, queries.job_state, {"id": job_id})
-    return None if row is None else _state(row)
+    return None if row is None else JobState(**row)
 
 
 async def background_overviews(

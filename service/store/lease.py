@@ -44,9 +44,7 @@ async def emit_if_held(
     """One statement: the lease guard, then (with ``stage``) the stage change with ``context_info``,
     then ``events`` in order (an event's own ``at`` wins over this write's); False, writing nothing,
     when the request is no longer this worker's."""
-    info = None
-    if stage is not None:
-        info = json_text({**(context_info or {}), "stage": stage})
+    info = None if stage is None else json_text({**(context_info or {}), "stage": stage})
     held = await fetch_value(
         tx,
         queries.emit_if_held,

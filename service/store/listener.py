@@ -70,14 +70,6 @@ class Listener:
         self._subscribers[channel].add(callback)
         return lambda: self._subscribers[channel].discard(callback)
 
-    def subscriber_count(self, channel: str) -> int:
-        return len(self._subscribers[channel])
-
-    @property
-    def connected(self) -> bool:
-        """Whether the LISTEN connection is up now."""
-        return self._connected.is_set()
-
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sidequest-listener")
         await wait_event(self._connected, 10)
@@ -126,8 +118,6 @@ class Listener:
                     if not lost.is_set() and await conn.fetchval(probe, timeout=PROBE_TIMEOUT_S):
                         # Demoted under us: a standby's LISTEN would never hear the new primary.
                         raise StandbyNow("the LISTEN connection's node is a standby now")
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
                 expected = is_unavailable(exc) or isinstance(exc, StandbyNow)
                 if not expected or self._outages.due("LISTEN"):  # not once per reconnect try

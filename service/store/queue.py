@@ -1,15 +1,8 @@
 """The queue: claim, lease + heartbeat, the way back to the queue, the recovery sweep (with
 :mod:`.lease` and :mod:`.terminal`, the worker's front door). The claim is ``sidequest_claim``
-(sql/queue.sql), which keeps these invariants:
-
-- **Global cap** (SPEC §9): every claim counts ``running`` rows under one advisory lock.
-- **One running per session, in ordinal order**, and **round robin**: the session whose
-  ``last_started_at`` is oldest goes first.
-- **Never waiting on the API**: the pick locks the request and its session row with ``SKIP
-  LOCKED``; a session an admission or a clear holds is skipped, and their commit NOTIFYs the queue.
-- **Lease** (:mod:`.lease`) and **recovery**: an expired lease is re-run once (``attempt`` 2), else
-  failed with ``worker_lost``; background jobs share the heartbeat and the sweep.
-- **Slot NOTIFYs** say why: ``freed:<session id>`` when a slot frees, the bare id on an admission.
+(sql/queue.sql); its invariants (global cap, one running per session in ordinal order, round robin,
+never waiting on the API) and the recovery are docs/pipeline.md's "Claiming" and "Recovery". A queue
+NOTIFY says why: ``freed:<session id>`` when a slot frees, the bare session id on an admission.
 """
 
 from __future__ import annotations
@@ -59,12 +52,6 @@ class Claimed:
     jobs_active: bool = True
     # The content hash of the snapshot it names (the worker's prepared snapshots' key); None: none.
     snapshot_hash: str | None = None
-
-
-async def claim_next(tx: Executor, *, owner: str, lease_s: float, max_running: int) -> Claimed | None:
-    """Claim the next request per SPEC §9, or None when the cap is reached or nothing is eligible."""
-    claimed, _full = await try_claim(tx, owner=owner, lease_s=lease_s, max_running=max_running)
-    return claimed
 
 
 async def try_claim(
@@ -171,12 +158,12 @@ class SweepResult:
     jobs_failed: list[uuid.UUID] = field(default_factory=list)
 
 
-async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -> SweepResult:
+async def sweep_expired(tx: AsyncSession) -> SweepResult:
     """Recover requests and background jobs whose lease expired (their worker died): each is re-run
     once, else failed with ``worker_lost`` (what it recorded is kept); a registration just ends."""
     result = SweepResult()
     for row in (await tx.execute(queries.expired_requests)).all():
-        if row.attempt < max_attempts:
+        if row.attempt < MAX_ATTEMPTS:
             await requeue_request(tx, row.id, reason="worker_lost")
             result.requeued.append(row.id)
         else:
@@ -189,7 +176,7 @@ async def sweep_expired(tx: AsyncSession, *, max_attempts: int = MAX_ATTEMPTS) -
             )
             result.failed.append(row.id)
     for job in (await tx.execute(queries.expired_jobs)).all():
-        if job.made_by == "background" and job.attempt < max_attempts:
+        if job.made_by == "background" and job.attempt < MAX_ATTEMPTS:
             await jobs.requeue_job(tx, job.id, reason="worker_lost")
             result.jobs_requeued.append(job.id)
         else:

@@ -1,7 +1,5 @@
-"""The tenant's sessions, most recently active first (``GET /v1/sessions``), keyset-paginated along
-an index on ``(updated_at, id)``, so a page costs the same however deep it is. The cursor is the
-previous page's last ``[updated_at, id]``: a session that becomes active meanwhile moves to the front
-and is not shown again further down; none is skipped.
+"""The tenant's sessions, most recently active first (``GET /v1/sessions``), keyset-paginated by
+``(updated_at, id)``: docs/api.md, "Session list order and cursor".
 """
 
 from __future__ import annotations

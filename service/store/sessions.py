@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.archive.model import SETTINGS_FIELDS
+from service.archive.model import public_settings
 from service.budget import plan_window, positive_setting, resolve_output_cap, resolve_window
 from service.budget.ladder import needs_summary, snapshot_room
 from service.budget.messages import snapshot_shape_problem
@@ -41,11 +41,6 @@ class SnapshotConflict(SidequestError):
 
     code = "snapshot_conflict"
     status = 409
-
-    def __init__(self, snapshot_id: str) -> None:
-        super().__init__(
-            f"snapshot {snapshot_id!r} already exists with other content", {"snapshot_id": snapshot_id}
-        )
 
 
 class InvalidSnapshot(SidequestError):
@@ -150,16 +145,8 @@ def _view(item: dict[str, Any], fields: dict[str, type]) -> dict[str, Any]:
     }
 
 
-def public_settings(stored: dict[str, Any] | None) -> dict[str, Any]:
-    """The whole settings object (SPEC §11.2): every field, ``null`` when unset (unknown stored keys
-    are dropped)."""
-    stored = stored or {}
-    return {name: stored.get(name) for name in SETTINGS_FIELDS}
-
-
-def memory_overview(memory: dict[str, Any] | None) -> dict[str, Any]:
+def memory_overview(memory: dict[str, Any]) -> dict[str, Any]:
     """SPEC's memory overview from the memory JSONB: coverage and cache keys, never the documents."""
-    memory = memory or {}
     qa = memory.get("qa_summary")
     summaries = memory.get("context_summaries") or []
     return {
@@ -246,11 +233,6 @@ class SnapshotJobPolicy:
         """The service's part, from its settings (the session's come from its row)."""
         return cls(settings.background_on, settings.context_window, settings.max_output_tokens, expecting)
 
-    def considers(self, session_row: SessionRow) -> bool:
-        """Whether a snapshot stored for the session is weighed for a job at all (SPEC §6.6):
-        background summaries on and the session asked before."""
-        return self.enabled and session_row.next_ordinal > 1
-
     def needs_summary(
         self, prepared: PreparedSnapshot, session_row: SessionRow, expected: dict[str, int]
     ) -> bool:
@@ -334,7 +316,8 @@ async def store_snapshot(
     tokens = prepared.total_tokens
     expected: dict[str, int] = {}
     queues_job = False
-    if session_row is not None and jobs is not None and jobs.considers(session_row):
+    # Weighed for a job at all (SPEC §6.6): background summaries on and the session asked before.
+    if session_row is not None and jobs is not None and jobs.enabled and session_row.next_ordinal > 1:
         latest = await fetch_value(tx, queries.latest_question_options, {"session_id": session_row.id})
         expected = expected_numbers(dict(session_row.settings or {}), latest)
         queues_job = jobs.needs_summary(prepared, session_row, expected)
@@ -368,7 +351,7 @@ async def store_snapshot(
     existing = await fetch_one(tx, queries.stored_snapshot, {"session_id": session_id, "snapshot_id": key})
     assert existing is not None
     if existing["content_hash"] != digest:
-        raise SnapshotConflict(key)
+        raise SnapshotConflict(f"snapshot {key!r} already exists with other content", {"snapshot_id": key})
     return StoredSnapshot(
         key,
         digest,

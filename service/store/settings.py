@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import func
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from service.archive.model import SETTINGS_FIELDS, SessionSettingsIn
-from service.store.sessions import find_session, lock_or_create_session, public_settings
+from service.archive.model import SETTINGS_FIELDS, SessionSettingsIn, public_settings
+from service.store.sessions import find_session, lock_or_create_session
 
 
 async def read_settings(tx: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:

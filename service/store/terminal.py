@@ -22,10 +22,10 @@ async def notify_slot_freed(tx: Executor, session_id: uuid.UUID) -> None:
 
 @dataclass(frozen=True)
 class Ended:
-    """A request :func:`finish_request` ended: its session, the stage it ended in, its final record."""
+    """A request :func:`finish_request` ended: its session and its final record (a success's: the
+    ``done`` event carries it)."""
 
     session_id: uuid.UUID
-    stage: str | None
     record: dict[str, Any] | None
 
 
@@ -43,7 +43,6 @@ async def finish_request(
     qa_tokens: int | None = None,
     error: dict[str, Any] | None = None,
     context_info: dict[str, Any] | None = None,
-    with_record: bool = False,
 ) -> Ended | None:
     """THE terminal transition of a request (sql/terminal.sql): the UPDATE guarded by the status it
     leaves and, given ``owner``, the worker's lease, so the first terminal write wins and every other
@@ -74,7 +73,7 @@ async def finish_request(
         return None
     row = dict(ended)
     parent_id = str(row.pop("parent_of_row"))
-    record = record_of_row(row, parent_id) if with_record or status == Status.SUCCEEDED else None
+    record = record_of_row(row, parent_id) if status == Status.SUCCEEDED else None
     session_id, stage = row["session_id"], row["stage"]
     last_type, last_fields = ("done", {"record": record}) if status == Status.SUCCEEDED else ("error", error)
     await execute(
@@ -91,7 +90,7 @@ async def finish_request(
             "channel": QUEUE_CHANNEL,
         },
     )
-    return Ended(session_id=session_id, stage=stage, record=record)
+    return Ended(session_id=session_id, record=record)
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ async def test_every_waiter_re_reads_after_the_listen_connection_is_terminated(
                     await admin.execute("SELECT pg_terminate_backend($1)", listener.backend_pid)
                 finally:
                     await admin.close()
-                await _until(lambda: _false(listener.connected), 5, "the listener noticing")
+                await _until(lambda: _false(listener.backend_pid is not None), 5, "the listener noticing")
 
                 second = (
                     await client.post("/v1/sessions/p-listen/questions", json={"question": "two?"})

@@ -65,7 +65,7 @@ async def run_one(
 ) -> Ran:
     """Claim ``request_id`` (it must be the next eligible) and run it to its end."""
     async with db.sessions() as session, session.begin():
-        claimed = await queue.claim_next(session, owner=owner, lease_s=settings.lease_s, max_running=100)
+        claimed, _ = await queue.try_claim(session, owner=owner, lease_s=settings.lease_s, max_running=100)
     assert claimed is not None and claimed.id == request_id
     outcome = await run_request(PipelineDeps(db=db, settings=settings, provider=provider), claimed)
     return await collect(db, request_id, outcome)

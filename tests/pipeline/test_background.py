@@ -19,7 +19,7 @@ from service.config import Settings
 from service.store import calibration, jobs, memory, queue
 from service.store.admission import clear_session
 from service.store.db import Database
-from service.store.events import session_events_after
+from service.store.events import session_events_with_deletion
 from service.store.history import latest_context_time
 from service.store.models import JobRow, RequestRow, SessionRow
 from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, session_overview, store_snapshot
@@ -109,8 +109,8 @@ def _history(n: int) -> list[tuple[str, str]]:
 
 async def _memory_events(db: Database, sid: uuid.UUID) -> list[dict[str, Any]]:
     async with db.sessions() as session:
-        events = await session_events_after(session, sid, 0, limit=10_000)
-    return [e.data for e in events if e.type == "memory"]
+        events = await session_events_with_deletion(session, sid, 0, limit=10_000)
+    return [e.data for e, _, _ in events if e.type == "memory"]
 
 
 # ------------------------------------------------------------------------------------ qa_fold

@@ -58,16 +58,10 @@ async def test_a_connection_transaction_rolls_back_on_error(db: Database) -> Non
         await fetch_value(conn, text("DROP TABLE t_exec"), {})
 
 
-async def _cancel(x: Executor, request_id: uuid.UUID) -> terminal.Ended | None:
+async def _succeed(x: Executor, request_id: uuid.UUID) -> terminal.Ended | None:
     async with transaction(x):
         return await terminal.finish_request(
-            x,
-            request_id,
-            status=Status.CANCELLED,
-            owner=None,
-            from_statuses=(Status.QUEUED,),
-            error={"code": "cancelled", "message": "m", "detail": {}},
-            with_record=True,
+            x, request_id, status=Status.SUCCEEDED, owner=None, from_statuses=(Status.QUEUED,), answer="a"
         )
 
 
@@ -79,14 +73,14 @@ async def test_the_terminal_transition_gives_the_same_record_on_either_executor(
         request_id = uuid.UUID(admitted.record["id"])
         if name == "via-session":
             async with db.sessions() as session:
-                ended = await _cancel(session, request_id)
+                ended = await _succeed(session, request_id)
         else:
             async with db.connection() as conn:
-                ended = await _cancel(conn, request_id)
+                ended = await _succeed(conn, request_id)
         assert ended is not None and ended.record is not None
         record = dict(ended.record)
-        assert record["status"] == "cancelled" and record["finished_at"] is not None
-        assert record["parent_id"] == name and record["error"]["code"] == "cancelled"
+        assert record["status"] == "succeeded" and record["finished_at"] is not None
+        assert record["parent_id"] == name and record["answer"] == "a" and record["error"] is None
         records.append(
             {k: v for k, v in record.items() if k not in ("id", "parent_id", "created_at", "finished_at")}
         )

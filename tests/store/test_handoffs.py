@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from service.store.admission import clear_session
+from service.store.admission import IdempotencyConflict, clear_session
 from service.store.db import Database
-from service.store.events import session_events_after
+from service.store.events import session_events_with_deletion
 from service.store.handoffs import (
     HandoffAsk,
-    HandoffIdempotencyConflict,
     NotPinnable,
     UnknownOrdinals,
     create_handoff,
@@ -206,7 +205,7 @@ async def test_idempotency_key_replays_the_original_and_refuses_another_body(db:
     await add_requests(db, sid, ["succeeded"])
     replay = await handoff(db, idempotency_key="k1", body_hash="h1")
     assert replay == first and await handoff_count(db) == 1
-    with pytest.raises(HandoffIdempotencyConflict):
+    with pytest.raises(IdempotencyConflict):
         await handoff(db, idempotency_key="k1", body_hash="other")
     assert await handoff_count(db) == 1 and await mark(db) == 1
 
@@ -223,7 +222,7 @@ async def test_a_handoff_is_listed_newest_first_and_is_a_session_event(db: Datab
         older = await list_handoffs(session, TENANT, "p", limit=2, before=page["next_before"])
     assert older is not None and [h["ordinals"] for h in older["items"]] == [[1]] and not older["has_more"]
     async with db.sessions() as session:
-        events = [e for e in await session_events_after(session, sid, 0) if e.type == "handoff"]
+        events = [e for e, _, _ in await session_events_with_deletion(session, sid, 0) if e.type == "handoff"]
     assert [e.data["handoff"]["ordinals"] for e in events] == [[1], [2], [3]]
     assert events[0].request_id is None and events[0].data["handoff"]["id"] == older["items"][0]["id"]
     assert "text" not in events[0].data["handoff"] and events[-1].data["handed_off_through"] == 3

@@ -20,7 +20,7 @@ from sqlalchemy import text
 from service.pipeline.recorder import JobRecorder
 from service.store import jobs, ledger, queries
 from service.store.db import Database
-from service.store.events import session_events_after
+from service.store.events import session_events_with_deletion
 from service.vocabulary import JobKind, Status
 from tests.factories import add_snapshot, fail_once, make_session
 
@@ -75,8 +75,8 @@ async def test_the_claim_returns_the_job_and_what_it_reads_of_its_session(db: Da
     )
     assert status == "running:w1"
     async with db.sessions() as session:
-        events = await session_events_after(session, sid, 0)
-    memory_events = [e.data for e in events if e.type == "memory"]
+        events = await session_events_with_deletion(session, sid, 0)
+    memory_events = [e.data for e, _, _ in events if e.type == "memory"]
     assert [(e["job_id"], e["status"], e["calls"], e["covered"]) for e in memory_events] == [
         (str(job_id), "queued", 0, None),
         (str(job_id), "running", 0, None),

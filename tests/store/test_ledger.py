@@ -93,7 +93,7 @@ async def test_a_retried_append_whose_first_commit_landed_counts_the_call_once(d
 
     rid = await admit(db, await make_session(db), "q")
     async with db.sessions() as session, session.begin():
-        claimed = await queue.claim_next(session, owner="w1", lease_s=30.0, max_running=4)
+        claimed, _ = await queue.try_claim(session, owner="w1", lease_s=30.0, max_running=4)
     assert claimed is not None and claimed.id == rid
     entry = _entry(2)
     for attempt in range(2):

@@ -15,7 +15,7 @@ async def _running(db: Database, parent: str = "p") -> tuple[uuid.UUID, uuid.UUI
     sid = await make_session(db, parent)
     rid = await admit(db, sid, "q")
     async with db.sessions() as session, session.begin():
-        claimed = await queue.claim_next(session, owner="w1", lease_s=30, max_running=100)
+        claimed, _ = await queue.try_claim(session, owner="w1", lease_s=30, max_running=100)
     assert claimed is not None and claimed.id == rid
     return sid, rid
 
@@ -55,7 +55,7 @@ async def test_no_write_when_not_running_or_not_the_owner(db: Database) -> None:
     async with db.sessions() as session, session.begin():
         assert not await memory.save_memory(session, rid, owner=None, qa_summary={"text": "queued"})
     async with db.sessions() as session, session.begin():
-        await queue.claim_next(session, owner="w1", lease_s=30, max_running=4)
+        await queue.try_claim(session, owner="w1", lease_s=30, max_running=4)
     async with db.sessions() as session, session.begin():
         assert not await memory.save_memory(session, rid, owner="w2", qa_summary={"text": "stranger"})
     async with db.sessions() as session:

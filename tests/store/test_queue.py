@@ -20,7 +20,7 @@ async def _claim(
     db: Database, owner: str = "w1", cap: int = 4, lease_s: float = 30.0
 ) -> queue.Claimed | None:
     async with db.sessions() as session, session.begin():
-        return await queue.claim_next(session, owner=owner, lease_s=lease_s, max_running=cap)
+        return (await queue.try_claim(session, owner=owner, lease_s=lease_s, max_running=cap))[0]
 
 
 async def _status(db: Database, request_id: uuid.UUID) -> str:

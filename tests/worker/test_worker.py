@@ -136,7 +136,7 @@ async def test_expired_lease_on_a_second_attempt_fails_worker_lost(
     # A worker that died twice: claimed (attempt 1), re-queued, claimed again (attempt 2), then silent.
     for owner in ("dead-1", "dead-2"):
         async with db.sessions() as session, session.begin():
-            claimed = await queue.claim_next(session, owner=owner, lease_s=0.05, max_running=4)
+            claimed, _ = await queue.try_claim(session, owner=owner, lease_s=0.05, max_running=4)
         assert claimed is not None and claimed.id == rid
         if owner == "dead-1":
             await wait_for(lambda: _sweep_once(db))

@@ -97,12 +97,6 @@ WHERE request_id = :request_id AND seq > :after_seq
 ORDER BY seq
 LIMIT :limit;
 
--- name: session_events_after
-SELECT id, request_id, session_id, seq, type, data FROM side_question_events
-WHERE session_id = :session_id AND id > :after_id
-ORDER BY id
-LIMIT :limit;
-
 -- name: session_events_with_deletion
 -- A session's events after an id, each with when it was hidden — its request's deleted_at, or for a
 -- session-level event of a history a clear replaced, that clear's cleared_at — and whether it was

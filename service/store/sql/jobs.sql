@@ -1,4 +1,5 @@
--- Background summary jobs (service/store/jobs.py; SPEC 6.6). The rules are in jobs.py's docstring.
+-- Background summary jobs (service/store/jobs.py; SPEC 6.6). The rules are in docs/pipeline.md,
+-- "Background summary jobs".
 
 -- function: sidequest_memory_event
 -- THE memory event of a job's transition ({job_id, kind, status, calls, covered}), for every

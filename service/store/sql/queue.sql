@@ -1,5 +1,5 @@
 -- The queue (service/store/queue.py): the claim of a request. The invariants it keeps are listed
--- in queue.py's docstring.
+-- in docs/pipeline.md, "Claiming".
 
 -- function: sidequest_claim
 -- THE claim (SPEC 9; 0005_worker_statements): the claims' advisory lock, the global cap, the fair
