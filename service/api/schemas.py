@@ -20,12 +20,14 @@ from typing_extensions import TypedDict
 
 from service.archive.model import (
     NO_NUL,
+    STORABLE_JSON_NAME,
+    STORABLE_OBJECT_NAME,
     JsonInt,
     RequestedModelName,
     check_optional_text,
     check_text,
 )
-from service.archive.schema import OPENAPI_REFS, STORABLE_JSON, STORABLE_OBJECT
+from service.archive.schema import OPENAPI_REFS
 from service.context_info import ContextInfo
 from service.vocabulary import (
     CONTEXT_WINDOW_MAX,
@@ -43,8 +45,8 @@ MAX_INT32 = 2**31 - 1  # PostgreSQL's integer: ordinals, seqs
 # Open JSON (content blocks, tool schemas, extra keys) without NUL at any depth: the recursive
 # definitions live in the OpenAPI components (service/archive/schema.py: storable_json_defs; the app
 # adds them), so the schema says what the snapshot routes refuse (422 invalid_snapshot).
-_STORABLE_JSON: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_JSON}
-_STORABLE_OBJECT: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_OBJECT}
+_STORABLE_JSON: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_JSON_NAME}
+_STORABLE_OBJECT: dict[str, Any] = {"$ref": OPENAPI_REFS + STORABLE_OBJECT_NAME}
 _OPEN_NO_NUL: dict[str, Any] = {"propertyNames": NO_NUL, "additionalProperties": _STORABLE_JSON}
 NulFreeText = Annotated[str, Field(json_schema_extra=NO_NUL)]
 SnapshotId = Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)]

@@ -46,8 +46,10 @@ NO_NUL: Final[dict[str, Any]] = {"pattern": NO_NUL_PATTERN}
 # The recursive NUL-free JSON definitions (schema.storable_json_defs), under a key pydantic leaves
 # alone: where they live (a standalone schema's $defs, the OpenAPI components) is known only later.
 STORABLE_REF: Final = "x-storable"
-STORABLE_JSON: Final = {STORABLE_REF: "StorableJson"}
-STORABLE_OBJECT: Final = {STORABLE_REF: "StorableObject"}
+STORABLE_JSON_NAME: Final = "StorableJson"
+STORABLE_OBJECT_NAME: Final = "StorableObject"
+STORABLE_JSON: Final = {STORABLE_REF: STORABLE_JSON_NAME}
+STORABLE_OBJECT: Final = {STORABLE_REF: STORABLE_OBJECT_NAME}
 _OPEN: Final[dict[str, Any]] = {"propertyNames": NO_NUL, "additionalProperties": STORABLE_JSON}
 
 # Column limits: a longer value must be a 422, never a database error (500).

@@ -10,13 +10,18 @@ from typing import Any, Final
 
 from pydantic.json_schema import GenerateJsonSchema
 
-from service.archive.model import NO_NUL_PATTERN, QUESTION_FIELDS, STORABLE_REF, ArchiveV3
+from service.archive.model import (
+    NO_NUL_PATTERN,
+    QUESTION_FIELDS,
+    STORABLE_JSON_NAME,
+    STORABLE_OBJECT_NAME,
+    STORABLE_REF,
+    ArchiveV3,
+)
 
 ARCHIVE_VERSIONS: Final = (1, 2, 3)
 OPENAPI_REFS: Final = "#/components/schemas/"
 STANDALONE_REFS: Final = "#/$defs/"
-STORABLE_JSON: Final = "StorableJson"
-STORABLE_OBJECT: Final = "StorableObject"
 _BOUNDS: Final = {"ge": "minimum", "le": "maximum"}
 
 _DESCRIPTIONS: Final = {
@@ -33,18 +38,18 @@ def storable_json_defs(refs: str) -> dict[str, dict[str, Any]]:
     """``StorableJson`` (any JSON value) and ``StorableObject`` (a JSON object) without NUL anywhere:
     recursive, so pydantic cannot make them; ``refs`` is where they are found (``#/$defs/`` in a
     standalone schema, ``#/components/schemas/`` in OpenAPI)."""
-    value = {"$ref": refs + STORABLE_JSON}
+    value = {"$ref": refs + STORABLE_JSON_NAME}
     return {
-        STORABLE_JSON: {
+        STORABLE_JSON_NAME: {
             "description": "Any JSON value without NUL characters in any string or key.",
             "anyOf": [
                 {"type": "string", "pattern": NO_NUL_PATTERN},
                 {"type": ["number", "boolean", "null"]},
                 {"type": "array", "items": value},
-                {"$ref": refs + STORABLE_OBJECT},
+                {"$ref": refs + STORABLE_OBJECT_NAME},
             ],
         },
-        STORABLE_OBJECT: {
+        STORABLE_OBJECT_NAME: {
             "type": "object",
             "propertyNames": {"pattern": NO_NUL_PATTERN},
             "additionalProperties": value,
