@@ -45,8 +45,6 @@ class CallResult:
     stop_reason: str | None = None
     raw_stop_reason: str | None = None
     usage: CallUsage = field(default_factory=CallUsage)
-    # Provider calls made, rate-limit retries included.
-    attempts: int = 1
 
 
 class CallRecorder(Protocol):
@@ -95,7 +93,7 @@ async def run_call(
             await on_attempt()
         attempts += 1
         try:
-            result = await _attempt(
+            return await _attempt(
                 provider, replace(call, timeout_s=remaining), recorder=recorder, on_text=on_text
             )
         except RateLimited as exc:
@@ -119,9 +117,6 @@ async def run_call(
             if clock() + wait >= deadline:
                 raise  # waiting would use up the request's time: give up now, with the real cause
             await sleep(wait)
-            continue
-        result.attempts = attempts
-        return result
 
 
 async def _attempt(
