@@ -29,7 +29,8 @@ from service.providers.base import (
 
 log = logging.getLogger(__name__)
 
-# Waits between rate-limit retries when the provider sends no Retry-After.
+# Waits between rate-limit retries when the provider sends no Retry-After, one per retry: a rate limit
+# is retried as many times (SPEC §7: twice at most).
 DEFAULT_BACKOFF_S: tuple[float, ...] = (1.0, 2.0)
 
 CallStatus = Literal["ok", "failed", "cancelled"]
@@ -75,7 +76,6 @@ async def run_call(
     on_attempt: Callable[[], Awaitable[None]] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    max_rate_limit_retries: int = 2,
 ) -> CallResult:
     """Run ``call`` on ``provider`` under the calling policy (docs/providers.md, "Calling policy") and
     return what it produced. ``deadline`` is an absolute ``clock()`` value bounding every attempt;
@@ -98,7 +98,7 @@ async def run_call(
             )
         except RateLimited as exc:
             exc.attempts = attempts
-            if exc.quota_exhausted or attempts > max_rate_limit_retries:  # its retries are used up
+            if exc.quota_exhausted or attempts > len(DEFAULT_BACKOFF_S):  # its retries are used up
                 raise
             if exc.after_output and on_text is not None:
                 # Text already streamed to the client cannot be taken back: a partially streamed
@@ -113,7 +113,7 @@ async def run_call(
                 ) from exc
             wait = exc.retry_after_s
             if wait is None:
-                wait = DEFAULT_BACKOFF_S[min(attempts - 1, len(DEFAULT_BACKOFF_S) - 1)]
+                wait = DEFAULT_BACKOFF_S[attempts - 1]
             if clock() + wait >= deadline:
                 raise  # waiting would use up the request's time: give up now, with the real cause
             await sleep(wait)
