@@ -190,14 +190,13 @@ class Worker:
         db: Database,
         *,
         database_url: str | None = None,
-        owner: str | None = None,
         listener: Listener | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
         # Unique per process: host, pid and a random suffix; each claim's lease owner adds a token
         # of that claim (:func:`service.store.lease.claim_owner`).
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._outages = OutageLog()
         self._loops: list[asyncio.Task[None]] = []
         # A shared listener (the API's, in `serve`) is started and stopped by its owner.
