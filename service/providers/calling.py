@@ -48,21 +48,23 @@ class CallResult:
     usage: CallUsage = field(default_factory=CallUsage)
 
 
-class CallRecorder(Protocol):
-    """Receives one entry per provider call attempt (SPEC §3 ``usage.calls``)."""
+@dataclass(frozen=True)
+class CallRecord:
+    """One provider call attempt (SPEC §3 ``usage.calls``): the usage the provider reported for it
+    (zeros, ``reported=False``, if none) and its wall time, from sending the request to its last event
+    or error."""
 
-    async def record_call(
-        self,
-        *,
-        purpose: str,
-        model: str,
-        status: CallStatus,
-        usage: CallUsage,
-        latency_ms: int = 0,
-    ) -> None:
-        """Record one attempt with the usage the provider reported (zeros, ``reported=False``, if none)
-        and its wall time, from sending the request to its last event or error."""
-        ...
+    purpose: str
+    model: str
+    status: CallStatus
+    usage: CallUsage
+    latency_ms: int = 0
+
+
+class CallRecorder(Protocol):
+    """Receives one record per provider call attempt."""
+
+    async def record_call(self, call: CallRecord) -> None: ...
 
 
 async def run_call(
@@ -141,11 +143,13 @@ async def _attempt(
         # call has its usage entry). A cancel waits for the write, then holds.
         write = asyncio.ensure_future(
             recorder.record_call(
-                purpose=call.purpose,
-                model=call.model or provider.default_model,
-                status=status,
-                usage=reported if reported is not None else CallUsage(reported=False),
-                latency_ms=round((time.monotonic() - started) * 1000),
+                CallRecord(
+                    purpose=call.purpose,
+                    model=call.model or provider.default_model,
+                    status=status,
+                    usage=reported if reported is not None else CallUsage(reported=False),
+                    latency_ms=round((time.monotonic() - started) * 1000),
+                )
             )
         )
         try:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from service.providers.base import CallUsage, ContextOverflow, ProviderError, ProviderTimeout, RateLimited
-from service.providers.calling import run_call
+from service.providers.calling import CallRecord, run_call
 from service.providers.openai_compat import OpenAIProvider
 from tests.providers.helpers import ListRecorder, make_call
 from tests.scripted_provider import ScriptedServer, Step, Usage
@@ -396,10 +395,10 @@ class _SlowRecorder(ListRecorder):
 
     started = 0
 
-    async def record_call(self, **kwargs: Any) -> None:
+    async def record_call(self, call: CallRecord) -> None:
         self.started += 1
         await asyncio.sleep(0.0 if self.started == 1 else 0.2)
-        await super().record_call(**kwargs)
+        await super().record_call(call)
 
 
 async def test_parallel_calls_that_pass_one_deadline_are_each_recorded(
