@@ -103,8 +103,10 @@ async def answer(
         try:
             result = await _call(rt, prepared, request, deltas)
         except ContextOverflow as exc:
-            # SPEC 7: only a first reply that streamed nothing yet (no text, no tool call) is retried.
-            if deltas.streamed_chars or exc.after_output or rt.info.overflow_retries:
+            # SPEC 7: only a first reply that streamed nothing yet (no text, no tool call: the calling
+            # policy's after_output) is retried, once: the retry's own overflow is raised from this
+            # handler, not caught by it.
+            if exc.after_output:
                 raise
             if exc.prompt_tokens:
                 # The error states the prompt's real count: a calibration sample (SPEC §5.1).

@@ -24,14 +24,12 @@ class DeltaCoalescer:
         self._lost = False
         # One writer at a time, so text reaches the log in the order it streamed.
         self._write_lock = asyncio.Lock()
-        self.streamed_chars = 0
 
     async def add(self, text: str) -> None:
         """Take one text delta from the provider (never blocks on the database)."""
         if not text:
             return
         self._buffer.append(text)
-        self.streamed_chars += len(text)
         if self._task is None:
             self._task = asyncio.create_task(self._flusher(), name="sidequest-delta-flusher")
 

@@ -8,8 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Generic, TypeVar
 
-from service.providers.base import CallUsage
-from service.providers.calling import CallStatus
+from service.providers.calling import CallRecord
 from service.store import jobs, lease, ledger
 from service.store.db import Database, is_unavailable
 from service.store.execute import committed
@@ -39,28 +38,15 @@ async def write_retrying(write: Callable[[], Awaitable[None]]) -> None:
 T = TypeVar("T")
 
 
-class _CallRecorder:
-    """Records each provider call the moment it ends (the calling policy's ``recorder``)."""
-
-    async def record_call(
-        self,
-        *,
-        purpose: str,
-        model: str,
-        status: CallStatus,
-        usage: CallUsage,
-        latency_ms: int = 0,
-    ) -> None:
-        """Record one call as the ledger stores it (SPEC §3 ``usage.calls[]``), from what it reported
-        (the ledger's usage fields are :class:`CallUsage`'s)."""
-        await self._record(
-            ledger.CallEntry(
-                purpose=purpose, model=model, status=status, latency_ms=latency_ms, **asdict(usage)
-            )
-        )
-
-    async def _record(self, entry: ledger.CallEntry) -> None:
-        raise NotImplementedError
+def _ledger_entry(call: CallRecord) -> ledger.CallEntry:
+    """A call as the ledger stores it (its usage fields are :class:`CallUsage`'s)."""
+    return ledger.CallEntry(
+        purpose=call.purpose,
+        model=call.model,
+        status=call.status,
+        latency_ms=call.latency_ms,
+        **asdict(call.usage),
+    )
 
 
 class GroupWrite(Generic[T]):
@@ -103,7 +89,7 @@ class GroupWrite(Generic[T]):
             self._writer = None
 
 
-class JobRecorder(_CallRecorder):
+class JobRecorder:
     """A background job's recorder: each call appended to the job's row, each attempt counted on it
     before it starts, writes that come together sharing one (docs/pipeline.md, "Background summary jobs")."""
 
@@ -113,8 +99,8 @@ class JobRecorder(_CallRecorder):
         self._ends: GroupWrite[ledger.CallEntry] = GroupWrite(self._append)
         self._starts: GroupWrite[None] = GroupWrite(self._count)
 
-    async def _record(self, entry: ledger.CallEntry) -> None:
-        await self._ends.add(entry)  # returns once it is written
+    async def record_call(self, call: CallRecord) -> None:
+        await self._ends.add(_ledger_entry(call))  # returns once it is written
 
     async def attempt_started(self) -> None:
         """Count a call on the job's row before it starts (what a clear reports if it cancels the job)."""
@@ -132,7 +118,7 @@ class JobRecorder(_CallRecorder):
             await jobs.count_calls(conn, self._job_id, len(attempts))
 
 
-class LedgerRecorder(_CallRecorder):
+class LedgerRecorder:
     """Persists each provider call the moment it ends, then tells the streams (SPEC §4 ``usage``).
     Only the event is lease-guarded: tokens were spent whatever happened to the request."""
 
@@ -148,8 +134,9 @@ class LedgerRecorder(_CallRecorder):
         self.hold_purpose: str | None = None
         self.held: ledger.CallEntry | None = None
 
-    async def _record(self, entry: ledger.CallEntry) -> None:
-        """Append one call to the ledger and emit the cumulative usage object."""
+    async def record_call(self, call: CallRecord) -> None:
+        """Append one call to the ledger the moment it ends and emit the cumulative usage object."""
+        entry = _ledger_entry(call)
         if entry.status == "ok" and entry.purpose == self.hold_purpose:
             self.held = entry
             return

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from service.aio import wait_event
@@ -33,22 +33,14 @@ class JobWaiter:
     """Wakes every waiter when a job ends (any job: each re-reads its own; ends are rare)."""
 
     def __init__(self) -> None:
-        self._waiters: set[asyncio.Event] = set()
+        # Set, then replaced by a fresh one, at each notification: a waiter that took it before
+        # reading its job's state is woken by any change after that read.
+        self.changed = asyncio.Event()
 
     def notify(self, _channel: str = "", _payload: str = "") -> None:
         """A job queued, ended or freed a slot (listener callback: never blocks)."""
-        for wake in list(self._waiters):
-            wake.set()
-
-    @contextlib.contextmanager
-    def subscribe(self) -> Iterator[asyncio.Event]:
-        """A wake-up event for one waiter, removed on exit."""
-        wake = asyncio.Event()
-        self._waiters.add(wake)
-        try:
-            yield wake
-        finally:
-            self._waiters.discard(wake)
+        self.changed.set()
+        self.changed = asyncio.Event()
 
 
 async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
@@ -56,28 +48,27 @@ async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
     :data:`QUEUED_GRACE_S` is taken over; ``TimeoutError`` when the request's deadline passes first."""
     db, started = rt.db, time.monotonic()
     queued_since: float | None = None
-    with rt.deps.waiter.subscribe() as wake:
-        while True:
-            wake.clear()
-            async with db.connection() as conn:
-                state = await jobs.job_state(conn, job_id)
-            if state is not None and state.status == Status.QUEUED:
-                queued_since = time.monotonic() if queued_since is None else queued_since
-                if time.monotonic() - queued_since >= QUEUED_GRACE_S:
-                    async with db.sessions() as session:
-                        async with session.begin():
-                            taken = await jobs.take_over(session, job_id)
-                        if taken:
-                            state = await jobs.job_state(session, job_id)
-            else:
-                queued_since = None
-            if state is None or state.status not in ACTIVE:
-                return int((time.monotonic() - started) * 1000)
-            left = rt.remaining_s()
-            if left <= 0:
-                raise TimeoutError("deadline passed while waiting for a background summary")
-            poll = QUEUED_GRACE_S / 4 if queued_since is not None else FALLBACK_POLL_S
-            await wait_event(wake, min(poll, left))
+    while True:
+        wake = rt.deps.waiter.changed
+        async with db.connection() as conn:
+            state = await jobs.job_state(conn, job_id)
+        if state is not None and state.status == Status.QUEUED:
+            queued_since = time.monotonic() if queued_since is None else queued_since
+            if time.monotonic() - queued_since >= QUEUED_GRACE_S:
+                async with db.sessions() as session:
+                    async with session.begin():
+                        taken = await jobs.take_over(session, job_id)
+                    if taken:
+                        state = await jobs.job_state(session, job_id)
+        else:
+            queued_since = None
+        if state is None or state.status not in ACTIVE:
+            return int((time.monotonic() - started) * 1000)
+        left = rt.remaining_s()
+        if left <= 0:
+            raise TimeoutError("deadline passed while waiting for a background summary")
+        poll = QUEUED_GRACE_S / 4 if queued_since is not None else FALLBACK_POLL_S
+        await wait_event(wake, min(poll, left))
 
 
 async def wait_for_background_jobs(

@@ -29,7 +29,8 @@ from service.providers.base import (
 
 log = logging.getLogger(__name__)
 
-# Waits between rate-limit retries when the provider sends no Retry-After.
+# Waits between rate-limit retries when the provider sends no Retry-After, one per retry: a rate limit
+# is retried as many times (SPEC §7: twice at most).
 DEFAULT_BACKOFF_S: tuple[float, ...] = (1.0, 2.0)
 
 CallStatus = Literal["ok", "failed", "cancelled"]
@@ -45,25 +46,25 @@ class CallResult:
     stop_reason: str | None = None
     raw_stop_reason: str | None = None
     usage: CallUsage = field(default_factory=CallUsage)
-    # Provider calls made, rate-limit retries included.
-    attempts: int = 1
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One provider call attempt (SPEC §3 ``usage.calls``): the usage the provider reported for it
+    (zeros, ``reported=False``, if none) and its wall time, from sending the request to its last event
+    or error."""
+
+    purpose: str
+    model: str
+    status: CallStatus
+    usage: CallUsage
+    latency_ms: int = 0
 
 
 class CallRecorder(Protocol):
-    """Receives one entry per provider call attempt (SPEC §3 ``usage.calls``)."""
+    """Receives one record per provider call attempt."""
 
-    async def record_call(
-        self,
-        *,
-        purpose: str,
-        model: str,
-        status: CallStatus,
-        usage: CallUsage,
-        latency_ms: int = 0,
-    ) -> None:
-        """Record one attempt with the usage the provider reported (zeros, ``reported=False``, if none)
-        and its wall time, from sending the request to its last event or error."""
-        ...
+    async def record_call(self, call: CallRecord) -> None: ...
 
 
 async def run_call(
@@ -77,7 +78,6 @@ async def run_call(
     on_attempt: Callable[[], Awaitable[None]] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    max_rate_limit_retries: int = 2,
 ) -> CallResult:
     """Run ``call`` on ``provider`` under the calling policy (docs/providers.md, "Calling policy") and
     return what it produced. ``deadline`` is an absolute ``clock()`` value bounding every attempt;
@@ -95,12 +95,12 @@ async def run_call(
             await on_attempt()
         attempts += 1
         try:
-            result = await _attempt(
+            return await _attempt(
                 provider, replace(call, timeout_s=remaining), recorder=recorder, on_text=on_text
             )
         except RateLimited as exc:
             exc.attempts = attempts
-            if exc.quota_exhausted or attempts > max_rate_limit_retries:  # its retries are used up
+            if exc.quota_exhausted or attempts > len(DEFAULT_BACKOFF_S):  # its retries are used up
                 raise
             if exc.after_output and on_text is not None:
                 # Text already streamed to the client cannot be taken back: a partially streamed
@@ -115,13 +115,10 @@ async def run_call(
                 ) from exc
             wait = exc.retry_after_s
             if wait is None:
-                wait = DEFAULT_BACKOFF_S[min(attempts - 1, len(DEFAULT_BACKOFF_S) - 1)]
+                wait = DEFAULT_BACKOFF_S[attempts - 1]
             if clock() + wait >= deadline:
                 raise  # waiting would use up the request's time: give up now, with the real cause
             await sleep(wait)
-            continue
-        result.attempts = attempts
-        return result
 
 
 async def _attempt(
@@ -146,11 +143,13 @@ async def _attempt(
         # call has its usage entry). A cancel waits for the write, then holds.
         write = asyncio.ensure_future(
             recorder.record_call(
-                purpose=call.purpose,
-                model=call.model or provider.default_model,
-                status=status,
-                usage=reported if reported is not None else CallUsage(reported=False),
-                latency_ms=round((time.monotonic() - started) * 1000),
+                CallRecord(
+                    purpose=call.purpose,
+                    model=call.model or provider.default_model,
+                    status=status,
+                    usage=reported if reported is not None else CallUsage(reported=False),
+                    latency_ms=round((time.monotonic() - started) * 1000),
+                )
             )
         )
         try:

@@ -33,13 +33,16 @@ async def _serve_until_signalled(settings: Settings, database_url: str) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # not on every platform
             loop.add_signal_handler(signum, stop.set)
-    worker = Worker(settings, db, database_url=database_url)
     try:
-        await worker.start()
-        await stop.wait()
-        log.info("signal received: stopping the worker")
+        # Building the worker may raise (its provider, its listener's URL): the pool is closed then too.
+        worker = Worker(settings, db, database_url=database_url)
+        try:
+            await worker.start()
+            await stop.wait()
+            log.info("signal received: stopping the worker")
+        finally:
+            await worker.stop()
     finally:
-        await worker.stop()
         await db.dispose()
 
 

@@ -88,9 +88,9 @@ class SlotPool(Generic[W]):
         self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
         self._work: dict[uuid.UUID, W] = {}  # the unit each entry of ``tasks`` runs
         # Keyed by task, not by work id: a unit claimed again while its stale run still ends
-        # (its lease expired during a database outage) has two tasks for a while.
+        # (its lease expired during a database outage) has two tasks for a while; a task is here
+        # until it ends, so a stale run, always cancelled, is still found here when the pool stops.
         self._cancel_reasons: dict[asyncio.Task[None], CancelReason] = {}
-        self._stale: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._cluster_full = False
         self._outages = OutageLog()
@@ -144,7 +144,6 @@ class SlotPool(Generic[W]):
             # Claimed again while its earlier run here still goes on (that run lost its lease): it
             # is stopped as lost; its writes carry the old claim's lease owner, so none lands
             # (docs/pipeline.md, "Guarded writes").
-            self._stale.add(stale)
             self._cancel_task(stale, "lost")
         task = asyncio.create_task(self._guarded(work), name=f"sidequest-{self.name}-{work.id}")
         self.tasks[work.id] = task
@@ -167,7 +166,6 @@ class SlotPool(Generic[W]):
             if self.tasks.get(work.id) is task:
                 del self.tasks[work.id]
                 del self._work[work.id]
-            self._stale.discard(task)
             self._cancel_reasons.pop(task, None)
             # Instant hand-off: the freed local slot is claimed again now, not at the next poll.
             self._cluster_full = False
@@ -178,7 +176,7 @@ class SlotPool(Generic[W]):
         self._wake.set()
         for work_id in list(self.tasks):
             self.cancel(work_id, "shutdown")
-        await settle([*self.tasks.values(), *self._stale], STOP_WAIT_S, f"{self.name} tasks")
+        await settle({*self.tasks.values(), *self._cancel_reasons}, STOP_WAIT_S, f"{self.name} tasks")
 
 
 class Worker:
@@ -190,14 +188,13 @@ class Worker:
         db: Database,
         *,
         database_url: str | None = None,
-        owner: str | None = None,
         listener: Listener | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
         # Unique per process: host, pid and a random suffix; each claim's lease owner adds a token
         # of that claim (:func:`service.store.lease.claim_owner`).
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._outages = OutageLog()
         self._loops: list[asyncio.Task[None]] = []
         # A shared listener (the API's, in `serve`) is started and stopped by its owner.

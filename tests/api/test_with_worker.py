@@ -30,7 +30,7 @@ SNAPSHOT = {
 
 @pytest.fixture
 async def worker_process(settings: Settings, db: Database) -> AsyncIterator[asyncio.subprocess.Process]:
-    """``python -m service.worker`` on the test database: a worker in another process."""
+    """``sidequest worker`` on the test database: a worker in another process."""
     env = {
         **os.environ,
         "SIDEQUEST_DATABASE_URL": settings.database_url or "",
@@ -40,7 +40,13 @@ async def worker_process(settings: Settings, db: Database) -> AsyncIterator[asyn
         "SIDEQUEST_LEASE_S": "3",
     }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "service.worker", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        sys.executable,
+        "-m",
+        "service.cli",
+        "worker",
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         yield proc

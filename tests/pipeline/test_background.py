@@ -392,8 +392,8 @@ async def test_two_workers_never_run_the_same_job(
     sessions = [await make_session(db, f"parent-{i}") for i in range(6)]
     for sid in sessions:
         await add_history(db, sid, _history(3))
-    a = Worker(settings, db, owner="worker-a")
-    b = Worker(settings, db, owner="worker-b")
+    a = Worker(settings, db)
+    b = Worker(settings, db)
     await a.start()
     await b.start()
     try:

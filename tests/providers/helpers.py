@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from service.providers.base import (
     CallUsage,
@@ -17,6 +17,7 @@ from service.providers.base import (
     ToolCall,
     UsageReport,
 )
+from service.providers.calling import CallRecord
 
 
 def make_call(
@@ -79,27 +80,10 @@ async def collect(provider: Provider, call: ProviderCall) -> Collected:
 
 
 @dataclass
-class RecordedCall:
-    purpose: str
-    model: str
-    status: Literal["ok", "failed", "cancelled"]
-    usage: CallUsage
-    latency_ms: int = 0
-
-
-@dataclass
 class ListRecorder:
     """A CallRecorder that keeps every attempt in a list."""
 
-    calls: list[RecordedCall] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
 
-    async def record_call(
-        self,
-        *,
-        purpose: str,
-        model: str,
-        status: Literal["ok", "failed", "cancelled"],
-        usage: CallUsage,
-        latency_ms: int = 0,
-    ) -> None:
-        self.calls.append(RecordedCall(purpose, model, status, usage, latency_ms))
+    async def record_call(self, call: CallRecord) -> None:
+        self.calls.append(call)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from service.providers.base import CallUsage, ContextOverflow, ProviderError, ProviderTimeout, RateLimited
-from service.providers.calling import run_call
+from service.providers.calling import CallRecord, run_call
 from service.providers.openai_compat import OpenAIProvider
 from tests.providers.helpers import ListRecorder, make_call
 from tests.scripted_provider import ScriptedServer, Step, Usage
@@ -65,7 +64,6 @@ async def test_success_returns_the_reply_and_records_one_ok_call(
         "stop",
     )
     assert result.usage == CallUsage(100, 5, 0, 60, reported=True)
-    assert result.attempts == 1
     assert streamed == ["Fo", "ur", "."]
     assert [(c.purpose, c.model, c.status, c.usage) for c in recorder.calls] == [
         ("answer", "scripted-model", "ok", result.usage)
@@ -102,7 +100,7 @@ async def test_rate_limit_waits_retry_after_then_repeats_the_same_request(
     recorder = ListRecorder()
     fake = FakeTime()
 
-    result = await run_call(
+    await run_call(
         provider,
         make_call(purpose="qa_summary", max_output_tokens=2048),
         recorder=recorder,
@@ -112,7 +110,6 @@ async def test_rate_limit_waits_retry_after_then_repeats_the_same_request(
     )
 
     assert fake.sleeps == [7.0]
-    assert result.attempts == 2
     assert [c.status for c in recorder.calls] == ["failed", "ok"]
     assert recorder.calls[0].usage == CallUsage(reported=False)
     first, second = server.requests(purpose="qa_summary")
@@ -132,18 +129,20 @@ async def test_without_retry_after_the_waits_are_one_then_two_seconds(
         Step.text("finally"),
     )
     fake = FakeTime()
+    recorder = ListRecorder()
 
     result = await run_call(
         provider,
         make_call(),
-        recorder=ListRecorder(),
+        recorder=recorder,
         deadline=fake.now + 60,
         clock=fake.clock,
         sleep=fake.sleep,
     )
 
     assert fake.sleeps == [1.0, 2.0]
-    assert (result.text, result.attempts) == ("finally", 3)
+    assert result.text == "finally"
+    assert [c.status for c in recorder.calls] == ["failed", "failed", "ok"]
 
 
 async def test_still_refused_after_two_retries_raises_with_attempts(
@@ -396,10 +395,10 @@ class _SlowRecorder(ListRecorder):
 
     started = 0
 
-    async def record_call(self, **kwargs: Any) -> None:
+    async def record_call(self, call: CallRecord) -> None:
         self.started += 1
         await asyncio.sleep(0.0 if self.started == 1 else 0.2)
-        await super().record_call(**kwargs)
+        await super().record_call(call)
 
 
 async def test_parallel_calls_that_pass_one_deadline_are_each_recorded(

@@ -231,7 +231,7 @@ async def test_a_rate_limit_through_the_gateway_is_retried_after_the_backends_wa
     result = await run_call(
         through_gateway, make_call(), recorder=recorder, deadline=time.monotonic() + 60, sleep=sleep
     )
-    assert result.text == "After the wait." and result.attempts == 2
+    assert result.text == "After the wait."
     # The backend's Retry-After reached us renamed (llm_provider-retry-after) and was honoured.
     assert waits == [pytest.approx(0.2)]
     assert [c.status for c in recorder.calls] == ["failed", "ok"]

@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from service.pipeline.recorder import JobRecorder
+from service.providers.calling import CallRecord
 from service.store import jobs, ledger, queries
 from service.store.db import Database
 from service.store.events import session_events_with_deletion
@@ -217,7 +218,7 @@ async def test_call_ends_that_come_together_are_appended_in_order_in_few_writes(
 
     async def end(tokens: int) -> None:
         usage = CallUsage(reported=True, input_tokens=tokens, output_tokens=1)
-        await recorder.record_call(purpose="context_summary", model="m", status="ok", usage=usage)
+        await recorder.record_call(CallRecord("context_summary", "m", "ok", usage))
 
     first = asyncio.ensure_future(end(1))
     await writing.wait()
@@ -291,7 +292,7 @@ async def test_a_job_call_is_recorded_across_a_dropped_connection(
     failed = fail_once(monkeypatch, ledger, "append_calls")
     recorder = JobRecorder(db, running_job)
     usage = CallUsage(reported=True, input_tokens=7, output_tokens=1)
-    await recorder.record_call(purpose="qa_summary", model="m", status="ok", usage=usage)
+    await recorder.record_call(CallRecord("qa_summary", "m", "ok", usage))
     assert failed == [1]
     stored = await _sql(db, "SELECT usage::text FROM side_question_jobs WHERE id = :id", id=running_job)
     assert '"input_tokens": 7' in stored

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class WorkerProcesses:
-    """Starts ``python -m service.worker`` subprocesses; kills whatever is left at the end."""
+    """Starts ``sidequest worker`` subprocesses; kills whatever is left at the end."""
 
     def __init__(self, settings: Settings, server: ScriptedServer) -> None:
         self.env = {
@@ -50,7 +50,7 @@ class WorkerProcesses:
 
     def start(self) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
-            [sys.executable, "-m", "service.worker"],
+            [sys.executable, "-m", "service.cli", "worker"],
             cwd=ROOT,
             env=self.env,
             stdout=subprocess.DEVNULL,

@@ -205,3 +205,32 @@ async def test_the_log_says_what_was_claimed_and_why_a_request_failed(
 
 async def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
     return any(text in r.getMessage() for r in caplog.records)
+
+
+async def test_the_pool_is_closed_when_the_worker_cannot_be_built(
+    worker_settings: Settings, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import service.worker
+    from service.store.db import connect as real_connect
+
+    disposed: list[Database] = []
+
+    def connect(*args: object, **kwargs: object) -> Database:
+        db = real_connect(*args, **kwargs)  # type: ignore[arg-type]
+        dispose = db.dispose
+
+        async def recorded() -> None:
+            disposed.append(db)
+            await dispose()
+
+        db.dispose = recorded  # type: ignore[method-assign]
+        return db
+
+    def no_worker(*args: object, **kwargs: object) -> Worker:
+        raise ValueError("no provider")
+
+    monkeypatch.setattr(service.worker, "connect", connect)
+    monkeypatch.setattr(service.worker, "Worker", no_worker)
+    with pytest.raises(ValueError, match="no provider"):
+        await service.worker._serve_until_signalled(worker_settings, database_url)
+    assert len(disposed) == 1
