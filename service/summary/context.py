@@ -141,8 +141,6 @@ class ContextCompaction:
     cache: CacheOutcome
     calls: int
     chunks: int
-    summarized_messages: int
-    kept_messages: int
     new_entry: CachedContextSummary | None
 
 
@@ -319,7 +317,5 @@ async def compact_snapshot(
         cache=outcome,
         calls=calls,
         chunks=chunks,
-        summarized_messages=until,
-        kept_messages=len(prepared.messages) - until,
         new_entry=new_entry,
     )
