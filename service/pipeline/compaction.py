@@ -223,13 +223,7 @@ async def compact(
 
     def find_hit(entries: Sequence[CachedContextSummary]) -> tuple[CachedContextSummary, int] | None:
         reuse = find_reusable(
-            snapshot.messages,
-            snapshot.groups,
-            cut,
-            entries,
-            model=model,
-            prompt_version=version,
-            digests=snapshot.digests,
+            snapshot.groups, entries, snapshot.digests, until, model=model, prompt_version=version
         )
         if isinstance(reuse, CacheHit):
             return reuse.entry, until

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from service import vocabulary
 from service.budget import CutPlan, MessageGroup, estimate_text
-from service.budget.prepared import PreparedSnapshot, prefix_digests, summary_cache_key
+from service.budget.prepared import PreparedSnapshot, summary_cache_key
 from service.budget.trail import render_trail
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import render_messages
@@ -106,21 +106,18 @@ Reuse = CacheHit | PrefixReuse | CacheMiss
 
 
 def find_reusable(
-    messages: Sequence[Mapping[str, Any]],
     groups: Sequence[MessageGroup],
-    cut_plan: CutPlan,
     cache_entries: Sequence[CachedContextSummary],
+    digests: Sequence[bytes],
+    until: int,
     *,
     model: str,
     prompt_version: str = PROMPT_VERSION,
-    digests: Sequence[bytes] | None = None,
 ) -> Reuse:
-    """The best cached summary for ``messages[:cut_plan.summarize_until]``: the exact key
-    (:class:`CacheHit`), else the entry covering the *longest* non-empty shorter prefix that ends on a
-    group boundary of this transcript (:class:`PrefixReuse`), else :class:`CacheMiss`."""
-    until = cut_plan.summarize_until
-    if digests is None:  # a prepared snapshot passes its stored chain
-        digests = prefix_digests(messages[:until])
+    """The best cached summary for the transcript's first ``until`` messages (``digests``: its prefix
+    digests): the exact key (:class:`CacheHit`), else the entry covering the *longest* non-empty shorter
+    prefix that ends on a group boundary of this transcript (:class:`PrefixReuse`), else
+    :class:`CacheMiss`."""
     exact = _cached_prefixes(cache_entries, {until}, digests, model=model, prompt_version=prompt_version)
     if exact:
         return CacheHit(exact[-1].entry)  # a later entry of the same key stands for an earlier one
@@ -259,13 +256,12 @@ async def compact_snapshot(
     artifact trail (§6.9). Raises the summary / provider errors of the runner."""
     until = cut_plan.summarize_until
     reuse = find_reusable(
-        prepared.messages,
         prepared.groups,
-        cut_plan,
         cache_entries,
+        prepared.digests,
+        until,
         model=runner.model,
         prompt_version=runner.prompt_version,
-        digests=prepared.digests,
     )
 
     async def report(outcome: CacheOutcome, **extra: Any) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.budget import CutPlan, group_messages
-from service.budget.prepared import prepare_snapshot
+from service.budget import group_messages
+from service.budget.prepared import prefix_digests, prepare_snapshot
 from service.summary.context import (
     CachedContextSummary,
     CacheHit,
     CacheMiss,
     PrefixReuse,
+    Reuse,
     find_reusable,
 )
 from service.summary.document import Provenance, SummaryDocument
@@ -25,14 +26,12 @@ def _messages(n: int, tag: str = "") -> list[dict[str, Any]]:
     return out
 
 
-def _plan(until: int, total: int) -> CutPlan:
-    return CutPlan(
-        summarize_until=until,
-        summarized_groups=until,
-        kept_groups=total - until,
-        kept_messages=total - until,
-        gross_removed_tokens=10_000,
-        kept_tokens=100,
+def _reuse(
+    messages: list[dict[str, Any]], until: int, entries: list[CachedContextSummary], model: str = "m"
+) -> Reuse:
+    """find_reusable for ``messages[:until]`` of this transcript."""
+    return find_reusable(
+        group_messages(messages), entries, prefix_digests(messages[:until]), until, model=model
     )
 
 
@@ -72,7 +71,7 @@ def test_key_is_content_not_spelling_and_depends_on_model_and_prompt_version() -
 def test_the_same_prefix_is_a_hit_whatever_the_snapshot_id() -> None:
     msgs = _messages(20)
     entry = _entry(msgs, 14)
-    reuse = find_reusable(msgs, group_messages(msgs), _plan(14, 20), [entry], model="m")
+    reuse = _reuse(msgs, 14, [entry])
     assert reuse == CacheHit(entry)
 
 
@@ -80,7 +79,7 @@ def test_a_longer_snapshot_reuses_the_longest_matching_prefix() -> None:
     old = _messages(20)
     new = [*old, *_messages(10, tag="-new")]
     entries = [_entry(old, 6), _entry(old, 14), _entry(_messages(20, tag="-other"), 16)]
-    reuse = find_reusable(new, group_messages(new), _plan(24, 30), entries, model="m")
+    reuse = _reuse(new, 24, entries)
     assert isinstance(reuse, PrefixReuse)
     assert reuse.entry is entries[1] and reuse.covered_messages == 14
 
@@ -88,15 +87,15 @@ def test_a_longer_snapshot_reuses_the_longest_matching_prefix() -> None:
 def test_different_content_or_model_is_a_miss() -> None:
     msgs = _messages(20)
     changed = [*msgs[:3], {"role": "assistant", "content": "edited"}, *msgs[4:]]
-    reuse = find_reusable(changed, group_messages(changed), _plan(14, 20), [_entry(msgs, 14)], model="m")
+    reuse = _reuse(changed, 14, [_entry(msgs, 14)])
     assert reuse == CacheMiss()
-    reuse = find_reusable(msgs, group_messages(msgs), _plan(14, 20), [_entry(msgs, 14, model="x")], model="m")
+    reuse = _reuse(msgs, 14, [_entry(msgs, 14, model="x")])
     assert reuse == CacheMiss()
 
 
 def test_an_entry_longer_than_the_new_cut_is_not_used() -> None:
     msgs = _messages(30)
-    reuse = find_reusable(msgs, group_messages(msgs), _plan(10, 30), [_entry(msgs, 20)], model="m")
+    reuse = _reuse(msgs, 10, [_entry(msgs, 20)])
     assert reuse == CacheMiss()
 
 
@@ -111,11 +110,9 @@ def test_a_prefix_ending_between_a_tool_call_and_its_result_is_not_reused() -> N
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a b"}]},
         *_messages(6, tag="-later"),
     ]
-    reuse = find_reusable(new, group_messages(new), _plan(7, 9), [_entry(old, 2)], model="m")
+    reuse = _reuse(new, 7, [_entry(old, 2)])
     assert reuse == CacheMiss()
-    assert isinstance(
-        find_reusable(new, group_messages(new), _plan(7, 9), [_entry(new, 3)], model="m"), PrefixReuse
-    )
+    assert isinstance(_reuse(new, 7, [_entry(new, 3)]), PrefixReuse)
 
 
 def test_cached_entries_round_trip_through_json() -> None:
