@@ -34,7 +34,7 @@ from service.providers.base import (
     reported_count,
     sdk_api_key,
 )
-from service.providers.errors import STALLED, classify_http_error, classify_stream_error, stream_broke
+from service.providers.errors import STALLED, classify_error, stream_broke
 
 # The counts of Anthropic's usage; its input_tokens excludes the cache reads and writes, ours includes both.
 _INPUT_COUNTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
@@ -140,7 +140,7 @@ class AnthropicProvider:
         except anthropic.APIConnectionError as exc:
             raise ProviderError(f"the stream broke: {exc}", usage=usage) from exc
         except anthropic.APIError as exc:
-            raise classify_stream_error(exc.body, usage=usage) from exc
+            raise classify_error(None, exc.body, usage=usage) from exc
         except (httpx2.HTTPError, ValueError) as exc:
             raise stream_broke(exc, usage) from exc
         finally:
@@ -171,5 +171,5 @@ def to_anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 def _classify_status_error(exc: anthropic.APIStatusError, usage: CallUsage | None) -> ProviderError:
     if exc.status_code < 400:
-        return classify_stream_error(exc.body, usage=usage)
-    return classify_http_error(exc.status_code, exc.body, dict(exc.response.headers), usage=usage)
+        return classify_error(None, exc.body, usage=usage)
+    return classify_error(exc.status_code, exc.body, dict(exc.response.headers), usage=usage)

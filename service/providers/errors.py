@@ -198,7 +198,7 @@ _RATE_LIMIT_WORDING = re.compile(
 )
 
 
-def classify_http_error(
+def classify_error(
     status: int | None,
     body: Any,
     headers: Mapping[str, str] | None = None,
@@ -206,10 +206,10 @@ def classify_http_error(
     usage: CallUsage | None = None,
     now: float | None = None,
 ) -> ProviderError:
-    """Classify one failed provider response: ``status`` is None when the error came inside a stream;
-    ``body`` is the parsed JSON body or its raw text. ``usage`` (reported before failing) is attached to
-    the returned error. ``now`` (epoch seconds, else the wall clock) dates an HTTP-date ``Retry-After``.
-    """
+    """Classify one failed provider response: ``status`` is None when the error came inside a streamed
+    (HTTP 200) reply; ``body`` is the parsed JSON body, its raw text, or a stream's error object.
+    ``usage`` (reported before failing) is attached to the returned error. ``now`` (epoch seconds, else
+    the wall clock) dates an HTTP-date ``Retry-After``."""
     info = parse_body(body)
     effective = status if status is not None and status >= 400 else info.status_hint
     message = _describe(effective, info)
@@ -253,12 +253,6 @@ def classify_http_error(
     return ProviderError(message, status=effective, usage=usage)
 
 
-def classify_stream_error(error: Any, *, usage: CallUsage | None = None) -> ProviderError:
-    """Classify an error object (an ``{"error": {...}}`` chunk, the bare inner object, or text) that
-    arrived inside a streamed (HTTP 200) reply; anything unrecognised is a status-less ProviderError."""
-    return classify_http_error(None, error, None, usage=usage)
-
-
 STALLED = "the stream stalled past the call's timeout"
 
 
@@ -272,7 +266,7 @@ def stream_broke(exc: httpx2.HTTPError | ValueError, usage: CallUsage | None) ->
     if isinstance(exc, httpx2.HTTPError):
         return ProviderError(f"the stream broke: {type(exc).__name__}: {exc}", usage=usage)
     if isinstance(exc, json.JSONDecodeError):
-        error = classify_stream_error(exc.doc, usage=usage)
+        error = classify_error(None, exc.doc, usage=usage)
         if type(error) is not ProviderError:
             return error
     return ProviderError(f"the stream sent invalid data: {exc}", usage=usage)
@@ -293,11 +287,9 @@ def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple
             limit = limit or _positive(match.groupdict().get("l"))
     if prompt is None:
         # OpenRouter splits the prompt into text and tool input.
-        for pattern in _WINDOW_AND_OUTPUT:
-            match = pattern.search(text)
-            if match and "tool" in pattern.groupindex and match.group("input"):
-                prompt = int(match.group("input")) + int(match.group("tool") or 0)
-                break
+        match = _window_and_output(text)
+        if match and "tool" in match.re.groupindex and match.group("input"):
+            prompt = int(match.group("input")) + int(match.group("tool") or 0)
     return prompt, limit
 
 
@@ -352,20 +344,24 @@ def _is_rate_limit(status: int | None, info: ErrorInfo) -> bool:
     return status in (413, None) and bool(_RATE_LIMIT_WORDING.search(info.message))
 
 
+def _window_and_output(text: str) -> re.Match[str] | None:
+    """The first of the wordings that state both the window and the requested output."""
+    return next(filter(None, (pattern.search(text) for pattern in _WINDOW_AND_OUTPUT)), None)
+
+
 def _output_filling_window(text: str) -> tuple[int, int] | None:
     """``(window, output)`` when the message names both and the output alone fills the window."""
-    for pattern in _WINDOW_AND_OUTPUT:
-        match = pattern.search(text)
-        if match:
-            window, output = int(match.group("window")), int(match.group("output"))
-            return (window, output) if output >= window else None
-    return None
+    match = _window_and_output(text)
+    if match is None:
+        return None
+    window, output = int(match.group("window")), int(match.group("output"))
+    return (window, output) if output >= window else None
 
 
 def _overflow_verdict(status: int | None, info: ErrorInfo) -> str | None:
     """``"overflow"``, ``"parameter"`` (an output-cap error) or None (neither)."""
     text = info.searchable
-    if any(pattern.search(text) for pattern in _WINDOW_AND_OUTPUT):
+    if _window_and_output(text):
         # Input and requested output together exceed the window: an overflow (SPEC §7), also when
         # the output alone fills it (then no shrinking helps, and the message says why).
         return "overflow"

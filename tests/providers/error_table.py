@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from service.providers.base import ContextOverflow, ProviderError, RateLimited
-from service.providers.errors import classify_http_error, classify_stream_error
+from service.providers.errors import classify_error
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "provider_errors"
@@ -57,8 +57,8 @@ def load(path: Path) -> dict[str, Any]:
 def classify(fixture: dict[str, Any], *, now: float | None = None) -> ProviderError:
     """Classify a fixture's body the way the adapters would."""
     if fixture["in_stream"]:
-        return classify_stream_error(fixture["body"])
-    return classify_http_error(fixture["status"], fixture["body"], fixture["headers"], now=now)
+        return classify_error(None, fixture["body"])
+    return classify_error(fixture["status"], fixture["body"], fixture["headers"], now=now)
 
 
 def server_of(fixture: dict[str, Any]) -> str:

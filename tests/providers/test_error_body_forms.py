@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from service.providers.base import ContextOverflow, ModelUnavailable, ProviderError, RateLimited
-from service.providers.errors import classify_http_error, classify_stream_error
+from service.providers.errors import classify_error
 from tests.providers.test_error_classification import (
     CLASSES,
     MODEL_NOT_FOUND_PHRASINGS,
@@ -189,9 +189,9 @@ def test_a_phrasing_is_classified_alike_in_every_body_form(name: str, form: str)
     case = CASES[name]
     body = HTTP_FORMS[form](case["body"], case["status"])
     if case["in_stream"]:
-        error = classify_stream_error(body)
+        error = classify_error(None, body)
     else:
-        error = classify_http_error(case["status"], body, case["headers"], now=_classified_at(case))
+        error = classify_error(case["status"], body, case["headers"], now=_classified_at(case))
         assert error.status == case["status"]
     _check(name, form, case, error)
 
@@ -200,7 +200,7 @@ def test_a_phrasing_is_classified_alike_in_every_body_form(name: str, form: str)
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_phrasing_inside_the_stream_is_classified_alike_in_every_form(name: str, form: str) -> None:
     case = CASES[name]
-    _check(name, form, case, classify_stream_error(STREAM_FORMS[form](case["body"])))
+    _check(name, form, case, classify_error(None, STREAM_FORMS[form](case["body"])))
 
 
 def test_every_exception_is_a_real_case_and_form() -> None:
@@ -217,7 +217,7 @@ def test_sglangs_overflow_with_backslash_quote_escapes_is_an_overflow_with_its_c
     )
     with pytest.raises(ValueError):
         json.loads(body)
-    error = classify_http_error(400, body, {})
+    error = classify_error(400, body, {})
     assert type(error) is ContextOverflow
     assert (error.prompt_tokens, error.context_limit) == (61709, 40960)
     assert error.message.startswith("The input (61709 tokens) is longer than the model's context length")
@@ -238,14 +238,14 @@ def test_sglangs_overflow_with_backslash_quote_escapes_is_an_overflow_with_its_c
     ],
 )
 def test_the_message_of_a_body_that_does_not_parse_is_its_words_unescaped(body: str, message: str) -> None:
-    assert classify_http_error(500, body, {}).message == message
+    assert classify_error(500, body, {}).message == message
 
 
 def test_prose_around_a_printed_dict_still_decides_and_its_fields_still_count() -> None:
     body = "litellm.NotFoundError: Invalid model name passed in model=gpt-x - {'error': {'message': 'no'}}"
-    assert type(classify_http_error(400, body, {})) is ModelUnavailable
+    assert type(classify_error(400, body, {})) is ModelUnavailable
     quota = "Error code: 429 - {'error': {'message': 'Quota exceeded.', 'type': 'insufficient_quota'}}"
-    error = classify_http_error(429, quota, {})
+    error = classify_error(429, quota, {})
     assert isinstance(error, RateLimited) and error.quota_exhausted
 
 
@@ -253,5 +253,5 @@ def test_a_body_nested_without_end_is_read_as_text() -> None:
     body: Any = {"error": {"message": "prompt is too long: 9 tokens > 8 maximum"}}
     for _ in range(12):
         body = json.dumps(body)
-    error = classify_http_error(400, body, {})
+    error = classify_error(400, body, {})
     assert isinstance(error, ProviderError)  # bounded: no recursion error, whatever it concludes

@@ -17,7 +17,7 @@ from service.providers.base import (
     ProviderTimeout,
     RateLimited,
 )
-from service.providers.errors import classify_http_error, classify_stream_error, overflow_counts
+from service.providers.errors import classify_error, overflow_counts
 from service.providers.retry_after import parse_retry_after
 from tests.providers import error_table
 
@@ -91,8 +91,8 @@ def _classify(fixture: dict[str, Any]) -> ProviderError:
     if "classified_at" in fixture:
         now = datetime.datetime.fromisoformat(fixture["classified_at"].replace("Z", "+00:00")).timestamp()
     if fixture["in_stream"]:
-        return classify_stream_error(fixture["body"])
-    return classify_http_error(fixture["status"], fixture["body"], fixture["headers"], now=now)
+        return classify_error(None, fixture["body"])
+    return classify_error(fixture["status"], fixture["body"], fixture["headers"], now=now)
 
 
 def test_fixtures_exist_and_name_their_source() -> None:
@@ -211,27 +211,25 @@ def test_input_and_output_together_over_the_window_is_an_overflow_even_when_the_
 def test_the_issue_phrasings_are_overflows_with_their_counts() -> None:
     """Every phrasing in OVERFLOW_PHRASINGS, each through the classifier with a 400."""
     for message, prompt, limit in OVERFLOW_PHRASINGS:
-        error = classify_http_error(400, {"error": {"message": message}}, {})
+        error = classify_error(400, {"error": {"message": message}}, {})
         assert type(error) is ContextOverflow, message
         assert (error.prompt_tokens, error.context_limit) == (prompt, limit), message
 
 
 def test_model_not_found_variants_are_model_unavailable_whatever_the_status() -> None:
     for status, message in MODEL_NOT_FOUND_PHRASINGS:
-        error = classify_http_error(status, {"error": {"message": message}}, {})
+        error = classify_error(status, {"error": {"message": message}}, {})
         assert type(error) is ModelUnavailable, (status, message)
 
 
 def test_an_outage_that_names_the_model_is_not_a_missing_model() -> None:
-    error = classify_http_error(
-        503, {"error": {"message": "The model server is not available right now"}}, {}
-    )
+    error = classify_error(503, {"error": {"message": "The model server is not available right now"}}, {})
     assert type(error) is ProviderError
 
 
 def test_a_rate_limit_that_names_its_model_is_still_a_rate_limit() -> None:
     body = {"error": {"message": "Rate limit reached for model `x` … model not found in cache", "code": None}}
-    assert type(classify_http_error(429, body, {})) is RateLimited
+    assert type(classify_error(429, body, {})) is RateLimited
 
 
 def test_overflow_counts_come_from_the_error_fields_when_the_message_has_none() -> None:
@@ -246,13 +244,13 @@ def test_overflow_counts_come_from_the_error_fields_when_the_message_has_none() 
 
 
 def test_overflow_inside_a_stream_is_still_an_overflow_without_a_status() -> None:
-    error = classify_stream_error({"error": {"message": "prompt is too long: 5 tokens > 4 maximum"}})
+    error = classify_error(None, {"error": {"message": "prompt is too long: 5 tokens > 4 maximum"}})
     assert type(error) is ContextOverflow
     assert error.status is None
 
 
 def test_unrecognised_stream_error_is_a_plain_provider_error() -> None:
-    error = classify_stream_error("upstream went away")
+    error = classify_error(None, "upstream went away")
     assert type(error) is ProviderError
     assert error.message == "upstream went away"
 
@@ -261,34 +259,32 @@ def test_usage_reported_before_the_failure_is_kept_on_the_error() -> None:
     from service.providers.base import CallUsage
 
     usage = CallUsage(input_tokens=10, output_tokens=2, reported=True)
-    error = classify_http_error(500, {"error": {"message": "boom"}}, {}, usage=usage)
+    error = classify_error(500, {"error": {"message": "boom"}}, {}, usage=usage)
     assert error.usage == usage
 
 
 def test_an_ordinary_400_is_not_an_overflow() -> None:
-    error = classify_http_error(400, {"error": {"message": "Invalid value for 'tool_choice'."}}, {})
+    error = classify_error(400, {"error": {"message": "Invalid value for 'tool_choice'."}}, {})
     assert type(error) is ProviderError
     assert error.status == 400
 
 
 def test_overflow_wording_in_a_gateway_5xx_is_an_overflow_but_a_plain_5xx_is_not() -> None:
     # SPEC §7: an overflow is an overflow whatever the status, a gateway's 500/502 included.
-    error = classify_http_error(
+    error = classify_error(
         502, {"error": {"message": "upstream said: prompt is too long: 9 tokens > 8 maximum"}}, {}
     )
     assert type(error) is ContextOverflow
     assert (error.status, error.prompt_tokens, error.context_limit) == (502, 9, 8)
-    assert (
-        type(classify_http_error(500, {"error": {"message": "Internal Server Error"}}, {})) is ProviderError
-    )
+    assert type(classify_error(500, {"error": {"message": "Internal Server Error"}}, {})) is ProviderError
     # A bare "Payload Too Large" means a body-size limit only with the status that says so.
-    assert type(classify_http_error(500, "Payload Too Large", {})) is ProviderError
+    assert type(classify_error(500, "Payload Too Large", {})) is ProviderError
 
 
 def test_a_providers_408_is_its_own_error_not_the_side_requests_deadline() -> None:
     """SPEC 8's timeout is the side request's deadline (detail timeout_s, stage); a 408 is the
     provider's: provider_error with its status and words, while the request's own deadline has not passed."""
-    error = classify_http_error(408, {"error": {"message": "Request timed out."}}, {})
+    error = classify_error(408, {"error": {"message": "Request timed out."}}, {})
     assert type(error) is ProviderError and (error.status, error.message) == (408, "Request timed out.")
 
 
@@ -298,17 +294,17 @@ def test_a_providers_408_is_its_own_error_not_the_side_requests_deadline() -> No
 def test_a_404_that_names_no_model_is_a_wrong_endpoint_not_a_missing_model(body: object) -> None:
     """SPEC 7 counts a 404 *on the model* as model_unavailable; a route that is not there (a base URL
     with or without its /v1) is a provider error that says where to look."""
-    error = classify_http_error(404, body, {})
+    error = classify_error(404, body, {})
     assert type(error) is ProviderError and error.status == 404
     assert "SIDEQUEST_BASE_URL" in error.message
-    named = classify_http_error(404, {"error": {"message": "model 'x' not found"}}, {})
+    named = classify_error(404, {"error": {"message": "model 'x' not found"}}, {})
     assert type(named) is ModelUnavailable
 
 
 def test_413_without_rate_wording_is_an_overflow_but_with_it_a_rate_limit() -> None:
-    assert type(classify_http_error(413, "Payload Too Large", {})) is ContextOverflow
+    assert type(classify_error(413, "Payload Too Large", {})) is ContextOverflow
     tpm = {"error": {"message": "Request too large on tokens per minute (TPM): Limit 6000, Requested 9000"}}
-    assert type(classify_http_error(413, tpm, {})) is RateLimited
+    assert type(classify_error(413, tpm, {})) is RateLimited
 
 
 @pytest.mark.parametrize(
