@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Final
 
 # Why each number is what it is: docs/budget.md "The numbers".
@@ -56,9 +56,6 @@ class WindowPlan:
     max_output_tokens: int
     safety_margin: int
     input_budget: int
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 def plan_window(window: int, max_output_tokens: int) -> WindowPlan:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from service.budget import WindowPlan, plan_window, positive_setting, resolve_output_cap, resolve_window
@@ -138,7 +138,7 @@ async def prepare(rt: RequestRuntime) -> Prepared:
         # Until compaction says otherwise, every message of the snapshot goes verbatim.
         rt.info.context_summary.kept_messages = len(snapshot.messages)
     plan = plan_numbers(settings, session_settings, claimed.options, snapshot)
-    for name, value in plan.as_dict().items():
+    for name, value in asdict(plan).items():
         setattr(rt.info, name, value)
     if plan.input_budget <= 0:
         # Nothing can fit (SPEC §5: input budget = window − output cap − margin): say so before any
@@ -148,7 +148,7 @@ async def prepare(rt: RequestRuntime) -> Prepared:
             f"a {plan.window}-token window leaves no room for input once the {plan.max_output_tokens}"
             f"-token output cap and the {plan.safety_margin}-token safety margin are reserved; ask with a "
             "larger context_window or a smaller max_output_tokens",
-            plan.as_dict(),
+            asdict(plan),
         )
     rt.calibration = await rt.book.snapshot(models.answer)
     rt.summary_calibration = (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,7 +56,7 @@ def test_safety_margin_ceiling_of_8192() -> None:
 def test_default_plan() -> None:
     plan = plan_window(200_000, 8192)
     assert plan.input_budget == 200_000 - 8192 - 8192 == 183_616
-    assert plan.as_dict() == {
+    assert asdict(plan) == {
         "window": 200_000,
         "max_output_tokens": 8192,
         "safety_margin": 8192,
