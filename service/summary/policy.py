@@ -5,9 +5,7 @@ call after the last allowed one is never made.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -126,9 +124,9 @@ class CallReservation:
 class SummaryCaller:
     """Everything a side request's summary calls share, and one call with its retry.
 
-    ``deadline`` is an absolute ``clock()`` value (as for ``run_call``); ``window`` / ``safety_margin``
-    are the summary ``model``'s. ``on_sample`` receives one calibration sample per attempt (SPEC §5.1).
-    """
+    ``deadline`` is an absolute ``time.monotonic()`` value (as for ``run_call``); ``window`` /
+    ``safety_margin`` are the summary ``model``'s. ``on_sample`` receives one calibration sample per
+    attempt (SPEC §5.1)."""
 
     provider: Provider
     model: str
@@ -140,8 +138,6 @@ class SummaryCaller:
     safety_margin: int
     # A background job's id (SPEC §6.6): its calls carry X-Sidequest-Job-Id instead of a request id.
     job_id: str | None = None
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     now: Callable[[], str] = utc_iso  # a summary's created_at
     # The session's summary instructions (SPEC §11.2), in every summary and merge prompt.
     instructions: str | None = None
@@ -262,8 +258,6 @@ class SummaryCaller:
                 deadline=self.deadline,
                 before_attempt=take,
                 on_attempt=self.on_attempt,
-                clock=self.clock,
-                sleep=self.sleep,
             )
         except ProviderError as exc:
             # An overflow may state the prompt's count; another failure may have reported usage (§5.1).
