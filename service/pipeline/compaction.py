@@ -222,15 +222,11 @@ async def compact(
     key = snapshot.cache_key(until, model, version)
 
     def find_hit(entries: Sequence[CachedContextSummary]) -> tuple[CachedContextSummary, int] | None:
-        reuse = find_reusable(
-            snapshot.groups, entries, snapshot.digests, until, model=model, prompt_version=version
-        )
+        reuse = find_reusable(snapshot, entries, until, model=model, prompt_version=version)
         if isinstance(reuse, CacheHit):
             return reuse.entry, until
         if masked:
-            longer = covering_summary(
-                snapshot.groups, entries, snapshot.digests, until, model=model, prompt_version=version
-            )
+            longer = covering_summary(snapshot, entries, until, model=model, prompt_version=version)
             if longer is not None:
                 return longer.entry, longer.covered_messages
         return None
@@ -244,9 +240,7 @@ async def compact(
         return _reuse(entry, covered, max(covered, mask_until))
 
     if prefix_fit is not None:
-        grown = longest_cached_prefix(
-            snapshot.groups, cache, snapshot.digests, model=model, prompt_version=version
-        )
+        grown = longest_cached_prefix(snapshot, cache, model=model, prompt_version=version)
         if grown is not None and grown.covered_messages < until:
             grown_mask = prefix_fit(grown.entry, grown.covered_messages)
             if grown_mask is not None:

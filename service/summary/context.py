@@ -106,23 +106,21 @@ Reuse = CacheHit | PrefixReuse | CacheMiss
 
 
 def find_reusable(
-    groups: Sequence[MessageGroup],
+    prepared: PreparedSnapshot,
     cache_entries: Sequence[CachedContextSummary],
-    digests: Sequence[bytes],
     until: int,
     *,
     model: str,
     prompt_version: str = PROMPT_VERSION,
 ) -> Reuse:
-    """The best cached summary for the transcript's first ``until`` messages (``digests``: its prefix
-    digests): the exact key (:class:`CacheHit`), else the entry covering the *longest* non-empty shorter
-    prefix that ends on a group boundary of this transcript (:class:`PrefixReuse`), else
-    :class:`CacheMiss`."""
-    exact = _cached_prefixes(cache_entries, {until}, digests, model=model, prompt_version=prompt_version)
+    """The best cached summary for ``prepared.messages[:until]``: the exact key (:class:`CacheHit`),
+    else the entry covering the *longest* non-empty shorter prefix that ends on a group boundary of
+    this transcript (:class:`PrefixReuse`), else :class:`CacheMiss`."""
+    exact = _cached_prefixes(prepared, cache_entries, {until}, model=model, prompt_version=prompt_version)
     if exact:
         return CacheHit(exact[-1].entry)  # a later entry of the same key stands for an earlier one
-    boundaries = {g.start for g in groups if 0 < g.start < until}
-    found = _cached_prefixes(cache_entries, boundaries, digests, model=model, prompt_version=prompt_version)
+    boundaries = {g.start for g in prepared.groups if 0 < g.start < until}
+    found = _cached_prefixes(prepared, cache_entries, boundaries, model=model, prompt_version=prompt_version)
     return max(found, key=lambda reuse: reuse.covered_messages, default=CacheMiss())
 
 
@@ -188,9 +186,9 @@ async def warm_snapshot_pieces(prepared: PreparedSnapshot, slice_groups: int = W
 
 
 def _cached_prefixes(
+    prepared: PreparedSnapshot,
     cache_entries: Sequence[CachedContextSummary],
     boundaries: set[int],
-    digests: Sequence[bytes],
     *,
     model: str,
     prompt_version: str,
@@ -198,6 +196,7 @@ def _cached_prefixes(
     """The entries that summarise this transcript's prefix of their length, among the lengths in
     ``boundaries`` (group boundaries: a tool call and its results are never split between a cached
     summary and what follows it)."""
+    digests = prepared.digests
     return [
         PrefixReuse(entry, entry.covered_messages)
         for entry in cache_entries
@@ -208,24 +207,22 @@ def _cached_prefixes(
 
 
 def longest_cached_prefix(
-    groups: Sequence[MessageGroup],
+    prepared: PreparedSnapshot,
     cache_entries: Sequence[CachedContextSummary],
-    digests: Sequence[bytes],
     *,
     model: str,
     prompt_version: str = PROMPT_VERSION,
 ) -> PrefixReuse | None:
     """The cached summary covering the longest prefix of the transcript (ending on a group boundary,
     shorter than the whole transcript), whatever the cut: SPEC §6.7's "grown snapshot" candidate."""
-    boundaries = {g.start for g in groups if g.start > 0}
-    found = _cached_prefixes(cache_entries, boundaries, digests, model=model, prompt_version=prompt_version)
+    boundaries = {g.start for g in prepared.groups if g.start > 0}
+    found = _cached_prefixes(prepared, cache_entries, boundaries, model=model, prompt_version=prompt_version)
     return max(found, key=lambda reuse: reuse.covered_messages, default=None)
 
 
 def covering_summary(
-    groups: Sequence[MessageGroup],
+    prepared: PreparedSnapshot,
     cache_entries: Sequence[CachedContextSummary],
-    digests: Sequence[bytes],
     until: int,
     *,
     model: str,
@@ -234,8 +231,8 @@ def covering_summary(
     """The cached summary covering the *shortest* prefix of at least ``until`` messages (ending on a
     group boundary): with masking on, one made for a longer question covers a shorter one's needs as
     well (what it summarised beyond them is masked or verbatim in the other's plan, never both)."""
-    boundaries = {g.start for g in groups if g.start >= until} | {len(digests) - 1}
-    found = _cached_prefixes(cache_entries, boundaries, digests, model=model, prompt_version=prompt_version)
+    boundaries = {g.start for g in prepared.groups if g.start >= until} | {len(prepared.digests) - 1}
+    found = _cached_prefixes(prepared, cache_entries, boundaries, model=model, prompt_version=prompt_version)
     return min(found, key=lambda reuse: reuse.covered_messages, default=None)
 
 
@@ -256,12 +253,7 @@ async def compact_snapshot(
     artifact trail (§6.9). Raises the summary / provider errors of the runner."""
     until = cut_plan.summarize_until
     reuse = find_reusable(
-        prepared.groups,
-        cache_entries,
-        prepared.digests,
-        until,
-        model=runner.model,
-        prompt_version=runner.prompt_version,
+        prepared, cache_entries, until, model=runner.model, prompt_version=runner.prompt_version
     )
 
     async def report(outcome: CacheOutcome, **extra: Any) -> None:

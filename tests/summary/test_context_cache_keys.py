@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.budget import group_messages
-from service.budget.prepared import prefix_digests, prepare_snapshot
+from service.budget.prepared import prepare_snapshot
 from service.summary.context import (
     CachedContextSummary,
     CacheHit,
@@ -30,9 +29,7 @@ def _reuse(
     messages: list[dict[str, Any]], until: int, entries: list[CachedContextSummary], model: str = "m"
 ) -> Reuse:
     """find_reusable for ``messages[:until]`` of this transcript."""
-    return find_reusable(
-        group_messages(messages), entries, prefix_digests(messages[:until]), until, model=model
-    )
+    return find_reusable(prepare_snapshot({"messages": messages}), entries, until, model=model)
 
 
 def prefix_key(messages: list[dict[str, Any]], model: str, prompt_version: str = PROMPT_VERSION) -> str:
