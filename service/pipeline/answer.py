@@ -223,7 +223,7 @@ async def _shrink(
         elif context.summary is not None and cut.summarize_until <= context.kept_from:
             await rt.progress(vocabulary.compaction_refused("no_further_cut"), defer=True)
         else:
-            context = await compact(rt, prepared, cut, masked=prepared.mask_tool_results)
+            context = await compact(rt, prepared, cut.summarize_until, masked=prepared.mask_tool_results)
             record_compaction(rt, context, snapshot)
             changed = True
     if not changed:

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from service.budget import HISTORY_BATCH_SIZE, Calibration, CutRefusal
-from service.budget.cut import cut_at
 from service.budget.ladder import NONE, SUMMARY, decide, snapshot_room
 from service.pipeline.calibration import CalibrationBook
 from service.pipeline.failures import error_object
@@ -184,8 +183,7 @@ async def _context_summary(
         # A question on it needs no summary (it fits, or masking alone makes it fit): none is made.
         reason = "not_needed" if decision.tier == NONE else "masking_is_enough"
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": reason})
-    cut = cut_at(snapshot.groups, decision.summarize_until)
-    until = cut.summarize_until
+    until = snapshot.boundary(decision.summarize_until)
     summarizer = runner(plan.window, plan.safety_margin)
     key = snapshot.cache_key(until, summarizer.model, summarizer.prompt_version)
     cache = parse_cache(job.memory.get("context_summaries") or [])
@@ -199,7 +197,7 @@ async def _context_summary(
             )
     started = time.monotonic()
     result = await compact_snapshot(
-        summarizer, snapshot_id, snapshot, cut, cache, snapshot.taken_at, masked=mask
+        summarizer, snapshot_id, snapshot, until, cache, snapshot.taken_at, masked=mask
     )
     # Never a hit: an entry under this key returned "cached" above.
     assert result.new_entry is not None

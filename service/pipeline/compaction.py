@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service import vocabulary
-from service.budget import RECENT_BUDGET_TOKENS, CutPlan, CutRefusal
-from service.budget.cut import cut_at
+from service.budget import RECENT_BUDGET_TOKENS, CutRefusal
 from service.budget.estimate import estimate_text
 from service.budget.fidelity import measure_fidelity
 from service.budget.ladder import (
@@ -141,7 +140,7 @@ async def compact_snapshot_copy(
         plan = await compact(
             rt,
             prepared,
-            cut_at(snapshot.groups, decision.summarize_until),
+            snapshot.boundary(decision.summarize_until),
             masked=mask,
             mask_until=snapshot.boundary(decision.mask_until) if mask else 0,
             prefix_fit=prefix_fit,
@@ -202,18 +201,17 @@ def _reuse(
 async def compact(
     rt: RequestRuntime,
     prepared: Prepared,
-    cut: CutPlan,
+    until: int,
     *,
     masked: bool,
     mask_until: int = 0,
     prefix_fit: PrefixFit | None = None,
 ) -> ContextPlan:
-    """Summarise the messages before ``cut`` (``masked``: in their masked form, with a trail, those up to
+    """Summarise the messages before ``until`` (``masked``: in their masked form, with a trail, those up to
     ``mask_until`` after it masked), or reuse a summary that serves; ``prefix_fit`` None: overflow
     recovery, where no shorter prefix serves. The caller records the plan (:func:`record_compaction`)."""
     snapshot = prepared.snapshot
     assert snapshot is not None
-    until = cut.summarize_until
     mask_until = max(until, mask_until)
     runner = rt.summary_runner(prepared)
     model = runner.model
@@ -283,7 +281,7 @@ async def compact(
                     return _reuse(entry, covered, max(covered, mask_until), waited_ms)
         async with registered(rt, JobKind.CONTEXT_SUMMARY, key) as mine:
             if mine or attempt == 1 or not rt.deps.settings.background_on:
-                result = await _make(rt, prepared, runner, cut, cache, masked=masked)
+                result = await _make(rt, prepared, runner, until, cache, masked=masked)
                 return ContextPlan(
                     summary=result.new_entry,
                     kept_from=until,
@@ -301,7 +299,7 @@ async def _make(
     rt: RequestRuntime,
     prepared: Prepared,
     runner: SummaryRunner,
-    cut: CutPlan,
+    until: int,
     cache: Sequence[CachedContextSummary],
     *,
     masked: bool,
@@ -311,7 +309,7 @@ async def _make(
     before = runner.attempts_made
     try:
         result = await compact_snapshot(
-            runner, prepared.claimed.snapshot_id, snapshot, cut, cache, prepared.context_time, masked=masked
+            runner, prepared.claimed.snapshot_id, snapshot, until, cache, prepared.context_time, masked=masked
         )
     except BaseException:
         if rt.info.context_summary is not None:  # a failed compaction's record counts its calls too

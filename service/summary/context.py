@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from service import vocabulary
-from service.budget import CutPlan, MessageGroup, estimate_text
+from service.budget import MessageGroup, estimate_text
 from service.budget.prepared import PreparedSnapshot, summary_cache_key
 from service.budget.trail import render_trail
 from service.summary.document import Provenance, SummaryDocument, render_summary
@@ -240,18 +240,17 @@ async def compact_snapshot(
     runner: SummaryRunner,
     snapshot_id: str | None,
     prepared: PreparedSnapshot,
-    cut_plan: CutPlan,
+    until: int,
     cache_entries: Sequence[CachedContextSummary],
     context_time: str | None,
     *,
     masked: bool = False,
 ) -> ContextCompaction:
-    """Summarise ``prepared.messages[:cut_plan.summarize_until]``, reusing the cache: a hit makes no
+    """Summarise ``prepared.messages[:until]`` (a group boundary), reusing the cache: a hit makes no
     call, a prefix summarises only the messages after it, a miss everything before the cut. The
     transcript pieces are rendered at most once per snapshot (:func:`snapshot_pieces`). ``masked``: the
     summarised groups go in their masked form (SPEC §6.2 tier 2), and the new entry carries their
     artifact trail (§6.9). Raises the summary / provider errors of the runner."""
-    until = cut_plan.summarize_until
     reuse = find_reusable(
         prepared, cache_entries, until, model=runner.model, prompt_version=runner.prompt_version
     )

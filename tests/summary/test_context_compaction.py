@@ -105,7 +105,9 @@ async def test_a_300k_character_chinese_and_code_snapshot_is_summarised_chunk_by
     capacity = runner.capacity("context")
 
     prepared = prepare_snapshot({"messages": messages})
-    result = await compact_snapshot(runner, "snap-1", prepared, plan, [], "2026-11-29T10:00:00Z")
+    result = await compact_snapshot(
+        runner, "snap-1", prepared, plan.summarize_until, [], "2026-11-29T10:00:00Z"
+    )
 
     requests = server.requests("context_summary")
     assert result.cache == "miss"
@@ -169,10 +171,10 @@ def _prepared(messages: list[dict[str, Any]]) -> PreparedSnapshot:
     return prepare_snapshot({"messages": messages})
 
 
-def _plan(messages: list[dict[str, Any]]) -> CutPlan:
+def _until(messages: list[dict[str, Any]]) -> int:
     plan = plan_cut(group_messages(messages))
     assert isinstance(plan, CutPlan)
-    return plan
+    return plan.summarize_until
 
 
 async def test_the_same_content_costs_no_summary_call_the_second_time(
@@ -180,7 +182,7 @@ async def test_the_same_content_costs_no_summary_call_the_second_time(
 ) -> None:
     server.respond("context_summary", merging_summariser)
     messages = _small_snapshot(30)
-    first = await compact_snapshot(make_runner(), "snap-a", _prepared(messages), _plan(messages), [], None)
+    first = await compact_snapshot(make_runner(), "snap-a", _prepared(messages), _until(messages), [], None)
     assert first.cache == "miss" and first.calls == 1 and first.new_entry is not None
     calls = len(server.requests())
 
@@ -188,7 +190,7 @@ async def test_the_same_content_costs_no_summary_call_the_second_time(
     import copy
 
     again = await compact_snapshot(
-        make_runner(), "snap-b", _prepared(copy.deepcopy(messages)), _plan(messages), [first.new_entry], None
+        make_runner(), "snap-b", _prepared(copy.deepcopy(messages)), _until(messages), [first.new_entry], None
     )
     assert again.cache == "hit" and again.calls == 0 and again.chunks == 0 and again.new_entry is None
     assert len(server.requests()) == calls
@@ -202,11 +204,11 @@ async def test_other_content_never_reuses_a_summary(
 ) -> None:
     server.respond("context_summary", merging_summariser)
     messages = _small_snapshot(30)
-    first = await compact_snapshot(make_runner(), "snap-a", _prepared(messages), _plan(messages), [], None)
+    first = await compact_snapshot(make_runner(), "snap-a", _prepared(messages), _until(messages), [], None)
     assert first.new_entry is not None
     other = _small_snapshot(30, tag="-other")
     result = await compact_snapshot(
-        make_runner(), "snap-c", _prepared(other), _plan(other), [first.new_entry], None
+        make_runner(), "snap-c", _prepared(other), _until(other), [first.new_entry], None
     )
     assert result.cache == "miss" and result.calls == 1
     assert len(server.requests("context_summary")) == 2
@@ -221,7 +223,7 @@ async def test_an_extended_snapshot_reuses_the_common_prefix_and_summarises_only
 ) -> None:
     server.respond("context_summary", merging_summariser)
     base = _small_snapshot(30)
-    first = await compact_snapshot(make_runner(), "snap-1", _prepared(base), _plan(base), [], None)
+    first = await compact_snapshot(make_runner(), "snap-1", _prepared(base), _until(base), [], None)
     assert first.new_entry is not None
     covered = first.new_entry.covered_messages
 
@@ -235,23 +237,23 @@ async def test_an_extended_snapshot_reuses_the_common_prefix_and_summarises_only
             for i in range(12)
         ],
     ]
-    plan = _plan(extended)
-    assert plan.summarize_until > covered
+    until = _until(extended)
+    assert until > covered
     progress: list[dict[str, Any]] = []
     prepared = _prepared(extended)
     result = await compact_snapshot(
-        make_runner(progress=progress), "snap-2", prepared, plan, [first.new_entry], None
+        make_runner(progress=progress), "snap-2", prepared, until, [first.new_entry], None
     )
 
     assert result.cache == "prefix" and result.calls == 1
     last = server.requests("context_summary")[-1]
     assert len(server.requests("context_summary")) == 2
     # Only the new messages are material; the cached document is the previous summary.
-    assert material_of(last) == render_messages(extended[covered : plan.summarize_until], covered)
+    assert material_of(last) == render_messages(extended[covered:until], covered)
     assert "FACT: the task id is T-main" not in material_of(last)
     assert "the task id is T-main" in (previous_of(last) or "")
     assert "the task id is T-main" in result.document.decisions
     assert any(p.get("cache") == "prefix" for p in progress)
     assert result.new_entry is not None
-    assert result.new_entry.key == prepared.cache_key(plan.summarize_until, MODEL, PROMPT_VERSION)
-    assert result.new_entry.provenance.message_range == (0, plan.summarize_until)
+    assert result.new_entry.key == prepared.cache_key(until, MODEL, PROMPT_VERSION)
+    assert result.new_entry.provenance.message_range == (0, until)

@@ -321,7 +321,9 @@ async def test_a_context_compaction_counts_material_chunks_and_every_call(
     cut = plan_cut(group_messages(messages))
     assert isinstance(cut, CutPlan)
     runner = make_runner(window=20_000, parallelism=4)
-    result = await compact_snapshot(runner, "snap-1", prepare_snapshot({"messages": messages}), cut, [], None)
+    result = await compact_snapshot(
+        runner, "snap-1", prepare_snapshot({"messages": messages}), cut.summarize_until, [], None
+    )
     chunk_requests = [r for r in server.requests() if is_chunk(r)]
     assert result.chunks == len(chunk_requests) >= 2
     assert result.calls == len(server.requests()) == result.chunks + 2  # one merge, and its one retry
@@ -379,7 +381,9 @@ async def test_a_fold_and_a_compaction_of_one_request_run_at_once_on_one_budget(
     assert isinstance(cut, CutPlan) and cut.summarize_until == 3, cut
     folded, compaction = await asyncio.gather(
         fold_qa(fold_runner, None, [[_pair(1)], [_pair(2)]], None),
-        compact_snapshot(runner, "snap-1", prepare_snapshot({"messages": snapshot}), cut, [], None),
+        compact_snapshot(
+            runner, "snap-1", prepare_snapshot({"messages": snapshot}), cut.summarize_until, [], None
+        ),
     )
     assert server.gate_timeouts == 0
     qa = server.requests("qa_summary")
