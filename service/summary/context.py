@@ -43,13 +43,10 @@ class CachedContextSummary:
     # deterministic, so it is cached with the summary it follows.
     trail: str | None = None
 
-    def rendered(self) -> str:
-        """The summary as prompt text (provenance header + body)."""
-        return render_summary(self.document, self.provenance)
-
     def prompt_text(self) -> str:
-        """What stands for the summarised messages in the answer request: the summary, then its trail."""
-        rendered = self.rendered()
+        """What stands for the summarised messages in the answer request: the summary (provenance
+        header + body), then its trail."""
+        rendered = render_summary(self.document, self.provenance)
         return f"{rendered}\n\n{self.trail}" if self.trail else rendered
 
     def to_json(self) -> dict[str, Any]:
