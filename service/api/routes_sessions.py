@@ -243,10 +243,9 @@ async def put_snapshot(
         session_row = await lock_or_create_session(tx, tenant, parent_id)
         stored = await store_snapshot(
             tx,
-            session_row.id,
+            session_row,
             snapshot_id,
             content,
-            session_row=session_row,
             jobs=_snapshot_jobs(request),
             encoded=encoded,
             prepared=prepared,

@@ -196,10 +196,9 @@ async def _admit_in_transaction(
         own_id = admission.snapshot.get("snapshot_id")
         stored = await store_snapshot(
             tx,
-            session_row.id,
+            session_row,
             own_id if isinstance(own_id, str) and own_id else None,
             admission.snapshot,
-            session_row=session_row,
             jobs=admission.snapshot_jobs,
             encoded=admission.snapshot_encoding,
             prepared=admission.snapshot_prepared,
