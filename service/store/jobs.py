@@ -237,7 +237,7 @@ async def requeue_job(
     return True
 
 
-async def count_calls(tx: Executor, job_id: uuid.UUID, n: int = 1) -> None:
+async def count_calls(tx: Executor, job_id: uuid.UUID, n: int) -> None:
     """``n`` more calls started by a running job: a clear that cancels it mid-call reports the calls
     in flight (their usage arrives when they end)."""
     await execute(tx, queries.count_job_calls, {"id": job_id, "n": n})
