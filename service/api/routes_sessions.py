@@ -3,6 +3,7 @@ overview, its stream."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -250,7 +251,7 @@ async def put_snapshot(
             encoded=encoded,
             prepared=prepared,
         )
-    return JSONResponse(stored.public(), status_code=201 if stored.created else 200)
+    return JSONResponse(asdict(stored), status_code=201 if stored.created else 200)
 
 
 def _prepare_snapshot(request: Request, content: dict[str, Any]) -> tuple[EncodedSnapshot, PreparedSnapshot]:

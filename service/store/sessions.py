@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -267,7 +267,7 @@ def expected_numbers(
 
 @dataclass(frozen=True)
 class StoredSnapshot:
-    """What a snapshot write or read reports back (never the content itself); its API view."""
+    """What a snapshot write or read reports back (never the content itself): the API's answer."""
 
     snapshot_id: str
     content_hash: str
@@ -275,9 +275,6 @@ class StoredSnapshot:
     size_bytes: int
     created_at: str
     created: bool
-
-    def public(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def posted_json(content: dict[str, Any], encoded: EncodedSnapshot) -> str:
