@@ -117,7 +117,6 @@ class ContextInfo(_Open):
         return cls(
             stage=Stage.PREPARING,
             replayed_groups=0,
-            replayed_ordinals=None,
             qa_summary=QASummaryInfo(),
             context_summary=ContextSummaryInfo(),
             summary_calls=0,

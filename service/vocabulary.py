@@ -103,14 +103,10 @@ def iso_or_none(moment: datetime | None) -> str | None:
 _CANONICAL: Final = c_make_encoder(None, str, encode_basestring, None, ":", ",", True, False, True)
 
 
-def canonical_json(value: Any) -> str:
-    """Key-sorted compact JSON: equal documents give equal text whatever their key order."""
-    return "".join(_CANONICAL(value, 0))
-
-
 def canonical_bytes(value: Any) -> bytes:
-    """:func:`canonical_json` as UTF-8 bytes (what content digests hash)."""
-    return canonical_json(value).encode()
+    """Key-sorted compact JSON as UTF-8 (what content digests hash): equal documents give equal bytes
+    whatever their key order."""
+    return "".join(_CANONICAL(value, 0)).encode()
 
 
 def content_hash(value: Any) -> str:

@@ -35,7 +35,7 @@ from service.api.fast_admission import AdmissionFastPath
 from service.api.in_process import InProcessWorker
 from service.api.metrics import Metrics
 from service.api.routes_common import errors
-from service.api.stream_tokens import StreamTokens, stream_secret
+from service.api.stream_tokens import stream_secret
 from service.api.strict_input import StrictJsonBodies, Utf8Paths
 from service.archive.schema import OPENAPI_REFS, storable_json_defs
 from service.config import Settings
@@ -191,7 +191,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     app.state.settings = settings
     app.state.hub = hub
     app.state.in_process_worker = InProcessWorker()
-    app.state.stream_tokens = StreamTokens(stream_secret(settings))
+    app.state.stream_secret = stream_secret(settings)
     app.state.metrics = Metrics(lambda: hub.streams, calibration_on=settings.calibration_on)
     install_error_handlers(app)
     access_log = logging.getLogger("uvicorn.access")

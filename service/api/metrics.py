@@ -18,8 +18,7 @@ from prometheus_client.registry import Collector
 
 from service.budget import Calibration
 from service.store.db import Database
-from service.store.jobs import JobStats, read_job_stats
-from service.store.stats import RequestStats, read_request_stats
+from service.store.stats import JobStats, RequestStats, read_job_stats, read_request_stats
 from service.vocabulary import TERMINAL, Status
 
 log = logging.getLogger(__name__)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -96,4 +97,4 @@ async def restore_session_archive(
     archive = parse_archive(load_archive_json(body), max_question_bytes=settings.max_question_bytes)
     async with tx.begin():
         result = await restore_archive(tx, tenant, parent_id, archive, replace=mode == "replace")
-    return ArchiveRestored(**result.as_json())
+    return ArchiveRestored(**asdict(result))

@@ -13,7 +13,7 @@ from service.api.errors import ApiError, validation_error
 from service.api.event_hub import EventHub
 from service.api.schemas import ErrorBody
 from service.api.sse_response import SEND_TIMEOUT_S, StreamResponse
-from service.api.stream_tokens import StreamTokens
+from service.api.stream_tokens import check_token, issue_token
 from service.archive.model import NO_NUL
 from service.vocabulary import MAX_PARENT_ID_CHARS, UNSTORABLE_TEXT, unstorable_reason, utc_iso
 
@@ -69,8 +69,7 @@ def stream_tenant(request: Request, bearer: str | None, token: str | None, strea
     if bearer is not None:
         return bearer
     if token:
-        tokens: StreamTokens = request.app.state.stream_tokens
-        tenant = tokens.check(token, stream)
+        tenant = check_token(request.app.state.stream_secret, token, stream)
         if tenant is not None:
             return tenant
         raise unauthorized("the stream token is invalid, expired, or for another stream")
@@ -93,8 +92,7 @@ AfterParam = Annotated[
 
 def stream_token_response(request: Request, tenant: str, stream: str, url: str) -> JSONResponse:
     """Issue a 10-minute token for one stream and answer ``{token, expires_at, url}`` (SPEC §4)."""
-    tokens: StreamTokens = request.app.state.stream_tokens
-    token, expires = tokens.issue(tenant, stream)
+    token, expires = issue_token(request.app.state.stream_secret, tenant, stream)
     return JSONResponse(
         {
             "token": token,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
@@ -19,20 +18,12 @@ STYLE_SLOT = "/* inspector.css */"
 SCRIPT_SLOT = "/* inspector.js */"
 
 
-@dataclass(frozen=True)
-class Page:
-    """The assembled document and the policy that goes with it."""
-
-    html: str
-    csp: str
-
-
 def _sha256(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
 
 
 @cache
-def inspector_page() -> Page:
+def inspector_page() -> tuple[str, str]:
     """The inspector document with its CSS and JS inlined, and its Content-Security-Policy."""
     static = resources.files("service.api") / "static"
     html = (static / "inspector.html").read_text(encoding="utf-8")
@@ -57,17 +48,17 @@ def inspector_page() -> Page:
             "frame-ancestors 'none'",
         ]
     )
-    return Page(html=html, csp=csp)
+    return html, csp
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=True, summary="Inspector page")
 async def inspector() -> Response:
     """The inspector page (SPEC §12): sessions, history, budgets, stages and live answers."""
-    page = inspector_page()
+    html, csp = inspector_page()
     return HTMLResponse(
-        page.html,
+        html,
         headers={
-            "Content-Security-Policy": page.csp,
+            "Content-Security-Policy": csp,
             "X-Content-Type-Options": "nosniff",
             "Referrer-Policy": "no-referrer",
             "Cache-Control": "no-cache",

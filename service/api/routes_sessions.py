@@ -3,6 +3,7 @@ overview, its stream."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -243,15 +244,14 @@ async def put_snapshot(
         session_row = await lock_or_create_session(tx, tenant, parent_id)
         stored = await store_snapshot(
             tx,
-            session_row.id,
+            session_row,
             snapshot_id,
             content,
-            session_row=session_row,
             jobs=_snapshot_jobs(request),
             encoded=encoded,
             prepared=prepared,
         )
-    return JSONResponse(stored.public(), status_code=201 if stored.created else 200)
+    return JSONResponse(asdict(stored), status_code=201 if stored.created else 200)
 
 
 def _prepare_snapshot(request: Request, content: dict[str, Any]) -> tuple[EncodedSnapshot, PreparedSnapshot]:

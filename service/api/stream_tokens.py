@@ -45,36 +45,32 @@ def session_stream(parent_id: str) -> str:
     return f"s:{parent_id}"
 
 
-class StreamTokens:
-    """Issues and checks stream tokens with one secret."""
+def _sign(secret: bytes, payload: bytes) -> bytes:
+    return hmac.new(secret, payload, hashlib.sha256).digest()
 
-    def __init__(self, secret: bytes) -> None:
-        self._secret = secret
 
-    def _sign(self, payload: bytes) -> bytes:
-        return hmac.new(self._secret, payload, hashlib.sha256).digest()
+def issue_token(secret: bytes, tenant: str, stream: str, now: float | None = None) -> tuple[str, int]:
+    """A token for ``stream`` of ``tenant`` and its expiry (unix seconds)."""
+    expires = int((now if now is not None else time.time()) + TOKEN_TTL_S)
+    payload = json.dumps({"t": tenant, "s": stream, "e": expires}, separators=(",", ":")).encode()
+    return f"{_b64(payload)}.{_b64(_sign(secret, payload))}", expires
 
-    def issue(self, tenant: str, stream: str, now: float | None = None) -> tuple[str, int]:
-        """A token for ``stream`` of ``tenant`` and its expiry (unix seconds)."""
-        expires = int((now if now is not None else time.time()) + TOKEN_TTL_S)
-        payload = json.dumps({"t": tenant, "s": stream, "e": expires}, separators=(",", ":")).encode()
-        return f"{_b64(payload)}.{_b64(self._sign(payload))}", expires
 
-    def check(self, token: str, stream: str, now: float | None = None) -> str | None:
-        """The tenant of ``token`` when it is genuine, unexpired and for ``stream``; None otherwise."""
-        try:
-            payload_part, signature_part = token.split(".", 1)
-            payload = _unb64(payload_part)
-            signature = _unb64(signature_part)
-        except (ValueError, UnicodeError):
-            return None
-        if not hmac.compare_digest(signature, self._sign(payload)):
-            return None
-        try:
-            data = json.loads(payload)
-            tenant, granted, expires_at = str(data["t"]), str(data["s"]), int(data["e"])
-        except (ValueError, KeyError, TypeError):
-            return None
-        if granted != stream or expires_at < (now if now is not None else time.time()):
-            return None
-        return tenant
+def check_token(secret: bytes, token: str, stream: str, now: float | None = None) -> str | None:
+    """The tenant of ``token`` when it is genuine, unexpired and for ``stream``; None otherwise."""
+    try:
+        payload_part, signature_part = token.split(".", 1)
+        payload = _unb64(payload_part)
+        signature = _unb64(signature_part)
+    except (ValueError, UnicodeError):
+        return None
+    if not hmac.compare_digest(signature, _sign(secret, payload)):
+        return None
+    try:
+        data = json.loads(payload)
+        tenant, granted, expires_at = str(data["t"]), str(data["s"]), int(data["e"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    if granted != stream or expires_at < (now if now is not None else time.time()):
+        return None
+    return tenant

@@ -122,12 +122,13 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
         with contextlib.suppress(Exception):  # best effort: the failure itself is what must land
             await rt.flush()  # the stages it reached come before its end (after a background flush)
         async with rt.db.connection() as conn, transaction(conn):
-            written = await terminal.finish_failed(
+            ended = await terminal.finish_request(
                 conn,
                 rt.claimed.id,
-                rt.owner,
+                status=Status.FAILED,
+                owner=rt.owner,
                 error=error,
                 model=rt.answer_model,
                 context_info=rt.info.to_json(),
             )
-        return Outcome(Status.FAILED if written else "lost", error=error)
+        return Outcome(Status.FAILED if ended else "lost", error=error)

@@ -161,15 +161,12 @@ def _outcome(result: AdmitResult, parent_id: str, snapshot_id: str | None) -> Ad
 
 
 async def admit(
-    db: Database | AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
+    db: Database, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
-    """Admit one question and commit it: given the :class:`Database`, one round trip (shared with the
-    admissions waiting beside it, ``db.admissions``); with an inline snapshot, or given an
-    ``AsyncSession``, the snapshot stored first and the same SQL function in that transaction. A
-    refusal (raised) writes nothing, not even a session for a first request."""
+    """Admit one question and commit it: one round trip (shared with the admissions waiting beside it,
+    ``db.admissions``); with an inline snapshot, the snapshot stored first and the same SQL function
+    in that transaction. A refusal (raised) writes nothing, not even a session for a first request."""
     try:
-        if isinstance(db, AsyncSession):
-            return await _admit_in_transaction(db, tenant, parent_id, admission, max_queued=max_queued)
         if admission.snapshot is not None:
             async with db.sessions() as tx, tx.begin():
                 return await _admit_in_transaction(tx, tenant, parent_id, admission, max_queued=max_queued)
@@ -196,10 +193,9 @@ async def _admit_in_transaction(
         own_id = admission.snapshot.get("snapshot_id")
         stored = await store_snapshot(
             tx,
-            session_row.id,
+            session_row,
             own_id if isinstance(own_id, str) and own_id else None,
             admission.snapshot,
-            session_row=session_row,
             jobs=admission.snapshot_jobs,
             encoded=admission.snapshot_encoding,
             prepared=admission.snapshot_prepared,

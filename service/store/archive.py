@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -62,9 +62,6 @@ class RestoreResult:
     replaced: int
     next_ordinal: int
     clear_version: int
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 async def _ordinals_of(tx: AsyncSession, session_id: uuid.UUID, ids: set[str]) -> dict[str, int]:

@@ -237,7 +237,7 @@ async def requeue_job(
     return True
 
 
-async def count_calls(tx: Executor, job_id: uuid.UUID, n: int = 1) -> None:
+async def count_calls(tx: Executor, job_id: uuid.UUID, n: int) -> None:
     """``n`` more calls started by a running job: a clear that cancels it mid-call reports the calls
     in flight (their usage arrives when they end)."""
     await execute(tx, queries.count_job_calls, {"id": job_id, "n": n})
@@ -312,21 +312,3 @@ async def background_overviews(
         usage["calls"] = calls
         result[row.session_id] = {"jobs": counts, "usage": usage}
     return result
-
-
-@dataclass(frozen=True)
-class JobStats:
-    """``/metrics``: background jobs by kind and outcome, their calls and tokens."""
-
-    by_outcome: list[tuple[str, str, int]]
-    calls: list[tuple[str, str, int]]
-    tokens: list[tuple[str, str, int]]
-
-
-async def read_job_stats(tx: AsyncSession) -> JobStats:
-    """The scrape queries for background jobs (no tenant data)."""
-    return JobStats(
-        by_outcome=[(r.kind, r.status, int(r.n)) for r in await tx.execute(queries.job_outcomes)],
-        calls=[(r.kind, r.status, int(r.n)) for r in await tx.execute(queries.job_calls)],
-        tokens=[(r.kind, r.direction, int(r.n)) for r in await tx.execute(queries.job_tokens)],
-    )

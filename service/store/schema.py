@@ -56,12 +56,7 @@ async def readiness(db: Database) -> tuple[str | None, bool]:
     """``(revision, accepts writes)`` on one connection: the schema's revision (None when never
     migrated) and whether a transaction opened now could write (false on a standby, or while
     ``default_transaction_read_only`` is on)."""
-    async with asyncio.timeout(READINESS_TIMEOUT_S):
-        return await _readiness(db)
-
-
-async def _readiness(db: Database) -> tuple[str | None, bool]:
-    async with db.engine.connect() as conn:
+    async with asyncio.timeout(READINESS_TIMEOUT_S), db.engine.connect() as conn:
         row = (await conn.execute(queries.schema_readiness)).one()
         writable = bool(row.writable)
         if not row.migrated:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -267,7 +267,7 @@ def expected_numbers(
 
 @dataclass(frozen=True)
 class StoredSnapshot:
-    """What a snapshot write or read reports back (never the content itself); its API view."""
+    """What a snapshot write or read reports back (never the content itself): the API's answer."""
 
     snapshot_id: str
     content_hash: str
@@ -275,9 +275,6 @@ class StoredSnapshot:
     size_bytes: int
     created_at: str
     created: bool
-
-    def public(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def posted_json(content: dict[str, Any], encoded: EncodedSnapshot) -> str:
@@ -293,18 +290,17 @@ def posted_json(content: dict[str, Any], encoded: EncodedSnapshot) -> str:
 
 async def store_snapshot(
     tx: AsyncSession,
-    session_id: uuid.UUID,
+    session_row: SessionRow,
     snapshot_id: str | None,
     content: dict[str, Any],
     *,
-    session_row: SessionRow | None = None,
     jobs: SnapshotJobPolicy | None = None,
     encoded: EncodedSnapshot | None = None,
     prepared: PreparedSnapshot | None = None,
 ) -> StoredSnapshot:
     """Store ``content`` under ``snapshot_id`` (or its content hash); idempotent for identical
-    content, else :class:`SnapshotConflict`. Given the ``session_row`` and a ``jobs`` policy, a new
-    snapshot may queue its background context summary (SPEC §6.6). ``encoded`` / ``prepared``: the
+    content, else :class:`SnapshotConflict`. Given a ``jobs`` policy, a new snapshot may queue its
+    background context summary (SPEC §6.6). ``encoded`` / ``prepared``: the
     caller's own (the API needs them first), so a 600 KB snapshot is serialised once, not five times.
     """
     if encoded is None:
@@ -317,7 +313,7 @@ async def store_snapshot(
     expected: dict[str, int] = {}
     queues_job = False
     # Weighed for a job at all (SPEC §6.6): background summaries on and the session asked before.
-    if session_row is not None and jobs is not None and jobs.enabled and session_row.next_ordinal > 1:
+    if jobs is not None and jobs.enabled and session_row.next_ordinal > 1:
         latest = await fetch_value(tx, queries.latest_question_options, {"session_id": session_row.id})
         expected = expected_numbers(dict(session_row.settings or {}), latest)
         queues_job = jobs.needs_summary(prepared, session_row, expected)
@@ -327,7 +323,7 @@ async def store_snapshot(
         tx,
         queries.insert_snapshot,
         {
-            "session_id": session_id,
+            "session_id": session_row.id,
             "snapshot_id": key,
             "content": posted_json(content, encoded),
             "content_hash": digest,
@@ -338,7 +334,7 @@ async def store_snapshot(
         },
     )
     if inserted is not None:
-        if queues_job and session_row is not None:
+        if queues_job:
             await enqueue_job(
                 tx,
                 session_row.id,
@@ -348,7 +344,9 @@ async def store_snapshot(
                 clear_version=session_row.clear_version,
             )
         return StoredSnapshot(key, digest, tokens, encoded.size, utc_iso(inserted), created=True)
-    existing = await fetch_one(tx, queries.stored_snapshot, {"session_id": session_id, "snapshot_id": key})
+    existing = await fetch_one(
+        tx, queries.stored_snapshot, {"session_id": session_row.id, "snapshot_id": key}
+    )
     assert existing is not None
     if existing["content_hash"] != digest:
         raise SnapshotConflict(f"snapshot {key!r} already exists with other content", {"snapshot_id": key})

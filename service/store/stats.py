@@ -34,3 +34,21 @@ async def read_request_stats(tx: AsyncSession) -> RequestStats:
             for r in await tx.execute(queries.all_calibrations)
         ],
     )
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """``/metrics``: background jobs by kind and outcome, their calls and tokens."""
+
+    by_outcome: list[tuple[str, str, int]]
+    calls: list[tuple[str, str, int]]
+    tokens: list[tuple[str, str, int]]
+
+
+async def read_job_stats(tx: AsyncSession) -> JobStats:
+    """The scrape queries for background jobs (no tenant data)."""
+    return JobStats(
+        by_outcome=[(r.kind, r.status, int(r.n)) for r in await tx.execute(queries.job_outcomes)],
+        calls=[(r.kind, r.status, int(r.n)) for r in await tx.execute(queries.job_calls)],
+        tokens=[(r.kind, r.direction, int(r.n)) for r in await tx.execute(queries.job_tokens)],
+    )

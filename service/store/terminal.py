@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from service.store import calibration, jobs, ledger, queries
 from service.store.execute import Executor, execute, fetch_one, json_text, notify
@@ -172,27 +172,3 @@ async def finish_succeeded(
             clear_version=int(ended.record["clear_version"]),
         )
     return ended.record
-
-
-async def finish_failed(
-    tx: Executor,
-    request_id: uuid.UUID,
-    owner: str,
-    *,
-    error: dict[str, Any],
-    status: Literal[Status.FAILED, Status.CANCELLED] = Status.FAILED,
-    model: str | None = None,
-    context_info: dict[str, Any] | None = None,
-) -> bool:
-    """The worker's failure or cancel settlement (``model``: the answer model, when it got that far);
-    False, writing nothing, when ``owner`` lost the request."""
-    ended = await finish_request(
-        tx,
-        request_id,
-        status=status,
-        owner=owner,
-        error=error,
-        model=model,
-        context_info=context_info,
-    )
-    return ended is not None

@@ -312,8 +312,8 @@ class Worker:
                 await queue.requeue_request(session, claimed.id, reason="worker_stopped", owner=claimed.owner)
             elif reason == "cancelled":
                 # Normally the API wrote the terminal state already and this is a no-op.
-                await terminal.finish_failed(
-                    session, claimed.id, claimed.owner, error=cancelled_error(), status=Status.CANCELLED
+                await terminal.finish_request(
+                    session, claimed.id, status=Status.CANCELLED, owner=claimed.owner, error=cancelled_error()
                 )
 
     async def _claim_job(self) -> tuple[jobs.ClaimedJob | None, bool]:

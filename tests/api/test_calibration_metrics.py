@@ -11,9 +11,8 @@ from sqlalchemy import update
 from service.api.metrics import Metrics
 from service.store import calibration as store
 from service.store.db import Database
-from service.store.jobs import JobStats
 from service.store.models import RequestRow
-from service.store.stats import RequestStats
+from service.store.stats import JobStats, RequestStats
 from tests.api.conftest import Server
 from tests.api.helpers import ask
 

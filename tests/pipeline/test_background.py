@@ -463,9 +463,7 @@ def _snapshot(messages: int, *, start: int = 0) -> dict[str, Any]:
     return {"system": "You are the main agent.", "messages": body}
 
 
-async def _store(
-    db: Database, sid: uuid.UUID, snapshot_id: str, content: dict[str, Any], settings: Settings
-) -> None:
+async def _store(db: Database, snapshot_id: str, content: dict[str, Any], settings: Settings) -> None:
     policy = SnapshotJobPolicy(
         enabled=settings.background_on,
         context_window=settings.context_window,
@@ -473,7 +471,7 @@ async def _store(
     )
     async with db.sessions() as session:
         owner = await lock_or_create_session(session, "default", "parent-1")
-        await store_snapshot(session, sid, snapshot_id, content, session_row=owner, jobs=policy)
+        await store_snapshot(session, owner, snapshot_id, content, jobs=policy)
         await session.commit()
 
 
@@ -495,7 +493,7 @@ async def test_storing_a_snapshot_announces_exactly_the_snapshots_whose_job_it_q
         )
         async with db.sessions() as session:
             owner = await lock_or_create_session(session, "default", "parent-1")
-            await store_snapshot(session, owner.id, snapshot_id, content, session_row=owner, jobs=policy)
+            await store_snapshot(session, owner, snapshot_id, content, jobs=policy)
             await session.commit()
 
     sid = await make_session(db)
@@ -516,7 +514,7 @@ async def test_a_stored_snapshot_is_summarised_before_the_question_comes(
     try:
         sid = await make_session(db)
         await add_history(db, sid, _history(1))  # the session has asked before
-        await _store(db, sid, "s1", _snapshot(60), settings)
+        await _store(db, "s1", _snapshot(60), settings)
         [job] = await _background(db, sid)
         assert (job.kind, job.key) == ("context_summary", "snapshot:s1")
         await wait_for(lambda: _job_is(db, job.id, "succeeded"), within=30)
@@ -549,7 +547,7 @@ async def test_a_snapshot_job_makes_no_summary_when_the_learned_ratio_says_it_fi
     try:
         sid = await make_session(db)
         await add_history(db, sid, _history(1))
-        await _store(db, sid, "s1", _snapshot(60), settings)
+        await _store(db, "s1", _snapshot(60), settings)
         [job] = await _background(db, sid)
         await wait_for(lambda: _job_is(db, job.id, "succeeded"), within=30)
     finally:
@@ -564,8 +562,8 @@ async def test_a_snapshot_of_a_session_that_never_asked_queues_nothing(
 ) -> None:
     settings = _settings(database_url, server, context_window=64000)
     sid = await make_session(db)
-    await _store(db, sid, "s1", _snapshot(60), settings)
-    await _store(db, sid, "small", _snapshot(2), settings)
+    await _store(db, "s1", _snapshot(60), settings)
+    await _store(db, "small", _snapshot(2), settings)
     assert await _background(db, sid) == []
 
 
@@ -579,7 +577,7 @@ async def test_a_grown_snapshot_is_answered_at_once_from_the_cached_prefix_then_
         # SPEC §6.7 with masking off: the first summary leaves the 8000-token tail verbatim.
         sid = await make_session(db, settings={"mask_tool_results": False})
         first_snapshot = _snapshot(60)
-        await _store(db, sid, "s1", first_snapshot, settings)  # never asked: no job
+        await _store(db, "s1", first_snapshot, settings)  # never asked: no job
         first = await admit(db, sid, "what is going on?", snapshot_id="s1", options=options)
         await wait_for(lambda: _done(db, first), within=30)
         row = await row_of(db, first)
@@ -593,9 +591,7 @@ async def test_a_grown_snapshot_is_answered_at_once_from_the_cached_prefix_then_
             "messages": first_snapshot["messages"] + _snapshot(10, start=60)["messages"],
         }
         # Stored inline-style without the trigger, so that only the 6.7 follow-up can queue a job.
-        await _store(
-            db, sid, "s2", grown, Settings(**{**settings.model_dump(), "background_summaries": "off"})
-        )
+        await _store(db, "s2", grown, Settings(**{**settings.model_dump(), "background_summaries": "off"}))
         second = await admit(db, sid, "and now?", snapshot_id="s2", options=options)
         await wait_for(lambda: _done(db, second), within=30)
         row = await row_of(db, second)
@@ -650,9 +646,9 @@ async def test_a_stored_snapshot_is_judged_by_the_window_of_the_sessions_latest_
     sid = await make_session(db)
     await admit(db, sid, "what is the agent doing?", options=options)
     tool_heavy = {"system": "You are the main agent.", "messages": tool_session(30)}
-    await _store(db, sid, "masked-fits", tool_heavy, settings)
+    await _store(db, "masked-fits", tool_heavy, settings)
     assert await _background(db, sid) == []
-    await _store(db, sid, "s1", _snapshot(60), settings)
+    await _store(db, "s1", _snapshot(60), settings)
     [job] = await _background(db, sid)
     assert job.key == "snapshot:s1" and job.params["context_window"] == 64000
     handle = await start_worker(settings, db)

@@ -166,6 +166,10 @@ async def test_a_refused_first_request_leaves_no_session(db: Database) -> None:
 async def test_an_inline_snapshot_is_stored_and_a_refusal_rolls_it_back(db: Database) -> None:
     admitted = await _admit(db, "p-inline", snapshot={**SNAPSHOT, "snapshot_id": "s-1"})
     assert admitted.record["snapshot_id"] == "s-1"
+    # The same SQL function, run in the snapshot's transaction: the same record.
+    async with db.sessions() as session:
+        row = await session.get(RequestRow, uuid.UUID(admitted.record["id"]))
+        assert row is not None and admitted.record == request_record(row, "p-inline")
     assert (await _admit(db, "p-inline", snapshot_id="s-1")).record["ordinal"] == 2
     # A refused inline admission leaves neither its snapshot nor a session behind.
     for i in range(18):
@@ -301,23 +305,3 @@ async def test_the_session_setting_is_the_default_and_the_request_overrides_it(d
     # A cleared setting (null) is the default again: enqueue.
     await _set_on_busy(db, "p-set", None)
     assert (await _admit(db, "p-set")).superseded == ()
-
-
-async def test_admitting_in_a_callers_session_runs_the_same_function_in_its_transaction(
-    db: Database,
-) -> None:
-    async with db.sessions() as session:
-        with pytest.raises(SnapshotMissing):
-            await admit(session, TENANT, "p-tx", Admission(question="q", snapshot_id="nope"), max_queued=20)
-    assert await _counts(db) == (0, 0, 0, 0)
-    async with db.sessions() as session, session.begin():
-        first = await admit(session, TENANT, "p-tx", Admission(question="q"), max_queued=1)
-    async with db.sessions() as session:
-        with pytest.raises(QueueFull):
-            await admit(session, TENANT, "p-tx", Admission(question="q2"), max_queued=1)
-    async with db.sessions() as session:
-        row = await session.get(RequestRow, uuid.UUID(first.record["id"]))
-        assert row is not None and first.record == request_record(row, "p-tx")
-    assert await _counts(db) == (1, 1, 1, 0)
-    # And it sees what the one-round-trip path wrote (one function, one set of rules).
-    assert (await _admit(db, "p-tx", "q3")).record["ordinal"] == 2

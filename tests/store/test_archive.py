@@ -308,17 +308,15 @@ async def test_restored_requests_get_fresh_ids_session_clear_version_and_termina
 
 async def test_next_question_continues_after_the_highest_restored_ordinal(db: Database) -> None:
     await restore(db, "p", fixture("v1.json"))
-    async with db.sessions() as session, session.begin():
-        admitted = await admit(session, TENANT, "p", Admission(question="next?"), max_queued=20)
+    admitted = await admit(db, TENANT, "p", Admission(question="next?"), max_queued=20)
     assert admitted.record["ordinal"] == 5
 
 
 async def test_restore_into_a_cleared_session_keeps_archive_ordinals_and_never_lowers_next(
     db: Database,
 ) -> None:
-    async with db.sessions() as session, session.begin():
-        for i in range(6):
-            await admit(session, TENANT, "p", Admission(question=f"q{i}"), max_queued=20)
+    for i in range(6):
+        await admit(db, TENANT, "p", Admission(question=f"q{i}"), max_queued=20)
     async with db.sessions() as session, session.begin():
         await clear_session(session, TENANT, "p")
     result = await restore(db, "p", fixture("v1.json"))
@@ -356,8 +354,7 @@ async def test_replace_discards_old_history_and_bumps_clear_version(db: Database
 
 
 async def test_replace_is_refused_while_requests_are_in_flight(db: Database) -> None:
-    async with db.sessions() as session, session.begin():
-        await admit(session, TENANT, "p", Admission(question="running?"), max_queued=20)
+    await admit(db, TENANT, "p", Admission(question="running?"), max_queued=20)
     counts = await table_counts(db)
     with pytest.raises(SessionBusy):
         await restore(db, "p", fixture("v1.json"), replace=True)

@@ -12,7 +12,7 @@ from service.store import calibration, lease, ledger, queue, terminal
 from service.store.db import Database
 from service.store.events import request_events_after
 from service.store.models import RequestRow
-from service.vocabulary import terminal_error
+from service.vocabulary import Status, terminal_error
 from tests.factories import admit, clear, make_session
 
 
@@ -164,7 +164,8 @@ async def test_no_worker_event_or_terminal_write_after_a_cancel(db: Database) ->
     async with db.sessions() as session:
         async with session.begin():
             error = terminal_error("timeout", "late")
-            assert not await terminal.finish_failed(session, rid, "w1", error=error)
+            ended = await terminal.finish_request(session, rid, status=Status.FAILED, owner="w1", error=error)
+            assert ended is None
         events = await request_events_after(session, rid, 0)
     assert events[-1].type == "error" and events[-1].data["code"] == "cancelled"
     assert await _status(db, rid) == "cancelled"

@@ -19,8 +19,7 @@ async def _racing_counts(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     real = sessions.status_counts_of
 
     async def racing(session: Any, ids: Any) -> Any:
-        async with db.sessions() as other, other.begin():
-            await admit(other, TENANT, "p", Admission(question="raced in"), max_queued=20)
+        await admit(db, TENANT, "p", Admission(question="raced in"), max_queued=20)
         return await real(session, ids)
 
     monkeypatch.setattr(sessions, "status_counts_of", racing)
@@ -29,8 +28,7 @@ async def _racing_counts(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_a_session_objects_counts_agree_with_its_next_ordinal(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with db.sessions() as session, session.begin():
-        await admit(session, TENANT, "p", Admission(question="first"), max_queued=20)
+    await admit(db, TENANT, "p", Admission(question="first"), max_queued=20)
     await _racing_counts(db, monkeypatch)
     async with db.sessions() as session:
         overview = await sessions.session_overview(session, TENANT, "p")

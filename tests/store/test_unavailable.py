@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import text
@@ -147,18 +150,16 @@ async def test_every_connection_of_the_service_takes_a_dsn_with_libpq_parameters
 async def test_readiness_gives_up_after_its_own_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """With PostgreSQL frozen (SIGSTOP) a connect can hang far longer than a probe waits; a probe
     must hear "not ready" within its own deadline."""
-    import asyncio
-
     from service.store import schema
 
-    async def never(_db: object) -> tuple[str | None, bool]:
+    @contextlib.asynccontextmanager
+    async def frozen() -> AsyncIterator[None]:  # a connect that never completes
         await asyncio.sleep(3600)
-        raise AssertionError("unreachable")
+        yield
 
-    monkeypatch.setattr(schema, "_readiness", never)
     monkeypatch.setattr(schema, "READINESS_TIMEOUT_S", 0.05)
     with pytest.raises(TimeoutError):
-        await schema.readiness(object())  # type: ignore[arg-type]
+        await schema.readiness(SimpleNamespace(engine=SimpleNamespace(connect=frozen)))  # type: ignore[arg-type]
 
 
 async def test_a_pooled_connection_read_as_ended_is_lost(database_url: str) -> None:

@@ -222,23 +222,3 @@ SELECT s.sid AS session_id,
 FROM unnest(CAST(:sids AS uuid[])) AS s(sid)
 LEFT JOIN counts ON counts.session_id = s.sid
 LEFT JOIN calls ON calls.session_id = s.sid;
-
--- name: job_outcomes
--- /metrics: background jobs by kind and status.
-SELECT kind, status, count(*) AS n FROM side_question_jobs
-WHERE coalesce(params->>'made_by', 'background') = 'background' GROUP BY 1, 2;
-
--- name: job_calls
--- /metrics: background calls by kind and call status.
-SELECT j.kind, coalesce(c->>'status', '') AS status, count(*) AS n
-FROM side_question_jobs j, jsonb_array_elements(coalesce(j.usage->'calls', '[]'::jsonb)) c
-WHERE coalesce(j.params->>'made_by', 'background') = 'background' AND jsonb_typeof(c) = 'object'
-GROUP BY 1, 2;
-
--- name: job_tokens
--- /metrics: background tokens by kind and direction.
-SELECT kind, 'input' AS direction, coalesce(sum((usage->>'input_tokens')::bigint), 0) AS n
-FROM side_question_jobs WHERE coalesce(params->>'made_by', 'background') = 'background' GROUP BY 1
-UNION ALL
-SELECT kind, 'output', coalesce(sum((usage->>'output_tokens')::bigint), 0)
-FROM side_question_jobs WHERE coalesce(params->>'made_by', 'background') = 'background' GROUP BY 1;

@@ -1,4 +1,5 @@
--- The /metrics scrape queries over stored requests (service/store/stats.py): no tenant data.
+-- The /metrics scrape queries over stored requests and background jobs (service/store/stats.py): no
+-- tenant data.
 
 -- name: requests_by_status
 SELECT status, COALESCE(error->>'code', '') AS code, count(*) AS n
@@ -27,3 +28,23 @@ WHERE r.deleted_at IS NULL
   AND jsonb_typeof(r.context_info->'provider_prompt_tokens') = 'number'
   AND jsonb_typeof(r.context_info->'estimate'->'total') = 'number'
   AND (r.context_info->'estimate'->>'total')::float8 > 0;
+
+-- name: job_outcomes
+-- /metrics: background jobs by kind and status.
+SELECT kind, status, count(*) AS n FROM side_question_jobs
+WHERE coalesce(params->>'made_by', 'background') = 'background' GROUP BY 1, 2;
+
+-- name: job_calls
+-- /metrics: background calls by kind and call status.
+SELECT j.kind, coalesce(c->>'status', '') AS status, count(*) AS n
+FROM side_question_jobs j, jsonb_array_elements(coalesce(j.usage->'calls', '[]'::jsonb)) c
+WHERE coalesce(j.params->>'made_by', 'background') = 'background' AND jsonb_typeof(c) = 'object'
+GROUP BY 1, 2;
+
+-- name: job_tokens
+-- /metrics: background tokens by kind and direction.
+SELECT kind, 'input' AS direction, coalesce(sum((usage->>'input_tokens')::bigint), 0) AS n
+FROM side_question_jobs WHERE coalesce(params->>'made_by', 'background') = 'background' GROUP BY 1
+UNION ALL
+SELECT kind, 'output', coalesce(sum((usage->>'output_tokens')::bigint), 0)
+FROM side_question_jobs WHERE coalesce(params->>'made_by', 'background') = 'background' GROUP BY 1;
