@@ -96,6 +96,8 @@ class AnthropicProvider:
             raise ProviderTimeout(f"no response within {call.timeout_s:.1f}s") from exc
         except anthropic.APIConnectionError as exc:
             raise ProviderError(f"could not reach the provider: {exc}") from exc
+        except anthropic.APIError as exc:
+            raise classify_error(None, exc.body if exc.body is not None else exc.message) from exc
 
         counts = dict.fromkeys(_COUNTS, 0)
         usage: CallUsage | None = None

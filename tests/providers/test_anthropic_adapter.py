@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import httpx2
 import pytest
 
 from service.providers.anthropic_provider import AnthropicProvider
@@ -287,6 +289,29 @@ async def test_api_error_500_is_a_provider_error(server: ScriptedServer, provide
         ProviderError,
         500,
         "Internal server error",
+    )
+
+
+async def test_an_sdk_error_before_the_stream_is_classified_like_the_openai_adapters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK's plain APIError (no status: a body it could not use) is a provider error, not a bug."""
+    adapter = AnthropicProvider("http://127.0.0.1:9", "k", "claude-scripted")
+    body = {"type": "error", "error": {"type": "api_error", "message": "upstream said no"}}
+
+    async def refuse(**_: Any) -> Any:
+        raise anthropic.APIError("upstream said no", httpx2.Request("POST", "http://127.0.0.1:9"), body=body)
+
+    monkeypatch.setattr(adapter._client.messages, "create", refuse)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await collect(adapter, make_call())
+    finally:
+        await adapter.aclose()
+    assert (type(caught.value), caught.value.status, caught.value.message) == (
+        ProviderError,
+        None,
+        "upstream said no",
     )
 
 
