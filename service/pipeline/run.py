@@ -50,7 +50,7 @@ async def _both(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
 async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     """The stages wired together; the request's ``done`` record."""
     prepared = await prepare(rt)
-    await rt.enter(Stage.ORGANIZING_HISTORY)
+    rt.enter(Stage.ORGANIZING_HISTORY)
     history = await plan_history(rt, prepared)
     context = ContextPlan()  # the whole snapshot verbatim
     folding = bool(history.replay.fold)
@@ -75,7 +75,7 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     needs_compaction = snapshot_tokens > room
 
     async def compaction() -> ContextPlan:
-        await rt.enter(Stage.COMPACTING_CONTEXT)
+        rt.enter(Stage.COMPACTING_CONTEXT)
         made = await compact_snapshot_copy(rt, prepared, fits, room)
         return made if made is not None else context
 
@@ -90,7 +90,7 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
     request = build_answer(prepared, history, context)
     meter(rt, prepared, request)
     record_fidelity(rt, prepared.snapshot, context)
-    await rt.enter(Stage.ANSWERING)
+    rt.enter(Stage.ANSWERING)
 
     return await answer(rt, prepared, history, context, request)
 

@@ -84,7 +84,7 @@ class RequestRuntime:
         if not defer:
             await self.flush()
 
-    async def enter(self, stage: str) -> None:
+    def enter(self, stage: str) -> None:
         """Move to ``stage``: its ``status`` event and the context_info so far, written with the next
         flush (at the latest right before the next slow step: a model call or a wait)."""
         self.info.stage = stage
