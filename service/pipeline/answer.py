@@ -156,11 +156,7 @@ async def answer(
         rt.recorder.before_usage = None
         rt.recorder.hold_purpose = None
     rest = await deltas.close_rest()
-    sample = rt.book.pending(
-        prepared.models.answer,
-        request.estimate.total,
-        result.usage.input_tokens if result.usage.reported else None,
-    )
+    sample = rt.book.pending(prepared.models.answer, request.estimate.total, result.prompt_tokens)
     try:
         return await _finish(rt, prepared, history, context, request, result, rest, sample)
     except BaseException:
@@ -291,9 +287,8 @@ async def _finish(
 ) -> dict[str, Any]:
     """Check the reply and write the success with the answer's tail (the text not yet written as a
     ``delta``, the held answer call, the calibration sample) in one commit."""
-    prompt_tokens = result.usage.input_tokens if result.usage.reported else None
-    rt.info.provider_prompt_tokens = prompt_tokens
-    rt.info.drift = prompt_drift(request.estimate.total, prompt_tokens)
+    rt.info.provider_prompt_tokens = result.prompt_tokens
+    rt.info.drift = prompt_drift(request.estimate.total, result.prompt_tokens)
     if result.tool_calls or result.stop_reason == "tool_calls":
         name = result.tool_calls[0].name if result.tool_calls else None
         raise PipelineFailure(

@@ -47,6 +47,11 @@ class CallResult:
     raw_stop_reason: str | None = None
     usage: CallUsage = field(default_factory=CallUsage)
 
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt tokens the provider reported for the call; None when it reported no usage."""
+        return self.usage.input_tokens if self.usage.reported else None
+
 
 @dataclass(frozen=True)
 class CallRecord:
