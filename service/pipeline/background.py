@@ -20,7 +20,7 @@ from service.pipeline.failures import error_object
 from service.pipeline.history import folded_context_time
 from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers, text_setting
 from service.pipeline.recorder import JobRecorder
-from service.pipeline.runtime import MASKED_MATERIAL, PipelineDeps
+from service.pipeline.runtime import DEADLINE_GRACE_S, MASKED_MATERIAL, PipelineDeps
 from service.store import jobs, memory
 from service.store.execute import committed, transaction
 from service.store.history import iter_history
@@ -91,7 +91,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
                 material_variant=MASKED_MATERIAL if masks_tool_results(job.settings) else None,
             )
 
-        async with asyncio.timeout(timeout + 1.0):  # the calls' own deadline should always win
+        async with asyncio.timeout(timeout + DEADLINE_GRACE_S):
             if job.kind == JobKind.QA_FOLD:
                 outcome = await _qa_fold(deps, job, runner)
             else:

@@ -16,15 +16,11 @@ from service.pipeline.compaction import ContextPlan, compact_snapshot_copy, reco
 from service.pipeline.failures import RequestLost, error_object
 from service.pipeline.history import fold_history, plan_history
 from service.pipeline.prepare import prepare
-from service.pipeline.runtime import PipelineDeps, RequestRuntime
+from service.pipeline.runtime import DEADLINE_GRACE_S, PipelineDeps, RequestRuntime
 from service.store import queue, terminal
 from service.store.db import is_unavailable
 from service.store.execute import transaction
 from service.vocabulary import Stage, Status
-
-# The outer safety net fires this long after the request deadline: the calling policy's own deadline
-# (which records the in-flight call as failed) should always win; this only catches a stuck DB step.
-DEADLINE_GRACE_S = 1.0
 
 T = TypeVar("T")
 U = TypeVar("U")

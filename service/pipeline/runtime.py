@@ -32,6 +32,9 @@ if TYPE_CHECKING:  # the stages import this module
 # The material variant of a summary of masked groups (SPEC §6.8), part of its cache key: a change to the
 # masking rules bumps it, so no summary of differently masked material is reused.
 MASKED_MATERIAL = "masked-1"
+# A request's or a job's outer safety net fires this long after its deadline: the calling policy's own
+# deadline (which records the in-flight call as failed) should always win; this only catches a stuck DB step.
+DEADLINE_GRACE_S = 1.0
 
 
 @dataclass
