@@ -296,8 +296,7 @@ async def _finish(
             f"the model tried to call a tool ({name or 'unnamed'}) although side answers have none",
             {"tool": name, "stop_reason": result.stop_reason},
         )
-    truncated = result.stop_reason == "length" or result.raw_stop_reason in ("length", "max_tokens")
-    if not result.text and not truncated:
+    if not result.text and not result.truncated:
         filtered = result.stop_reason == "content_filter"
         raise PipelineFailure(
             "provider_error",
@@ -326,7 +325,7 @@ async def _finish(
                 claimed.id,
                 rt.owner,
                 answer=result.text,
-                truncated=truncated,
+                truncated=result.truncated,
                 stop_reason=result.stop_reason,
                 model=prepared.models.answer,
                 context_info=rt.info.to_json(),

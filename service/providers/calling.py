@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BACKOFF_S: tuple[float, ...] = (1.0, 2.0)
 
 CallStatus = Literal["ok", "failed", "cancelled"]
+# Stop reasons that mean "cut at the output cap" (normalised, and a raw value the adapter did not map).
+_CUT_AT_CAP = frozenset({"length", "max_tokens"})
 
 
 @dataclass
@@ -46,6 +48,12 @@ class CallResult:
     stop_reason: str | None = None
     raw_stop_reason: str | None = None
     usage: CallUsage = field(default_factory=CallUsage)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the reply was cut at its output cap: SPEC §3's ``length``, or a ``max_tokens`` stop
+        (Anthropic's raw value, or any server's that an adapter passes through unmapped)."""
+        return self.stop_reason in _CUT_AT_CAP or self.raw_stop_reason in _CUT_AT_CAP
 
     @property
     def prompt_tokens(self) -> int | None:
