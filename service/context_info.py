@@ -18,7 +18,7 @@ MadeBy = Literal["request", "background"]
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", validate_assignment=False)
+    model_config = ConfigDict(extra="allow")
 
 
 class EstimateInfo(_Open):

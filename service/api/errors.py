@@ -142,9 +142,9 @@ def allowed_methods(request: Request) -> list[str]:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _STATUS_CODES.get(exc.status_code, "http_error")
-    headers = getattr(exc, "headers", None)
+    headers = dict(exc.headers or {})
     if exc.status_code == 405:
-        headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+        headers["Allow"] = ", ".join(allowed_methods(request))
     message = exc.detail if isinstance(exc.detail, str) else "request refused"
     if exc.status_code == 404:
         message = "not found"

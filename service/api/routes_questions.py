@@ -21,7 +21,7 @@ from service.api.routes_common import (
 )
 from service.api.schemas import MAX_INT32, RequestRecord, StreamToken
 from service.api.sse import request_stream
-from service.api.stream_tokens import request_stream as request_stream_name
+from service.api.stream_tokens import request_stream_name
 from service.store import events as events_store
 from service.store.admission import cancel_request
 from service.store.handoffs import set_pinned

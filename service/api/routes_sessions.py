@@ -40,7 +40,7 @@ from service.api.schemas import (
     StreamToken,
 )
 from service.api.sse import session_stream
-from service.api.stream_tokens import session_stream as session_stream_name
+from service.api.stream_tokens import session_stream_name
 from service.archive.model import NO_NUL
 from service.budget.prepared import EncodedSnapshot, PreparedSnapshot
 from service.store import events as events_store

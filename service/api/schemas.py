@@ -28,6 +28,7 @@ from service.archive.model import (
     check_text,
 )
 from service.archive.schema import OPENAPI_REFS
+from service.budget.handoff import HANDOFF_MAX_TOKENS, HANDOFF_MIN_TOKENS
 from service.context_info import ContextInfo
 from service.vocabulary import (
     CONTEXT_WINDOW_MAX,
@@ -238,7 +239,7 @@ class HandoffIn(BaseModel):
         default="anthropic",
         description="`anthropic` / `openai`: `message` is set; `text`: `message` is null.",
     )
-    max_tokens: Annotated[JsonInt, Field(ge=256, le=32768)] = Field(
+    max_tokens: Annotated[JsonInt, Field(ge=HANDOFF_MIN_TOKENS, le=HANDOFF_MAX_TOKENS)] = Field(
         default=2000, description="The block's SPEC §5 estimate stays within this."
     )
     include: Literal["new", "all"] = Field(

@@ -84,7 +84,7 @@ async def session_stream(
     *,
     resumed: bool,
     opened_at: datetime,
-    ever_cleared: bool = False,
+    ever_cleared: bool,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """Events of every request of a session with global ``id > after``; never ends by itself.
 

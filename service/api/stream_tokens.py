@@ -37,11 +37,13 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def request_stream(request_id: str) -> str:
+def request_stream_name(request_id: str) -> str:
+    """The stream a token for one request's events names."""
     return f"q:{request_id}"
 
 
-def session_stream(parent_id: str) -> str:
+def session_stream_name(parent_id: str) -> str:
+    """The stream a token for one session's events names."""
     return f"s:{parent_id}"
 
 

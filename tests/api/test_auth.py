@@ -9,7 +9,13 @@ import uuid
 import httpx
 
 from service.api.app import RedactStreamTokens
-from service.api.stream_tokens import check_token, issue_token, request_stream, session_stream, stream_secret
+from service.api.stream_tokens import (
+    check_token,
+    issue_token,
+    request_stream_name,
+    session_stream_name,
+    stream_secret,
+)
 from service.config import Settings
 from service.store.db import Database
 from tests.api.conftest import TOKENS, Server, StartServer
@@ -138,19 +144,21 @@ async def test_a_session_stream_tokens_url_percent_encodes_the_parent_id(auth_se
 def test_stream_tokens_expire_and_resist_tampering() -> None:
     settings = Settings(api_tokens=TOKENS)
     secret = stream_secret(settings)
-    token, expires = issue_token(secret, "acme", request_stream("r1"), now=1000.0)
+    token, expires = issue_token(secret, "acme", request_stream_name("r1"), now=1000.0)
     assert expires == 1600
-    assert check_token(secret, token, request_stream("r1"), now=1599.0) is not None
-    assert check_token(secret, token, request_stream("r1"), now=1601.0) is None
-    assert check_token(secret, token, session_stream("r1"), now=1000.0) is None
+    assert check_token(secret, token, request_stream_name("r1"), now=1599.0) is not None
+    assert check_token(secret, token, request_stream_name("r1"), now=1601.0) is None
+    assert check_token(secret, token, session_stream_name("r1"), now=1000.0) is None
     payload, signature = token.split(".")
-    assert check_token(secret, payload + "." + signature[::-1], request_stream("r1"), now=1000.0) is None
-    assert check_token(secret, "garbage", request_stream("r1"), now=1000.0) is None
+    assert check_token(secret, payload + "." + signature[::-1], request_stream_name("r1"), now=1000.0) is None
+    assert check_token(secret, "garbage", request_stream_name("r1"), now=1000.0) is None
     # Two API processes of one deployment agree without configuring a secret …
-    assert check_token(stream_secret(Settings(api_tokens=TOKENS)), token, request_stream("r1"), now=1000.0)
+    assert check_token(
+        stream_secret(Settings(api_tokens=TOKENS)), token, request_stream_name("r1"), now=1000.0
+    )
     # … and an explicit secret or other API tokens give other keys.
     assert not check_token(
-        stream_secret(Settings(api_tokens="acme:x")), token, request_stream("r1"), now=1000.0
+        stream_secret(Settings(api_tokens="acme:x")), token, request_stream_name("r1"), now=1000.0
     )
     assert stream_secret(Settings(api_tokens=TOKENS, stream_token_secret="s")) != stream_secret(settings)
     assert time.time() > 0

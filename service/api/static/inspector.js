@@ -958,8 +958,8 @@
     $("sessions-more").hidden = true;
     $("sessions-empty").hidden = false;
     $("sessions-empty").textContent = CONNECT_HINT;
-    // The Ask form too: a draft question and a chosen snapshot file are the last tenant's (an outside
-    // check saw one tenant's snapshot file sent into the next tenant's session).
+    // The Ask form too: a draft question and a chosen snapshot file are the last tenant's, and would
+    // otherwise be sent into the next tenant's session.
     $("question").value = "";
     $("snapshot-file").value = "";
     $("open-parent").value = "";
