@@ -40,18 +40,18 @@ class Claimed:
     clear_version: int
     # The lease owner of this claim (service.store.lease.claim_owner): every write of this run names it.
     owner: str
-    question: str = ""
-    snapshot_id: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    model: str | None = None
-    memory: dict[str, Any] = field(default_factory=dict)
-    session_settings: dict[str, Any] = field(default_factory=dict)
-    created_at: str | None = None
+    question: str
+    snapshot_id: str | None
+    options: dict[str, Any]
+    model: str | None
+    memory: dict[str, Any]
+    session_settings: dict[str, Any]
+    created_at: str | None
     # Whether the session had an active background job (or registration) at the claim: if not, the
     # request need not look for one to wait for (a later one meets its single-flight registration).
-    jobs_active: bool = True
+    jobs_active: bool
     # The content hash of the snapshot it names (the worker's prepared snapshots' key); None: none.
-    snapshot_hash: str | None = None
+    snapshot_hash: str | None
 
 
 async def try_claim(
