@@ -16,10 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import jobs, queries
 from service.store.events import append_event
-from service.store.execute import Executor, fetch_one
+from service.store.execute import Executor, fetch_one, notify
 from service.store.lease import lock_if_held
-from service.store.terminal import finish_request, notify_slot_freed
-from service.vocabulary import RequeueReason, Status, rerun, utc_iso, worker_lost_error
+from service.store.terminal import finish_request
+from service.vocabulary import QUEUE_CHANNEL, RequeueReason, Status, rerun, utc_iso, worker_lost_error
 
 # Key of the advisory lock that serialises claims (any constant; shared by every process).
 CLAIM_LOCK_KEY = 0x5EDE_0001
@@ -144,7 +144,7 @@ async def requeue_request(
     attempt = row["attempt"] if reason == "worker_lost" else None
     await append_event(tx, request_id, "progress", rerun(reason, row["stage"], attempt))
     await append_event(tx, request_id, "status", {"status": Status.QUEUED, "stage": None, "reason": reason})
-    await notify_slot_freed(tx, row["session_id"])
+    await notify(tx, QUEUE_CHANNEL, f"freed:{row['session_id']}")  # a slot freed (module docstring)
     return True
 
 
