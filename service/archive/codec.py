@@ -75,7 +75,7 @@ class ArchivedHandoff:
 
     created_at: datetime
     body: dict[str, Any]
-    through_ordinal: int | None = None
+    through_ordinal: int | None
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,10 @@ class Archive:
     version: int
     parent_id: str
     requests: tuple[ArchivedRequest, ...]
-    memory: dict[str, Any] | None = None
-    handoffs: tuple[ArchivedHandoff, ...] = ()
-    handed_off_through: int = 0
-    settings: dict[str, Any] | None = None
+    memory: dict[str, Any] | None
+    handoffs: tuple[ArchivedHandoff, ...]
+    handed_off_through: int
+    settings: dict[str, Any] | None
 
 
 def load_archive_json(body: bytes | str) -> object:

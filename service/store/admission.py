@@ -187,29 +187,27 @@ async def admit(
 async def _admit_in_transaction(
     tx: AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
-    snapshot_id = admission.snapshot_id
-    if admission.snapshot is not None:
-        session_row = await lock_or_create_session(tx, tenant, parent_id)
-        own_id = admission.snapshot.get("snapshot_id")
-        stored = await store_snapshot(
-            tx,
-            session_row,
-            own_id if isinstance(own_id, str) and own_id else None,
-            admission.snapshot,
-            jobs=admission.snapshot_jobs,
-            encoded=admission.snapshot_encoding,
-            prepared=admission.snapshot_prepared,
-        )
-        snapshot_id = stored.snapshot_id
-    args = _arguments(tenant, parent_id, admission, snapshot_id, max_queued)
-    params = dict(zip(_PARAMS, args, strict=True))
-    params["snapshot_stored"] = admission.snapshot is not None
-    admitted = await fetch_one(tx, queries.admit_in_transaction, params)
+    """An inline snapshot's admission: the snapshot stored, then ``sidequest_admit`` in the same
+    transaction (the snapshot counts as stored there)."""
+    assert admission.snapshot is not None
+    session_row = await lock_or_create_session(tx, tenant, parent_id)
+    own_id = admission.snapshot.get("snapshot_id")
+    stored = await store_snapshot(
+        tx,
+        session_row,
+        own_id if isinstance(own_id, str) and own_id else None,
+        admission.snapshot,
+        jobs=admission.snapshot_jobs,
+        encoded=admission.snapshot_encoding,
+        prepared=admission.snapshot_prepared,
+    )
+    args = _arguments(tenant, parent_id, admission, stored.snapshot_id, max_queued)
+    admitted = await fetch_one(tx, queries.admit_in_transaction, dict(zip(_PARAMS, args, strict=True)))
     assert admitted is not None  # sidequest_admit returns one row whatever the outcome
     row = dict(admitted)
     outcome, detail, superseded = row.pop("outcome"), row.pop("detail"), tuple(row.pop("superseded") or ())
     result = AdmitResult(outcome, detail, superseded, row if row["id"] is not None else None)
-    return _outcome(result, parent_id, snapshot_id)
+    return _outcome(result, parent_id, stored.snapshot_id)
 
 
 async def _cancel(tx: AsyncSession, request_id: uuid.UUID, message: str) -> bool:

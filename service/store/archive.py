@@ -25,7 +25,7 @@ from service.archive import (
 from service.store import queries
 from service.store.events import mark_session_events_cleared
 from service.store.execute import execute, fetch_all, fetch_models, json_text, notify
-from service.store.models import EventRow, HandoffRow, RequestRow, empty_memory, empty_usage
+from service.store.models import EventRow, HandoffRow, RequestRow, complete_memory, empty_usage
 from service.store.records import request_record
 from service.store.sessions import find_session, lock_or_create_session, status_counts_of
 from service.vocabulary import EVENTS_CHANNEL, TERMINAL, Status, utc_iso
@@ -95,7 +95,7 @@ async def export_archive(tx: AsyncSession, tenant: str, parent_id: str, version:
         version=version,
         parent_id=parent_id,
         requests=tuple(_archived(r, ordinal_of) for r in rows),
-        memory={**empty_memory(), **(session_row.memory or {})},
+        memory=complete_memory(session_row.memory),
         handoffs=tuple(ArchivedHandoff(h["created_at"], h["body"], h["through_ordinal"]) for h in handoffs),
         handed_off_through=session_row.handed_off_through,
         settings=session_row.settings,
@@ -169,8 +169,7 @@ async def restore_archive(
         settings = json_text({**(session_row.settings or {}), **written})
     session_values = {
         "session_id": session_row.id,
-        # Missing parts of the memory are empty, as in a fresh session; other keys are kept as they are.
-        "memory": json_text({**empty_memory(), **(archive.memory or {})}),
+        "memory": json_text(complete_memory(archive.memory)),
         "clear_version": clear_version,
         "next_ordinal": next_ordinal,
         "handed_off_through": archive.handed_off_through,

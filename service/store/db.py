@@ -290,9 +290,9 @@ class Database:
 
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
-    url: str = ""
-    pool_size: int = 10
-    pooler: Pooler = "none"
+    url: str
+    pool_size: int
+    pooler: Pooler
     _raw: Any = field(default=None, repr=False)
     _raw_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     admissions: AdmissionBatcher = field(init=False, repr=False)

@@ -7,7 +7,7 @@ and NOTIFYs ``sidequest_jobs``; a registration's does neither.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -45,11 +45,11 @@ class ClaimedJob:
     owner: str
     # What the job reads of its session, read by the claim itself: the session's clear_version now
     # (None: the session is gone), its memory and settings.
-    session_clear_version: int | None = None
-    memory: dict[str, Any] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
+    session_clear_version: int | None
+    memory: dict[str, Any]
+    settings: dict[str, Any]
     # The content hash of the snapshot a context_summary job names (None: no such snapshot stored).
-    snapshot_hash: str | None = None
+    snapshot_hash: str | None
 
     @property
     def cleared(self) -> bool:

@@ -7,7 +7,6 @@ recorded even after the request left ``running`` (a call cancelled by a clear st
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -60,7 +59,7 @@ async def append_calls(
     """Append calls, in this order, to the request's (or, with ``job``, the background job's) usage, in
     one statement (its row lock serialises concurrent appends); calls already there add nothing."""
     statement = queries.append_job_calls if job else queries.append_request_calls
-    params = {"id": row_id, "call": json.dumps([entry.as_json() for entry in entries])}
+    params = {"id": row_id, "call": json_text([entry.as_json() for entry in entries])}
     usage = await fetch_value(tx, statement, params)
     if usage is not None:
         return Appended(dict(usage), added=True)

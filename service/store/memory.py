@@ -10,7 +10,7 @@ from typing import Any
 
 from service.store import queries
 from service.store.execute import Executor, fetch_value, json_text
-from service.store.models import empty_memory
+from service.store.models import complete_memory
 
 # Newest context summaries kept per session: a cache, not history; old snapshots' prefixes age out.
 MAX_CONTEXT_SUMMARIES = 16
@@ -56,4 +56,4 @@ async def save_memory(
 async def load_memory(tx: Executor, session_id: uuid.UUID) -> dict[str, Any]:
     """The session's memory (``{qa_summary, context_summaries}``), empty if never written."""
     memory = await fetch_value(tx, queries.load_memory, {"id": session_id})
-    return {**empty_memory(), **(memory or {})}
+    return complete_memory(memory)

@@ -43,6 +43,12 @@ def empty_memory() -> dict[str, Any]:
     return {"qa_summary": None, "context_summaries": []}
 
 
+def complete_memory(stored: dict[str, Any] | None) -> dict[str, Any]:
+    """A stored memory (a session's, an archive's) with its missing parts empty, as a fresh session's
+    are; any other key is kept as it is."""
+    return {**empty_memory(), **(stored or {})}
+
+
 def empty_usage() -> dict[str, Any]:
     """A usage object with nothing spent (SPEC §3): a new row's, and a record's when its row has none.
     A new dict (and list) per call, like :func:`empty_memory`."""

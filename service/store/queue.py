@@ -16,10 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.store import jobs, queries
 from service.store.events import append_event
-from service.store.execute import Executor, fetch_one
+from service.store.execute import Executor, fetch_one, notify
 from service.store.lease import lock_if_held
-from service.store.terminal import finish_request, notify_slot_freed
-from service.vocabulary import RequeueReason, Status, rerun, utc_iso, worker_lost_error
+from service.store.terminal import finish_request
+from service.vocabulary import QUEUE_CHANNEL, RequeueReason, Status, rerun, utc_iso, worker_lost_error
 
 # Key of the advisory lock that serialises claims (any constant; shared by every process).
 CLAIM_LOCK_KEY = 0x5EDE_0001
@@ -40,18 +40,18 @@ class Claimed:
     clear_version: int
     # The lease owner of this claim (service.store.lease.claim_owner): every write of this run names it.
     owner: str
-    question: str = ""
-    snapshot_id: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    model: str | None = None
-    memory: dict[str, Any] = field(default_factory=dict)
-    session_settings: dict[str, Any] = field(default_factory=dict)
-    created_at: str | None = None
+    question: str
+    snapshot_id: str | None
+    options: dict[str, Any]
+    model: str | None
+    memory: dict[str, Any]
+    session_settings: dict[str, Any]
+    created_at: str | None
     # Whether the session had an active background job (or registration) at the claim: if not, the
     # request need not look for one to wait for (a later one meets its single-flight registration).
-    jobs_active: bool = True
+    jobs_active: bool
     # The content hash of the snapshot it names (the worker's prepared snapshots' key); None: none.
-    snapshot_hash: str | None = None
+    snapshot_hash: str | None
 
 
 async def try_claim(
@@ -144,7 +144,7 @@ async def requeue_request(
     attempt = row["attempt"] if reason == "worker_lost" else None
     await append_event(tx, request_id, "progress", rerun(reason, row["stage"], attempt))
     await append_event(tx, request_id, "status", {"status": Status.QUEUED, "stage": None, "reason": reason})
-    await notify_slot_freed(tx, row["session_id"])
+    await notify(tx, QUEUE_CHANNEL, f"freed:{row['session_id']}")  # a slot freed (module docstring)
     return True
 
 

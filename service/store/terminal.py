@@ -10,14 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.store import calibration, jobs, ledger, queries
-from service.store.execute import Executor, execute, fetch_one, json_text, notify
+from service.store.execute import Executor, execute, fetch_one, json_text
 from service.store.lease import emit_if_held
 from service.store.records import record_of_row
 from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus, utc_iso
-
-
-async def notify_slot_freed(tx: Executor, session_id: uuid.UUID) -> None:
-    await notify(tx, QUEUE_CHANNEL, f"freed:{session_id}")
 
 
 @dataclass(frozen=True)

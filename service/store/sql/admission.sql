@@ -310,10 +310,10 @@ CALL sidequest_admit_many(CAST(:tenant AS text[]), CAST(:parent_id AS text[]), C
                           CAST(CAST(:superseded AS text[]) AS jsonb[]));
 
 -- name: admit_in_transaction
--- The function itself, inside a caller's transaction (an inline snapshot stored first), NOTIFYing
--- there. ``(a.req).*`` expands the request row into its columns, whatever they are.
+-- The function itself, inside a caller's transaction that stored the (inline) snapshot first,
+-- NOTIFYing there. ``(a.req).*`` expands the request row into its columns, whatever they are.
 SELECT a.outcome, a.detail, a.superseded, (a.req).* FROM sidequest_admit(
-    :tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text), :snapshot_stored,
+    :tenant, :parent_id, :request_id, :question, CAST(:snapshot_id AS text), true,
     CAST(CAST(:options AS text) AS jsonb), CAST(:model AS text), :idempotency_key, :body_hash,
     :max_queued, CAST(:on_busy AS text), CAST(CAST(:superseded AS text) AS jsonb), true) a;
 
