@@ -7,7 +7,8 @@ Used by the store, pipeline and worker tests so they do not depend on the HTTP A
 - :func:`admit` — a queued request with the next ordinal, the session's ``clear_version`` and its
   ``queued`` status event, then a NOTIFY on ``sidequest_queue`` (as admission does);
 - :func:`add_history` — succeeded earlier Q&A (for replay / rolling-summary tests), no events;
-- :func:`clear` — the API's own clear of a session (cancel, hide, empty memory, bump clear_version).
+- :func:`clear` — the API's own clear of a session (cancel, hide, empty memory, bump clear_version);
+- :func:`enqueue_job` — a queued background job of the session's current ``clear_version``.
 
 The API's admission code may replace :func:`admit` later; keep the row shapes identical to it.
 """
@@ -26,7 +27,7 @@ from service.config import Settings
 from service.store.db import Database, DatabaseUnavailable
 from service.store.events import append_event
 from service.store.models import RequestRow, SessionRow, SnapshotRow
-from service.vocabulary import QUEUE_CHANNEL
+from service.vocabulary import QUEUE_CHANNEL, JobKind
 
 
 def scripted_settings(database_url: str, base_url: str, **overrides: Any) -> Settings:
@@ -146,6 +147,24 @@ async def clear(db: Database, parent_id: str, tenant: str = "default") -> None:
 
     async with db.sessions() as session, session.begin():
         assert await clear_session(session, tenant, parent_id) is not None
+
+
+async def enqueue_job(
+    db: Database, session_id: uuid.UUID, kind: JobKind, key: str, params: dict[str, Any] | None = None
+) -> uuid.UUID:
+    """Queue a background job as the store does (``jobs.enqueue_job``), under the session's current
+    ``clear_version``; ``params`` default to ``{"k": key}``."""
+    from service.store import jobs
+
+    async with db.sessions() as session, session.begin():
+        cv = await session.scalar(
+            text("SELECT clear_version FROM side_question_sessions WHERE id = :s"), {"s": session_id}
+        )
+        job_id = await jobs.enqueue_job(
+            session, session_id, kind=kind, key=key, params=params or {"k": key}, clear_version=int(cv)
+        )
+    assert job_id is not None
+    return job_id
 
 
 async def merge_session_settings(session: Any, session_id: uuid.UUID, fields: dict[str, Any]) -> None:

@@ -52,15 +52,15 @@ def test_timestamps_always_carry_microseconds_and_z() -> None:
 
 @given(JSON)
 def test_canonical_json_is_the_key_sorted_compact_json_hashes_always_used(value: Any) -> None:
-    old = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    assert canonical_bytes(value) == old.encode()
-    assert content_hash(value) == hashlib.sha256(old.encode("utf-8")).hexdigest()
+    dumped = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    assert canonical_bytes(value) == dumped.encode()
+    assert content_hash(value) == hashlib.sha256(dumped.encode("utf-8")).hexdigest()
 
 
 def test_canonical_json_writes_what_json_dumps_writes_beyond_plain_json_values_too() -> None:
     odd = {"at": datetime(2026, 12, 1, 10, 0, tzinfo=UTC), "status": Status.FAILED, "t": (1, 2), "s": "x"}
-    old = json.dumps(odd, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
-    assert canonical_bytes(odd) == old.encode()
+    dumped = json.dumps(odd, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+    assert canonical_bytes(odd) == dumped.encode()
     assert canonical_bytes("a bare string") == b'"a bare string"'
     assert canonical_bytes(float("nan")) == b"NaN"  # as json.dumps: the callers refuse NaN before
 

@@ -11,7 +11,6 @@ from sqlalchemy import func, select
 from service.client.sse import SseMessage as Message
 from service.store.db import Database
 from service.store.models import EventRow, RequestRow, SessionRow, SnapshotRow
-from service.vocabulary import superseded_error
 from tests.api.conftest import Server
 from tests.api.helpers import ask, mark_running
 from tests.api.sse_client import events
@@ -107,7 +106,12 @@ async def test_interrupt_ends_the_running_stream_with_superseded_and_admits_the_
             for _ in range(5):
                 received.append(await asyncio.wait_for(anext(session_events), 5))
         ended = await asyncio.wait_for(asyncio.gather(*streams), 5)
-    expected = superseded_error(new["id"])
+    # The wire's words (SPEC §8), written out: built by superseded_error, they would follow any change to it.
+    expected = {
+        "code": "superseded",
+        "message": "cancelled because a newer question of the session interrupted it",
+        "detail": {"superseded_by": new["id"]},
+    }
     for stream in ended:
         status, error = stream[-2], stream[-1]
         assert status.event == "status" and status.json()["status"] == "cancelled"

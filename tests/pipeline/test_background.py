@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import select, update
 
 from service.config import Settings
 from service.store import calibration, jobs, memory, queue
@@ -26,7 +26,15 @@ from service.store.sessions import SnapshotJobPolicy, lock_or_create_session, se
 from service.vocabulary import JobKind
 from service.worker import start_worker
 from service.worker.runner import Worker
-from tests.factories import add_history, add_snapshot, admit, make_session, scripted_settings, tool_session
+from tests.factories import (
+    add_history,
+    add_snapshot,
+    admit,
+    enqueue_job,
+    make_session,
+    scripted_settings,
+    tool_session,
+)
 from tests.scripted_provider import VALID_SUMMARY, ScriptedServer, Step
 from tests.worker.conftest import row_of, wait_for
 
@@ -87,20 +95,6 @@ async def _job_is(db: Database, job_id: uuid.UUID, *statuses: str) -> bool:
     async with db.sessions() as session:
         state = await jobs.job_state(session, job_id)
     return state is not None and state.status in statuses
-
-
-async def _enqueue(
-    db: Database, sid: uuid.UUID, kind: JobKind, key: str, params: dict[str, Any]
-) -> uuid.UUID:
-    async with db.sessions() as session, session.begin():
-        cv = await session.scalar(
-            text("SELECT clear_version FROM side_question_sessions WHERE id = :s"), {"s": sid}
-        )
-        job_id = await jobs.enqueue_job(
-            session, sid, kind=kind, key=key, params=params, clear_version=int(cv)
-        )
-    assert job_id is not None
-    return job_id
 
 
 def _history(n: int) -> list[tuple[str, str]]:
@@ -177,7 +171,7 @@ async def test_a_folds_context_time_is_that_of_the_newest_folded_qa_asked_on_a_s
         ]
     assert times == ["2026-12-01T10:00:00Z", "2026-12-01T09:00:00Z", None]
 
-    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-3", {"through_ordinal": 3})
+    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-3", {"through_ordinal": 3})
     await wait_for(lambda: _job_is(db, job_id, "succeeded"), within=20)
     async with db.sessions() as session:
         owner = await session.get(SessionRow, sid)
@@ -197,7 +191,7 @@ async def test_a_request_waits_for_a_running_fold_instead_of_making_it_again(
     sid = await make_session(db)
     await add_history(db, sid, _history(21))
     server.script("qa_summary", Step.valid_summary().with_delay(before_s=1.5))
-    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
     # Two requests race the job for the same summary: one set of calls in all.
     first = await admit(db, sid, "question 22?")
@@ -245,7 +239,7 @@ async def test_a_fold_that_finds_its_range_taken_answers_with_the_jobs_summary(
     async def racing(rt: Any, kind: JobKind, key: str) -> AsyncIterator[bool]:
         if not taken:
             through = int(key.rsplit("-", 1)[-1])
-            taken.append(await _enqueue(db, sid, kind, key, {"through_ordinal": through}))
+            taken.append(await enqueue_job(db, sid, kind, key, {"through_ordinal": through}))
         async with real(rt, kind, key) as mine:
             yield mine
 
@@ -271,7 +265,7 @@ async def test_a_failed_job_is_made_by_the_request_itself_and_never_fails_it(
     sid = await make_session(db)
     await add_history(db, sid, _history(21))
     server.script("qa_summary", Step.server_error().with_delay(before_s=1.5), Step.valid_summary())
-    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
     rid = await admit(db, sid, "question 22?")
     await wait_for(lambda: _done(db, rid), within=30)
@@ -291,7 +285,7 @@ async def test_a_job_whose_model_call_times_out_says_the_background_job_timed_ou
         sid = await make_session(db)
         await add_history(db, sid, _history(21))
         server.set_default("qa_summary", Step.valid_summary().with_delay(before_s=5.0))
-        job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+        job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
         await wait_for(lambda: _job_is(db, job_id, "failed"), within=15)
     finally:
         await handle.stop()
@@ -308,7 +302,7 @@ async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
     sid = await make_session(db)
     await add_history(db, sid, _history(21))
     server.script("qa_summary", Step.valid_summary().with_delay(before_s=1.5))
-    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
 
     async def call_in_flight() -> bool:
@@ -338,7 +332,7 @@ async def test_a_job_whose_worker_died_runs_again_and_requests_are_unaffected(
     sid = await make_session(db)
     await add_history(db, sid, _history(21))
     await worker.jobs.stop()  # this process runs no jobs until the dead one's lease expired
-    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     async with db.sessions() as session, session.begin():
         dead = await jobs.claim_job(session, owner="dead-worker", lease_s=0.5, max_running=10)
     assert dead is not None and dead.id == job_id
@@ -356,7 +350,7 @@ async def test_a_job_whose_worker_died_runs_again_and_requests_are_unaffected(
 
 async def test_the_sweep_reruns_a_lost_job_once_then_fails_it(db: Database) -> None:
     sid = await make_session(db)
-    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
     for attempt in (1, 2):
         async with db.sessions() as session, session.begin():
             claimed = await jobs.claim_job(session, owner=f"dead-{attempt}", lease_s=0.01, max_running=10)
@@ -375,7 +369,7 @@ async def test_the_sweep_reruns_a_lost_job_once_then_fails_it(db: Database) -> N
 
 async def test_one_job_per_session_kind_and_key_is_enforced_by_the_database(db: Database) -> None:
     sid = await make_session(db)
-    await _enqueue(db, sid, JobKind.QA_FOLD, "1-5", {"through_ordinal": 5})
+    await enqueue_job(db, sid, JobKind.QA_FOLD, "1-5", {"through_ordinal": 5})
     async with db.sessions() as session, session.begin():
         fold = JobKind.QA_FOLD
         again = await jobs.enqueue_job(session, sid, kind=fold, key="1-5", params={}, clear_version=0)
@@ -397,7 +391,7 @@ async def test_two_workers_never_run_the_same_job(
     await a.start()
     await b.start()
     try:
-        ids = [await _enqueue(db, sid, JobKind.QA_FOLD, "1-3", {"through_ordinal": 3}) for sid in sessions]
+        ids = [await enqueue_job(db, sid, JobKind.QA_FOLD, "1-3", {"through_ordinal": 3}) for sid in sessions]
         for job_id in ids:
             await wait_for(functools.partial(_job_is, db, job_id, "succeeded"), within=30)
     finally:
@@ -420,7 +414,7 @@ async def test_a_request_that_times_out_waiting_for_a_job_says_how_long_it_waite
         sid = await make_session(db)
         await add_history(db, sid, _history(21))
         server.script("qa_summary", Step.valid_summary().with_delay(before_s=6.0))
-        job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+        job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
         await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
         rid = await admit(db, sid, "question 22?")
         await wait_for(lambda: _done(db, rid), within=20)

@@ -23,23 +23,7 @@ from service.store import jobs, ledger, queries
 from service.store.db import Database
 from service.store.events import session_events_with_deletion
 from service.vocabulary import JobKind, Status
-from tests.factories import add_snapshot, fail_once, make_session
-
-_CLEAR_VERSION = text("SELECT clear_version FROM side_question_sessions WHERE id = :s")
-
-
-async def _enqueue(
-    db: Database, sid: uuid.UUID, kind: JobKind, key: str, params: dict[str, Any] | None = None
-) -> uuid.UUID:
-    async with db.sessions() as session, session.begin():
-        cv = await session.scalar(
-            text("SELECT clear_version FROM side_question_sessions WHERE id = :s"), {"s": sid}
-        )
-        job_id = await jobs.enqueue_job(
-            session, sid, kind=kind, key=key, params=params or {"k": key}, clear_version=int(cv)
-        )
-    assert job_id is not None
-    return job_id
+from tests.factories import add_snapshot, enqueue_job, fail_once, make_session
 
 
 async def _claim(db: Database, max_running: int = 10) -> jobs.ClaimedJob | None:
@@ -63,7 +47,7 @@ async def test_the_claim_returns_the_job_and_what_it_reads_of_its_session(db: Da
         m='{"note": "kept"}',
         id=sid,
     )
-    job_id = await _enqueue(db, sid, JobKind.QA_FOLD, "1-3")
+    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-3")
     claimed = await _claim(db)
     assert claimed is not None
     assert (claimed.id, claimed.session_id, claimed.kind, claimed.key) == (job_id, sid, "qa_fold", "1-3")
@@ -90,7 +74,7 @@ async def test_a_job_whose_session_was_cleared_since_it_was_queued_is_claimed_as
     db: Database,
 ) -> None:
     sid = await make_session(db)
-    await _enqueue(db, sid, JobKind.QA_FOLD, "1-3")
+    await enqueue_job(db, sid, JobKind.QA_FOLD, "1-3")
     await _sql(
         db, "UPDATE side_question_sessions SET clear_version = clear_version + 1 WHERE id = :id", id=sid
     )
@@ -100,10 +84,10 @@ async def test_a_job_whose_session_was_cleared_since_it_was_queued_is_claimed_as
 
 async def test_the_claim_keeps_the_cap_and_one_running_job_per_session_and_kind(db: Database) -> None:
     one, two = await make_session(db, "p-1"), await make_session(db, "p-2")
-    first = await _enqueue(db, one, JobKind.QA_FOLD, "1-3")
-    same_kind = await _enqueue(db, one, JobKind.QA_FOLD, "4-6")
-    other_kind = await _enqueue(db, one, JobKind.CONTEXT_SUMMARY, "snapshot:s")
-    other_session = await _enqueue(db, two, JobKind.QA_FOLD, "1-3")
+    first = await enqueue_job(db, one, JobKind.QA_FOLD, "1-3")
+    same_kind = await enqueue_job(db, one, JobKind.QA_FOLD, "4-6")
+    other_kind = await enqueue_job(db, one, JobKind.CONTEXT_SUMMARY, "snapshot:s")
+    other_session = await enqueue_job(db, two, JobKind.QA_FOLD, "1-3")
     # A request's registration is running, but takes no background slot and is never claimed.
     async with db.sessions() as session, session.begin():
         registered = await jobs.register_inline(
@@ -138,7 +122,7 @@ async def test_nothing_queued_claims_nothing(db: Database) -> None:
 @pytest.fixture
 async def running_job(db: Database) -> uuid.UUID:
     sid = await make_session(db)
-    await _enqueue(db, sid, JobKind.QA_FOLD, "1-3")
+    await enqueue_job(db, sid, JobKind.QA_FOLD, "1-3")
     claimed = await _claim(db)
     assert claimed is not None
     return claimed.id
@@ -187,8 +171,8 @@ async def test_a_context_summary_job_is_claimed_with_its_snapshot_s_content_hash
     stored = await _sql(
         db, "SELECT content_hash FROM main_snapshots WHERE session_id = :s AND snapshot_id = 's-1'", s=sid
     )
-    named = await _enqueue(db, sid, JobKind.CONTEXT_SUMMARY, "snapshot:s-1", {"snapshot_id": "s-1"})
-    missing = await _enqueue(db, sid, JobKind.CONTEXT_SUMMARY, "snapshot:gone", {"snapshot_id": "gone"})
+    named = await enqueue_job(db, sid, JobKind.CONTEXT_SUMMARY, "snapshot:s-1", {"snapshot_id": "s-1"})
+    missing = await enqueue_job(db, sid, JobKind.CONTEXT_SUMMARY, "snapshot:gone", {"snapshot_id": "gone"})
     first = await _claim(db)
     assert first is not None and first.id == named and first.snapshot_hash == stored
     async with db.connection() as conn, conn.transaction():
