@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from service import vocabulary
 from service.budget import MessageGroup, estimate_text
-from service.budget.prepared import PreparedSnapshot, summary_cache_key
+from service.budget.prepared import PreparedSnapshot
 from service.budget.trail import render_trail
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import render_messages
@@ -193,13 +193,12 @@ def _cached_prefixes(
     """The entries that summarise this transcript's prefix of their length, among the lengths in
     ``boundaries`` (group boundaries: a tool call and its results are never split between a cached
     summary and what follows it)."""
-    digests = prepared.digests
     return [
         PrefixReuse(entry, entry.covered_messages)
         for entry in cache_entries
         if entry.covered_messages in boundaries
-        and entry.covered_messages < len(digests)
-        and summary_cache_key(digests[entry.covered_messages], model, prompt_version) == entry.key
+        and entry.covered_messages < len(prepared.digests)
+        and prepared.cache_key(entry.covered_messages, model, prompt_version) == entry.key
     ]
 
 
