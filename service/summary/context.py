@@ -137,7 +137,7 @@ class ContextCompaction:
 
 
 def _piece(messages: Sequence[Mapping[str, Any]], group: MessageGroup) -> str:
-    return render_messages([dict(m) for m in messages[group.start : group.end]], group.start)
+    return render_messages(messages[group.start : group.end], group.start)
 
 
 # Where a preparation keeps the transcript pieces rendered so far (PreparedSnapshot.memo), by group,
@@ -161,7 +161,7 @@ def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int, *, masked:
             piece = rendered.get(index)
             if piece is None:
                 if forms is not None and forms[index].masked_messages:
-                    piece = render_messages(list(forms[index].messages), group.start)
+                    piece = render_messages(forms[index].messages, group.start)
                 else:  # a group masking leaves as it is reads as itself (and may be warmed already)
                     piece = raw.get(index) or _piece(prepared.messages, group)
                     raw[index] = piece
