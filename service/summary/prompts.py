@@ -105,6 +105,10 @@ class SummaryPrompt:
     system: str
     messages: list[dict[str, Any]]
 
+    def tokens(self) -> int:
+        """The prompt's estimate as sent: its system text plus its messages, envelopes included."""
+        return estimate_system(self.system) + estimate_messages(self.messages)
+
 
 def build_summary_prompt(
     kind: SummaryKind,
@@ -194,7 +198,7 @@ def build_merge_prompt(
 def merge_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
     """Tokens a merge prompt needs besides its documents (the retry variant, up to 999 parts)."""
     skeleton = _merge_prompt(kind, "", 999, retry=True, instructions=instructions)
-    return estimate_system(skeleton.system) + estimate_messages(skeleton.messages)
+    return skeleton.tokens()
 
 
 def summary_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
@@ -205,8 +209,7 @@ def summary_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -
     skeleton = build_summary_prompt(
         kind, "", previous_body="", retry=True, chunk=999, chunks=999, instructions=instructions
     )
-    update = estimate_system(skeleton.system) + estimate_messages(skeleton.messages) + BODY_TOKEN_LIMIT
-    return max(update, merge_prompt_reserve(kind, instructions))
+    return max(skeleton.tokens() + BODY_TOKEN_LIMIT, merge_prompt_reserve(kind, instructions))
 
 
 # --------------------------------------------------------------------------------------------------
