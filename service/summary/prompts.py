@@ -22,7 +22,7 @@ from service.budget import (
     estimate_tools,
     pending_tool_ids,
 )
-from service.summary.document import BODY_TOKEN_LIMIT, RETRY_BODY_TOKENS
+from service.summary.document import BODY_TOKEN_LIMIT
 from service.summary.material import QAPair, render_qa_pair
 
 PROMPT_VERSION = "summary-prompts-1"
@@ -32,6 +32,8 @@ _MATERIAL: dict[SummaryKind, str] = {"qa": "side questions and answers", "contex
 
 # What the first attempt asks for: comfortably below the 2200-token body limit.
 FIRST_BODY_TOKENS = 1500
+# What the retry asks for, well under the limit so a verbose model still lands inside it.
+RETRY_BODY_TOKENS = 600
 
 _SCHEMA = (
     '{"objective": string, "state": string, "decisions": [string], "open_work": [string], "risks": [string]}'
