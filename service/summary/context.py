@@ -197,7 +197,6 @@ def _cached_prefixes(
         PrefixReuse(entry, entry.covered_messages)
         for entry in cache_entries
         if entry.covered_messages in boundaries
-        and entry.covered_messages < len(prepared.digests)
         and prepared.cache_key(entry.covered_messages, model, prompt_version) == entry.key
     ]
 
