@@ -117,26 +117,17 @@ def plan_cut(
     summarized = recent_start([group.tokens for group in groups], recent_budget)
     if summarized == 0:
         return all_fit_recent(groups[-1].end, sum(g.tokens for g in groups), recent_budget)
-    plan = cut_at(groups, summarized)
+    until = groups[summarized - 1].end
+    plan = CutPlan(
+        summarize_until=until,
+        summarized_groups=summarized,
+        kept_groups=len(groups) - summarized,
+        kept_messages=groups[-1].end - until,
+        gross_removed_tokens=sum(group.tokens for group in groups[:summarized]),
+        kept_tokens=sum(group.tokens for group in groups[summarized:]),
+    )
     if plan.gross_removed_tokens < min_summarized_tokens:
         return too_little_to_summarize(
             f"{plan.gross_removed_tokens} tokens", plan.summarize_until, min_summarized_tokens
         )
     return plan
-
-
-def cut_at(groups: Sequence[MessageGroup], summarized_groups: int) -> CutPlan:
-    """The cut that summarises exactly the first ``summarized_groups`` groups (the ladder may summarise
-    up to the end), as :func:`plan_cut` would describe it."""
-    if not 0 < summarized_groups <= len(groups):
-        raise ValueError("a cut summarises at least one group and at most all of them")
-    until = groups[summarized_groups - 1].end
-    total = groups[-1].end
-    return CutPlan(
-        summarize_until=until,
-        summarized_groups=summarized_groups,
-        kept_groups=len(groups) - summarized_groups,
-        kept_messages=total - until,
-        gross_removed_tokens=sum(group.tokens for group in groups[:summarized_groups]),
-        kept_tokens=sum(group.tokens for group in groups[summarized_groups:]),
-    )

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from service import vocabulary
 from service.budget import MessageGroup, estimate_text
-from service.budget.prepared import PreparedSnapshot, summary_cache_key
+from service.budget.prepared import PreparedSnapshot
 from service.budget.trail import render_trail
 from service.summary.document import Provenance, SummaryDocument, render_summary
 from service.summary.material import render_messages
@@ -137,7 +137,7 @@ class ContextCompaction:
 
 
 def _piece(messages: Sequence[Mapping[str, Any]], group: MessageGroup) -> str:
-    return render_messages([dict(m) for m in messages[group.start : group.end]], group.start)
+    return render_messages(messages[group.start : group.end], group.start)
 
 
 # Where a preparation keeps the transcript pieces rendered so far (PreparedSnapshot.memo), by group,
@@ -161,7 +161,7 @@ def snapshot_pieces(prepared: PreparedSnapshot, start: int, end: int, *, masked:
             piece = rendered.get(index)
             if piece is None:
                 if forms is not None and forms[index].masked_messages:
-                    piece = render_messages(list(forms[index].messages), group.start)
+                    piece = render_messages(forms[index].messages, group.start)
                 else:  # a group masking leaves as it is reads as itself (and may be warmed already)
                     piece = raw.get(index) or _piece(prepared.messages, group)
                     raw[index] = piece
@@ -193,13 +193,11 @@ def _cached_prefixes(
     """The entries that summarise this transcript's prefix of their length, among the lengths in
     ``boundaries`` (group boundaries: a tool call and its results are never split between a cached
     summary and what follows it)."""
-    digests = prepared.digests
     return [
         PrefixReuse(entry, entry.covered_messages)
         for entry in cache_entries
         if entry.covered_messages in boundaries
-        and entry.covered_messages < len(digests)
-        and summary_cache_key(digests[entry.covered_messages], model, prompt_version) == entry.key
+        and prepared.cache_key(entry.covered_messages, model, prompt_version) == entry.key
     ]
 
 

@@ -22,8 +22,6 @@ MAX_LIST_ITEMS = 32
 # SPEC §6.3: a rendered body estimated above this is "too long" and triggers the one retry (the
 # budget kernel reserves room for summaries by the same number).
 BODY_TOKEN_LIMIT = SUMMARY_BODY_TOKEN_LIMIT
-# What the retry prompt asks for, well under the limit so a verbose model still lands inside it.
-RETRY_BODY_TOKENS = 600
 
 DOCUMENT_KEYS: tuple[str, ...] = ("objective", "state", "decisions", "open_work", "risks")
 _STRING_KEYS = ("objective", "state")

@@ -7,7 +7,7 @@ cut between groups and only falls back to lines inside a group that alone is too
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ def _render_tool_result_content(content: Any) -> str:
     )
 
 
-def render_message(index: int, message: dict[str, Any]) -> str:
+def render_message(index: int, message: Mapping[str, Any]) -> str:
     """One canonical snapshot message as transcript text, labelled with its index in the snapshot."""
     role = str(message.get("role", "?"))
     lines = [f"[message {index} · {role}]"]
@@ -76,6 +76,6 @@ def render_message(index: int, message: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_messages(messages: Sequence[dict[str, Any]], start: int = 0) -> str:
+def render_messages(messages: Sequence[Mapping[str, Any]], start: int = 0) -> str:
     """Consecutive messages as one transcript piece; ``start`` is the first message's snapshot index."""
     return "".join(render_message(start + i, m) for i, m in enumerate(messages))

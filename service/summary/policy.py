@@ -13,8 +13,6 @@ from service.budget import (
     MIN_CHUNK_CAPACITY,
     Calibration,
     chunk_pieces,
-    estimate_messages,
-    estimate_system,
     summary_capacity,
     summary_output_caps,
 )
@@ -271,9 +269,7 @@ class SummaryCaller:
 
     async def _sample(self, prompt: SummaryPrompt, prompt_tokens: int) -> None:
         if self.on_sample is not None:
-            # The estimate as sent: system prompt plus messages, envelopes included.
-            estimate = estimate_system(prompt.system) + estimate_messages(prompt.messages)
-            await self.on_sample(self.model, estimate, prompt_tokens)
+            await self.on_sample(self.model, prompt.tokens(), prompt_tokens)
 
 
 def judge_reply(result: CallResult, max_output_tokens: int) -> SummaryDocument:

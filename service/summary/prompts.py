@@ -22,7 +22,7 @@ from service.budget import (
     estimate_tools,
     pending_tool_ids,
 )
-from service.summary.document import BODY_TOKEN_LIMIT, RETRY_BODY_TOKENS
+from service.summary.document import BODY_TOKEN_LIMIT
 from service.summary.material import QAPair, render_qa_pair
 
 PROMPT_VERSION = "summary-prompts-1"
@@ -32,6 +32,8 @@ _MATERIAL: dict[SummaryKind, str] = {"qa": "side questions and answers", "contex
 
 # What the first attempt asks for: comfortably below the 2200-token body limit.
 FIRST_BODY_TOKENS = 1500
+# What the retry asks for, well under the limit so a verbose model still lands inside it.
+RETRY_BODY_TOKENS = 600
 
 _SCHEMA = (
     '{"objective": string, "state": string, "decisions": [string], "open_work": [string], "risks": [string]}'
@@ -104,6 +106,10 @@ class SummaryPrompt:
 
     system: str
     messages: list[dict[str, Any]]
+
+    def tokens(self) -> int:
+        """The prompt's estimate as sent: its system text plus its messages, envelopes included."""
+        return estimate_system(self.system) + estimate_messages(self.messages)
 
 
 def build_summary_prompt(
@@ -194,7 +200,7 @@ def build_merge_prompt(
 def merge_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
     """Tokens a merge prompt needs besides its documents (the retry variant, up to 999 parts)."""
     skeleton = _merge_prompt(kind, "", 999, retry=True, instructions=instructions)
-    return estimate_system(skeleton.system) + estimate_messages(skeleton.messages)
+    return skeleton.tokens()
 
 
 def summary_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
@@ -205,8 +211,7 @@ def summary_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -
     skeleton = build_summary_prompt(
         kind, "", previous_body="", retry=True, chunk=999, chunks=999, instructions=instructions
     )
-    update = estimate_system(skeleton.system) + estimate_messages(skeleton.messages) + BODY_TOKEN_LIMIT
-    return max(update, merge_prompt_reserve(kind, instructions))
+    return max(skeleton.tokens() + BODY_TOKEN_LIMIT, merge_prompt_reserve(kind, instructions))
 
 
 # --------------------------------------------------------------------------------------------------
