@@ -6,6 +6,7 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 
+import hypothesis
 import pytest
 from sqlalchemy import text
 
@@ -16,6 +17,11 @@ from service.store.schema import upgrade_to_head
 from tests import pg
 
 pytest_plugins = ["tests.scripted_provider"]
+
+# Property tests check what holds, not how fast: no per-example deadline, which a loaded CI machine
+# (two cores, the suite's servers beside it) can exceed on a large generated transcript.
+hypothesis.settings.register_profile("sidequest", deadline=None)
+hypothesis.settings.load_profile("sidequest")
 
 # Every table of the schema (the models are the one list), emptied between tests.
 TABLES = tuple(table.name for table in Base.metadata.sorted_tables)

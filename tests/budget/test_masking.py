@@ -115,7 +115,7 @@ def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
     return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(tool_transcripts())
 def test_a_group_is_masked_whole_and_never_split(messages: list[dict[str, Any]]) -> None:
     groups, forms, _ = _masked(messages)
@@ -132,7 +132,7 @@ def test_a_group_is_masked_whole_and_never_split(messages: list[dict[str, Any]])
             ]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(tool_transcripts())
 def test_text_and_key_arguments_are_never_elided(messages: list[dict[str, Any]]) -> None:
     _, forms, _ = _masked(messages)
@@ -152,7 +152,7 @@ def test_text_and_key_arguments_are_never_elided(messages: list[dict[str, Any]])
                 assert artifact_of(after) == artifact_of(before)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(tool_transcripts(), tool_transcripts())
 def test_the_masked_form_of_a_group_depends_on_that_group_alone(
     messages: list[dict[str, Any]], earlier: list[dict[str, Any]]
@@ -169,7 +169,7 @@ def test_the_masked_form_of_a_group_depends_on_that_group_alone(
     ]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(tool_transcripts())
 def test_masking_oldest_first_never_grows_the_transcript(messages: list[dict[str, Any]]) -> None:
     groups, forms, _ = _masked(messages)
@@ -182,7 +182,7 @@ def test_masking_oldest_first_never_grows_the_transcript(messages: list[dict[str
         assert form.tokens <= group.tokens
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(tool_transcripts(openai_style=True))
 def test_openai_arguments_stay_valid_json_of_the_same_keys(messages: list[dict[str, Any]]) -> None:
     _, forms, _ = _masked(messages)

@@ -66,7 +66,7 @@ def snapshots(draw: st.DrawFn) -> dict[str, Any]:
     return {"system": system, "tools": [{"name": "grep", "input_schema": {}}], "messages": messages}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(snapshots())
 def test_prepared_matches_what_a_request_would_compute(content: dict[str, Any]) -> None:
     prepared = prepare_snapshot(content)
@@ -84,7 +84,7 @@ def test_prepared_matches_what_a_request_would_compute(content: dict[str, Any]) 
         )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(snapshots())
 def test_the_stored_form_round_trips_through_json(content: dict[str, Any]) -> None:
     prepared = prepare_snapshot(content)
@@ -133,7 +133,7 @@ def test_another_version_is_refused_so_it_is_recomputed() -> None:
     raise AssertionError("a prepared snapshot of another version must not be trusted")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(snapshots(), st.dictionaries(st.sampled_from(["a", "max_output_tokens", "system", "zz"]), texts))
 def test_one_encoding_gives_the_canonical_bytes_digests_and_stored_json(
     content: dict[str, Any], extra: dict[str, str]

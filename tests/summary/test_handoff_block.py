@@ -234,7 +234,7 @@ def histories(draw: st.DrawFn) -> tuple[list[HandoffItem], HandoffSummary | None
     return items, summary
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(histories(), st.integers(HANDOFF_MIN_TOKENS, HANDOFF_MAX_TOKENS))
 def test_for_any_history_and_limit_the_block_fits_and_stays_valid_utf8(
     history: tuple[list[HandoffItem], HandoffSummary | None], max_tokens: int
@@ -260,7 +260,7 @@ def test_for_any_history_and_limit_the_block_fits_and_stays_valid_utf8(
     assert block.text.endswith(END_LINE) and block.text.count(f"\n{END_LINE}") == 1
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(histories(), st.integers(HANDOFF_MIN_TOKENS, HANDOFF_MAX_TOKENS))
 def test_when_everything_fits_verbatim_it_goes_verbatim(
     history: tuple[list[HandoffItem], HandoffSummary | None], max_tokens: int
