@@ -41,9 +41,6 @@ from service.summary.prompts import (
 )
 from service.vocabulary import Stage, utc_iso
 
-# Stop reasons that mean "cut at the output cap" (normalised, plus Anthropic's raw value).
-_TRUNCATED = frozenset({"length", "max_tokens"})
-
 PURPOSE_OF: dict[SummaryKind, Purpose] = {"qa": "qa_summary", "context": "context_summary"}
 STAGE_OF: dict[SummaryKind, Stage] = {"qa": Stage.ORGANIZING_HISTORY, "context": Stage.COMPACTING_CONTEXT}
 
@@ -279,7 +276,7 @@ def judge_reply(result: CallResult, max_output_tokens: int) -> SummaryDocument:
     if result.tool_calls or result.stop_reason == "tool_calls":
         name = result.tool_calls[0].name if result.tool_calls else "(unnamed)"
         raise SummaryToolCall(tool_name=name)
-    if result.stop_reason in _TRUNCATED or result.raw_stop_reason in _TRUNCATED:
+    if result.truncated:
         raise SummaryTruncated(
             max_output_tokens=max_output_tokens, stop_reason=result.stop_reason or "length"
         )
