@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection, Iterable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +25,27 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         pass
     return event.is_set()
+
+
+async def all_or_first_failure(awaitables: Iterable[Awaitable[T]]) -> list[T]:
+    """Run ``awaitables`` at once; their results in order, or the first failure raised as it came, once
+    the others are cancelled and have ended (their own cleanup, a recorded attempt say, has run).
+
+    Not a ``TaskGroup``: there, a child's error raised while the children are being cancelled replaces
+    the caller's own cancellation; here a cancelled caller stays cancelled."""
+    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+    if not tasks:
+        return []
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()  # a task that has ended ignores it
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        if task in done and not task.cancelled() and (failure := task.exception()) is not None:
+            raise failure
+    return [task.result() for task in tasks]
 
 
 async def settle(tasks: Collection[asyncio.Task[object]], seconds: float, what: str) -> None:

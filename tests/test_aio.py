@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from service.aio import settle, wait_event
+from service.aio import all_or_first_failure, settle, wait_event
 from service.worker.runner import SlotPool
 
 
@@ -198,3 +198,49 @@ async def test_settle_returns_when_a_task_ignores_its_stop_and_names_it(
     assert not [r for r in caplog.records if "quick-request" in r.getMessage()]
     release.set()
     await task
+
+
+async def test_all_or_first_failure_gives_results_in_order_or_the_first_failure_once_all_ended() -> (
+    None
+):
+    async def value(v: int, delay: float) -> int:
+        await asyncio.sleep(delay)
+        return v
+
+    assert await all_or_first_failure([value(1, 0.02), value(2, 0)]) == [1, 2]
+    assert await all_or_first_failure([]) == []
+    cleaned: list[str] = []
+
+    async def slow() -> int:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            cleaned.append("slow")  # its own cleanup ran before the failure reached the caller
+        return 0
+
+    async def fails() -> int:
+        await asyncio.sleep(0)
+        raise ValueError("first")
+
+    with pytest.raises(ValueError, match="first") as caught:
+        await all_or_first_failure([slow(), fails()])
+    assert cleaned == ["slow"]
+    assert caught.value.__context__ is None  # raised as it came, not chained to anything of ours
+
+
+async def test_all_or_first_failure_leaves_a_cancelled_caller_cancelled() -> None:
+    """A child that raises while it is being cancelled does not turn the caller's cancellation into
+    its error (a TaskGroup would)."""
+
+    async def raises_when_cancelled() -> int:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup failed") from None
+        return 0
+
+    caller = asyncio.ensure_future(all_or_first_failure([raises_when_cancelled(), asyncio.sleep(10)]))
+    await _waiting(caller)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller

@@ -8,8 +8,9 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+from service.aio import all_or_first_failure
 from service.budget.chunk import SUMMARY_MAX_TOKENS
 from service.pipeline.answer import answer, build_answer, meter
 from service.pipeline.compaction import ContextPlan, compact_snapshot_copy, record_fidelity
@@ -27,20 +28,9 @@ U = TypeVar("U")
 
 
 async def _both(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
-    """Run two stage steps at once; the first failure cancels the other and is raised as it is."""
-    a = asyncio.ensure_future(first)
-    b = asyncio.ensure_future(second)
-    try:
-        await asyncio.wait({a, b}, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for task in (a, b):
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(a, b, return_exceptions=True)
-    for task in (a, b):
-        if not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
-    return a.result(), b.result()
+    """Run two stage steps at once (:func:`~service.aio.all_or_first_failure`), typed."""
+    a, b = await all_or_first_failure([first, second])
+    return cast(T, a), cast(U, b)
 
 
 async def _execute(rt: RequestRuntime) -> dict[str, Any]:

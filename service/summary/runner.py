@@ -8,11 +8,12 @@ need more merge calls than planned (checked by a property test).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from service import vocabulary
+from service.aio import all_or_first_failure
 from service.budget import estimate_text
 from service.providers.base import ContextOverflow
 from service.summary.document import BODY_TOKEN_LIMIT, SummaryDocument, render_body
@@ -75,23 +76,6 @@ class SummaryPlan:
     def calls(self) -> int:
         """Chunk calls plus merge calls (a merge call is a call, not a chunk)."""
         return self.chunks + self.merge_calls
-
-
-_T = TypeVar("_T")
-
-
-async def _all_or_nothing(calls: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:
-    """Run ``calls`` at once and return their results in order, or raise the first failure as it came,
-    once the others are cancelled and waited for (so ``run_call`` has recorded each cancelled attempt)."""
-    failure: BaseException | None = None
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(call) for call in calls]
-    except BaseExceptionGroup as failed:
-        failure = failed.exceptions[0]  # the one that made the group cancel the rest
-    if failure is not None:
-        raise failure  # outside the handler, so it is not chained to the group that carried it
-    return [task.result() for task in tasks]
 
 
 @dataclass
@@ -160,7 +144,7 @@ class SummaryRunner(SummaryCaller):
                     running = await one_chunk(index, chunk, running)
                 assert running is not None
                 return running
-            documents = await _all_or_nothing(
+            documents = await all_or_first_failure(
                 [one_chunk(i, chunk, previous if i == 1 else None) for i, chunk in enumerate(chunks, start=1)]
             )
             merge_round = 0
@@ -208,6 +192,6 @@ class SummaryRunner(SummaryCaller):
                 return await self.call(kind, prompt, reservation=reservation)
 
         merged = iter(
-            await _all_or_nothing([one_merge(number, group) for number, group in enumerate(calls, 1)])
+            await all_or_first_failure([one_merge(number, group) for number, group in enumerate(calls, 1)])
         )
         return [next(merged) if len(group) > 1 else documents[group.start] for group in groups]
