@@ -200,9 +200,7 @@ async def test_settle_returns_when_a_task_ignores_its_stop_and_names_it(
     await task
 
 
-async def test_all_or_first_failure_gives_results_in_order_or_the_first_failure_once_all_ended() -> (
-    None
-):
+async def test_all_or_first_failure_gives_results_in_order_or_the_first_failure_once_all_ended() -> None:
     async def value(v: int, delay: float) -> int:
         await asyncio.sleep(delay)
         return v

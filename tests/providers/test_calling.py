@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from service.aio import all_or_first_failure
 from service.providers.base import CallUsage, ContextOverflow, ProviderError, ProviderTimeout, RateLimited
 from service.providers.calling import CallRecord, run_call
 from service.providers.openai_compat import OpenAIProvider
@@ -406,8 +407,6 @@ async def test_parallel_calls_that_pass_one_deadline_are_each_recorded(
 ) -> None:
     """The first to time out cancels the others, which were recording their own timeouts: each is
     still recorded, with its usage — the cancellation must not cut a recording short."""
-    from service.summary.runner import _all_or_nothing
-
     for _ in range(3):
         server.script("context_summary", Step.hang(text="partial"))
     recorder = _SlowRecorder()
@@ -417,5 +416,5 @@ async def test_parallel_calls_that_pass_one_deadline_are_each_recorded(
         for _ in range(3)
     ]
     with pytest.raises(ProviderTimeout):
-        await _all_or_nothing(calls)
+        await all_or_first_failure(calls)
     assert len(recorder.calls) == 3, recorder.calls
