@@ -7,8 +7,8 @@ Create Date: 2026-12-02 00:40:00
 A clear (or an archive restore) replaces a session's history. Its requests are hidden at once
 (``deleted_at``) so that a session stream opened afterwards does not replay them, while one that
 resumes still gets every event after its cursor. Session-level events (``memory``, ``handoff``: no
-request) had no such mark, and a fresh session stream replayed the old history's hand-offs (an
-outside check). ``cleared_through_event`` is the highest session-level event id of the history
+request) had no such mark, and a fresh session stream replayed the old history's hand-offs.
+``cleared_through_event`` is the highest session-level event id of the history
 replaced, ``cleared_at`` when: the same visibility rule as a request's ``deleted_at``.
 """
 
