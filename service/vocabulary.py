@@ -362,10 +362,6 @@ def rerun(reason: RequeueReason, stage: str | None, attempt: int | None = None) 
 
 def integral(value: object) -> int | None:
     """A JSON integer as an int: ``5`` and ``5.0`` are one number (JSON Schema agrees); ``true`` is not."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
