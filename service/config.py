@@ -59,9 +59,8 @@ def shown_url(url: str) -> str:
 
 
 def url_hosts(url: str) -> list[tuple[str, int | None]]:
-    """The ``(host, port)`` pairs of a database URL's netloc, one per host of a multi-host URL.
-
-    Raises ``ValueError`` for a port that is not a number."""
+    """The ``(host, port)`` pairs of a database URL's netloc, one per host of a multi-host URL;
+    raises ``ValueError`` for a port that is not a number."""
     hostlist = urlsplit(url).netloc.rpartition("@")[2]
     result: list[tuple[str, int | None]] = []
     for spec in hostlist.split(","):
@@ -102,8 +101,7 @@ class Settings(BaseSettings):
     summary_model: str | None = None
     calibration: Literal["on", "off"] = "on"
 
-    # SPEC 9.1: the LISTEN connection apart from the pools, and what sits between the pools and
-    # PostgreSQL.
+    # SPEC 9.1: the LISTEN connection apart from the pools, and what sits between pools and PostgreSQL.
     listen_database_url: str | None = None
     database_pooler: Literal["none", "transaction"] = "none"
 
