@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -26,10 +27,7 @@ def asyncpg_url(value: str | None) -> str | None:
     asyncpg reads only the last of repeated query parameters and would silently keep one host."""
     if value is None or value == "":
         return None
-    for prefix in ("postgresql://", "postgres://"):
-        if value.startswith(prefix):
-            value = "postgresql+asyncpg://" + value[len(prefix) :]
-            break
+    value = re.sub(r"^postgres(?:ql)?://", "postgresql+asyncpg://", value)
     parts = urlsplit(value)
     if not parts.query:
         return value
