@@ -96,8 +96,7 @@ def describe_fidelity(fidelity: object) -> str | None:
     verbatim = _count(fidelity.get("verbatim_messages"))
     masked = _count(fidelity.get("masked_messages"))
     summarized = _count(fidelity.get("summarized_messages"))
-    artifacts = fidelity.get("artifacts") if isinstance(fidelity.get("artifacts"), dict) else {}
-    assert isinstance(artifacts, dict)
+    artifacts = found if isinstance(found := fidelity.get("artifacts"), dict) else {}
     total, in_prompt = _count(artifacts.get("total")), _count(artifacts.get("in_prompt"))
     tier = fidelity.get("tier")
     if tier == "none":
@@ -207,8 +206,7 @@ class Renderer:
             self.out.write(text)
             self.out.flush()
         elif event == "done":
-            record = data.get("record") if isinstance(data.get("record"), dict) else {}
-            assert isinstance(record, dict)
+            record = found if isinstance(found := data.get("record"), dict) else {}
             self._finish_answer(record.get("answer"))
             # What of the snapshot the model saw, before the final line (the outcome and usage).
             info = record.get("context_info")
