@@ -185,10 +185,7 @@ class Renderer:
             label = f"{status}" if active and not stage else f"stage {self.stage}"
             if data.get("reason"):
                 label += f" ({data['reason']})"
-            if self.live:
-                self.note(label)
-            else:
-                self.lasting(label)
+            (self.note if self.live else self.lasting)(label)
         elif event == "progress":
             if data.get("discard_streamed_text"):
                 # The request runs again from the start (worker lost): what streamed is void.
