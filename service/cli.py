@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from service.budget.handoff import HANDOFF_MAX_TOKENS, HANDOFF_MIN_TOKENS
 from service.config import Settings, SettingsError, load_settings, shown_url
@@ -24,14 +24,15 @@ def _is_loopback(host: str) -> bool:
 
 
 @contextmanager
-def database_url(settings: Settings) -> Iterator[str]:
-    """Yield the database URL: the configured one, or an embedded server's (stopped on exit)."""
-    if settings.database_url:
-        yield settings.database_url
-        return
+def migrated_database(settings: Settings) -> Iterator[str]:
+    """The database URL, migrated to head: the configured one, or an embedded server's (stopped on exit)."""
     from service.embedded import embedded_database
+    from service.store.schema import upgrade_to_head
 
-    with embedded_database(settings.data_dir) as url:
+    with ExitStack() as stack:
+        url = settings.database_url or stack.enter_context(embedded_database(settings.data_dir))
+        upgrade_to_head(url)
+        log.info("database migrated to head")
         yield url
 
 
@@ -43,17 +44,9 @@ def _raise_shutdown(signum: int, _frame: object) -> None:
     raise _Shutdown(signum)
 
 
-def _migrate(url: str) -> None:
-    from service.store.schema import upgrade_to_head
-
-    upgrade_to_head(url)
-    log.info("database migrated to head")
-
-
 def _migrate_only(settings: Settings) -> int:
-    with database_url(settings) as url:
-        _migrate(url)
-    return 0
+    with migrated_database(settings):
+        return 0
 
 
 def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool) -> int:
@@ -73,8 +66,7 @@ def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool)
     signal.signal(signal.SIGTERM, _raise_shutdown)
     signal.signal(signal.SIGINT, _raise_shutdown)
     try:
-        with database_url(settings) as url:
-            _migrate(url)
+        with migrated_database(settings) as url:
             if api:
                 from service.api.app import create_app
                 from service.serve import create_serving_app
