@@ -196,10 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return client.main(args)
     try:
         settings = load_settings()
+        problem = _provider_problem(settings) if args.command in ("serve", "api", "worker") else None
     except SettingsError as exc:
-        print(f"sidequest: {exc}", file=sys.stderr)
-        return 2
-    problem = _provider_problem(settings) if args.command in ("serve", "api", "worker") else None
+        problem = str(exc)
     if problem is not None:
         print(f"sidequest: {problem}", file=sys.stderr)
         return 2
