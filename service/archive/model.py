@@ -109,8 +109,7 @@ def _timestamp(value: object) -> datetime:
     if not isinstance(value, str):
         raise ValueError("must be an RFC 3339 timestamp string")
     text = value.upper()
-    match = _RFC3339.fullmatch(text)
-    if match is None:
+    if (match := _RFC3339.fullmatch(text)) is None:
         raise ValueError("must be an RFC 3339 timestamp with seconds and a zone, e.g. 2026-11-29T10:00:00Z")
     leap = match.group(1) == "60"
     try:
