@@ -44,11 +44,6 @@ def _raise_shutdown(signum: int, _frame: object) -> None:
     raise _Shutdown(signum)
 
 
-def _migrate_only(settings: Settings) -> int:
-    with migrated_database(settings):
-        return 0
-
-
 def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool) -> int:
     if api and not settings.tenant_tokens() and not _is_loopback(host):
         print(
@@ -202,14 +197,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(f"sidequest: {problem}", file=sys.stderr)
         return 2
-    commands: dict[str, Callable[[], int]] = {
-        "serve": lambda: _serve(settings, args.host, args.port, api=True, worker=True),
-        "api": lambda: _serve(settings, args.host, args.port, api=True, worker=False),
-        "worker": lambda: _serve(settings, "127.0.0.1", 0, api=False, worker=True),
-        "migrate": lambda: _migrate_only(settings),
-    }
     try:
-        return commands[args.command]()
+        if args.command == "migrate":
+            with migrated_database(settings):
+                return 0
+        if args.command == "worker":
+            return _serve(settings, "127.0.0.1", 0, api=False, worker=True)
+        return _serve(settings, args.host, args.port, api=True, worker=args.command == "serve")
     except Exception as exc:
         from service.store.db import unusable_reason
 
