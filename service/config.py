@@ -176,10 +176,9 @@ class Settings(BaseSettings):
 
 def _accepted_range(field_name: str) -> str:
     """``; accepted range 256–32768`` (or ``> 0 and ≤ 3600``) for a bounded setting, else ``""``."""
-    field = Settings.model_fields[field_name]
     bounds = {
         kind: getattr(constraint, kind)
-        for constraint in field.metadata
+        for constraint in Settings.model_fields[field_name].metadata
         for kind in ("ge", "gt", "le")
         if getattr(constraint, kind, None) is not None
     }

@@ -246,8 +246,7 @@ class Renderer:
 
 def format_error(error: dict[str, Any]) -> str:
     """``code: message`` plus the detail fields, e.g. ``provider_error: … (status=500)``."""
-    code = error.get("code", "error")
-    text = f"{code}: {error.get('message', '')}".rstrip(": ")
+    text = f"{error.get('code', 'error')}: {error.get('message', '')}".rstrip(": ")
     detail = error.get("detail")
     if isinstance(detail, dict) and detail:
         text += " (" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in detail.items()) + ")"
