@@ -71,8 +71,7 @@ def describe_progress(data: dict[str, Any]) -> str:
 
 
 def _size(n_bytes: int) -> str:
-    """Bytes as a person reads them: 950 bytes, 1.5 KB, 310 KB, 1.2 MB (decimal units, as the
-    inspector writes them)."""
+    """Bytes as a person reads them: 950 bytes, 1.5 KB, 310 KB, 1.2 MB (decimal, as the inspector has it)."""
     if n_bytes < 1000:
         return plural(n_bytes, "byte")
     value, unit = n_bytes / 1000, "KB"
