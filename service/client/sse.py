@@ -70,7 +70,4 @@ class SseParser:
 
 def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
     """Parse SSE lines (without line terminators) into messages (see :class:`SseParser`)."""
-    parser = SseParser()
-    for line in lines:
-        if (message := parser.feed(line)) is not None:
-            yield message
+    yield from (message for message in map(SseParser().feed, lines) if message is not None)
