@@ -96,8 +96,7 @@ def _refused(response: httpx.Response, action: str) -> ClientError:
     message = f"{refused} {error.get('code')}: {error.get('message')}"
     for problem in problems[:20]:
         if isinstance(problem, dict):
-            loc = problem.get("loc")
-            loc = ".".join(str(p) for p in loc) if isinstance(loc, list) else loc
+            loc = ".".join(str(p) for p in found) if isinstance(found := problem.get("loc"), list) else found
             message += f"\n  {loc}: {problem.get('message') or problem.get('msg')}"
     return ClientError(message)
 
