@@ -13,9 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.vocabulary import CONTEXT_WINDOW_MAX, CONTEXT_WINDOW_MIN, OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 
-# Query parameters as libpq spells them, which asyncpg reads from a DSN itself: SQLAlchemy's spelling
-# of one is renamed, and libpq's connect_timeout, which asyncpg would send on as a server setting,
-# gives way to the service's own connect timeout (5 s).
+# Query parameters as libpq spells them (asyncpg reads a DSN's itself): SQLAlchemy's ssl is renamed,
+# and libpq's connect_timeout, which asyncpg would send on as a server setting, yields to ours (5 s).
 _QUERY_RENAMED = {"ssl": "sslmode"}
 _QUERY_DROPPED = frozenset({"connect_timeout"})
 
