@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from service.budget.handoff import HANDOFF_MAX_TOKENS, HANDOFF_MIN_TOKENS
 from service.config import Settings, SettingsError, load_settings, shown_url
@@ -17,27 +17,23 @@ log = logging.getLogger("sidequest")
 
 
 def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 
 
 @contextmanager
-def database_url(settings: Settings) -> Iterator[str]:
-    """Yield the database URL: the configured one, or an embedded server's (stopped on exit)."""
-    if settings.database_url:
-        yield settings.database_url
-        return
-    from service.embedded import start_embedded
+def migrated_database(settings: Settings) -> Iterator[str]:
+    """The database URL, migrated to head: the configured one, or an embedded server's (stopped on exit)."""
+    from service.embedded import embedded_database
+    from service.store.schema import upgrade_to_head
 
-    embedded = start_embedded(settings.data_dir)
-    try:
-        yield embedded.url
-    finally:
-        embedded.stop()
+    with ExitStack() as stack:
+        url = settings.database_url or stack.enter_context(embedded_database(settings.data_dir))
+        upgrade_to_head(url)
+        log.info("database migrated to head")
+        yield url
 
 
 class _Shutdown(Exception):
@@ -46,19 +42,6 @@ class _Shutdown(Exception):
 
 def _raise_shutdown(signum: int, _frame: object) -> None:
     raise _Shutdown(signum)
-
-
-def _migrate(url: str) -> None:
-    from service.store.schema import upgrade_to_head
-
-    upgrade_to_head(url)
-    log.info("database migrated to head")
-
-
-def _migrate_only(settings: Settings) -> int:
-    with database_url(settings) as url:
-        _migrate(url)
-    return 0
 
 
 def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool) -> int:
@@ -78,8 +61,7 @@ def _serve(settings: Settings, host: str, port: int, *, api: bool, worker: bool)
     signal.signal(signal.SIGTERM, _raise_shutdown)
     signal.signal(signal.SIGINT, _raise_shutdown)
     try:
-        with database_url(settings) as url:
-            _migrate(url)
+        with migrated_database(settings) as url:
             if api:
                 from service.api.app import create_app
                 from service.serve import create_serving_app
@@ -209,21 +191,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return client.main(args)
     try:
         settings = load_settings()
+        problem = _provider_problem(settings) if args.command in ("serve", "api", "worker") else None
     except SettingsError as exc:
-        print(f"sidequest: {exc}", file=sys.stderr)
-        return 2
-    problem = _provider_problem(settings) if args.command in ("serve", "api", "worker") else None
+        problem = str(exc)
     if problem is not None:
         print(f"sidequest: {problem}", file=sys.stderr)
         return 2
-    commands: dict[str, Callable[[], int]] = {
-        "serve": lambda: _serve(settings, args.host, args.port, api=True, worker=True),
-        "api": lambda: _serve(settings, args.host, args.port, api=True, worker=False),
-        "worker": lambda: _serve(settings, "127.0.0.1", 0, api=False, worker=True),
-        "migrate": lambda: _migrate_only(settings),
-    }
     try:
-        return commands[args.command]()
+        if args.command == "migrate":
+            with migrated_database(settings):
+                return 0
+        if args.command == "worker":
+            return _serve(settings, "127.0.0.1", 0, api=False, worker=True)
+        return _serve(settings, args.host, args.port, api=True, worker=args.command == "serve")
     except Exception as exc:
         from service.store.db import unusable_reason
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -12,9 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.vocabulary import CONTEXT_WINDOW_MAX, CONTEXT_WINDOW_MIN, OUTPUT_CAP_MAX, OUTPUT_CAP_MIN
 
-# Query parameters as libpq spells them, which asyncpg reads from a DSN itself: SQLAlchemy's spelling
-# of one is renamed, and libpq's connect_timeout, which asyncpg would send on as a server setting,
-# gives way to the service's own connect timeout (5 s).
+# Query parameters as libpq spells them (asyncpg reads a DSN's itself): SQLAlchemy's ssl is renamed,
+# and libpq's connect_timeout, which asyncpg would send on as a server setting, yields to ours (5 s).
 _QUERY_RENAMED = {"ssl": "sslmode"}
 _QUERY_DROPPED = frozenset({"connect_timeout"})
 
@@ -26,10 +26,7 @@ def asyncpg_url(value: str | None) -> str | None:
     asyncpg reads only the last of repeated query parameters and would silently keep one host."""
     if value is None or value == "":
         return None
-    for prefix in ("postgresql://", "postgres://"):
-        if value.startswith(prefix):
-            value = "postgresql+asyncpg://" + value[len(prefix) :]
-            break
+    value = re.sub(r"^postgres(?:ql)?://", "postgresql+asyncpg://", value)
     parts = urlsplit(value)
     if not parts.query:
         return value
@@ -59,9 +56,8 @@ def shown_url(url: str) -> str:
 
 
 def url_hosts(url: str) -> list[tuple[str, int | None]]:
-    """The ``(host, port)`` pairs of a database URL's netloc, one per host of a multi-host URL.
-
-    Raises ``ValueError`` for a port that is not a number."""
+    """The ``(host, port)`` pairs of a database URL's netloc, one per host of a multi-host URL;
+    raises ``ValueError`` for a port that is not a number."""
     hostlist = urlsplit(url).netloc.rpartition("@")[2]
     result: list[tuple[str, int | None]] = []
     for spec in hostlist.split(","):
@@ -102,8 +98,7 @@ class Settings(BaseSettings):
     summary_model: str | None = None
     calibration: Literal["on", "off"] = "on"
 
-    # SPEC 9.1: the LISTEN connection apart from the pools, and what sits between the pools and
-    # PostgreSQL.
+    # SPEC 9.1: the LISTEN connection apart from the pools, and what sits between pools and PostgreSQL.
     listen_database_url: str | None = None
     database_pooler: Literal["none", "transaction"] = "none"
 
@@ -180,10 +175,9 @@ class Settings(BaseSettings):
 
 def _accepted_range(field_name: str) -> str:
     """``; accepted range 256–32768`` (or ``> 0 and ≤ 3600``) for a bounded setting, else ``""``."""
-    field = Settings.model_fields[field_name]
     bounds = {
         kind: getattr(constraint, kind)
-        for constraint in field.metadata
+        for constraint in Settings.model_fields[field_name].metadata
         for kind in ("ge", "gt", "le")
         if getattr(constraint, kind, None) is not None
     }

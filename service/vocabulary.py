@@ -1,7 +1,6 @@
-"""The domain vocabulary every layer speaks, each term defined once so no layer can drift from
-another (docs/architecture.md lists them). Stdlib only, so ``service.budget`` may import it too. The
-enums are ``StrEnum``s: a member *is* its wire string, so JSON, SQL parameters and comparisons with
-plain strings are unchanged.
+"""The domain vocabulary every layer speaks, each term defined once so no layer drifts from another
+(docs/architecture.md lists them); stdlib only, so ``service.budget`` may import it. The enums are
+``StrEnum``s: a member *is* its wire string, so JSON, SQL parameters and string comparisons are unchanged.
 """
 
 from __future__ import annotations
@@ -57,9 +56,8 @@ JOBS_CHANNEL: Final = "sidequest_jobs"
 ALL_CHANNELS: Final = (EVENTS_CHANNEL, QUEUE_CHANNEL, CANCEL_CHANNEL, JOBS_CHANNEL)
 
 
-# The bounds of what a client may state for a question, a session's settings (SPEC §11.2) and an
-# archive: one home, so the API's schemas, the archive model and the service's own settings can never
-# disagree.
+# The bounds of what a client may state for a question, a session's settings (SPEC §11.2) and an archive:
+# one home, so the API's schemas, the archive model and the service's own settings never disagree.
 MAX_PARENT_ID_CHARS: Final = 500
 MAX_SNAPSHOT_ID_CHARS: Final = 500
 MAX_MODEL_CHARS: Final = 200
@@ -74,11 +72,8 @@ OnBusy = Literal["enqueue", "reject", "interrupt"]
 
 
 def utc_iso(moment: datetime | None = None) -> str:
-    """ISO 8601 UTC, always with microseconds and ``Z``, e.g. ``2026-11-29T10:00:00.000000Z``.
-
-    ``None`` means now. ``isoformat``, not ``strftime``: ``"%Y"`` drops the leading zeros of years
-    below 1000 on glibc.
-    """
+    """ISO 8601 UTC, always with microseconds and ``Z`` (``2026-11-29T10:00:00.000000Z``); ``None`` is
+    now. ``isoformat``, not ``strftime``: ``"%Y"`` drops the leading zeros of years below 1000 on glibc."""
     moment = (moment or datetime.now(UTC)).astimezone(UTC)
     return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
@@ -183,10 +178,8 @@ def strict_json(raw: bytes | str) -> Any:
 
 
 def json_has_nul(encoded: bytes) -> bool:
-    """Whether JSON text (UTF-8, as :func:`canonical_bytes` writes it) holds a NUL in a string or key.
-
-    The plain search first: the escape-aware pattern is ~70× slower and almost never needed.
-    """
+    """Whether JSON text (UTF-8, as :func:`canonical_bytes` writes it) holds a NUL in a string or key;
+    the plain search first, as the escape-aware pattern is ~70× slower and almost never needed."""
     return b"\\u0000" in encoded and _NUL_ESCAPE.search(encoded) is not None
 
 
@@ -197,7 +190,6 @@ def json_has_nul(encoded: bytes) -> bool:
 
 
 def _present(event: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    """``event`` plus the ``fields`` that are not None, in the order given."""
     event.update((name, value) for name, value in fields.items() if value is not None)
     return event
 
@@ -370,10 +362,6 @@ def rerun(reason: RequeueReason, stage: str | None, attempt: int | None = None) 
 
 def integral(value: object) -> int | None:
     """A JSON integer as an int: ``5`` and ``5.0`` are one number (JSON Schema agrees); ``true`` is not."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -8,6 +8,7 @@ temporary directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -91,17 +92,18 @@ def find_server() -> Server:
             kind="testcontainers",
             stop=container.stop,
         )
-    from service.embedded import start_embedded
+    from service.embedded import embedded_database
 
     # Keep the data dir out of root's home: the package opens up permissions along its path.
     data_dir = tempfile.mkdtemp(prefix="sidequest-test-pg-")
-    embedded = start_embedded(__import__("pathlib").Path(data_dir))
+    embedded = contextlib.ExitStack()
+    url = embedded.enter_context(embedded_database(__import__("pathlib").Path(data_dir)))
 
     def stop() -> None:
-        embedded.stop()
+        embedded.close()
         shutil.rmtree(data_dir, ignore_errors=True)
 
-    return Server(admin_url=with_database(embedded.url, "postgres"), kind="embedded", stop=stop)
+    return Server(admin_url=with_database(url, "postgres"), kind="embedded", stop=stop)
 
 
 async def create_database(admin_url: str) -> str:

@@ -171,11 +171,10 @@ def _handoff_problems(parsed: ArchiveV3) -> list[tuple[Loc, str]]:
     for index, handoff in enumerate(parsed.session.handoffs):
         named = [o for key in _HANDOFF_ORDINALS for o in getattr(handoff, key) or []]
         named += [o for o in (handoff.from_ordinal, handoff.through_ordinal) if o is not None]
-        if others := sorted(set(named) - succeeded):
-            beyond = max(others) > highest
-            where = (
-                "beyond the archive's highest ordinal" if beyond else "not a succeeded request of the archive"
-            )
+        if others := set(named) - succeeded:
+            where = "not a succeeded request of the archive"
+            if max(others) > highest:
+                where = "beyond the archive's highest ordinal"
             found.append((("session", "handoffs", index), f"names ordinal {max(others)}, {where}"))
     return found
 
@@ -225,7 +224,6 @@ def _archive(parsed: ArchiveV3, raw: dict[str, Any], version: int) -> Archive:
         ArchivedRequest(
             **{
                 **{name: getattr(q, name) for name in QUESTION_FIELDS[3]},
-                # The JSON PostgreSQL keeps is the archive's own, not the model's.
                 "error": archived_error(item.get("error"), {}),
                 "usage": item.get("usage"),
                 "context_info": item.get("context_info", {}),

@@ -109,8 +109,7 @@ def _timestamp(value: object) -> datetime:
     if not isinstance(value, str):
         raise ValueError("must be an RFC 3339 timestamp string")
     text = value.upper()
-    match = _RFC3339.fullmatch(text)
-    if match is None:
+    if (match := _RFC3339.fullmatch(text)) is None:
         raise ValueError("must be an RFC 3339 timestamp with seconds and a zone, e.g. 2026-11-29T10:00:00Z")
     leap = match.group(1) == "60"
     try:
@@ -212,8 +211,7 @@ def _json_number(value: Any) -> Any:
     return value
 
 
-# An integer field of a request body: a JSON integer (an integral number such as 4096.0 too, which JSON
-# Schema counts as one), never a string or a boolean.
+# An integer field of a request body: a JSON integer, 4096.0 too (JSON Schema counts it as one).
 JsonInt = Annotated[int, BeforeValidator(_json_number)]
 
 

@@ -35,8 +35,7 @@ def upgrade(document: dict[str, Any], version: int) -> tuple[dict[str, Any], lis
     question_fields = QUESTION_FIELDS[version]
     errors = [_unknown(version, (key,), v) for key, v in document.items() if key not in OLDER_DOCUMENT_FIELDS]
     upgraded = {k: v for k, v in document.items() if k in OLDER_DOCUMENT_FIELDS} | {"version": 3}
-    questions = document.get("questions")
-    if isinstance(questions, list):
+    if isinstance(questions := document.get("questions"), list):
         upgraded["questions"] = []
         for index, item in enumerate(questions):
             if isinstance(item, dict):

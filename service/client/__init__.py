@@ -44,12 +44,11 @@ class ClientError(Exception):
 
 def _client(args: argparse.Namespace) -> httpx.Client:
     """A client of the server at ``--url``, with ``--token`` (or their environment variables)."""
-    url = args.url or os.environ.get("SIDEQUEST_URL") or DEFAULT_URL
     headers = {"User-Agent": "sidequest-cli"}
     if token := args.token or os.environ.get("SIDEQUEST_TOKEN"):
         headers["Authorization"] = f"Bearer {token}"
     return httpx.Client(
-        base_url=url.rstrip("/"),
+        base_url=(args.url or os.environ.get("SIDEQUEST_URL") or DEFAULT_URL).rstrip("/"),
         headers=headers,
         timeout=httpx.Timeout(30.0, read=STREAM_READ_TIMEOUT_S),
         trust_env=False,  # a local service: never route through a proxy from the environment
@@ -97,8 +96,7 @@ def _refused(response: httpx.Response, action: str) -> ClientError:
     message = f"{refused} {error.get('code')}: {error.get('message')}"
     for problem in problems[:20]:
         if isinstance(problem, dict):
-            loc = problem.get("loc")
-            loc = ".".join(str(p) for p in loc) if isinstance(loc, list) else loc
+            loc = ".".join(str(p) for p in found) if isinstance(found := problem.get("loc"), list) else found
             message += f"\n  {loc}: {problem.get('message') or problem.get('msg')}"
     return ClientError(message)
 
@@ -197,11 +195,10 @@ def _final_outcome(client: httpx.Client, request_id: str, renderer: Renderer) ->
 
 def ask(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``sidequest ask``: post the question, render its stream, return the exit code."""
-    body = _question_body(args)
     renderer = Renderer(out=out, err=err, live=err.isatty())
     with _client(args) as client:
         path = f"/v1/sessions/{_path_id(args.parent_id)}/questions"
-        record = _call(client, "POST", path, "the question was", (200, 202), json=body)
+        record = _call(client, "POST", path, "the question was", (200, 202), json=_question_body(args))
         request_id = str(record["id"])
         renderer.lasting(f"question #{record.get('ordinal')} admitted ({request_id}) in {args.parent_id}")
         try:

@@ -71,8 +71,7 @@ def describe_progress(data: dict[str, Any]) -> str:
 
 
 def _size(n_bytes: int) -> str:
-    """Bytes as a person reads them: 950 bytes, 1.5 KB, 310 KB, 1.2 MB (decimal units, as the
-    inspector writes them)."""
+    """Bytes as a person reads them: 950 bytes, 1.5 KB, 310 KB, 1.2 MB (decimal, as the inspector has it)."""
     if n_bytes < 1000:
         return plural(n_bytes, "byte")
     value, unit = n_bytes / 1000, "KB"
@@ -96,8 +95,7 @@ def describe_fidelity(fidelity: object) -> str | None:
     verbatim = _count(fidelity.get("verbatim_messages"))
     masked = _count(fidelity.get("masked_messages"))
     summarized = _count(fidelity.get("summarized_messages"))
-    artifacts = fidelity.get("artifacts") if isinstance(fidelity.get("artifacts"), dict) else {}
-    assert isinstance(artifacts, dict)
+    artifacts = found if isinstance(found := fidelity.get("artifacts"), dict) else {}
     total, in_prompt = _count(artifacts.get("total")), _count(artifacts.get("in_prompt"))
     tier = fidelity.get("tier")
     if tier == "none":
@@ -186,10 +184,7 @@ class Renderer:
             label = f"{status}" if active and not stage else f"stage {self.stage}"
             if data.get("reason"):
                 label += f" ({data['reason']})"
-            if self.live:
-                self.note(label)
-            else:
-                self.lasting(label)
+            (self.note if self.live else self.lasting)(label)
         elif event == "progress":
             if data.get("discard_streamed_text"):
                 # The request runs again from the start (worker lost): what streamed is void.
@@ -207,8 +202,7 @@ class Renderer:
             self.out.write(text)
             self.out.flush()
         elif event == "done":
-            record = data.get("record") if isinstance(data.get("record"), dict) else {}
-            assert isinstance(record, dict)
+            record = found if isinstance(found := data.get("record"), dict) else {}
             self._finish_answer(record.get("answer"))
             # What of the snapshot the model saw, before the final line (the outcome and usage).
             info = record.get("context_info")
@@ -251,8 +245,7 @@ class Renderer:
 
 def format_error(error: dict[str, Any]) -> str:
     """``code: message`` plus the detail fields, e.g. ``provider_error: … (status=500)``."""
-    code = error.get("code", "error")
-    text = f"{code}: {error.get('message', '')}".rstrip(": ")
+    text = f"{error.get('code', 'error')}: {error.get('message', '')}".rstrip(": ")
     detail = error.get("detail")
     if isinstance(detail, dict) and detail:
         text += " (" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in detail.items()) + ")"

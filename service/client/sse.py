@@ -10,12 +10,10 @@ from typing import Any
 
 @dataclass
 class SseMessage:
-    """One block of a Server-Sent Events stream (the ``data`` lines joined by newlines).
-
-    ``event`` is ``None`` for a block that dispatches no event (only comments, an ``id`` or a
-    ``retry``); such a block is returned all the same, so that a caller sees the cursor, the retry hint
-    and the keep-alive comments. ``id`` is the last event id seen so far (the standard's buffer).
-    """
+    """One block of a Server-Sent Events stream (the ``data`` lines joined by newlines). ``event`` is
+    ``None`` for a block that dispatches no event (only comments, an ``id`` or a ``retry``), returned all
+    the same so that a caller sees the cursor, the retry hint and the keep-alive comments. ``id`` is the
+    last event id seen so far (the standard's buffer)."""
 
     event: str | None = "message"
     data: str = ""
@@ -72,7 +70,4 @@ class SseParser:
 
 def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
     """Parse SSE lines (without line terminators) into messages (see :class:`SseParser`)."""
-    parser = SseParser()
-    for line in lines:
-        if (message := parser.feed(line)) is not None:
-            yield message
+    yield from (message for message in map(SseParser().feed, lines) if message is not None)
