@@ -126,15 +126,12 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 _STATUS_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
 
 
-_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-
-
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at this path (Starlette's own 405 names only the first route's)."""
     routes = request.app.router.routes
     return sorted(
         method
-        for method in _METHODS
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
         if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
     )
 
