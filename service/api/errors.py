@@ -97,10 +97,9 @@ def undeclared_json(request: Request, errors: list[dict[str, Any]] | None = None
     media = media_type(content_type).decode("latin-1")
     declared = f"Content-Type {media!r}" if media else "no Content-Type"
     message = f"invalid request: the body must be JSON, sent as Content-Type: application/json ({declared})"
-    detail = {
-        "errors": errors if errors is not None else [{"loc": ["header", "content-type"], "msg": message}]
-    }
-    return ApiError(422, "validation_error", message, detail)
+    if errors is None:
+        errors = [{"loc": ["header", "content-type"], "msg": message}]
+    return ApiError(422, "validation_error", message, {"errors": errors})
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
