@@ -20,15 +20,12 @@ from service.vocabulary import MAX_PARENT_ID_CHARS, UNSTORABLE_TEXT, unstorable_
 MAX_INT64 = 2**63 - 1
 
 
-# Path segments that are never ids: a URL's dot segments, which clients (browsers, httpx, curl
-# without --path-as-is) resolve away before sending, so a session under one could not be reached.
-DOT_SEGMENTS = frozenset({".", ".."})
-
-
 def path_id(name: str, value: str) -> str:
     """A path id: ``.`` and ``..`` (also sent as ``%2E``) → 404 ``not_found``, as the URL they stand
     for matches no route (docs/api.md); text PostgreSQL cannot store → 422 ``validation_error``."""
-    if value in DOT_SEGMENTS:
+    # Never ids: clients (browsers, httpx, curl without --path-as-is) resolve a URL's dot segments
+    # away before sending, so a session under one could not be reached.
+    if value in (".", ".."):
         raise ApiError(404, "not_found", f"no such path: {value!r} is not a {name}")
     if unstorable_reason(value) is not None:
         raise validation_error(["path", name], UNSTORABLE_TEXT)
