@@ -59,8 +59,7 @@ class AdmissionFastPath:
         if body is None:  # the client went away while sending
             return
         replay = replaying(body, receive)
-        handled = await self._admit(scope, replay, send, match["parent_id"], body)
-        if handled:
+        if await self._admit(scope, replay, send, match["parent_id"], body):
             self.taken += 1
             return
         self.declined += 1
