@@ -98,9 +98,7 @@ class Metrics(Collector):
         streams = self._subscribers()
         yield _scalar("sidequest_sse_subscribers", "Open SSE streams in this API process", streams)
         for (name, help_text), value in zip(ADMISSION_COUNTERS, self.batches, strict=True):
-            family = CounterMetricFamily(name, help_text)
-            family.add_metric([], float(value))
-            yield family
+            yield CounterMetricFamily(name, help_text, value=value)
         if self.snapshot is None:
             # Nothing was read: the families below are left out rather than written as zeros,
             # which would read as real values ("0 running") while the database is away; alert on
