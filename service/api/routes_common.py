@@ -102,18 +102,16 @@ def stream_token_response(request: Request, tenant: str, stream: str, url: str) 
 
 def resume_point(request: Request, after: int | None) -> tuple[int, bool]:
     """The cursor to resume after, and whether the client resumes (``Last-Event-ID`` wins)."""
-    header = request.headers.get("last-event-id")
-    if header is not None and header.strip() != "":
+    header = request.headers.get("last-event-id", "").strip()
+    if header:
         try:
-            value = int(header.strip())
+            value = int(header)
         except ValueError:
             raise ApiError(400, "invalid_last_event_id", "Last-Event-ID must be an event id") from None
         if value < 0 or value > MAX_INT64:
             raise ApiError(400, "invalid_last_event_id", "Last-Event-ID is out of range")
         return value, True
-    if after is not None:
-        return after, True
-    return 0, False
+    return (after, True) if after is not None else (0, False)
 
 
 def sse_response(request: Request, content: Any) -> Response:
