@@ -139,9 +139,8 @@ async def admit_question(
     parsed: dict[str, Any] | None = None,
 ) -> JSONResponse:
     """The admission itself, once the parameters are valid: the route's body, and what
-    :mod:`service.api.fast_admission` calls for a request it could validate without FastAPI.
-
-    ``parsed``: the body's JSON when the caller parsed it already, strictly (no NaN, no Infinity)."""
+    :mod:`service.api.fast_admission` calls for a request it could validate without FastAPI. ``parsed``:
+    the body's JSON when the caller parsed it already, strictly (no NaN, no Infinity)."""
     settings = settings_of(request)
     size = len(body.question.encode("utf-8"))
     if size > settings.max_question_bytes:
