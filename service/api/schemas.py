@@ -1,9 +1,7 @@
-"""Pydantic models for every request and response body of SPEC §3 (they also make /openapi.json).
-
-Response models are deliberately permissive where the worker owns the content (usage calls,
-context_info, error detail): every SPEC field is described, extra fields are allowed, so a newer
-worker never turns a read into a 500.
-"""
+"""Pydantic models for every request and response body of SPEC §3 (they also make /openapi.json). Response
+models are deliberately permissive where the worker owns the content (usage calls, context_info, error
+detail): every SPEC field is described, extra fields are allowed, so a newer worker never turns a read into
+a 500."""
 
 from __future__ import annotations
 
