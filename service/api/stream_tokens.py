@@ -1,8 +1,6 @@
-"""Short-lived signed tokens that let a browser's EventSource open exactly one stream.
-
-The token's format, its secret and why the secret is derived from the API tokens when none is set:
-docs/api.md, "Stream tokens". A token is accepted only as ``?token=`` on its own stream's route.
-"""
+"""Short-lived signed tokens that let a browser's EventSource open exactly one stream: one is accepted only
+as ``?token=`` on its own stream's route. The token's format, its secret and why the secret is derived
+from the API tokens when none is set: docs/api.md, "Stream tokens"."""
 
 from __future__ import annotations
 
