@@ -48,10 +48,9 @@ class AdmissionFastPath:
         self.declined = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
-            await self.app(scope, receive, send)
-            return
-        match = _PATH.fullmatch(scope["path"])
+        match = None
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            match = _PATH.fullmatch(scope["path"])
         if match is None:
             await self.app(scope, receive, send)
             return
