@@ -21,10 +21,9 @@ MAX_INT64 = 2**63 - 1
 
 
 def path_id(name: str, value: str) -> str:
-    """A path id: ``.`` and ``..`` (also sent as ``%2E``) → 404 ``not_found``, as the URL they stand
-    for matches no route (docs/api.md); text PostgreSQL cannot store → 422 ``validation_error``."""
-    # Never ids: clients (browsers, httpx, curl without --path-as-is) resolve a URL's dot segments
-    # away before sending, so a session under one could not be reached.
+    """A path id: ``.`` and ``..`` (also sent as ``%2E``) → 404 ``not_found``, as the URL they stand for
+    matches no route (docs/api.md): clients (browsers, httpx, curl without --path-as-is) resolve dot
+    segments away, so a session under one could not be reached; text PostgreSQL cannot store → 422."""
     if value in (".", ".."):
         raise ApiError(404, "not_found", f"no such path: {value!r} is not a {name}")
     if unstorable_reason(value) is not None:
