@@ -1,9 +1,8 @@
 """The admission's fast path: a plain, valid ``POST /v1/sessions/{parent_id}/questions`` without FastAPI's
 per-request machinery (docs/architecture.md, "Data flow", step 1). It accepts only what the route would
-accept and runs the route's own body, :func:`~service.api.routes_sessions.admit_question`; it declines
-anything else (any doubt, any error, a repeated header), and the app handles the request from the body
-read here and replayed. So the contract has one home, the route.
-"""
+accept and runs the route's own body, :func:`~service.api.routes_sessions.admit_question`, so the contract
+has one home, the route; anything else (any doubt, any error, a repeated header) it declines, and the app
+handles the request from the body read here and replayed."""
 
 from __future__ import annotations
 
