@@ -201,11 +201,10 @@ class Feed:
             self.buffer_bytes -= len(old.wire)
             self.floor = old.cursor
         self.last = items[-1].cursor
-        hub = self.hub
         for subscriber in list(self.subscribers):
-            if not subscriber.push(items, size, hub.lag_items, hub.lag_bytes):
+            if not subscriber.push(items, size, self.hub.lag_items, self.hub.lag_bytes):
                 self.subscribers.discard(subscriber)
-                hub.dropped += 1
+                self.hub.dropped += 1
         if self.ended:
             self._end()
 
