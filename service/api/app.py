@@ -187,9 +187,8 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
         lifespan=lifespan,
     )
     # Built here rather than in the lifespan so that they exist for any request path.
-    hub = EventHub()
     app.state.settings = settings
-    app.state.hub = hub
+    app.state.hub = hub = EventHub()
     app.state.in_process_worker = InProcessWorker()
     app.state.stream_secret = stream_secret(settings)
     app.state.metrics = Metrics(lambda: hub.streams, calibration_on=settings.calibration_on)
