@@ -39,7 +39,7 @@ from service.api.stream_tokens import stream_secret
 from service.api.strict_input import StrictJsonBodies, Utf8Paths
 from service.archive.schema import OPENAPI_REFS, storable_json_defs
 from service.config import Settings
-from service.store.db import Database, connect
+from service.store.db import connect
 from service.store.listener import Listener
 from service.store.schema import head_revision, readiness
 
@@ -187,9 +187,8 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
         lifespan=lifespan,
     )
     # Built here rather than in the lifespan so that they exist for any request path.
-    hub = EventHub()
     app.state.settings = settings
-    app.state.hub = hub
+    app.state.hub = hub = EventHub()
     app.state.in_process_worker = InProcessWorker()
     app.state.stream_secret = stream_secret(settings)
     app.state.metrics = Metrics(lambda: hub.streams, calibration_on=settings.calibration_on)
@@ -199,9 +198,8 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
         access_log.addFilter(RedactStreamTokens())
 
     # Every route of these routers needs the database: each may answer 503 service_unavailable.
-    app.include_router(routes_sessions.router, responses=errors(503))
-    app.include_router(routes_questions.router, responses=errors(503))
-    app.include_router(routes_handoffs.router, responses=errors(503))
+    for router in (routes_sessions.router, routes_questions.router, routes_handoffs.router):
+        app.include_router(router, responses=errors(503))
     app.include_router(routes_archive.router, responses=errors(401, 404, 503))
     app.include_router(routes_inspector.router)
 
@@ -237,10 +235,9 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     @app.get("/readyz", tags=["health"], responses={503: {"description": "Not ready"}})
     async def readyz() -> JSONResponse:
         """Readiness: the database answers and its schema is at the head revision."""
-        db: Database = app.state.db
         head = head_revision()
         try:
-            current, writable = await readiness(db)
+            current, writable = await readiness(app.state.db)
         except Exception as exc:  # any driver error means "not ready", never a 500
             unavailable = service_unavailable()
             detail = {**unavailable.detail, "cause": str(exc)[:200]}

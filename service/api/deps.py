@@ -28,7 +28,6 @@ bearer_scheme = HTTPBearer(
 
 
 def unauthorized(message: str = "a valid bearer token is required") -> ApiError:
-    """401 with the challenge header."""
     return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
 
 
@@ -61,10 +60,9 @@ async def require_tenant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> str:
-    """The caller's tenant; 401 when tokens are configured and none valid was sent.
-
-    Calls :func:`bearer_tenant` rather than depending on it: every level of dependencies costs FastAPI
-    a resolution per request, and this one is on every route (admission's hot path included)."""
+    """The caller's tenant; 401 when tokens are configured and none valid was sent. Calls
+    :func:`bearer_tenant` rather than depending on it: every level of dependencies costs FastAPI a
+    resolution per request, and this one is on every route (admission's hot path included)."""
     tenant = await bearer_tenant(request, credentials)
     if tenant is None:
         raise unauthorized()

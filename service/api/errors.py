@@ -1,10 +1,8 @@
-"""One set of handlers: every failure leaves as SPEC's error body.
-
-``{"error": {"code": "…", "message": "…", "detail": {…}}}`` — for our own errors (every
-:class:`~service.errors.SidequestError`: its ``status``, ``to_error()`` and ``headers``), request validation
-(422, or 400 for a body that is not JSON / not UTF-8), unknown routes and methods, and, as a last
-resort that should never fire, unexpected exceptions (500 without internals).
-"""
+"""Every failure leaves as SPEC's error body, ``{"error": {"code": "…", "message": "…", "detail": {…}}}``,
+by one set of handlers: our own errors (every :class:`~service.errors.SidequestError`: its ``status``,
+``to_error()`` and ``headers``), request validation (422, or 400 for a body that is not JSON / not UTF-8),
+unknown routes and methods, and, as a last resort that should never fire, unexpected exceptions (500
+without internals)."""
 
 from __future__ import annotations
 
@@ -25,11 +23,9 @@ T = TypeVar("T")
 
 
 class ApiError(SidequestError):
-    """A refusal only the API makes (auth, limits, parameters): HTTP status first, as the routes say it.
-
-    Every other refusal is the store's or the pipeline's own :class:`SidequestError` and reaches the
-    one handler unchanged.
-    """
+    """A refusal only the API makes (auth, limits, parameters), HTTP status first as the routes say it;
+    every other refusal is the store's or the pipeline's own :class:`SidequestError`, reaching the one
+    handler unchanged."""
 
     def __init__(
         self,
@@ -55,9 +51,8 @@ def found(value: T | None, what: str) -> T:
 
 
 def validation_error(loc: list[str], message: str) -> ApiError:
-    """422 ``validation_error`` for one field, with the ``detail.errors`` every such refusal carries
-    (docs/api.md): a parameter the route checks itself, beyond what FastAPI validated (FastAPI's
-    own refusals get the same body from :func:`_validation_error`)."""
+    """422 ``validation_error`` for one field a route checks itself, with the ``detail.errors`` every such
+    refusal carries (docs/api.md; FastAPI's own refusals get the same body from :func:`_validation_error`)."""
     return ApiError(
         422,
         "validation_error",
@@ -77,7 +72,6 @@ async def _sidequest_error(_request: Request, exc: Exception) -> JSONResponse:
 
 
 def media_type(content_type: bytes) -> bytes:
-    """A Content-Type header's media type, parameters aside, lower case."""
     return content_type.split(b";", 1)[0].strip().lower()
 
 
@@ -97,10 +91,9 @@ def undeclared_json(request: Request, errors: list[dict[str, Any]] | None = None
     media = media_type(content_type).decode("latin-1")
     declared = f"Content-Type {media!r}" if media else "no Content-Type"
     message = f"invalid request: the body must be JSON, sent as Content-Type: application/json ({declared})"
-    detail = {
-        "errors": errors if errors is not None else [{"loc": ["header", "content-type"], "msg": message}]
-    }
-    return ApiError(422, "validation_error", message, detail)
+    if errors is None:
+        errors = [{"loc": ["header", "content-type"], "msg": message}]
+    return ApiError(422, "validation_error", message, {"errors": errors})
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -126,15 +119,12 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 _STATUS_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
 
 
-_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-
-
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at this path (Starlette's own 405 names only the first route's)."""
     routes = request.app.router.routes
     return sorted(
         method
-        for method in _METHODS
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
         if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
     )
 

@@ -1,8 +1,6 @@
 """The event hub (SPEC §4): per process, one shared reader (:class:`Feed`) per stream with subscribers,
-woken by ``sidequest_events`` notifications, feeding its subscribers' inboxes from memory. How, and why
-a notification is only a wake-up: docs/architecture.md, "Streams"; what a connection sends:
-:mod:`service.api.sse`.
-"""
+woken by ``sidequest_events`` notifications, feeding their inboxes from memory. How, and why a notification
+is only a wake-up: docs/architecture.md, "Streams"; what a connection sends: :mod:`service.api.sse`."""
 
 from __future__ import annotations
 
@@ -85,11 +83,9 @@ class Subscriber:
     closed: bool = False  # nothing more will be appended
 
     def push(self, items: list[FeedItem], size: int, max_items: int, max_bytes: int) -> bool:
-        """Append a batch (never blocks); False when this subscriber is too far behind and dropped.
-
-        Behind means: more than the limit is *still* undelivered from earlier batches when a new one
-        comes (its socket stopped draining). One large batch never drops a subscriber that keeps up.
-        """
+        """Append a batch (never blocks); False when this subscriber is dropped for being behind: more
+        than the limit *still* undelivered from earlier batches when a new one comes (its socket stopped
+        draining). One large batch never drops a subscriber that keeps up."""
         if len(self.pending) > max_items or self.pending_bytes > max_bytes:
             self.pending = []
             self.pending_bytes = 0
@@ -205,11 +201,10 @@ class Feed:
             self.buffer_bytes -= len(old.wire)
             self.floor = old.cursor
         self.last = items[-1].cursor
-        hub = self.hub
         for subscriber in list(self.subscribers):
-            if not subscriber.push(items, size, hub.lag_items, hub.lag_bytes):
+            if not subscriber.push(items, size, self.hub.lag_items, self.hub.lag_bytes):
                 self.subscribers.discard(subscriber)
-                hub.dropped += 1
+                self.hub.dropped += 1
         if self.ended:
             self._end()
 
@@ -265,11 +260,9 @@ class EventHub:
             feed.task.cancel()
 
     def notify(self, _channel: str, payload: str) -> None:
-        """Wake the feeds of the notified request and session; every feed on a payload naming none
-        (the listener's reconnect sends an empty one).
-
-        Runs on the listener's connection callback: only sets flags, never awaits.
-        """
+        """Wake the feeds of the notified request and session; every feed on a payload naming none (the
+        listener's reconnect sends an empty one). Runs on the listener's connection callback: only sets
+        flags, never awaits."""
         try:
             data = json.loads(payload)
             keys = [(SESSION, str(data["session_id"]))]
@@ -286,11 +279,9 @@ class EventHub:
     async def join(
         self, db: Database, kind: FeedKind, key: uuid.UUID, cursor: int, *, from_memory: bool
     ) -> AsyncIterator[tuple[Subscriber, bool]]:
-        """Subscribe to the feed of ``key`` after ``cursor``: (the inbox, whether to catch up first).
-
-        ``from_memory`` allows starting from the feed's buffer when the cursor is within it; without
-        it, or when the cursor is older, the caller reads the rows after its cursor itself first.
-        """
+        """Subscribe to the feed of ``key`` after ``cursor``: (the inbox, whether to catch up first). The
+        inbox starts from the feed's buffer only ``from_memory`` and with the cursor within it; else the
+        caller first reads the rows after its cursor itself."""
         feed = self._feeds.get((kind, str(key)))
         if feed is None:
             feed = Feed(self, db, kind, key)  # its reader starts at once

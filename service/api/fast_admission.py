@@ -1,9 +1,8 @@
 """The admission's fast path: a plain, valid ``POST /v1/sessions/{parent_id}/questions`` without FastAPI's
 per-request machinery (docs/architecture.md, "Data flow", step 1). It accepts only what the route would
-accept and runs the route's own body, :func:`~service.api.routes_sessions.admit_question`; it declines
-anything else (any doubt, any error, a repeated header), and the app handles the request from the body
-read here and replayed. So the contract has one home, the route.
-"""
+accept and runs the route's own body, :func:`~service.api.routes_sessions.admit_question`, so the contract
+has one home, the route; anything else (any doubt, any error, a repeated header) it declines, and the app
+handles the request from the body read here and replayed."""
 
 from __future__ import annotations
 
@@ -48,10 +47,9 @@ class AdmissionFastPath:
         self.declined = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
-            await self.app(scope, receive, send)
-            return
-        match = _PATH.fullmatch(scope["path"])
+        match = None
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            match = _PATH.fullmatch(scope["path"])
         if match is None:
             await self.app(scope, receive, send)
             return
@@ -59,8 +57,7 @@ class AdmissionFastPath:
         if body is None:  # the client went away while sending
             return
         replay = replaying(body, receive)
-        handled = await self._admit(scope, replay, send, match["parent_id"], body)
-        if handled:
+        if await self._admit(scope, replay, send, match["parent_id"], body):
             self.taken += 1
             return
         self.declined += 1

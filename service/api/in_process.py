@@ -18,8 +18,7 @@ class InProcessWorker:
     # A snapshot the API stored, prepared (its content hash, the preparation): the worker keeps it,
     # so neither the question it came with nor its background job reads it back from PostgreSQL.
     snapshot_prepared: Callable[[str, PreparedSnapshot], None] | None = None
-    # A snapshot whose background summary the API is about to queue: the worker renders the summary's
-    # material meanwhile.
+    # A snapshot whose background summary the API will soon queue: the worker renders its material meanwhile.
     snapshot_job_expected: Callable[[PreparedSnapshot], None] | None = None
 
 

@@ -1,9 +1,7 @@
-"""``/metrics`` (Prometheus text format). No tenant data: no parent ids, no tenant labels.
-
-This process's numbers (admissions, open SSE streams, admission CALLs), and the deployment's, read
-from PostgreSQL at scrape time so that every API process reports the same truth whichever worker did
-the work. Every family and what it means: docs/api.md, "Metrics" (background jobs: operations.md).
-"""
+"""``/metrics`` (Prometheus text format), without tenant data (no parent ids, no tenant labels): this
+process's numbers (admissions, open SSE streams, admission CALLs), and the deployment's, read from
+PostgreSQL at scrape time so that every API process reports the same truth whichever worker did the work.
+Every family and what it means: docs/api.md, "Metrics" (background jobs: operations.md)."""
 
 from __future__ import annotations
 
@@ -98,13 +96,10 @@ class Metrics(Collector):
         streams = self._subscribers()
         yield _scalar("sidequest_sse_subscribers", "Open SSE streams in this API process", streams)
         for (name, help_text), value in zip(ADMISSION_COUNTERS, self.batches, strict=True):
-            family = CounterMetricFamily(name, help_text)
-            family.add_metric([], float(value))
-            yield family
+            yield CounterMetricFamily(name, help_text, value=value)
         if self.snapshot is None:
-            # Nothing was read: the families below are left out rather than written as zeros,
-            # which would read as real values ("0 running") while the database is away; alert on
-            # sidequest_database_up instead.
+            # Nothing read: the families below are left out, as zeros would read as real values
+            # ("0 running") while the database is away; alert on sidequest_database_up instead.
             return
         stats, jobs = self.snapshot
 

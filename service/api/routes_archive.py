@@ -60,8 +60,7 @@ async def export_session_archive(
     version: Annotated[int, Query(ge=1, le=3, description="archive version to write")] = 3,
 ) -> JSONResponse:
     """Export the session's finished side questions (and, in v3, its memory) as an archive."""
-    document = await export_archive(tx, tenant, parent_id, version)
-    return JSONResponse(document)
+    return JSONResponse(await export_archive(tx, tenant, parent_id, version))
 
 
 @router.post(

@@ -20,15 +20,11 @@ from service.vocabulary import MAX_PARENT_ID_CHARS, UNSTORABLE_TEXT, unstorable_
 MAX_INT64 = 2**63 - 1
 
 
-# Path segments that are never ids: a URL's dot segments, which clients (browsers, httpx, curl
-# without --path-as-is) resolve away before sending, so a session under one could not be reached.
-DOT_SEGMENTS = frozenset({".", ".."})
-
-
 def path_id(name: str, value: str) -> str:
-    """A path id: ``.`` and ``..`` (also sent as ``%2E``) → 404 ``not_found``, as the URL they stand
-    for matches no route (docs/api.md); text PostgreSQL cannot store → 422 ``validation_error``."""
-    if value in DOT_SEGMENTS:
+    """A path id: ``.`` and ``..`` (also sent as ``%2E``) → 404 ``not_found``, as the URL they stand for
+    matches no route (docs/api.md): clients (browsers, httpx, curl without --path-as-is) resolve dot
+    segments away, so a session under one could not be reached; text PostgreSQL cannot store → 422."""
+    if value in (".", ".."):
         raise ApiError(404, "not_found", f"no such path: {value!r} is not a {name}")
     if unstorable_reason(value) is not None:
         raise validation_error(["path", name], UNSTORABLE_TEXT)
@@ -105,18 +101,16 @@ def stream_token_response(request: Request, tenant: str, stream: str, url: str) 
 
 def resume_point(request: Request, after: int | None) -> tuple[int, bool]:
     """The cursor to resume after, and whether the client resumes (``Last-Event-ID`` wins)."""
-    header = request.headers.get("last-event-id")
-    if header is not None and header.strip() != "":
+    header = request.headers.get("last-event-id", "").strip()
+    if header:
         try:
-            value = int(header.strip())
+            value = int(header)
         except ValueError:
             raise ApiError(400, "invalid_last_event_id", "Last-Event-ID must be an event id") from None
         if value < 0 or value > MAX_INT64:
             raise ApiError(400, "invalid_last_event_id", "Last-Event-ID is out of range")
         return value, True
-    if after is not None:
-        return after, True
-    return 0, False
+    return (after, True) if after is not None else (0, False)
 
 
 def sse_response(request: Request, content: Any) -> Response:

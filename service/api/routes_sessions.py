@@ -139,9 +139,8 @@ async def admit_question(
     parsed: dict[str, Any] | None = None,
 ) -> JSONResponse:
     """The admission itself, once the parameters are valid: the route's body, and what
-    :mod:`service.api.fast_admission` calls for a request it could validate without FastAPI.
-
-    ``parsed``: the body's JSON when the caller parsed it already, strictly (no NaN, no Infinity)."""
+    :mod:`service.api.fast_admission` calls for a request it could validate without FastAPI. ``parsed``:
+    the body's JSON when the caller parsed it already, strictly (no NaN, no Infinity)."""
     settings = settings_of(request)
     size = len(body.question.encode("utf-8"))
     if size > settings.max_question_bytes:
@@ -255,11 +254,10 @@ async def put_snapshot(
 
 
 def _prepare_snapshot(request: Request, content: dict[str, Any]) -> tuple[EncodedSnapshot, PreparedSnapshot]:
-    """A snapshot's encoding (413 beyond the limit) and its preparation, made once and handed at once
-    to a worker in this process (:class:`InProcessWorker`), so the question it came with, and its
-    background job, need not read it back from PostgreSQL — even when the worker claims that question
-    before this request resumes after the commit. Safe before the commit: the worker keys it by
-    content hash, and a preparation is a pure function of the content."""
+    """A snapshot's encoding (413 beyond the limit) and its preparation, made once and handed at once to a
+    worker in this process (:attr:`InProcessWorker.snapshot_prepared`: no read back from PostgreSQL), even
+    if it claims the question before this request resumes after the commit. Safe before the commit: the
+    worker keys it by content hash, and a preparation is a pure function of the content."""
     limit = settings_of(request).max_snapshot_bytes
     encoded = encode_or_refuse(content)
     if encoded.size > limit:

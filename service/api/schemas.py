@@ -1,9 +1,7 @@
-"""Pydantic models for every request and response body of SPEC §3 (they also make /openapi.json).
-
-Response models are deliberately permissive where the worker owns the content (usage calls,
-context_info, error detail): every SPEC field is described, extra fields are allowed, so a newer
-worker never turns a read into a 500.
-"""
+"""Pydantic models for every request and response body of SPEC §3 (they also make /openapi.json). Response
+models are deliberately permissive where the worker owns the content (usage calls, context_info, error
+detail): every SPEC field is described, extra fields are allowed, so a newer worker never turns a read into
+a 500."""
 
 from __future__ import annotations
 
@@ -52,9 +50,6 @@ _OPEN_NO_NUL: dict[str, Any] = {"propertyNames": NO_NUL, "additionalProperties":
 NulFreeText = Annotated[str, Field(json_schema_extra=NO_NUL)]
 SnapshotId = Annotated[str, Field(min_length=1, max_length=MAX_SNAPSHOT_ID_CHARS, json_schema_extra=NO_NUL)]
 NulFreeObject = Annotated[dict[str, Any], WithJsonSchema(_STORABLE_OBJECT)]
-
-
-# ---------------------------------------------------------------- snapshots
 
 
 # The snapshot's items are TypedDicts, not models: pydantic validates them the same way and the schema
@@ -373,9 +368,6 @@ class Cleared(BaseModel):
     next_ordinal: int
     cleared_requests: int
     cancelled_requests: int
-
-
-# ---------------------------------------------------------------- misc
 
 
 class StreamToken(BaseModel):

@@ -86,12 +86,10 @@ async def session_stream(
     opened_at: datetime,
     ever_cleared: bool,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
-    """Events of every request of a session with global ``id > after``; never ends by itself.
-
-    A fresh stream reads its history itself (``deleted_at`` as of now); a resumed one may start from
-    memory, unless the session was ever cleared (or restored: ``ever_cleared``): a live feed's buffer
-    has the flags of when it was read, perhaps before the clear (:func:`visible_on_session_stream`).
-    """
+    """Events of every request of a session with global ``id > after``; never ends by itself. A fresh
+    stream reads its history itself (``deleted_at`` as of now); a resumed one may start from memory,
+    unless the session was ever cleared (or restored: ``ever_cleared``): a live feed's buffer has the
+    flags of when it was read, perhaps before the clear (:func:`visible_on_session_stream`)."""
     yield RETRY_HINT
     seen: set[uuid.UUID | None] = set()
     memory = resumed and not ever_cleared

@@ -65,8 +65,7 @@ class SendWatchdog:
 
 
 class StreamResponse(EventSourceResponse):
-    """An EventSourceResponse whose send timeout is kept by a :class:`SendWatchdog`: the app's
-    (``watchdog``), or one of its own."""
+    """An EventSourceResponse whose send timeout a :class:`SendWatchdog` keeps: the app's, or its own."""
 
     def __init__(self, *args: Any, watchdog: SendWatchdog | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,8 +1,6 @@
-"""Short-lived signed tokens that let a browser's EventSource open exactly one stream.
-
-The token's format, its secret and why the secret is derived from the API tokens when none is set:
-docs/api.md, "Stream tokens". A token is accepted only as ``?token=`` on its own stream's route.
-"""
+"""Short-lived signed tokens that let a browser's EventSource open exactly one stream: one is accepted only
+as ``?token=`` on its own stream's route. The token's format, its secret and why the secret is derived
+from the API tokens when none is set: docs/api.md, "Stream tokens"."""
 
 from __future__ import annotations
 
@@ -61,9 +59,7 @@ def issue_token(secret: bytes, tenant: str, stream: str, now: float | None = Non
 def check_token(secret: bytes, token: str, stream: str, now: float | None = None) -> str | None:
     """The tenant of ``token`` when it is genuine, unexpired and for ``stream``; None otherwise."""
     try:
-        payload_part, signature_part = token.split(".", 1)
-        payload = _unb64(payload_part)
-        signature = _unb64(signature_part)
+        payload, signature = map(_unb64, token.split(".", 1))
     except (ValueError, UnicodeError):
         return None
     if not hmac.compare_digest(signature, _sign(secret, payload)):

@@ -1,8 +1,7 @@
 """What a request's bytes may be (docs/api.md, "Decisions where SPEC is silent"): a path that is UTF-8
-once percent-decoded (the server reads a bad escape as U+FFFD), and a JSON body that is RFC 8259 text,
-by :func:`service.vocabulary.strict_json`'s rule, applied to every JSON body before a route (or the
-admission's fast path) reads it.
-"""
+once percent-decoded (the server reads a bad escape as U+FFFD), and a JSON body that is RFC 8259 text by
+:func:`service.vocabulary.strict_json`'s rule, checked before a route (or the admission's fast path)
+reads it."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from service.api.errors import ApiError, error_response, is_json_media, validati
 from service.vocabulary import NotJson, may_be_lenient_json, strict_json
 
 _WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
-# Archive restore reads its body itself, by the same rule, and answers with its own code
-# (``invalid_archive``: docs/api.md).
+# Archive restore reads its body itself, same rule, and answers its own code (invalid_archive: docs/api.md).
 _OWN_PARSER: Final = re.compile(r"/v1/sessions/[^/]+/archive")
 
 
@@ -58,9 +56,7 @@ def _is_json(scope: Scope) -> bool:
 class StrictJsonBodies:
     """ASGI middleware: a POST/PUT/PATCH body sent as ``application/json`` that :func:`strict_json`
     refuses is answered 400 ``malformed_json`` here; every other request goes on, its body replayed.
-
-    Sits inside the body limit (which bounds what is read here) and outside the admission's fast
-    path and the app."""
+    Sits inside the body limit (which bounds what is read here), outside the fast path and the app."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
