@@ -97,16 +97,6 @@ def _is_soft_boundary(text: str, index: int) -> bool:
     return True
 
 
-def _cluster_cut(piece: str, tail: str) -> int:
-    """Largest ``cut`` in ``1..len(piece)`` with a grapheme boundary before ``(piece + tail)[cut]``;
-    0 when there is none (the whole piece is part of one cluster running on into ``tail``)."""
-    probe = piece + tail
-    cut = len(piece)
-    while cut > 0 and not _is_soft_boundary(probe, cut):
-        cut -= 1
-    return cut
-
-
 def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> list[str]:
     """Split one line into parts of at most ``limit_bytes`` UTF-8 bytes (the first at most
     ``first_limit_bytes``, the room left in the current chunk), at grapheme boundaries where possible.
@@ -123,9 +113,12 @@ def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> li
         while end > start and (data[end] & 0xC0) == 0x80:
             end -= 1
         piece = data[start:end].decode("utf-8")
-        # The code point right after the cut decides whether the cut splits a cluster.
-        tail = data[end : end + 4].decode("utf-8", errors="ignore")[:1]
-        cut = _cluster_cut(piece, tail) if piece else 0
+        # The largest cut with a grapheme boundary before it (the code point right after the piece
+        # decides whether its end splits a cluster); 0: the whole piece is one cluster running on past it.
+        probe = piece + data[end : end + 4].decode("utf-8", errors="ignore")[:1]
+        cut = len(piece)
+        while cut > 0 and not _is_soft_boundary(probe, cut):
+            cut -= 1
         if cut == 0:
             if room < limit_bytes:
                 parts.append("")  # no cluster fits the partial room: close that chunk
