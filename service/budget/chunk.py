@@ -134,11 +134,10 @@ def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> li
 
 
 def chunk_pieces(pieces: Sequence[str], capacity_tokens: int) -> list[str]:
-    """Pack ``pieces`` (e.g. rendered message groups) greedily into chunks with
-    ``estimate_text(chunk) <= capacity_tokens``; ``"".join(chunks) == "".join(pieces)``. Raises
-    ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`. A unit too large for a whole chunk is taken apart (a
-    piece into lines, a line into characters) and its parts go on filling the current chunk, so there are
-    as few chunks (summary calls) as greedy allows."""
+    """Pack ``pieces`` (e.g. rendered message groups) greedily into chunks that fit ``capacity_tokens``;
+    ``"".join(chunks) == "".join(pieces)``. Raises ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`. A unit too
+    large for a whole chunk is taken apart (a piece into lines, a line into characters) and its parts go on
+    filling the current chunk, so there are as few chunks (summary calls) as greedy allows."""
     if capacity_tokens < MIN_CHUNK_CAPACITY:
         raise ValueError(
             f"chunk capacity must be at least {MIN_CHUNK_CAPACITY} tokens (got {capacity_tokens}):"
