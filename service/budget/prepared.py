@@ -125,9 +125,7 @@ class EncodedSnapshot:
         """The canonical bytes of each of ``messages``: reused for a message posted as is (the same
         object, as normalisation returns every canonical message), encoded for one it rewrote."""
         raw = self.content.get("messages")
-        known = (
-            {id(m): b for m, b in zip(raw, self.message_bytes, strict=True)} if isinstance(raw, list) else {}
-        )
+        known = dict(zip(map(id, raw), self.message_bytes, strict=True)) if isinstance(raw, list) else {}
         return [known.get(id(message)) or canonical_bytes(message) for message in messages]
 
 
@@ -186,13 +184,13 @@ def encode_snapshot(content: Mapping[str, Any]) -> EncodedSnapshot:
 
 
 def prefix_digests(
-    messages: Sequence[Mapping[str, Any]], encoded: Sequence[bytes] | None = None
+    messages: Sequence[Mapping[str, Any]], encoded: EncodedSnapshot | None = None
 ) -> list[bytes]:
     """``digests[k]`` = content digest of ``messages[:k]`` (k = 0..len), one hash chain pass;
-    ``encoded``, the messages' canonical bytes when known, saves encoding them again."""
+    ``encoded``, the snapshot they came from, lends the bytes of those posted as is (no second encoding)."""
     state = hashlib.sha256(_CHAIN_SEED).digest()
     digests = [state]
-    for item in encoded if encoded is not None else (canonical_bytes(m) for m in messages):
+    for item in encoded.bytes_of(messages) if encoded is not None else map(canonical_bytes, messages):
         state = hashlib.sha256(state + hashlib.sha256(item).digest()).digest()
         digests.append(state)
     return digests
@@ -366,9 +364,5 @@ def prepare_snapshot(content: Mapping[str, Any], encoded: EncodedSnapshot | None
         message_tokens=tuple(message_tokens),
         groups=tuple(group_messages(snapshot.messages, message_tokens)),
         messages_as_posted=as_posted,
-        digests=tuple(
-            prefix_digests(
-                snapshot.messages, encoded.bytes_of(snapshot.messages) if encoded is not None else None
-            )
-        ),
+        digests=tuple(prefix_digests(snapshot.messages, encoded)),
     )
