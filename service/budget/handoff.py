@@ -159,15 +159,14 @@ def _runs(ordinals: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _run_text(run: tuple[int, int]) -> str:
-    a, b = run
-    return f"#{a}" if a == b else f"#{a}–#{b}"
+def _runs_text(runs: Sequence[tuple[int, int]]) -> str:
+    return ", ".join(f"#{a}" if a == b else f"#{a}–#{b}" for a, b in runs)
 
 
 def ordinal_runs(ordinals: Sequence[int]) -> str:
     """``#1–#3, #7``: the ordinals, each run of consecutive ones as its ends (a range never holds
     one that is not in the list, so "#1–#3" never names a #2 that was not carried)."""
-    return ", ".join(_run_text(run) for run in _runs(ordinals))
+    return _runs_text(_runs(ordinals))
 
 
 def omitted_line(ordinals: Sequence[int], shown_runs: int | None = None) -> str:
@@ -180,7 +179,7 @@ def omitted_line(ordinals: Sequence[int], shown_runs: int | None = None) -> str:
         return f"{head}."
     rest = count - sum(b - a + 1 for a, b in named)
     more = f" and {rest} more" if rest else ""
-    return f"{head}: {', '.join(_run_text(run) for run in named)}{more}."
+    return f"{head}: {_runs_text(named)}{more}."
 
 
 def _shorten(text: str, max_bytes: int) -> str:
