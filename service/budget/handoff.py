@@ -286,13 +286,8 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
 def _leave_out_pinned_without_answer(plan: _Plan) -> None:
     """A pinned Q&A whose answer was cut to the bare marker carries no finding: left out instead, it
     stays pinned for the next hand-off (carried, it would be unpinned with its finding gone)."""
-    for entry in plan.entries:
-        if (
-            entry.item.pinned
-            and entry is not plan.entries[-1]
-            and not (entry.omitted or entry.summarized)
-            and entry.answer == SHORTENED_MARKER
-        ):
+    for entry in plan.entries[:-1]:  # never the newest
+        if entry.item.pinned and not (entry.omitted or entry.summarized) and entry.answer == SHORTENED_MARKER:
             entry.omitted = True
 
 
