@@ -116,8 +116,7 @@ def _label(value: str) -> str:
     one_line = " ".join(value.split())
     if len(one_line) <= LABEL_MAX_CHARS and utf8_length(one_line) <= LABEL_MAX_BYTES:
         return one_line
-    kept = cut_utf8(one_line[: LABEL_MAX_CHARS - 1], LABEL_MAX_BYTES - utf8_length("…"))
-    return kept + "…"
+    return cut_utf8(one_line[: LABEL_MAX_CHARS - 1], LABEL_MAX_BYTES - utf8_length("…")) + "…"
 
 
 def item_header(item: HandoffItem) -> str:
@@ -403,10 +402,7 @@ def build_handoff(
         raise ValueError("hand-off items must have distinct ordinals")
     if summary is not None:
         summary = replace(summary, text=unframed(summary.text))
-    plan = _Plan(
-        entries=[_Entry(i, item_header(i), i.question.strip(), i.answer.strip()) for i in ordered],
-        summary=summary,
-    )
+    plan = _Plan([_Entry(i, item_header(i), i.question.strip(), i.answer.strip()) for i in ordered], summary)
     # The most content bytes whose estimate fits.
     limit = max(0, (max_tokens - MESSAGE_ENVELOPE_TOKENS) * BYTES_PER_TOKEN)
     steps: tuple[Callable[[], None], ...] = (
