@@ -341,10 +341,7 @@ def _use_summary(plan: _Plan, limit: int) -> None:
 def _shrink_summary(plan: _Plan, limit: int) -> None:
     if plan.summary_text is None or plan.summary is None:
         return
-    excess = plan.size() - limit
-    if excess <= 0:
-        return
-    keep = utf8_length(plan.summary_text) - excess - _MARKER_COST
+    keep = utf8_length(plan.summary_text) - (plan.size() - limit) - _MARKER_COST
     if keep <= 0:
         # Not even a line of it fits: the Q&A it stood in for are left out instead (said so in the block).
         plan.summary_text = None
