@@ -49,8 +49,7 @@ _STRUCTURE_LINE: Final = re.compile(r"^((?:[^\S\n]|[\u200b\u200c\u200d\u2060\ufe
 
 
 def unframed(text: str) -> str:
-    """``text`` with every line that begins like one of the block's structure lines (after any
-    indentation) defused."""
+    """``text`` with every line beginning like a block structure line (after any indentation) defused."""
     if "---" not in text:
         return text
     return _STRUCTURE_LINE.sub(r"\1- - -", _LINE_BREAKS.sub("\n", text))
@@ -313,8 +312,7 @@ def _give_back(plan: _Plan, limit: int) -> None:
 
 
 def _use_summary(plan: _Plan, limit: int) -> None:
-    """Replace the oldest older Q&A (never the newest or a pinned one) the summary covers, as few as
-    make the plan fit."""
+    """Replace the oldest Q&A the summary covers (never the newest or a pinned one), the fewest that fit."""
     summary = plan.summary
     if summary is None or not summary.text.strip():
         return
@@ -384,9 +382,8 @@ def _shorten_omitted_line(plan: _Plan, limit: int) -> None:
 def build_handoff(
     items: Sequence[HandoffItem], summary: HandoffSummary | None, max_tokens: int
 ) -> HandoffBlock | None:
-    """The hand-off block of ``items`` (any order, distinct ordinals), None when there are none;
-    ``summary``, the session's rolling Q&A summary, stands in for older items only where needed.
-    Raises ``ValueError`` for ``max_tokens`` outside 256–32768."""
+    """The hand-off block of ``items`` (any order, distinct ordinals), None when there are none; ``summary``,
+    the session's rolling Q&A summary, stands in for older items only where needed."""
     if not HANDOFF_MIN_TOKENS <= max_tokens <= HANDOFF_MAX_TOKENS:
         raise ValueError(f"max_tokens must be from {HANDOFF_MIN_TOKENS} to {HANDOFF_MAX_TOKENS}")
     if not items:
