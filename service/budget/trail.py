@@ -27,8 +27,7 @@ TRAIL_MAX_TOKENS: Final = tokens_of_bytes(TRAIL_MAX_BYTES)
 
 @dataclass(frozen=True)
 class TrailEntry:
-    """One distinct artifact of the summarised part: how often it was used, and whether its last
-    use's result was marked as an error."""
+    """One artifact of the summarised part: its use count, and whether its last result was marked an error."""
 
     artifact: Artifact
     uses: int
@@ -66,8 +65,7 @@ def _fitting(newest_first: Iterable[int]) -> tuple[int, int]:
 
 
 def collect_trail(uses: Iterable[tuple[Artifact, bool]]) -> list[TrailEntry]:
-    """Every distinct artifact of ``uses`` (in call order, each with its result's error flag), in
-    order of last use (least recent first)."""
+    """Distinct artifacts of ``uses`` (call order, with results' error flags), least recently used first."""
     seen: _LastUse = {}
     for artifact, error in uses:
         _use(seen, artifact, error)
