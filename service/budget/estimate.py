@@ -78,8 +78,7 @@ def _text_bytes(value: object) -> int:
 
 
 def estimate_block(block: object) -> int:
-    """Estimated tokens of one content block, by its type as docs/budget.md "Estimator" lists; any
-    other block from its compact JSON."""
+    """By the block's type, as docs/budget.md "Estimator" lists; any other block from its compact JSON."""
     # isinstance(dict) first: the Mapping ABC check is several times slower and rarely needed.
     if isinstance(block, dict) or isinstance(block, Mapping):
         kind = block.get("type")
@@ -145,11 +144,10 @@ def estimate_system(system: str | None) -> int:
     return estimate_text(system) if system else 0
 
 
-# A canonical message or tool converted from an OpenAI-style one keeps what was posted under this key,
-# so that an OpenAI-compatible provider gets it back byte for byte, for its prefix cache (SPEC §7). On a
-# message: ``{"messages": [posted…], "blocks": n}``, the posted message(s) standing for its first ``n``
-# content blocks (blocks appended later are rendered after them); on a tool: the posted tool. The
-# estimate does not count it and the Anthropic wire drops it.
+# A message or tool converted from OpenAI style keeps what was posted under this key, so an OpenAI-compatible
+# provider gets it back byte for byte for its prefix cache (SPEC §7). On a message: ``{"messages": [posted…],
+# "blocks": n}``, the posted message(s) standing for its first ``n`` content blocks (later blocks are rendered
+# after them); on a tool, the posted tool. Estimates skip it; the Anthropic wire drops it.
 POSTED_FORM: Final = "_sidequest_posted"
 
 
