@@ -94,9 +94,8 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-# Stands for the message array while the rest of the snapshot is encoded: a string of one NUL. Found
-# first, since keys are sorted and only keys before "messages" come before it; a snapshot that held
-# such a string too is refused for its NUL anyway.
+# Stands for the message array while the rest is encoded: a string of one NUL, found first (keys are sorted,
+# only those before "messages" precede it); a snapshot holding such a string is refused for its NUL anyway.
 _MESSAGES_MARK: Final = "\x00"
 _MESSAGES_MARK_JSON: Final = b'"\\u0000"'
 
