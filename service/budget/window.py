@@ -13,9 +13,8 @@ SAFETY_MARGIN_MAX: Final = 8192
 
 
 def positive_setting(value: object) -> int | None:
-    """A window or cap from JSON (options, session settings, a snapshot's own fields): a positive
-    integer, not a bool — an integral float such as ``4096.0`` counts, as it does in JSON; else None.
-    The API refuses other values of these fields (422)."""
+    """A window or cap from JSON (options, session settings, a snapshot's own fields): a positive int, not
+    a bool — an integral float like ``4096.0`` counts, as in JSON; else None (the API refuses those: 422)."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
