@@ -130,17 +130,14 @@ def estimate_message(message: Mapping[str, Any]) -> int:
 
 
 def estimate_messages(messages: Sequence[Mapping[str, Any]]) -> int:
-    """Estimated tokens of a message list, envelopes included."""
     return sum(estimate_message(message) for message in messages)
 
 
 def envelope_tokens(message_count: int) -> int:
-    """The envelope segment for ``message_count`` messages."""
     return max(0, message_count) * MESSAGE_ENVELOPE_TOKENS
 
 
 def estimate_system(system: str | None) -> int:
-    """Estimated tokens of the system prompt (0 when there is none)."""
     return estimate_text(system) if system else 0
 
 
@@ -172,7 +169,6 @@ class Calibration:
 
     @classmethod
     def empty(cls) -> Calibration:
-        """A calibration with no samples (ratio 1.0)."""
         return cls()
 
     def _ratio(self) -> Fraction:

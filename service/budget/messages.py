@@ -354,7 +354,6 @@ def tool_result_text(
 
 
 def tool_result_ids(message: Mapping[str, Any]) -> list[str]:
-    """``tool_use_id`` of every ``tool_result`` block of a message, in order."""
     return _block_ids(message.get("content"), "tool_result", "tool_use_id")
 
 

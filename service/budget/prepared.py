@@ -232,11 +232,9 @@ class PreparedSnapshot:
         return self.system_tokens + self.tools_tokens + sum(self.message_tokens)
 
     def tokens_of(self, start: int, end: int | None = None) -> int:
-        """Estimate of ``messages[start:end]``, envelopes included."""
         return sum(self.message_tokens[start:end])
 
     def cache_key(self, length: int, model: str, prompt_version: str) -> str:
-        """The context-summary cache key of ``messages[:length]``."""
         return summary_cache_key(self.digests[length], model, prompt_version)
 
     def masked(self) -> tuple[MaskedGroup, ...]:
@@ -247,7 +245,6 @@ class PreparedSnapshot:
         return found
 
     def masked_tokens(self) -> tuple[int, ...]:
-        """Each group's estimate in its masked form."""
         return tuple(group.tokens for group in self.masked())
 
     def artifacts(self) -> tuple[list[tuple[Artifact, bool]], ...]:
