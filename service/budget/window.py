@@ -61,9 +61,4 @@ def plan_window(window: int, max_output_tokens: int) -> WindowPlan:
     """Input budget = window − output cap − safety margin. Never raises: a budget ≤ 0 shows downstream
     (``critical`` pressure, an overflow) rather than as an exception here."""
     margin = safety_margin(window)
-    return WindowPlan(
-        window=window,
-        max_output_tokens=max_output_tokens,
-        safety_margin=margin,
-        input_budget=window - max_output_tokens - margin,
-    )
+    return WindowPlan(window, max_output_tokens, margin, window - max_output_tokens - margin)
