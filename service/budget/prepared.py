@@ -147,10 +147,8 @@ def _too_deep(content: Mapping[str, Any], messages: Any, parts: tuple[bytes, ...
     if not isinstance(messages, list) or not parts:
         return json_depth(content) > MAX_SNAPSHOT_DEPTH
     envelope = {key: value for key, value in content.items() if key != "messages"}
-    if json_depth(envelope) > MAX_SNAPSHOT_DEPTH:
-        return True
     limit = MAX_SNAPSHOT_DEPTH - 2
-    return any(
+    return json_depth(envelope) > MAX_SNAPSHOT_DEPTH or any(
         encoded.count(b"{") + encoded.count(b"[") > limit - 1 and json_depth(message) > limit
         for message, encoded in zip(messages, parts, strict=True)
     )
