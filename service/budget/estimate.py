@@ -201,9 +201,8 @@ class Calibration:
         return capacity * ratio.denominator // ratio.numerator
 
     def info(self) -> dict[str, Any]:
-        """``context_info.calibration``: ``{ratio, samples, applied}``, ``applied`` whether the ratio
-        changes anything (a ratio not in use is exactly 1), the ratio unrounded: one rounded to 1.0
-        beside ``applied: true`` would contradict it."""
+        """``context_info.calibration``. ``applied``: whether the ratio changes anything (one not in use is
+        exactly 1); ``ratio`` unrounded: rounded to 1.0, it would contradict ``applied: true``."""
         return {"ratio": self.ratio, "samples": self.samples, "applied": self._ratio() != 1}
 
 
