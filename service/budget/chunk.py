@@ -55,9 +55,8 @@ def summary_capacity(
     retry_output_tokens: int = RETRY_OUTPUT_TOKENS,
     calibration: Calibration | None = None,
 ) -> int:
-    """Tokens of material one summary call may carry, sized for the retry so that a retry from the same
-    material fits; may be ≤ 0, and then the caller must fail. A ``calibration`` turns the window's room
-    (the provider's tokens) into raw estimate tokens."""
+    """Tokens of material one summary call may carry, sized so a retry from it fits too; if ≤ 0 the caller
+    must fail. A ``calibration`` turns the window's room (provider tokens) into raw estimate tokens."""
     room = window - safety_margin - retry_output_tokens
     if calibration is not None:
         room = calibration.raw_capacity(room)
