@@ -55,9 +55,8 @@ def summary_capacity(
     retry_output_tokens: int = RETRY_OUTPUT_TOKENS,
     calibration: Calibration | None = None,
 ) -> int:
-    """Tokens of material one summary call may carry, sized for the retry so that a retry from the same
-    material fits; may be ≤ 0, and then the caller must fail. A ``calibration`` turns the window's room
-    (the provider's tokens) into raw estimate tokens."""
+    """Tokens of material one summary call may carry, sized so a retry from it fits too; if ≤ 0 the caller
+    must fail. A ``calibration`` turns the window's room (provider tokens) into raw estimate tokens."""
     room = window - safety_margin - retry_output_tokens
     if calibration is not None:
         room = calibration.raw_capacity(room)
@@ -97,16 +96,6 @@ def _is_soft_boundary(text: str, index: int) -> bool:
     return True
 
 
-def _cluster_cut(piece: str, tail: str) -> int:
-    """Largest ``cut`` in ``1..len(piece)`` with a grapheme boundary before ``(piece + tail)[cut]``;
-    0 when there is none (the whole piece is part of one cluster running on into ``tail``)."""
-    probe = piece + tail
-    cut = len(piece)
-    while cut > 0 and not _is_soft_boundary(probe, cut):
-        cut -= 1
-    return cut
-
-
 def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> list[str]:
     """Split one line into parts of at most ``limit_bytes`` UTF-8 bytes (the first at most
     ``first_limit_bytes``, the room left in the current chunk), at grapheme boundaries where possible.
@@ -123,9 +112,12 @@ def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> li
         while end > start and (data[end] & 0xC0) == 0x80:
             end -= 1
         piece = data[start:end].decode("utf-8")
-        # The code point right after the cut decides whether the cut splits a cluster.
-        tail = data[end : end + 4].decode("utf-8", errors="ignore")[:1]
-        cut = _cluster_cut(piece, tail) if piece else 0
+        # The largest cut with a grapheme boundary before it (the code point right after the piece
+        # decides whether its end splits a cluster); 0: the whole piece is one cluster running on past it.
+        probe = piece + data[end : end + 4].decode("utf-8", errors="ignore")[:1]
+        cut = len(piece)
+        while cut > 0 and not _is_soft_boundary(probe, cut):
+            cut -= 1
         if cut == 0:
             if room < limit_bytes:
                 parts.append("")  # no cluster fits the partial room: close that chunk
@@ -141,11 +133,10 @@ def _split_characters(text: str, limit_bytes: int, first_limit_bytes: int) -> li
 
 
 def chunk_pieces(pieces: Sequence[str], capacity_tokens: int) -> list[str]:
-    """Pack ``pieces`` (e.g. rendered message groups) greedily into chunks with
-    ``estimate_text(chunk) <= capacity_tokens``; ``"".join(chunks) == "".join(pieces)``. Raises
-    ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`. A unit too large for a whole chunk is taken apart (a
-    piece into lines, a line into characters) and its parts go on filling the current chunk, so there are
-    as few chunks (summary calls) as greedy allows."""
+    """Pack ``pieces`` (e.g. rendered message groups) greedily into chunks that fit ``capacity_tokens``;
+    ``"".join(chunks) == "".join(pieces)``. Raises ``ValueError`` below :data:`MIN_CHUNK_CAPACITY`. A unit too
+    large for a whole chunk is taken apart (a piece into lines, a line into characters) and its parts go on
+    filling the current chunk, so there are as few chunks (summary calls) as greedy allows."""
     if capacity_tokens < MIN_CHUNK_CAPACITY:
         raise ValueError(
             f"chunk capacity must be at least {MIN_CHUNK_CAPACITY} tokens (got {capacity_tokens}):"

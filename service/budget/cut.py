@@ -41,8 +41,7 @@ class CutPlan:
     kept_tokens: int
 
     def net_removed_tokens(self, summary_tokens: int) -> int:
-        """Tokens the cut saves once the summary (estimate ``summary_tokens``) replaces the old
-        messages; ≤ 0 means the compaction did not help."""
+        """Tokens saved once a summary of ``summary_tokens`` replaces the old messages (≤ 0: no help)."""
         return self.gross_removed_tokens - summary_tokens
 
 

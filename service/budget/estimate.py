@@ -78,8 +78,7 @@ def _text_bytes(value: object) -> int:
 
 
 def estimate_block(block: object) -> int:
-    """Estimated tokens of one content block, by its type as docs/budget.md "Estimator" lists; any
-    other block from its compact JSON."""
+    """By the block's type, as docs/budget.md "Estimator" lists; any other block from its compact JSON."""
     # isinstance(dict) first: the Mapping ABC check is several times slower and rarely needed.
     if isinstance(block, dict) or isinstance(block, Mapping):
         kind = block.get("type")
@@ -131,25 +130,21 @@ def estimate_message(message: Mapping[str, Any]) -> int:
 
 
 def estimate_messages(messages: Sequence[Mapping[str, Any]]) -> int:
-    """Estimated tokens of a message list, envelopes included."""
     return sum(estimate_message(message) for message in messages)
 
 
 def envelope_tokens(message_count: int) -> int:
-    """The envelope segment for ``message_count`` messages."""
     return max(0, message_count) * MESSAGE_ENVELOPE_TOKENS
 
 
 def estimate_system(system: str | None) -> int:
-    """Estimated tokens of the system prompt (0 when there is none)."""
     return estimate_text(system) if system else 0
 
 
-# A canonical message or tool converted from an OpenAI-style one keeps what was posted under this key,
-# so that an OpenAI-compatible provider gets it back byte for byte, for its prefix cache (SPEC §7). On a
-# message: ``{"messages": [posted…], "blocks": n}``, the posted message(s) standing for its first ``n``
-# content blocks (blocks appended later are rendered after them); on a tool: the posted tool. The
-# estimate does not count it and the Anthropic wire drops it.
+# A message or tool converted from OpenAI style keeps what was posted under this key, so an OpenAI-compatible
+# provider gets it back byte for byte for its prefix cache (SPEC §7). On a message: ``{"messages": [posted…],
+# "blocks": n}``, the posted message(s) standing for its first ``n`` content blocks (later blocks are rendered
+# after them); on a tool, the posted tool. Estimates skip it; the Anthropic wire drops it.
 POSTED_FORM: Final = "_sidequest_posted"
 
 
@@ -174,7 +169,6 @@ class Calibration:
 
     @classmethod
     def empty(cls) -> Calibration:
-        """A calibration with no samples (ratio 1.0)."""
         return cls()
 
     def _ratio(self) -> Fraction:
@@ -207,9 +201,8 @@ class Calibration:
         return capacity * ratio.denominator // ratio.numerator
 
     def info(self) -> dict[str, Any]:
-        """``context_info.calibration``: ``{ratio, samples, applied}``, ``applied`` whether the ratio
-        changes anything (a ratio not in use is exactly 1), the ratio unrounded: one rounded to 1.0
-        beside ``applied: true`` would contradict it."""
+        """``context_info.calibration``. ``applied``: whether the ratio changes anything (one not in use is
+        exactly 1); ``ratio`` unrounded: rounded to 1.0, it would contradict ``applied: true``."""
         return {"ratio": self.ratio, "samples": self.samples, "applied": self._ratio() != 1}
 
 

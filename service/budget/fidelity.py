@@ -29,11 +29,8 @@ class Fidelity:
 
     def to_json(self) -> dict[str, Any]:
         value = asdict(self)
-        value["artifacts"] = {
-            "total": value.pop("artifacts_total"),
-            "in_prompt": value.pop("artifacts_in_prompt"),
-        }
-        return value
+        total, in_prompt = value.pop("artifacts_total"), value.pop("artifacts_in_prompt")
+        return {**value, "artifacts": {"total": total, "in_prompt": in_prompt}}
 
 
 def measure_fidelity(

@@ -49,8 +49,7 @@ _STRUCTURE_LINE: Final = re.compile(r"^((?:[^\S\n]|[\u200b\u200c\u200d\u2060\ufe
 
 
 def unframed(text: str) -> str:
-    """``text`` with every line that begins like one of the block's structure lines (after any
-    indentation) defused."""
+    """``text`` with every line beginning like a block structure line (after any indentation) defused."""
     if "---" not in text:
         return text
     return _STRUCTURE_LINE.sub(r"\1- - -", _LINE_BREAKS.sub("\n", text))
@@ -116,8 +115,7 @@ def _label(value: str) -> str:
     one_line = " ".join(value.split())
     if len(one_line) <= LABEL_MAX_CHARS and utf8_length(one_line) <= LABEL_MAX_BYTES:
         return one_line
-    kept = cut_utf8(one_line[: LABEL_MAX_CHARS - 1], LABEL_MAX_BYTES - utf8_length("…"))
-    return kept + "…"
+    return cut_utf8(one_line[: LABEL_MAX_CHARS - 1], LABEL_MAX_BYTES - utf8_length("…")) + "…"
 
 
 def item_header(item: HandoffItem) -> str:
@@ -159,15 +157,14 @@ def _runs(ordinals: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _run_text(run: tuple[int, int]) -> str:
-    a, b = run
-    return f"#{a}" if a == b else f"#{a}–#{b}"
+def _runs_text(runs: Sequence[tuple[int, int]]) -> str:
+    return ", ".join(f"#{a}" if a == b else f"#{a}–#{b}" for a, b in runs)
 
 
 def ordinal_runs(ordinals: Sequence[int]) -> str:
     """``#1–#3, #7``: the ordinals, each run of consecutive ones as its ends (a range never holds
     one that is not in the list, so "#1–#3" never names a #2 that was not carried)."""
-    return ", ".join(_run_text(run) for run in _runs(ordinals))
+    return _runs_text(_runs(ordinals))
 
 
 def omitted_line(ordinals: Sequence[int], shown_runs: int | None = None) -> str:
@@ -180,7 +177,7 @@ def omitted_line(ordinals: Sequence[int], shown_runs: int | None = None) -> str:
         return f"{head}."
     rest = count - sum(b - a + 1 for a, b in named)
     more = f" and {rest} more" if rest else ""
-    return f"{head}: {', '.join(_run_text(run) for run in named)}{more}."
+    return f"{head}: {_runs_text(named)}{more}."
 
 
 def _shorten(text: str, max_bytes: int) -> str:
@@ -287,13 +284,8 @@ def _shrink_field(plan: _Plan, limit: int, attr: str, floor: int, *, protected: 
 def _leave_out_pinned_without_answer(plan: _Plan) -> None:
     """A pinned Q&A whose answer was cut to the bare marker carries no finding: left out instead, it
     stays pinned for the next hand-off (carried, it would be unpinned with its finding gone)."""
-    for entry in plan.entries:
-        if (
-            entry.item.pinned
-            and entry is not plan.entries[-1]
-            and not (entry.omitted or entry.summarized)
-            and entry.answer == SHORTENED_MARKER
-        ):
+    for entry in plan.entries[:-1]:  # never the newest
+        if entry.item.pinned and not (entry.omitted or entry.summarized) and entry.answer == SHORTENED_MARKER:
             entry.omitted = True
 
 
@@ -320,8 +312,7 @@ def _give_back(plan: _Plan, limit: int) -> None:
 
 
 def _use_summary(plan: _Plan, limit: int) -> None:
-    """Replace the oldest older Q&A (never the newest or a pinned one) the summary covers, as few as
-    make the plan fit."""
+    """Replace the oldest Q&A the summary covers (never the newest or a pinned one), the fewest that fit."""
     summary = plan.summary
     if summary is None or not summary.text.strip():
         return
@@ -348,10 +339,7 @@ def _use_summary(plan: _Plan, limit: int) -> None:
 def _shrink_summary(plan: _Plan, limit: int) -> None:
     if plan.summary_text is None or plan.summary is None:
         return
-    excess = plan.size() - limit
-    if excess <= 0:
-        return
-    keep = utf8_length(plan.summary_text) - excess - _MARKER_COST
+    keep = utf8_length(plan.summary_text) - (plan.size() - limit) - _MARKER_COST
     if keep <= 0:
         # Not even a line of it fits: the Q&A it stood in for are left out instead (said so in the block).
         plan.summary_text = None
@@ -394,9 +382,8 @@ def _shorten_omitted_line(plan: _Plan, limit: int) -> None:
 def build_handoff(
     items: Sequence[HandoffItem], summary: HandoffSummary | None, max_tokens: int
 ) -> HandoffBlock | None:
-    """The hand-off block of ``items`` (any order, distinct ordinals), None when there are none;
-    ``summary``, the session's rolling Q&A summary, stands in for older items only where needed.
-    Raises ``ValueError`` for ``max_tokens`` outside 256–32768."""
+    """The hand-off block of ``items`` (any order, distinct ordinals), None when there are none; ``summary``,
+    the session's rolling Q&A summary, stands in for older items only where needed."""
     if not HANDOFF_MIN_TOKENS <= max_tokens <= HANDOFF_MAX_TOKENS:
         raise ValueError(f"max_tokens must be from {HANDOFF_MIN_TOKENS} to {HANDOFF_MAX_TOKENS}")
     if not items:
@@ -409,10 +396,7 @@ def build_handoff(
         raise ValueError("hand-off items must have distinct ordinals")
     if summary is not None:
         summary = replace(summary, text=unframed(summary.text))
-    plan = _Plan(
-        entries=[_Entry(i, item_header(i), i.question.strip(), i.answer.strip()) for i in ordered],
-        summary=summary,
-    )
+    plan = _Plan([_Entry(i, item_header(i), i.question.strip(), i.answer.strip()) for i in ordered], summary)
     # The most content bytes whose estimate fits.
     limit = max(0, (max_tokens - MESSAGE_ENVELOPE_TOKENS) * BYTES_PER_TOKEN)
     steps: tuple[Callable[[], None], ...] = (

@@ -240,5 +240,4 @@ def mask_group(messages: Sequence[dict[str, Any]], tokens: Sequence[int]) -> Mas
 def mask_groups(
     messages: Sequence[dict[str, Any]], groups: Sequence[MessageGroup], message_tokens: Sequence[int]
 ) -> tuple[MaskedGroup, ...]:
-    """:func:`mask_group` of every group of a transcript."""
     return tuple(mask_group(messages[g.start : g.end], message_tokens[g.start : g.end]) for g in groups)

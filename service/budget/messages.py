@@ -226,9 +226,8 @@ def _tool_name(tool: object) -> object:
 
 
 def snapshot_shape_problem(snapshot: Mapping[str, Any]) -> str | None:
-    """What makes a posted snapshot one no provider would take, or normalising would lose without a
-    word (the list is in docs/budget.md), or None. Checked when a snapshot is stored, never when a
-    stored one is read (those were accepted before the rule)."""
+    """What makes a posted snapshot one no provider would take, or normalising would lose silently (list:
+    docs/budget.md), or None. Checked when storing a snapshot, not reading one (accepted before the rule)."""
     taken_at = snapshot.get("taken_at")
     if taken_at is not None and not _is_timestamp(taken_at):
         return "taken_at is not an ISO 8601 time (like 2026-11-29T10:00:00Z)"
@@ -355,7 +354,6 @@ def tool_result_text(
 
 
 def tool_result_ids(message: Mapping[str, Any]) -> list[str]:
-    """``tool_use_id`` of every ``tool_result`` block of a message, in order."""
     return _block_ids(message.get("content"), "tool_result", "tool_use_id")
 
 

@@ -94,9 +94,8 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-# Stands for the message array while the rest of the snapshot is encoded: a string of one NUL. Found
-# first, since keys are sorted and only keys before "messages" come before it; a snapshot that held
-# such a string too is refused for its NUL anyway.
+# Stands for the message array while the rest is encoded: a string of one NUL, found first (keys are sorted,
+# only those before "messages" precede it); a snapshot holding such a string is refused for its NUL anyway.
 _MESSAGES_MARK: Final = "\x00"
 _MESSAGES_MARK_JSON: Final = b'"\\u0000"'
 
@@ -125,9 +124,7 @@ class EncodedSnapshot:
         """The canonical bytes of each of ``messages``: reused for a message posted as is (the same
         object, as normalisation returns every canonical message), encoded for one it rewrote."""
         raw = self.content.get("messages")
-        known = (
-            {id(m): b for m, b in zip(raw, self.message_bytes, strict=True)} if isinstance(raw, list) else {}
-        )
+        known = dict(zip(map(id, raw), self.message_bytes, strict=True)) if isinstance(raw, list) else {}
         return [known.get(id(message)) or canonical_bytes(message) for message in messages]
 
 
@@ -150,10 +147,8 @@ def _too_deep(content: Mapping[str, Any], messages: Any, parts: tuple[bytes, ...
     if not isinstance(messages, list) or not parts:
         return json_depth(content) > MAX_SNAPSHOT_DEPTH
     envelope = {key: value for key, value in content.items() if key != "messages"}
-    if json_depth(envelope) > MAX_SNAPSHOT_DEPTH:
-        return True
     limit = MAX_SNAPSHOT_DEPTH - 2
-    return any(
+    return json_depth(envelope) > MAX_SNAPSHOT_DEPTH or any(
         encoded.count(b"{") + encoded.count(b"[") > limit - 1 and json_depth(message) > limit
         for message, encoded in zip(messages, parts, strict=True)
     )
@@ -186,13 +181,13 @@ def encode_snapshot(content: Mapping[str, Any]) -> EncodedSnapshot:
 
 
 def prefix_digests(
-    messages: Sequence[Mapping[str, Any]], encoded: Sequence[bytes] | None = None
+    messages: Sequence[Mapping[str, Any]], encoded: EncodedSnapshot | None = None
 ) -> list[bytes]:
     """``digests[k]`` = content digest of ``messages[:k]`` (k = 0..len), one hash chain pass;
-    ``encoded``, the messages' canonical bytes when known, saves encoding them again."""
+    ``encoded``, the snapshot they came from, lends the bytes of those posted as is (no second encoding)."""
     state = hashlib.sha256(_CHAIN_SEED).digest()
     digests = [state]
-    for item in encoded if encoded is not None else (canonical_bytes(m) for m in messages):
+    for item in encoded.bytes_of(messages) if encoded is not None else map(canonical_bytes, messages):
         state = hashlib.sha256(state + hashlib.sha256(item).digest()).digest()
         digests.append(state)
     return digests
@@ -235,11 +230,9 @@ class PreparedSnapshot:
         return self.system_tokens + self.tools_tokens + sum(self.message_tokens)
 
     def tokens_of(self, start: int, end: int | None = None) -> int:
-        """Estimate of ``messages[start:end]``, envelopes included."""
         return sum(self.message_tokens[start:end])
 
     def cache_key(self, length: int, model: str, prompt_version: str) -> str:
-        """The context-summary cache key of ``messages[:length]``."""
         return summary_cache_key(self.digests[length], model, prompt_version)
 
     def masked(self) -> tuple[MaskedGroup, ...]:
@@ -250,7 +243,6 @@ class PreparedSnapshot:
         return found
 
     def masked_tokens(self) -> tuple[int, ...]:
-        """Each group's estimate in its masked form."""
         return tuple(group.tokens for group in self.masked())
 
     def artifacts(self) -> tuple[list[tuple[Artifact, bool]], ...]:
@@ -366,9 +358,5 @@ def prepare_snapshot(content: Mapping[str, Any], encoded: EncodedSnapshot | None
         message_tokens=tuple(message_tokens),
         groups=tuple(group_messages(snapshot.messages, message_tokens)),
         messages_as_posted=as_posted,
-        digests=tuple(
-            prefix_digests(
-                snapshot.messages, encoded.bytes_of(snapshot.messages) if encoded is not None else None
-            )
-        ),
+        digests=tuple(prefix_digests(snapshot.messages, encoded)),
     )

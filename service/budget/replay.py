@@ -81,11 +81,5 @@ def select_replay(
     split = len(uncovered) - replay_count
     fold = tuple(item.ordinal for item in uncovered[:split])
     replay = tuple(item.ordinal for item in uncovered[split:])
-    batches = tuple(fold[start : start + batch_size] for start in range(0, len(fold), batch_size))
-    return ReplayPlan(
-        replay=replay,
-        fold=fold,
-        fold_batches=batches,
-        replay_tokens=replay_tokens,
-        replay_limit=limit,
-    )
+    fold_batches = tuple(fold[start : start + batch_size] for start in range(0, len(fold), batch_size))
+    return ReplayPlan(replay, fold, fold_batches, replay_tokens, limit)

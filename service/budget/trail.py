@@ -27,8 +27,7 @@ TRAIL_MAX_TOKENS: Final = tokens_of_bytes(TRAIL_MAX_BYTES)
 
 @dataclass(frozen=True)
 class TrailEntry:
-    """One distinct artifact of the summarised part: how often it was used, and whether its last
-    use's result was marked as an error."""
+    """One artifact of the summarised part: its use count, and whether its last result was marked an error."""
 
     artifact: Artifact
     uses: int
@@ -41,13 +40,12 @@ class TrailEntry:
         return f"- {self.artifact.tool}: {self.artifact.text}{times}{error}"
 
 
-# The distinct artifacts seen so far as entries, in order of last use (a re-used one moves to the end),
-# each with the bytes of its rendered line and newline.
+# The distinct artifacts seen so far as entries, in order of last use (a re-used one is popped and put back at
+# the end), each with the bytes of its rendered line and newline.
 _LastUse = dict[Artifact, tuple[TrailEntry, int]]
 
 
 def _use(seen: _LastUse, artifact: Artifact, error: bool) -> None:
-    # Popped and put back: insertion order is last-use order.
     previous = seen.pop(artifact, None)
     entry = TrailEntry(artifact, previous[0].uses + 1 if previous else 1, error)
     seen[artifact] = (entry, utf8_length(entry.line()) + 1)
@@ -67,8 +65,7 @@ def _fitting(newest_first: Iterable[int]) -> tuple[int, int]:
 
 
 def collect_trail(uses: Iterable[tuple[Artifact, bool]]) -> list[TrailEntry]:
-    """Every distinct artifact of ``uses`` (in call order, each with its result's error flag), in
-    order of last use (least recent first)."""
+    """Distinct artifacts of ``uses`` (call order, with results' error flags), least recently used first."""
     seen: _LastUse = {}
     for artifact, error in uses:
         _use(seen, artifact, error)
@@ -89,9 +86,8 @@ def trail_tokens(entries: Sequence[TrailEntry]) -> int:
 
 
 class TrailSizes:
-    """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups, asked for with
-    ``s`` never decreasing (as a plan tries them): the uses are taken in once, so a size costs a walk of
-    the 64 newest entries."""
+    """``sizes(s)``: :func:`trail_tokens` of the bounded trail of the first ``s`` groups, ``s`` never
+    decreasing (as a plan tries them): the uses are taken in once, and a size walks the 64 newest entries."""
 
     def __init__(self, artifacts: Sequence[Sequence[tuple[Artifact, bool]]]) -> None:
         self._artifacts = artifacts

@@ -13,9 +13,8 @@ SAFETY_MARGIN_MAX: Final = 8192
 
 
 def positive_setting(value: object) -> int | None:
-    """A window or cap from JSON (options, session settings, a snapshot's own fields): a positive
-    integer, not a bool — an integral float such as ``4096.0`` counts, as it does in JSON; else None.
-    The API refuses other values of these fields (422)."""
+    """A window or cap from JSON (options, session settings, a snapshot's own fields): a positive int, not
+    a bool — an integral float like ``4096.0`` counts, as in JSON; else None (the API refuses those: 422)."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
@@ -62,9 +61,4 @@ def plan_window(window: int, max_output_tokens: int) -> WindowPlan:
     """Input budget = window − output cap − safety margin. Never raises: a budget ≤ 0 shows downstream
     (``critical`` pressure, an overflow) rather than as an exception here."""
     margin = safety_margin(window)
-    return WindowPlan(
-        window=window,
-        max_output_tokens=max_output_tokens,
-        safety_margin=margin,
-        input_budget=window - max_output_tokens - margin,
-    )
+    return WindowPlan(window, max_output_tokens, margin, window - max_output_tokens - margin)
