@@ -112,11 +112,7 @@ class SlotPool(Generic[W]):
 
     def cancel(self, work_id: uuid.UUID, reason: CancelReason) -> None:
         task = self.tasks.get(work_id)
-        if task is not None:
-            self._cancel_task(task, reason)
-
-    def _cancel_task(self, task: asyncio.Task[None], reason: CancelReason) -> None:
-        if task.done() or task in self._cancel_reasons:
+        if task is None or task.done() or task in self._cancel_reasons:
             # Cancel once only: a second cancel (NOTIFY and heartbeat both noticing) would interrupt
             # the cancelled task while it records its in-flight call's usage.
             return
@@ -139,12 +135,9 @@ class SlotPool(Generic[W]):
                 self._cluster_full = False  # the poll fallback always tries again
 
     def _spawn(self, work: W) -> None:
-        stale = self.tasks.get(work.id)
-        if stale is not None and not stale.done():
-            # Claimed again while its earlier run here still goes on (that run lost its lease): it
-            # is stopped as lost; its writes carry the old claim's lease owner, so none lands
-            # (docs/pipeline.md, "Guarded writes").
-            self._cancel_task(stale, "lost")
+        # A run of this unit still going here lost its lease (hence this claim): it is stopped as lost;
+        # its writes carry the old claim's lease owner, so none lands (docs/pipeline.md, "Guarded writes").
+        self.cancel(work.id, "lost")
         task = asyncio.create_task(self._guarded(work), name=f"sidequest-{self.name}-{work.id}")
         self.tasks[work.id] = task
         self._work[work.id] = work
