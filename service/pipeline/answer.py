@@ -47,7 +47,6 @@ from service.vocabulary import JobKind
 
 
 def build_answer(prepared: Prepared, history: HistoryPlan, context: ContextPlan) -> AnswerRequest:
-    """The answer request for these stage outputs."""
     snap = prepared.snapshot
     return build_answer_request(
         question=prepared.claimed.question,
@@ -64,7 +63,6 @@ def build_answer(prepared: Prepared, history: HistoryPlan, context: ContextPlan)
 
 
 def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None:
-    """Record the answer request's estimate and pressure in context_info."""
     rt.info.estimate = EstimateInfo(**answer.estimate.as_dict())
     rt.info.pressure = pressure(answer.estimate.total, prepared.plan.input_budget)  # type: ignore[assignment]
 

@@ -76,7 +76,6 @@ class RequestRuntime:
         self.summary_calibration = Calibration.empty()
 
     def remaining_s(self) -> float:
-        """Seconds left before the request's deadline (never negative)."""
         return max(0.0, self.deadline - time.monotonic())
 
     async def progress(self, fields: dict[str, Any], *, defer: bool = False) -> None:
@@ -162,7 +161,6 @@ class RequestRuntime:
         )
 
     def sync_calls(self) -> None:
-        """Mirror the call budget into context_info (``summary_calls``)."""
         self.info.summary_calls = self.budget.calls_made
 
 
