@@ -68,11 +68,10 @@ def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None
 
 
 def stated_plan(prepared: Prepared, context_limit: int | None) -> WindowPlan:
-    """The window plan for an overflow retry: the provider's stated window when it is smaller than
-    the one planned with (no window configured: 200 000 assumed, a local model's 32 768 stated), so
-    the retry and its summary calls are sized for the model that answers; else the request's own —
-    also when the output cap would leave the stated window no input budget: a server that counts
-    only the prompt against its window (llama.cpp) may still take the shrunk one."""
+    """For an overflow retry: the provider's stated window when smaller than the planned one (none configured:
+    200 000 assumed, a local model's 32 768 stated), sizing the retry and its summary calls for the model that
+    answers; else the request's own — also when the output cap leaves the stated window no input budget: a
+    server counting only the prompt against its window (llama.cpp) may still take the shrunk one."""
     if context_limit is None or context_limit >= prepared.plan.window:
         return prepared.plan
     stated = plan_window(context_limit, prepared.plan.max_output_tokens)
@@ -101,9 +100,8 @@ async def answer(
         try:
             result = await _call(rt, prepared, request, deltas)
         except ContextOverflow as exc:
-            # SPEC 7: only a first reply that streamed nothing yet (no text, no tool call: the calling
-            # policy's after_output) is retried, once: the retry's own overflow is raised from this
-            # handler, not caught by it.
+            # SPEC 7: only a first reply that streamed nothing (no text, no tool call: the calling policy's
+            # after_output) is retried, once: the retry's overflow is raised from this handler, not caught.
             if exc.after_output:
                 raise
             if exc.prompt_tokens:
