@@ -119,7 +119,6 @@ async def fold_history(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan
             if mine or attempt == 1:
                 await _fold(rt, prepared, plan, runner)
                 return plan
-        # A background fold took the range: use what it made, fold the rest.
         waited = await wait_for_background_jobs(rt, JobKind.QA_FOLD) or 0
         plan = await _plan(rt, prepared, await _reload_qa(rt), plan.waited_ms + waited, plan.calls)
     return plan
@@ -132,9 +131,8 @@ async def folded_context_time(
     batches: Sequence[Sequence[QAPair]],
     clear_version: int,
 ) -> str | None:
-    """The context time of a fold of ``batches`` into ``previous``: that of the newest folded Q&A
-    asked on a snapshot (a request's fold and a background job's alike, whatever snapshot the
-    request that folds has)."""
+    """The context time of folding ``batches`` into ``previous``: that of the newest folded Q&A asked on a
+    snapshot (a request's fold and a background job's alike, whatever snapshot the folding request has)."""
     async with db.connection() as conn:
         return await latest_context_time(
             conn,
