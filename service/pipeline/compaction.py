@@ -1,7 +1,6 @@
-"""Stage ``compacting_context`` (SPEC §6.2, §6.6–§6.9; docs/pipeline.md, step 3): a compacted *copy*
-of the main context, the cheapest way that fits — a cache hit, a grown snapshot's cached prefix,
-waiting for a background job making the summary, else making it. The cut is the ladder's
-(:func:`service.budget.ladder.decide`).
+"""Stage ``compacting_context`` (SPEC §6.2, §6.6–§6.9; docs/pipeline.md, step 3): a compacted *copy* of the
+main context, the cheapest way that fits — a cache hit, a grown snapshot's cached prefix, waiting for a
+background job making the summary, else making it. The ladder's cut: :func:`service.budget.ladder.decide`.
 """
 
 from __future__ import annotations
@@ -55,8 +54,7 @@ def snapshot_job_key(snapshot_id: str) -> str:
 
 @dataclass
 class ContextPlan:
-    """The compacted copy: the summary in front (None: none) and the messages kept verbatim (by
-    default none and all: the whole snapshot verbatim)."""
+    """The compacted copy: the summary in front (None: none) and the messages kept verbatim (default: all)."""
 
     summary: CachedContextSummary | None = None
     kept_from: int = 0
