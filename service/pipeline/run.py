@@ -1,6 +1,4 @@
-"""One side request from claim to terminal state (SPEC §6–8), as a chain of stage functions: the
-picture and the stages are in docs/pipeline.md, "One request".
-"""
+"""The stage functions chained, claim to terminal state (SPEC §6–8; docs/pipeline.md, "One request")."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
         estimate = build_answer(prepared, history, candidate).estimate.total
         return rt.calibration.fits(estimate + bound, prepared.plan.input_budget)
 
-    # The transcript's room: what the budget leaves once everything else is counted (raw tokens:
-    # the budget scaled back by the learned ratio).
+    # The transcript's room: the budget in raw tokens (scaled back by the learned ratio) less everything else.
     snapshot_tokens = context.kept_tokens(prepared.snapshot)
     room = rt.calibration.raw_capacity(prepared.plan.input_budget) - (
         provisional.estimate.total - snapshot_tokens + bound
