@@ -95,8 +95,7 @@ class RequestRuntime:
 
     async def flush(self) -> None:
         """Write the pending events (and the stage change, with context_info) in one transaction."""
-        # Under the lock, batches commit in the order they were made (a fold and a compaction may
-        # both write at the same time).
+        # Under the lock, batches commit in the order made (a fold and a compaction may write at once).
         async with self._flush_lock:
             if not self._pending:
                 return
@@ -141,8 +140,7 @@ class RequestRuntime:
 
     def summary_runner(self, prepared: Prepared) -> SummaryRunner:
         """A fresh runner (its own ``attempts_made``) on the request's shared budget and recorder, one
-        per concurrent summary (a fold and a compaction may run at once); its context summaries are of
-        masked material when the session masks tool results (SPEC §6.8)."""
+        per concurrent summary (a fold and a compaction may run at once)."""
         return SummaryRunner(
             provider=self.deps.provider,
             model=prepared.models.summary,
