@@ -36,9 +36,8 @@ CancelReason = Literal["cancelled", "lost", "shutdown"]
 PURGE_CLEARED_AFTER_S = 600.0
 # The liveness check never runs less often than this, whatever heartbeat_s says (cancel within ~1 s).
 MAX_CHECK_INTERVAL_S = 1.0
-# How long a stop waits for the work it cancelled to settle (give a request back, record a call):
-# those are a statement or two; a task still going after this is stuck on a database that stopped
-# answering, and its lease will bring its work back.
+# How long a stop waits for cancelled work to settle (give a request back, record a call: a statement or two);
+# a task still going then is stuck on a database that stopped answering, and its lease brings its work back.
 STOP_WAIT_S = 15.0
 
 
@@ -65,9 +64,8 @@ def log_loop_failure(what: str, outages: OutageLog) -> None:
 
 
 class SlotPool(Generic[W]):
-    """Local slots for one kind of work: claim while a slot is free, run, claim again at once.
-    ``claim`` returns the next unit of work or None and whether the cluster is at its cap; ``run``
-    runs one to its end; ``settle`` handles a cancelled one."""
+    """Local slots for one kind of work: claim while a slot is free, run, claim again at once. ``claim``: the
+    next unit or None, and whether the cluster is full; ``run``: one to its end; ``settle``: one cancelled."""
 
     def __init__(
         self,
