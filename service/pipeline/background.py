@@ -175,8 +175,7 @@ async def _context_summary(
     # expected (the session's settings, else its latest question's).
     plan = plan_numbers(deps.settings, job.settings, job.params, snapshot)
     mask = masks_tool_results(job.settings)
-    # The fit is the answer model's, with its learned ratio (SPEC §5.1: the ratio decides every fit);
-    # the admission queued the job on the raw estimate.
+    # The learned ratio decides every fit (SPEC §5.1); the admission queued the job on the raw estimate.
     decision = decide(snapshot, snapshot_room(snapshot, fit.raw_capacity(plan.input_budget)), mask=mask)
     if isinstance(decision, CutRefusal):
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": decision.reason})
