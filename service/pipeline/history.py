@@ -108,9 +108,8 @@ async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
 
 
 async def fold_history(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan) -> HistoryPlan:
-    """Fold ``plan``'s fold batches into the rolling summary, registered for single flight; if a
-    background fold holds the range, wait for it, use what it made and fold only the rest — once: a
-    second refusal folds unregistered rather than wait again."""
+    """Fold ``plan.fold_batches`` into the rolling summary, registered for single flight; if a background fold
+    holds the range, wait, use what it made and fold the rest — once: a second refusal folds unregistered."""
     runner = rt.summary_runner(prepared)
     for attempt in range(2):
         if not plan.replay.fold:
