@@ -183,8 +183,7 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.db = db
-        # Unique per process: host, pid and a random suffix; each claim's lease owner adds a token
-        # of that claim (:func:`service.store.lease.claim_owner`).
+        # Unique per process; each claim's lease owner adds a token of that claim (:func:`lease.claim_owner`).
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._outages = OutageLog()
         self._loops: list[asyncio.Task[None]] = []
