@@ -204,8 +204,7 @@ async def _shrink(
             around = build_answer(prepared, history, context).estimate.total - kept_tokens
             # The summary of the longer old part can be larger than today's, so a retry sized on
             # today's could land over the stated count: sized at its largest, the retry fits.
-            now = context.summary.tokens if context.summary is not None else 0
-            room = max(0, SUMMARY_MAX_TOKENS - now)
+            room = max(0, SUMMARY_MAX_TOKENS - (context.summary.tokens if context.summary is not None else 0))
             if prepared.mask_tool_results:
                 room += TRAIL_MAX_TOKENS  # the new summary's trail, at its largest
             recent_budget = recent_budget_within(target - around - room)

@@ -201,10 +201,9 @@ async def _context_summary(
     )
     # Never a hit: an entry under this key returned "cached" above.
     assert result.new_entry is not None
-    entry = dataclasses.replace(result.new_entry, made_by="background")
     log.info("background context summary for %s took %.1fs", snapshot_id, time.monotonic() - started)
     return JobOutcome(
         Status.SUCCEEDED,
         covered={"covered_messages": until, "cache": result.cache, "chunks": result.chunks},
-        summary={"context_summary": entry.to_json()},
+        summary={"context_summary": dataclasses.replace(result.new_entry, made_by="background").to_json()},
     )
