@@ -24,12 +24,10 @@ from service.budget.ladder import (
 from service.budget.masking import MaskedGroup
 from service.budget.prepared import PreparedSnapshot
 from service.context_info import FidelityInfo
-from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_cache
 from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_background_jobs
 from service.store import memory
-from service.store.execute import transaction
 from service.summary.context import (
     CachedContextSummary,
     CacheHit,
@@ -317,9 +315,5 @@ async def _make(
         rt.sync_calls()
     # A new summary, never a cache hit: the caller found no hit in this very cache (the same lookup).
     assert result.new_entry is not None
-    async with rt.db.connection() as conn, transaction(conn):
-        if not await memory.save_memory(
-            conn, rt.claimed.id, owner=rt.owner, context_summary=result.new_entry.to_json()
-        ):
-            raise RequestLost()
+    await rt.save_memory(context_summary=result.new_entry.to_json())
     return result

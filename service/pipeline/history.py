@@ -13,13 +13,11 @@ from dataclasses import dataclass
 
 from service import vocabulary
 from service.budget import QAItem, ReplayPlan, estimate_text, select_replay
-from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_qa_summary
 from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_background_jobs
 from service.store import memory
 from service.store.db import Database
-from service.store.execute import transaction
 from service.store.history import iter_history, latest_context_time
 from service.summary.material import QAPair, render_qa_pair
 from service.summary.rolling import StoredQASummary, fold_qa
@@ -156,9 +154,7 @@ async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runne
             rt.info.qa_summary.calls = plan.calls
         rt.sync_calls()
     if folded is not None and folded is not plan.qa:
-        async with rt.db.connection() as conn, transaction(conn):
-            if not await memory.save_memory(conn, rt.claimed.id, owner=rt.owner, qa_summary=folded.to_json()):
-                raise RequestLost()
+        await rt.save_memory(qa_summary=folded.to_json())
         plan.qa = folded
         plan.folded = True
     plan.replay = dataclasses.replace(plan.replay, fold=(), fold_batches=())

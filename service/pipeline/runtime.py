@@ -18,9 +18,9 @@ from service.pipeline.recorder import LedgerRecorder
 from service.pipeline.snapshots import PreparedSnapshots
 from service.pipeline.waiting import JobWaiter
 from service.providers.base import Provider
-from service.store import lease, queue
+from service.store import lease, memory, queue
 from service.store.db import Database
-from service.store.execute import committed
+from service.store.execute import committed, transaction
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
 from service.summary.runner import SummaryRunner
@@ -131,6 +131,12 @@ class RequestRuntime:
         await self.flushed()  # never overtaken by the older context_info a background flush carries
         async with self.db.sessions() as session, session.begin():
             await merge_context_info(session, self.claimed.id, self.info.to_json())
+
+    async def save_memory(self, **summary: dict[str, Any]) -> None:
+        """Save a summary to the session's memory, lease-guarded (:class:`RequestLost` when refused)."""
+        async with self.db.connection() as conn, transaction(conn):
+            if not await memory.save_memory(conn, self.claimed.id, owner=self.owner, job=False, **summary):
+                raise RequestLost()
 
     async def emit_delta(self, text: str) -> bool:
         """One ``delta`` event (after the background flush); False when the request is no longer held."""
