@@ -27,7 +27,6 @@ from service.context_info import FidelityInfo
 from service.pipeline.prepare import Prepared, parse_cache
 from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_background_jobs
-from service.store import memory
 from service.summary.context import (
     CachedContextSummary,
     CacheHit,
@@ -264,9 +263,7 @@ async def compact(
             waited = await wait_for_background_jobs(rt, JobKind.CONTEXT_SUMMARY, keys)
             if waited is not None:
                 waited_ms += waited
-                async with rt.db.connection() as conn:
-                    mem = await memory.load_memory(conn, rt.claimed.session_id)
-                cache = parse_cache(mem.get("context_summaries") or [])
+                cache = parse_cache((await rt.load_memory()).get("context_summaries") or [])
                 found = find_hit(cache)
                 if found is not None:
                     entry, covered = found

@@ -16,7 +16,6 @@ from service.budget import QAItem, ReplayPlan, estimate_text, select_replay
 from service.pipeline.prepare import Prepared, parse_qa_summary
 from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_background_jobs
-from service.store import memory
 from service.store.db import Database
 from service.store.history import iter_history, latest_context_time
 from service.summary.material import QAPair, render_qa_pair
@@ -59,9 +58,7 @@ class HistoryPlan:
 
 
 async def _reload_qa(rt: RequestRuntime) -> StoredQASummary | None:
-    async with rt.db.connection() as conn:
-        mem = await memory.load_memory(conn, rt.claimed.session_id)
-    return parse_qa_summary(mem.get("qa_summary"))
+    return parse_qa_summary((await rt.load_memory()).get("qa_summary"))
 
 
 async def _plan(

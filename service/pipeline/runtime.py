@@ -132,6 +132,10 @@ class RequestRuntime:
         async with self.db.sessions() as session, session.begin():
             await merge_context_info(session, self.claimed.id, self.info.to_json())
 
+    async def load_memory(self) -> dict[str, Any]:
+        async with self.db.connection() as conn:
+            return await memory.load_memory(conn, self.claimed.session_id)
+
     async def save_memory(self, **summary: dict[str, Any]) -> None:
         """Save a summary to the session's memory, lease-guarded (:class:`RequestLost` when refused)."""
         async with self.db.connection() as conn, transaction(conn):
