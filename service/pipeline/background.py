@@ -109,8 +109,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
 async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) -> JobOutcome:
     """The job's summary (if it made one) and its terminal state, in one commit (§6.5's guard first:
     a job whose session was cleared, or that is no longer this worker's, writes nothing)."""
-    status = outcome.status
-    assert status != "lost", "a job is found lost only here, by the writes below"
+    assert outcome.status != "lost", "a job is found lost only here, by the writes below"
     async with deps.db.connection() as conn, transaction(conn):
         if outcome.summary and not await memory.save_memory(
             conn, job.id, owner=job.owner, job=True, **outcome.summary
@@ -120,7 +119,7 @@ async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) ->
             conn,
             job.id,
             job.owner,
-            status=status,
+            status=outcome.status,
             calls=outcome.calls,
             covered=outcome.covered,
             error=outcome.error,
