@@ -19,7 +19,6 @@ from service.config import Settings
 from service.pipeline.background import run_job
 from service.pipeline.run import run_request
 from service.pipeline.runtime import PipelineDeps
-from service.pipeline.snapshots import PreparedSnapshots
 from service.providers import build_provider
 from service.store import jobs, lease, queue, terminal
 from service.store.admission import purge_cleared
@@ -194,11 +193,9 @@ class Worker:
             settings.listen_url(database_url or db.url), channels=WORKER_CHANNELS, on_connect=db.node_gone
         )
         self._unsubscribe: list[Callable[[], None]] = []
+        self._deps = PipelineDeps(db=db, settings=settings, provider=build_provider(settings))
         # The prepared snapshots this worker keeps in memory (``sidequest serve``'s API feeds it).
-        self.snapshots = PreparedSnapshots()
-        self._deps = PipelineDeps(
-            db=db, settings=settings, provider=build_provider(settings), snapshots=self.snapshots
-        )
+        self.snapshots = self._deps.snapshots
         self.requests: SlotPool[queue.Claimed] = SlotPool(
             "request",
             settings.max_concurrency,
