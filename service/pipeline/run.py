@@ -49,8 +49,7 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
 
     async def compaction() -> ContextPlan:
         rt.enter(Stage.COMPACTING_CONTEXT)
-        made = await compact_snapshot_copy(rt, prepared, fits, room)
-        return made if made is not None else context
+        return await compact_snapshot_copy(rt, prepared, fits, room) or context
 
     # A fold that found its range taken by a background job re-plans the history: the answer is
     # built from the plan it returns, which holds that job's summary.
