@@ -186,9 +186,8 @@ class Worker:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._outages = OutageLog()
         self._loops: list[asyncio.Task[None]] = []
-        # A shared listener (the API's, in `serve`) is started and stopped by its owner.
+        # The LISTEN connection that wakes it: its own, or the API's in `serve` (started and stopped there).
         self._own_listener = listener is None
-        # The LISTEN connection this worker is woken through (its own, or the process's).
         self.listener = listener or Listener(
             settings.listen_url(database_url or db.url), channels=WORKER_CHANNELS, on_connect=db.node_gone
         )
