@@ -38,7 +38,6 @@ T = TypeVar("T")
 
 
 def _ledger_entry(call: CallRecord) -> ledger.CallEntry:
-    """A call as the ledger stores it (its usage fields are :class:`CallUsage`'s)."""
     return ledger.CallEntry(
         purpose=call.purpose,
         model=call.model,
