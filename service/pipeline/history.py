@@ -140,9 +140,8 @@ async def folded_context_time(
 async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runner: SummaryRunner) -> None:
     before = runner.attempts_made
     try:
-        claimed = prepared.claimed
         context_time = await folded_context_time(
-            rt.db, claimed.session_id, plan.qa, plan.fold_batches, claimed.clear_version
+            rt.db, prepared.claimed.session_id, plan.qa, plan.fold_batches, prepared.claimed.clear_version
         )
         folded = await fold_qa(runner, plan.qa, plan.fold_batches, context_time)
     finally:
