@@ -324,9 +324,8 @@ class Worker:
                 await jobs.requeue_job(session, job.id, reason="worker_stopped", owner=job.owner)
 
     async def _heartbeat_loop(self) -> None:
-        interval = min(self.settings.heartbeat_s, MAX_CHECK_INTERVAL_S)
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min(self.settings.heartbeat_s, MAX_CHECK_INTERVAL_S))
             requests, job_owners = self.requests.held(), self.jobs.held()
             if not requests and not job_owners:
                 continue
@@ -344,7 +343,6 @@ class Worker:
                 self.jobs.cancel(job_id, "lost")
 
     async def _sweep_loop(self) -> None:
-        interval = max(self.settings.poll_s, min(self.settings.lease_s / 2, 10.0))
         while True:
             try:
                 async with self.db.sessions() as session, session.begin():
@@ -361,4 +359,4 @@ class Worker:
                     await purge_cleared(session, PURGE_CLEARED_AFTER_S)
             except Exception:
                 log_loop_failure("recovery sweep failed", self._outages)
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(self.settings.poll_s, min(self.settings.lease_s / 2, 10.0)))
