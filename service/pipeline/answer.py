@@ -47,7 +47,6 @@ from service.vocabulary import JobKind
 
 
 def build_answer(prepared: Prepared, history: HistoryPlan, context: ContextPlan) -> AnswerRequest:
-    """The answer request for these stage outputs."""
     snap = prepared.snapshot
     return build_answer_request(
         question=prepared.claimed.question,
@@ -64,17 +63,15 @@ def build_answer(prepared: Prepared, history: HistoryPlan, context: ContextPlan)
 
 
 def meter(rt: RequestRuntime, prepared: Prepared, answer: AnswerRequest) -> None:
-    """Record the answer request's estimate and pressure in context_info."""
     rt.info.estimate = EstimateInfo(**answer.estimate.as_dict())
     rt.info.pressure = pressure(answer.estimate.total, prepared.plan.input_budget)  # type: ignore[assignment]
 
 
 def stated_plan(prepared: Prepared, context_limit: int | None) -> WindowPlan:
-    """The window plan for an overflow retry: the provider's stated window when it is smaller than
-    the one planned with (no window configured: 200 000 assumed, a local model's 32 768 stated), so
-    the retry and its summary calls are sized for the model that answers; else the request's own —
-    also when the output cap would leave the stated window no input budget: a server that counts
-    only the prompt against its window (llama.cpp) may still take the shrunk one."""
+    """For an overflow retry: the provider's stated window when smaller than the planned one (none configured:
+    200 000 assumed, a local model's 32 768 stated), sizing the retry and its summary calls for the model that
+    answers; else the request's own — also when the output cap leaves the stated window no input budget: a
+    server counting only the prompt against its window (llama.cpp) may still take the shrunk one."""
     if context_limit is None or context_limit >= prepared.plan.window:
         return prepared.plan
     stated = plan_window(context_limit, prepared.plan.max_output_tokens)
@@ -103,9 +100,8 @@ async def answer(
         try:
             result = await _call(rt, prepared, request, deltas)
         except ContextOverflow as exc:
-            # SPEC 7: only a first reply that streamed nothing yet (no text, no tool call: the calling
-            # policy's after_output) is retried, once: the retry's own overflow is raised from this
-            # handler, not caught by it.
+            # SPEC 7: only a first reply that streamed nothing (no text, no tool call: the calling policy's
+            # after_output) is retried, once: the retry's overflow is raised from this handler, not caught.
             if exc.after_output:
                 raise
             if exc.prompt_tokens:
@@ -208,8 +204,7 @@ async def _shrink(
             around = build_answer(prepared, history, context).estimate.total - kept_tokens
             # The summary of the longer old part can be larger than today's, so a retry sized on
             # today's could land over the stated count: sized at its largest, the retry fits.
-            now = context.summary.tokens if context.summary is not None else 0
-            room = max(0, SUMMARY_MAX_TOKENS - now)
+            room = max(0, SUMMARY_MAX_TOKENS - (context.summary.tokens if context.summary is not None else 0))
             if prepared.mask_tool_results:
                 room += TRAIL_MAX_TOKENS  # the new summary's trail, at its largest
             recent_budget = recent_budget_within(target - around - room)

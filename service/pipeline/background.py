@@ -109,8 +109,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
 async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) -> JobOutcome:
     """The job's summary (if it made one) and its terminal state, in one commit (§6.5's guard first:
     a job whose session was cleared, or that is no longer this worker's, writes nothing)."""
-    status = outcome.status
-    assert status != "lost", "a job is found lost only here, by the writes below"
+    assert outcome.status != "lost", "a job is found lost only here, by the writes below"
     async with deps.db.connection() as conn, transaction(conn):
         if outcome.summary and not await memory.save_memory(
             conn, job.id, owner=job.owner, job=True, **outcome.summary
@@ -120,7 +119,7 @@ async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) ->
             conn,
             job.id,
             job.owner,
-            status=status,
+            status=outcome.status,
             calls=outcome.calls,
             covered=outcome.covered,
             error=outcome.error,
@@ -175,8 +174,7 @@ async def _context_summary(
     # expected (the session's settings, else its latest question's).
     plan = plan_numbers(deps.settings, job.settings, job.params, snapshot)
     mask = masks_tool_results(job.settings)
-    # The fit is the answer model's, with its learned ratio (SPEC §5.1: the ratio decides every fit);
-    # the admission queued the job on the raw estimate.
+    # The learned ratio decides every fit (SPEC §5.1); the admission queued the job on the raw estimate.
     decision = decide(snapshot, snapshot_room(snapshot, fit.raw_capacity(plan.input_budget)), mask=mask)
     if isinstance(decision, CutRefusal):
         return JobOutcome(Status.SUCCEEDED, covered={"covered_messages": 0, "reason": decision.reason})
@@ -202,10 +200,9 @@ async def _context_summary(
     )
     # Never a hit: an entry under this key returned "cached" above.
     assert result.new_entry is not None
-    entry = dataclasses.replace(result.new_entry, made_by="background")
     log.info("background context summary for %s took %.1fs", snapshot_id, time.monotonic() - started)
     return JobOutcome(
         Status.SUCCEEDED,
         covered={"covered_messages": until, "cache": result.cache, "chunks": result.chunks},
-        summary={"context_summary": entry.to_json()},
+        summary={"context_summary": dataclasses.replace(result.new_entry, made_by="background").to_json()},
     )

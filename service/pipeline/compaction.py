@@ -1,7 +1,6 @@
-"""Stage ``compacting_context`` (SPEC §6.2, §6.6–§6.9; docs/pipeline.md, step 3): a compacted *copy*
-of the main context, the cheapest way that fits — a cache hit, a grown snapshot's cached prefix,
-waiting for a background job making the summary, else making it. The cut is the ladder's
-(:func:`service.budget.ladder.decide`).
+"""Stage ``compacting_context`` (SPEC §6.2, §6.6–§6.9; docs/pipeline.md, step 3): a compacted *copy* of the
+main context, the cheapest way that fits — a cache hit, a grown snapshot's cached prefix, waiting for a
+background job making the summary, else making it. The ladder's cut: :func:`service.budget.ladder.decide`.
 """
 
 from __future__ import annotations
@@ -25,12 +24,9 @@ from service.budget.ladder import (
 from service.budget.masking import MaskedGroup
 from service.budget.prepared import PreparedSnapshot
 from service.context_info import FidelityInfo
-from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_cache
 from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_background_jobs
-from service.store import memory
-from service.store.execute import transaction
 from service.summary.context import (
     CachedContextSummary,
     CacheHit,
@@ -55,8 +51,7 @@ def snapshot_job_key(snapshot_id: str) -> str:
 
 @dataclass
 class ContextPlan:
-    """The compacted copy: the summary in front (None: none) and the messages kept verbatim (by
-    default none and all: the whole snapshot verbatim)."""
+    """The compacted copy: the summary in front (None: none) and the messages kept verbatim (default: all)."""
 
     summary: CachedContextSummary | None = None
     kept_from: int = 0
@@ -268,9 +263,7 @@ async def compact(
             waited = await wait_for_background_jobs(rt, JobKind.CONTEXT_SUMMARY, keys)
             if waited is not None:
                 waited_ms += waited
-                async with rt.db.connection() as conn:
-                    mem = await memory.load_memory(conn, rt.claimed.session_id)
-                cache = parse_cache(mem.get("context_summaries") or [])
+                cache = parse_cache((await rt.load_memory()).get("context_summaries") or [])
                 found = find_hit(cache)
                 if found is not None:
                     entry, covered = found
@@ -319,9 +312,5 @@ async def _make(
         rt.sync_calls()
     # A new summary, never a cache hit: the caller found no hit in this very cache (the same lookup).
     assert result.new_entry is not None
-    async with rt.db.connection() as conn, transaction(conn):
-        if not await memory.save_memory(
-            conn, rt.claimed.id, owner=rt.owner, context_summary=result.new_entry.to_json()
-        ):
-            raise RequestLost()
+    await rt.save_memory(context_summary=result.new_entry.to_json())
     return result

@@ -23,9 +23,8 @@ class RequestLost(Exception):
 def error_object(
     exc: BaseException, *, stage: str | None, timeout_s: float, what: str = "the side request"
 ) -> dict[str, Any]:
-    """The ``{"code", "message", "detail"}`` for ``exc`` (SPEC §3): every error of ours and every
-    provider error says it itself; only a timeout needs the deadline, stage and ``what`` timed out;
-    anything else is a bug."""
+    """The ``{"code", "message", "detail"}`` for ``exc`` (SPEC §3): every error of ours and every provider
+    error says it itself; only a timeout needs the deadline, stage and ``what`` timed out."""
     if isinstance(exc, ProviderTimeout | TimeoutError):
         return timeout_error(what, timeout_s, stage)
     if isinstance(exc, SidequestError | ProviderError):

@@ -13,13 +13,10 @@ from dataclasses import dataclass
 
 from service import vocabulary
 from service.budget import QAItem, ReplayPlan, estimate_text, select_replay
-from service.pipeline.failures import RequestLost
 from service.pipeline.prepare import Prepared, parse_qa_summary
 from service.pipeline.runtime import RequestRuntime
 from service.pipeline.waiting import registered, wait_for_background_jobs
-from service.store import memory
 from service.store.db import Database
-from service.store.execute import transaction
 from service.store.history import iter_history, latest_context_time
 from service.summary.material import QAPair, render_qa_pair
 from service.summary.rolling import StoredQASummary, fold_qa
@@ -61,9 +58,7 @@ class HistoryPlan:
 
 
 async def _reload_qa(rt: RequestRuntime) -> StoredQASummary | None:
-    async with rt.db.connection() as conn:
-        mem = await memory.load_memory(conn, rt.claimed.session_id)
-    return parse_qa_summary(mem.get("qa_summary"))
+    return parse_qa_summary((await rt.load_memory()).get("qa_summary"))
 
 
 async def _plan(
@@ -108,9 +103,8 @@ async def plan_history(rt: RequestRuntime, prepared: Prepared) -> HistoryPlan:
 
 
 async def fold_history(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan) -> HistoryPlan:
-    """Fold ``plan``'s fold batches into the rolling summary, registered for single flight; if a
-    background fold holds the range, wait for it, use what it made and fold only the rest — once: a
-    second refusal folds unregistered rather than wait again."""
+    """Fold ``plan.fold_batches`` into the rolling summary, registered for single flight; if a background fold
+    holds the range, wait, use what it made and fold the rest — once: a second refusal folds unregistered."""
     runner = rt.summary_runner(prepared)
     for attempt in range(2):
         if not plan.replay.fold:
@@ -119,7 +113,6 @@ async def fold_history(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan
             if mine or attempt == 1:
                 await _fold(rt, prepared, plan, runner)
                 return plan
-        # A background fold took the range: use what it made, fold the rest.
         waited = await wait_for_background_jobs(rt, JobKind.QA_FOLD) or 0
         plan = await _plan(rt, prepared, await _reload_qa(rt), plan.waited_ms + waited, plan.calls)
     return plan
@@ -132,9 +125,8 @@ async def folded_context_time(
     batches: Sequence[Sequence[QAPair]],
     clear_version: int,
 ) -> str | None:
-    """The context time of a fold of ``batches`` into ``previous``: that of the newest folded Q&A
-    asked on a snapshot (a request's fold and a background job's alike, whatever snapshot the
-    request that folds has)."""
+    """The context time of folding ``batches`` into ``previous``: that of the newest folded Q&A asked on a
+    snapshot (a request's fold and a background job's alike, whatever snapshot the folding request has)."""
     async with db.connection() as conn:
         return await latest_context_time(
             conn,
@@ -148,9 +140,8 @@ async def folded_context_time(
 async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runner: SummaryRunner) -> None:
     before = runner.attempts_made
     try:
-        claimed = prepared.claimed
         context_time = await folded_context_time(
-            rt.db, claimed.session_id, plan.qa, plan.fold_batches, claimed.clear_version
+            rt.db, prepared.claimed.session_id, plan.qa, plan.fold_batches, prepared.claimed.clear_version
         )
         folded = await fold_qa(runner, plan.qa, plan.fold_batches, context_time)
     finally:
@@ -159,9 +150,7 @@ async def _fold(rt: RequestRuntime, prepared: Prepared, plan: HistoryPlan, runne
             rt.info.qa_summary.calls = plan.calls
         rt.sync_calls()
     if folded is not None and folded is not plan.qa:
-        async with rt.db.connection() as conn, transaction(conn):
-            if not await memory.save_memory(conn, rt.claimed.id, owner=rt.owner, qa_summary=folded.to_json()):
-                raise RequestLost()
+        await rt.save_memory(qa_summary=folded.to_json())
         plan.qa = folded
         plan.folded = True
     plan.replay = dataclasses.replace(plan.replay, fold=(), fold_batches=())

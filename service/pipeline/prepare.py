@@ -125,10 +125,9 @@ async def prepare(rt: RequestRuntime) -> Prepared:
                 f"snapshot {claimed.snapshot_id!r} is not stored for this session",
                 {"snapshot_id": claimed.snapshot_id},
             )
-    settings = rt.deps.settings
     session_settings = claimed.session_settings
     models = choose_models(
-        settings,
+        rt.deps.settings,
         session_settings,
         text_setting(claimed.options, "model") or claimed.model,
         rt.deps.provider.default_model,
@@ -137,7 +136,7 @@ async def prepare(rt: RequestRuntime) -> Prepared:
     if snapshot is not None and rt.info.context_summary is not None:
         # Until compaction says otherwise, every message of the snapshot goes verbatim.
         rt.info.context_summary.kept_messages = len(snapshot.messages)
-    plan = plan_numbers(settings, session_settings, claimed.options, snapshot)
+    plan = plan_numbers(rt.deps.settings, session_settings, claimed.options, snapshot)
     for name, value in asdict(plan).items():
         setattr(rt.info, name, value)
     if plan.input_budget <= 0:
@@ -155,14 +154,13 @@ async def prepare(rt: RequestRuntime) -> Prepared:
         rt.calibration if models.summary == models.answer else await rt.book.snapshot(models.summary)
     )
     rt.info.calibration = CalibrationInfo(**rt.calibration.info())
-    memory = claimed.memory
     return Prepared(
         claimed=claimed,
         snapshot=snapshot,
         plan=plan,
         models=models,
-        qa=parse_qa_summary(memory.get("qa_summary")),
-        cache=tuple(parse_cache(memory.get("context_summaries") or [])),
+        qa=parse_qa_summary(claimed.memory.get("qa_summary")),
+        cache=tuple(parse_cache(claimed.memory.get("context_summaries") or [])),
         summary_instructions=text_setting(session_settings, "summary_instructions"),
         mask_tool_results=masks_tool_results(session_settings),
     )

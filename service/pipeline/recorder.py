@@ -13,10 +13,9 @@ from service.store import jobs, lease, ledger
 from service.store.db import Database, is_unavailable
 from service.store.execute import committed
 
-# Between the tries of a ledger write while the database is unavailable (then one last try): about
-# half a minute in all, so a restart or a failover does not lose a call's tokens (a few seconds are
-# shorter than a restart). Tries are safe to repeat: an entry already recorded (its call_id) adds
-# nothing.
+# Waits between a ledger write's tries while the database is unavailable (then one last try): about half a
+# minute in all, so a restart or a failover (longer than a few seconds) does not lose a call's tokens. Tries
+# are safe to repeat: an entry already recorded (its call_id) adds nothing.
 LEDGER_RETRY_WAITS_S: tuple[float, ...] = (0.2, 1.0, 2.0, 4.0, 8.0, 15.0)
 
 
@@ -39,7 +38,6 @@ T = TypeVar("T")
 
 
 def _ledger_entry(call: CallRecord) -> ledger.CallEntry:
-    """A call as the ledger stores it (its usage fields are :class:`CallUsage`'s)."""
     return ledger.CallEntry(
         purpose=call.purpose,
         model=call.model,
@@ -119,8 +117,8 @@ class JobRecorder:
 
 
 class LedgerRecorder:
-    """Persists each provider call the moment it ends, then tells the streams (SPEC §4 ``usage``).
-    Only the event is lease-guarded: tokens were spent whatever happened to the request."""
+    """Persists each provider call the moment it ends, then tells the streams the cumulative usage (SPEC §4
+    ``usage``). Only the event is lease-guarded: tokens were spent whatever happened to the request."""
 
     def __init__(self, db: Database, request_id: uuid.UUID, owner: str) -> None:
         self._db = db
@@ -128,14 +126,12 @@ class LedgerRecorder:
         self._owner = owner
         # Set while the answer streams: buffered delta text is written before the usage event.
         self.before_usage: Callable[[], Awaitable[None]] | None = None
-        # Set while the answer streams: a successful call of this purpose (the answer's, not a
-        # shrink's summary calls) is not written at once but kept in ``held``, and written with the
-        # request's success (one commit: terminal.finish_succeeded).
+        # Set while the answer streams: a successful call of this purpose (the answer's, not a shrink's
+        # summary calls) waits in ``held``, written with the success (one commit: terminal.finish_succeeded).
         self.hold_purpose: str | None = None
         self.held: ledger.CallEntry | None = None
 
     async def record_call(self, call: CallRecord) -> None:
-        """Append one call to the ledger the moment it ends and emit the cumulative usage object."""
         entry = _ledger_entry(call)
         if entry.status == "ok" and entry.purpose == self.hold_purpose:
             self.held = entry

@@ -1,36 +1,24 @@
-"""One side request from claim to terminal state (SPEC §6–8), as a chain of stage functions: the
-picture and the stages are in docs/pipeline.md, "One request".
-"""
+"""The stage functions chained, claim to terminal state (SPEC §6–8; docs/pipeline.md, "One request")."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from service.aio import all_or_first_failure
 from service.budget.chunk import SUMMARY_MAX_TOKENS
 from service.pipeline.answer import answer, build_answer, meter
 from service.pipeline.compaction import ContextPlan, compact_snapshot_copy, record_fidelity
 from service.pipeline.failures import RequestLost, error_object
-from service.pipeline.history import fold_history, plan_history
+from service.pipeline.history import HistoryPlan, fold_history, plan_history
 from service.pipeline.prepare import prepare
 from service.pipeline.runtime import DEADLINE_GRACE_S, PipelineDeps, RequestRuntime
 from service.store import queue, terminal
 from service.store.db import is_unavailable
 from service.store.execute import transaction
 from service.vocabulary import Stage, Status
-
-T = TypeVar("T")
-U = TypeVar("U")
-
-
-async def _both(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
-    """Run two stage steps at once (:func:`~service.aio.all_or_first_failure`), typed."""
-    a, b = await all_or_first_failure([first, second])
-    return cast(T, a), cast(U, b)
 
 
 async def _execute(rt: RequestRuntime) -> dict[str, Any]:
@@ -50,8 +38,7 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
         estimate = build_answer(prepared, history, candidate).estimate.total
         return rt.calibration.fits(estimate + bound, prepared.plan.input_budget)
 
-    # The transcript's room: what the budget leaves once everything else is counted (raw tokens:
-    # the budget scaled back by the learned ratio).
+    # The transcript's room: the budget in raw tokens (scaled back by the learned ratio) less everything else.
     snapshot_tokens = context.kept_tokens(prepared.snapshot)
     room = rt.calibration.raw_capacity(prepared.plan.input_budget) - (
         provisional.estimate.total - snapshot_tokens + bound
@@ -62,13 +49,13 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
 
     async def compaction() -> ContextPlan:
         rt.enter(Stage.COMPACTING_CONTEXT)
-        made = await compact_snapshot_copy(rt, prepared, fits, room)
-        return made if made is not None else context
+        return await compact_snapshot_copy(rt, prepared, fits, room) or context
 
     # A fold that found its range taken by a background job re-plans the history: the answer is
     # built from the plan it returns, which holds that job's summary.
     if folding and needs_compaction:
-        context, history = await _both(compaction(), fold_history(rt, prepared, history))
+        made, folded = await all_or_first_failure([compaction(), fold_history(rt, prepared, history)])
+        context, history = cast(ContextPlan, made), cast(HistoryPlan, folded)
     elif folding:
         history = await fold_history(rt, prepared, history)
     elif needs_compaction:

@@ -18,9 +18,9 @@ from service.pipeline.recorder import LedgerRecorder
 from service.pipeline.snapshots import PreparedSnapshots
 from service.pipeline.waiting import JobWaiter
 from service.providers.base import Provider
-from service.store import lease, queue
+from service.store import lease, memory, queue
 from service.store.db import Database
-from service.store.execute import committed
+from service.store.execute import committed, transaction
 from service.store.ledger import merge_context_info
 from service.summary.policy import SummaryCallBudget
 from service.summary.runner import SummaryRunner
@@ -76,7 +76,6 @@ class RequestRuntime:
         self.summary_calibration = Calibration.empty()
 
     def remaining_s(self) -> float:
-        """Seconds left before the request's deadline (never negative)."""
         return max(0.0, self.deadline - time.monotonic())
 
     async def progress(self, fields: dict[str, Any], *, defer: bool = False) -> None:
@@ -96,8 +95,7 @@ class RequestRuntime:
 
     async def flush(self) -> None:
         """Write the pending events (and the stage change, with context_info) in one transaction."""
-        # Under the lock, batches commit in the order they were made (a fold and a compaction may
-        # both write at the same time).
+        # Under the lock, batches commit in the order made (a fold and a compaction may write at once).
         async with self._flush_lock:
             if not self._pending:
                 return
@@ -134,6 +132,16 @@ class RequestRuntime:
         async with self.db.sessions() as session, session.begin():
             await merge_context_info(session, self.claimed.id, self.info.to_json())
 
+    async def load_memory(self) -> dict[str, Any]:
+        async with self.db.connection() as conn:
+            return await memory.load_memory(conn, self.claimed.session_id)
+
+    async def save_memory(self, **summary: dict[str, Any]) -> None:
+        """Save a summary to the session's memory, lease-guarded (:class:`RequestLost` when refused)."""
+        async with self.db.connection() as conn, transaction(conn):
+            if not await memory.save_memory(conn, self.claimed.id, owner=self.owner, job=False, **summary):
+                raise RequestLost()
+
     async def emit_delta(self, text: str) -> bool:
         """One ``delta`` event (after the background flush); False when the request is no longer held."""
         await self.flushed()
@@ -142,8 +150,7 @@ class RequestRuntime:
 
     def summary_runner(self, prepared: Prepared) -> SummaryRunner:
         """A fresh runner (its own ``attempts_made``) on the request's shared budget and recorder, one
-        per concurrent summary (a fold and a compaction may run at once); its context summaries are of
-        masked material when the session masks tool results (SPEC §6.8)."""
+        per concurrent summary (a fold and a compaction may run at once)."""
         return SummaryRunner(
             provider=self.deps.provider,
             model=prepared.models.summary,
@@ -162,7 +169,6 @@ class RequestRuntime:
         )
 
     def sync_calls(self) -> None:
-        """Mirror the call budget into context_info (``summary_calls``)."""
         self.info.summary_calls = self.budget.calls_made
 
 

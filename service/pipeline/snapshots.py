@@ -1,7 +1,7 @@
-"""The worker's most recently used prepared snapshots, by content hash (docs/pipeline.md, "preparing":
-why an entry is never stale). Reading a 2000-message preparation back costs ~10 ms per request; bounded
-by count, as an entry holds the canonical messages (1.8 MB for a 600 KB snapshot) and, once a summary
-of it is due, its rendered transcript.
+"""The worker's most recently used prepared snapshots, an LRU by content hash in front of the store
+(docs/pipeline.md, "preparing": why an entry is never stale). Reading a 2000-message preparation back costs
+~10 ms per request; bounded by count, as an entry holds the canonical messages (1.8 MB for a 600 KB snapshot)
+and, once a summary of it is due, its rendered transcript.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from service.summary.context import warm_snapshot_pieces
 
 
 class PreparedSnapshots:
-    """A small LRU of prepared snapshots by content hash, in front of the store."""
-
     def __init__(self, capacity: int = 8) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[str, PreparedSnapshot] = OrderedDict()
@@ -38,8 +36,7 @@ class PreparedSnapshots:
             self._entries.popitem(last=False)
 
     def warm(self, prepared: PreparedSnapshot) -> None:
-        """Render ``prepared``'s transcript pieces in the background
-        (:func:`~service.summary.context.warm_snapshot_pieces`): a summary of it will be made soon."""
+        """Render ``prepared``'s transcript pieces in the background: a summary of it will be made soon."""
         task = asyncio.get_running_loop().create_task(warm_snapshot_pieces(prepared))
         self._warming.add(task)
         task.add_done_callback(self._warming.discard)

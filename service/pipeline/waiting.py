@@ -74,9 +74,8 @@ async def wait_for_job(rt: RequestRuntime, job_id: uuid.UUID) -> int:
 async def wait_for_background_jobs(
     rt: RequestRuntime, kind: JobKind, keys: set[str] | None = None
 ) -> int | None:
-    """Wait in turn for each of the session's active jobs of ``kind`` (only background jobs with one of
-    ``keys``, when given), saying so in a progress event first; the total wait in ms, None when there
-    was nothing to wait for."""
+    """Wait in turn for each of the session's active ``kind`` jobs (only background ones keyed in ``keys``,
+    when given), each announced by a progress event; the total wait in ms, None with none to wait for."""
     async with rt.db.connection() as conn:
         active = await jobs.active_jobs(conn, rt.claimed.session_id, kind)
     if keys is not None:

@@ -47,9 +47,8 @@ async def _serve_until_signalled(settings: Settings, database_url: str) -> None:
 
 
 def run_worker_forever(settings: Settings, database_url: str) -> None:
-    """Run a worker process until SIGINT or SIGTERM (``sidequest worker``), on uvloop's loop when it
-    is installed (a dependency on every platform but Windows), as uvicorn's ``loop="auto"`` picks it
-    for the API."""
+    """Run a worker process until SIGINT or SIGTERM (``sidequest worker``), on uvloop's loop when installed (a
+    dependency everywhere but Windows), as uvicorn's ``loop="auto"`` picks it for the API."""
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     with contextlib.suppress(ImportError):
         import uvloop

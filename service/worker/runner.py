@@ -19,7 +19,6 @@ from service.config import Settings
 from service.pipeline.background import run_job
 from service.pipeline.run import run_request
 from service.pipeline.runtime import PipelineDeps
-from service.pipeline.snapshots import PreparedSnapshots
 from service.providers import build_provider
 from service.store import jobs, lease, queue, terminal
 from service.store.admission import purge_cleared
@@ -36,9 +35,8 @@ CancelReason = Literal["cancelled", "lost", "shutdown"]
 PURGE_CLEARED_AFTER_S = 600.0
 # The liveness check never runs less often than this, whatever heartbeat_s says (cancel within ~1 s).
 MAX_CHECK_INTERVAL_S = 1.0
-# How long a stop waits for the work it cancelled to settle (give a request back, record a call):
-# those are a statement or two; a task still going after this is stuck on a database that stopped
-# answering, and its lease will bring its work back.
+# How long a stop waits for cancelled work to settle (give a request back, record a call: a statement or two);
+# a task still going then is stuck on a database that stopped answering, and its lease brings its work back.
 STOP_WAIT_S = 15.0
 
 
@@ -65,9 +63,8 @@ def log_loop_failure(what: str, outages: OutageLog) -> None:
 
 
 class SlotPool(Generic[W]):
-    """Local slots for one kind of work: claim while a slot is free, run, claim again at once.
-    ``claim`` returns the next unit of work or None and whether the cluster is at its cap; ``run``
-    runs one to its end; ``settle`` handles a cancelled one."""
+    """Local slots for one kind of work: claim while a slot is free, run, claim again at once. ``claim``: the
+    next unit or None, and whether the cluster is full; ``run``: one to its end; ``settle``: one cancelled."""
 
     def __init__(
         self,
@@ -112,11 +109,7 @@ class SlotPool(Generic[W]):
 
     def cancel(self, work_id: uuid.UUID, reason: CancelReason) -> None:
         task = self.tasks.get(work_id)
-        if task is not None:
-            self._cancel_task(task, reason)
-
-    def _cancel_task(self, task: asyncio.Task[None], reason: CancelReason) -> None:
-        if task.done() or task in self._cancel_reasons:
+        if task is None or task.done() or task in self._cancel_reasons:
             # Cancel once only: a second cancel (NOTIFY and heartbeat both noticing) would interrupt
             # the cancelled task while it records its in-flight call's usage.
             return
@@ -139,12 +132,9 @@ class SlotPool(Generic[W]):
                 self._cluster_full = False  # the poll fallback always tries again
 
     def _spawn(self, work: W) -> None:
-        stale = self.tasks.get(work.id)
-        if stale is not None and not stale.done():
-            # Claimed again while its earlier run here still goes on (that run lost its lease): it
-            # is stopped as lost; its writes carry the old claim's lease owner, so none lands
-            # (docs/pipeline.md, "Guarded writes").
-            self._cancel_task(stale, "lost")
+        # A run of this unit still going here lost its lease (hence this claim): it is stopped as lost;
+        # its writes carry the old claim's lease owner, so none lands (docs/pipeline.md, "Guarded writes").
+        self.cancel(work.id, "lost")
         task = asyncio.create_task(self._guarded(work), name=f"sidequest-{self.name}-{work.id}")
         self.tasks[work.id] = task
         self._work[work.id] = work
@@ -192,23 +182,19 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.db = db
-        # Unique per process: host, pid and a random suffix; each claim's lease owner adds a token
-        # of that claim (:func:`service.store.lease.claim_owner`).
+        # Unique per process; each claim's lease owner adds a token of that claim (:func:`lease.claim_owner`).
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._outages = OutageLog()
         self._loops: list[asyncio.Task[None]] = []
-        # A shared listener (the API's, in `serve`) is started and stopped by its owner.
+        # The LISTEN connection that wakes it: its own, or the API's in `serve` (started and stopped there).
         self._own_listener = listener is None
-        # The LISTEN connection this worker is woken through (its own, or the process's).
         self.listener = listener or Listener(
             settings.listen_url(database_url or db.url), channels=WORKER_CHANNELS, on_connect=db.node_gone
         )
         self._unsubscribe: list[Callable[[], None]] = []
+        self._deps = PipelineDeps(db=db, settings=settings, provider=build_provider(settings))
         # The prepared snapshots this worker keeps in memory (``sidequest serve``'s API feeds it).
-        self.snapshots = PreparedSnapshots()
-        self._deps = PipelineDeps(
-            db=db, settings=settings, provider=build_provider(settings), snapshots=self.snapshots
-        )
+        self.snapshots = self._deps.snapshots
         self.requests: SlotPool[queue.Claimed] = SlotPool(
             "request",
             settings.max_concurrency,
@@ -338,9 +324,8 @@ class Worker:
                 await jobs.requeue_job(session, job.id, reason="worker_stopped", owner=job.owner)
 
     async def _heartbeat_loop(self) -> None:
-        interval = min(self.settings.heartbeat_s, MAX_CHECK_INTERVAL_S)
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min(self.settings.heartbeat_s, MAX_CHECK_INTERVAL_S))
             requests, job_owners = self.requests.held(), self.jobs.held()
             if not requests and not job_owners:
                 continue
@@ -358,7 +343,6 @@ class Worker:
                 self.jobs.cancel(job_id, "lost")
 
     async def _sweep_loop(self) -> None:
-        interval = max(self.settings.poll_s, min(self.settings.lease_s / 2, 10.0))
         while True:
             try:
                 async with self.db.sessions() as session, session.begin():
@@ -375,4 +359,4 @@ class Worker:
                     await purge_cleared(session, PURGE_CLEARED_AFTER_S)
             except Exception:
                 log_loop_failure("recovery sweep failed", self._outages)
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(self.settings.poll_s, min(self.settings.lease_s / 2, 10.0)))
