@@ -87,15 +87,14 @@ async def run_call(
     recorder: CallRecorder,
     deadline: float,
     on_text: Callable[[str], Awaitable[None]] | None = None,
-    before_attempt: Callable[[], None] | None = None,
-    on_attempt: Callable[[], Awaitable[None]] | None = None,
+    before_attempt: Callable[[], Awaitable[None]] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> CallResult:
     """Run ``call`` on ``provider`` under the calling policy (docs/providers.md, "Calling policy") and
     return what it produced. ``deadline`` is an absolute ``clock()`` value bounding every attempt;
-    ``before_attempt`` may raise to refuse an attempt (the summary call cap); ``on_attempt`` is awaited
-    once it is certain; text deltas go to ``on_text``.
+    ``before_attempt`` is awaited before each one and may raise to refuse it (the summary call cap);
+    text deltas go to ``on_text``.
     """
     attempts = 0
     while True:
@@ -103,9 +102,7 @@ async def run_call(
         if remaining <= 0:
             raise ProviderTimeout(f"the deadline passed before {call.purpose} call attempt {attempts + 1}")
         if before_attempt is not None:
-            before_attempt()
-        if on_attempt is not None:
-            await on_attempt()
+            await before_attempt()
         attempts += 1
         try:
             return await _attempt(

@@ -214,9 +214,11 @@ class SummaryCaller:
         """One chunk or merge call: the first attempt, and on a retryable failure exactly one retry
         from the same input."""
 
-        def take() -> None:  # before every attempt, rate-limit retries included
+        async def take() -> None:  # before every attempt, rate-limit retries included
             self.budget.take(reservation)
             self.attempts_made += 1
+            if self.on_attempt is not None:
+                await self.on_attempt()
 
         try:
             return await self._attempt(kind, prompt(retry=False), retry=False, take=take)
@@ -232,7 +234,7 @@ class SummaryCaller:
         prompt: SummaryPrompt,
         *,
         retry: bool,
-        take: Callable[[], None],
+        take: Callable[[], Awaitable[None]],
     ) -> SummaryDocument:
         cap = self.output_caps(kind)[1 if retry else 0]
         call = ProviderCall(
@@ -252,7 +254,6 @@ class SummaryCaller:
                 recorder=self.recorder,
                 deadline=self.deadline,
                 before_attempt=take,
-                on_attempt=self.on_attempt,
             )
         except ProviderError as exc:
             # An overflow may state the prompt's count; another failure may have reported usage (§5.1).
