@@ -113,19 +113,16 @@ async def run_call(
             if exc.quota_exhausted or attempts > len(DEFAULT_BACKOFF_S):  # its retries are used up
                 raise
             if exc.after_output and on_text is not None:
-                # Text already streamed to the client cannot be taken back: a partially streamed
-                # reply is never retried (SPEC 7: a retry would append a second reply to it). Not
-                # retried, it is a stream that broke (SPEC 8 provider_error), not a limit "still
-                # refused after up to two waits".
+                # Text streamed to the client cannot be taken back, so a partial reply is never retried
+                # (SPEC 7: that would append a second reply): a stream that broke (SPEC 8
+                # provider_error), not a limit "still refused after up to two waits".
                 raise ProviderError(
                     f"the reply broke off after it had begun: {exc.message}",
                     status=exc.status,
                     usage=exc.usage,
                     after_output=True,
                 ) from exc
-            wait = exc.retry_after_s
-            if wait is None:
-                wait = DEFAULT_BACKOFF_S[attempts - 1]
+            wait = DEFAULT_BACKOFF_S[attempts - 1] if exc.retry_after_s is None else exc.retry_after_s
             if clock() + wait >= deadline:
                 raise  # waiting would use up the request's time: give up now, with the real cause
             await sleep(wait)
