@@ -244,7 +244,6 @@ class SummaryCaller:
             purpose=PURPOSE_OF[kind],
             request_id=self.request_id,
             system=prompt.system,
-            tools=[],
             job_id=self.job_id,
         )
         try:
@@ -258,15 +257,13 @@ class SummaryCaller:
         except ProviderError as exc:
             # An overflow may state the prompt's count; another failure may have reported usage (§5.1).
             tokens = exc.prompt_tokens if isinstance(exc, ContextOverflow) else exc.reported_prompt_tokens
-            if tokens is not None:
-                await self._sample(prompt, tokens)
+            await self._sample(prompt, tokens)
             raise
-        if result.usage.reported:
-            await self._sample(prompt, result.usage.input_tokens)
+        await self._sample(prompt, result.prompt_tokens)
         return judge_reply(result, cap)
 
-    async def _sample(self, prompt: SummaryPrompt, prompt_tokens: int) -> None:
-        if self.on_sample is not None:
+    async def _sample(self, prompt: SummaryPrompt, prompt_tokens: int | None) -> None:
+        if self.on_sample is not None and prompt_tokens is not None:
             await self.on_sample(self.model, prompt.tokens(), prompt_tokens)
 
 
