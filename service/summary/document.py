@@ -235,14 +235,10 @@ def render_body(document: SummaryDocument) -> str:
     return "\n".join(lines)
 
 
-def body_tokens(document: SummaryDocument) -> int:
-    """Estimated tokens of the rendered body (the budget kernel's estimator, never a tokenizer)."""
-    return estimate_text(render_body(document))
-
-
 def check_body_size(document: SummaryDocument) -> int:
-    """Return the body estimate, or raise :class:`SummaryTooLong` when it is over the body limit."""
-    tokens = body_tokens(document)
+    """The rendered body's estimate (the budget kernel's estimator, never a tokenizer), or
+    :class:`SummaryTooLong` when it is over the body limit."""
+    tokens = estimate_text(render_body(document))
     if tokens > BODY_TOKEN_LIMIT:
         raise SummaryTooLong(body_tokens=tokens, limit=BODY_TOKEN_LIMIT)
     return tokens
