@@ -208,8 +208,6 @@ class Provider(Protocol):
 
     def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
         """Stream one call's events; raise a :class:`ProviderError` subclass on failure."""
-        ...
 
     async def aclose(self) -> None:
         """Release HTTP clients."""
-        ...
