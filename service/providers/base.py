@@ -128,12 +128,10 @@ class ProviderError(Exception):
 
 @dataclass(eq=False, kw_only=True)
 class ContextOverflow(ProviderError):
-    """The prompt does not fit the model's context window.
-
-    ``prompt_tokens`` / ``context_limit``: the prompt's real count and the window, when the body states
-    them (a calibration sample, and what the overflow retry shrinks to: SPEC §5.1).
-    ``output_fills_window``: the requested output alone fills the window, so no smaller prompt fits.
-    """
+    """The prompt does not fit the model's context window. ``prompt_tokens`` / ``context_limit``: its real
+    count and the window, when the body states them (a calibration sample, and what the overflow retry
+    shrinks to: SPEC §5.1); ``output_fills_window``: the requested output alone fills the window, so no
+    smaller prompt fits."""
 
     code = "context_overflow"
     prompt_tokens: int | None = None
@@ -185,10 +183,9 @@ def finished(raw: str | None, reasons: Mapping[str, str], usage: CallUsage | Non
 
 
 def sdk_api_key(api_key: str | None, base_url: str | None) -> str | None:
-    """The key to give a provider SDK: ``api_key``, else a placeholder for a server of one's own
-    (``base_url`` set), else None (the SDK then reads its own environment variable)."""
+    """``api_key``; for a server of one's own (``base_url`` set: no key needed, but the SDKs insist on
+    one) a placeholder, never a real credential; else None (the SDK reads its own environment variable)."""
     if api_key is None and base_url is not None:
-        # Local servers need no key, but the SDKs insist on one; this is never a real credential.
         return "sidequest-no-api-key"
     return api_key
 

@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 DEFAULT_BACKOFF_S: tuple[float, ...] = (1.0, 2.0)
 
 CallStatus = Literal["ok", "failed", "cancelled"]
-# Stop reasons that mean "cut at the output cap" (normalised, and a raw value the adapter did not map).
 _CUT_AT_CAP = frozenset({"length", "max_tokens"})
 
 
