@@ -18,7 +18,7 @@ from service.budget import estimate_text
 from service.providers.base import ContextOverflow
 from service.summary.document import BODY_TOKEN_LIMIT, SummaryDocument, render_body
 from service.summary.policy import PURPOSE_OF, STAGE_OF, CallReservation, SummaryCaller
-from service.summary.prompts import SummaryKind, merge_piece
+from service.summary.prompts import SummaryKind, SummaryPrompt, merge_piece
 
 ProgressCallback = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -125,17 +125,16 @@ class SummaryRunner(SummaryCaller):
         # Progress events go out one at a time, in the order the calls take their slots.
         emitting = asyncio.Lock()
 
-        async def report(event: dict[str, Any]) -> None:
-            if self.on_progress is not None:
-                async with emitting:
-                    await self.on_progress(event)
-
-        async def one_chunk(index: int, chunk: str, running: SummaryDocument | None) -> SummaryDocument:
+        async def one_call(event: dict[str, Any], prompt: Callable[..., SummaryPrompt]) -> SummaryDocument:
             async with slots:
-                number = progress_offset + index
-                await report(vocabulary.summary_chunk(STAGE_OF[kind], PURPOSE_OF[kind], number, total))
-                prompt = self.chunk_prompt(kind, chunk, running, index, len(chunks))
+                if self.on_progress is not None:
+                    async with emitting:
+                        await self.on_progress(event)
                 return await self.call(kind, prompt, reservation=held or reservation)
+
+        def one_chunk(index: int, chunk: str, running: SummaryDocument | None) -> Awaitable[SummaryDocument]:
+            event = vocabulary.summary_chunk(STAGE_OF[kind], PURPOSE_OF[kind], progress_offset + index, total)
+            return one_call(event, self.chunk_prompt(kind, chunk, running, index, len(chunks)))
 
         try:
             if not plan.parallel:
@@ -150,9 +149,7 @@ class SummaryRunner(SummaryCaller):
             merge_round = 0
             while len(documents) > 1:
                 merge_round += 1
-                documents = await self._merge_round(
-                    kind, documents, merge_round, slots, report, reservation=held or reservation
-                )
+                documents = await self._merge_round(kind, documents, merge_round, one_call)
             return documents[0]
         finally:
             if held is not None:
@@ -163,10 +160,7 @@ class SummaryRunner(SummaryCaller):
         kind: SummaryKind,
         documents: Sequence[SummaryDocument],
         merge_round: int,
-        slots: asyncio.Semaphore,
-        report: ProgressCallback,
-        *,
-        reservation: CallReservation | None,
+        one_call: Callable[[dict[str, Any], Callable[..., SummaryPrompt]], Awaitable[SummaryDocument]],
     ) -> list[SummaryDocument]:
         """One round: consecutive documents that fit one call are merged (the calls run at once); a
         document alone in its group passes to the next round as it is."""
@@ -181,15 +175,11 @@ class SummaryRunner(SummaryCaller):
                 f"a {self.window}-token window cannot hold two summary documents in one merge call"
             )
 
-        async def one_merge(number: int, group: range) -> SummaryDocument:
-            async with slots:
-                await report(
-                    vocabulary.summary_merge(
-                        STAGE_OF[kind], PURPOSE_OF[kind], merge_round, number, len(calls), len(group)
-                    )
-                )
-                prompt = self.merge_prompt(kind, [documents[i] for i in group])
-                return await self.call(kind, prompt, reservation=reservation)
+        def one_merge(number: int, group: range) -> Awaitable[SummaryDocument]:
+            event = vocabulary.summary_merge(
+                STAGE_OF[kind], PURPOSE_OF[kind], merge_round, number, len(calls), len(group)
+            )
+            return one_call(event, self.merge_prompt(kind, [documents[i] for i in group]))
 
         merged = iter(
             await all_or_first_failure([one_merge(number, group) for number, group in enumerate(calls, 1)])
