@@ -220,47 +220,41 @@ class SummaryCaller:
             if self.on_attempt is not None:
                 await self.on_attempt()
 
+        async def attempt(retry: bool) -> SummaryDocument:
+            sent = prompt(retry=retry)
+            cap = self.output_caps(kind)[1 if retry else 0]
+            call = ProviderCall(
+                model=self.model,
+                messages=sent.messages,
+                max_output_tokens=cap,
+                purpose=PURPOSE_OF[kind],
+                request_id=self.request_id,
+                system=sent.system,
+                job_id=self.job_id,
+            )
+            try:
+                result = await run_call(
+                    self.provider,
+                    call,
+                    recorder=self.recorder,
+                    deadline=self.deadline,
+                    before_attempt=take,
+                )
+            except ProviderError as exc:
+                # An overflow may state the prompt's count; another failure may have reported usage (§5.1).
+                tokens = exc.prompt_tokens if isinstance(exc, ContextOverflow) else exc.reported_prompt_tokens
+                await self._sample(sent, tokens)
+                raise
+            await self._sample(sent, result.prompt_tokens)
+            return judge_reply(result, cap)
+
         try:
-            return await self._attempt(kind, prompt(retry=False), retry=False, take=take)
+            return await attempt(retry=False)
         except (SummaryToolCall, SummaryCallCap):
             raise  # never retried: a tool call is a policy breach, the cap is the cap
         except SummaryError:
             pass  # empty / truncated / invalid / too long: the one retry below, from the same input
-        return await self._attempt(kind, prompt(retry=True), retry=True, take=take)
-
-    async def _attempt(
-        self,
-        kind: SummaryKind,
-        prompt: SummaryPrompt,
-        *,
-        retry: bool,
-        take: Callable[[], Awaitable[None]],
-    ) -> SummaryDocument:
-        cap = self.output_caps(kind)[1 if retry else 0]
-        call = ProviderCall(
-            model=self.model,
-            messages=prompt.messages,
-            max_output_tokens=cap,
-            purpose=PURPOSE_OF[kind],
-            request_id=self.request_id,
-            system=prompt.system,
-            job_id=self.job_id,
-        )
-        try:
-            result = await run_call(
-                self.provider,
-                call,
-                recorder=self.recorder,
-                deadline=self.deadline,
-                before_attempt=take,
-            )
-        except ProviderError as exc:
-            # An overflow may state the prompt's count; another failure may have reported usage (§5.1).
-            tokens = exc.prompt_tokens if isinstance(exc, ContextOverflow) else exc.reported_prompt_tokens
-            await self._sample(prompt, tokens)
-            raise
-        await self._sample(prompt, result.prompt_tokens)
-        return judge_reply(result, cap)
+        return await attempt(retry=True)
 
     async def _sample(self, prompt: SummaryPrompt, prompt_tokens: int | None) -> None:
         if self.on_sample is not None and prompt_tokens is not None:
