@@ -214,13 +214,9 @@ class Provenance:
 
 
 def _section(title: str, items: tuple[str, ...]) -> list[str]:
-    lines = [f"{title}:"]
-    if not items:
-        lines.append("- (none)")
-    for item in items:
-        # Keep a multi-line item visibly one item: continuation lines are indented under its dash.
-        lines.append("- " + item.strip().replace("\n", "\n  "))
-    return lines
+    # Keep a multi-line item visibly one item: continuation lines are indented under its dash.
+    lines = ["- " + item.strip().replace("\n", "\n  ") for item in items]
+    return [f"{title}:", *(lines or ["- (none)"])]
 
 
 def render_body(document: SummaryDocument) -> str:
