@@ -94,12 +94,10 @@ ProviderEvent = TextDelta | ReasoningDelta | ToolCall | UsageReport | Finish
 # The errors are dataclasses for their keyword fields; eq=False keeps an exception's identity (and hash).
 @dataclass(eq=False, kw_only=True)
 class ProviderError(Exception):
-    """A provider call failed; ``status`` is the provider's HTTP status when there was one.
-
-    ``usage``: what the provider reported before failing; ``after_output``: whether text or a tool
-    call had streamed before it. Not a :class:`~service.errors.SidequestError`, whose ``status`` is the
-    one *we* would answer with (docs/architecture.md); it speaks the rest: ``code``, :meth:`to_error`.
-    """
+    """A provider call failed: ``status`` its HTTP status if any, ``usage`` what it reported before
+    failing, ``after_output`` whether text or a tool call had streamed before. Not a
+    :class:`~service.errors.SidequestError`, whose ``status`` is the one *we* would answer with
+    (docs/architecture.md); it speaks the rest: ``code``, :meth:`to_error`."""
 
     code = "provider_error"
     message: str = field(kw_only=False)
@@ -199,8 +197,6 @@ def reported_count(value: Any) -> int:
 
 
 class Provider(Protocol):
-    """A model provider adapter."""
-
     default_model: str
 
     def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
