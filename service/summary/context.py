@@ -242,9 +242,8 @@ async def compact_snapshot(
     masked: bool = False,
 ) -> ContextCompaction:
     """Summarise ``prepared.messages[:until]`` (a group boundary), reusing the cache: a hit makes no
-    call, a prefix summarises only the messages after it, a miss everything before the cut. The
-    transcript pieces are rendered at most once per snapshot (:func:`snapshot_pieces`). ``masked``: the
-    summarised groups go in their masked form (SPEC §6.2 tier 2), and the new entry carries their
+    call, a prefix summarises only the messages after it, a miss everything before the cut. ``masked``:
+    the summarised groups go in their masked form (SPEC §6.2 tier 2), and the new entry carries their
     artifact trail (§6.9). Raises the summary / provider errors of the runner."""
     reuse = find_reusable(
         prepared, cache_entries, until, model=runner.model, prompt_version=runner.prompt_version

@@ -135,12 +135,9 @@ def parse_summary_document(text: str) -> SummaryDocument:
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where a summary came from; written by Sidequest, never by the model.
-
-    ``source`` is the human line ("side Q&A ordinals 1–30", "snapshot 3fa2c0d19b7e messages 0–139"),
-    the other fields say the same for code. ``context_time``: the main snapshot's ``taken_at`` the
-    material was read against (None without a snapshot).
-    """
+    """Where a summary came from: ``source`` the human line ("side Q&A ordinals 1–30", "snapshot
+    3fa2c0d19b7e messages 0–139"), the other fields the same for code; ``context_time`` the main
+    snapshot's ``taken_at`` the material was read against (None without a snapshot)."""
 
     source: str
     model: str

@@ -277,9 +277,7 @@ def build_answer_request(
     """Assemble the side answer request in the SPEC §7 order, for the main session's prefix cache:
     the snapshot's system and tools, its messages exactly as given (or a context summary, then the kept
     ones), then ONE final user turn — merged into a trailing user turn, and completing a trailing
-    unanswered tool call with pending results (docs/summaries.md, "The answer request").
-    ``messages_tokens`` is the estimate of ``messages`` when the caller has it (envelopes included).
-    """
+    unanswered tool call with pending results (docs/summaries.md, "The answer request")."""
     out: list[dict[str, Any]] = []
     if context_summary is not None:
         out.append({"role": "user", "content": [_text_block(context_summary)]})
