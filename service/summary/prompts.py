@@ -199,8 +199,7 @@ def build_merge_prompt(
 
 def merge_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
     """Tokens a merge prompt needs besides its documents (the retry variant, up to 999 parts)."""
-    skeleton = _merge_prompt(kind, "", 999, retry=True, instructions=instructions)
-    return skeleton.tokens()
+    return _merge_prompt(kind, "", 999, retry=True, instructions=instructions).tokens()
 
 
 def summary_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:

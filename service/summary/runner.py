@@ -27,8 +27,7 @@ def merge_groups(sizes: Sequence[int], capacity: int) -> list[range]:
     """Split documents of these token ``sizes`` into consecutive groups (next-fit, order kept) whose
     sizes sum to at most ``capacity``, unless a group is a single document larger than that."""
     groups: list[range] = []
-    start = 0
-    used = 0
+    start = used = 0
     for index, size in enumerate(sizes):
         if index > start and used + size > capacity:
             groups.append(range(start, index))
