@@ -327,19 +327,18 @@ def build_answer_request(
     else:
         out.append({"role": "user", "content": blocks})
 
-    estimate = SegmentEstimate(
-        system=estimate_system(system),
-        tools=estimate_tools(list(tools)),
-        context=context_tokens,
-        qa_summary=qa_summary_tokens,
-        qa_raw=qa_raw_tokens,
-        question=question_tokens,
-        envelope=envelope_tokens(len(out)) + wrapper_tokens,
-    )
     return AnswerRequest(
         system=system,
         tools=[dict(t) for t in tools],
         messages=out,
-        estimate=estimate,
+        estimate=SegmentEstimate(
+            system=estimate_system(system),
+            tools=estimate_tools(list(tools)),
+            context=context_tokens,
+            qa_summary=qa_summary_tokens,
+            qa_raw=qa_raw_tokens,
+            question=question_tokens,
+            envelope=envelope_tokens(len(out)) + wrapper_tokens,
+        ),
         system_blocks=tuple(dict(b) for b in system_blocks),
     )
