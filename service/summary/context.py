@@ -1,8 +1,7 @@
 """Context compaction with a content-keyed summary cache (SPEC §6.2; docs/summaries.md, "Context
-compaction and its cache"): keyed by content, the same content is a ``hit`` whatever its snapshot id,
-and a snapshot that extends an earlier one summarises only its new messages (``prefix``). This module
-only returns what to save, and only validated documents.
-"""
+compaction and its cache"): the same content is a ``hit`` whatever its snapshot id, and a snapshot
+that extends an earlier one summarises only its new messages (``prefix``). Returns what to save, and
+only validated documents."""
 
 from __future__ import annotations
 

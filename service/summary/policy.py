@@ -117,11 +117,9 @@ class CallReservation:
 
 @dataclass
 class SummaryCaller:
-    """Everything a side request's summary calls share, and one call with its retry.
-
-    ``deadline`` is an absolute ``time.monotonic()`` value (as for ``run_call``); ``window`` /
-    ``safety_margin`` are the summary ``model``'s. ``on_sample`` receives one calibration sample per
-    attempt (SPEC §5.1)."""
+    """Everything a side request's summary calls share, and one call with its retry. ``deadline``: an
+    absolute ``time.monotonic()`` value (as for ``run_call``); ``window`` / ``safety_margin``: the
+    summary ``model``'s; ``on_sample`` receives one calibration sample per attempt (SPEC §5.1)."""
 
     provider: Provider
     model: str
