@@ -43,8 +43,7 @@ def _render_tool_result_content(content: Any) -> str:
 
 def render_message(index: int, message: Mapping[str, Any]) -> str:
     """One canonical snapshot message as transcript text, labelled with its index in the snapshot."""
-    role = str(message.get("role", "?"))
-    lines = [f"[message {index} · {role}]"]
+    lines = [f"[message {index} · {message.get('role', '?')}]"]
     content = message.get("content")
     if isinstance(content, str):
         lines.append(content)
@@ -66,10 +65,8 @@ def render_message(index: int, message: Mapping[str, Any]) -> str:
                     f"← tool result for {block.get('tool_use_id')}{flag}:\n"
                     + _render_tool_result_content(block.get("content"))
                 )
-            elif kind in ("thinking", "redacted_thinking"):
-                # The main model's private reasoning is not evidence for anyone else; leave it out.
-                continue
-            else:
+            elif kind not in ("thinking", "redacted_thinking"):
+                # Thinking is left out: the main model's private reasoning is not evidence for anyone else.
                 lines.append(f"[{kind}]")
     elif content is not None:
         lines.append(_json(content))
