@@ -62,9 +62,8 @@ class CallResult:
 
 @dataclass(frozen=True)
 class CallRecord:
-    """One provider call attempt (SPEC §3 ``usage.calls``): the usage the provider reported for it
-    (zeros, ``reported=False``, if none) and its wall time, from sending the request to its last event
-    or error."""
+    """One provider call attempt (SPEC §3 ``usage.calls``): the usage the provider reported (zeros,
+    ``reported=False``, if none) and its wall time, from sending the request to its last event or error."""
 
     purpose: str
     model: str
@@ -90,11 +89,9 @@ async def run_call(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> CallResult:
-    """Run ``call`` on ``provider`` under the calling policy (docs/providers.md, "Calling policy") and
-    return what it produced. ``deadline`` is an absolute ``clock()`` value bounding every attempt;
-    ``before_attempt`` is awaited before each one and may raise to refuse it (the summary call cap);
-    text deltas go to ``on_text``.
-    """
+    """Run ``call`` under the calling policy (docs/providers.md, "Calling policy"). ``deadline``: an
+    absolute ``clock()`` value bounding every attempt; ``before_attempt`` is awaited before each one and
+    may raise to refuse it (the summary call cap); text deltas go to ``on_text``."""
     attempts = 0
     while True:
         remaining = deadline - clock()
