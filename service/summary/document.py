@@ -196,7 +196,6 @@ class Provenance:
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Provenance:
-        """Inverse of :meth:`to_json`."""
         rng = value.get("message_range")
         return cls(
             source=str(value["source"]),

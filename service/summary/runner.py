@@ -73,7 +73,6 @@ class SummaryPlan:
 
     @property
     def calls(self) -> int:
-        """Chunk calls plus merge calls (a merge call is a call, not a chunk)."""
         return self.chunks + self.merge_calls
 
 
