@@ -91,7 +91,6 @@ def _from_mapping(body: Mapping[str, Any], whole: str) -> ErrorInfo:
     message = _text_or_none(inner.get("message") or inner.get("detail") or inner.get("msg")) or ""
     etype = _text_or_none(inner.get("type"))
     code_value = inner.get("code")
-    param = _text_or_none(inner.get("param"))
     # Gemini / Vertex: {"error": {"code": 429, "message": …, "status": "RESOURCE_EXHAUSTED"}}.
     if etype is None and isinstance(inner.get("status"), str):
         etype = str(inner["status"])
@@ -99,7 +98,7 @@ def _from_mapping(body: Mapping[str, Any], whole: str) -> ErrorInfo:
     valid = isinstance(code_value, int | str) and not isinstance(code_value, bool) and code_value != ""
     code = str(code_value) if valid else None
     status_hint = int(code) if code is not None and code.isdigit() and 400 <= int(code) <= 599 else None
-    return ErrorInfo(message, etype, code, param, status_hint, whole, fields)
+    return ErrorInfo(message, etype, code, _text_or_none(inner.get("param")), status_hint, whole, fields)
 
 
 def _from_text(text: str, depth: int) -> ErrorInfo:
