@@ -282,8 +282,7 @@ def _classify_status_error(exc: openai.APIStatusError) -> ProviderError:
         text = exc.response.text
     except Exception:  # the body may not be readable any more (closed stream)
         text = ""
-    body = text if text.strip() else exc.body
-    return classify_error(exc.status_code, body, dict(exc.response.headers))
+    return classify_error(exc.status_code, text if text.strip() else exc.body, dict(exc.response.headers))
 
 
 def _cause(exc: BaseException) -> str:
