@@ -264,8 +264,7 @@ def judge_reply(result: CallResult, max_output_tokens: int) -> SummaryDocument:
     docs/summaries.md (a reply cut at its cap is ``truncated`` even when no text survived: a thinking
     model can spend the whole cap thinking)."""
     if result.tool_calls or result.stop_reason == "tool_calls":
-        name = result.tool_calls[0].name if result.tool_calls else "(unnamed)"
-        raise SummaryToolCall(tool_name=name)
+        raise SummaryToolCall(tool_name=result.tool_calls[0].name if result.tool_calls else "(unnamed)")
     if result.truncated:
         raise SummaryTruncated(
             max_output_tokens=max_output_tokens, stop_reason=result.stop_reason or "length"

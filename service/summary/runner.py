@@ -162,9 +162,8 @@ class SummaryRunner(SummaryCaller):
     ) -> list[SummaryDocument]:
         """One round: consecutive documents that fit one call are merged (the calls run at once); a
         document alone in its group passes to the next round as it is."""
-        count = len(documents)
-        # Part numbers in a call are at most ``count``: sizing every piece with that number bounds it.
-        sizes = [estimate_text(merge_piece(count, render_body(document))) for document in documents]
+        # Part numbers in a call are at most ``len(documents)``: sizing every piece with that bounds it.
+        sizes = [estimate_text(merge_piece(len(documents), render_body(document))) for document in documents]
         groups = merge_groups(sizes, self.capacity(kind))
         calls = [group for group in groups if len(group) > 1]
         if not calls:
