@@ -19,11 +19,8 @@ DEFAULT_MODELS: dict[str, str] = {
 
 
 def build_provider(settings: Settings) -> Provider:
-    """The provider ``settings`` ask for, with its endpoint, key and default model resolved.
-
-    The Anthropic SDK is imported only here, when it is actually chosen. Raises ``ValueError`` when
-    the provider cannot be built (``sidequest`` checks that before it starts anything).
-    """
+    """The provider ``settings`` ask for, endpoint, key and default model resolved; the Anthropic SDK is
+    imported only here, when chosen. ``ValueError``: it cannot be built (``sidequest`` checks first)."""
     model = settings.model or DEFAULT_MODELS[settings.provider]
     if settings.provider == "offline":
         from service.providers.offline import OfflineProvider

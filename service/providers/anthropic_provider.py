@@ -117,11 +117,9 @@ class AnthropicProvider:
                     elif part_type == "thinking" and getattr(part, "thinking", None):
                         yield ReasoningDelta(str(part.thinking))
                 elif kind in ("message_start", "message_delta"):
-                    if kind == "message_start":
-                        reported = getattr(getattr(event, "message", None), "usage", None)
-                    else:
-                        stop_raw = getattr(getattr(event, "delta", None), "stop_reason", None) or stop_raw
-                        reported = getattr(event, "usage", None)
+                    owner = getattr(event, "message", None) if kind == "message_start" else event
+                    reported = getattr(owner, "usage", None)
+                    stop_raw = getattr(getattr(event, "delta", None), "stop_reason", None) or stop_raw
                     if reported is not None:
                         # message_start brings the input, message_delta the output (newer API versions
                         # repeat the final input counts there): a count left out keeps its last value.
@@ -163,11 +161,10 @@ def to_anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
             converted["description"] = function["description"]
         return converted
     converted = without_posted_form(tool)
-    if tool.get("type") not in (None, "custom"):
-        # A server or versioned tool ({"type": "web_search_20250305", "name": …}): Anthropic defines
-        # its schema itself and refuses an input_schema on it; it goes as the main session sent it.
-        return converted
-    converted.setdefault("input_schema", {"type": "object", "properties": {}})
+    # A server or versioned tool ({"type": "web_search_20250305", "name": …}) goes as the main session
+    # sent it: Anthropic defines its schema itself and refuses an input_schema on it.
+    if tool.get("type") in (None, "custom"):
+        converted.setdefault("input_schema", {"type": "object", "properties": {}})
     return converted
 
 

@@ -94,12 +94,10 @@ ProviderEvent = TextDelta | ReasoningDelta | ToolCall | UsageReport | Finish
 # The errors are dataclasses for their keyword fields; eq=False keeps an exception's identity (and hash).
 @dataclass(eq=False, kw_only=True)
 class ProviderError(Exception):
-    """A provider call failed; ``status`` is the provider's HTTP status when there was one.
-
-    ``usage``: what the provider reported before failing; ``after_output``: whether text or a tool
-    call had streamed before it. Not a :class:`~service.errors.SidequestError`, whose ``status`` is the
-    one *we* would answer with (docs/architecture.md); it speaks the rest: ``code``, :meth:`to_error`.
-    """
+    """A provider call failed: ``status`` its HTTP status if any, ``usage`` what it reported before
+    failing, ``after_output`` whether text or a tool call had streamed before. Not a
+    :class:`~service.errors.SidequestError`, whose ``status`` is the one *we* would answer with
+    (docs/architecture.md); it speaks the rest: ``code``, :meth:`to_error`."""
 
     code = "provider_error"
     message: str = field(kw_only=False)
@@ -128,12 +126,10 @@ class ProviderError(Exception):
 
 @dataclass(eq=False, kw_only=True)
 class ContextOverflow(ProviderError):
-    """The prompt does not fit the model's context window.
-
-    ``prompt_tokens`` / ``context_limit``: the prompt's real count and the window, when the body states
-    them (a calibration sample, and what the overflow retry shrinks to: SPEC §5.1).
-    ``output_fills_window``: the requested output alone fills the window, so no smaller prompt fits.
-    """
+    """The prompt does not fit the model's context window. ``prompt_tokens`` / ``context_limit``: its real
+    count and the window, when the body states them (a calibration sample, and what the overflow retry
+    shrinks to: SPEC §5.1); ``output_fills_window``: the requested output alone fills the window, so no
+    smaller prompt fits."""
 
     code = "context_overflow"
     prompt_tokens: int | None = None
@@ -185,10 +181,9 @@ def finished(raw: str | None, reasons: Mapping[str, str], usage: CallUsage | Non
 
 
 def sdk_api_key(api_key: str | None, base_url: str | None) -> str | None:
-    """The key to give a provider SDK: ``api_key``, else a placeholder for a server of one's own
-    (``base_url`` set), else None (the SDK then reads its own environment variable)."""
+    """``api_key``; for a server of one's own (``base_url`` set: no key needed, but the SDKs insist on
+    one) a placeholder, never a real credential; else None (the SDK reads its own environment variable)."""
     if api_key is None and base_url is not None:
-        # Local servers need no key, but the SDKs insist on one; this is never a real credential.
         return "sidequest-no-api-key"
     return api_key
 
@@ -202,14 +197,10 @@ def reported_count(value: Any) -> int:
 
 
 class Provider(Protocol):
-    """A model provider adapter."""
-
     default_model: str
 
     def stream(self, call: ProviderCall) -> AsyncGenerator[ProviderEvent, None]:
         """Stream one call's events; raise a :class:`ProviderError` subclass on failure."""
-        ...
 
     async def aclose(self) -> None:
         """Release HTTP clients."""
-        ...

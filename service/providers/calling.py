@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 DEFAULT_BACKOFF_S: tuple[float, ...] = (1.0, 2.0)
 
 CallStatus = Literal["ok", "failed", "cancelled"]
-# Stop reasons that mean "cut at the output cap" (normalised, and a raw value the adapter did not map).
 _CUT_AT_CAP = frozenset({"length", "max_tokens"})
 
 
@@ -63,9 +62,8 @@ class CallResult:
 
 @dataclass(frozen=True)
 class CallRecord:
-    """One provider call attempt (SPEC §3 ``usage.calls``): the usage the provider reported for it
-    (zeros, ``reported=False``, if none) and its wall time, from sending the request to its last event
-    or error."""
+    """One provider call attempt (SPEC §3 ``usage.calls``): the usage the provider reported (zeros,
+    ``reported=False``, if none) and its wall time, from sending the request to its last event or error."""
 
     purpose: str
     model: str
@@ -87,25 +85,20 @@ async def run_call(
     recorder: CallRecorder,
     deadline: float,
     on_text: Callable[[str], Awaitable[None]] | None = None,
-    before_attempt: Callable[[], None] | None = None,
-    on_attempt: Callable[[], Awaitable[None]] | None = None,
+    before_attempt: Callable[[], Awaitable[None]] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> CallResult:
-    """Run ``call`` on ``provider`` under the calling policy (docs/providers.md, "Calling policy") and
-    return what it produced. ``deadline`` is an absolute ``clock()`` value bounding every attempt;
-    ``before_attempt`` may raise to refuse an attempt (the summary call cap); ``on_attempt`` is awaited
-    once it is certain; text deltas go to ``on_text``.
-    """
+    """Run ``call`` under the calling policy (docs/providers.md, "Calling policy"). ``deadline``: an
+    absolute ``clock()`` value bounding every attempt; ``before_attempt`` is awaited before each one and
+    may raise to refuse it (the summary call cap); text deltas go to ``on_text``."""
     attempts = 0
     while True:
         remaining = deadline - clock()
         if remaining <= 0:
             raise ProviderTimeout(f"the deadline passed before {call.purpose} call attempt {attempts + 1}")
         if before_attempt is not None:
-            before_attempt()
-        if on_attempt is not None:
-            await on_attempt()
+            await before_attempt()
         attempts += 1
         try:
             return await _attempt(
@@ -116,19 +109,16 @@ async def run_call(
             if exc.quota_exhausted or attempts > len(DEFAULT_BACKOFF_S):  # its retries are used up
                 raise
             if exc.after_output and on_text is not None:
-                # Text already streamed to the client cannot be taken back: a partially streamed
-                # reply is never retried (SPEC 7: a retry would append a second reply to it). Not
-                # retried, it is a stream that broke (SPEC 8 provider_error), not a limit "still
-                # refused after up to two waits".
+                # Text streamed to the client cannot be taken back, so a partial reply is never retried
+                # (SPEC 7: that would append a second reply): a stream that broke (SPEC 8
+                # provider_error), not a limit "still refused after up to two waits".
                 raise ProviderError(
                     f"the reply broke off after it had begun: {exc.message}",
                     status=exc.status,
                     usage=exc.usage,
                     after_output=True,
                 ) from exc
-            wait = exc.retry_after_s
-            if wait is None:
-                wait = DEFAULT_BACKOFF_S[attempts - 1]
+            wait = DEFAULT_BACKOFF_S[attempts - 1] if exc.retry_after_s is None else exc.retry_after_s
             if clock() + wait >= deadline:
                 raise  # waiting would use up the request's time: give up now, with the real cause
             await sleep(wait)

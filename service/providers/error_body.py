@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 # A body is unwrapped (JSON inside a JSON string inside …) at most this often: real gateways nest once
@@ -70,15 +70,8 @@ def parse_body(body: Any, depth: int = 0) -> ErrorInfo:
     if depth < _MAX_NESTING and info.message.lstrip().startswith(("{", "[")):
         nested = parse_body(info.message, depth + 1)
         # The upstream error a gateway wrapped, with the gateway's own fields where it says nothing.
-        return ErrorInfo(
-            message=nested.message or info.message,
-            type=nested.type or info.type,
-            code=nested.code or info.code,
-            param=nested.param or info.param,
-            status_hint=nested.status_hint or info.status_hint,
-            text=nested.text + "\n" + info.text,
-            fields=nested.fields or info.fields,
-        )
+        merged = {f.name: getattr(nested, f.name) or getattr(info, f.name) for f in fields(ErrorInfo)}
+        return replace(ErrorInfo(**merged), text=nested.text + "\n" + info.text)
     return info
 
 
@@ -98,7 +91,6 @@ def _from_mapping(body: Mapping[str, Any], whole: str) -> ErrorInfo:
     message = _text_or_none(inner.get("message") or inner.get("detail") or inner.get("msg")) or ""
     etype = _text_or_none(inner.get("type"))
     code_value = inner.get("code")
-    param = _text_or_none(inner.get("param"))
     # Gemini / Vertex: {"error": {"code": 429, "message": …, "status": "RESOURCE_EXHAUSTED"}}.
     if etype is None and isinstance(inner.get("status"), str):
         etype = str(inner["status"])
@@ -106,7 +98,7 @@ def _from_mapping(body: Mapping[str, Any], whole: str) -> ErrorInfo:
     valid = isinstance(code_value, int | str) and not isinstance(code_value, bool) and code_value != ""
     code = str(code_value) if valid else None
     status_hint = int(code) if code is not None and code.isdigit() and 400 <= int(code) <= 599 else None
-    return ErrorInfo(message, etype, code, param, status_hint, whole, fields)
+    return ErrorInfo(message, etype, code, _text_or_none(inner.get("param")), status_hint, whole, fields)
 
 
 def _from_text(text: str, depth: int) -> ErrorInfo:
@@ -114,17 +106,17 @@ def _from_text(text: str, depth: int) -> ErrorInfo:
     if text.startswith(('"{', '"[')) and depth < _MAX_NESTING:
         # A JSON string that does not parse (cut short, or ``\'`` inside): its content, unescaped.
         return parse_body(_unescape(text[1:].removesuffix('"')), depth + 1)
-    fields: dict[str, Any] = {}
+    found: dict[str, Any] = {}
     start = _ERROR_OBJECT.search(text)
     for match in _FIELD.finditer(text, start.end() if start else 0):
-        fields.setdefault(match.group("key"), _field_value(match))
+        found.setdefault(match.group("key"), _field_value(match))
     unescaped = _unescape(text)
-    if any(isinstance(fields.get(key), str) for key in ("message", "detail", "msg", "error")):
-        info = _from_mapping(fields, unescaped)
+    if any(isinstance(found.get(key), str) for key in ("message", "detail", "msg", "error")):
+        info = _from_mapping(found, unescaped)
         # Broken JSON: its message is the error's words. Prose around a printed dict ("litellm.
         # NotFoundError: … {'error': …}") is the server's words too, and stays the message.
         message = info.message if text.startswith(("{", "[")) else unescaped
-        return ErrorInfo(message, info.type, info.code, info.param, info.status_hint, unescaped, info.fields)
+        return replace(info, message=message, text=unescaped)
     return ErrorInfo(unescaped, text=unescaped)
 
 

@@ -345,7 +345,6 @@ def _is_rate_limit(status: int | None, info: ErrorInfo) -> bool:
 
 
 def _window_and_output(text: str) -> re.Match[str] | None:
-    """The first of the wordings that state both the window and the requested output."""
     return next(filter(None, (pattern.search(text) for pattern in _WINDOW_AND_OUTPUT)), None)
 
 

@@ -121,12 +121,10 @@ class OpenAIProvider:
                         if isinstance(reasoning, str) and reasoning:
                             yield ReasoningDelta(reasoning)
                             break
-                    if delta.content:
-                        yield TextDelta(delta.content)
                     # A refusal is what the model answered (OpenAI streams it apart from content).
-                    refusal = getattr(delta, "refusal", None)
-                    if isinstance(refusal, str) and refusal:
-                        yield TextDelta(refusal)
+                    for text in (delta.content, getattr(delta, "refusal", None)):
+                        if isinstance(text, str) and text:
+                            yield TextDelta(text)
                     for tool_call in delta.tool_calls or []:
                         index = tool_call.index if tool_call.index is not None else len(seen_tool_calls)
                         if index in seen_tool_calls:
@@ -185,8 +183,7 @@ def to_openai_messages(messages: list[dict[str, Any]], system: str | None) -> li
             # blocks added after them (the final turn merged into a trailing tool-result message).
             out.extend(dict(m) for m in posted["messages"])
             rest = content[posted["blocks"] :] if isinstance(content, list) else []
-            if rest:
-                out.extend(_user_messages(role or "user", rest))
+            out.extend(_user_messages(role or "user", rest))
             continue
         if role in ("system", "tool", "developer") or "tool_calls" in message or isinstance(content, str):
             out.append(dict(message))
@@ -285,8 +282,7 @@ def _classify_status_error(exc: openai.APIStatusError) -> ProviderError:
         text = exc.response.text
     except Exception:  # the body may not be readable any more (closed stream)
         text = ""
-    body = text if text.strip() else exc.body
-    return classify_error(exc.status_code, body, dict(exc.response.headers))
+    return classify_error(exc.status_code, text if text.strip() else exc.body, dict(exc.response.headers))
 
 
 def _cause(exc: BaseException) -> str:

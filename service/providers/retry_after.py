@@ -54,14 +54,12 @@ def parse_retry_after(
                 if when.tzinfo is None:  # "-0000": an HTTP date is GMT all the same (RFC 9110)
                     when = when.replace(tzinfo=datetime.UTC)
                 return max(0.0, when.timestamp() - (time.time() if now is None else now))
-    if message:
-        match = _TRY_AGAIN_IN.search(message)
-        if match:
-            return _wait_seconds(match.group(1))
-        match = _RETRY_DELAY.search(message)
-        if match:
-            return float(match.group(1))
-    return _reset_header_wait(lowered, message or "")
+    message = message or ""
+    if match := _TRY_AGAIN_IN.search(message):
+        return _wait_seconds(match.group(1))
+    if match := _RETRY_DELAY.search(message):
+        return float(match.group(1))
+    return _reset_header_wait(lowered, message)
 
 
 def _reset_header_wait(headers: Mapping[str, str], message: str) -> float | None:

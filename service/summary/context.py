@@ -1,8 +1,7 @@
 """Context compaction with a content-keyed summary cache (SPEC §6.2; docs/summaries.md, "Context
-compaction and its cache"): keyed by content, the same content is a ``hit`` whatever its snapshot id,
-and a snapshot that extends an earlier one summarises only its new messages (``prefix``). This module
-only returns what to save, and only validated documents.
-"""
+compaction and its cache"): the same content is a ``hit`` whatever its snapshot id, and a snapshot
+that extends an earlier one summarises only its new messages (``prefix``). Returns what to save, and
+only validated documents."""
 
 from __future__ import annotations
 
@@ -242,9 +241,8 @@ async def compact_snapshot(
     masked: bool = False,
 ) -> ContextCompaction:
     """Summarise ``prepared.messages[:until]`` (a group boundary), reusing the cache: a hit makes no
-    call, a prefix summarises only the messages after it, a miss everything before the cut. The
-    transcript pieces are rendered at most once per snapshot (:func:`snapshot_pieces`). ``masked``: the
-    summarised groups go in their masked form (SPEC §6.2 tier 2), and the new entry carries their
+    call, a prefix summarises only the messages after it, a miss everything before the cut. ``masked``:
+    the summarised groups go in their masked form (SPEC §6.2 tier 2), and the new entry carries their
     artifact trail (§6.9). Raises the summary / provider errors of the runner."""
     reuse = find_reusable(
         prepared, cache_entries, until, model=runner.model, prompt_version=runner.prompt_version

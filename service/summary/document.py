@@ -135,12 +135,9 @@ def parse_summary_document(text: str) -> SummaryDocument:
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where a summary came from; written by Sidequest, never by the model.
-
-    ``source`` is the human line ("side Q&A ordinals 1–30", "snapshot 3fa2c0d19b7e messages 0–139"),
-    the other fields say the same for code. ``context_time``: the main snapshot's ``taken_at`` the
-    material was read against (None without a snapshot).
-    """
+    """Where a summary came from: ``source`` the human line ("side Q&A ordinals 1–30", "snapshot
+    3fa2c0d19b7e messages 0–139"), the other fields the same for code; ``context_time`` the main
+    snapshot's ``taken_at`` the material was read against (None without a snapshot)."""
 
     source: str
     model: str
@@ -199,7 +196,6 @@ class Provenance:
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Provenance:
-        """Inverse of :meth:`to_json`."""
         rng = value.get("message_range")
         return cls(
             source=str(value["source"]),
@@ -214,13 +210,9 @@ class Provenance:
 
 
 def _section(title: str, items: tuple[str, ...]) -> list[str]:
-    lines = [f"{title}:"]
-    if not items:
-        lines.append("- (none)")
-    for item in items:
-        # Keep a multi-line item visibly one item: continuation lines are indented under its dash.
-        lines.append("- " + item.strip().replace("\n", "\n  "))
-    return lines
+    # Keep a multi-line item visibly one item: continuation lines are indented under its dash.
+    lines = ["- " + item.strip().replace("\n", "\n  ") for item in items]
+    return [f"{title}:", *(lines or ["- (none)"])]
 
 
 def render_body(document: SummaryDocument) -> str:
@@ -235,14 +227,10 @@ def render_body(document: SummaryDocument) -> str:
     return "\n".join(lines)
 
 
-def body_tokens(document: SummaryDocument) -> int:
-    """Estimated tokens of the rendered body (the budget kernel's estimator, never a tokenizer)."""
-    return estimate_text(render_body(document))
-
-
 def check_body_size(document: SummaryDocument) -> int:
-    """Return the body estimate, or raise :class:`SummaryTooLong` when it is over the body limit."""
-    tokens = body_tokens(document)
+    """The rendered body's estimate (the budget kernel's estimator, never a tokenizer), or
+    :class:`SummaryTooLong` when it is over the body limit."""
+    tokens = estimate_text(render_body(document))
     if tokens > BODY_TOKEN_LIMIT:
         raise SummaryTooLong(body_tokens=tokens, limit=BODY_TOKEN_LIMIT)
     return tokens

@@ -35,16 +35,9 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-def _render_tool_result_content(content: Any) -> str:
-    return tool_result_text(
-        content, other_block=lambda block: f"[{block.get('type', 'block')}]", other_value=_json
-    )
-
-
 def render_message(index: int, message: Mapping[str, Any]) -> str:
     """One canonical snapshot message as transcript text, labelled with its index in the snapshot."""
-    role = str(message.get("role", "?"))
-    lines = [f"[message {index} · {role}]"]
+    lines = [f"[message {index} · {message.get('role', '?')}]"]
     content = message.get("content")
     if isinstance(content, str):
         lines.append(content)
@@ -62,14 +55,14 @@ def render_message(index: int, message: Mapping[str, Any]) -> str:
                 )
             elif kind == "tool_result":
                 flag = " (error)" if block.get("is_error") else ""
-                lines.append(
-                    f"← tool result for {block.get('tool_use_id')}{flag}:\n"
-                    + _render_tool_result_content(block.get("content"))
+                result = tool_result_text(
+                    block.get("content"),
+                    other_block=lambda other: f"[{other.get('type', 'block')}]",
+                    other_value=_json,
                 )
-            elif kind in ("thinking", "redacted_thinking"):
-                # The main model's private reasoning is not evidence for anyone else; leave it out.
-                continue
-            else:
+                lines.append(f"← tool result for {block.get('tool_use_id')}{flag}:\n{result}")
+            elif kind not in ("thinking", "redacted_thinking"):
+                # Thinking is left out: the main model's private reasoning is not evidence for anyone else.
                 lines.append(f"[{kind}]")
     elif content is not None:
         lines.append(_json(content))

@@ -117,11 +117,9 @@ class CallReservation:
 
 @dataclass
 class SummaryCaller:
-    """Everything a side request's summary calls share, and one call with its retry.
-
-    ``deadline`` is an absolute ``time.monotonic()`` value (as for ``run_call``); ``window`` /
-    ``safety_margin`` are the summary ``model``'s. ``on_sample`` receives one calibration sample per
-    attempt (SPEC §5.1)."""
+    """Everything a side request's summary calls share, and one call with its retry. ``deadline``: an
+    absolute ``time.monotonic()`` value (as for ``run_call``); ``window`` / ``safety_margin``: the
+    summary ``model``'s; ``on_sample`` receives one calibration sample per attempt (SPEC §5.1)."""
 
     provider: Provider
     model: str
@@ -214,58 +212,50 @@ class SummaryCaller:
         """One chunk or merge call: the first attempt, and on a retryable failure exactly one retry
         from the same input."""
 
-        def take() -> None:  # before every attempt, rate-limit retries included
+        async def take() -> None:  # before every attempt, rate-limit retries included
             self.budget.take(reservation)
             self.attempts_made += 1
+            if self.on_attempt is not None:
+                await self.on_attempt()
+
+        async def attempt(retry: bool) -> SummaryDocument:
+            sent = prompt(retry=retry)
+            cap = self.output_caps(kind)[1 if retry else 0]
+            call = ProviderCall(
+                model=self.model,
+                messages=sent.messages,
+                max_output_tokens=cap,
+                purpose=PURPOSE_OF[kind],
+                request_id=self.request_id,
+                system=sent.system,
+                job_id=self.job_id,
+            )
+            try:
+                result = await run_call(
+                    self.provider,
+                    call,
+                    recorder=self.recorder,
+                    deadline=self.deadline,
+                    before_attempt=take,
+                )
+            except ProviderError as exc:
+                # An overflow may state the prompt's count; another failure may have reported usage (§5.1).
+                tokens = exc.prompt_tokens if isinstance(exc, ContextOverflow) else exc.reported_prompt_tokens
+                await self._sample(sent, tokens)
+                raise
+            await self._sample(sent, result.prompt_tokens)
+            return judge_reply(result, cap)
 
         try:
-            return await self._attempt(kind, prompt(retry=False), retry=False, take=take)
+            return await attempt(retry=False)
         except (SummaryToolCall, SummaryCallCap):
             raise  # never retried: a tool call is a policy breach, the cap is the cap
         except SummaryError:
             pass  # empty / truncated / invalid / too long: the one retry below, from the same input
-        return await self._attempt(kind, prompt(retry=True), retry=True, take=take)
+        return await attempt(retry=True)
 
-    async def _attempt(
-        self,
-        kind: SummaryKind,
-        prompt: SummaryPrompt,
-        *,
-        retry: bool,
-        take: Callable[[], None],
-    ) -> SummaryDocument:
-        cap = self.output_caps(kind)[1 if retry else 0]
-        call = ProviderCall(
-            model=self.model,
-            messages=prompt.messages,
-            max_output_tokens=cap,
-            purpose=PURPOSE_OF[kind],
-            request_id=self.request_id,
-            system=prompt.system,
-            tools=[],
-            job_id=self.job_id,
-        )
-        try:
-            result = await run_call(
-                self.provider,
-                call,
-                recorder=self.recorder,
-                deadline=self.deadline,
-                before_attempt=take,
-                on_attempt=self.on_attempt,
-            )
-        except ProviderError as exc:
-            # An overflow may state the prompt's count; another failure may have reported usage (§5.1).
-            tokens = exc.prompt_tokens if isinstance(exc, ContextOverflow) else exc.reported_prompt_tokens
-            if tokens is not None:
-                await self._sample(prompt, tokens)
-            raise
-        if result.usage.reported:
-            await self._sample(prompt, result.usage.input_tokens)
-        return judge_reply(result, cap)
-
-    async def _sample(self, prompt: SummaryPrompt, prompt_tokens: int) -> None:
-        if self.on_sample is not None:
+    async def _sample(self, prompt: SummaryPrompt, prompt_tokens: int | None) -> None:
+        if self.on_sample is not None and prompt_tokens is not None:
             await self.on_sample(self.model, prompt.tokens(), prompt_tokens)
 
 
@@ -274,8 +264,7 @@ def judge_reply(result: CallResult, max_output_tokens: int) -> SummaryDocument:
     docs/summaries.md (a reply cut at its cap is ``truncated`` even when no text survived: a thinking
     model can spend the whole cap thinking)."""
     if result.tool_calls or result.stop_reason == "tool_calls":
-        name = result.tool_calls[0].name if result.tool_calls else "(unnamed)"
-        raise SummaryToolCall(tool_name=name)
+        raise SummaryToolCall(tool_name=result.tool_calls[0].name if result.tool_calls else "(unnamed)")
     if result.truncated:
         raise SummaryTruncated(
             max_output_tokens=max_output_tokens, stop_reason=result.stop_reason or "length"

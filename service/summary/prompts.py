@@ -199,8 +199,7 @@ def build_merge_prompt(
 
 def merge_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
     """Tokens a merge prompt needs besides its documents (the retry variant, up to 999 parts)."""
-    skeleton = _merge_prompt(kind, "", 999, retry=True, instructions=instructions)
-    return skeleton.tokens()
+    return _merge_prompt(kind, "", 999, retry=True, instructions=instructions).tokens()
 
 
 def summary_prompt_reserve(kind: SummaryKind, instructions: str | None = None) -> int:
@@ -277,9 +276,7 @@ def build_answer_request(
     """Assemble the side answer request in the SPEC §7 order, for the main session's prefix cache:
     the snapshot's system and tools, its messages exactly as given (or a context summary, then the kept
     ones), then ONE final user turn — merged into a trailing user turn, and completing a trailing
-    unanswered tool call with pending results (docs/summaries.md, "The answer request").
-    ``messages_tokens`` is the estimate of ``messages`` when the caller has it (envelopes included).
-    """
+    unanswered tool call with pending results (docs/summaries.md, "The answer request")."""
     out: list[dict[str, Any]] = []
     if context_summary is not None:
         out.append({"role": "user", "content": [_text_block(context_summary)]})
@@ -330,19 +327,18 @@ def build_answer_request(
     else:
         out.append({"role": "user", "content": blocks})
 
-    estimate = SegmentEstimate(
-        system=estimate_system(system),
-        tools=estimate_tools(list(tools)),
-        context=context_tokens,
-        qa_summary=qa_summary_tokens,
-        qa_raw=qa_raw_tokens,
-        question=question_tokens,
-        envelope=envelope_tokens(len(out)) + wrapper_tokens,
-    )
     return AnswerRequest(
         system=system,
         tools=[dict(t) for t in tools],
         messages=out,
-        estimate=estimate,
+        estimate=SegmentEstimate(
+            system=estimate_system(system),
+            tools=estimate_tools(list(tools)),
+            context=context_tokens,
+            qa_summary=qa_summary_tokens,
+            qa_raw=qa_raw_tokens,
+            question=question_tokens,
+            envelope=envelope_tokens(len(out)) + wrapper_tokens,
+        ),
         system_blocks=tuple(dict(b) for b in system_blocks),
     )

@@ -30,7 +30,6 @@ class StoredQASummary:
     made_by: str = "request"
 
     def rendered(self) -> str:
-        """The summary as prompt text (provenance header + body)."""
         return render_summary(self.document, self.provenance)
 
     def to_json(self) -> dict[str, Any]:

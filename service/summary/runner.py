@@ -18,7 +18,7 @@ from service.budget import estimate_text
 from service.providers.base import ContextOverflow
 from service.summary.document import BODY_TOKEN_LIMIT, SummaryDocument, render_body
 from service.summary.policy import PURPOSE_OF, STAGE_OF, CallReservation, SummaryCaller
-from service.summary.prompts import SummaryKind, merge_piece
+from service.summary.prompts import SummaryKind, SummaryPrompt, merge_piece
 
 ProgressCallback = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -27,8 +27,7 @@ def merge_groups(sizes: Sequence[int], capacity: int) -> list[range]:
     """Split documents of these token ``sizes`` into consecutive groups (next-fit, order kept) whose
     sizes sum to at most ``capacity``, unless a group is a single document larger than that."""
     groups: list[range] = []
-    start = 0
-    used = 0
+    start = used = 0
     for index, size in enumerate(sizes):
         if index > start and used + size > capacity:
             groups.append(range(start, index))
@@ -74,7 +73,6 @@ class SummaryPlan:
 
     @property
     def calls(self) -> int:
-        """Chunk calls plus merge calls (a merge call is a call, not a chunk)."""
         return self.chunks + self.merge_calls
 
 
@@ -125,17 +123,16 @@ class SummaryRunner(SummaryCaller):
         # Progress events go out one at a time, in the order the calls take their slots.
         emitting = asyncio.Lock()
 
-        async def report(event: dict[str, Any]) -> None:
-            if self.on_progress is not None:
-                async with emitting:
-                    await self.on_progress(event)
-
-        async def one_chunk(index: int, chunk: str, running: SummaryDocument | None) -> SummaryDocument:
+        async def one_call(event: dict[str, Any], prompt: Callable[..., SummaryPrompt]) -> SummaryDocument:
             async with slots:
-                number = progress_offset + index
-                await report(vocabulary.summary_chunk(STAGE_OF[kind], PURPOSE_OF[kind], number, total))
-                prompt = self.chunk_prompt(kind, chunk, running, index, len(chunks))
+                if self.on_progress is not None:
+                    async with emitting:
+                        await self.on_progress(event)
                 return await self.call(kind, prompt, reservation=held or reservation)
+
+        def one_chunk(index: int, chunk: str, running: SummaryDocument | None) -> Awaitable[SummaryDocument]:
+            event = vocabulary.summary_chunk(STAGE_OF[kind], PURPOSE_OF[kind], progress_offset + index, total)
+            return one_call(event, self.chunk_prompt(kind, chunk, running, index, len(chunks)))
 
         try:
             if not plan.parallel:
@@ -150,9 +147,7 @@ class SummaryRunner(SummaryCaller):
             merge_round = 0
             while len(documents) > 1:
                 merge_round += 1
-                documents = await self._merge_round(
-                    kind, documents, merge_round, slots, report, reservation=held or reservation
-                )
+                documents = await self._merge_round(kind, documents, merge_round, one_call)
             return documents[0]
         finally:
             if held is not None:
@@ -163,16 +158,12 @@ class SummaryRunner(SummaryCaller):
         kind: SummaryKind,
         documents: Sequence[SummaryDocument],
         merge_round: int,
-        slots: asyncio.Semaphore,
-        report: ProgressCallback,
-        *,
-        reservation: CallReservation | None,
+        one_call: Callable[[dict[str, Any], Callable[..., SummaryPrompt]], Awaitable[SummaryDocument]],
     ) -> list[SummaryDocument]:
         """One round: consecutive documents that fit one call are merged (the calls run at once); a
         document alone in its group passes to the next round as it is."""
-        count = len(documents)
-        # Part numbers in a call are at most ``count``: sizing every piece with that number bounds it.
-        sizes = [estimate_text(merge_piece(count, render_body(document))) for document in documents]
+        # Part numbers in a call are at most ``len(documents)``: sizing every piece with that bounds it.
+        sizes = [estimate_text(merge_piece(len(documents), render_body(document))) for document in documents]
         groups = merge_groups(sizes, self.capacity(kind))
         calls = [group for group in groups if len(group) > 1]
         if not calls:
@@ -181,15 +172,11 @@ class SummaryRunner(SummaryCaller):
                 f"a {self.window}-token window cannot hold two summary documents in one merge call"
             )
 
-        async def one_merge(number: int, group: range) -> SummaryDocument:
-            async with slots:
-                await report(
-                    vocabulary.summary_merge(
-                        STAGE_OF[kind], PURPOSE_OF[kind], merge_round, number, len(calls), len(group)
-                    )
-                )
-                prompt = self.merge_prompt(kind, [documents[i] for i in group])
-                return await self.call(kind, prompt, reservation=reservation)
+        def one_merge(number: int, group: range) -> Awaitable[SummaryDocument]:
+            event = vocabulary.summary_merge(
+                STAGE_OF[kind], PURPOSE_OF[kind], merge_round, number, len(calls), len(group)
+            )
+            return one_call(event, self.merge_prompt(kind, [documents[i] for i in group]))
 
         merged = iter(
             await all_or_first_failure([one_merge(number, group) for number, group in enumerate(calls, 1)])

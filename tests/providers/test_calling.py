@@ -335,7 +335,7 @@ async def test_before_attempt_runs_before_every_attempt_and_can_refuse_one(
     class CallCapReached(Exception):
         pass
 
-    def cap_of_one() -> None:
+    async def cap_of_one() -> None:
         nonlocal calls
         calls += 1
         if calls > 1:

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from service.budget import FIRST_OUTPUT_TOKENS, RETRY_OUTPUT_TOKENS
+from service.budget import FIRST_OUTPUT_TOKENS, RETRY_OUTPUT_TOKENS, estimate_text
 from service.providers.base import ProviderError, ProviderTimeout
-from service.summary.document import BODY_TOKEN_LIMIT, SummaryDocument, body_tokens
+from service.summary.document import BODY_TOKEN_LIMIT, SummaryDocument, render_body
 from service.summary.errors import (
     SummaryCallCap,
     SummaryEmpty,
@@ -42,7 +42,7 @@ TOO_LONG = summary_json(decisions=["d" * 2000] * 4)
 
 
 def _too_long_tokens() -> int:
-    return body_tokens(SummaryDocument.from_json(json.loads(TOO_LONG)))
+    return estimate_text(render_body(SummaryDocument.from_json(json.loads(TOO_LONG))))
 
 
 FIRST_FAILURES = {
