@@ -101,7 +101,7 @@ def plan_compaction(
         return all_fit_recent(groups[-1].end, verbatim_sums[-1], recent_budget)
     if masked_sums[recent] < min_summarized_tokens:
         return too_little_to_summarize(
-            f"{masked_sums[recent]} tokens (masked)", groups[recent].start, min_summarized_tokens
+            f"{masked_sums[recent]} tokens (masked)", groups[recent - 1].end, min_summarized_tokens
         )
     tail = verbatim_sums[-1] - verbatim_sums[recent]
     for until in range(1, recent + 1):

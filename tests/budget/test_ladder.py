@@ -71,6 +71,13 @@ def test_a_summary_of_too_little_is_refused() -> None:
     assert isinstance(plan, CutRefusal) and plan.reason == TOO_LITTLE_TO_SUMMARIZE
 
 
+def test_a_recent_part_left_empty_still_refuses_too_little_by_its_message_count() -> None:
+    # The newest group alone is beyond a recent budget of 0 (a small window's): every group is old.
+    plan = plan_compaction(groups_of([300, 300]), [300, 300], 500, summary_tokens=100, recent_budget=0)
+    assert isinstance(plan, CutRefusal) and plan.reason == TOO_LITTLE_TO_SUMMARIZE
+    assert "in 2 old messages" in plan.explanation
+
+
 def test_after_a_cached_summary_the_later_groups_are_masked_as_needed() -> None:
     groups = groups_of([1000] * 10)
     plan = plan_after_summary(groups, [100] * 10, 5000, covered=3, summary_tokens=500, recent_budget=2000)

@@ -405,3 +405,22 @@ async def test_a_window_that_cannot_hold_the_output_cap_fails_before_any_call(
     rid = await admit(db, sid, "q", options={"context_window": 1024, "max_output_tokens": 256})
     ran = await run_one(db, model_settings, provider, rid)
     assert ran.row.status == "succeeded"
+
+
+async def test_a_small_window_whose_newest_message_outgrows_the_recent_part_is_refused_in_words(
+    db: Database, model_settings: Settings, provider: Provider, server: ScriptedServer
+) -> None:
+    # 1024 − 256 − 128 leaves 640 tokens: no room for a recent part beside a summary, and the two
+    # messages are too little to summarise. Masking on (the default) refuses as masking off does, and
+    # the request goes on verbatim (the model's own overflow, if any, is the answer path's to handle).
+    sid = await make_session(db)
+    messages = [{"role": "user", "content": "x" * 1500}, {"role": "assistant", "content": "y" * 1500}]
+    await add_snapshot(db, sid, "small", {"messages": messages})
+    options = {"context_window": 1024, "max_output_tokens": 256}
+    rid = await admit(db, sid, "q", snapshot_id="small", options=options)
+    ran = await run_one(db, model_settings, provider, rid)
+    assert ran.row.status == "succeeded", ran.row.error
+    [refused] = [p for p in ran.of("progress") if p["what"] == "compaction_refused"]
+    assert refused["reason"] == "too_little_to_summarize"
+    assert "in 2 old messages" in refused["explanation"]
+    assert len(server.requests("answer")) == 1
