@@ -113,3 +113,18 @@ def test_trail_sizes_are_the_rendered_trails(groups: list[list[tuple[str, str, b
     for s in range(len(artifacts) + 1):
         expected = trail_tokens(bound_trail(collect_trail(use for found in artifacts[:s] for use in found)))
         assert sizes(s) == expected
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 5000)), max_size=12),
+    st.integers(0, 20000),
+    st.integers(0, 9000),
+)
+def test_every_transcript_gets_a_plan_or_a_refusal(
+    sizes: list[tuple[int, int]], room: int, recent_budget: int
+) -> None:
+    groups = groups_of([verbatim for verbatim, _ in sizes])
+    masked = [min(verbatim, masked) for verbatim, masked in sizes]
+    for mask in (masked, None):
+        plan = plan_compaction(groups, mask, room, summary_tokens=100, recent_budget=recent_budget)
+        assert isinstance(plan, Compaction | CutRefusal)
