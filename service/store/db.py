@@ -385,11 +385,6 @@ def plain_dsn(url: str) -> str:
     return url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
-# SQLAlchemy only picks its dialect from this URL: every connection is made by open_connection from
-# the service's own URL, which SQLAlchemy's parser cannot read when it names several hosts.
-_DIALECT_URL: Final = "postgresql+asyncpg://"
-
-
 def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngine:
     dsn = plain_dsn(url)
 
@@ -406,8 +401,12 @@ def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngin
             prepared_statement_cache_size=0 if unnamed_statements else 100,
         )
 
-    # json_text: JSONB columns hold our documents, their key order kept as written.
-    engine = create_async_engine(_DIALECT_URL, creator=creator, json_serializer=json_text, **options)
+    # SQLAlchemy only picks its dialect from this URL: every connection is open_connection's, from the
+    # service's own URL, which SQLAlchemy's parser cannot read when it names several hosts. json_text:
+    # JSONB columns hold our documents, their key order kept as written.
+    engine = create_async_engine(
+        "postgresql+asyncpg://", creator=creator, json_serializer=json_text, **options
+    )
 
     @event.listens_for(engine.sync_engine, "handle_error")
     def _drop_lost_connection(context: ExceptionContext) -> None:

@@ -13,8 +13,6 @@ from service.store import queries
 from service.store.execute import Executor, Row, execute, fetch_all, fetch_one, fetch_value, json_text
 from service.vocabulary import utc_iso
 
-TERMINAL_EVENT_TYPES = frozenset({"done", "error"})
-
 
 @dataclass(frozen=True)
 class Event:
@@ -30,7 +28,7 @@ class Event:
 
     @property
     def is_terminal(self) -> bool:
-        return self.type in TERMINAL_EVENT_TYPES
+        return self.type in ("done", "error")
 
 
 async def append_event(tx: Executor, request_id: uuid.UUID, event_type: str, fields: dict[str, Any]) -> Event:
