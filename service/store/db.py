@@ -227,8 +227,7 @@ async def _writable_connection(dsn: str, options: dict[str, Any]) -> asyncpg.Con
     conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
     try:
         # Asked of the node itself (sql/connections.sql says why).
-        sql, _ = positional(queries.node_takes_writes)
-        writable = await conn.fetchval(sql, timeout=CONNECT_TIMEOUT_S)
+        writable = await conn.fetchval(positional(queries.node_takes_writes)[0], timeout=CONNECT_TIMEOUT_S)
     except BaseException:
         conn.terminate()
         raise
