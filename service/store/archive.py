@@ -1,6 +1,5 @@
-"""Side-question archives: the SQL of export and restore (what is exported and how a restore writes
-it: docs/archive.md). The format — validation, upgrades, encoding, the JSON Schemas — is
-:mod:`service.archive`'s.
+"""Side-question archives: the SQL of export and restore (what is exported, how a restore writes it:
+docs/archive.md); the format (validation, upgrades, encoding, the JSON Schemas) is :mod:`service.archive`'s.
 """
 
 from __future__ import annotations
@@ -176,8 +175,7 @@ async def restore_archive(
         "settings": settings,
     }
     await execute(tx, queries.restore_session, session_values)
-    # The session-level events (hand-offs, background summaries) of the history replaced are hidden
-    # from streams opened from now on.
+    # Streams opened later hide the replaced history's session-level events (hand-offs, background summaries).
     await mark_session_events_cleared(tx, session_row.id)
     tx.add_all(
         HandoffRow(
