@@ -104,14 +104,10 @@ async def export_archive(tx: AsyncSession, tenant: str, parent_id: str, version:
 
 def _archived(row: RequestRow, ordinal_of: dict[str, int]) -> ArchivedRequest:
     values = {name: getattr(row, name) for name in QUESTION_FIELDS[3]}
-    return ArchivedRequest(
-        **{
-            **values,
-            "error": archived_error(row.error, ordinal_of),
-            "usage": row.usage or empty_usage(),
-            "context_info": row.context_info or {},
-        }
-    )
+    values["error"] = archived_error(row.error, ordinal_of)
+    values["usage"] = row.usage or empty_usage()
+    values["context_info"] = row.context_info or {}
+    return ArchivedRequest(**values)
 
 
 def _terminal_events(row: RequestRow, parent_id: str) -> list[tuple[str, dict[str, Any]]]:
