@@ -11,8 +11,7 @@ from service.budget import Calibration
 from service.store import queries
 from service.store.execute import Executor, execute, fetch_one
 
-# The key columns' sizes (models.CalibrationRow): a longer model name is cut rather than refused,
-# because a sample must never fail a request.
+# The key columns' sizes (models.CalibrationRow): a longer name is cut, as a sample must never fail a request.
 _PROVIDER_MAX = 40
 _MODEL_MAX = 200
 
