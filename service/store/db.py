@@ -41,10 +41,9 @@ class DatabaseUnavailable(Exception):
     """PostgreSQL cannot be reached (refused, dropped, timed out); the API answers 503."""
 
 
-# PostgreSQL's own "cannot serve you now" states, in two kinds.
-# The node is gone (SPEC 9.1): admin or crash shutdown (57P01, 57P02), starting up or shutting down
-# (57P03), a read-only transaction (25006: a standby, or a demoted primary). The same connection would
-# reach the same node again, so it is dropped and the next one looks for the primary.
+# PostgreSQL's own "cannot serve you now" states, in two kinds. The node is gone (SPEC 9.1): admin or crash
+# shutdown (57P01, 57P02), starting up or shutting down (57P03), a read-only transaction (25006: a standby or
+# a demoted primary); the connection would reach it again, so it is dropped for one to the primary.
 NODE_GONE_STATES: Final = frozenset({"57P01", "57P02", "57P03", "25006"})
 # The node is there but busy: too many connections (53300) or a database not accepting connections
 # (55000: ``ALLOW_CONNECTIONS false``; no statement of ours raises it otherwise). Dropping every
@@ -127,8 +126,7 @@ def unusable_reason(exc: BaseException) -> str | None:
     return str(exc) or "the database did not answer in time"
 
 
-# While the database is away, a loop (or a driver's own retry) says so in one line this often, not
-# a traceback per try.
+# While the database is away, loops and driver retries say so in one line this often, not a traceback per try.
 OUTAGE_LOG_EVERY_S: Final = 30.0
 
 
@@ -193,10 +191,9 @@ Pooler = Literal["none", "transaction"]
 
 
 class ServerConnection(asyncpg.Connection):  # type: ignore[misc]
-    """Every connection of the service: a statement it gives up on (its timeout, a cancelled task)
-    is abandoned with its connection, never cancelled on the server (asyncpg's CancelRequest): a
-    cancelled COMMIT that waits for its synchronous standby becomes visible on the primary before
-    the standby has it, and a failover right after would lose a row readers already saw."""
+    """Every connection of the service: a statement given up on (its timeout, a cancelled task) is abandoned
+    with its connection, never cancelled on the server (asyncpg's CancelRequest): a cancelled COMMIT waiting
+    for its synchronous standby shows on the primary first, and a failover then loses a row readers saw."""
 
     def _cancel_current_command(self, waiter: asyncio.Future[Any], cancel_waiter: Any = None) -> None:
         if not waiter.done():
@@ -244,10 +241,9 @@ async def open_connection(
     command_timeout: float | None = COMMAND_TIMEOUT_S,
     **kwargs: Any,
 ) -> asyncpg.Connection:
-    """A :class:`ServerConnection` to ``dsn``; with several hosts, to the first of them, all tried at
-    once, that says it takes writes (asyncpg's own multi-host connect gives up at the first server
-    error, and a PgBouncer before a dead node answers only with one). ``unnamed_statements``: for a
-    pooler in transaction mode. ``kwargs``: what asyncpg's pool passes."""
+    """A :class:`ServerConnection` to ``dsn``; with several hosts, all tried at once, to the first that takes
+    writes (asyncpg's multi-host connect stops at the first server error, all a PgBouncer before a dead node
+    answers). ``unnamed_statements``: for a transaction-mode pooler; ``kwargs``: from asyncpg's pool."""
     kwargs.pop("loop", None)
     kwargs["connection_class"] = ServerConnection
     options: dict[str, Any] = {"timeout": CONNECT_TIMEOUT_S, "command_timeout": command_timeout, **kwargs}
@@ -284,8 +280,7 @@ async def open_connection(
 class Database:
     """An engine plus its session factory, and a small plain asyncpg pool for the hot paths
     (:mod:`service.store.execute`; admissions through :attr:`admissions`, :mod:`.admission_batch`);
-    built once per process by the entry point. Failover: docs/architecture.md, "Past one database
-    machine"."""
+    built once per process by the entry point (failover: the module docstring)."""
 
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
