@@ -56,7 +56,6 @@ async def fetch_one(x: Executor, clause: TextClause, params: Mapping[str, Any]) 
 
 
 async def fetch_all(x: Executor, clause: TextClause, params: Mapping[str, Any]) -> list[Row]:
-    """Every row of ``clause``."""
     if isinstance(x, AsyncSession):
         return list((await x.execute(clause, dict(params))).mappings().all())
     return list(await x.fetch(*_args(clause, params)))
@@ -70,7 +69,6 @@ async def fetch_value(x: Executor, clause: TextClause, params: Mapping[str, Any]
 
 
 async def execute(x: Executor, clause: TextClause, params: Mapping[str, Any]) -> None:
-    """Run ``clause`` for its effect."""
     if isinstance(x, AsyncSession):
         await x.execute(clause, dict(params))
         return
