@@ -1,8 +1,7 @@
-"""Hand-offs (SPEC §11.1) and pins: select the Q&A, record the block, move ``handed_off_through``.
-
-One hand-off is one short transaction on the locked session row, so two concurrent hand-offs of a
-session never carry the same new Q&A twice, and an idempotent replay sees the first one's record.
-The block is built by the pure :func:`service.budget.handoff.build_handoff`.
+"""Hand-offs (SPEC §11.1) and pins: select the Q&A, record the block (built by the pure
+:func:`service.budget.handoff.build_handoff`), move ``handed_off_through``. One hand-off is one short
+transaction on the locked session row, so two concurrent hand-offs of a session never carry the same new Q&A
+twice, and an idempotent replay sees the first one's record.
 """
 
 from __future__ import annotations
@@ -64,7 +63,6 @@ class HandoffOutcome:
 
 
 def _public(handoff_id: object, body: dict[str, Any], parent_id: str) -> dict[str, Any]:
-    """The public object of a recorded hand-off (its stored body plus id and parent id)."""
     return {"id": str(handoff_id), "parent_id": parent_id, **body}
 
 
