@@ -43,8 +43,7 @@ class ClaimedJob:
     attempt: int
     # The lease owner of this claim (service.store.lease.claim_owner): every write of this run names it.
     owner: str
-    # What the job reads of its session, read by the claim itself: the session's clear_version now
-    # (None: the session is gone), its memory and settings.
+    # Its session as the claim read it: its clear_version now (None: the session is gone), memory, settings.
     session_clear_version: int | None
     memory: dict[str, Any]
     settings: dict[str, Any]
@@ -155,8 +154,7 @@ async def end_inline(tx: Executor, registration_id: uuid.UUID, *, ok: bool) -> N
 
 async def claim_job(tx: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
     """Claim the oldest queued background job under the global background cap (``sidequest_claim_job``,
-    which also reads what the job reads of its session). One running job per (session, kind): folds
-    build on each other."""
+    which also reads the job's session). One running job per (session, kind): folds build on each other."""
     row = await fetch_one(
         tx,
         queries.claim_job,
