@@ -169,7 +169,6 @@ class QuietOutages(logging.Filter):
 
 
 def quiet_driver_outages() -> None:
-    """Install :class:`QuietOutages` on asyncpg's pool logger, once."""
     pool_log = logging.getLogger("asyncpg.pool")
     if not any(isinstance(f, QuietOutages) for f in pool_log.filters):
         pool_log.addFilter(QuietOutages())

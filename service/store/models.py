@@ -67,12 +67,10 @@ class Base(DeclarativeBase):
 
 
 def _now() -> MappedColumn[Any]:
-    """A ``timestamptz`` PostgreSQL sets to ``now()`` on insert."""
     return mapped_column(server_default=func.now())
 
 
 def _session_id(**options: Any) -> MappedColumn[Any]:
-    """The session a row belongs to, deleted with it."""
     return mapped_column(ForeignKey("side_question_sessions.id", ondelete="CASCADE"), **options)
 
 

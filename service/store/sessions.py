@@ -72,7 +72,6 @@ def encode_or_refuse(content: dict[str, Any]) -> EncodedSnapshot:
 
 
 async def find_session(tx: AsyncSession, tenant: str, parent_id: str) -> SessionRow | None:
-    """The tenant's session for ``parent_id``, or None."""
     found = await fetch_models(
         tx, SessionRow, queries.find_session, {"tenant": tenant, "parent_id": parent_id}
     )
@@ -146,7 +145,6 @@ def _view(item: dict[str, Any], fields: dict[str, type]) -> dict[str, Any]:
 
 
 def memory_overview(memory: dict[str, Any]) -> dict[str, Any]:
-    """SPEC's memory overview from the memory JSONB: coverage and cache keys, never the documents."""
     qa = memory.get("qa_summary")
     summaries = memory.get("context_summaries") or []
     return {
