@@ -1,7 +1,6 @@
-"""Sessions, history pages, request lookups and main snapshots: the read side of the API.
-
-Every lookup takes the tenant, so another tenant's session or request is "not found" (SPEC §3: 404,
-never 403); so are requests hidden by a clear (``deleted_at`` set).
+"""Sessions, history pages, request lookups and main snapshots: the read side of the API. Every lookup takes
+the tenant, so another tenant's session or request is "not found" (SPEC §3: 404, never 403); so are requests
+hidden by a clear (``deleted_at`` set).
 """
 
 from __future__ import annotations
@@ -296,11 +295,10 @@ async def store_snapshot(
     encoded: EncodedSnapshot | None = None,
     prepared: PreparedSnapshot | None = None,
 ) -> StoredSnapshot:
-    """Store ``content`` under ``snapshot_id`` (or its content hash); idempotent for identical
-    content, else :class:`SnapshotConflict`. Given a ``jobs`` policy, a new snapshot may queue its
-    background context summary (SPEC §6.6). ``encoded`` / ``prepared``: the
-    caller's own (the API needs them first), so a 600 KB snapshot is serialised once, not five times.
-    """
+    """Store ``content`` under ``snapshot_id`` (or its content hash); idempotent for identical content, else
+    :class:`SnapshotConflict`. Given a ``jobs`` policy, a new snapshot may queue its background context
+    summary (SPEC §6.6). ``encoded`` / ``prepared``: the caller's own (the API needs them first), so a 600 KB
+    snapshot is serialised once, not five times."""
     if encoded is None:
         encoded = encode_or_refuse(content)
     digest = encoded.content_hash
