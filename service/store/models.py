@@ -74,7 +74,6 @@ def _session_id(**options: Any) -> MappedColumn[Any]:
     return mapped_column(ForeignKey("side_question_sessions.id", ondelete="CASCADE"), **options)
 
 
-# empty_usage() as a column default.
 _EMPTY_USAGE = text(f"'{json.dumps(empty_usage())}'::jsonb")
 
 
@@ -159,8 +158,7 @@ class RequestRow(Base):
     cancel_requested: Mapped[bool] = mapped_column(server_default=text("false"))
     # Pinned for the next hand-off (SPEC §11.1); only a succeeded request can be pinned.
     pinned: Mapped[bool] = mapped_column(server_default=text("false"))
-    # SPEC §5 estimate of this request's rendered Q&A group, stored when it succeeds, so that
-    # organizing_history never re-encodes the history.
+    # SPEC §5 estimate of its rendered Q&A group, stored on success so organizing_history never re-encodes it.
     qa_tokens: Mapped[int | None]
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None]
