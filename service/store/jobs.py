@@ -258,8 +258,7 @@ async def take_over(tx: Executor, job_id: uuid.UUID) -> bool:
 async def take_key(tx: Executor, job_id: uuid.UUID, key: str) -> bool:
     """Re-key a running job to the summary's real cache key; False when another active job or
     registration holds that key (the summary is being made)."""
-    taken = await fetch_value(tx, queries.take_job_key, {"id": job_id, "key": key})
-    return taken is not None
+    return await fetch_value(tx, queries.take_job_key, {"id": job_id, "key": key}) is not None
 
 
 async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> None:
