@@ -229,8 +229,7 @@ async def list_handoffs(
 async def set_pinned(
     tx: AsyncSession, tenant: str, request_id: uuid.UUID, pinned: bool
 ) -> dict[str, Any] | None:
-    """Pin (a succeeded request only) or unpin, idempotent; None when the request is not the tenant's
-    or was cleared."""
+    """Pin (a succeeded request only) or unpin, idempotent; None for another tenant's or a cleared request."""
     found = await find_request(tx, tenant, request_id)
     if found is None:
         return None

@@ -294,8 +294,7 @@ async def job_state(tx: Executor, job_id: uuid.UUID) -> JobState | None:
 async def background_overviews(
     tx: AsyncSession, session_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
-    """SPEC §3 ``session.background`` of each session, in one query: jobs by status and the usage of
-    every background call."""
+    """SPEC §3 ``session.background`` per session, in one query: jobs by status, background calls' usage."""
     result: dict[uuid.UUID, dict[str, Any]] = {}
     if not session_ids:
         return result

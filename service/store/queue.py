@@ -57,8 +57,7 @@ class Claimed:
 async def try_claim(
     tx: Executor, *, owner: str, lease_s: float, max_running: int
 ) -> tuple[Claimed | None, bool]:
-    """Claim the next request per SPEC §9 (``sidequest_claim``); also says whether the cluster is at
-    its cap (then None)."""
+    """Claim the next request (SPEC §9, ``sidequest_claim``) or None, and whether the cluster is at cap."""
     row = await fetch_one(
         tx,
         queries.claim_request,

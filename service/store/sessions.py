@@ -162,8 +162,7 @@ async def read_one_snapshot(tx: AsyncSession) -> None:
 
 
 async def session_overview(tx: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
-    """SPEC's session object, or None when the tenant has no session for ``parent_id``; its parts
-    read from one snapshot."""
+    """SPEC's session object, its parts read from one snapshot; None when the tenant has no such session."""
     await read_one_snapshot(tx)
     session_row = await find_session(tx, tenant, parent_id)
     return None if session_row is None else (await session_overviews(tx, [session_row]))[0]
@@ -195,8 +194,7 @@ async def session_overviews(tx: AsyncSession, session_rows: list[SessionRow]) ->
 async def history_page(
     tx: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: int | None
 ) -> dict[str, Any] | None:
-    """The newest ``limit`` visible requests with ordinal < ``before``, in ascending ordinal; None
-    when the session does not exist."""
+    """The newest ``limit`` visible requests below ordinal ``before``, ascending; None: no such session."""
     session_row = await find_session(tx, tenant, parent_id)
     if session_row is None:
         return None
