@@ -277,9 +277,8 @@ async def open_connection(
 
 @dataclass
 class Database:
-    """An engine plus its session factory, and a small plain asyncpg pool for the hot paths
-    (:mod:`service.store.execute`; admissions through :attr:`admissions`, :mod:`.admission_batch`);
-    built once per process by the entry point (failover: the module docstring)."""
+    """An engine, its session factory and a small plain asyncpg pool for hot paths (:mod:`.execute`;
+    admissions: :attr:`admissions`, :mod:`.admission_batch`); one per process, built by the entry point."""
 
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
