@@ -201,18 +201,16 @@ class ServerConnection(asyncpg.Connection):  # type: ignore[misc]
         self._loop.call_soon(self.terminate)
 
 
-def _single_host_dsns(dsn: str) -> list[str]:
+def _single_host_dsns(dsn: str) -> Iterator[str]:
     """One DSN per host of a multi-host ``dsn`` (libpq's ``h1:5432,h2:5432``), each keeping the query
     but ``target_session_attrs``: :func:`open_connection` asks each node itself."""
     parts = urlsplit(dsn)
     userinfo, at, _ = parts.netloc.rpartition("@")
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "target_session_attrs"]
-    result = []
     for host, port in url_hosts(dsn):
         shown = f"[{host}]" if ":" in host else host
         netloc = f"{userinfo}{at}{shown}" + (f":{port}" if port is not None else "")
-        result.append(urlunsplit(parts._replace(netloc=netloc, query=urlencode(query))))
-    return result
+        yield urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
 
 
 class NotWritable(Exception):

@@ -86,12 +86,8 @@ async def fetch_models(
 @asynccontextmanager
 async def transaction(x: Executor) -> AsyncIterator[None]:
     """Open and commit one transaction on ``x`` (a fresh session, or a connection in none)."""
-    if isinstance(x, AsyncSession):
-        async with x.begin():
-            yield
-    else:
-        async with x.transaction():
-            yield
+    async with x.begin() if isinstance(x, AsyncSession) else x.transaction():
+        yield
 
 
 @asynccontextmanager
