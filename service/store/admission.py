@@ -172,8 +172,7 @@ async def admit(
         args = _arguments(tenant, parent_id, admission, admission.snapshot_id, max_queued)
         result = await db.admissions.admit(args)
     except Exception as exc:
-        # "integer out of range" can only be the session's next_ordinal + 1: every other number is
-        # bounded before it reaches SQL.
+        # "integer out of range" can only be the session's next_ordinal + 1: all else is bounded before SQL.
         if any(isinstance(e, asyncpg.NumericValueOutOfRangeError) for e in driver_chain(exc)):
             raise OrdinalsExhausted(
                 "this session has used every question number; ask under another parent id "

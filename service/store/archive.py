@@ -4,6 +4,7 @@ docs/archive.md); the format (validation, upgrades, encoding, the JSON Schemas) 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -68,10 +69,8 @@ async def _ordinals_of(tx: AsyncSession, session_id: uuid.UUID, ids: set[str]) -
     text that is no id (stored by a restore before ids were checked) names none."""
     valid = []
     for text_id in ids:
-        try:
+        with contextlib.suppress(ValueError):
             valid.append(uuid.UUID(text_id))
-        except ValueError:
-            continue
     if not valid:
         return {}
     rows = await fetch_all(tx, queries.request_ordinals, {"session_id": session_id, "ids": sorted(valid)})
