@@ -78,9 +78,8 @@ async def _ordinals_of(tx: AsyncSession, session_id: uuid.UUID, ids: set[str]) -
 
 
 async def export_archive(tx: AsyncSession, tenant: str, parent_id: str, version: int) -> dict[str, Any]:
-    """Export the session's finished history as a version ``version`` archive (1, 2 or 3: the route's
-    query bounds it). The memory is read before the requests: memory is written while a request runs,
-    so the requests read after it are at least as new as anything the memory covers."""
+    """Export the session's finished history as a version ``version`` archive (1, 2 or 3, as the route bounds
+    it). The memory is read first (written while requests run): requests read later cover all it covers."""
     session_row = await find_session(tx, tenant, parent_id)
     if session_row is None:
         raise SessionNotFound(f"no session {parent_id!r}")

@@ -200,9 +200,8 @@ async def create_handoff(
 async def list_handoffs(
     tx: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: str | None
 ) -> dict[str, Any] | None:
-    """A page of the session's hand-offs, newest first; None when the session does not exist.
-    ``before`` is the previous page's ``next_before`` (its last hand-off's id); an id that is not one
-    of this session's hand-offs (one a clear deleted) gives an empty page."""
+    """A page of the session's hand-offs, newest first (None: no such session); ``before`` is the previous
+    page's ``next_before`` (its last id); an id unknown here (one a clear deleted) gives an empty page."""
     cursor_id = None
     if before is not None:
         try:
