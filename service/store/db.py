@@ -147,9 +147,8 @@ class OutageLog:
 
 
 class QuietOutages(logging.Filter):
-    """For asyncpg's pool: it logs "Failed to restore the pool connection floor; retrying" with a
-    traceback on every try while PostgreSQL is away. Such a record becomes one line per
-    :data:`OUTAGE_LOG_EVERY_S`, without the traceback; any other record passes as it is."""
+    """asyncpg's pool logs "Failed to restore the pool connection floor; retrying" with a traceback each try
+    while PostgreSQL is away: here one line per :data:`OUTAGE_LOG_EVERY_S`, no traceback; all else passes."""
 
     def __init__(self) -> None:
         super().__init__()
