@@ -45,9 +45,8 @@ class DatabaseUnavailable(Exception):
 # shutdown (57P01, 57P02), starting up or shutting down (57P03), a read-only transaction (25006: a standby or
 # a demoted primary); the connection would reach it again, so it is dropped for one to the primary.
 NODE_GONE_STATES: Final = frozenset({"57P01", "57P02", "57P03", "25006"})
-# The node is there but busy: too many connections (53300) or a database not accepting connections
-# (55000: ``ALLOW_CONNECTIONS false``; no statement of ours raises it otherwise). Dropping every
-# connection for these would only add to the crowd.
+# The node is there but busy: too many connections (53300) or a database not accepting connections (55000:
+# ``ALLOW_CONNECTIONS false``; no statement of ours raises it otherwise): reconnecting all adds to the crowd.
 _BUSY_STATES: Final = frozenset({"53300", "55000"})
 _SHUTDOWN_STATES: Final = NODE_GONE_STATES | _BUSY_STATES
 
@@ -390,9 +389,8 @@ def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngin
             prepared_statement_cache_size=0 if unnamed_statements else 100,
         )
 
-    # SQLAlchemy only picks its dialect from this URL: every connection is open_connection's, from the
-    # service's own URL, which SQLAlchemy's parser cannot read when it names several hosts. json_text:
-    # JSONB columns hold our documents, their key order kept as written.
+    # SQLAlchemy takes only its dialect from this URL; connections are open_connection's, from the service's
+    # URL (SQLAlchemy cannot parse several hosts). json_text: our JSONB documents keep their key order.
     engine = create_async_engine(
         "postgresql+asyncpg://", creator=creator, json_serializer=json_text, **options
     )
