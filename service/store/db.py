@@ -102,8 +102,7 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
 
 
 def connection_lost(exc: BaseException) -> bool:
-    """Whether the connection that raised ``exc`` must never run another statement: the database is
-    unavailable for any reason but a busy server."""
+    """Whether ``exc``'s connection must run no other statement: unavailable, and not just busy."""
     return is_unavailable(exc) and not any(
         isinstance(current, asyncpg.PostgresError) and current.sqlstate in _BUSY_STATES
         for current in driver_chain(exc)

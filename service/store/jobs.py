@@ -127,8 +127,7 @@ async def register_inline(
     clear_version: int,
     lease_s: float,
 ) -> uuid.UUID | None:
-    """Register that a request makes this summary itself: the registration's id, or None when another
-    holds the key (then wait for that one)."""
+    """Register a request making this summary itself: the id, or None if another has the key (wait for it)."""
     registration: uuid.UUID | None = await fetch_value(
         tx,
         queries.register_inline,

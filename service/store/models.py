@@ -38,14 +38,12 @@ NAMING = {
 
 
 def empty_memory() -> dict[str, Any]:
-    """A session's memory before anything was summarised; a new dict (and list) per call, so that
-    filling one never changes another's."""
+    """A session's memory before any summary; a new dict (and list) per call: filling one changes no other."""
     return {"qa_summary": None, "context_summaries": []}
 
 
 def complete_memory(stored: dict[str, Any] | None) -> dict[str, Any]:
-    """A stored memory (a session's, an archive's) with its missing parts empty, as a fresh session's
-    are; any other key is kept as it is."""
+    """A stored memory (a session's, an archive's), missing parts empty as a fresh one's, other keys kept."""
     return {**empty_memory(), **(stored or {})}
 
 

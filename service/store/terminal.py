@@ -17,8 +17,7 @@ from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus, u
 
 @dataclass(frozen=True)
 class Ended:
-    """A request :func:`finish_request` ended: its session and its final record (a success's: the
-    ``done`` event carries it)."""
+    """A request :func:`finish_request` ended: its session and final record (a success's, for ``done``)."""
 
     session_id: uuid.UUID
     record: dict[str, Any] | None
