@@ -218,6 +218,13 @@ async def finish_job(
     return True
 
 
+async def _cancel_job(tx: Executor, job_id: uuid.UUID, error: dict[str, Any], *statuses: Status) -> bool:
+    """:func:`finish_job` ending a job ``cancelled`` from one of ``statuses``, any lease, calls kept."""
+    return await finish_job(
+        tx, job_id, None, status=Status.CANCELLED, calls=None, error=error, from_statuses=statuses
+    )
+
+
 async def requeue_job(
     tx: Executor, job_id: uuid.UUID, *, reason: RequeueReason, owner: str | None = None
 ) -> bool:
@@ -243,15 +250,7 @@ async def count_calls(tx: Executor, job_id: uuid.UUID, n: int) -> None:
 async def take_over(tx: Executor, job_id: uuid.UUID) -> bool:
     """A waiting request takes a still-queued job over (it ends ``cancelled``, ``taken_over``) to make
     the summary itself; False if it started meanwhile."""
-    return await finish_job(
-        tx,
-        job_id,
-        None,
-        status=Status.CANCELLED,
-        calls=None,
-        error=taken_over_error(),
-        from_statuses=(Status.QUEUED,),
-    )
+    return await _cancel_job(tx, job_id, taken_over_error(), Status.QUEUED)
 
 
 async def take_key(tx: Executor, job_id: uuid.UUID, key: str) -> bool:
@@ -264,15 +263,7 @@ async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> None:
     """A clear: cancel the session's queued and running jobs (:func:`finish_job`) and tell their
     workers (``NOTIFY sidequest_cancel``, ``job:<id>``)."""
     for row in await fetch_all(tx, queries.active_session_jobs, {"sid": session_id}):
-        await finish_job(
-            tx,
-            row["id"],
-            None,
-            status=Status.CANCELLED,
-            calls=None,
-            error=session_cleared_error(),
-            from_statuses=(Status.QUEUED, Status.RUNNING),
-        )
+        await _cancel_job(tx, row["id"], session_cleared_error(), Status.QUEUED, Status.RUNNING)
         await notify(tx, CANCEL_CHANNEL, f"job:{row['id']}")
 
 
