@@ -1,6 +1,5 @@
-"""ORM models: the tables of SPEC §2, typed with SQLAlchemy 2.
-
-Every timestamp is ``timestamptz`` and set by PostgreSQL (``now()``) or by the store in UTC.
+"""ORM models: the tables of SPEC §2, typed with SQLAlchemy 2. Every timestamp is ``timestamptz`` and set by
+PostgreSQL (``now()``) or by the store in UTC.
 """
 
 from __future__ import annotations
