@@ -134,8 +134,7 @@ def _arguments(
 
 
 def _outcome(result: AdmitResult, parent_id: str, snapshot_id: str | None) -> Admitted:
-    """The call's result as an :class:`Admitted`, or the refusal it stands for, raised with the
-    function's own detail."""
+    """The call's result as an :class:`Admitted`, or the refusal it stands for raised with its detail."""
     outcome, detail = result.outcome, result.detail or {}
     if outcome in ("created", "replay"):
         assert result.request is not None
@@ -173,8 +172,7 @@ async def admit(
         args = _arguments(tenant, parent_id, admission, admission.snapshot_id, max_queued)
         result = await db.admissions.admit(args)
     except Exception as exc:
-        # "integer out of range" can only be the session's next_ordinal + 1: every other number is
-        # bounded before it reaches SQL.
+        # "integer out of range" can only be the session's next_ordinal + 1: all else is bounded before SQL.
         if any(isinstance(e, asyncpg.NumericValueOutOfRangeError) for e in driver_chain(exc)):
             raise OrdinalsExhausted(
                 "this session has used every question number; ask under another parent id "
@@ -187,8 +185,7 @@ async def admit(
 async def _admit_in_transaction(
     tx: AsyncSession, tenant: str, parent_id: str, admission: Admission, *, max_queued: int
 ) -> Admitted:
-    """An inline snapshot's admission: the snapshot stored, then ``sidequest_admit`` in the same
-    transaction (the snapshot counts as stored there)."""
+    """:func:`admit` with an inline snapshot (it counts as stored in that transaction)."""
     assert admission.snapshot is not None
     session_row = await lock_or_create_session(tx, tenant, parent_id)
     own_id = admission.snapshot.get("snapshot_id")
@@ -211,8 +208,7 @@ async def _admit_in_transaction(
 
 
 async def _cancel(tx: AsyncSession, request_id: uuid.UUID, message: str) -> bool:
-    """Cancel one queued or running request (terminal.finish_request) and tell its worker; False when
-    it had already ended."""
+    """Cancel a queued or running request (:func:`finish_request`), tell its worker; False if it had ended."""
     ended = await finish_request(
         tx,
         request_id,

@@ -1,7 +1,6 @@
-"""Group commit for admissions: one admission alone is one ``CALL sidequest_admit_now``; those that
-arrive while :data:`IN_FLIGHT` CALLs are in flight go together in one ``CALL sidequest_admit_many``
-(docs/architecture.md, "Admission", says how and why). An unreachable database fails the whole batch,
-and everything waiting behind it, at once.
+"""Group commit for admissions: one admission alone is one ``CALL sidequest_admit_now``; those arriving while
+:data:`IN_FLIGHT` CALLs are in flight go together in one ``CALL sidequest_admit_many`` (how and why:
+docs/architecture.md, "Admission"). An unreachable database fails the batch and all waiting behind it at once.
 """
 
 from __future__ import annotations
@@ -103,8 +102,7 @@ class AdmissionBatcher:
         if len(batch) == 1:
             await self._send_alone(pool, *batch[0])
             return
-        # Sessions in one order for every batch (module docstring); sorted() keeps arrival order
-        # within a session.
+        # Sessions in one order in every batch (docs/architecture.md, "Admission"); arrival order within one.
         ordered = sorted(batch, key=lambda item: (item[0][_TENANT], item[0][_PARENT]))
         columns = [list(column) for column in zip(*(args for args, _ in ordered), strict=True)]
         try:
@@ -114,8 +112,7 @@ class AdmissionBatcher:
         except Exception as exc:
             if self._unavailable(exc) or not isinstance(exc, asyncpg.PostgresError):
                 raise
-            # Nothing of the CALL committed: each admission again, alone, so that the error is
-            # the one admission's that caused it.
+            # Nothing of the CALL committed: each admission again, alone, so the one at fault gets the error.
             self.fallbacks += 1
             for args, future in ordered:
                 try:

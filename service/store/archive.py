@@ -1,10 +1,10 @@
-"""Side-question archives: the SQL of export and restore (what is exported and how a restore writes
-it: docs/archive.md). The format — validation, upgrades, encoding, the JSON Schemas — is
-:mod:`service.archive`'s.
+"""Side-question archives: the SQL of export and restore (what is exported, how a restore writes it:
+docs/archive.md); the format (validation, upgrades, encoding, the JSON Schemas) is :mod:`service.archive`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -69,10 +69,8 @@ async def _ordinals_of(tx: AsyncSession, session_id: uuid.UUID, ids: set[str]) -
     text that is no id (stored by a restore before ids were checked) names none."""
     valid = []
     for text_id in ids:
-        try:
+        with contextlib.suppress(ValueError):
             valid.append(uuid.UUID(text_id))
-        except ValueError:
-            continue
     if not valid:
         return {}
     rows = await fetch_all(tx, queries.request_ordinals, {"session_id": session_id, "ids": sorted(valid)})
@@ -80,9 +78,8 @@ async def _ordinals_of(tx: AsyncSession, session_id: uuid.UUID, ids: set[str]) -
 
 
 async def export_archive(tx: AsyncSession, tenant: str, parent_id: str, version: int) -> dict[str, Any]:
-    """Export the session's finished history as a version ``version`` archive (1, 2 or 3: the route's
-    query bounds it). The memory is read before the requests: memory is written while a request runs,
-    so the requests read after it are at least as new as anything the memory covers."""
+    """Export the session's finished history as a version ``version`` archive (1, 2 or 3, as the route bounds
+    it). The memory is read first (written while requests run): requests read later cover all it covers."""
     session_row = await find_session(tx, tenant, parent_id)
     if session_row is None:
         raise SessionNotFound(f"no session {parent_id!r}")
@@ -105,14 +102,10 @@ async def export_archive(tx: AsyncSession, tenant: str, parent_id: str, version:
 
 def _archived(row: RequestRow, ordinal_of: dict[str, int]) -> ArchivedRequest:
     values = {name: getattr(row, name) for name in QUESTION_FIELDS[3]}
-    return ArchivedRequest(
-        **{
-            **values,
-            "error": archived_error(row.error, ordinal_of),
-            "usage": row.usage or empty_usage(),
-            "context_info": row.context_info or {},
-        }
-    )
+    values["error"] = archived_error(row.error, ordinal_of)
+    values["usage"] = row.usage or empty_usage()
+    values["context_info"] = row.context_info or {}
+    return ArchivedRequest(**values)
 
 
 def _terminal_events(row: RequestRow, parent_id: str) -> list[tuple[str, dict[str, Any]]]:
@@ -176,8 +169,7 @@ async def restore_archive(
         "settings": settings,
     }
     await execute(tx, queries.restore_session, session_values)
-    # The session-level events (hand-offs, background summaries) of the history replaced are hidden
-    # from streams opened from now on.
+    # Streams opened later hide the replaced history's session-level events (hand-offs, background summaries).
     await mark_session_events_cleared(tx, session_row.id)
     tx.add_all(
         HandoffRow(

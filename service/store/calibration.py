@@ -11,14 +11,10 @@ from service.budget import Calibration
 from service.store import queries
 from service.store.execute import Executor, execute, fetch_one
 
-# The key columns' sizes (models.CalibrationRow): a longer model name is cut rather than refused,
-# because a sample must never fail a request.
-_PROVIDER_MAX = 40
-_MODEL_MAX = 200
 
-
+# The key columns' sizes (models.CalibrationRow): a longer name is cut, as a sample must never fail a request.
 def _key(provider: str, model: str) -> dict[str, str]:
-    return {"provider": provider[:_PROVIDER_MAX], "model": model[:_MODEL_MAX]}
+    return {"provider": provider[:40], "model": model[:200]}
 
 
 async def load_calibration(tx: Executor, provider: str, model: str) -> Calibration:

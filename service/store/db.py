@@ -41,14 +41,12 @@ class DatabaseUnavailable(Exception):
     """PostgreSQL cannot be reached (refused, dropped, timed out); the API answers 503."""
 
 
-# PostgreSQL's own "cannot serve you now" states, in two kinds.
-# The node is gone (SPEC 9.1): admin or crash shutdown (57P01, 57P02), starting up or shutting down
-# (57P03), a read-only transaction (25006: a standby, or a demoted primary). The same connection would
-# reach the same node again, so it is dropped and the next one looks for the primary.
+# PostgreSQL's own "cannot serve you now" states, in two kinds. The node is gone (SPEC 9.1): admin or crash
+# shutdown (57P01, 57P02), starting up or shutting down (57P03), a read-only transaction (25006: a standby or
+# a demoted primary); the connection would reach it again, so it is dropped for one to the primary.
 NODE_GONE_STATES: Final = frozenset({"57P01", "57P02", "57P03", "25006"})
-# The node is there but busy: too many connections (53300) or a database not accepting connections
-# (55000: ``ALLOW_CONNECTIONS false``; no statement of ours raises it otherwise). Dropping every
-# connection for these would only add to the crowd.
+# The node is there but busy: too many connections (53300) or a database not accepting connections (55000:
+# ``ALLOW_CONNECTIONS false``; no statement of ours raises it otherwise): reconnecting all adds to the crowd.
 _BUSY_STATES: Final = frozenset({"53300", "55000"})
 _SHUTDOWN_STATES: Final = NODE_GONE_STATES | _BUSY_STATES
 
@@ -104,8 +102,7 @@ def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool
 
 
 def connection_lost(exc: BaseException) -> bool:
-    """Whether the connection that raised ``exc`` must never run another statement: the database is
-    unavailable for any reason but a busy server."""
+    """Whether ``exc``'s connection must run no other statement: unavailable, and not just busy."""
     return is_unavailable(exc) and not any(
         isinstance(current, asyncpg.PostgresError) and current.sqlstate in _BUSY_STATES
         for current in driver_chain(exc)
@@ -127,8 +124,7 @@ def unusable_reason(exc: BaseException) -> str | None:
     return str(exc) or "the database did not answer in time"
 
 
-# While the database is away, a loop (or a driver's own retry) says so in one line this often, not
-# a traceback per try.
+# While the database is away, loops and driver retries say so in one line this often, not a traceback per try.
 OUTAGE_LOG_EVERY_S: Final = 30.0
 
 
@@ -149,9 +145,8 @@ class OutageLog:
 
 
 class QuietOutages(logging.Filter):
-    """For asyncpg's pool: it logs "Failed to restore the pool connection floor; retrying" with a
-    traceback on every try while PostgreSQL is away. Such a record becomes one line per
-    :data:`OUTAGE_LOG_EVERY_S`, without the traceback; any other record passes as it is."""
+    """asyncpg's pool logs "Failed to restore the pool connection floor; retrying" with a traceback each try
+    while PostgreSQL is away: here one line per :data:`OUTAGE_LOG_EVERY_S`, no traceback; all else passes."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -171,7 +166,6 @@ class QuietOutages(logging.Filter):
 
 
 def quiet_driver_outages() -> None:
-    """Install :class:`QuietOutages` on asyncpg's pool logger, once."""
     pool_log = logging.getLogger("asyncpg.pool")
     if not any(isinstance(f, QuietOutages) for f in pool_log.filters):
         pool_log.addFilter(QuietOutages())
@@ -193,10 +187,9 @@ Pooler = Literal["none", "transaction"]
 
 
 class ServerConnection(asyncpg.Connection):  # type: ignore[misc]
-    """Every connection of the service: a statement it gives up on (its timeout, a cancelled task)
-    is abandoned with its connection, never cancelled on the server (asyncpg's CancelRequest): a
-    cancelled COMMIT that waits for its synchronous standby becomes visible on the primary before
-    the standby has it, and a failover right after would lose a row readers already saw."""
+    """Every connection of the service: a statement given up on (its timeout, a cancelled task) is abandoned
+    with its connection, never cancelled on the server (asyncpg's CancelRequest): a cancelled COMMIT waiting
+    for its synchronous standby shows on the primary first, and a failover then loses a row readers saw."""
 
     def _cancel_current_command(self, waiter: asyncio.Future[Any], cancel_waiter: Any = None) -> None:
         if not waiter.done():
@@ -205,18 +198,16 @@ class ServerConnection(asyncpg.Connection):  # type: ignore[misc]
         self._loop.call_soon(self.terminate)
 
 
-def _single_host_dsns(dsn: str) -> list[str]:
+def _single_host_dsns(dsn: str) -> Iterator[str]:
     """One DSN per host of a multi-host ``dsn`` (libpq's ``h1:5432,h2:5432``), each keeping the query
     but ``target_session_attrs``: :func:`open_connection` asks each node itself."""
     parts = urlsplit(dsn)
     userinfo, at, _ = parts.netloc.rpartition("@")
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "target_session_attrs"]
-    result = []
     for host, port in url_hosts(dsn):
         shown = f"[{host}]" if ":" in host else host
         netloc = f"{userinfo}{at}{shown}" + (f":{port}" if port is not None else "")
-        result.append(urlunsplit(parts._replace(netloc=netloc, query=urlencode(query))))
-    return result
+        yield urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
 
 
 class NotWritable(Exception):
@@ -227,8 +218,7 @@ async def _writable_connection(dsn: str, options: dict[str, Any]) -> asyncpg.Con
     conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
     try:
         # Asked of the node itself (sql/connections.sql says why).
-        sql, _ = positional(queries.node_takes_writes)
-        writable = await conn.fetchval(sql, timeout=CONNECT_TIMEOUT_S)
+        writable = await conn.fetchval(positional(queries.node_takes_writes)[0], timeout=CONNECT_TIMEOUT_S)
     except BaseException:
         conn.terminate()
         raise
@@ -245,10 +235,9 @@ async def open_connection(
     command_timeout: float | None = COMMAND_TIMEOUT_S,
     **kwargs: Any,
 ) -> asyncpg.Connection:
-    """A :class:`ServerConnection` to ``dsn``; with several hosts, to the first of them, all tried at
-    once, that says it takes writes (asyncpg's own multi-host connect gives up at the first server
-    error, and a PgBouncer before a dead node answers only with one). ``unnamed_statements``: for a
-    pooler in transaction mode. ``kwargs``: what asyncpg's pool passes."""
+    """A :class:`ServerConnection` to ``dsn``; with several hosts, all tried at once, to the first that takes
+    writes (asyncpg's multi-host connect stops at the first server error, all a PgBouncer before a dead node
+    answers). ``unnamed_statements``: for a transaction-mode pooler; ``kwargs``: from asyncpg's pool."""
     kwargs.pop("loop", None)
     kwargs["connection_class"] = ServerConnection
     options: dict[str, Any] = {"timeout": CONNECT_TIMEOUT_S, "command_timeout": command_timeout, **kwargs}
@@ -283,10 +272,8 @@ async def open_connection(
 
 @dataclass
 class Database:
-    """An engine plus its session factory, and a small plain asyncpg pool for the hot paths
-    (:mod:`service.store.execute`; admissions through :attr:`admissions`, :mod:`.admission_batch`);
-    built once per process by the entry point. Failover: docs/architecture.md, "Past one database
-    machine"."""
+    """An engine, its session factory and a small plain asyncpg pool for hot paths (:mod:`.execute`;
+    admissions: :attr:`admissions`, :mod:`.admission_batch`); one per process, built by the entry point."""
 
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
@@ -385,11 +372,6 @@ def plain_dsn(url: str) -> str:
     return url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
-# SQLAlchemy only picks its dialect from this URL: every connection is made by open_connection from
-# the service's own URL, which SQLAlchemy's parser cannot read when it names several hosts.
-_DIALECT_URL: Final = "postgresql+asyncpg://"
-
-
 def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngine:
     dsn = plain_dsn(url)
 
@@ -406,8 +388,11 @@ def _engine(url: str, *, unnamed_statements: bool, **options: Any) -> AsyncEngin
             prepared_statement_cache_size=0 if unnamed_statements else 100,
         )
 
-    # json_text: JSONB columns hold our documents, their key order kept as written.
-    engine = create_async_engine(_DIALECT_URL, creator=creator, json_serializer=json_text, **options)
+    # SQLAlchemy takes only its dialect from this URL; connections are open_connection's, from the service's
+    # URL (SQLAlchemy cannot parse several hosts). json_text: our JSONB documents keep their key order.
+    engine = create_async_engine(
+        "postgresql+asyncpg://", creator=creator, json_serializer=json_text, **options
+    )
 
     @event.listens_for(engine.sync_engine, "handle_error")
     def _drop_lost_connection(context: ExceptionContext) -> None:

@@ -13,8 +13,6 @@ from service.store import queries
 from service.store.execute import Executor, Row, execute, fetch_all, fetch_one, fetch_value, json_text
 from service.vocabulary import utc_iso
 
-TERMINAL_EVENT_TYPES = frozenset({"done", "error"})
-
 
 @dataclass(frozen=True)
 class Event:
@@ -30,7 +28,7 @@ class Event:
 
     @property
     def is_terminal(self) -> bool:
-        return self.type in TERMINAL_EVENT_TYPES
+        return self.type in ("done", "error")
 
 
 async def append_event(tx: Executor, request_id: uuid.UUID, event_type: str, fields: dict[str, Any]) -> Event:
@@ -47,8 +45,7 @@ async def append_event(tx: Executor, request_id: uuid.UUID, event_type: str, fie
 async def append_session_event(
     tx: Executor, session_id: uuid.UUID, event_type: str, fields: dict[str, Any]
 ) -> Event:
-    """Append one session-level event (no request: ``memory``, ``handoff``), its envelope's
-    ``request_id``/``ordinal``/``seq`` null."""
+    """Append one session-level event, its envelope's ``request_id``, ``ordinal`` and ``seq`` null."""
     row = await fetch_one(
         tx,
         queries.append_session_event,
@@ -85,10 +82,9 @@ async def request_exists(tx: Executor, request_id: uuid.UUID) -> bool:
 async def session_events_with_deletion(
     tx: Executor, session_id: uuid.UUID, after_id: int, limit: int = 500
 ) -> list[tuple[Event, datetime | None, bool]]:
-    """Events of a session after ``after_id``, each with when it was hidden (its request's
-    ``deleted_at``, or for a session-level event the ``cleared_at`` of the clear that replaced its
-    history; None while visible) and whether it was written before that: the cleared history's own
-    content, which no stream serves after the clear."""
+    """Events of a session after ``after_id``, each with when it was hidden (its request's ``deleted_at``, or
+    a session-level event's ``cleared_at`` of the clear replacing its history; None while visible) and whether
+    it was written before: the cleared history's own content, which no stream serves after the clear."""
     params = {"session_id": session_id, "after_id": after_id, "limit": limit}
     rows = await fetch_all(tx, queries.session_events_with_deletion, params)
     return [

@@ -42,43 +42,37 @@ def positional(clause: TextClause) -> tuple[str, tuple[str, ...]]:
     return compiled.string, tuple(compiled.positiontup or ())
 
 
-def _args(clause: TextClause, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
+def _args(clause: TextClause, params: Mapping[str, Any]) -> list[Any]:
     sql, names = positional(clause)
-    return sql, [params[name] for name in names]
+    return [sql, *(params[name] for name in names)]
 
 
 async def fetch_one(x: Executor, clause: TextClause, params: Mapping[str, Any]) -> Row | None:
     """The first row of ``clause`` (or None), inside whatever transaction ``x`` is in."""
     if isinstance(x, AsyncSession):
         return (await x.execute(clause, dict(params))).mappings().first()
-    sql, args = _args(clause, params)
-    row: Row | None = await x.fetchrow(sql, *args)
+    row: Row | None = await x.fetchrow(*_args(clause, params))
     return row
 
 
 async def fetch_all(x: Executor, clause: TextClause, params: Mapping[str, Any]) -> list[Row]:
-    """Every row of ``clause``."""
     if isinstance(x, AsyncSession):
         return list((await x.execute(clause, dict(params))).mappings().all())
-    sql, args = _args(clause, params)
-    return list(await x.fetch(sql, *args))
+    return list(await x.fetch(*_args(clause, params)))
 
 
 async def fetch_value(x: Executor, clause: TextClause, params: Mapping[str, Any]) -> Any:
     """The first column of the first row (None when there is no row)."""
     if isinstance(x, AsyncSession):
         return await x.scalar(clause, dict(params))
-    sql, args = _args(clause, params)
-    return await x.fetchval(sql, *args)
+    return await x.fetchval(*_args(clause, params))
 
 
 async def execute(x: Executor, clause: TextClause, params: Mapping[str, Any]) -> None:
-    """Run ``clause`` for its effect."""
     if isinstance(x, AsyncSession):
         await x.execute(clause, dict(params))
         return
-    sql, args = _args(clause, params)
-    await x.execute(sql, *args)
+    await x.execute(*_args(clause, params))
 
 
 async def fetch_models(
@@ -92,12 +86,8 @@ async def fetch_models(
 @asynccontextmanager
 async def transaction(x: Executor) -> AsyncIterator[None]:
     """Open and commit one transaction on ``x`` (a fresh session, or a connection in none)."""
-    if isinstance(x, AsyncSession):
-        async with x.begin():
-            yield
-    else:
-        async with x.transaction():
-            yield
+    async with x.begin() if isinstance(x, AsyncSession) else x.transaction():
+        yield
 
 
 @asynccontextmanager

@@ -1,8 +1,7 @@
-"""Hand-offs (SPEC §11.1) and pins: select the Q&A, record the block, move ``handed_off_through``.
-
-One hand-off is one short transaction on the locked session row, so two concurrent hand-offs of a
-session never carry the same new Q&A twice, and an idempotent replay sees the first one's record.
-The block is built by the pure :func:`service.budget.handoff.build_handoff`.
+"""Hand-offs (SPEC §11.1) and pins: select the Q&A, record the block (built by the pure
+:func:`service.budget.handoff.build_handoff`), move ``handed_off_through``. One hand-off is one short
+transaction on the locked session row, so two concurrent hand-offs of a session never carry the same new Q&A
+twice, and an idempotent replay sees the first one's record.
 """
 
 from __future__ import annotations
@@ -64,7 +63,6 @@ class HandoffOutcome:
 
 
 def _public(handoff_id: object, body: dict[str, Any], parent_id: str) -> dict[str, Any]:
-    """The public object of a recorded hand-off (its stored body plus id and parent id)."""
     return {"id": str(handoff_id), "parent_id": parent_id, **body}
 
 
@@ -202,9 +200,8 @@ async def create_handoff(
 async def list_handoffs(
     tx: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: str | None
 ) -> dict[str, Any] | None:
-    """A page of the session's hand-offs, newest first; None when the session does not exist.
-    ``before`` is the previous page's ``next_before`` (its last hand-off's id); an id that is not one
-    of this session's hand-offs (one a clear deleted) gives an empty page."""
+    """A page of the session's hand-offs, newest first (None: no such session); ``before`` is the previous
+    page's ``next_before`` (its last id); an id unknown here (one a clear deleted) gives an empty page."""
     cursor_id = None
     if before is not None:
         try:
@@ -231,8 +228,7 @@ async def list_handoffs(
 async def set_pinned(
     tx: AsyncSession, tenant: str, request_id: uuid.UUID, pinned: bool
 ) -> dict[str, Any] | None:
-    """Pin (a succeeded request only) or unpin, idempotent; None when the request is not the tenant's
-    or was cleared."""
+    """Pin (a succeeded request only) or unpin, idempotent; None for another tenant's or a cleared request."""
     found = await find_request(tx, tenant, request_id)
     if found is None:
         return None

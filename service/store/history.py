@@ -78,7 +78,6 @@ async def iter_history(
     """Yield the session's succeeded, visible Q&A in ``(after_ordinal, before_ordinal)`` in batches,
     each its own short read on a plain connection. Only requests of the same ``clear_version``
     count: history from before a clear is gone even if the purge has not run yet."""
-    after = after_ordinal
     while True:
         async with db.connection() as conn:
             rows = await fetch_all(
@@ -87,7 +86,7 @@ async def iter_history(
                 {
                     "sid": session_id,
                     "cv": clear_version,
-                    "after": after,
+                    "after": after_ordinal,
                     "before": before_ordinal,
                     "limit": HISTORY_BATCH_SIZE,
                 },
@@ -100,4 +99,4 @@ async def iter_history(
         ]
         if len(rows) < HISTORY_BATCH_SIZE:
             return
-        after = rows[-1]["ordinal"]
+        after_ordinal = rows[-1]["ordinal"]

@@ -43,8 +43,7 @@ class ClaimedJob:
     attempt: int
     # The lease owner of this claim (service.store.lease.claim_owner): every write of this run names it.
     owner: str
-    # What the job reads of its session, read by the claim itself: the session's clear_version now
-    # (None: the session is gone), its memory and settings.
+    # Its session as the claim read it: its clear_version now (None: the session is gone), memory, settings.
     session_clear_version: int | None
     memory: dict[str, Any]
     settings: dict[str, Any]
@@ -128,8 +127,7 @@ async def register_inline(
     clear_version: int,
     lease_s: float,
 ) -> uuid.UUID | None:
-    """Register that a request makes this summary itself: the registration's id, or None when another
-    holds the key (then wait for that one)."""
+    """Register a request making this summary itself: the id, or None if another has the key (wait for it)."""
     registration: uuid.UUID | None = await fetch_value(
         tx,
         queries.register_inline,
@@ -155,8 +153,7 @@ async def end_inline(tx: Executor, registration_id: uuid.UUID, *, ok: bool) -> N
 
 async def claim_job(tx: Executor, *, owner: str, lease_s: float, max_running: int) -> ClaimedJob | None:
     """Claim the oldest queued background job under the global background cap (``sidequest_claim_job``,
-    which also reads what the job reads of its session). One running job per (session, kind): folds
-    build on each other."""
+    which also reads the job's session). One running job per (session, kind): folds build on each other."""
     row = await fetch_one(
         tx,
         queries.claim_job,
@@ -221,6 +218,13 @@ async def finish_job(
     return True
 
 
+async def _cancel_job(tx: Executor, job_id: uuid.UUID, error: dict[str, Any], *statuses: Status) -> bool:
+    """:func:`finish_job` ending a job ``cancelled`` from one of ``statuses``, any lease, calls kept."""
+    return await finish_job(
+        tx, job_id, None, status=Status.CANCELLED, calls=None, error=error, from_statuses=statuses
+    )
+
+
 async def requeue_job(
     tx: Executor, job_id: uuid.UUID, *, reason: RequeueReason, owner: str | None = None
 ) -> bool:
@@ -246,37 +250,20 @@ async def count_calls(tx: Executor, job_id: uuid.UUID, n: int) -> None:
 async def take_over(tx: Executor, job_id: uuid.UUID) -> bool:
     """A waiting request takes a still-queued job over (it ends ``cancelled``, ``taken_over``) to make
     the summary itself; False if it started meanwhile."""
-    return await finish_job(
-        tx,
-        job_id,
-        None,
-        status=Status.CANCELLED,
-        calls=None,
-        error=taken_over_error(),
-        from_statuses=(Status.QUEUED,),
-    )
+    return await _cancel_job(tx, job_id, taken_over_error(), Status.QUEUED)
 
 
 async def take_key(tx: Executor, job_id: uuid.UUID, key: str) -> bool:
     """Re-key a running job to the summary's real cache key; False when another active job or
     registration holds that key (the summary is being made)."""
-    taken = await fetch_value(tx, queries.take_job_key, {"id": job_id, "key": key})
-    return taken is not None
+    return await fetch_value(tx, queries.take_job_key, {"id": job_id, "key": key}) is not None
 
 
 async def cancel_session_jobs(tx: Executor, session_id: uuid.UUID) -> None:
     """A clear: cancel the session's queued and running jobs (:func:`finish_job`) and tell their
     workers (``NOTIFY sidequest_cancel``, ``job:<id>``)."""
     for row in await fetch_all(tx, queries.active_session_jobs, {"sid": session_id}):
-        await finish_job(
-            tx,
-            row["id"],
-            None,
-            status=Status.CANCELLED,
-            calls=None,
-            error=session_cleared_error(),
-            from_statuses=(Status.QUEUED, Status.RUNNING),
-        )
+        await _cancel_job(tx, row["id"], session_cleared_error(), Status.QUEUED, Status.RUNNING)
         await notify(tx, CANCEL_CHANNEL, f"job:{row['id']}")
 
 
@@ -297,8 +284,7 @@ async def job_state(tx: Executor, job_id: uuid.UUID) -> JobState | None:
 async def background_overviews(
     tx: AsyncSession, session_ids: list[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
-    """SPEC §3 ``session.background`` of each session, in one query: jobs by status and the usage of
-    every background call."""
+    """SPEC §3 ``session.background`` per session, in one query: jobs by status, background calls' usage."""
     result: dict[uuid.UUID, dict[str, Any]] = {}
     if not session_ids:
         return result

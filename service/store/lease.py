@@ -41,9 +41,8 @@ async def emit_if_held(
     stage: str | None = None,
     context_info: dict[str, Any] | None = None,
 ) -> bool:
-    """One statement: the lease guard, then (with ``stage``) the stage change with ``context_info``,
-    then ``events`` in order (an event's own ``at`` wins over this write's); False, writing nothing,
-    when the request is no longer this worker's."""
+    """One statement: the lease guard, any ``stage`` change with ``context_info``, then ``events`` in order
+    (an event's own ``at`` wins); False, writing nothing, if the worker lost the request."""
     info = None if stage is None else json_text({**(context_info or {}), "stage": stage})
     held = await fetch_value(
         tx,

@@ -1,8 +1,7 @@
-"""The usage ledger and the request's live metadata (``context_info``).
-
-Each provider call's usage is appended the moment the call ends, in one ``UPDATE`` that recomputes
-the totals from the calls (sql/ledger.sql), so totals never disagree with the calls; usage is
-recorded even after the request left ``running`` (a call cancelled by a clear still cost tokens).
+"""The usage ledger and the request's live metadata (``context_info``). A provider call's usage is appended as
+the call ends, in one ``UPDATE`` recomputing the totals from the calls (sql/ledger.sql), so they never
+disagree; usage is recorded even after the request left ``running`` (a call cancelled by a clear still cost
+tokens).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ class CallEntry:
     cached_tokens: int = 0
     # Wall time of the call; not in SPEC's list, kept for the provider latency metric.
     latency_ms: int | None = None
-    # This call's identity: an append tried again after a lost reply (its COMMIT may have been
-    # applied) does not count it twice.
+    # This call's identity: an append retried after a lost reply (its COMMIT may have applied) counts it once.
     call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def as_json(self) -> dict[str, Any]:

@@ -1,8 +1,7 @@
-"""One LISTEN connection per process, fanned out in memory to any number of subscribers; a callback
-must not block. A notification is only a wake-up call (docs/architecture.md, "Past one database
-machine"): after every (re)connect each subscriber is called with an empty payload — anything may
-have been missed — and ``on_connect`` runs. The connection goes to the primary, found by
-:func:`~.db.open_connection`; its probe notices a node that became a standby under it.
+"""One LISTEN connection per process, fanned out in memory to its subscribers. A notification is only a
+wake-up call (docs/architecture.md, "Past one database machine"): after each (re)connect every subscriber is
+called with an empty payload (anything may have been missed) and ``on_connect`` runs. The connection goes to
+the primary (:func:`~.db.open_connection`); its probe notices a node turned standby under it.
 """
 
 from __future__ import annotations
@@ -88,7 +87,6 @@ class Listener:
                 log.exception("listener callback failed")
 
     def _wake_all(self) -> None:
-        """After a reconnect, wake everyone: they re-read rows and catch anything missed."""
         if self._on_connect is not None:
             try:
                 self._on_connect()

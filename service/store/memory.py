@@ -55,5 +55,4 @@ async def save_memory(
 
 async def load_memory(tx: Executor, session_id: uuid.UUID) -> dict[str, Any]:
     """The session's memory (``{qa_summary, context_summaries}``), empty if never written."""
-    memory = await fetch_value(tx, queries.load_memory, {"id": session_id})
-    return complete_memory(memory)
+    return complete_memory(await fetch_value(tx, queries.load_memory, {"id": session_id}))

@@ -1,6 +1,5 @@
-"""ORM models: the tables of SPEC §2, typed with SQLAlchemy 2.
-
-Every timestamp is ``timestamptz`` and set by PostgreSQL (``now()``) or by the store in UTC.
+"""ORM models: the tables of SPEC §2, typed with SQLAlchemy 2. Every timestamp is ``timestamptz`` and set by
+PostgreSQL (``now()``) or by the store in UTC.
 """
 
 from __future__ import annotations
@@ -38,14 +37,12 @@ NAMING = {
 
 
 def empty_memory() -> dict[str, Any]:
-    """A session's memory before anything was summarised; a new dict (and list) per call, so that
-    filling one never changes another's."""
+    """A session's memory before any summary; a new dict (and list) per call: filling one changes no other."""
     return {"qa_summary": None, "context_summaries": []}
 
 
 def complete_memory(stored: dict[str, Any] | None) -> dict[str, Any]:
-    """A stored memory (a session's, an archive's) with its missing parts empty, as a fresh session's
-    are; any other key is kept as it is."""
+    """A stored memory (a session's, an archive's), missing parts empty as a fresh one's, other keys kept."""
     return {**empty_memory(), **(stored or {})}
 
 
@@ -67,16 +64,13 @@ class Base(DeclarativeBase):
 
 
 def _now() -> MappedColumn[Any]:
-    """A ``timestamptz`` PostgreSQL sets to ``now()`` on insert."""
     return mapped_column(server_default=func.now())
 
 
 def _session_id(**options: Any) -> MappedColumn[Any]:
-    """The session a row belongs to, deleted with it."""
     return mapped_column(ForeignKey("side_question_sessions.id", ondelete="CASCADE"), **options)
 
 
-# empty_usage() as a column default.
 _EMPTY_USAGE = text(f"'{json.dumps(empty_usage())}'::jsonb")
 
 
@@ -161,8 +155,7 @@ class RequestRow(Base):
     cancel_requested: Mapped[bool] = mapped_column(server_default=text("false"))
     # Pinned for the next hand-off (SPEC §11.1); only a succeeded request can be pinned.
     pinned: Mapped[bool] = mapped_column(server_default=text("false"))
-    # SPEC §5 estimate of this request's rendered Q&A group, stored when it succeeds, so that
-    # organizing_history never re-encodes the history.
+    # SPEC §5 estimate of its rendered Q&A group, stored on success so organizing_history never re-encodes it.
     qa_tokens: Mapped[int | None]
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None]

@@ -57,8 +57,7 @@ class Claimed:
 async def try_claim(
     tx: Executor, *, owner: str, lease_s: float, max_running: int
 ) -> tuple[Claimed | None, bool]:
-    """Claim the next request per SPEC §9 (``sidequest_claim``); also says whether the cluster is at
-    its cap (then None)."""
+    """Claim the next request (SPEC §9, ``sidequest_claim``) or None, and whether the cluster is at cap."""
     row = await fetch_one(
         tx,
         queries.claim_request,
@@ -109,9 +108,8 @@ async def heartbeat(
     lease_s: float,
     jobs: Mapping[uuid.UUID, str] | None = None,
 ) -> Held:
-    """Extend the leases of the requests and background jobs a worker holds, each id mapped to the
-    lease owner of its run's claim. An id missing from the result (cancelled, cleared, finished,
-    taken over, or a request with ``cancel_requested``) must stop."""
+    """Extend a worker's leases on requests and jobs (id → its run's lease owner); an id missing from the
+    result (cancelled, cleared, finished, taken over, or a request with ``cancel_requested``) must stop."""
     held = Held(set(), set())
     if requests:
         rows = await tx.execute(

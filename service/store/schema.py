@@ -53,9 +53,8 @@ READINESS_TIMEOUT_S: Final = 3.0
 
 
 async def readiness(db: Database) -> tuple[str | None, bool]:
-    """``(revision, accepts writes)`` on one connection: the schema's revision (None when never
-    migrated) and whether a transaction opened now could write (false on a standby, or while
-    ``default_transaction_read_only`` is on)."""
+    """``(revision, accepts writes)`` on one connection: the schema's revision (None: never migrated) and
+    whether a new transaction could write (not on a standby, nor under ``default_transaction_read_only``)."""
     async with asyncio.timeout(READINESS_TIMEOUT_S), db.engine.connect() as conn:
         row = (await conn.execute(queries.schema_readiness)).one()
         writable = bool(row.writable)

@@ -50,8 +50,7 @@ class Cursor:
             moment, session_id = json.loads(raw)
             if not isinstance(moment, str) or not moment.endswith("Z"):
                 raise ValueError("not a UTC timestamp")
-            parsed = datetime.fromisoformat(moment[:-1]).replace(tzinfo=UTC)
-            return cls(parsed, uuid.UUID(session_id))
+            return cls(datetime.fromisoformat(moment[:-1]).replace(tzinfo=UTC), uuid.UUID(session_id))
         except (ValueError, TypeError, UnicodeError, binascii.Error, AttributeError) as exc:
             raise InvalidCursor(
                 "before is not a cursor from a previous page's next_before", {"before": text[:100]}

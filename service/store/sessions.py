@@ -1,7 +1,6 @@
-"""Sessions, history pages, request lookups and main snapshots: the read side of the API.
-
-Every lookup takes the tenant, so another tenant's session or request is "not found" (SPEC §3: 404,
-never 403); so are requests hidden by a clear (``deleted_at`` set).
+"""Sessions, history pages, request lookups and main snapshots: the read side of the API. Every lookup takes
+the tenant, so another tenant's session or request is "not found" (SPEC §3: 404, never 403); so are requests
+hidden by a clear (``deleted_at`` set).
 """
 
 from __future__ import annotations
@@ -72,7 +71,6 @@ def encode_or_refuse(content: dict[str, Any]) -> EncodedSnapshot:
 
 
 async def find_session(tx: AsyncSession, tenant: str, parent_id: str) -> SessionRow | None:
-    """The tenant's session for ``parent_id``, or None."""
     found = await fetch_models(
         tx, SessionRow, queries.find_session, {"tenant": tenant, "parent_id": parent_id}
     )
@@ -146,7 +144,6 @@ def _view(item: dict[str, Any], fields: dict[str, type]) -> dict[str, Any]:
 
 
 def memory_overview(memory: dict[str, Any]) -> dict[str, Any]:
-    """SPEC's memory overview from the memory JSONB: coverage and cache keys, never the documents."""
     qa = memory.get("qa_summary")
     summaries = memory.get("context_summaries") or []
     return {
@@ -165,8 +162,7 @@ async def read_one_snapshot(tx: AsyncSession) -> None:
 
 
 async def session_overview(tx: AsyncSession, tenant: str, parent_id: str) -> dict[str, Any] | None:
-    """SPEC's session object, or None when the tenant has no session for ``parent_id``; its parts
-    read from one snapshot."""
+    """SPEC's session object, its parts read from one snapshot; None when the tenant has no such session."""
     await read_one_snapshot(tx)
     session_row = await find_session(tx, tenant, parent_id)
     return None if session_row is None else (await session_overviews(tx, [session_row]))[0]
@@ -198,8 +194,7 @@ async def session_overviews(tx: AsyncSession, session_rows: list[SessionRow]) ->
 async def history_page(
     tx: AsyncSession, tenant: str, parent_id: str, *, limit: int, before: int | None
 ) -> dict[str, Any] | None:
-    """The newest ``limit`` visible requests with ordinal < ``before``, in ascending ordinal; None
-    when the session does not exist."""
+    """The newest ``limit`` visible requests below ordinal ``before``, ascending; None: no such session."""
     session_row = await find_session(tx, tenant, parent_id)
     if session_row is None:
         return None
@@ -298,11 +293,10 @@ async def store_snapshot(
     encoded: EncodedSnapshot | None = None,
     prepared: PreparedSnapshot | None = None,
 ) -> StoredSnapshot:
-    """Store ``content`` under ``snapshot_id`` (or its content hash); idempotent for identical
-    content, else :class:`SnapshotConflict`. Given a ``jobs`` policy, a new snapshot may queue its
-    background context summary (SPEC §6.6). ``encoded`` / ``prepared``: the
-    caller's own (the API needs them first), so a 600 KB snapshot is serialised once, not five times.
-    """
+    """Store ``content`` under ``snapshot_id`` (or its content hash); idempotent for identical content, else
+    :class:`SnapshotConflict`. Given a ``jobs`` policy, a new snapshot may queue its background context
+    summary (SPEC §6.6). ``encoded`` / ``prepared``: the caller's own (the API needs them first), so a 600 KB
+    snapshot is serialised once, not five times."""
     if encoded is None:
         encoded = encode_or_refuse(content)
     digest = encoded.content_hash

@@ -23,7 +23,6 @@ class RequestStats:
 
 
 async def read_request_stats(tx: AsyncSession) -> RequestStats:
-    """Run the scrape queries."""
     return RequestStats(
         by_status=[(r.status, r.code, int(r.n)) for r in await tx.execute(queries.requests_by_status)],
         calls=[(r.purpose, r.status, int(r.n)) for r in await tx.execute(queries.request_calls)],
@@ -46,7 +45,6 @@ class JobStats:
 
 
 async def read_job_stats(tx: AsyncSession) -> JobStats:
-    """The scrape queries for background jobs (no tenant data)."""
     return JobStats(
         by_outcome=[(r.kind, r.status, int(r.n)) for r in await tx.execute(queries.job_outcomes)],
         calls=[(r.kind, r.status, int(r.n)) for r in await tx.execute(queries.job_calls)],

@@ -1,6 +1,5 @@
-"""THE terminal transition of a side request (:func:`finish_request`), and the worker's ways to
-reach it; every way a request ends goes through it but two, on purpose (docs/architecture.md, "Data
-flow of one side question", 4).
+"""THE terminal transition of a side request (:func:`finish_request`) and the worker's ways to it; every way a
+request ends but two, on purpose, goes through it (docs/architecture.md, "Data flow of one side question", 4).
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ from service.vocabulary import QUEUE_CHANNEL, JobKind, Status, TerminalStatus, u
 
 @dataclass(frozen=True)
 class Ended:
-    """A request :func:`finish_request` ended: its session and its final record (a success's: the
-    ``done`` event carries it)."""
+    """A request :func:`finish_request` ended: its session and final record (a success's, for ``done``)."""
 
     session_id: uuid.UUID
     record: dict[str, Any] | None
@@ -40,10 +38,9 @@ async def finish_request(
     error: dict[str, Any] | None = None,
     context_info: dict[str, Any] | None = None,
 ) -> Ended | None:
-    """THE terminal transition of a request (sql/terminal.sql): the UPDATE guarded by the status it
-    leaves and, given ``owner``, the worker's lease, so the first terminal write wins and every other
-    is a no-op (None); then the ``status`` event, ``done`` (with the record) or ``error``, and the
-    NOTIFY of a free slot."""
+    """sql/terminal.sql: the UPDATE guarded by the status it leaves and, given ``owner``, the worker's lease,
+    so the first terminal write wins and every other is a no-op (None); then the ``status`` event, ``done``
+    (with the record) or ``error``, and the NOTIFY of a free slot."""
     if status == Status.SUCCEEDED:
         error = None
     elif error is None:
@@ -121,10 +118,9 @@ async def finish_succeeded(
     follow_ups: tuple[FollowUp, ...] = (),
     tail: AnswerTail | None = None,
 ) -> dict[str, Any] | None:
-    """The worker's success and its follow-up background jobs; None when the worker no longer holds
-    the request. ``tail`` (the answer's last text, its call, its calibration sample) is written first,
-    so the end of an answer is one commit instead of four; its ledger entry and sample even when the
-    request is lost: the tokens were spent."""
+    """The worker's success and its follow-up background jobs; None if the request is no longer the worker's.
+    ``tail`` (the answer's last text, call and calibration sample) is written first, so an answer ends in one
+    commit, not four; its ledger entry and sample even for a lost request: the tokens were spent."""
     usage = None
     if tail is not None:
         added = True  # a retried end whose first COMMIT was applied finds its call recorded
