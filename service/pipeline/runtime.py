@@ -63,13 +63,13 @@ class RequestRuntime:
         self.info = ContextInfo.starting(claimed.attempt)
         self.recorder = LedgerRecorder(deps.db, claimed.id, claimed.owner)
         self.budget = SummaryCallBudget(deps.settings.max_summary_calls)
-        # SPEC §5.1: the learned ratio per (provider, model), as it stood when the request was prepared.
         self.book = CalibrationBook(deps.db, deps.settings.provider, enabled=deps.settings.calibration_on)
         # Events between two slow steps, written together (see :meth:`flush`).
         self._pending: list[tuple[str, dict[str, Any]]] = []
         self._pending_stage: str | None = None
         self._flush_lock = asyncio.Lock()
         self._background_flush: asyncio.Future[None] | None = None
+        # SPEC §5.1: the learned ratio per (provider, model), as it stood when the request was prepared.
         self.calibration = Calibration.empty()
         # The answer model once `preparing` chose it (SPEC §11.2): a failed record names it too.
         self.answer_model: str | None = None

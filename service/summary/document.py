@@ -42,7 +42,7 @@ class SummaryDocument:
     risks: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The document as stored (and as shown to the model when it is updated)."""
+        """The document as the session memory stores it (a model reads :func:`render_body`)."""
         return _json_form(self)
 
     @classmethod
