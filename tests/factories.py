@@ -176,16 +176,19 @@ async def merge_session_settings(session: Any, session_id: uuid.UUID, fields: di
     )
 
 
-def fail_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
-    """Make the coroutine function ``owner.name`` raise DatabaseUnavailable (a dropped connection) on
-    its first call and run as itself after; the returned list gets an entry when it failed."""
+def fail_once(
+    monkeypatch: pytest.MonkeyPatch, owner: object, name: str, error: Exception | None = None
+) -> list[int]:
+    """Make the coroutine function ``owner.name`` raise ``error`` (by default DatabaseUnavailable, a
+    dropped connection) on its first call and run as itself after; the returned list gets an entry
+    when it failed."""
     real = getattr(owner, name)
     failed: list[int] = []
 
     async def once(*args: Any, **kwargs: Any) -> Any:
         if not failed:
             failed.append(1)
-            raise DatabaseUnavailable("connection dropped")
+            raise error if error is not None else DatabaseUnavailable("connection dropped")
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, once)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from service.budget import HISTORY_BATCH_SIZE, Calibration, CutRefusal
 from service.budget.ladder import NONE, SUMMARY, decide, snapshot_room
 from service.pipeline.calibration import CalibrationBook
-from service.pipeline.failures import error_object
+from service.pipeline.failures import database_gone, error_object
 from service.pipeline.history import folded_context_time
 from service.pipeline.prepare import choose_models, parse_cache, parse_qa_summary, plan_numbers, text_setting
 from service.pipeline.recorder import JobRecorder
@@ -49,7 +49,7 @@ RunnerFactory = Callable[[int, int], SummaryRunner]
 class JobOutcome:
     """How a job ended for this worker."""
 
-    # "lost": the job is not ours any more (nothing written).
+    # "lost": nothing written; the job is not ours any more, or the database is away (its lease ends).
     status: TerminalStatus | Literal["lost"]
     calls: int = 0
     covered: dict[str, Any] | None = None
@@ -101,6 +101,11 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
         outcome.calls = budget.calls_made
         return await _end(deps, job, outcome)
     except Exception as exc:
+        if database_gone(exc, deadline):
+            log.info(
+                "background job %s (%s): the database went away; its lease brings it back", job.id, job.kind
+            )
+            return JobOutcome("lost", calls=budget.calls_made)
         error = error_object(exc, stage=job.kind, timeout_s=timeout, what="the background job")
         log.info("background job %s (%s) failed: %s", job.id, job.kind, error["code"])
         return await _end(deps, job, JobOutcome(Status.FAILED, calls=budget.calls_made, error=error))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from service.errors import SidequestError
 from service.providers.base import ProviderError, ProviderTimeout
+from service.store.db import is_unavailable
 from service.vocabulary import terminal_error, timeout_error
 
 
@@ -18,6 +20,14 @@ class PipelineFailure(SidequestError):
 
 class RequestLost(Exception):
     """The request is no longer this worker's (cancelled, cleared or taken over): stop, write nothing."""
+
+
+def database_gone(exc: BaseException, deadline: float) -> bool:
+    """Whether ``exc`` means the database went away (SPEC §9: write nothing; the lease brings the work
+    back) rather than that the run failed. A bare ``TimeoutError`` before the run's ``deadline`` (a
+    ``time.monotonic()`` value) is the driver's, a statement or checkout stuck on a node going away;
+    from the deadline on it is the run's own."""
+    return is_unavailable(exc, include_timeouts=time.monotonic() < deadline)
 
 
 def error_object(

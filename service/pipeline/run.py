@@ -11,12 +11,11 @@ from service.aio import all_or_first_failure
 from service.budget.chunk import SUMMARY_MAX_TOKENS
 from service.pipeline.answer import answer, build_answer, meter
 from service.pipeline.compaction import ContextPlan, compact_snapshot_copy, record_fidelity
-from service.pipeline.failures import RequestLost, error_object
+from service.pipeline.failures import RequestLost, database_gone, error_object
 from service.pipeline.history import HistoryPlan, fold_history, plan_history
 from service.pipeline.prepare import prepare
 from service.pipeline.runtime import DEADLINE_GRACE_S, PipelineDeps, RequestRuntime
 from service.store import queue, terminal
-from service.store.db import is_unavailable
 from service.store.execute import transaction
 from service.vocabulary import Stage, Status
 
@@ -87,9 +86,9 @@ async def run_request(deps: PipelineDeps, claimed: queue.Claimed) -> Outcome:
     except RequestLost:
         return Outcome("lost")
     except Exception as exc:
-        if is_unavailable(exc, include_timeouts=False):
-            # The database went away (SPEC §9): write nothing; the lease expires and the sweep runs
-            # the request again (or fails it worker_lost) once PostgreSQL is back.
+        if database_gone(exc, rt.deadline):
+            # Write nothing: the lease expires and the sweep runs the request again (or fails it
+            # worker_lost) once PostgreSQL is back.
             return Outcome("lost")
         error = error_object(exc, stage=rt.info.stage, timeout_s=rt.timeout_s)
         with contextlib.suppress(Exception):  # best effort: the failure itself is what must land

@@ -31,6 +31,7 @@ from tests.factories import (
     add_snapshot,
     admit,
     enqueue_job,
+    fail_once,
     make_session,
     scripted_settings,
     tool_session,
@@ -294,6 +295,22 @@ async def test_a_job_whose_model_call_times_out_says_the_background_job_timed_ou
     assert error is not None and error["code"] == "timeout"
     assert error["message"] == "the background job did not finish within its 1s deadline"
     assert error["detail"] == {"timeout_s": 1.0, "stage": "qa_fold"}
+
+
+async def test_a_job_whose_statement_times_out_is_left_to_its_lease_not_failed_as_a_timeout(
+    worker: Worker, db: Database, server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncpg's command timeout is a bare TimeoutError: long before the job's deadline it is the
+    # database going away (a failover), so nothing is written and the lease brings the job back.
+    sid = await make_session(db)
+    await add_history(db, sid, _history(21))
+    failures = fail_once(monkeypatch, memory, "save_memory", TimeoutError())
+    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    await wait_for(lambda: _job_is(db, job_id, "succeeded", "failed"), within=30)
+    async with db.sessions() as session:
+        job = await session.get_one(JobRow, job_id)
+    assert failures == [1]
+    assert (job.status, job.error, job.attempt) == ("succeeded", None, 2)
 
 
 async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
