@@ -195,12 +195,16 @@ async def test_openai_style_messages_and_tools_reach_an_openai_provider_exactly_
     }
 
 
+# asyncpg's command timeout is a bare TimeoutError (a statement stuck on a primary being killed): long
+# before the request's own deadline it is the database gone too, never "did not finish within its deadline".
+@pytest.mark.parametrize("refusal", [DatabaseUnavailable("connection dropped"), TimeoutError()], ids=repr)
 async def test_an_answer_whose_success_the_database_refused_keeps_its_call_in_the_ledger(
     db: Database,
     model_settings: Settings,
     provider: Provider,
     server: ScriptedServer,
     monkeypatch: pytest.MonkeyPatch,
+    refusal: Exception,
 ) -> None:
     """SPEC §9: usage already recorded is kept when the request is run again. The case: an answer
     that finished right after a PostgreSQL restart has its success refused on a dropped connection;
@@ -209,28 +213,12 @@ async def test_an_answer_whose_success_the_database_refused_keeps_its_call_in_th
     await add_snapshot(db, sid, "s1", SNAPSHOT)
     rid = await admit(db, sid, "Which file?", snapshot_id="s1")
     server.script("answer", Step.text("It is io.", usage=Usage(120, 9)))
-    fail_once(monkeypatch, terminal, "finish_succeeded")
+    fail_once(monkeypatch, terminal, "finish_succeeded", refusal)
     ran = await run_one(db, model_settings, provider, rid)
-    assert ran.outcome.status == "lost"  # written nothing else: run again once the lease expires
+    # Written nothing else: run again once the lease expires.
+    assert ran.outcome.status == "lost" and ran.row.status == "running" and ran.row.error is None
     calls = [(c["purpose"], c["status"], c["input_tokens"]) for c in ran.row.usage["calls"]]
     assert calls == [("answer", "ok", 120)]
-
-
-async def test_a_statement_timing_out_before_the_deadline_is_the_database_gone_not_a_timeout(
-    db: Database,
-    model_settings: Settings,
-    provider: Provider,
-    server: ScriptedServer,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """asyncpg's command timeout is a bare TimeoutError (a statement stuck on a primary being killed):
-    long before the request's own deadline it is the database gone, so the request is left for the
-    sweep to run again, never failed as "did not finish within its deadline"."""
-    rid = await admit(db, await make_session(db), "q")
-    server.script("answer", Step.text("It is io.", usage=Usage(120, 9)))
-    fail_once(monkeypatch, terminal, "finish_succeeded", TimeoutError())
-    ran = await run_one(db, model_settings, provider, rid)
-    assert ran.outcome.status == "lost" and ran.row.status == "running" and ran.row.error is None
 
 
 async def test_a_call_whose_ledger_write_meets_a_dropped_connection_is_written_on_the_next_try(
