@@ -315,5 +315,40 @@ async def test_an_sdk_error_before_the_stream_is_classified_like_the_openai_adap
     )
 
 
+async def test_an_sdk_error_without_a_body_says_its_own_message_before_and_inside_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    adapter = AnthropicProvider("http://127.0.0.1:9", "k", "claude-scripted")
+    request = httpx2.Request("POST", "http://127.0.0.1:9")
+
+    class Broken:
+        def __aiter__(self) -> Broken:
+            return self
+
+        async def __anext__(self) -> Any:
+            raise anthropic.APIError("the stream said no", request, body=None)
+
+        async def close(self) -> None:
+            pass
+
+    async def refuse(**_: Any) -> Any:
+        raise anthropic.APIError("upstream said no", request, body=None)
+
+    async def broken(**_: Any) -> Any:
+        return Broken()
+
+    messages = []
+    try:
+        for create in (refuse, broken):
+            monkeypatch.setattr(adapter._client.messages, "create", create)
+            with pytest.raises(ProviderError) as caught:
+                await collect(adapter, make_call())
+            assert type(caught.value) is ProviderError
+            messages.append(caught.value.message)
+    finally:
+        await adapter.aclose()
+    assert messages == ["upstream said no", "the stream said no"]
+
+
 def test_default_model_is_documented_default() -> None:
     assert AnthropicProvider(None, "k").default_model == "claude-sonnet-4-5"
