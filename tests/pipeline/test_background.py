@@ -102,6 +102,13 @@ def _history(n: int) -> list[tuple[str, str]]:
     return [(f"question {i}?", f"answer {i}.") for i in range(1, n + 1)]
 
 
+async def _first_fold_queued(db: Database) -> tuple[uuid.UUID, uuid.UUID]:
+    """A session with 21 answered questions and the background fold of the first queued: (session, job)."""
+    sid = await make_session(db)
+    await add_history(db, sid, _history(21))
+    return sid, await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+
+
 async def _memory_events(db: Database, sid: uuid.UUID) -> list[dict[str, Any]]:
     async with db.sessions() as session:
         events = await session_events_with_deletion(session, sid, 0, limit=10_000)
@@ -189,10 +196,8 @@ async def _all_jobs_ended(db: Database, sid: uuid.UUID) -> bool:
 async def test_a_request_waits_for_a_running_fold_instead_of_making_it_again(
     worker: Worker, db: Database, server: ScriptedServer
 ) -> None:
-    sid = await make_session(db)
-    await add_history(db, sid, _history(21))
     server.script("qa_summary", Step.valid_summary().with_delay(before_s=1.5))
-    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    sid, job_id = await _first_fold_queued(db)
     await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
     # Two requests race the job for the same summary: one set of calls in all.
     first = await admit(db, sid, "question 22?")
@@ -263,10 +268,8 @@ async def queue_events(session: Any, rid: uuid.UUID) -> list[Any]:
 async def test_a_failed_job_is_made_by_the_request_itself_and_never_fails_it(
     worker: Worker, db: Database, server: ScriptedServer
 ) -> None:
-    sid = await make_session(db)
-    await add_history(db, sid, _history(21))
     server.script("qa_summary", Step.server_error().with_delay(before_s=1.5), Step.valid_summary())
-    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    sid, job_id = await _first_fold_queued(db)
     await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
     rid = await admit(db, sid, "question 22?")
     await wait_for(lambda: _done(db, rid), within=30)
@@ -283,10 +286,8 @@ async def test_a_job_whose_model_call_times_out_says_the_background_job_timed_ou
 ) -> None:
     handle = await start_worker(_settings(database_url, server, background_timeout_s=1.0), db)
     try:
-        sid = await make_session(db)
-        await add_history(db, sid, _history(21))
         server.set_default("qa_summary", Step.valid_summary().with_delay(before_s=5.0))
-        job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+        _sid, job_id = await _first_fold_queued(db)
         await wait_for(lambda: _job_is(db, job_id, "failed"), within=15)
     finally:
         await handle.stop()
@@ -302,10 +303,8 @@ async def test_a_job_whose_statement_times_out_is_left_to_its_lease_not_failed_a
 ) -> None:
     # asyncpg's command timeout is a bare TimeoutError: long before the job's deadline it is the
     # database going away (a failover), so nothing is written and the lease brings the job back.
-    sid = await make_session(db)
-    await add_history(db, sid, _history(21))
     failures = fail_once(monkeypatch, memory, "save_memory", TimeoutError())
-    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    _sid, job_id = await _first_fold_queued(db)
     await wait_for(lambda: _job_is(db, job_id, "succeeded", "failed"), within=30)
     async with db.sessions() as session:
         job = await session.get_one(JobRow, job_id)
@@ -316,10 +315,8 @@ async def test_a_job_whose_statement_times_out_is_left_to_its_lease_not_failed_a
 async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
     worker: Worker, db: Database, server: ScriptedServer
 ) -> None:
-    sid = await make_session(db)
-    await add_history(db, sid, _history(21))
     server.script("qa_summary", Step.valid_summary().with_delay(before_s=1.5))
-    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    sid, job_id = await _first_fold_queued(db)
     await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
 
     async def call_in_flight() -> bool:
@@ -346,10 +343,8 @@ async def test_a_clear_during_a_job_cancels_it_and_resurrects_nothing(
 async def test_a_job_whose_worker_died_runs_again_and_requests_are_unaffected(
     worker: Worker, db: Database, server: ScriptedServer
 ) -> None:
-    sid = await make_session(db)
-    await add_history(db, sid, _history(21))
     await worker.jobs.stop()  # this process runs no jobs until the dead one's lease expired
-    job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+    sid, job_id = await _first_fold_queued(db)
     async with db.sessions() as session, session.begin():
         dead = await jobs.claim_job(session, owner="dead-worker", lease_s=0.5, max_running=10)
     assert dead is not None and dead.id == job_id
@@ -428,10 +423,8 @@ async def test_a_request_that_times_out_waiting_for_a_job_says_how_long_it_waite
     deadline passes during that wait: the timeout does not discard the time waited."""
     handle = await start_worker(_settings(database_url, server, request_timeout_s=1.5), db)
     try:
-        sid = await make_session(db)
-        await add_history(db, sid, _history(21))
         server.script("qa_summary", Step.valid_summary().with_delay(before_s=6.0))
-        job_id = await enqueue_job(db, sid, JobKind.QA_FOLD, "1-1", {"through_ordinal": 1})
+        sid, job_id = await _first_fold_queued(db)
         await wait_for(lambda: _job_is(db, job_id, "running"), within=10)
         rid = await admit(db, sid, "question 22?")
         await wait_for(lambda: _done(db, rid), within=20)
