@@ -114,7 +114,7 @@ async def run_job(deps: PipelineDeps, job: jobs.ClaimedJob) -> JobOutcome:
 async def _end(deps: PipelineDeps, job: jobs.ClaimedJob, outcome: JobOutcome) -> JobOutcome:
     """The job's summary (if it made one) and its terminal state, in one commit (§6.5's guard first:
     a job whose session was cleared, or that is no longer this worker's, writes nothing)."""
-    assert outcome.status != "lost", "a job is found lost only here, by the writes below"
+    assert outcome.status != "lost", "a lost outcome writes nothing; here one is found by the writes below"
     async with deps.db.connection() as conn, transaction(conn):
         if outcome.summary and not await memory.save_memory(
             conn, job.id, owner=job.owner, job=True, **outcome.summary

@@ -69,7 +69,8 @@ async def _execute(rt: RequestRuntime) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a request ended for this worker: ``succeeded``, ``failed`` or ``lost`` (not ours any more)."""
+    """How a request ended for this worker: ``succeeded``, ``failed`` or ``lost`` (nothing written: not ours
+    any more, or the database away)."""
 
     status: str
     error: dict[str, Any] | None = None

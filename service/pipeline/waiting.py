@@ -89,7 +89,8 @@ async def wait_for_background_jobs(
         try:
             waited += await wait_for_job(rt, job.id)
         except TimeoutError:
-            # The request fails with timeout: its record still says how long it waited, and for what.
+            # At the deadline the request fails with timeout: its record still says how long it waited, and
+            # for what (a statement timing out before then leaves the request lost, nothing written).
             part = rt.info.qa_summary if job.kind == JobKind.QA_FOLD else rt.info.context_summary
             if part is not None:
                 part.waited_ms += waited + int((time.monotonic() - started) * 1000)

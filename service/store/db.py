@@ -72,7 +72,7 @@ def driver_chain(exc: BaseException) -> Iterator[BaseException]:
 def is_unavailable(exc: BaseException, *, include_timeouts: bool = True) -> bool:
     """Whether ``exc`` (or what it wraps, :func:`driver_chain`) means the database is unreachable
     rather than a bug. asyncpg's timeouts are bare ``TimeoutError``s; ``include_timeouts=False``
-    leaves those out, for callers (the pipeline) with deadlines of their own."""
+    leaves those out, for a caller whose own deadline has passed (``pipeline.failures.database_gone``)."""
     for current in driver_chain(exc):
         if isinstance(current, TimeoutError):  # before OSError: TimeoutError is one
             if include_timeouts:
