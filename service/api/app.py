@@ -166,6 +166,7 @@ def _not_ready(message: str, detail: dict[str, Any], **facts: str | None) -> JSO
 
 def create_app(settings: Settings, database_url: str) -> FastAPI:
     """Build the app. The worker is not part of it: ``sidequest serve`` adds one (``service.serve``)."""
+    hub = EventHub()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -188,7 +189,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     )
     # Built here rather than in the lifespan so that they exist for any request path.
     app.state.settings = settings
-    app.state.hub = hub = EventHub()
+    app.state.hub = hub
     app.state.in_process_worker = InProcessWorker()
     app.state.stream_secret = stream_secret(settings)
     app.state.metrics = Metrics(lambda: hub.streams, calibration_on=settings.calibration_on)

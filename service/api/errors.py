@@ -77,7 +77,7 @@ def media_type(content_type: bytes) -> bytes:
 
 def is_json_media(content_type: bytes) -> bool:
     """Whether a body sent as ``content_type`` is JSON: FastAPI's own rule (``application/json`` or
-    ``application/…+json``), so every body FastAPI parses as JSON is one this module checks."""
+    ``application/…+json``), so every body FastAPI parses as JSON is one StrictJsonBodies checks."""
     media = media_type(content_type)
     return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
 

@@ -87,7 +87,7 @@ async def restore_session_archive(
         raise refused  # read as raw bytes, so the framework's own check never runs here
     settings = settings_of(request)
     limit = settings.max_snapshot_bytes
-    # BodyLimit bounds what is read; beyond the archive's limit, the BodyLimit's 413 (its detail too).
+    # BodyLimit bounds what is read; past the archive's own limit, a 413 with BodyLimit's code and detail.
     body = await request.body()
     if len(body) > limit:
         raise ApiError(

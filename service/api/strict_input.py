@@ -54,9 +54,10 @@ def _is_json(scope: Scope) -> bool:
 
 
 class StrictJsonBodies:
-    """ASGI middleware: a POST/PUT/PATCH body sent as ``application/json`` that :func:`strict_json`
-    refuses is answered 400 ``malformed_json`` here; every other request goes on, its body replayed.
-    Sits inside the body limit (which bounds what is read here), outside the fast path and the app."""
+    """ASGI middleware: a POST/PUT/PATCH body sent as JSON (:func:`~service.api.errors.is_json_media`)
+    that :func:`strict_json` refuses is answered 400 ``malformed_json`` here; every other request goes
+    on, its body replayed. Sits inside the body limit (which bounds what is read here), outside the fast
+    path and the app."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

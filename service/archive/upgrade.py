@@ -14,7 +14,8 @@ from service.archive.model import QUESTION_FIELDS
 # Versions 1 and 2 have the same top-level fields; version 3 adds ``session``.
 OLDER_DOCUMENT_FIELDS: Final = ("version", "parent_id", "exported_at", "questions")
 # What a version implies of each request: version 1 holds succeeded requests only (an export writes
-# no other), so each restores as succeeded history. Version 2 has no session: an empty memory.
+# no other), so each restores as succeeded history. Version 2 implies nothing beyond the v3 model's
+# defaults (no context_info, no pins; no session: an empty memory).
 _IMPLIED: Final[dict[int, dict[str, Any]]] = {1: {"status": "succeeded"}, 2: {}}
 
 

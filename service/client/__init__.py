@@ -340,7 +340,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO, TextIO], int]] = {
 
 
 def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run a client command; returns the exit code (see the module docstring)."""
+    """Run a client command; returns the exit code (docs/quickstart.md)."""
     out = out or sys.stdout
     err = err or sys.stderr
     # The CLI configures INFO logging for the server commands; a client's output is its rendering,

@@ -70,4 +70,8 @@ class SseParser:
 
 def iter_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
     """Parse SSE lines (without line terminators) into messages (see :class:`SseParser`)."""
-    yield from (message for message in map(SseParser().feed, lines) if message is not None)
+    parser = SseParser()
+    for line in lines:
+        message = parser.feed(line)
+        if message is not None:
+            yield message
