@@ -6,15 +6,20 @@ ratio is the pure :class:`service.budget.Calibration`'s.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from service.budget import Calibration
 from service.store import queries
 from service.store.execute import Executor, execute, fetch_one
+from service.store.models import CalibrationRow
+
+# The key columns' sizes: a longer name is cut, as a sample must never fail a request.
+_PROVIDER_MAX: Final = CalibrationRow.__table__.c.provider.type.length
+_MODEL_MAX: Final = CalibrationRow.__table__.c.model.type.length
 
 
-# The key columns' sizes (models.CalibrationRow): a longer name is cut, as a sample must never fail a request.
 def _key(provider: str, model: str) -> dict[str, str]:
-    return {"provider": provider[:40], "model": model[:200]}
+    return {"provider": provider[:_PROVIDER_MAX], "model": model[:_MODEL_MAX]}
 
 
 async def load_calibration(tx: Executor, provider: str, model: str) -> Calibration:

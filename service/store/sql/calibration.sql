@@ -14,8 +14,3 @@ ON CONFLICT (provider, model) DO UPDATE SET
     sum_estimate = c.sum_estimate + EXCLUDED.sum_estimate,
     sum_provider = c.sum_provider + EXCLUDED.sum_provider,
     updated_at = now();
-
--- name: all_calibrations
--- Every (provider, model)'s counters: the worker's start and the /metrics scrape.
-SELECT provider, model, samples, sum_estimate, sum_provider FROM sidequest_calibration
-ORDER BY provider, model;

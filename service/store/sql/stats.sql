@@ -48,3 +48,8 @@ FROM side_question_jobs WHERE coalesce(params->>'made_by', 'background') = 'back
 UNION ALL
 SELECT kind, 'output', coalesce(sum((usage->>'output_tokens')::bigint), 0)
 FROM side_question_jobs WHERE coalesce(params->>'made_by', 'background') = 'background' GROUP BY 1;
+
+-- name: all_calibrations
+-- /metrics: every (provider, model)'s calibration counters.
+SELECT provider, model, samples, sum_estimate, sum_provider FROM sidequest_calibration
+ORDER BY provider, model;
