@@ -43,6 +43,10 @@ async def _serve_until_signalled(settings: Settings, database_url: str) -> None:
         finally:
             await worker.stop()
     finally:
+        # The loop may outlive this call (a caller's own runner): its signals go back to it.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.remove_signal_handler(signum)
         await db.dispose()
 
 
