@@ -6,20 +6,16 @@ ratio is the pure :class:`service.budget.Calibration`'s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
 
 from service.budget import Calibration
 from service.store import queries
 from service.store.execute import Executor, execute, fetch_one
-from service.store.models import CalibrationRow
-
-# The key columns' sizes: a longer name is cut, as a sample must never fail a request.
-_PROVIDER_MAX: Final = CalibrationRow.__table__.c.provider.type.length
-_MODEL_MAX: Final = CalibrationRow.__table__.c.model.type.length
+from service.store.models import CALIBRATION_MODEL_CHARS, CALIBRATION_PROVIDER_CHARS
 
 
 def _key(provider: str, model: str) -> dict[str, str]:
-    return {"provider": provider[:_PROVIDER_MAX], "model": model[:_MODEL_MAX]}
+    # Cut to the key columns' sizes: a sample must never fail a request.
+    return {"provider": provider[:CALIBRATION_PROVIDER_CHARS], "model": model[:CALIBRATION_MODEL_CHARS]}
 
 
 async def load_calibration(tx: Executor, provider: str, model: str) -> Calibration:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from sqlalchemy import (
     JSON,
@@ -274,13 +274,18 @@ class HandoffRow(Base):
     created_at: Mapped[datetime] = _now()
 
 
+# The calibration key's sizes (service.store.calibration cuts longer names to them).
+CALIBRATION_PROVIDER_CHARS: Final = 40
+CALIBRATION_MODEL_CHARS: Final = 200
+
+
 class CalibrationRow(Base):
     """Calibration counters per (provider, model), shared by every process and tenant (SPEC §5.1)."""
 
     __tablename__ = "sidequest_calibration"
 
-    provider: Mapped[str] = mapped_column(String(40), primary_key=True)
-    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(CALIBRATION_PROVIDER_CHARS), primary_key=True)
+    model: Mapped[str] = mapped_column(String(CALIBRATION_MODEL_CHARS), primary_key=True)
     samples: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     sum_estimate: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     sum_provider: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))

@@ -128,3 +128,5 @@ def test_every_transcript_gets_a_plan_or_a_refusal(
     for mask in (masked, None):
         plan = plan_compaction(groups, mask, room, summary_tokens=100, recent_budget=recent_budget)
         assert isinstance(plan, Compaction | CutRefusal)
+        if isinstance(plan, Compaction):
+            assert 0 <= plan.summarize_until <= plan.mask_until <= len(groups)

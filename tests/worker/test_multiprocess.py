@@ -17,10 +17,10 @@ import pytest
 from sqlalchemy import text
 
 from service.config import Settings
-from service.store import jobs, lease
+from service.store import lease
 from service.store.db import Database
 from service.vocabulary import JobKind
-from tests.factories import add_history, admit, make_session
+from tests.factories import add_history, admit, enqueue_job, make_session
 from tests.scripted_provider import ScriptedServer, Step, Usage
 from tests.worker.conftest import events_of, row_of, status_of, wait_for
 
@@ -230,12 +230,7 @@ async def test_two_processes_never_run_the_same_background_job(
     for i in range(8):
         sid = await make_session(db, f"jobs-{i}")
         await add_history(db, sid, [(f"q{n}", f"a{n}") for n in range(1, 4)])
-        async with db.sessions() as session, session.begin():
-            job_id = await jobs.enqueue_job(
-                session, sid, kind=JobKind.QA_FOLD, key="1-3", params={"through_ordinal": 3}, clear_version=0
-            )
-        assert job_id is not None
-        ids.append(job_id)
+        ids.append(await enqueue_job(db, sid, JobKind.QA_FOLD, "1-3", {"through_ordinal": 3}))
     workers.start()
     workers.start()
 
