@@ -40,7 +40,8 @@ _AFTER_LF: Final = re.compile("(?<=\n)")
 def summary_output_caps(window: int, prompt_tokens: int, safety_margin: int) -> tuple[int, int]:
     """The output caps of a summary call's (first attempt, retry): SPEC §6.3's 2048 and 8192, unless the
     window is too small to reserve 8192 and still carry :data:`MIN_SUMMARY_MATERIAL` (an 8000-token
-    window could not summarise at all): then the retry gets half the room the prompt leaves."""
+    window could not summarise at all): then the retry gets half of what the window leaves after the prompt
+    and the margin, and the first attempt at most that."""
     room = window - safety_margin - prompt_tokens
     if room - RETRY_OUTPUT_TOKENS >= MIN_SUMMARY_MATERIAL:
         return FIRST_OUTPUT_TOKENS, RETRY_OUTPUT_TOKENS

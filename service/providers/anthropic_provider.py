@@ -34,7 +34,7 @@ from service.providers.base import (
     reported_count,
     sdk_api_key,
 )
-from service.providers.errors import STALLED, classify_error, stream_broke
+from service.providers.errors import STALLED, classify_error, sdk_error, stream_broke
 
 # The counts of Anthropic's usage; its input_tokens excludes the cache reads and writes, ours includes both.
 _INPUT_COUNTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
@@ -97,7 +97,7 @@ class AnthropicProvider:
         except anthropic.APIConnectionError as exc:
             raise ProviderError(f"could not reach the provider: {exc}") from exc
         except anthropic.APIError as exc:
-            raise classify_error(None, _said(exc)) from exc
+            raise sdk_error(exc) from exc
 
         counts = dict.fromkeys(_COUNTS, 0)
         usage: CallUsage | None = None
@@ -140,7 +140,7 @@ class AnthropicProvider:
         except anthropic.APIConnectionError as exc:
             raise ProviderError(f"the stream broke: {exc}", usage=usage) from exc
         except anthropic.APIError as exc:
-            raise classify_error(None, _said(exc), usage=usage) from exc
+            raise sdk_error(exc, usage) from exc
         except (httpx2.HTTPError, ValueError) as exc:
             raise stream_broke(exc, usage) from exc
         finally:
@@ -172,8 +172,3 @@ def _classify_status_error(exc: anthropic.APIStatusError, usage: CallUsage | Non
     if exc.status_code < 400:
         return classify_error(None, exc.body, usage=usage)
     return classify_error(exc.status_code, exc.body, dict(exc.response.headers), usage=usage)
-
-
-def _said(exc: anthropic.APIError) -> Any:
-    """What the SDK's plain APIError (no status) says: its body, or its own message when it kept none."""
-    return exc.body if exc.body is not None else exc.message

@@ -272,6 +272,12 @@ def stream_broke(exc: httpx2.HTTPError | ValueError, usage: CallUsage | None) ->
     return ProviderError(f"the stream sent invalid data: {exc}", usage=usage)
 
 
+def sdk_error(exc: Any, usage: CallUsage | None = None) -> ProviderError:
+    """An SDK's plain ``APIError`` (openai's or anthropic's: no status), classified by its body, or by its
+    own message when it kept none."""
+    return classify_error(None, exc.body if exc.body is not None else exc.message, usage=usage)
+
+
 def overflow_counts(text: str, fields: Mapping[str, Any] | None = None) -> tuple[int | None, int | None]:
     """``(prompt_tokens, context_limit)`` as an overflow message (or the error's own fields) states
     them, None where it does not (docs/providers.md, "The prompt's real token count")."""

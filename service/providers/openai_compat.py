@@ -30,7 +30,7 @@ from service.providers.base import (
     reported_count,
     sdk_api_key,
 )
-from service.providers.errors import STALLED, classify_error, stream_broke
+from service.providers.errors import STALLED, classify_error, sdk_error, stream_broke
 
 # OpenAI's finish reasons are SPEC §3's own stop reasons; only the legacy function_call is renamed.
 _FINISH_REASONS = {"function_call": "tool_calls"}
@@ -99,7 +99,7 @@ class OpenAIProvider:
         except openai.APIConnectionError as exc:
             raise ProviderError(f"could not reach the provider: {_cause(exc)}") from exc
         except openai.APIError as exc:
-            raise classify_error(None, exc.body if exc.body is not None else exc.message) from exc
+            raise sdk_error(exc) from exc
 
         usage: CallUsage | None = None
         finish_raw: str | None = None
@@ -141,9 +141,7 @@ class OpenAIProvider:
         except openai.APIError as exc:
             # An SSE data chunk carrying an "error" object: the SDK raises it (a plain APIError, never a
             # status error once the 200 has arrived) with that object as body.
-            raise classify_error(
-                None, exc.body if exc.body is not None else exc.message, usage=usage
-            ) from exc
+            raise sdk_error(exc, usage) from exc
         except (httpx2.HTTPError, ValueError) as exc:
             raise stream_broke(exc, usage) from exc
         finally:
