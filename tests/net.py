@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 
 
 def free_port() -> int:
@@ -11,3 +13,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_listening(port: int, timeout_s: float, alive: Callable[[], None] = lambda: None) -> bool:
+    """Whether 127.0.0.1:``port`` accepts a connection within ``timeout_s``; ``alive`` runs before each
+    try, to raise at once when the server being waited for has exited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive()
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False

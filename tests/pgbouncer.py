@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tests.net import free_port
+from tests.net import free_port, wait_listening
 from tests.pg import with_hosts
 
 
@@ -70,15 +68,15 @@ class PgBouncer:
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=(self.root / "log").open("wb"), start_new_session=True
         )
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+        process = self.process
+
+        def alive() -> None:
+            if process.poll() is not None:
                 raise RuntimeError(f"pgbouncer exited: {(self.root / 'log').read_text(errors='replace')}")
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return self
-            time.sleep(0.05)
-        raise RuntimeError("pgbouncer did not listen within 15 s")
+
+        if not wait_listening(self.port, 15, alive):
+            raise RuntimeError("pgbouncer did not listen within 15 s")
+        return self
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -18,7 +18,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import psycopg2
 
-from tests.net import free_port
+from tests.net import free_port, wait_listening
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 DATABASE = "sidequest"
@@ -284,18 +283,8 @@ def _bouncer_config(root: Path, node: Node) -> Path:
 def start_bouncer(formation: Formation, node: Node) -> None:
     conf = _bouncer_config(formation.root, node)
     node.bouncer = formation.spawn(f"pgbouncer-{node.name}", "pgbouncer", str(conf))
-    _wait_port(node.bouncer_port, 15)
-
-
-def _wait_port(port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            sock.settimeout(0.5)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f} s")
+    if not wait_listening(node.bouncer_port, 15):
+        raise TimeoutError(f"nothing listens on 127.0.0.1:{node.bouncer_port} after 15 s")
 
 
 def build_formation() -> Formation:
